@@ -1,0 +1,42 @@
+# chatpipe: `make run` sets up and starts everything; `make test` sets up and runs the tests.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+MODEL_DIR ?= $(HOME)/.cache/chatpipe/tiny-model
+# Wheels that break beside the CPU build of torch (DESIGN §11).
+BROKEN_BESIDE_CPU_TORCH := torchvision torchaudio torchcodec
+
+.PHONY: setup run test test-unit test-integration test-e2e bench clean
+
+setup: $(VENV)/.installed $(MODEL_DIR)/config.json
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[cpu,dev]'
+	$(BIN)/python -m pip uninstall -q -y $(BROKEN_BESIDE_CPU_TORCH) || true
+	touch $@
+
+$(MODEL_DIR)/config.json: $(VENV)/.installed
+	$(BIN)/chatpipe make-tiny-model --out $(MODEL_DIR)
+
+run: setup
+	$(BIN)/chatpipe up
+
+test: setup
+	$(BIN)/python -m pytest -ra
+
+test-unit: setup
+	$(BIN)/python -m pytest -ra tests/unit
+
+test-integration: setup
+	$(BIN)/python -m pytest -ra tests/integration
+
+test-e2e: setup
+	$(BIN)/python -m pytest -ra tests/e2e
+
+bench: setup
+	$(BIN)/python -m bench
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,92 @@
+"""Kafka clients built from settings, and the event publisher every stage uses."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.structs import RecordMetadata
+
+from chatpipe.settings import Settings
+from schemas.codec import encode, headers
+from schemas.events import Event
+
+
+@dataclass(frozen=True)
+class KafkaConfig:
+    """Connection and client tuning shared by every client of one process."""
+
+    bootstrap_servers: str
+    compression: str | None = "lz4"
+    idempotence: bool = False
+    session_timeout_ms: int = 6000
+    heartbeat_interval_ms: int = 1000
+    fetch_max_wait_ms: int = 20
+
+    @classmethod
+    def from_settings(cls, settings: Settings, bootstrap_servers: str) -> KafkaConfig:
+        return cls(
+            bootstrap_servers=bootstrap_servers,
+            compression=None if settings.kafka_compression == "none" else settings.kafka_compression,
+            idempotence=settings.kafka_idempotence,
+            session_timeout_ms=settings.kafka_session_timeout_ms,
+            heartbeat_interval_ms=settings.kafka_heartbeat_interval_ms,
+            fetch_max_wait_ms=settings.kafka_fetch_max_wait_ms,
+        )
+
+    def producer(self) -> AIOKafkaProducer:
+        # Idempotence only where the broker supports it: Tansu answers UnknownError.
+        return AIOKafkaProducer(
+            bootstrap_servers=self.bootstrap_servers,
+            compression_type=self.compression,
+            enable_idempotence=self.idempotence,
+            acks="all" if self.idempotence else 1,
+            linger_ms=0,
+            max_request_size=8 * 1024 * 1024,
+        )
+
+    def consumer(self, *topics: str, group_id: str | None = None) -> AIOKafkaConsumer:
+        """A consumer that never auto-commits: each stage decides when an event is done."""
+        return AIOKafkaConsumer(
+            *topics,
+            bootstrap_servers=self.bootstrap_servers,
+            group_id=group_id,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            session_timeout_ms=self.session_timeout_ms,
+            heartbeat_interval_ms=self.heartbeat_interval_ms,
+            fetch_max_wait_ms=self.fetch_max_wait_ms,
+            max_partition_fetch_bytes=8 * 1024 * 1024,
+        )
+
+
+class Publisher:
+    """Sends events with their headers; `send` enqueues, `flush` waits for acks."""
+
+    def __init__(self, producer: AIOKafkaProducer) -> None:
+        self.producer = producer
+
+    async def send(
+        self, topic: str, event: Event, key: str | None = None, partition: int | None = None
+    ) -> None:
+        await self.producer.send(
+            topic,
+            encode(event),
+            key=key.encode() if key is not None else None,
+            partition=partition,
+            headers=headers(event),
+        )
+
+    async def send_and_wait(
+        self, topic: str, event: Event, key: str | None = None, partition: int | None = None
+    ) -> RecordMetadata:
+        return await self.producer.send_and_wait(
+            topic,
+            encode(event),
+            key=key.encode() if key is not None else None,
+            partition=partition,
+            headers=headers(event),
+        )
+
+    async def flush(self) -> None:
+        await self.producer.flush()

@@ -1,0 +1,34 @@
+"""The dead-letter topic: events a stage could not parse or process."""
+
+from __future__ import annotations
+
+import logging
+
+from aiokafka.structs import ConsumerRecord
+
+from bus.clients import Publisher
+from schemas.events import DeadLetter
+from schemas.topics import DLQ
+
+log = logging.getLogger(__name__)
+
+
+async def dead_letter(publisher: Publisher, stage: str, record: ConsumerRecord, error: str) -> None:
+    """Park `record` on chat.dlq with the error, keyed like the original."""
+    key = record.key.decode(errors="replace") if record.key is not None else None
+    value = (record.value or b"").decode(errors="replace")
+    log.warning("%s: dead-lettering %s[%d]@%d: %s", stage, record.topic, record.partition,
+                record.offset, error)
+    await publisher.send_and_wait(
+        DLQ,
+        DeadLetter(
+            stage=stage,
+            topic=record.topic,
+            partition=record.partition,
+            offset=record.offset,
+            key=key,
+            value=value,
+            error=error[:2000],
+        ),
+        key=key,
+    )

@@ -1,0 +1,49 @@
+"""Topic provisioning: every topic is created explicitly, never auto-created."""
+
+from __future__ import annotations
+
+import logging
+
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import TopicAlreadyExistsError
+
+from chatpipe.settings import Settings
+from schemas import topics
+
+log = logging.getLogger(__name__)
+
+
+def topic_partitions(settings: Settings) -> dict[str, int]:
+    """Partition count of every shared topic."""
+    counts = {name: settings.topic_partitions for name in topics.shared_topics()}
+    counts[topics.WORK] = settings.work_partitions
+    return counts
+
+
+async def create_topics(
+    bootstrap_servers: str, partitions: dict[str, int], replication_factor: int = 1
+) -> list[str]:
+    """Create the missing topics; returns the names created."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap_servers)
+    await admin.start()
+    try:
+        existing = set(await admin.list_topics())
+        missing = [
+            NewTopic(name, num_partitions=count, replication_factor=replication_factor)
+            for name, count in partitions.items()
+            if name not in existing
+        ]
+        if missing:
+            try:
+                await admin.create_topics(missing)
+            except TopicAlreadyExistsError:
+                log.info("topics created concurrently by another process")
+        return [topic.name for topic in missing]
+    finally:
+        await admin.close()
+
+
+async def ensure_topics(bootstrap_servers: str, settings: Settings) -> list[str]:
+    return await create_topics(
+        bootstrap_servers, topic_partitions(settings), settings.kafka_replication_factor
+    )

@@ -1,0 +1,104 @@
+"""`chatpipe` command line: run the whole product or one stage."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from chatpipe.settings import Settings
+
+app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
+topics_app = typer.Typer(no_args_is_help=True, help="Kafka topic provisioning.")
+app.add_typer(topics_app, name="topics")
+
+# Every stage a deployment runs as its own process (docker-compose.yml, k8s/).
+STAGES = ("gateway", "scheduler", "worker", "safety", "recorder")
+
+
+def _settings(**overrides: object) -> Settings:
+    return Settings(**{k: v for k, v in overrides.items() if v is not None})
+
+
+@app.command()
+def up(
+    host: Annotated[str | None, typer.Option()] = None,
+    port: Annotated[int | None, typer.Option()] = None,
+    engine: Annotated[str | None, typer.Option(help="vllm or sim")] = None,
+    model: Annotated[Path | None, typer.Option(help="local HF model directory")] = None,
+) -> None:
+    """Embedded broker (unless KAFKA_BOOTSTRAP_SERVERS is set) + every stage + gateway."""
+    from chatpipe import wiring
+
+    settings = _settings(host=host, port=port, engine=engine, model=model)
+    asyncio.run(wiring.run_all(settings))
+
+
+def _run_stage(stage: str, **overrides: object) -> None:
+    from chatpipe import wiring
+
+    asyncio.run(wiring.run_stage(stage, _settings(**overrides)))
+
+
+@app.command()
+def gateway(
+    host: Annotated[str | None, typer.Option()] = None,
+    port: Annotated[int | None, typer.Option()] = None,
+) -> None:
+    """The HTTP gateway, against an external Kafka."""
+    _run_stage("gateway", host=host, port=port)
+
+
+@app.command()
+def scheduler() -> None:
+    """The scheduler, against an external Kafka."""
+    _run_stage("scheduler")
+
+
+@app.command()
+def worker(
+    engine: Annotated[str | None, typer.Option(help="vllm or sim")] = None,
+    model: Annotated[Path | None, typer.Option()] = None,
+) -> None:
+    """One worker (one engine), against an external Kafka."""
+    _run_stage("worker", engine=engine, model=model)
+
+
+@app.command()
+def safety() -> None:
+    """The streaming safety stage, against an external Kafka."""
+    _run_stage("safety")
+
+
+@app.command()
+def recorder() -> None:
+    """The recorder that persists finished messages, against an external Kafka."""
+    _run_stage("recorder")
+
+
+@topics_app.command("create")
+def topics_create() -> None:
+    """Create every shared topic (idempotent)."""
+    from bus.topics import ensure_topics
+
+    settings = Settings()
+    if not settings.kafka_bootstrap_servers:
+        raise typer.BadParameter("set KAFKA_BOOTSTRAP_SERVERS")
+    created = asyncio.run(ensure_topics(settings.kafka_bootstrap_servers, settings))
+    typer.echo(f"created: {', '.join(created) or 'nothing (all exist)'}")
+
+
+@app.command("make-tiny-model")
+def make_tiny_model(
+    out: Annotated[Path, typer.Option(help="directory to write")] = Settings.model_fields[
+        "model"
+    ].default,
+) -> None:
+    """Build the tiny random-weight Llama and its tokenizer used by tests and `make run`."""
+    from chatpipe.tiny_model import build_tiny_model
+
+    build_tiny_model(out)
+    typer.echo(f"tiny model written to {out}")
+

@@ -1,0 +1,84 @@
+"""Typed settings: the only place the environment is read (env prefix CHATPIPE_)."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from pathlib import Path
+from typing import Literal
+
+from pydantic import AliasChoices, Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from schemas.topics import Tier
+
+DEFAULT_MODEL_DIR = Path(os.path.expanduser("~/.cache/chatpipe/tiny-model"))
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="CHATPIPE_", extra="ignore")
+
+    # --- Kafka -------------------------------------------------------------------
+    kafka_bootstrap_servers: str | None = Field(
+        None,
+        validation_alias=AliasChoices(
+            "CHATPIPE_KAFKA_BOOTSTRAP_SERVERS", "KAFKA_BOOTSTRAP_SERVERS"
+        ),
+        description="external Kafka; unset = start the embedded Tansu broker",
+    )
+    kafka_idempotence: bool = Field(
+        False, description="idempotent producer; Apache Kafka only (Tansu rejects it)"
+    )
+    kafka_compression: Literal["lz4", "zstd", "gzip", "none"] = "lz4"
+    kafka_replication_factor: int = 1
+    kafka_session_timeout_ms: int = 6000
+    kafka_heartbeat_interval_ms: int = 1000
+    kafka_fetch_max_wait_ms: int = Field(
+        20, description="Tansu answers a fetch only after this wait; Apache Kafka returns early"
+    )
+    topic_partitions: int = Field(8, ge=1, description="partitions of the shared topics")
+    work_partitions: int = Field(8, ge=1, description="partitions of chat.work (worker slots)")
+
+    # --- model and engine --------------------------------------------------------
+    engine: Literal["vllm", "sim"] = "vllm"
+    model: Path = Field(DEFAULT_MODEL_DIR, description="local HF model directory")
+    model_name: str = Field("tiny", description="name clients ask for")
+    max_model_len: int = 2048
+    max_slots: int = Field(32, ge=1, description="requests one engine runs at once")
+    kv_cache_gib: float = 1.0
+    sim_tokens_per_s: float = Field(50.0, gt=0)
+    sim_prompt_tokens_per_s: float = Field(5000.0, gt=0)
+
+    # --- worker ------------------------------------------------------------------
+    worker_id: str = Field(default_factory=lambda: f"worker-{uuid.uuid4().hex[:8]}")
+    coalesce_ms: float = Field(50.0, ge=0, description="token chunk interval after the first")
+    heartbeat_interval_s: float = 1.0
+    worker_lost_after_s: float = 5.0
+
+    # --- gateway -----------------------------------------------------------------
+    host: str = "127.0.0.1"
+    port: int = 8000
+    gateway_id: str = Field(default_factory=lambda: f"gw-{uuid.uuid4().hex[:8]}")
+    dev_api_key: str | None = None
+    default_tier: Tier = Tier.FREE
+    default_max_tokens: int = 256
+    max_tokens_limit: int = 4096
+    max_message_chars: int = 32_000
+    request_timeout_s: float = Field(300.0, description="deadline of a queued request")
+
+    # --- store -------------------------------------------------------------------
+    store: Literal["sqlite", "cassandra"] = "sqlite"
+    database_path: Path = Path("chatpipe.db")
+    cassandra_hosts: list[str] = Field(default_factory=list)
+    cassandra_keyspace: str = "chatpipe"
+
+    @model_validator(mode="after")
+    def _check_store(self) -> Settings:
+        if self.store == "cassandra" and not self.cassandra_hosts:
+            raise ValueError("store=cassandra needs CHATPIPE_CASSANDRA_HOSTS")
+        return self
+
+    @property
+    def models(self) -> list[str]:
+        """Model names this deployment serves."""
+        return [self.model_name]

@@ -1,0 +1,271 @@
+"""Versioned events carried on the Kafka topics (DESIGN §3).
+
+Every event has a `type` literal (also sent as the `event-type` header) and a
+`schema_version`. Consumers ignore fields they do not know, so producers can
+add optional fields without a version bump. Duplicates are dropped by
+`(request_id, attempt, seq)`.
+"""
+
+from __future__ import annotations
+
+import time
+from enum import StrEnum
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from schemas.lifecycle import RequestStatus
+from schemas.topics import Tier
+
+SCHEMA_VERSION = 1
+
+
+def now() -> float:
+    """Wall-clock seconds since the epoch: the timestamp of every event."""
+    return time.time()
+
+
+class Event(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    schema_version: int = SCHEMA_VERSION
+
+
+class Role(StrEnum):
+    SYSTEM = "system"
+    USER = "user"
+    ASSISTANT = "assistant"
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    role: Role
+    content: str
+
+
+class SamplingOptions(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    max_tokens: int = Field(256, ge=1)
+    temperature: float = Field(0.7, ge=0.0, le=2.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+
+
+class Usage(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+
+
+# --- chat.requests.<tier> and chat.work ---------------------------------------------
+
+
+class GenerationRequest(Event):
+    """A chat turn to generate: what the gateway queues and the worker runs."""
+
+    type: Literal["request"] = "request"
+    request_id: str
+    attempt: int = 0
+    conversation_id: str
+    message_id: str = Field(description="id the assistant message is stored under")
+    parent_id: str | None = Field(None, description="the user message being answered")
+    user_id: str
+    org_id: str
+    tier: Tier
+    model: str
+    messages: tuple[ChatMessage, ...]
+    sampling: SamplingOptions = SamplingOptions()
+    reply_to: str = Field(description="delivery topic of the gateway holding the stream")
+    deadline: float | None = Field(None, description="epoch seconds; dropped if still waiting")
+    cache_salt: str | None = None
+    store: bool = Field(True, description="persist the answer in the conversation store")
+    created_at: float = Field(default_factory=now)
+
+
+class WorkAssignment(Event):
+    """The scheduler hands a request to the worker owning a `chat.work` partition."""
+
+    type: Literal["work"] = "work"
+    worker_id: str
+    request: GenerationRequest
+    dispatched_at: float = Field(default_factory=now)
+
+
+# --- chat.workers ---------------------------------------------------------------------
+
+
+class WorkerHeartbeat(Event):
+    """A worker's capacity report, sent periodically and whenever a request ends."""
+
+    type: Literal["heartbeat"] = "heartbeat"
+    worker_id: str
+    model: str
+    partitions: tuple[int, ...]
+    max_slots: int
+    active: tuple[str, ...] = Field((), description="request ids in the engine")
+    consumed: dict[int, int] = Field(
+        default_factory=dict, description="chat.work partition -> next offset to read"
+    )
+    running: int = 0
+    waiting: int = 0
+    peak_running: int = Field(0, description="most requests the engine ran at once")
+    free_kv_blocks: int | None = None
+    stopping: bool = False
+    sent_at: float = Field(default_factory=now)
+
+
+# --- chat.tokens ----------------------------------------------------------------------
+
+
+class StreamEvent(Event):
+    """Fields every event of one generation's stream carries."""
+
+    request_id: str
+    attempt: int = 0
+    seq: int
+    conversation_id: str
+    message_id: str
+    parent_id: str | None = None
+    model: str
+    reply_to: str
+    store: bool = True
+
+
+class TokenChunk(StreamEvent):
+    """Coalesced output text; `completion_tokens` counts all tokens so far."""
+
+    type: Literal["chunk"] = "chunk"
+    text: str
+    token_count: int
+    completion_tokens: int
+
+
+class GenerationDone(StreamEvent):
+    type: Literal["done"] = "done"
+    status: RequestStatus
+    usage: Usage
+
+
+class GenerationError(StreamEvent):
+    type: Literal["error"] = "error"
+    code: str
+    message: str
+
+
+TokenEvent = Annotated[TokenChunk | GenerationDone | GenerationError, Field(discriminator="type")]
+
+
+# --- chat.deliver.<gateway_id> --------------------------------------------------------
+
+
+class DeliveryEvent(Event):
+    request_id: str
+    attempt: int = 0
+    seq: int = 0
+
+
+class Delta(DeliveryEvent):
+    type: Literal["delta"] = "delta"
+    text: str
+
+
+class Queued(DeliveryEvent):
+    type: Literal["queued"] = "queued"
+    position: int
+    eta_ms: int | None = None
+
+
+class Retract(DeliveryEvent):
+    type: Literal["retract"] = "retract"
+    message_id: str
+    reason: str
+    replacement: str = ""
+
+
+class DeliveryError(DeliveryEvent):
+    type: Literal["error"] = "error"
+    code: str
+    message: str
+    retry_after: float | None = None
+
+
+class DeliveryDone(DeliveryEvent):
+    type: Literal["done"] = "done"
+    status: RequestStatus
+    usage: Usage
+
+
+DeliverEvent = Annotated[
+    Delta | Queued | Retract | DeliveryError | DeliveryDone, Field(discriminator="type")
+]
+
+
+# --- chat.control ---------------------------------------------------------------------
+
+
+class Cancel(Event):
+    type: Literal["cancel"] = "cancel"
+    request_id: str
+    reason: str = "client_disconnected"
+    sent_at: float = Field(default_factory=now)
+
+
+class Reroute(Event):
+    type: Literal["reroute"] = "reroute"
+    request_id: str
+    reply_to: str
+
+
+ControlEvent = Annotated[Cancel | Reroute, Field(discriminator="type")]
+
+
+# --- chat.usage, chat.moderation, chat.dlq --------------------------------------------
+
+
+class UsageEvent(Event):
+    type: Literal["usage"] = "usage"
+    request_id: str
+    attempt: int = 0
+    conversation_id: str
+    user_id: str
+    org_id: str
+    tier: Tier
+    model: str
+    worker_id: str
+    status: RequestStatus
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    gpu_ms: float = Field(description="wall time the request held an engine slot")
+    created_at: float = Field(default_factory=now)
+
+
+class ModerationEvent(Event):
+    type: Literal["moderation"] = "moderation"
+    request_id: str
+    conversation_id: str
+    message_id: str | None = None
+    action: Literal["block_input", "retract"]
+    category: str
+    reason: str
+    created_at: float = Field(default_factory=now)
+
+
+class DeadLetter(Event):
+    """An event a stage could not parse or process, kept with the error."""
+
+    type: Literal["dead_letter"] = "dead_letter"
+    stage: str
+    topic: str
+    partition: int
+    offset: int
+    key: str | None
+    value: str = Field(description="the original bytes, decoded as UTF-8 with replacement")
+    error: str
+    failed_at: float = Field(default_factory=now)

@@ -1,0 +1,46 @@
+"""Topic names: the one place they are spelled (DESIGN §3)."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class Tier(StrEnum):
+    """Priority tiers, highest first when iterated."""
+
+    ENTERPRISE = "enterprise"
+    PRO = "pro"
+    FREE = "free"
+
+    @property
+    def rank(self) -> int:
+        """0 for the highest tier."""
+        return list(Tier).index(self)
+
+
+REQUESTS_PREFIX = "chat.requests."
+WORK = "chat.work"
+WORKERS = "chat.workers"
+TOKENS = "chat.tokens"
+DELIVER_PREFIX = "chat.deliver."
+CONTROL = "chat.control"
+USAGE = "chat.usage"
+MODERATION = "chat.moderation"
+DLQ = "chat.dlq"
+
+
+def requests_topic(tier: Tier | str) -> str:
+    return f"{REQUESTS_PREFIX}{Tier(tier).value}"
+
+
+def request_topics() -> list[str]:
+    return [requests_topic(tier) for tier in Tier]
+
+
+def deliver_topic(gateway_id: str) -> str:
+    return f"{DELIVER_PREFIX}{gateway_id}"
+
+
+def shared_topics() -> list[str]:
+    """Every topic except the per-gateway delivery topics."""
+    return [*request_topics(), WORK, WORKERS, TOKENS, CONTROL, USAGE, MODERATION, DLQ]

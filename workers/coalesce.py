@@ -1,0 +1,45 @@
+"""Coalescing engine outputs into token chunks: the first at once, then every interval."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(slots=True)
+class Pending:
+    text: str = ""
+    tokens: int = 0
+
+
+class Coalescer:
+    """Buffers text deltas; `add` returns what to send now, or None to keep waiting.
+
+    The first output goes out at once (time to first token); later ones are
+    held until `interval_s` has passed since the last send, so one Kafka event
+    carries several tokens.
+    """
+
+    def __init__(self, interval_s: float) -> None:
+        self.interval_s = interval_s
+        self._pending = Pending()
+        self._last_sent: float | None = None
+
+    def add(self, text: str, tokens: int, now: float) -> Pending | None:
+        self._pending.text += text
+        self._pending.tokens += tokens
+        if self._last_sent is not None and now - self._last_sent < self.interval_s:
+            return None
+        return self._take(now)
+
+    def flush(self, now: float) -> Pending | None:
+        """Whatever is held (at the end of the stream); None when nothing is."""
+        if not self._pending.text and not self._pending.tokens:
+            return None
+        return self._take(now)
+
+    def _take(self, now: float) -> Pending | None:
+        if not self._pending.text and not self._pending.tokens:
+            return None
+        taken, self._pending = self._pending, Pending()
+        self._last_sent = now
+        return taken

@@ -1,0 +1,59 @@
+"""The engine interface a worker drives: one engine per worker process.
+
+Adapters: `workers.vllm_engine.VllmEngine` (vLLM AsyncLLM in process) and
+`workers.sim_engine.SimEngine` (deterministic text at a set token rate).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Protocol
+
+from schemas.events import GenerationRequest
+from schemas.lifecycle import RequestStatus
+
+
+@dataclass(frozen=True, slots=True)
+class EngineOutput:
+    """One step's new output for one request.
+
+    `text` is the new text since the previous output (a delta);
+    `completion_tokens` counts every output token so far; `status` is set on
+    the last output only (a terminal `RequestStatus`).
+    """
+
+    text: str
+    new_tokens: int
+    completion_tokens: int
+    prompt_tokens: int
+    cached_tokens: int = 0
+    status: RequestStatus | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class EngineStats:
+    running: int
+    waiting: int
+    free_kv_blocks: int | None = None
+
+
+class Engine(Protocol):
+    model: str
+    max_slots: int
+
+    async def start(self) -> None:
+        """Load the model; returns when the engine accepts requests."""
+
+    async def stop(self) -> None: ...
+
+    def generate(self, request: GenerationRequest) -> AsyncIterator[EngineOutput]:
+        """Submit at once and stream outputs; many calls run concurrently.
+
+        Ends after the output with a terminal status. `abort(request_id)`
+        makes it end (status FINISHED_ABORTED) within one engine step.
+        """
+
+    async def abort(self, request_id: str) -> None: ...
+
+    def stats(self) -> EngineStats: ...
