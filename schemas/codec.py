@@ -20,7 +20,7 @@ class EventDecodeError(ValueError):
 
 
 def encode(event: Event) -> bytes:
-    return orjson.dumps(event.model_dump(mode="python"))
+    return orjson.dumps(event.model_dump(mode="python"), option=orjson.OPT_NON_STR_KEYS)
 
 
 def headers(event: Event) -> list[tuple[str, bytes]]:

@@ -238,13 +238,13 @@ class _StreamWriter:
     def __init__(self, publisher: Publisher, request: GenerationRequest) -> None:
         self.publisher = publisher
         self.request = request
-        self.seq = 0
+        self.seq = 0  # gapless from 0; the done/error event takes the next one
 
     def _fields(self) -> dict[str, object]:
         r = self.request
-        self.seq += 1
+        seq, self.seq = self.seq, self.seq + 1
         return dict(
-            request_id=r.request_id, attempt=r.attempt, seq=self.seq,
+            request_id=r.request_id, attempt=r.attempt, seq=seq,
             conversation_id=r.conversation_id, message_id=r.message_id, parent_id=r.parent_id,
             model=r.model, reply_to=r.reply_to, store=r.store,
         )

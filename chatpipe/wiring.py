@@ -1,0 +1,185 @@
+"""Wiring in one place: every dependency is built here from one Settings object."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+
+import uvicorn
+
+from bus.broker import EmbeddedBroker, free_port
+from bus.clients import KafkaConfig
+from bus.topics import ensure_topics
+from chatpipe.settings import Settings
+from conversations.recorder_stage import RecorderStage
+from conversations.sqlite_store import SQLiteStore
+from conversations.store import ApiKey, ConversationStore
+from gateway.app import GatewayDeps, create_app
+from gateway.relay import KafkaPipeline
+from safety.stage import SafetyStage
+from scheduler.core import Scheduler
+from scheduler.stage import SchedulerStage
+from workers.engine import Engine
+from workers.stage import WorkerStage
+
+log = logging.getLogger("chatpipe")
+
+DEV_USER = "dev"
+
+
+async def open_kafka(settings: Settings, stack: contextlib.AsyncExitStack) -> KafkaConfig:
+    """The configured Kafka, or an embedded broker living as long as `stack`."""
+    bootstrap = settings.kafka_bootstrap_servers
+    if not bootstrap:
+        broker = await stack.enter_async_context(EmbeddedBroker())
+        bootstrap = broker.bootstrap_servers
+    await ensure_topics(bootstrap, settings)
+    return KafkaConfig.from_settings(settings, bootstrap)
+
+
+def build_engine(settings: Settings) -> Engine:
+    if settings.engine == "sim":
+        from workers.sim_engine import SimEngine
+
+        return SimEngine(settings.model_name, settings.max_slots, settings.sim_tokens_per_s,
+                         settings.sim_prompt_tokens_per_s)
+    from workers.vllm_engine import VllmEngine
+
+    return VllmEngine(settings.model, settings.model_name, settings.max_model_len,
+                      settings.max_slots, settings.kv_cache_gib)
+
+
+def build_store(settings: Settings) -> ConversationStore:
+    if settings.store == "cassandra":
+        raise NotImplementedError("the Cassandra store is not built yet; use store=sqlite")
+    return SQLiteStore(settings.database_path)
+
+
+async def ensure_dev_key(store: ConversationStore, settings: Settings) -> str:
+    """The development API key: CHATPIPE_DEV_API_KEY, or a new random one."""
+    key = settings.dev_api_key or f"cp-dev-{secrets.token_urlsafe(18)}"
+    await store.add_api_key(key, ApiKey(user_id=DEV_USER, org_id=DEV_USER,
+                                        tier=settings.default_tier))
+    return key
+
+
+def worker_stage(kafka: KafkaConfig, engine: Engine, settings: Settings) -> WorkerStage:
+    return WorkerStage(kafka, engine, settings.worker_id, settings.coalesce_ms / 1000,
+                       settings.heartbeat_interval_s)
+
+
+def scheduler_stage(kafka: KafkaConfig, settings: Settings) -> SchedulerStage:
+    core = Scheduler(worker_lost_after_s=settings.worker_lost_after_s)
+    return SchedulerStage(kafka, core, settings.worker_lost_after_s)
+
+
+def gateway_server(deps: GatewayDeps, settings: Settings) -> uvicorn.Server:
+    config = uvicorn.Config(create_app(deps), host=settings.host, port=settings.port,
+                            log_level="warning", lifespan="on")
+    return uvicorn.Server(config)
+
+
+async def _run_until_first_exit(tasks: dict[str, asyncio.Task[None]]) -> None:
+    """Wait until one stage ends (Ctrl-C stops the gateway first) or fails."""
+    done, _ = await asyncio.wait(tasks.values(), return_when=asyncio.FIRST_COMPLETED)
+    for task in done:
+        if not task.cancelled() and task.exception() is not None:
+            log.error("%s stopped: %r", task.get_name(), task.exception())
+
+
+@dataclass
+class Stack:
+    settings: Settings
+    kafka: KafkaConfig
+    store: ConversationStore
+    pipeline: KafkaPipeline
+    engine: Engine
+    api_key: str
+    tasks: dict[str, asyncio.Task[None]]
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.settings.host}:{self.settings.port}"
+
+
+@contextlib.asynccontextmanager
+async def running_stack(settings: Settings, engine: Engine) -> AsyncIterator[Stack]:
+    """Start everything around an already started engine; stop it all on exit."""
+    if settings.port == 0:
+        settings = settings.model_copy(update={"port": free_port(settings.host)})
+    async with contextlib.AsyncExitStack() as stack:
+        kafka = await open_kafka(settings, stack)
+        store = build_store(settings)
+        await store.open()
+        stack.push_async_callback(store.close)
+        api_key = await ensure_dev_key(store, settings)
+        pipeline = await stack.enter_async_context(KafkaPipeline(kafka, settings.gateway_id))
+        server = gateway_server(GatewayDeps(settings, store, pipeline), settings)
+        runs = {
+            "scheduler": scheduler_stage(kafka, settings).run(),
+            "worker": worker_stage(kafka, engine, settings).run(),
+            "safety": SafetyStage(kafka).run(),
+            "recorder": RecorderStage(kafka, store).run(),
+            "gateway": server.serve(),
+        }
+        tasks = {name: asyncio.create_task(coro, name=name) for name, coro in runs.items()}
+        try:
+            while not server.started:
+                if tasks["gateway"].done():
+                    tasks["gateway"].result()
+                await asyncio.sleep(0.05)
+            yield Stack(settings, kafka, store, pipeline, engine, api_key, tasks)
+        finally:
+            server.should_exit = True
+            await asyncio.wait([tasks["gateway"]], timeout=5)
+            for task in tasks.values():
+                task.cancel()
+            await asyncio.gather(*tasks.values(), return_exceptions=True)
+
+
+async def run_all(settings: Settings) -> None:
+    """`chatpipe up`: broker (unless external), every stage and the gateway, one process."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    engine = build_engine(settings)
+    await engine.start()
+    try:
+        async with running_stack(settings, engine) as stack:
+            print(f"chatpipe is up: {stack.base_url}/  API key: {stack.api_key}", flush=True)
+            await _run_until_first_exit(stack.tasks)
+    finally:
+        await engine.stop()
+
+
+async def run_stage(stage: str, settings: Settings) -> None:
+    """One stage in its own process, against the Kafka in KAFKA_BOOTSTRAP_SERVERS."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    if not settings.kafka_bootstrap_servers:
+        raise SystemExit("set KAFKA_BOOTSTRAP_SERVERS to run a single stage")
+    async with contextlib.AsyncExitStack() as stack:
+        kafka = await open_kafka(settings, stack)
+        runners: dict[str, Callable[[], Awaitable[None]]] = {
+            "scheduler": lambda: scheduler_stage(kafka, settings).run(),
+            "safety": lambda: SafetyStage(kafka).run(),
+        }
+        if stage in ("gateway", "recorder"):
+            store = build_store(settings)
+            await store.open()
+            stack.push_async_callback(store.close)
+            if stage == "recorder":
+                runners["recorder"] = lambda: RecorderStage(kafka, store).run()
+            else:
+                await ensure_dev_key(store, settings)
+                pipeline = await stack.enter_async_context(
+                    KafkaPipeline(kafka, settings.gateway_id))
+                server = gateway_server(GatewayDeps(settings, store, pipeline), settings)
+                runners["gateway"] = server.serve
+        if stage == "worker":
+            engine = build_engine(settings)
+            await engine.start()
+            stack.push_async_callback(engine.stop)
+            runners["worker"] = lambda: worker_stage(kafka, engine, settings).run()
+        await runners[stage]()

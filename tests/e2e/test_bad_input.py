@@ -1,0 +1,77 @@
+"""Bad input gets a clear 4xx JSON error; malformed events go to chat.dlq and
+every stage keeps running. Runs on the sim engine through the real broker."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from aiokafka import AIOKafkaProducer
+
+from schemas import topics
+from schemas.events import DeadLetter
+from tests.fixtures.stack import client_for
+from tests.support import find_events, post_message
+
+
+def _assert_error(response, status: int, code: str | None = None) -> None:
+    assert response.status_code == status, response.text
+    body = response.json()
+    assert isinstance(body["error"]["message"], str) and body["error"]["message"]
+    if code is not None:
+        assert body["error"]["code"] == code
+
+
+async def test_auth_errors(sim_stack):
+    async with client_for(sim_stack, api_key=None) as client:
+        _assert_error(await client.post("/v1/conversations", json={}), 401)
+    async with client_for(sim_stack, api_key="not-a-key") as client:
+        _assert_error(await client.post("/v1/conversations", json={}), 401)
+        _assert_error(await client.post("/v1/chat/completions", json={}), 401)
+
+
+async def test_request_errors(sim_stack):
+    async with client_for(sim_stack) as client:
+        conversation_id = (await client.post("/v1/conversations", json={})).json()[
+            "conversation_id"]
+        url = f"/v1/conversations/{conversation_id}/messages"
+
+        _assert_error(await client.post(url, content=b"{not json",
+                                        headers={"content-type": "application/json"}), 400)
+        _assert_error(await client.post(f"/v1/conversations/{uuid.uuid4()}/messages",
+                                        json={"content": "hi"}), 404)
+        _assert_error(await client.post(url, json={"content": "hi", "model": "no-such"}), 404,
+                      "model_not_found")
+        empty = await client.post(url, json={"content": ""})
+        assert 400 <= empty.status_code < 500 and "error" in empty.json()
+        big = "x" * (sim_stack.settings.max_message_chars + 1)
+        _assert_error(await client.post(url, json={"content": big}), 413)
+        _assert_error(await client.post("/v1/chat/completions", json={
+            "model": "no-such", "messages": [{"role": "user", "content": "hi"}]}), 404)
+        bad_completion = await client.post("/v1/chat/completions", json={"messages": "nope"})
+        assert 400 <= bad_completion.status_code < 500 and "error" in bad_completion.json()
+
+
+@pytest.mark.parametrize("topic", [
+    topics.requests_topic("free"), topics.WORK, topics.TOKENS, topics.CONTROL, topics.WORKERS,
+])
+async def test_malformed_event_is_dead_lettered_and_stage_keeps_going(sim_stack, topic):
+    marker = f"garbage-{uuid.uuid4()}"
+    producer = AIOKafkaProducer(bootstrap_servers=sim_stack.kafka.bootstrap_servers)
+    await producer.start()
+    try:
+        await producer.send_and_wait(topic, b"{" + marker.encode(), key=b"bad", partition=0)
+    finally:
+        await producer.stop()
+
+    letters = await find_events(sim_stack.kafka, topics.DLQ, DeadLetter,
+                                lambda d: marker in d.value, count=1, timeout_s=20)
+    assert letters, f"nothing on chat.dlq for {topic}"
+    assert letters[0].topic == topic and letters[0].error
+
+    async with client_for(sim_stack) as client:
+        conversation_id = (await client.post("/v1/conversations", json={})).json()[
+            "conversation_id"]
+        result = await post_message(client, conversation_id, {"content": "still there?",
+                                                              "max_tokens": 5})
+    assert result.ended_with_done and result.text

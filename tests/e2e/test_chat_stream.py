@@ -1,0 +1,127 @@
+"""End to end with the real broker and real vLLM (tiny model), over real HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+
+import openai
+import pytest
+
+from schemas import topics
+from schemas.events import GenerationRequest, UsageEvent, WorkerHeartbeat
+from schemas.lifecycle import RequestStatus
+from tests.fixtures.stack import API_KEY, client_for
+from tests.support import find_events, post_message, read_sse
+
+pytestmark = pytest.mark.vllm
+
+
+async def _new_conversation(client) -> str:
+    response = await client.post("/v1/conversations", json={"title": "e2e"})
+    assert response.status_code == 201, response.text
+    return response.json()["conversation_id"]
+
+
+async def _stored_reply(client, conversation_id: str, parent_id: str, timeout_s: float = 20):
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while loop.time() < deadline:
+        detail = (await client.get(f"/v1/conversations/{conversation_id}")).json()
+        replies = [m for m in detail["messages"]
+                   if m["role"] == "assistant" and m["parent_id"] == parent_id]
+        if replies:
+            return replies[0]
+        await asyncio.sleep(0.2)
+    raise AssertionError("assistant message was not stored")
+
+
+async def test_message_streams_is_stored_and_next_turn_sees_it(vllm_stack):
+    async with client_for(vllm_stack) as client:
+        conversation_id = await _new_conversation(client)
+        first = await post_message(client, conversation_id, {
+            "content": "hello there", "max_tokens": 48, "ignore_eos": True, "temperature": 0,
+        })
+        assert first.status == 200
+        deltas = first.of("delta")
+        assert len(deltas) >= 2, "the answer came in one piece, not streamed"
+        done_at = first.of("done")[0].at
+        assert deltas[0].at < done_at - 0.05, "first delta only arrived with the end"
+        assert first.ended_with_done
+        assert first.of("done")[0].json()["usage"]["completion_tokens"] == 48
+        assert all(e.id is not None for e in deltas)
+
+        reply = await _stored_reply(client, conversation_id, first.request["user_message_id"])
+        assert reply["content"] == first.text
+        assert reply["message_id"] == first.request["message_id"]
+
+        second = await post_message(client, conversation_id, {
+            "content": "and again", "max_tokens": 8, "ignore_eos": True,
+        })
+        assert second.ended_with_done
+        request_id = second.request["request_id"]
+        [queued] = await find_events(
+            vllm_stack.kafka, topics.requests_topic(vllm_stack.settings.default_tier),
+            GenerationRequest, lambda r: r.request_id == request_id)
+        contents = [m.content for m in queued.messages]
+        assert contents[-3:] == ["hello there", first.text, "and again"]
+
+
+async def test_openai_sdk_streams_with_usage(vllm_stack):
+    client = openai.AsyncOpenAI(base_url=f"{vllm_stack.base_url}/v1", api_key=API_KEY)
+    stream = await client.chat.completions.create(
+        model=vllm_stack.settings.model_name,
+        messages=[{"role": "user", "content": "hi"}],
+        max_tokens=12, stream=True, stream_options={"include_usage": True},
+    )
+    content, usage, finish = "", None, None
+    async for chunk in stream:
+        if chunk.choices:
+            content += chunk.choices[0].delta.content or ""
+            finish = chunk.choices[0].finish_reason or finish
+        if chunk.usage is not None:
+            usage = chunk.usage
+    assert content
+    assert finish in ("stop", "length")
+    assert usage is not None and usage.prompt_tokens > 0
+    assert 0 < usage.completion_tokens <= 12
+
+    completion = await client.chat.completions.create(
+        model=vllm_stack.settings.model_name,
+        messages=[{"role": "user", "content": "hi"}], max_tokens=5,
+    )
+    assert completion.choices[0].message.content is not None
+    assert completion.usage.completion_tokens <= 5
+    models = await client.models.list()
+    assert [m.id for m in models.data] == [vllm_stack.settings.model_name]
+
+
+async def test_disconnect_aborts_generation(vllm_stack):
+    max_tokens = 1500
+    async with client_for(vllm_stack) as client:
+        conversation_id = await _new_conversation(client)
+        async with client.stream("POST", f"/v1/conversations/{conversation_id}/messages", json={
+            "content": "talk for a long time", "max_tokens": max_tokens, "ignore_eos": True,
+        }) as response:
+            events = await read_sse(response, stop=lambda e: e.event == "delta")
+        request_id = events[0].json()["request_id"]
+
+    [usage] = await find_events(vllm_stack.kafka, topics.USAGE, UsageEvent,
+                                lambda u: u.request_id == request_id, timeout_s=30)
+    assert usage.status == RequestStatus.FINISHED_ABORTED
+    assert usage.completion_tokens < max_tokens / 10, usage
+
+
+async def test_sixteen_concurrent_streams_are_batched(vllm_stack):
+    async with client_for(vllm_stack) as client:
+        conversation_ids = [await _new_conversation(client) for _ in range(16)]
+        results = await asyncio.gather(*(
+            post_message(client, cid, {"content": f"question {i}", "max_tokens": 40,
+                                       "ignore_eos": True})
+            for i, cid in enumerate(conversation_ids)
+        ))
+    assert all(r.ended_with_done for r in results)
+    assert all(r.of("done")[0].json()["usage"]["completion_tokens"] == 40 for r in results)
+    heartbeats = await find_events(
+        vllm_stack.kafka, topics.WORKERS, WorkerHeartbeat,
+        lambda h: h.peak_running >= 8, timeout_s=10)
+    assert heartbeats, "the engine never ran 8 or more requests at once"

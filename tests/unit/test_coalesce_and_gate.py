@@ -1,0 +1,36 @@
+from safety.output_gate import OutputGate
+from workers.coalesce import Coalescer
+
+
+def test_first_output_goes_at_once_then_every_interval():
+    c = Coalescer(0.05)
+    first = c.add("a", 1, now=0.0)
+    assert first is not None and first.text == "a"
+    assert c.add("b", 1, now=0.01) is None
+    assert c.add("c", 1, now=0.04) is None
+    out = c.add("d", 1, now=0.06)
+    assert out is not None and (out.text, out.tokens) == ("bcd", 3)
+    assert c.add("e", 1, now=0.07) is None
+    tail = c.flush(now=0.08)
+    assert tail is not None and tail.text == "e"
+    assert c.flush(now=0.09) is None
+
+
+def test_zero_interval_sends_everything():
+    c = Coalescer(0.0)
+    assert [c.add(t, 1, now=0.0).text for t in "abc"] == ["a", "b", "c"]
+
+
+def test_gate_passes_through_without_window():
+    gate = OutputGate(0)
+    assert gate.feed("hello ") == "hello "
+    assert gate.finish() == ""
+
+
+def test_gate_holds_back_its_window_until_the_end():
+    gate = OutputGate(window_chars=4)
+    assert gate.feed("ab") == ""
+    assert gate.feed("cdef") == "ab"
+    assert gate.text == "abcdef"
+    assert gate.finish() == "cdef"
+    assert gate.released == "abcdef"

@@ -1,0 +1,137 @@
+"""SQLiteStore: seq assignment, idempotency, branches, hashed API keys, shared files."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from conversations.sqlite_store import SQLiteStore, hash_api_key
+from conversations.store import ApiKey, NewMessage
+from schemas.events import Role
+from schemas.lifecycle import RequestStatus
+from schemas.topics import Tier
+
+
+def user_message(message_id: str, conversation_id: str = "c1", **fields) -> NewMessage:
+    return NewMessage(message_id, conversation_id, Role.USER, f"text of {message_id}", **fields)
+
+
+def assistant_message(message_id: str, parent_id: str, conversation_id: str = "c1", **fields):
+    return NewMessage(
+        message_id, conversation_id, Role.ASSISTANT, f"answer {message_id}",
+        parent_id=parent_id, model="tiny", tokens=7, request_id=f"r-{message_id}", **fields,
+    )  # fmt: skip
+
+
+@pytest.fixture
+async def store() -> AsyncIterator[SQLiteStore]:
+    store = SQLiteStore(":memory:")
+    await store.open()
+    yield store
+    await store.close()
+
+
+async def test_seq_counts_per_conversation_from_one(store: SQLiteStore) -> None:
+    a = await store.add_message(user_message("m1"))
+    b = await store.add_message(assistant_message("m2", parent_id="m1"))
+    other = await store.add_message(user_message("x1", conversation_id="c2"))
+
+    assert (a.seq, b.seq, other.seq) == (1, 2, 1)
+    assert [m.message_id for m in await store.list_messages("c1")] == ["m1", "m2"]
+
+
+async def test_message_round_trips_every_field(store: SQLiteStore) -> None:
+    sent = assistant_message("m2", parent_id="m1", status=RequestStatus.FINISHED_LENGTH)
+    stored = await store.add_message(sent)
+
+    assert await store.get_message("m2") == stored
+    assert (stored.role, stored.content, stored.parent_id, stored.model) == (
+        Role.ASSISTANT, "answer m2", "m1", "tiny",
+    )  # fmt: skip
+    assert (stored.tokens, stored.status, stored.request_id) == (
+        7, RequestStatus.FINISHED_LENGTH, "r-m2",
+    )  # fmt: skip
+
+
+async def test_add_message_is_idempotent_on_message_id(store: SQLiteStore) -> None:
+    first = await store.add_message(user_message("m1"))
+    again = await store.add_message(
+        NewMessage("m1", "c1", Role.USER, "a different text on redelivery")
+    )
+
+    assert again == first
+    assert len(await store.list_messages("c1")) == 1
+
+
+async def test_concurrent_appends_get_distinct_seqs(store: SQLiteStore) -> None:
+    stored = await asyncio.gather(*(store.add_message(user_message(f"m{i}")) for i in range(20)))
+
+    assert sorted(m.seq for m in stored) == list(range(1, 21))
+
+
+async def test_find_reply_returns_the_newest_sibling(store: SQLiteStore) -> None:
+    await store.add_message(user_message("m1"))
+    await store.add_message(assistant_message("a1", parent_id="m1"))
+    await store.add_message(assistant_message("a2", parent_id="m1"))  # a regeneration
+    await store.add_message(user_message("m2", parent_id="a2"))
+
+    reply = await store.find_reply("m1")
+    assert reply is not None and reply.message_id == "a2"
+    assert await store.find_reply("m2") is None
+
+
+async def test_conversations_are_idempotent_and_listed_per_user(store: SQLiteStore) -> None:
+    ticks = iter(range(100))
+    store._clock = lambda: float(next(ticks))
+    first = await store.create_conversation("c1", "u1", "first")
+    again = await store.create_conversation("c1", "u2", "other title")
+    await store.create_conversation("c2", "u1")
+    await store.create_conversation("c3", "u9")
+
+    assert again == first
+    assert await store.get_conversation("missing") is None
+    assert [c.conversation_id for c in await store.list_conversations("u1")] == ["c2", "c1"]
+
+
+async def test_api_keys_are_stored_only_as_hashes(tmp_path: Path) -> None:
+    path = tmp_path / "keys.db"
+    store = SQLiteStore(path)
+    await store.open()
+    await store.add_api_key("sk-secret", ApiKey("u1", "o1", Tier.PRO, created_at=5.0))
+    await store.add_api_key("sk-secret", ApiKey("u2", "o2", Tier.FREE))  # keeps the first
+
+    assert await store.find_api_key("sk-secret") == ApiKey("u1", "o1", Tier.PRO, 5.0)
+    assert await store.find_api_key("sk-other") is None
+    await store.close()
+
+    rows = sqlite3.connect(path).execute("SELECT key_hash FROM api_keys").fetchall()
+    assert rows == [(hash_api_key("sk-secret"),)]
+    assert b"sk-secret" not in path.read_bytes()
+
+
+async def test_two_stores_share_one_file(tmp_path: Path) -> None:
+    gateway, recorder = SQLiteStore(tmp_path / "chat.db"), SQLiteStore(tmp_path / "chat.db")
+    await gateway.open()
+    await recorder.open()
+
+    writes = [gateway.add_message(user_message(f"u{i}")) for i in range(50)]
+    writes += [recorder.add_message(assistant_message(f"a{i}", f"u{i}")) for i in range(50)]
+    stored = await asyncio.gather(*writes)
+
+    assert sorted(m.seq for m in stored) == list(range(1, 101))
+    assert len(await gateway.list_messages("c1")) == 100
+    assert await gateway.find_reply("u3") == await recorder.get_message("a3")
+    journal = sqlite3.connect(tmp_path / "chat.db").execute("PRAGMA journal_mode").fetchone()
+    assert journal == ("wal",)
+    await gateway.close()
+    await recorder.close()
+
+
+async def test_a_closed_store_refuses_work() -> None:
+    store = SQLiteStore(":memory:")
+    with pytest.raises(RuntimeError):
+        await store.get_message("m1")
