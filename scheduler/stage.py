@@ -21,11 +21,15 @@ from schemas import topics
 from schemas.codec import CONTROL_EVENT
 from schemas.events import (
     Cancel,
-    DeliveryError,
+    GenerationDone,
+    GenerationError,
     GenerationRequest,
+    Usage,
     WorkAssignment,
     WorkerHeartbeat,
+    stream_fields,
 )
+from schemas.lifecycle import RequestStatus
 
 log = logging.getLogger(__name__)
 
@@ -70,8 +74,12 @@ class SchedulerStage:
         elif record.topic == topics.CONTROL:
             self.tracker.seen(tp, record.offset)
             event = decode_record(CONTROL_EVENT, record)
-            if isinstance(event, Cancel) and self.core.cancel(event.request_id):
-                self._release(event.request_id)
+            if isinstance(event, Cancel):
+                request = self.core.cancel(event.request_id)
+                if request is not None:
+                    await self._end_unserved(request, GenerationDone(
+                        **stream_fields(request, 0), status=RequestStatus.FINISHED_ABORTED,
+                        usage=Usage()))
         else:
             request = decode_record(GenerationRequest, record)
             if self.core.add_request(request):
@@ -79,6 +87,13 @@ class SchedulerStage:
                 self._sources[request.request_id] = (tp, record.offset)
             else:
                 self.tracker.seen(tp, record.offset)
+
+    async def _end_unserved(self, request: GenerationRequest,
+                            end: GenerationDone | GenerationError) -> None:
+        """A request that never reached a worker still ends its stream, so the
+        gateway's stream closes and the recorder stores the (empty) answer."""
+        await self.publisher.send(topics.TOKENS, end, key=request.conversation_id)
+        self._release(request.request_id)
 
     def _release(self, request_id: str) -> None:
         """The request left the waiting set: its offset may be committed."""
@@ -91,14 +106,9 @@ class SchedulerStage:
             log.warning("worker %s lost: no heartbeat for %.0fs", worker_id,
                         self.worker_lost_after_s)
         for request in self.core.expire():
-            self._release(request.request_id)
-            await self.publisher.send(
-                request.reply_to,
-                DeliveryError(request_id=request.request_id, attempt=request.attempt,
-                              code="deadline_exceeded",
-                              message="the request waited past its deadline"),
-                key=request.conversation_id,
-            )
+            await self._end_unserved(request, GenerationError(
+                **stream_fields(request, 0), code="deadline_exceeded",
+                message="the request waited past its deadline"))
         dispatches = self.core.schedule()
         if dispatches:
             await asyncio.gather(*(self._dispatch(d) for d in dispatches))

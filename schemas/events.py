@@ -137,6 +137,16 @@ class StreamEvent(Event):
     store: bool = True
 
 
+def stream_fields(request: GenerationRequest, seq: int) -> dict[str, object]:
+    """The `StreamEvent` fields of event `seq` of `request`'s stream."""
+    return dict(
+        request_id=request.request_id, attempt=request.attempt, seq=seq,
+        conversation_id=request.conversation_id, message_id=request.message_id,
+        parent_id=request.parent_id, model=request.model, reply_to=request.reply_to,
+        store=request.store,
+    )
+
+
 class TokenChunk(StreamEvent):
     """Coalesced output text; `completion_tokens` counts all tokens so far."""
 

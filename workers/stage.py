@@ -33,6 +33,7 @@ from schemas.events import (
     UsageEvent,
     WorkAssignment,
     WorkerHeartbeat,
+    stream_fields,
 )
 from schemas.lifecycle import RequestStatus
 from workers.coalesce import Coalescer
@@ -241,13 +242,8 @@ class _StreamWriter:
         self.seq = 0  # gapless from 0; the done/error event takes the next one
 
     def _fields(self) -> dict[str, object]:
-        r = self.request
         seq, self.seq = self.seq, self.seq + 1
-        return dict(
-            request_id=r.request_id, attempt=r.attempt, seq=seq,
-            conversation_id=r.conversation_id, message_id=r.message_id, parent_id=r.parent_id,
-            model=r.model, reply_to=r.reply_to, store=r.store,
-        )
+        return stream_fields(self.request, seq)
 
     async def _send(self, event: TokenChunk | GenerationDone | GenerationError) -> None:
         await self.publisher.send(topics.TOKENS, event, key=self.request.conversation_id)

@@ -1,0 +1,44 @@
+"""What the routes are given: the wiring builds `GatewayDeps`, routes read it through
+`Annotated` dependencies (STYLE 6). The store and pipeline live outside the app."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated
+
+from fastapi import Depends, Request
+
+from chatpipe.settings import Settings
+from conversations.store import ConversationStore
+from gateway.pipeline import Pipeline
+
+
+@dataclass(frozen=True, slots=True)
+class GatewayDeps:
+    settings: Settings
+    store: ConversationStore
+    pipeline: Pipeline
+    reply_wait_s: float = 5.0
+    """How long a new turn waits for the previous turn's answer to be recorded."""
+
+
+def gateway_deps(request: Request) -> GatewayDeps:
+    return request.app.state.deps
+
+
+def _settings(deps: Annotated[GatewayDeps, Depends(gateway_deps)]) -> Settings:
+    return deps.settings
+
+
+def _store(deps: Annotated[GatewayDeps, Depends(gateway_deps)]) -> ConversationStore:
+    return deps.store
+
+
+def _pipeline(deps: Annotated[GatewayDeps, Depends(gateway_deps)]) -> Pipeline:
+    return deps.pipeline
+
+
+Deps = Annotated[GatewayDeps, Depends(gateway_deps)]
+SettingsDep = Annotated[Settings, Depends(_settings)]
+StoreDep = Annotated[ConversationStore, Depends(_store)]
+PipelineDep = Annotated[Pipeline, Depends(_pipeline)]

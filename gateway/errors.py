@@ -1,0 +1,111 @@
+"""One error shape for every failure: `{"error": {"code", "message", "type", "param"}}`.
+
+Bad input is always a 4xx: malformed JSON → 400, a field that fails validation
+→ 422, a limit → its own status (413, 404 model_not_found, …).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from http import HTTPStatus
+from typing import Any
+
+from fastapi import FastAPI, HTTPException, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from schemas.api import ErrorBody, ErrorDetail
+from schemas.events import DeliveryError
+
+_TYPE_BY_STATUS = {
+    401: "authentication_error",
+    403: "permission_error",
+    429: "rate_limit_error",
+}
+
+
+def error_type(status: int) -> str:
+    if status in _TYPE_BY_STATUS:
+        return _TYPE_BY_STATUS[status]
+    return "server_error" if status >= 500 else "invalid_request_error"
+
+
+class ApiError(HTTPException):
+    """An HTTP error with a machine-readable code, rendered as `ErrorBody`."""
+
+    def __init__(
+        self,
+        status_code: int,
+        code: str,
+        message: str,
+        *,
+        param: str | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        super().__init__(status_code, message, dict(headers) if headers else None)
+        self.code = code
+        self.param = param
+
+    @property
+    def detail_body(self) -> ErrorDetail:
+        return ErrorDetail(
+            code=self.code, message=self.detail, type=error_type(self.status_code), param=self.param
+        )
+
+
+def error_response(
+    status: int, detail: ErrorDetail, headers: Mapping[str, str] | None = None
+) -> JSONResponse:
+    return JSONResponse(ErrorBody(error=detail).model_dump(), status_code=status, headers=headers)
+
+
+def from_delivery_error(error: DeliveryError) -> ApiError:
+    """A pipeline failure for a caller still waiting on a plain HTTP answer."""
+    if error.retry_after is not None:
+        retry_after = str(max(1, round(error.retry_after)))
+        return ApiError(503, error.code, error.message, headers={"Retry-After": retry_after})
+    return ApiError(500, error.code, error.message)
+
+
+def _field(loc: Sequence[Any]) -> str | None:
+    path = [str(part) for part in loc if part not in ("body", "query", "path", "header")]
+    return ".".join(path) or None
+
+
+async def _on_validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+    errors = exc.errors()
+    if any(error["type"] == "json_invalid" for error in errors):
+        detail = ErrorDetail(
+            code="invalid_json",
+            message="request body is not valid JSON",
+            type=error_type(400),
+        )
+        return error_response(400, detail)
+    message = "; ".join(f"{_field(error['loc']) or 'body'}: {error['msg']}" for error in errors)
+    first = _field(errors[0]["loc"]) if errors else None
+    detail = ErrorDetail(code="invalid_request", message=message, type=error_type(422), param=first)
+    return error_response(422, detail)
+
+
+async def _on_http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    if isinstance(exc, ApiError):
+        return error_response(exc.status_code, exc.detail_body, exc.headers)
+    try:
+        code = HTTPStatus(exc.status_code).phrase.lower().replace(" ", "_")
+    except ValueError:
+        code = "http_error"
+    detail = ErrorDetail(code=code, message=str(exc.detail), type=error_type(exc.status_code))
+    return error_response(exc.status_code, detail, exc.headers)
+
+
+async def _on_unexpected_error(request: Request, exc: Exception) -> JSONResponse:
+    # Starlette re-raises the exception after this answer, so the server still logs it.
+    detail = ErrorDetail(code="internal_error", message="internal error", type=error_type(500))
+    return error_response(500, detail)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    app.add_exception_handler(RequestValidationError, _on_validation_error)
+    app.add_exception_handler(StarletteHTTPException, _on_http_error)
+    app.add_exception_handler(Exception, _on_unexpected_error)

@@ -1,0 +1,200 @@
+"""OpenAI-compatible routes: `GET /v1/models` and `POST /v1/chat/completions`.
+
+Requests run through the same pipeline as native turns but are not stored
+(`store=False`, a fresh conversation id each). Queue updates have no OpenAI
+form and are skipped; a retraction replaces the collected text of a
+non-streamed answer and ends a streamed one with `content_filter`.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from dataclasses import dataclass
+
+import anyio
+from fastapi import APIRouter, Request
+from sse_starlette import EventSourceResponse, ServerSentEvent
+
+from conversations.store import ApiKey
+from gateway.auth import Owner
+from gateway.deps import Deps, GatewayDeps, SettingsDep
+from gateway.errors import ApiError, error_type, from_delivery_error
+from gateway.generation import Generation, event_stream, start_generation, until_disconnected
+from gateway.limits import check_message, sampling_options, served_model
+from schemas import sse
+from schemas.api import (
+    AssistantMessage,
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    Choice,
+    ChunkChoice,
+    ChunkDelta,
+    CompletionUsage,
+    ErrorDetail,
+    ModelCard,
+    ModelList,
+)
+from schemas.events import (
+    ChatMessage,
+    DeliveryDone,
+    DeliveryError,
+    Delta,
+    GenerationRequest,
+    Retract,
+    now,
+)
+
+router = APIRouter(tags=["openai"])
+
+
+@router.get("/models")
+async def list_models(settings: SettingsDep) -> ModelList:
+    return ModelList(data=[ModelCard(id=name) for name in settings.models])
+
+
+@router.post("/chat/completions", response_model=ChatCompletion)
+async def chat_completions(
+    completion: ChatCompletionRequest, owner: Owner, deps: Deps, request: Request
+) -> ChatCompletion | EventSourceResponse:
+    generation_request = to_generation_request(completion, owner, deps)
+    generation = await start_generation(deps.pipeline, generation_request)
+    answer = _Answer.of(generation_request, completion.include_usage)
+    if completion.stream:
+        return event_stream(chunk_events(answer, generation), generation)
+    return await collect(answer, generation, request)
+
+
+def to_generation_request(
+    completion: ChatCompletionRequest, owner: ApiKey, deps: GatewayDeps
+) -> GenerationRequest:
+    settings = deps.settings
+    model = served_model(settings, completion.model)
+    for message in completion.messages:
+        check_message(settings, message.text, allow_empty=True)
+    sampling = sampling_options(
+        settings,
+        max_tokens=completion.output_limit,
+        temperature=completion.temperature,
+        top_p=completion.top_p,
+        seed=completion.seed,
+        stop=completion.stop_sequences,
+        ignore_eos=completion.ignore_eos,
+    )
+    return GenerationRequest(
+        request_id=uuid.uuid4().hex,
+        conversation_id=uuid.uuid4().hex,
+        message_id=uuid.uuid4().hex,
+        user_id=owner.user_id,
+        org_id=owner.org_id,
+        tier=owner.tier,
+        model=model,
+        messages=tuple(
+            ChatMessage(role=message.chat_role, content=message.text)
+            for message in completion.messages
+        ),
+        sampling=sampling,
+        reply_to=deps.pipeline.reply_to,
+        deadline=now() + settings.request_timeout_s,
+        cache_salt=owner.org_id,
+        store=False,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class _Answer:
+    """What every chunk of one completion repeats."""
+
+    id: str
+    model: str
+    created: int
+    include_usage: bool
+
+    @classmethod
+    def of(cls, request: GenerationRequest, include_usage: bool) -> _Answer:
+        return cls(f"chatcmpl-{request.request_id}", request.model, int(now()), include_usage)
+
+    def chunk(self, delta: ChunkDelta | None, finish_reason: str | None = None) -> ServerSentEvent:
+        choices = [] if delta is None else [ChunkChoice(delta=delta, finish_reason=finish_reason)]
+        return sse.openai_chunk(
+            ChatCompletionChunk(id=self.id, created=self.created, model=self.model, choices=choices)
+        )
+
+    def usage_chunk(self, usage: CompletionUsage) -> ServerSentEvent:
+        return sse.openai_chunk(
+            ChatCompletionChunk(
+                id=self.id, created=self.created, model=self.model, choices=[], usage=usage
+            )
+        )
+
+
+async def chunk_events(answer: _Answer, generation: Generation) -> AsyncIterator[ServerSentEvent]:
+    yield answer.chunk(ChunkDelta(role="assistant", content=""))
+    retracted = False
+    async with aclosing(generation.events()) as events:
+        async for event in events:
+            match event:
+                case Delta() if not retracted:
+                    yield answer.chunk(ChunkDelta(content=event.text))
+                case Retract():
+                    retracted = True  # text already sent cannot be taken back here
+                case DeliveryDone():
+                    reason = "content_filter" if retracted else event.status.openai_finish_reason
+                    yield answer.chunk(ChunkDelta(), reason)
+                    if answer.include_usage:
+                        yield answer.usage_chunk(CompletionUsage.of(event.usage))
+                case DeliveryError():
+                    yield sse.openai_error(_error_detail(event.code, event.message))
+    if not generation.finished:
+        yield sse.openai_error(_error_detail("stream_interrupted", _INTERRUPTED))
+    yield sse.done_marker()
+
+
+async def collect(answer: _Answer, generation: Generation, request: Request) -> ChatCompletion:
+    """The whole answer; a client that disconnects first cancels the generation."""
+    text: list[str] = []
+    end: DeliveryDone | DeliveryError | None = None
+    retracted = disconnected = False
+    async with anyio.create_task_group() as listeners:
+
+        async def cancel_on_disconnect() -> None:
+            nonlocal disconnected
+            await until_disconnected(request)
+            disconnected = True
+            listeners.cancel_scope.cancel()
+
+        listeners.start_soon(cancel_on_disconnect)
+        async with aclosing(generation.events()) as events:
+            async for event in events:
+                match event:
+                    case Delta() if not retracted:
+                        text.append(event.text)
+                    case Retract():
+                        retracted, text = True, [event.replacement]
+                    case DeliveryDone() | DeliveryError():
+                        end = event
+        listeners.cancel_scope.cancel()
+    match end:
+        case None if disconnected:
+            raise ApiError(499, "client_disconnected", "the client went away")
+        case None:
+            raise ApiError(502, "stream_interrupted", _INTERRUPTED)
+        case DeliveryError():
+            raise from_delivery_error(end)
+    reason = "content_filter" if retracted else end.status.openai_finish_reason
+    return ChatCompletion(
+        id=answer.id,
+        created=answer.created,
+        model=answer.model,
+        choices=[Choice(message=AssistantMessage(content="".join(text)), finish_reason=reason)],
+        usage=CompletionUsage.of(end.usage),
+    )
+
+
+_INTERRUPTED = "the answer stopped before its end"
+
+
+def _error_detail(code: str, message: str) -> ErrorDetail:
+    return ErrorDetail(code=code, message=message, type=error_type(500))

@@ -1,0 +1,222 @@
+"""HTTP API models (DESIGN §4), kept apart from the Kafka events (STYLE 3).
+
+Native API: conversations and their messages. OpenAI-compatible API: the
+subset of `/v1/chat/completions` and `/v1/models` that the official SDKs send
+and read; unknown request fields are ignored, as OpenAI-compatible servers do.
+Every error, on either API, is one `ErrorBody`.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from schemas.events import Role, Usage
+from schemas.lifecycle import RequestStatus
+
+# --- errors ---------------------------------------------------------------------------
+
+
+class ErrorDetail(BaseModel):
+    code: str = Field(description="machine-readable, e.g. model_not_found")
+    message: str
+    type: str = Field(description="OpenAI error class, e.g. invalid_request_error")
+    param: str | None = Field(None, description="the request field at fault, if one is")
+
+
+class ErrorBody(BaseModel):
+    """The one error shape of the gateway, compatible with OpenAI's."""
+
+    error: ErrorDetail
+
+
+# --- native API -----------------------------------------------------------------------
+
+
+class CreateConversation(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    title: str = Field("", max_length=200)
+
+
+class ConversationPublic(BaseModel):
+    conversation_id: str
+    title: str
+    created_at: float
+
+
+class MessagePublic(BaseModel):
+    message_id: str
+    seq: int
+    role: Role
+    content: str
+    parent_id: str | None
+    model: str | None
+    status: RequestStatus
+    created_at: float
+
+
+class ConversationDetail(ConversationPublic):
+    messages: list[MessagePublic]
+
+
+class PostMessage(BaseModel):
+    """A user turn. Sampling fields left out take the deployment's defaults."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    content: str
+    model: str | None = None
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    seed: int | None = None
+    ignore_eos: bool = False
+
+
+# --- OpenAI-compatible API: requests --------------------------------------------------
+
+
+class TextPart(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    type: Literal["text"]
+    text: str
+
+
+class InputMessage(BaseModel):
+    """One message of `messages`; `developer` is OpenAI's newer name for `system`."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+
+    @property
+    def text(self) -> str:
+        if isinstance(self.content, list):
+            return "".join(part.text for part in self.content)
+        return self.content or ""
+
+    @property
+    def chat_role(self) -> Role:
+        return Role.SYSTEM if self.role == "developer" else Role(self.role)
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    include_usage: bool = False
+
+
+class ChatCompletionRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    messages: list[InputMessage] = Field(min_length=1)
+    model: str
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = Field(None, description="newer name of max_tokens")
+    temperature: float | None = None
+    top_p: float | None = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    n: int = Field(1, ge=1, le=1, description="one choice per request")
+    user: str | None = None
+    ignore_eos: bool = Field(False, description="vLLM extension, for benchmarks")
+
+    @property
+    def include_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.include_usage
+
+    @property
+    def stop_sequences(self) -> tuple[str, ...]:
+        if self.stop is None:
+            return ()
+        return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+
+    @property
+    def output_limit(self) -> int | None:
+        return self.max_completion_tokens if self.max_tokens is None else self.max_tokens
+
+
+# --- OpenAI-compatible API: responses -------------------------------------------------
+
+
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int = 0
+
+
+class CompletionUsage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    prompt_tokens_details: PromptTokensDetails
+
+    @classmethod
+    def of(cls, usage: Usage) -> CompletionUsage:
+        return cls(
+            prompt_tokens=usage.prompt_tokens,
+            completion_tokens=usage.completion_tokens,
+            total_tokens=usage.prompt_tokens + usage.completion_tokens,
+            prompt_tokens_details=PromptTokensDetails(cached_tokens=usage.cached_tokens),
+        )
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str
+
+
+class Choice(BaseModel):
+    index: int = 0
+    message: AssistantMessage
+    finish_reason: str | None
+    logprobs: None = None
+
+
+class ChatCompletion(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[Choice]
+    usage: CompletionUsage
+
+
+class ChunkDelta(BaseModel):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+
+
+class ChunkChoice(BaseModel):
+    index: int = 0
+    delta: ChunkDelta
+    finish_reason: str | None = None
+    logprobs: None = None
+
+
+class ChatCompletionChunk(BaseModel):
+    """One streamed chunk; with `include_usage` the last one has no choices and the usage."""
+
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChunkChoice]
+    usage: CompletionUsage | None = None
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int = 0
+    owned_by: str = "chatpipe"
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
