@@ -54,6 +54,9 @@ class Settings(BaseSettings):
     coalesce_ms: float = Field(50.0, ge=0, description="token chunk interval after the first")
     heartbeat_interval_s: float = 1.0
     worker_lost_after_s: float = 5.0
+    ready_file: Path | None = Field(
+        None, description="touched once the engine is loaded and on every heartbeat (probes)"
+    )
 
     # --- gateway -----------------------------------------------------------------
     host: str = "127.0.0.1"

@@ -69,7 +69,7 @@ async def ensure_dev_key(store: ConversationStore, settings: Settings) -> str:
 
 def worker_stage(kafka: KafkaConfig, engine: Engine, settings: Settings) -> WorkerStage:
     return WorkerStage(kafka, engine, settings.worker_id, settings.coalesce_ms / 1000,
-                       settings.heartbeat_interval_s)
+                       settings.heartbeat_interval_s, settings.ready_file)
 
 
 def scheduler_stage(kafka: KafkaConfig, settings: Settings) -> SchedulerStage:

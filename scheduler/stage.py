@@ -1,6 +1,7 @@
 """The scheduler's Kafka adapter: feeds the core, sends its dispatches to `chat.work`.
 
-One scheduler runs at a time (its consumer group makes a second one a standby).
+Exactly one scheduler runs (deployments pin one replica): it must see every
+request topic and every heartbeat, which a second group member would split.
 A request's offset is committed once it is dispatched, cancelled or expired, so
 a restarted scheduler reads again only what it had not handed out.
 """

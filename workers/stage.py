@@ -14,6 +14,7 @@ import asyncio
 import logging
 import time
 from collections import OrderedDict
+from pathlib import Path
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener
 from aiokafka.structs import ConsumerRecord, TopicPartition
@@ -66,12 +67,14 @@ class WorkerStage:
         worker_id: str,
         coalesce_s: float = 0.05,
         heartbeat_interval_s: float = 1.0,
+        ready_file: Path | None = None,
     ) -> None:
         self.kafka = kafka
         self.engine = engine
         self.worker_id = worker_id
         self.coalesce_s = coalesce_s
         self.heartbeat_interval_s = heartbeat_interval_s
+        self.ready_file = ready_file
         self.partitions: tuple[int, ...] = ()
         self.heartbeat_now = asyncio.Event()
         self.tracker = OffsetTracker()
@@ -231,6 +234,8 @@ class WorkerStage:
             ),
             key=self.worker_id,
         )
+        if self.ready_file is not None and not self._stopping:
+            self.ready_file.touch()  # liveness/readiness probes read its age
 
 
 class _StreamWriter:

@@ -1,0 +1,377 @@
+"""The distributed deployment (Dockerfile, docker-compose.yml, k8s/) stays true to the code.
+
+No Docker engine or cluster runs here, so the files are checked as data: every
+chatpipe container runs a real CLI command with real options, its environment is
+made of Settings fields whose values validate, every stage is deployed in both,
+the worker gets a GPU and its model, and every topic named is a real one.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import typer
+import yaml
+from pydantic import AliasChoices
+
+from chatpipe.cli import STAGES, app
+from chatpipe.settings import Settings
+from schemas import topics
+
+ROOT = Path(__file__).resolve().parents[2]
+COMPOSE_FILE = ROOT / "docker-compose.yml"
+K8S_DIR = ROOT / "k8s"
+DOCKERFILE = ROOT / "Dockerfile"
+IMAGE = "chatpipe"
+WORKLOAD_KINDS = {"Deployment", "StatefulSet", "DaemonSet", "Job"}
+# Fields whose default is a fresh random id: one shared value would make pods collide.
+PER_POD_IDS = ("gateway_id", "worker_id")
+MIN_WEIGHT_LOADING_S = 600
+
+
+@dataclass(frozen=True)
+class Container:
+    """One chatpipe process as a deployment file declares it."""
+
+    where: str  # "compose gateway", "k8s Deployment/worker"
+    kind: str  # "service" in compose, else the k8s workload kind
+    args: tuple[str, ...]  # what follows the `chatpipe` entrypoint
+    env: dict[str, str | None]  # None: filled in outside the file (shell, Secret)
+    spec: dict[str, Any]  # the compose service or k8s container, as written
+
+    @property
+    def command(self) -> str:
+        return self.args[0] if self.args else ""
+
+
+# --- loading ---------------------------------------------------------------------------
+
+
+def compose() -> dict[str, Any]:
+    return yaml.safe_load(COMPOSE_FILE.read_text())
+
+
+def k8s_documents() -> list[tuple[Path, dict[str, Any]]]:
+    docs = []
+    for path in sorted(K8S_DIR.glob("*.y*ml")):
+        docs += [(path, doc) for doc in yaml.safe_load_all(path.read_text()) if doc]
+    return docs
+
+
+def k8s_objects(kind: str) -> list[dict[str, Any]]:
+    return [doc for _, doc in k8s_documents() if doc.get("kind") == kind]
+
+
+def is_chatpipe_image(image: str | None) -> bool:
+    return bool(image) and image.rsplit("/", 1)[-1].split(":")[0] == IMAGE
+
+
+def compose_env(service: dict[str, Any]) -> dict[str, str | None]:
+    env = service.get("environment") or {}
+    if isinstance(env, list):
+        env = dict(item.split("=", 1) if "=" in item else (item, None) for item in env)
+    return dict(env)
+
+
+def compose_containers() -> list[Container]:
+    containers = []
+    for name, service in compose()["services"].items():
+        if not is_chatpipe_image(service.get("image")):
+            continue
+        command = service.get("command") or []
+        args = shlex.split(command) if isinstance(command, str) else command
+        containers.append(Container(f"compose {name}", "service", tuple(args),
+                                    compose_env(service), service))
+    return containers
+
+
+def k8s_env(container: dict[str, Any], pod_name: str) -> dict[str, str | None]:
+    configmaps = {cm["metadata"]["name"]: cm.get("data", {}) for cm in k8s_objects("ConfigMap")}
+    env: dict[str, str | None] = {}
+    for source in container.get("envFrom", []):
+        name = source["configMapRef"]["name"]
+        assert name in configmaps, f"envFrom names a ConfigMap not in k8s/: {name}"
+        env.update(configmaps[name])
+    for item in container.get("env", []):
+        field_ref = item.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath")
+        env[item["name"]] = pod_name if field_ref == "metadata.name" else item.get("value")
+    return env
+
+
+def k8s_containers() -> list[Container]:
+    containers = []
+    for _, doc in k8s_documents():
+        if doc.get("kind") not in WORKLOAD_KINDS:
+            continue
+        pod = doc["spec"]["template"]["spec"]
+        owner = f"{doc['kind']}/{doc['metadata']['name']}"
+        for spec in [*pod.get("initContainers", []), *pod["containers"]]:
+            if not is_chatpipe_image(spec.get("image")):
+                continue
+            args = [*spec.get("command", []), *spec.get("args", [])]
+            if args[:1] == [IMAGE]:
+                args = args[1:]
+            pod_name = f"{doc['metadata']['name']}-7d4b9c-x2x5q"
+            containers.append(Container(f"k8s {owner}", doc["kind"], tuple(args),
+                                        k8s_env(spec, pod_name), spec))
+    return containers
+
+
+def all_containers() -> list[Container]:
+    return [*compose_containers(), *k8s_containers()]
+
+
+def by_where(containers: list[Container]) -> Any:
+    return pytest.mark.parametrize("container", containers, ids=[c.where for c in containers])
+
+
+# --- what the code accepts -----------------------------------------------------------------
+
+
+def accepted_env_names() -> dict[str, str]:
+    """Environment variable name -> Settings field, as pydantic-settings reads them."""
+    prefix = Settings.model_config["env_prefix"]
+    names = {}
+    for name, field in Settings.model_fields.items():
+        alias = field.validation_alias
+        if isinstance(alias, AliasChoices):
+            names.update({choice.upper(): name for choice in alias.choices
+                          if isinstance(choice, str)})
+        elif isinstance(alias, str):
+            names[alias.upper()] = name
+        else:
+            names[f"{prefix}{name}".upper()] = name
+    return names
+
+
+def settings_from(
+    env: dict[str, str | None], monkeypatch: pytest.MonkeyPatch, **overrides: Any
+) -> Settings:
+    """Settings exactly as the container would build them from its environment."""
+    accepted = accepted_env_names()
+    for name in list(os.environ):
+        if name.upper() in accepted:
+            monkeypatch.delenv(name)
+    for name, value in env.items():
+        if value is not None:
+            monkeypatch.setenv(name, value)
+    return Settings(**overrides)
+
+
+def resolve_cli(args: tuple[str, ...]) -> dict[str, Any]:
+    """Parse `chatpipe *args` as the CLI would, without running it; returns its options.
+
+    Typer ships its own copy of click, so groups are told apart by their `commands`.
+    """
+    command = typer.main.get_command(app)
+    rest = list(args)
+    path = ["chatpipe"]
+    while hasattr(command, "commands"):
+        assert rest, f"`{' '.join(path)}` needs a subcommand"
+        name = rest.pop(0)
+        assert name in command.commands, f"`{' '.join(path)}` has no command {name!r}"
+        command = command.commands[name]
+        path.append(name)
+    return command.make_context(" ".join(path), rest).params  # raises on a bad option
+
+
+def cli_overrides(container: Container) -> dict[str, Any]:
+    """The CLI options that override Settings fields (`worker --engine sim`)."""
+    params = resolve_cli(container.args)
+    return {k: v for k, v in params.items() if v is not None and k in Settings.model_fields}
+
+
+def container_settings(container: Container, monkeypatch: pytest.MonkeyPatch) -> Settings:
+    return settings_from(container.env, monkeypatch, **cli_overrides(container))
+
+
+def env_field(settings_field: str) -> str:
+    return f"{Settings.model_config['env_prefix']}{settings_field}".upper()
+
+
+# --- the checks ----------------------------------------------------------------------------
+
+
+def test_the_files_are_found_and_hold_chatpipe_processes() -> None:
+    assert len(compose_containers()) >= len(STAGES)
+    assert len(k8s_containers()) >= len(STAGES)
+    assert sum(len(c.env) for c in all_containers()) > 0
+    assert DOCKERFILE.is_file()
+
+
+@by_where(all_containers())
+def test_each_container_runs_an_existing_cli_command(container: Container) -> None:
+    resolve_cli(container.args)
+
+
+def test_every_stage_is_deployed_in_compose_and_k8s() -> None:
+    in_compose = {c.command for c in compose_containers()}
+    in_k8s = {c.command for c in k8s_containers() if c.kind == "Deployment"}
+    assert set(STAGES) <= in_compose, f"no compose service for {set(STAGES) - in_compose}"
+    assert set(STAGES) <= in_k8s, f"no k8s Deployment for {set(STAGES) - in_k8s}"
+
+
+@by_where(all_containers())
+def test_env_vars_are_settings_fields(container: Container) -> None:
+    unknown = set(container.env) - set(accepted_env_names())
+    assert not unknown, f"not a Settings field (chatpipe/settings.py): {sorted(unknown)}"
+    not_strings = [name for name, value in container.env.items()
+                   if value is not None and not isinstance(value, str)]
+    assert not not_strings, f"quote these values (k8s and compose want strings): {not_strings}"
+
+
+@by_where(all_containers())
+def test_env_values_validate_as_settings(
+    container: Container, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    settings = container_settings(container, monkeypatch)
+    if container.command in STAGES or container.args[:1] == ("topics",):
+        # Unset, a stage would refuse to start (only `chatpipe up` embeds a broker).
+        assert settings.kafka_bootstrap_servers
+    if container.command in ("gateway", "recorder"):
+        assert settings.store != "sqlite", "a SQLite file is private to one container"
+
+
+def test_per_pod_ids_are_never_shared() -> None:
+    id_vars = {env_field(name) for name in PER_POD_IDS}
+    for configmap in k8s_objects("ConfigMap"):
+        assert not id_vars & set(configmap.get("data", {})), configmap["metadata"]["name"]
+    for container in compose_containers():  # `docker compose up --scale` copies the env
+        assert not id_vars & set(container.env), container.where
+    for container in k8s_containers():
+        for item in container.spec.get("env", []):
+            if item["name"] in id_vars:
+                assert item["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+
+
+def worker(containers: list[Container]) -> Container:
+    workers = [c for c in containers if c.command == "worker"]
+    assert len(workers) == 1
+    return workers[0]
+
+
+def test_compose_worker_reserves_a_gpu_and_mounts_its_model(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    service = worker(compose_containers())
+    devices = service.spec["deploy"]["resources"]["reservations"]["devices"]
+    assert any(d["driver"] == "nvidia" and "gpu" in d["capabilities"] for d in devices)
+    settings = container_settings(service, monkeypatch)
+    assert settings.engine == "vllm"
+    targets = [Path(volume.split(":")[1]) for volume in service.spec["volumes"]]
+    assert any(settings.model.is_relative_to(target) for target in targets)
+
+
+def test_k8s_worker_requests_a_gpu_and_time_to_load_weights(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    container = worker(k8s_containers())
+    assert int(container.spec["resources"]["limits"]["nvidia.com/gpu"]) >= 1
+    startup = container.spec["startupProbe"]
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= MIN_WEIGHT_LOADING_S
+    assert "readinessProbe" in container.spec
+    settings = container_settings(container, monkeypatch)
+    assert settings.engine == "vllm"
+    (deployment,) = [d for d in k8s_objects("Deployment") if d["metadata"]["name"] == "worker"]
+    claims = {v["name"] for v in deployment["spec"]["template"]["spec"]["volumes"]
+              if "persistentVolumeClaim" in v}
+    mounts = [Path(m["mountPath"]) for m in container.spec["volumeMounts"] if m["name"] in claims]
+    assert any(settings.model.is_relative_to(mount) for mount in mounts)
+
+
+TOPIC_MENTION = re.compile(r"\bchat\.[\w.<>*-]*[\w>*]")
+
+
+def is_real_topic(name: str) -> bool:
+    if name in topics.shared_topics():
+        return True
+    tiers = {tier.value for tier in topics.Tier} | {"<tier>", "*"}
+    if name.startswith(topics.REQUESTS_PREFIX):
+        return name.removeprefix(topics.REQUESTS_PREFIX) in tiers
+    return name.startswith(topics.DELIVER_PREFIX) and len(name) > len(topics.DELIVER_PREFIX)
+
+
+def test_topic_names_mentioned_are_real_topics() -> None:
+    files = [COMPOSE_FILE, DOCKERFILE, *sorted(K8S_DIR.glob("*.y*ml"))]
+    mentions = {(path.name, m) for path in files for m in TOPIC_MENTION.findall(path.read_text())}
+    assert mentions
+    unknown = sorted((path, name) for path, name in mentions if not is_real_topic(name))
+    assert not unknown, f"not a topic of schemas/topics.py: {unknown}"
+
+
+def test_kustomization_lists_every_manifest() -> None:
+    kustomization = yaml.safe_load((K8S_DIR / "kustomization.yaml").read_text())
+    manifests = {p.name for p in K8S_DIR.glob("*.y*ml")} - {"kustomization.yaml"}
+    assert manifests
+    assert set(kustomization["resources"]) == manifests
+
+
+def test_worker_autoscaling_reads_the_scheduler_backlog(monkeypatch: pytest.MonkeyPatch) -> None:
+    from scheduler.stage import GROUP as SCHEDULER_GROUP
+
+    (hpa,) = k8s_objects("HorizontalPodAutoscaler")
+    assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment",
+                                             "name": "worker"}
+    (configmap,) = k8s_objects("ConfigMap")
+    settings = settings_from(configmap["data"], monkeypatch)
+    assert 1 <= hpa["spec"]["minReplicas"] <= hpa["spec"]["maxReplicas"] <= settings.work_partitions
+    (metric,) = hpa["spec"]["metrics"]
+    selector = metric["external"]["metric"]["selector"]
+    assert selector["matchLabels"]["consumergroup"] == SCHEDULER_GROUP
+    (topic_rule,) = selector["matchExpressions"]
+    assert sorted(topic_rule["values"]) == sorted(topics.request_topics())
+
+
+def test_gateway_listens_where_it_is_published(monkeypatch: pytest.MonkeyPatch) -> None:
+    service = next(c for c in compose_containers() if c.command == "gateway")
+    settings = container_settings(service, monkeypatch)
+    assert settings.host == "0.0.0.0"
+    assert any(str(p).endswith(f":{settings.port}") for p in service.spec["ports"])
+
+    container = next(c for c in k8s_containers() if c.command == "gateway")
+    settings = container_settings(container, monkeypatch)
+    assert settings.host == "0.0.0.0"
+    ports = {p["name"]: p["containerPort"] for p in container.spec["ports"]}
+    (k8s_service,) = [s for s in k8s_objects("Service") if s["metadata"]["name"] == "gateway"]
+    target = k8s_service["spec"]["ports"][0]["targetPort"]
+    assert ports.get(target, target) == settings.port
+
+
+def hosts(settings: Settings) -> set[str]:
+    servers = (settings.kafka_bootstrap_servers or "").split(",")
+    return {h.split(":")[0].split(".")[0] for h in [*servers, *settings.cassandra_hosts] if h}
+
+
+def test_kafka_and_cassandra_hosts_are_services_of_the_same_deployment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    compose_services = set(compose()["services"])
+    k8s_services = {s["metadata"]["name"] for s in k8s_objects("Service")}
+    checked = 0
+    for containers, services in ((compose_containers(), compose_services),
+                                 (k8s_containers(), k8s_services)):
+        for container in containers:
+            named = hosts(container_settings(container, monkeypatch))
+            assert named <= services, f"{container.where}: no service {named - services}"
+            checked += len(named)
+    assert checked
+
+
+def test_dockerfile_installs_every_package_and_runs_the_cli() -> None:
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    include = pyproject["tool"]["setuptools"]["packages"]["find"]["include"]
+    packages = {pattern.rstrip("*") for pattern in include}
+    dockerfile = DOCKERFILE.read_text()
+    copied = set(re.findall(r"^COPY (\w+)/ \1/$", dockerfile, re.MULTILINE))
+    assert packages and packages <= copied, f"Dockerfile does not copy {packages - copied}"
+    assert re.search(r'^ENTRYPOINT \["chatpipe"\]$', dockerfile, re.MULTILINE)
+    extra = re.search(r"^ARG EXTRA=(\w+)$", dockerfile, re.MULTILINE)
+    assert extra and extra.group(1) == "gpu"
+    assert {"gpu", "cpu"} <= set(pyproject["project"]["optional-dependencies"])
