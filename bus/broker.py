@@ -64,6 +64,9 @@ class EmbeddedBroker:
         while time.monotonic() < deadline:
             if self._process is not None and self._process.poll() is not None:
                 raise RuntimeError(f"tansu exited with code {self._process.returncode}")
+            if not await self._accepts_connections():
+                await asyncio.sleep(0.1)
+                continue
             admin = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap_servers)
             try:
                 await admin.start()
@@ -75,6 +78,15 @@ class EmbeddedBroker:
             finally:
                 await admin.close()
         raise TimeoutError(f"broker not ready after {timeout_s}s: {last_error}")
+
+    async def _accepts_connections(self) -> bool:
+        try:
+            _, writer = await asyncio.open_connection(self.host, self.port)
+        except OSError:
+            return False
+        writer.close()
+        await writer.wait_closed()
+        return True
 
     def stop(self) -> None:
         if self._process is None or self._process.poll() is not None:

@@ -6,7 +6,8 @@ import asyncio
 import contextlib
 import logging
 import secrets
-from collections.abc import AsyncIterator, Awaitable, Callable
+import signal
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 
 import uvicorn
@@ -29,6 +30,11 @@ from workers.stage import WorkerStage
 log = logging.getLogger("chatpipe")
 
 DEV_USER = "dev"
+
+
+def _configure_logging() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    logging.getLogger("aiokafka").setLevel(logging.WARNING)
 
 
 async def open_kafka(settings: Settings, stack: contextlib.AsyncExitStack) -> KafkaConfig:
@@ -77,18 +83,38 @@ def scheduler_stage(kafka: KafkaConfig, settings: Settings) -> SchedulerStage:
     return SchedulerStage(kafka, core, settings.worker_lost_after_s)
 
 
+class _EmbeddedServer(uvicorn.Server):
+    """uvicorn inside chatpipe's loop: signals are chatpipe's, which stops every stage."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
 def gateway_server(deps: GatewayDeps, settings: Settings) -> uvicorn.Server:
     config = uvicorn.Config(create_app(deps), host=settings.host, port=settings.port,
                             log_level="warning", lifespan="on")
-    return uvicorn.Server(config)
+    return _EmbeddedServer(config)
 
 
-async def _run_until_first_exit(tasks: dict[str, asyncio.Task[None]]) -> None:
-    """Wait until one stage ends (Ctrl-C stops the gateway first) or fails."""
-    done, _ = await asyncio.wait(tasks.values(), return_when=asyncio.FIRST_COMPLETED)
-    for task in done:
+async def _until_stopped(tasks: dict[str, asyncio.Task[None]]) -> None:
+    """Wait for Ctrl-C/SIGTERM, or for a stage to end (it failed: say why)."""
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    stopper = asyncio.create_task(stop.wait())
+    try:
+        done, _ = await asyncio.wait([stopper, *tasks.values()],
+                                     return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopper.cancel()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(signum)
+    for task in done - {stopper}:
         if not task.cancelled() and task.exception() is not None:
             log.error("%s stopped: %r", task.get_name(), task.exception())
+    log.info("stopping")
 
 
 @dataclass
@@ -143,20 +169,20 @@ async def running_stack(settings: Settings, engine: Engine) -> AsyncIterator[Sta
 
 async def run_all(settings: Settings) -> None:
     """`chatpipe up`: broker (unless external), every stage and the gateway, one process."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    _configure_logging()
     engine = build_engine(settings)
     await engine.start()
     try:
         async with running_stack(settings, engine) as stack:
             print(f"chatpipe is up: {stack.base_url}/  API key: {stack.api_key}", flush=True)
-            await _run_until_first_exit(stack.tasks)
+            await _until_stopped(stack.tasks)
     finally:
         await engine.stop()
 
 
 async def run_stage(stage: str, settings: Settings) -> None:
     """One stage in its own process, against the Kafka in KAFKA_BOOTSTRAP_SERVERS."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    _configure_logging()
     if not settings.kafka_bootstrap_servers:
         raise SystemExit("set KAFKA_BOOTSTRAP_SERVERS to run a single stage")
     async with contextlib.AsyncExitStack() as stack:
@@ -182,4 +208,9 @@ async def run_stage(stage: str, settings: Settings) -> None:
             await engine.start()
             stack.push_async_callback(engine.stop)
             runners["worker"] = lambda: worker_stage(kafka, engine, settings).run()
-        await runners[stage]()
+        task = asyncio.create_task(runners[stage](), name=stage)
+        try:
+            await _until_stopped({stage: task})
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
