@@ -1,0 +1,210 @@
+"""The `sim` engine adapter: a deterministic stand-in for load tests (DESIGN §6).
+
+A reply is a sequence of words from a fixed list, chosen by a hash of the
+request id and the last user message, so a redelivered request gets the same
+text. One word is one token. Each request first "prefills" for
+`prompt_tokens / prompt_tokens_per_s` seconds, then emits `tokens_per_s` tokens
+a second; tokens that fell due while the event loop was busy come out together
+in one output, as vLLM merges deltas. At most `max_slots` requests run at once;
+the rest wait (reported as `waiting`). Without `ignore_eos` a reply stops by
+itself after 20–120 words (FINISHED_STOPPED) unless `max_tokens` comes first
+(FINISHED_LENGTH). Stop strings end the reply where they first appear.
+
+Scripted mode — directives in the last user message, e.g. `[[sim:reply=Hi there]]`:
+
+- `[[sim:reply=TEXT]]`  the reply is TEXT (split on spaces, one token per word)
+- `[[sim:length=N]]`    the reply stops by itself after N words
+- `[[sim:fail]]`        `generate` raises `SimEngineFailure` before the first token
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import random
+import re
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from schemas.events import ChatMessage, GenerationRequest, Role
+from schemas.lifecycle import RequestStatus
+from workers.engine import EngineOutput, EngineStats
+
+WORDS = (
+    "the a of and to in is it that for on with as was at by this be from or have an "
+    "they which one you were all we when there can more if out so what about up time "
+    "said would into them some could other then two its like now over only new way "
+    "model token stream kafka batch queue cache prompt reply tier slot worker engine"
+).split()
+
+_DIRECTIVE = re.compile(r"\[\[sim:(\w+)(?:=([^\]]*))?\]\]")
+
+
+class SimEngineFailure(RuntimeError):
+    """Raised for `[[sim:fail]]`: lets tests drive a worker's error path."""
+
+
+@dataclass(frozen=True, slots=True)
+class ReplyPlan:
+    """The whole reply, decided before the first token: token texts and how it ends."""
+
+    tokens: tuple[str, ...]
+    status: RequestStatus
+    fail: bool = False
+
+
+def prompt_token_count(messages: tuple[ChatMessage, ...]) -> int:
+    return sum(len(message.content.split()) for message in messages)
+
+
+def plan_reply(request: GenerationRequest) -> ReplyPlan:
+    """The deterministic reply for `request` (a pure function of the request)."""
+    last_user = next((m.content for m in reversed(request.messages) if m.role is Role.USER), "")
+    directives = {name: value for name, value in _DIRECTIVE.findall(last_user)}
+    seed = hashlib.blake2b(f"{request.request_id}\n{last_user}".encode(), digest_size=8)
+    rng = random.Random(seed.digest())
+
+    if "reply" in directives:
+        words = directives["reply"].split()
+    else:
+        length = int(directives.get("length") or rng.randint(20, 120))
+        words = [rng.choice(WORDS) for _ in range(length)]
+    tokens = [word if i == 0 else f" {word}" for i, word in enumerate(words)]
+
+    sampling = request.sampling
+    if sampling.ignore_eos:
+        while len(tokens) < sampling.max_tokens:
+            tokens.append(f" {rng.choice(WORDS)}")
+    status = RequestStatus.FINISHED_STOPPED
+    if len(tokens) > sampling.max_tokens:
+        tokens, status = tokens[: sampling.max_tokens], RequestStatus.FINISHED_LENGTH
+    tokens, stopped = _cut_at_stop(tokens, sampling.stop)
+    if stopped:
+        status = RequestStatus.FINISHED_STOPPED
+    return ReplyPlan(tuple(tokens), status, fail="fail" in directives)
+
+
+def _cut_at_stop(tokens: list[str], stop: tuple[str, ...]) -> tuple[list[str], bool]:
+    text = "".join(tokens)
+    cut = min((i for i in (text.find(s) for s in stop if s) if i >= 0), default=-1)
+    if cut < 0:
+        return tokens, False
+    kept, length = [], 0
+    for token in tokens:
+        if length + len(token) > cut:
+            if cut > length:
+                kept.append(token[: cut - length])
+            break
+        kept.append(token)
+        length += len(token)
+    return kept, True
+
+
+class SimEngine:
+    """Engine protocol implementation that needs no model."""
+
+    def __init__(
+        self, model_name: str, max_slots: int, tokens_per_s: float, prompt_tokens_per_s: float
+    ) -> None:
+        self.model = model_name
+        self.max_slots = max_slots
+        self.tokens_per_s = tokens_per_s
+        self.prompt_tokens_per_s = prompt_tokens_per_s
+        self.peak_running = 0
+        self._running = 0
+        self._waiting = 0
+        self._slot_freed = asyncio.Condition()
+        self._aborts: dict[str, set[asyncio.Event]] = {}
+
+    async def start(self) -> None:
+        pass
+
+    async def stop(self) -> None:
+        for events in list(self._aborts.values()):
+            for event in events:
+                event.set()
+        async with self._slot_freed:
+            self._slot_freed.notify_all()
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[EngineOutput]:
+        plan = plan_reply(request)
+        prompt_tokens = prompt_token_count(request.messages)
+        aborted = asyncio.Event()
+        self._aborts.setdefault(request.request_id, set()).add(aborted)
+        sent = 0
+
+        def output(text: str, new: int, status: RequestStatus | None = None) -> EngineOutput:
+            return EngineOutput(text, new, sent, prompt_tokens, 0, status)
+
+        try:
+            if not await self._take_slot(aborted):
+                yield output("", 0, RequestStatus.FINISHED_ABORTED)
+                return
+            try:
+                if plan.fail:
+                    raise SimEngineFailure(f"scripted failure of {request.request_id}")
+                loop = asyncio.get_running_loop()
+                start = loop.time() + prompt_tokens / self.prompt_tokens_per_s
+                while sent < len(plan.tokens):
+                    if aborted.is_set():
+                        yield output("", 0, RequestStatus.FINISHED_ABORTED)
+                        return
+                    due = min(len(plan.tokens), self._tokens_due(start, loop.time()))
+                    if due == sent:
+                        await _wait(aborted, start + sent / self.tokens_per_s)
+                        continue
+                    text, new, sent = "".join(plan.tokens[sent:due]), due - sent, due
+                    yield output(text, new, plan.status if sent == len(plan.tokens) else None)
+                if not plan.tokens:
+                    yield output("", 0, plan.status)
+            finally:
+                await self._free_slot()
+        finally:
+            events = self._aborts.get(request.request_id, set())
+            events.discard(aborted)
+            if not events:
+                self._aborts.pop(request.request_id, None)
+
+    async def abort(self, request_id: str) -> None:
+        events = self._aborts.get(request_id, ())
+        for event in events:
+            event.set()
+        if events:
+            async with self._slot_freed:
+                self._slot_freed.notify_all()
+
+    def stats(self) -> EngineStats:
+        return EngineStats(running=self._running, waiting=self._waiting)
+
+    def _tokens_due(self, start: float, now: float) -> int:
+        """Tokens whose time has come: token i is due at `start + i / tokens_per_s`."""
+        return int((now - start) * self.tokens_per_s) + 1 if now >= start else 0
+
+    async def _take_slot(self, aborted: asyncio.Event) -> bool:
+        async with self._slot_freed:
+            self._waiting += 1
+            try:
+                await self._slot_freed.wait_for(
+                    lambda: aborted.is_set() or self._running < self.max_slots
+                )
+            finally:
+                self._waiting -= 1
+            if aborted.is_set():
+                return False
+            self._running += 1
+            self.peak_running = max(self.peak_running, self._running)
+            return True
+
+    async def _free_slot(self) -> None:
+        async with self._slot_freed:
+            self._running -= 1
+            self._slot_freed.notify_all()
+
+
+async def _wait(aborted: asyncio.Event, deadline: float) -> None:
+    """Sleep until `deadline` (event-loop time) or until the request is aborted."""
+    try:
+        async with asyncio.timeout_at(deadline):
+            await aborted.wait()
+    except TimeoutError:
+        pass

@@ -1,0 +1,222 @@
+"""The `vllm` engine adapter: vLLM's `AsyncLLM` in this process (DESIGN §6).
+
+vLLM runs its scheduler and model in a child process (EngineCore) and streams
+outputs back; this adapter renders the chat prompt, maps sampling options and
+tiers onto vLLM's, and turns `RequestOutput`s into `EngineOutput`s.
+
+Requests are submitted under their plain `request_id`: vLLM appends a random
+suffix internally, so a redelivered attempt never clashes with a stale one, and
+`abort(request_id)` ends every attempt of that request still in this engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from collections.abc import AsyncIterator, Callable
+from contextlib import aclosing
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from schemas.events import GenerationRequest, SamplingOptions
+from schemas.lifecycle import RequestStatus
+from workers.engine import EngineOutput, EngineStats
+
+if TYPE_CHECKING:
+    from vllm import SamplingParams
+    from vllm.v1.metrics.stats import SchedulerStats
+
+GIB = 1 << 30
+
+_STATUS_BY_FINISH_REASON = {
+    "stop": RequestStatus.FINISHED_STOPPED,
+    "repetition": RequestStatus.FINISHED_STOPPED,
+    "length": RequestStatus.FINISHED_LENGTH,
+    "abort": RequestStatus.FINISHED_ABORTED,
+    "error": RequestStatus.FINISHED_ERROR,
+}
+
+
+class VllmEngine:
+    """Engine adapter over `vllm.v1.engine.async_llm.AsyncLLM`.
+
+    `stats()` combines the requests inside `generate()` with the scheduler's
+    own counts from its latest step; `peak_running` is the largest batch the
+    vLLM scheduler ran, so it shows continuous batching, not just concurrency.
+    """
+
+    def __init__(
+        self,
+        model_path: Path,
+        model_name: str,
+        max_model_len: int,
+        max_slots: int,
+        kv_cache_gib: float,
+    ) -> None:
+        self.model = model_name
+        self.max_slots = max_slots
+        self.model_path = Path(model_path)
+        self.max_model_len = max_model_len
+        self.kv_cache_gib = kv_cache_gib
+        self.peak_running = 0
+        self._llm: Any = None
+        self._tokenizer: Any = None
+        self._active: Counter[str] = Counter()
+        self._abort_requested: set[str] = set()
+        self._scheduler_stats: SchedulerStats | None = None
+
+    def engine_args(self) -> dict[str, Any]:
+        """The `AsyncEngineArgs` this engine starts with."""
+        return {
+            "model": str(self.model_path),
+            "served_model_name": [self.model],
+            "max_model_len": self.max_model_len,
+            "max_num_seqs": self.max_slots,
+            "enable_prefix_caching": True,
+            "scheduling_policy": "priority",
+            "kv_cache_memory_bytes": int(self.kv_cache_gib * GIB),
+            # CPU: skip torch.compile (minutes on 2 cores) and CUDA graphs.
+            "enforce_eager": True,
+            "disable_log_stats": True,
+            "enable_log_requests": False,
+        }
+
+    async def start(self) -> None:
+        from transformers import AutoTokenizer
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+        if not tokenizer.chat_template:
+            raise ValueError(f"{self.model_path} has no chat template")
+        args = AsyncEngineArgs(**self.engine_args())
+        stats_tap = _scheduler_stats_tap(self._on_scheduler_stats)
+        # Construction blocks until the EngineCore process has loaded the model
+        # and sized the KV cache; AsyncLLM supports building outside the loop.
+        self._llm = await asyncio.to_thread(
+            AsyncLLM.from_engine_args, args, stat_loggers=[stats_tap]
+        )
+        self._tokenizer = tokenizer
+
+    async def stop(self) -> None:
+        """Abort what still runs (its streams end FINISHED_ABORTED), then shut down."""
+        if self._llm is None:
+            return
+        llm, self._llm = self._llm, None
+        if self._active:
+            await llm.abort(list(self._active))
+        await asyncio.to_thread(llm.shutdown)
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[EngineOutput]:
+        llm = self._llm
+        if llm is None:
+            raise RuntimeError("engine is not running")
+        prompt = self._prompt(request)
+        prompt_tokens = len(prompt["prompt_token_ids"])
+        completion_tokens = 0
+        stream = llm.generate(
+            prompt,
+            sampling_params(request.sampling),
+            request.request_id,
+            priority=request.tier.rank,  # vLLM runs lower values first
+        )
+        self._active[request.request_id] += 1
+        try:
+            async with aclosing(stream):  # closing it early aborts the request in vLLM
+                async for out in stream:
+                    choice = out.outputs[0]
+                    completion_tokens += len(choice.token_ids)
+                    if not out.finished and request.request_id in self._abort_requested:
+                        # abort() ran before vLLM registered the request.
+                        await llm.abort(request.request_id)
+                    yield EngineOutput(
+                        text=choice.text,
+                        new_tokens=len(choice.token_ids),
+                        completion_tokens=completion_tokens,
+                        prompt_tokens=prompt_tokens,
+                        cached_tokens=out.num_cached_tokens or 0,
+                        status=finish_status(choice.finish_reason) if out.finished else None,
+                    )
+        finally:
+            self._active[request.request_id] -= 1
+            if not self._active[request.request_id]:
+                del self._active[request.request_id]
+                self._abort_requested.discard(request.request_id)
+
+    async def abort(self, request_id: str) -> None:
+        if self._llm is None:
+            return
+        if request_id in self._active:
+            self._abort_requested.add(request_id)
+        await self._llm.abort(request_id)
+
+    def stats(self) -> EngineStats:
+        in_flight = self._active.total()
+        sched = self._scheduler_stats
+        running = min(in_flight, sched.num_running_reqs if sched else in_flight)
+        return EngineStats(
+            running=running,
+            waiting=in_flight - running,
+            free_kv_blocks=self._free_kv_blocks(),
+        )
+
+    def _prompt(self, request: GenerationRequest) -> dict[str, Any]:
+        messages = [{"role": m.role.value, "content": m.content} for m in request.messages]
+        text = self._tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=True
+        )
+        # The template already holds the bos token: add no other special tokens.
+        prompt: dict[str, Any] = {
+            "prompt_token_ids": self._tokenizer.encode(text, add_special_tokens=False)
+        }
+        if request.cache_salt:
+            prompt["cache_salt"] = request.cache_salt
+        return prompt
+
+    def _free_kv_blocks(self) -> int | None:
+        total = self._llm.vllm_config.cache_config.num_gpu_blocks if self._llm else None
+        if not total:
+            return None
+        usage = self._scheduler_stats.kv_cache_usage if self._scheduler_stats else 0.0
+        return round(total * (1.0 - usage))
+
+    def _on_scheduler_stats(self, stats: SchedulerStats) -> None:
+        self._scheduler_stats = stats
+        self.peak_running = max(self.peak_running, stats.num_running_reqs)
+
+
+def _scheduler_stats_tap(on_stats: Callable[[SchedulerStats], None]) -> type:
+    """A vLLM stat-logger class that hands every step's `SchedulerStats` to `on_stats`."""
+    from vllm.v1.metrics.loggers import StatLoggerBase
+
+    class SchedulerStatsTap(StatLoggerBase):
+        def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
+            pass
+
+        def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx=0):
+            if scheduler_stats is not None:
+                on_stats(scheduler_stats)
+
+        def log_engine_initialized(self) -> None:
+            pass
+
+    return SchedulerStatsTap
+
+
+def sampling_params(options: SamplingOptions) -> SamplingParams:
+    from vllm import SamplingParams
+    from vllm.sampling_params import RequestOutputKind
+
+    return SamplingParams(
+        max_tokens=options.max_tokens,
+        temperature=options.temperature,
+        top_p=options.top_p,
+        seed=options.seed,
+        stop=list(options.stop) or None,
+        ignore_eos=options.ignore_eos,
+        output_kind=RequestOutputKind.DELTA,
+    )
+
+
+def finish_status(finish_reason: str | None) -> RequestStatus:
+    return _STATUS_BY_FINISH_REASON.get(finish_reason or "", RequestStatus.FINISHED_ERROR)
