@@ -69,6 +69,45 @@ class Settings(BaseSettings):
     max_message_chars: int = 32_000
     request_timeout_s: float = Field(300.0, description="deadline of a queued request")
 
+    # --- scheduling (DESIGN §5) --------------------------------------------------
+    tier_min_share: dict[Tier, float] = Field(
+        default_factory=lambda: {Tier.PRO: 0.2, Tier.FREE: 0.1},
+        description="share of dispatches a lower tier keeps while higher tiers are busy",
+    )
+    tier_max_wait_s: dict[Tier, float] = Field(
+        default_factory=lambda: {Tier.ENTERPRISE: 120.0, Tier.PRO: 60.0, Tier.FREE: 30.0},
+        description="shed new requests of a tier whose expected wait is longer",
+    )
+    queue_update_interval_s: float = Field(1.0, description="queued-event period per request")
+    affinity_max_load: float = Field(
+        0.9, description="a conversation sticks to its worker while its load is under this"
+    )
+    served_models: list[str] = Field(
+        default_factory=list, description="models clients may ask for; empty = model_name only"
+    )
+    tier_models: dict[Tier, list[str]] = Field(
+        default_factory=dict, description="models each tier may use; a tier not named: all"
+    )
+    fallback_models: dict[str, str] = Field(
+        default_factory=dict, description="model -> smaller model used when it is saturated"
+    )
+    small_model: str | None = Field(None, description="model for simple requests")
+    simple_request_max_chars: int = Field(
+        0, description="route prompts up to this many characters to small_model; 0 = off"
+    )
+
+    # --- rate limits and quotas (gateway) -----------------------------------------
+    rate_limit_storage: str = Field(
+        "memory://", description="limits storage URI; redis://host:6379 shares it across gateways"
+    )
+    user_requests_per_minute: int = 60
+    org_requests_per_minute: int = 600
+    user_tokens_per_minute: int = 200_000
+    org_tokens_per_minute: int = 2_000_000
+    user_token_budget: int | None = Field(None, description="tokens per budget period; None = off")
+    org_token_budget: int | None = None
+    budget_period: Literal["day", "month"] = "day"
+
     # --- store -------------------------------------------------------------------
     store: Literal["sqlite", "cassandra"] = "sqlite"
     database_path: Path = Path("chatpipe.db")
@@ -84,4 +123,4 @@ class Settings(BaseSettings):
     @property
     def models(self) -> list[str]:
         """Model names this deployment serves."""
-        return [self.model_name]
+        return self.served_models or [self.model_name]
