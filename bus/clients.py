@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
@@ -68,8 +69,9 @@ class Publisher:
 
     async def send(
         self, topic: str, event: Event, key: str | None = None, partition: int | None = None
-    ) -> None:
-        await self.producer.send(
+    ) -> asyncio.Future[RecordMetadata]:
+        """Enqueue `event`; the returned future resolves when the broker has it."""
+        return await self.producer.send(
             topic,
             encode(event),
             key=key.encode() if key is not None else None,

@@ -17,6 +17,7 @@ def topic_partitions(settings: Settings) -> dict[str, int]:
     """Partition count of every shared topic."""
     counts = {name: settings.topic_partitions for name in topics.shared_topics()}
     counts[topics.WORK] = settings.work_partitions
+    counts[topics.SCHEDULER] = 1  # one writer; readers want its newest status
     return counts
 
 

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import uvicorn
 
+from billing.ledger import SQLiteLedger, UsageLedger
+from billing.stage import BillingStage
 from bus.broker import EmbeddedBroker, free_port
 from bus.clients import KafkaConfig
 from bus.topics import ensure_topics
@@ -20,9 +22,11 @@ from conversations.recorder_stage import RecorderStage
 from conversations.sqlite_store import SQLiteStore
 from conversations.store import ApiKey, ConversationStore
 from gateway.app import GatewayDeps, create_app
+from gateway.quotas import QuotaGate
+from gateway.rate_limits import RateLimiter
 from gateway.relay import KafkaPipeline
 from safety.stage import SafetyStage
-from scheduler.core import Scheduler
+from scheduler.core import Policy, Scheduler
 from scheduler.stage import SchedulerStage
 from workers.engine import Engine
 from workers.stage import WorkerStage
@@ -65,6 +69,20 @@ def build_store(settings: Settings) -> ConversationStore:
     return SQLiteStore(settings.database_path)
 
 
+def build_ledger(settings: Settings) -> UsageLedger:
+    """Billing's usage ledger, in the SQLite store's file."""
+    if settings.store == "cassandra":
+        raise NotImplementedError("the usage ledger is SQLite only for now; use store=sqlite")
+    return SQLiteLedger(settings.database_path)
+
+
+def build_gateway_deps(settings: Settings, store: ConversationStore, pipeline: KafkaPipeline,
+                       ledger: UsageLedger) -> GatewayDeps:
+    return GatewayDeps(settings, store, pipeline,
+                       rate_limiter=RateLimiter.from_settings(settings),
+                       quotas=QuotaGate.from_settings(settings, ledger))
+
+
 async def ensure_dev_key(store: ConversationStore, settings: Settings) -> str:
     """The development API key: CHATPIPE_DEV_API_KEY, or a new random one."""
     key = settings.dev_api_key or f"cp-dev-{secrets.token_urlsafe(18)}"
@@ -78,9 +96,22 @@ def worker_stage(kafka: KafkaConfig, engine: Engine, settings: Settings) -> Work
                        settings.heartbeat_interval_s, settings.ready_file)
 
 
+def scheduling_policy(settings: Settings) -> Policy:
+    return Policy(
+        min_share=settings.tier_min_share,
+        max_wait_s=settings.tier_max_wait_s,
+        affinity_max_load=settings.affinity_max_load,
+        tier_models=settings.tier_models,
+        fallback_models=settings.fallback_models,
+        small_model=settings.small_model,
+        simple_request_max_chars=settings.simple_request_max_chars,
+        queue_update_interval_s=settings.queue_update_interval_s,
+        worker_lost_after_s=settings.worker_lost_after_s,
+    )
+
+
 def scheduler_stage(kafka: KafkaConfig, settings: Settings) -> SchedulerStage:
-    core = Scheduler(worker_lost_after_s=settings.worker_lost_after_s)
-    return SchedulerStage(kafka, core, settings.worker_lost_after_s)
+    return SchedulerStage(kafka, Scheduler(scheduling_policy(settings)))
 
 
 class _EmbeddedServer(uvicorn.Server):
@@ -143,13 +174,17 @@ async def running_stack(settings: Settings, engine: Engine) -> AsyncIterator[Sta
         await store.open()
         stack.push_async_callback(store.close)
         api_key = await ensure_dev_key(store, settings)
+        ledger = build_ledger(settings)
+        await ledger.open()
+        stack.push_async_callback(ledger.close)
         pipeline = await stack.enter_async_context(KafkaPipeline(kafka, settings.gateway_id))
-        server = gateway_server(GatewayDeps(settings, store, pipeline), settings)
+        server = gateway_server(build_gateway_deps(settings, store, pipeline, ledger), settings)
         runs = {
             "scheduler": scheduler_stage(kafka, settings).run(),
             "worker": worker_stage(kafka, engine, settings).run(),
             "safety": SafetyStage(kafka).run(),
             "recorder": RecorderStage(kafka, store).run(),
+            "billing": BillingStage(kafka, ledger).run(),
             "gateway": server.serve(),
         }
         tasks = {name: asyncio.create_task(coro, name=name) for name, coro in runs.items()}
@@ -191,6 +226,11 @@ async def run_stage(stage: str, settings: Settings) -> None:
             "scheduler": lambda: scheduler_stage(kafka, settings).run(),
             "safety": lambda: SafetyStage(kafka).run(),
         }
+        if stage in ("gateway", "billing"):
+            ledger = build_ledger(settings)
+            await ledger.open()
+            stack.push_async_callback(ledger.close)
+            runners["billing"] = lambda: BillingStage(kafka, ledger).run()
         if stage in ("gateway", "recorder"):
             store = build_store(settings)
             await store.open()
@@ -201,7 +241,8 @@ async def run_stage(stage: str, settings: Settings) -> None:
                 await ensure_dev_key(store, settings)
                 pipeline = await stack.enter_async_context(
                     KafkaPipeline(kafka, settings.gateway_id))
-                server = gateway_server(GatewayDeps(settings, store, pipeline), settings)
+                server = gateway_server(build_gateway_deps(settings, store, pipeline, ledger),
+                                        settings)
                 runners["gateway"] = server.serve
         if stage == "worker":
             engine = build_engine(settings)

@@ -27,6 +27,7 @@ from schemas.events import (
     DeliveryError,
     GenerationRequest,
     Queued,
+    Routed,
 )
 
 log = logging.getLogger(__name__)
@@ -45,7 +46,7 @@ class DeliveryStream:
         self._seen: set[tuple[int, int]] = set()
 
     def put(self, event: DeliverEvent) -> None:
-        if not isinstance(event, Queued):
+        if not isinstance(event, Queued | Routed):
             key = (event.attempt, event.seq)
             if key in self._seen:
                 return

@@ -91,7 +91,8 @@ class SafetyStage:
         else:
             assert isinstance(event, GenerationError)
             final = DeliveryError(request_id=event.request_id, attempt=event.attempt,
-                                  seq=event.seq + 1, code=event.code, message=event.message)
+                                  seq=event.seq + 1, code=event.code, message=event.message,
+                                  retry_after=event.retry_after)
         await self._deliver(event, final)
         self._end(event)
         self.tracker.seen(tp, record.offset)

@@ -1,21 +1,57 @@
 """The scheduler's decisions: pure, synchronous, no Kafka (STYLE 1).
 
-It holds the waiting set and a registry of workers built from heartbeats, and
-hands each request to a worker that serves its model and has a free slot,
-highest tier first. Each engine's own queue stays short, so priority is
-decided here, globally (DESIGN §5).
+It holds the waiting set and the worker registry, and decides (DESIGN §5):
+- strict tier priority, except that a lower tier keeps a minimum share of the
+  dispatches while higher tiers are busy (credit per dispatch, so nothing starves);
+- fair share inside a tier (`FairQueue`: round robin over orgs, then users);
+- capacity-aware dispatch to workers serving the request's model, keeping each
+  engine's own queue empty so priority is decided here, globally;
+- conversation affinity while the previous worker's load is under a bound;
+- routing: simple requests to a small model, a saturated model to its fallback;
+- shedding when a tier's expected wait exceeds its bound; deadlines; cancels;
+- redispatch of what a lost worker held, resuming from its emitted output.
 """
 
 from __future__ import annotations
 
-import itertools
+import math
 import time
-from collections import deque
-from collections.abc import Callable, Iterator
+from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from schemas.events import GenerationRequest, WorkerHeartbeat
+from scheduler.estimates import Throughput
+from scheduler.fair_queue import FairQueue
+from scheduler.workers import InFlight, WorkerState
+from schemas.events import GenerationRequest, ResumePoint, Role, TierStatus, WorkerHeartbeat
 from schemas.topics import Tier
+
+AFFINITY_MEMORY = 100_000
+
+
+@dataclass(frozen=True)
+class Policy:
+    min_share: dict[Tier, float] = field(default_factory=dict)
+    max_wait_s: dict[Tier, float] = field(default_factory=dict)
+    affinity_max_load: float = 0.9
+    tier_models: dict[Tier, list[str]] = field(default_factory=dict)
+    fallback_models: dict[str, str] = field(default_factory=dict)
+    small_model: str | None = None
+    simple_request_max_chars: int = 0
+    queue_update_interval_s: float = 1.0
+    worker_lost_after_s: float = 5.0
+
+    def allows(self, tier: Tier, model: str) -> bool:
+        allowed = self.tier_models.get(tier)
+        return allowed is None or model in allowed
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    accepted: bool
+    request: GenerationRequest
+    retry_after_s: float | None = None
+    routed_reason: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,58 +59,20 @@ class Dispatch:
     request: GenerationRequest
     worker_id: str
     partition: int
+    routed_reason: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class QueueUpdate:
+    request: GenerationRequest
+    position: int
+    eta_ms: int | None
 
 
 @dataclass(slots=True)
-class _InFlight:
-    partition: int
-    offset: int | None = None  # known once the assignment is acknowledged
-
-
-@dataclass(slots=True)
-class WorkerState:
-    worker_id: str
-    model: str
-    partitions: tuple[int, ...]
-    max_slots: int
-    last_seen: float
-    active: frozenset[str] = frozenset()
-    consumed: dict[int, int] = field(default_factory=dict)
-    in_flight: dict[str, _InFlight] = field(default_factory=dict)
-    stopping: bool = False
-    _next_partition: Iterator[int] | None = None
-
-    @property
-    def load(self) -> int:
-        return len(self.active | self.in_flight.keys())
-
-    @property
-    def free_slots(self) -> int:
-        return 0 if self.stopping else max(0, self.max_slots - self.load)
-
-    def next_partition(self) -> int:
-        if self._next_partition is None:
-            self._next_partition = itertools.cycle(self.partitions)
-        return next(self._next_partition)
-
-    def refresh(self, heartbeat: WorkerHeartbeat, now: float) -> None:
-        if heartbeat.partitions != self.partitions:
-            self._next_partition = None
-        self.model = heartbeat.model
-        self.partitions = heartbeat.partitions
-        self.max_slots = heartbeat.max_slots
-        self.active = frozenset(heartbeat.active)
-        self.consumed = dict(heartbeat.consumed)
-        self.stopping = heartbeat.stopping
-        self.last_seen = now
-        self._drop_consumed()
-
-    def _drop_consumed(self) -> None:
-        """An assignment the worker has read is counted through `active` from now on."""
-        for request_id, flight in list(self.in_flight.items()):
-            read_up_to = self.consumed.get(flight.partition, 0)
-            if flight.offset is not None and flight.offset < read_up_to:
-                del self.in_flight[request_id]
+class _Shown:
+    position: int
+    at: float
 
 
 class Scheduler:
@@ -82,46 +80,76 @@ class Scheduler:
 
     def __init__(
         self,
-        worker_lost_after_s: float = 5.0,
-        clock: Callable[[], float] | None = None,
-        wall: Callable[[], float] | None = None,
+        policy: Policy | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
     ) -> None:
-        self._clock = clock or time.monotonic
-        self._wall = wall or time.time
-        self._lost_after = worker_lost_after_s
-        self._waiting: dict[Tier, deque[GenerationRequest]] = {tier: deque() for tier in Tier}
+        self.policy = policy or Policy()
+        self._clock = clock
+        self._wall = wall
+        self._queues: dict[Tier, FairQueue] = {tier: FairQueue() for tier in Tier}
         self._waiting_ids: set[str] = set()
+        self._credit: dict[Tier, float] = {tier: 0.0 for tier in Tier}
+        self._shown: dict[str, _Shown] = {}
+        self._affinity: OrderedDict[str, str] = OrderedDict()
+        self.throughput = Throughput(clock=clock)
         self.workers: dict[str, WorkerState] = {}
 
     # --- requests -------------------------------------------------------------------
 
-    def add_request(self, request: GenerationRequest) -> bool:
-        """Queue a request; False if it is already waiting (a redelivery)."""
+    def add_request(self, request: GenerationRequest) -> Admission:
+        """Admit (possibly routed to the small model) or shed a new request.
+
+        A redelivered request already waiting is accepted again without a
+        second copy."""
         if request.request_id in self._waiting_ids:
-            return False
-        self._waiting[request.tier].append(request)
+            return Admission(True, request)
+        request, reason = self._route_simple(request)
+        wait_s = self.expected_wait_s(request.tier, extra=1)
+        bound = self.policy.max_wait_s.get(request.tier)
+        if wait_s is not None and bound is not None and wait_s > bound:
+            return Admission(False, request, retry_after_s=_retry_after(wait_s - bound))
+        self._enqueue(request)
+        return Admission(True, request, routed_reason=reason)
+
+    def _enqueue(self, request: GenerationRequest, front: bool = False) -> None:
+        self._queues[request.tier].push(request, front=front)
         self._waiting_ids.add(request.request_id)
-        return True
+
+    def _route_simple(self, request: GenerationRequest) -> tuple[GenerationRequest, str | None]:
+        small, limit = self.policy.small_model, self.policy.simple_request_max_chars
+        if not small or limit <= 0 or request.model == small:
+            return request, None
+        if not self.policy.allows(request.tier, small):
+            return request, None
+        last_user = next((m.content for m in reversed(request.messages) if m.role == Role.USER),
+                         "")
+        if len(last_user) > limit:
+            return request, None
+        return _rerouted(request, small), "simple_request"
 
     def cancel(self, request_id: str) -> GenerationRequest | None:
         """Drop a waiting request; returns it, or None if it is not waiting."""
         if request_id not in self._waiting_ids:
             return None
-        for queue in self._waiting.values():
-            for request in queue:
-                if request.request_id == request_id:
-                    queue.remove(request)
-                    self._waiting_ids.discard(request_id)
-                    return request
+        for queue in self._queues.values():
+            request = queue.remove(request_id)
+            if request is not None:
+                self._forget(request_id)
+                return request
         return None
+
+    def _forget(self, request_id: str) -> None:
+        self._waiting_ids.discard(request_id)
+        self._shown.pop(request_id, None)
 
     @property
     def waiting_count(self) -> int:
         return len(self._waiting_ids)
 
     def waiting(self) -> list[GenerationRequest]:
-        """Waiting requests in the order they would be dispatched."""
-        return [request for tier in Tier for request in self._waiting[tier]]
+        """Waiting requests, highest tier first, each tier in fair order."""
+        return [request for tier in Tier for request in self._queues[tier]]
 
     def expire(self) -> list[GenerationRequest]:
         """Drop and return waiting requests whose deadline has passed."""
@@ -131,21 +159,62 @@ class Scheduler:
             self.cancel(request.request_id)
         return expired
 
+    # --- estimates ------------------------------------------------------------------
+
+    def expected_wait_s(self, tier: Tier, extra: int = 0) -> float | None:
+        """Seconds until the last of `extra` new requests of `tier` would start.
+
+        Zero while a worker has a free slot; None while no throughput is known."""
+        if not any(self._queues.values()) and any(w.free_slots for w in self.workers.values()):
+            return 0.0
+        ahead = sum(len(self._queues[t]) for t in Tier if t.rank <= tier.rank)
+        return self.throughput.seconds_for(ahead + extra)
+
+    def status(self) -> dict[Tier, TierStatus]:
+        statuses = {}
+        for tier in Tier:
+            wait_s = self.expected_wait_s(tier, extra=1)
+            bound = self.policy.max_wait_s.get(tier)
+            shedding = wait_s is not None and bound is not None and wait_s > bound
+            statuses[tier] = TierStatus(
+                waiting=len(self._queues[tier]),
+                expected_wait_s=wait_s,
+                shedding=shedding,
+                retry_after_s=_retry_after(wait_s - bound) if shedding else None,
+            )
+        return statuses
+
+    def queue_updates(self) -> list[QueueUpdate]:
+        """Position and ETA of each waiting request whose position changed, or whose
+        last update is older than the update interval."""
+        now = self._clock()
+        updates = []
+        for position, request in enumerate(self.waiting()):
+            shown = self._shown.get(request.request_id)
+            if (shown is not None and shown.position == position
+                    and now - shown.at < self.policy.queue_update_interval_s):
+                continue
+            self._shown[request.request_id] = _Shown(position, now)
+            eta_s = self.throughput.seconds_for(position + 1)
+            updates.append(QueueUpdate(request, position + 1,
+                                       None if eta_s is None else int(eta_s * 1000)))
+        return updates
+
     # --- workers --------------------------------------------------------------------
 
     def on_heartbeat(self, heartbeat: WorkerHeartbeat) -> None:
         now = self._clock()
         worker = self.workers.get(heartbeat.worker_id)
         if worker is None:
-            worker = WorkerState(
-                worker_id=heartbeat.worker_id,
-                model=heartbeat.model,
-                partitions=heartbeat.partitions,
-                max_slots=heartbeat.max_slots,
-                last_seen=now,
-            )
+            worker = WorkerState(heartbeat.worker_id, heartbeat.model, heartbeat.partitions,
+                                 heartbeat.max_slots, now)
             self.workers[heartbeat.worker_id] = worker
-        worker.refresh(heartbeat, now)
+        settled = worker.refresh(heartbeat, now)
+        for flight in settled.finished:
+            self.throughput.finished(now - flight.dispatched_at)
+        for flight in settled.orphaned:
+            self._enqueue(flight.request.model_copy(update={"attempt": flight.request.attempt + 1}),
+                          front=True)
 
     def on_dispatched(self, request_id: str, worker_id: str, offset: int) -> None:
         """The assignment is on `chat.work` at `offset`."""
@@ -154,43 +223,100 @@ class Scheduler:
             worker.in_flight[request_id].offset = offset
 
     def remove_lost_workers(self) -> list[str]:
-        """Forget workers whose heartbeats stopped; returns their ids.
-
-        Their unfinished assignments come back through Kafka: a worker commits
-        a `chat.work` offset only when the request ends, so the partition's
-        next owner reads them again.
-        """
-        deadline = self._clock() - self._lost_after
-        lost = [w.worker_id for w in self.workers.values() if w.last_seen < deadline]
-        for worker_id in lost:
-            del self.workers[worker_id]
-        return lost
+        """Forget workers whose heartbeats stopped and queue what they held again,
+        first in line, as a new attempt that resumes from the emitted output."""
+        deadline = self._clock() - self.policy.worker_lost_after_s
+        lost = [w for w in self.workers.values() if w.last_seen < deadline]
+        for worker in lost:
+            del self.workers[worker.worker_id]
+            for flight in worker.in_flight.values():
+                self._enqueue(_next_attempt(flight.request, worker.progress), front=True)
+        return [w.worker_id for w in lost]
 
     # --- decisions ------------------------------------------------------------------
 
     def schedule(self) -> list[Dispatch]:
-        """Hand out as many waiting requests as free slots allow, highest tier first."""
+        """Hand out as many waiting requests as free slots allow."""
         dispatches: list[Dispatch] = []
-        for tier in Tier:
-            queue = self._waiting[tier]
-            skipped: list[GenerationRequest] = []
-            while queue:
-                request = queue.popleft()
-                worker = self._pick_worker(request)
-                if worker is None:
-                    skipped.append(request)
-                    continue
-                partition = worker.next_partition()
-                worker.in_flight[request.request_id] = _InFlight(partition)
-                self._waiting_ids.discard(request.request_id)
-                dispatches.append(Dispatch(request, worker.worker_id, partition))
-            queue.extendleft(reversed(skipped))
-        return dispatches
+        blocked: set[Tier] = set()
+        while True:
+            tier = self._next_tier(blocked)
+            if tier is None:
+                return dispatches
+            request = self._queues[tier].peek()
+            assert request is not None
+            placed = self._place(request)
+            if placed is None:
+                blocked.add(tier)  # head of this tier cannot run now: keep tier order
+                continue
+            self._queues[tier].pop()
+            self._forget(request.request_id)
+            self._account(tier)
+            dispatches.append(placed)
 
-    def _pick_worker(self, request: GenerationRequest) -> WorkerState | None:
-        candidates = [
-            w
-            for w in self.workers.values()
-            if w.model == request.model and w.partitions and w.free_slots > 0
-        ]
-        return max(candidates, key=lambda w: w.free_slots, default=None)
+    def _next_tier(self, blocked: set[Tier]) -> Tier | None:
+        candidates = [t for t in Tier if t not in blocked and self._queues[t]]
+        if not candidates:
+            return None
+        owed = [t for t in candidates if self._credit[t] >= 1.0]
+        return owed[-1] if owed else candidates[0]
+
+    def _account(self, tier: Tier) -> None:
+        """While a higher tier keeps a lower one waiting, every dispatch earns the lower
+        tier its share of a slot; a full credit buys it the next one."""
+        if self._credit[tier] >= 1.0:
+            self._credit[tier] -= 1.0
+        for lower in Tier:
+            share = self.policy.min_share.get(lower, 0.0)
+            higher_busy = any(self._queues[t] for t in Tier if t.rank < lower.rank)
+            if share and self._queues[lower] and (higher_busy or lower == tier):
+                self._credit[lower] = min(1.0, self._credit[lower] + share)
+
+    def _place(self, request: GenerationRequest) -> Dispatch | None:
+        worker = self._pick_worker(request, request.model)
+        reason = None
+        fallback = self.policy.fallback_models.get(request.model)
+        if worker is None and fallback and self.policy.allows(request.tier, fallback):
+            worker = self._pick_worker(request, fallback)
+            if worker is not None:
+                request, reason = _rerouted(request, fallback), "saturated"
+        if worker is None:
+            return None
+        partition = worker.next_partition()
+        worker.in_flight[request.request_id] = InFlight(request, partition, self._clock())
+        self._remember_affinity(request.conversation_id, worker.worker_id)
+        return Dispatch(request, worker.worker_id, partition, reason)
+
+    def _pick_worker(self, request: GenerationRequest, model: str) -> WorkerState | None:
+        candidates = [w for w in self.workers.values() if w.model == model and w.free_slots > 0]
+        if not candidates:
+            return None
+        previous = self.workers.get(self._affinity.get(request.conversation_id, ""))
+        if previous in candidates and previous.load < self.policy.affinity_max_load * previous.max_slots:
+            return previous
+        return max(candidates, key=lambda w: w.free_slots)
+
+    def _remember_affinity(self, conversation_id: str, worker_id: str) -> None:
+        self._affinity[conversation_id] = worker_id
+        self._affinity.move_to_end(conversation_id)
+        while len(self._affinity) > AFFINITY_MEMORY:
+            self._affinity.popitem(last=False)
+
+
+def _rerouted(request: GenerationRequest, model: str) -> GenerationRequest:
+    return request.model_copy(
+        update={"model": model, "requested_model": request.requested_model or request.model})
+
+
+def _next_attempt(request: GenerationRequest,
+                  progress: dict[str, tuple[int, int]]) -> GenerationRequest:
+    started = progress.get(request.request_id)
+    resume = request.resume
+    if started is not None and resume is None:
+        resume = ResumePoint(tokens_partition=started[0], from_offset=started[1],
+                             prior_attempt=request.attempt)
+    return request.model_copy(update={"attempt": request.attempt + 1, "resume": resume})
+
+
+def _retry_after(seconds: float) -> float:
+    return float(max(1, math.ceil(seconds)))

@@ -25,6 +25,9 @@ from schemas.events import (
     GenerationDone,
     GenerationError,
     GenerationRequest,
+    Queued,
+    Routed,
+    SchedulerStatus,
     Usage,
     WorkAssignment,
     WorkerHeartbeat,
@@ -39,12 +42,15 @@ GROUP = "chatpipe-scheduler"
 
 
 class SchedulerStage:
-    def __init__(self, kafka: KafkaConfig, core: Scheduler, worker_lost_after_s: float) -> None:
+    def __init__(self, kafka: KafkaConfig, core: Scheduler, status_interval_s: float = 1.0,
+                 ) -> None:
         self.kafka = kafka
         self.core = core
-        self.worker_lost_after_s = worker_lost_after_s
+        self.worker_lost_after_s = core.policy.worker_lost_after_s
+        self.status_interval_s = status_interval_s
         self.tracker = OffsetTracker()
         self._sources: dict[str, tuple[TopicPartition, int]] = {}
+        self._status_sent_at = 0.0
 
     async def run(self) -> None:
         consumer = self.kafka.consumer(
@@ -82,12 +88,27 @@ class SchedulerStage:
                         **stream_fields(request, 0), status=RequestStatus.FINISHED_ABORTED,
                         usage=Usage()))
         else:
-            request = decode_record(GenerationRequest, record)
-            if self.core.add_request(request):
-                self.tracker.started(tp, record.offset)
-                self._sources[request.request_id] = (tp, record.offset)
-            else:
-                self.tracker.seen(tp, record.offset)
+            await self._admit(decode_record(GenerationRequest, record), tp, record.offset)
+
+    async def _admit(self, request: GenerationRequest, tp: TopicPartition, offset: int) -> None:
+        admission = self.core.add_request(request)
+        if not admission.accepted:
+            self.tracker.seen(tp, offset)
+            await self.publisher.send(topics.TOKENS, GenerationError(
+                **stream_fields(request, 0), code="overloaded",
+                message=f"the {request.tier} tier is overloaded; retry later",
+                retry_after=admission.retry_after_s), key=request.conversation_id)
+            return
+        self.tracker.started(tp, offset)
+        self._sources[request.request_id] = (tp, offset)
+        if admission.routed_reason:
+            await self._announce_route(admission.request, admission.routed_reason)
+
+    async def _announce_route(self, request: GenerationRequest, reason: str) -> None:
+        await self.publisher.send(request.reply_to, Routed(
+            request_id=request.request_id, attempt=request.attempt, model=request.model,
+            requested_model=request.requested_model or request.model, reason=reason,
+        ), key=request.conversation_id)
 
     async def _end_unserved(self, request: GenerationRequest,
                             end: GenerationDone | GenerationError) -> None:
@@ -113,10 +134,24 @@ class SchedulerStage:
         dispatches = self.core.schedule()
         if dispatches:
             await asyncio.gather(*(self._dispatch(d) for d in dispatches))
+        for update in self.core.queue_updates():
+            request = update.request
+            await self.publisher.send(request.reply_to, Queued(
+                request_id=request.request_id, attempt=request.attempt,
+                position=update.position, eta_ms=update.eta_ms), key=request.conversation_id)
+        await self._publish_status()
         offsets = self.tracker.to_commit()
         if offsets:
             await self.consumer.commit(offsets)
             self.tracker.committed(offsets)
+
+    async def _publish_status(self) -> None:
+        now = time.monotonic()
+        if now - self._status_sent_at < self.status_interval_s:
+            return
+        self._status_sent_at = now
+        await self.publisher.send(topics.SCHEDULER, SchedulerStatus(tiers=self.core.status()),
+                                  key=STAGE)
 
     async def _dispatch(self, dispatch: Dispatch) -> None:
         request = dispatch.request
@@ -126,5 +161,7 @@ class SchedulerStage:
         )
         self.core.on_dispatched(request.request_id, dispatch.worker_id, metadata.offset)
         self._release(request.request_id)
+        if dispatch.routed_reason:
+            await self._announce_route(request, dispatch.routed_reason)
         log.debug("dispatched %s to %s[%d]", request.request_id, dispatch.worker_id,
                   dispatch.partition)

@@ -66,6 +66,16 @@ class Usage(BaseModel):
 # --- chat.requests.<tier> and chat.work ---------------------------------------------
 
 
+class ResumePoint(BaseModel):
+    """Where a redispatched request's earlier output starts on `chat.tokens`."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    tokens_partition: int
+    from_offset: int
+    prior_attempt: int
+
+
 class GenerationRequest(Event):
     """A chat turn to generate: what the gateway queues and the worker runs."""
 
@@ -85,6 +95,12 @@ class GenerationRequest(Event):
     deadline: float | None = Field(None, description="epoch seconds; dropped if still waiting")
     cache_salt: str | None = None
     store: bool = Field(True, description="persist the answer in the conversation store")
+    requested_model: str | None = Field(
+        None, description="the model the client asked for, when the router chose another"
+    )
+    resume: ResumePoint | None = Field(
+        None, description="continue the output an earlier attempt left on chat.tokens"
+    )
     created_at: float = Field(default_factory=now)
 
 
@@ -115,6 +131,10 @@ class WorkerHeartbeat(Event):
     running: int = 0
     waiting: int = 0
     peak_running: int = Field(0, description="most requests the engine ran at once")
+    progress: dict[str, tuple[int, int]] = Field(
+        default_factory=dict,
+        description="request id -> (chat.tokens partition, offset) of its first event",
+    )
     free_kv_blocks: int | None = None
     stopping: bool = False
     sent_at: float = Field(default_factory=now)
@@ -166,6 +186,7 @@ class GenerationError(StreamEvent):
     type: Literal["error"] = "error"
     code: str
     message: str
+    retry_after: float | None = None
 
 
 TokenEvent = Annotated[TokenChunk | GenerationDone | GenerationError, Field(discriminator="type")]
@@ -191,6 +212,15 @@ class Queued(DeliveryEvent):
     eta_ms: int | None = None
 
 
+class Routed(DeliveryEvent):
+    """The router runs the request on another model than the one asked for."""
+
+    type: Literal["routed"] = "routed"
+    model: str
+    requested_model: str
+    reason: str
+
+
 class Retract(DeliveryEvent):
     type: Literal["retract"] = "retract"
     message_id: str
@@ -212,8 +242,28 @@ class DeliveryDone(DeliveryEvent):
 
 
 DeliverEvent = Annotated[
-    Delta | Queued | Retract | DeliveryError | DeliveryDone, Field(discriminator="type")
+    Delta | Queued | Routed | Retract | DeliveryError | DeliveryDone, Field(discriminator="type")
 ]
+
+
+# --- chat.scheduler -------------------------------------------------------------------
+
+
+class TierStatus(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    waiting: int
+    expected_wait_s: float | None
+    shedding: bool
+    retry_after_s: float | None = None
+
+
+class SchedulerStatus(Event):
+    """The scheduler's view of each tier, published every second for the gateways."""
+
+    type: Literal["scheduler_status"] = "scheduler_status"
+    tiers: dict[Tier, TierStatus]
+    sent_at: float = Field(default_factory=now)
 
 
 # --- chat.control ---------------------------------------------------------------------
@@ -247,6 +297,7 @@ class UsageEvent(Event):
     org_id: str
     tier: Tier
     model: str
+    requested_model: str | None = None
     worker_id: str
     status: RequestStatus
     prompt_tokens: int

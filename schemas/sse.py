@@ -31,6 +31,7 @@ from schemas.events import (
     Delta,
     Queued,
     Retract,
+    Routed,
     Usage,
 )
 from schemas.lifecycle import RequestStatus
@@ -49,6 +50,12 @@ class RequestPayload(BaseModel):
 
 class DeltaPayload(BaseModel):
     delta: str
+
+
+class RoutedPayload(BaseModel):
+    model: str
+    requested_model: str
+    reason: str
 
 
 class QueuedPayload(BaseModel):
@@ -93,6 +100,10 @@ def native_event(event: DeliverEvent) -> ServerSentEvent:
         case Queued():
             # Queue updates come before any output: no id, so resuming never skips text.
             return _event(QueuedPayload(position=event.position, eta_ms=event.eta_ms), "queued")
+        case Routed():
+            payload = RoutedPayload(model=event.model, requested_model=event.requested_model,
+                                    reason=event.reason)
+            return _event(payload, "model")
         case Retract():
             payload = RetractPayload(
                 message_id=event.message_id, reason=event.reason, replacement=event.replacement

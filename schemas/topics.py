@@ -21,6 +21,7 @@ class Tier(StrEnum):
 REQUESTS_PREFIX = "chat.requests."
 WORK = "chat.work"
 WORKERS = "chat.workers"
+SCHEDULER = "chat.scheduler"
 TOKENS = "chat.tokens"
 DELIVER_PREFIX = "chat.deliver."
 CONTROL = "chat.control"
@@ -43,4 +44,4 @@ def deliver_topic(gateway_id: str) -> str:
 
 def shared_topics() -> list[str]:
     """Every topic except the per-gateway delivery topics."""
-    return [*request_topics(), WORK, WORKERS, TOKENS, CONTROL, USAGE, MODERATION, DLQ]
+    return [*request_topics(), WORK, WORKERS, SCHEDULER, TOKENS, CONTROL, USAGE, MODERATION, DLQ]

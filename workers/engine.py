@@ -32,6 +32,14 @@ class EngineOutput:
 
 
 @dataclass(frozen=True, slots=True)
+class Continuation:
+    """Output an earlier attempt already streamed: the engine continues after it."""
+
+    text: str
+    tokens: int
+
+
+@dataclass(frozen=True, slots=True)
 class EngineStats:
     running: int
     waiting: int
@@ -47,11 +55,15 @@ class Engine(Protocol):
 
     async def stop(self) -> None: ...
 
-    def generate(self, request: GenerationRequest) -> AsyncIterator[EngineOutput]:
+    def generate(
+        self, request: GenerationRequest, continuation: Continuation | None = None
+    ) -> AsyncIterator[EngineOutput]:
         """Submit at once and stream outputs; many calls run concurrently.
 
         Ends after the output with a terminal status. `abort(request_id)`
-        makes it end (status FINISHED_ABORTED) within one engine step.
+        makes it end (status FINISHED_ABORTED) within one engine step. With a
+        `continuation` the answer goes on after that text: `completion_tokens`
+        and `max_tokens` count its tokens too.
         """
 
     async def abort(self, request_id: str) -> None: ...

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 from schemas.events import ChatMessage, GenerationRequest, Role
 from schemas.lifecycle import RequestStatus
-from workers.engine import EngineOutput, EngineStats
+from workers.engine import Continuation, EngineOutput, EngineStats
 
 WORDS = (
     "the a of and to in is it that for on with as was at by this be from or have an "
@@ -126,12 +126,15 @@ class SimEngine:
         async with self._slot_freed:
             self._slot_freed.notify_all()
 
-    async def generate(self, request: GenerationRequest) -> AsyncIterator[EngineOutput]:
+    async def generate(
+        self, request: GenerationRequest, continuation: Continuation | None = None
+    ) -> AsyncIterator[EngineOutput]:
         plan = plan_reply(request)
         prompt_tokens = prompt_token_count(request.messages)
         aborted = asyncio.Event()
         self._aborts.setdefault(request.request_id, set()).add(aborted)
-        sent = 0
+        # The plan is a pure function of the request: a continuation resumes it exactly.
+        sent = min(continuation.tokens, len(plan.tokens)) if continuation else 0
 
         def output(text: str, new: int, status: RequestStatus | None = None) -> EngineOutput:
             return EngineOutput(text, new, sent, prompt_tokens, 0, status)
@@ -144,7 +147,9 @@ class SimEngine:
                 if plan.fail:
                     raise SimEngineFailure(f"scripted failure of {request.request_id}")
                 loop = asyncio.get_running_loop()
-                start = loop.time() + prompt_tokens / self.prompt_tokens_per_s
+                start = (loop.time() + prompt_tokens / self.prompt_tokens_per_s
+                         - sent / self.tokens_per_s)
+                ended = False
                 while sent < len(plan.tokens):
                     if aborted.is_set():
                         yield output("", 0, RequestStatus.FINISHED_ABORTED)
@@ -154,8 +159,9 @@ class SimEngine:
                         await _wait(aborted, start + sent / self.tokens_per_s)
                         continue
                     text, new, sent = "".join(plan.tokens[sent:due]), due - sent, due
-                    yield output(text, new, plan.status if sent == len(plan.tokens) else None)
-                if not plan.tokens:
+                    ended = sent == len(plan.tokens)
+                    yield output(text, new, plan.status if ended else None)
+                if not ended:  # nothing (left) to say
                     yield output("", 0, plan.status)
             finally:
                 await self._free_slot()

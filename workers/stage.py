@@ -14,6 +14,7 @@ import asyncio
 import logging
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from pathlib import Path
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener
@@ -38,7 +39,8 @@ from schemas.events import (
 )
 from schemas.lifecycle import RequestStatus
 from workers.coalesce import Coalescer
-from workers.engine import Engine, EngineOutput
+from workers.engine import Continuation, Engine, EngineOutput
+from workers.resume import read_prior_output
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +82,7 @@ class WorkerStage:
         self.tracker = OffsetTracker()
         self._running: dict[str, tuple[asyncio.Task[None], TopicPartition]] = {}
         self._cancelled: OrderedDict[str, None] = OrderedDict()
+        self._progress: dict[str, tuple[int, int]] = {}
         self._stopping = False
 
     async def run(self) -> None:
@@ -123,8 +126,11 @@ class WorkerStage:
 
     async def _on_work(self, record: ConsumerRecord) -> None:
         tp = TopicPartition(record.topic, record.partition)
-        request = decode_record(WorkAssignment, record).request
-        if request.request_id in self._running:
+        assignment = decode_record(WorkAssignment, record)
+        request = assignment.request
+        # An assignment is for the worker it names: one read after a partition moved
+        # belongs to a worker the scheduler has already given the request's next attempt.
+        if assignment.worker_id != self.worker_id or request.request_id in self._running:
             self.tracker.seen(tp, record.offset)
             return
         self.tracker.started(tp, record.offset)
@@ -133,13 +139,18 @@ class WorkerStage:
 
     async def _generate(self, request: GenerationRequest, tp: TopicPartition, offset: int) -> None:
         started = time.monotonic()
-        stream = _StreamWriter(self.publisher, request)
+        prior = await read_prior_output(self.kafka, request)
+        if prior.finished:
+            self._end(request, tp, offset)
+            return
+        stream = _StreamWriter(self.publisher, request, prior.next_seq, self._on_stream_start)
+        continuation = Continuation(prior.text, prior.tokens) if request.resume else None
         last: EngineOutput | None = None
         status = RequestStatus.FINISHED_ABORTED
         try:
             if request.request_id not in self._cancelled:
                 coalescer = Coalescer(self.coalesce_s)
-                async for output in self.engine.generate(request):
+                async for output in self.engine.generate(request, continuation):
                     last = output
                     chunk = coalescer.add(output.text, output.new_tokens, time.monotonic())
                     if chunk is not None:
@@ -154,26 +165,38 @@ class WorkerStage:
             # Shutting down: the offset stays uncommitted, so the work is read again.
             await self.engine.abort(request.request_id)
             self._running.pop(request.request_id, None)
+            self._progress.pop(request.request_id, None)
             raise
         except Exception as exc:  # noqa: BLE001 - reported on the stream, the worker goes on
             log.exception("request %s failed", request.request_id)
             status, usage = RequestStatus.FINISHED_ERROR, _usage(last)
             await stream.error("engine_error", str(exc))
-        self._running.pop(request.request_id, None)
-        self.tracker.done(tp, offset)
-        self.heartbeat_now.set()
+        self._end(request, tp, offset)
         await self.publisher.send(
             topics.USAGE,
             UsageEvent(
                 request_id=request.request_id, attempt=request.attempt,
                 conversation_id=request.conversation_id, user_id=request.user_id,
                 org_id=request.org_id, tier=request.tier, model=request.model,
-                worker_id=self.worker_id, status=status, prompt_tokens=usage.prompt_tokens,
+                requested_model=request.requested_model, worker_id=self.worker_id, status=status, prompt_tokens=usage.prompt_tokens,
                 completion_tokens=usage.completion_tokens, cached_tokens=usage.cached_tokens,
                 gpu_ms=(time.monotonic() - started) * 1000,
             ),
             key=request.user_id,
         )
+
+    def _end(self, request: GenerationRequest, tp: TopicPartition, offset: int) -> None:
+        self._running.pop(request.request_id, None)
+        self._progress.pop(request.request_id, None)
+        self.tracker.done(tp, offset)
+        self.heartbeat_now.set()
+
+    def _on_stream_start(self, request_id: str, partition: int, offset: int) -> None:
+        """The first event of a request is on chat.tokens: tell the scheduler at once,
+        so a redispatch after this worker dies resumes from it."""
+        if request_id in self._running:
+            self._progress[request_id] = (partition, offset)
+            self.heartbeat_now.set()
 
     async def _on_control(self, record: ConsumerRecord) -> None:
         event = decode_record(CONTROL_EVENT, record)
@@ -229,6 +252,7 @@ class WorkerStage:
                 running=stats.running,
                 waiting=stats.waiting,
                 peak_running=getattr(self.engine, "peak_running", 0),
+                progress=dict(self._progress),
                 free_kv_blocks=stats.free_kv_blocks,
                 stopping=self._stopping,
             ),
@@ -241,17 +265,24 @@ class WorkerStage:
 class _StreamWriter:
     """Publishes one request's events on `chat.tokens` with consecutive seq numbers."""
 
-    def __init__(self, publisher: Publisher, request: GenerationRequest) -> None:
+    def __init__(self, publisher: Publisher, request: GenerationRequest, first_seq: int,
+                 on_start: Callable[[str, int, int], None]) -> None:
         self.publisher = publisher
         self.request = request
-        self.seq = 0  # gapless from 0; the done/error event takes the next one
+        self.seq = first_seq  # gapless; the done/error event takes the next one
+        self._on_start: Callable[[str, int, int], None] | None = on_start
 
     def _fields(self) -> dict[str, object]:
         seq, self.seq = self.seq, self.seq + 1
         return stream_fields(self.request, seq)
 
     async def _send(self, event: TokenChunk | GenerationDone | GenerationError) -> None:
-        await self.publisher.send(topics.TOKENS, event, key=self.request.conversation_id)
+        delivered = await self.publisher.send(topics.TOKENS, event,
+                                              key=self.request.conversation_id)
+        if self._on_start is not None:
+            on_start, self._on_start = self._on_start, None
+            metadata = await delivered
+            on_start(self.request.request_id, metadata.partition, metadata.offset)
 
     async def chunk(self, text: str, tokens: int, completion_tokens: int) -> None:
         await self._send(TokenChunk(**self._fields(), text=text, token_count=tokens,

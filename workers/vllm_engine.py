@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from schemas.events import GenerationRequest, SamplingOptions
 from schemas.lifecycle import RequestStatus
-from workers.engine import EngineOutput, EngineStats
+from workers.engine import Continuation, EngineOutput, EngineStats
 
 if TYPE_CHECKING:
     from vllm import SamplingParams
@@ -107,16 +107,20 @@ class VllmEngine:
             await llm.abort(list(self._active))
         await asyncio.to_thread(llm.shutdown)
 
-    async def generate(self, request: GenerationRequest) -> AsyncIterator[EngineOutput]:
+    async def generate(
+        self, request: GenerationRequest, continuation: Continuation | None = None
+    ) -> AsyncIterator[EngineOutput]:
         llm = self._llm
         if llm is None:
             raise RuntimeError("engine is not running")
-        prompt = self._prompt(request)
+        prompt = self._prompt(request, continuation)
         prompt_tokens = len(prompt["prompt_token_ids"])
-        completion_tokens = 0
+        completion_tokens = continuation.tokens if continuation else 0
+        params = sampling_params(request.sampling)
+        params.max_tokens = max(1, request.sampling.max_tokens - completion_tokens)
         stream = llm.generate(
             prompt,
-            sampling_params(request.sampling),
+            params,
             request.request_id,
             priority=request.tier.rank,  # vLLM runs lower values first
         )
@@ -160,11 +164,15 @@ class VllmEngine:
             free_kv_blocks=self._free_kv_blocks(),
         )
 
-    def _prompt(self, request: GenerationRequest) -> dict[str, Any]:
+    def _prompt(
+        self, request: GenerationRequest, continuation: Continuation | None
+    ) -> dict[str, Any]:
         messages = [{"role": m.role.value, "content": m.content} for m in request.messages]
         text = self._tokenizer.apply_chat_template(
             messages, tokenize=False, add_generation_prompt=True
         )
+        if continuation is not None:
+            text += continuation.text  # the answer so far: generation goes on after it
         # The template already holds the bos token: add no other special tokens.
         prompt: dict[str, Any] = {
             "prompt_token_ids": self._tokenizer.encode(text, add_special_tokens=False)

@@ -1,0 +1,46 @@
+"""Throughput from recent completions, for queue ETAs and shedding."""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
+
+
+class Throughput:
+    """Requests finished per second over a sliding window.
+
+    `seconds_for(n)` is how long until n more requests have started, assuming
+    slots keep freeing at the recent rate; None until anything has finished.
+    """
+
+    def __init__(self, window_s: float = 30.0, clock: Callable[[], float] = time.monotonic):
+        self.window_s = window_s
+        self._clock = clock
+        self._finished: deque[float] = deque()
+        self._service_s: float | None = None
+
+    def finished(self, service_s: float) -> None:
+        now = self._clock()
+        self._finished.append(now)
+        self._service_s = service_s if self._service_s is None else (
+            0.8 * self._service_s + 0.2 * service_s)
+        self._trim(now)
+
+    def rate(self) -> float | None:
+        now = self._clock()
+        self._trim(now)
+        if not self._finished:
+            return None
+        span = max(now - self._finished[0], self._service_s or 0.0, 1.0)
+        return len(self._finished) / span
+
+    def seconds_for(self, count: int) -> float | None:
+        if count <= 0:
+            return 0.0
+        rate = self.rate()
+        return None if rate is None else count / rate
+
+    def _trim(self, now: float) -> None:
+        while self._finished and now - self._finished[0] > self.window_s:
+            self._finished.popleft()
