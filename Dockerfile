@@ -46,6 +46,7 @@ COPY safety/ safety/
 COPY conversations/ conversations/
 COPY chatpipe/ chatpipe/
 COPY bench/ bench/
+COPY billing/ billing/
 RUN pip install --no-deps . && cd / && rm -rf /src
 
 USER chatpipe

@@ -15,7 +15,7 @@ topics_app = typer.Typer(no_args_is_help=True, help="Kafka topic provisioning.")
 app.add_typer(topics_app, name="topics")
 
 # Every stage a deployment runs as its own process (docker-compose.yml, k8s/).
-STAGES = ("gateway", "scheduler", "worker", "safety", "recorder")
+STAGES = ("gateway", "scheduler", "worker", "safety", "recorder", "billing")
 
 
 def _settings(**overrides: object) -> Settings:
@@ -78,6 +78,12 @@ def recorder() -> None:
     _run_stage("recorder")
 
 
+@app.command()
+def billing() -> None:
+    """Billing: chat.usage into the token ledger that quotas read, against an external Kafka."""
+    _run_stage("billing")
+
+
 @topics_app.command("create")
 def topics_create() -> None:
     """Create every shared topic (idempotent)."""
@@ -102,3 +108,7 @@ def make_tiny_model(
     build_tiny_model(out)
     typer.echo(f"tiny model written to {out}")
 
+
+
+if __name__ == "__main__":
+    app()

@@ -8,6 +8,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends, FastAPI
 
 from gateway import chat, openai_compat
+from gateway.admission import ResponseHeaders
 from gateway.auth import current_owner
 from gateway.deps import GatewayDeps
 from gateway.errors import install_error_handlers
@@ -19,6 +20,7 @@ def create_app(deps: GatewayDeps) -> FastAPI:
     app = FastAPI(title="chatpipe", summary="ChatGPT-style chat over a Kafka pipeline")
     app.state.deps = deps
     install_error_handlers(app)
+    app.add_middleware(ResponseHeaders)
 
     @app.get("/healthz", tags=["ops"])
     async def healthz() -> dict[str, str]:

@@ -11,6 +11,8 @@ from fastapi import Depends, Request
 from chatpipe.settings import Settings
 from conversations.store import ConversationStore
 from gateway.pipeline import Pipeline
+from gateway.quotas import QuotaGate
+from gateway.rate_limits import RateLimiter
 
 
 @dataclass(frozen=True, slots=True)
@@ -20,6 +22,10 @@ class GatewayDeps:
     pipeline: Pipeline
     reply_wait_s: float = 5.0
     """How long a new turn waits for the previous turn's answer to be recorded."""
+    rate_limiter: RateLimiter | None = None
+    """Requests and tokens per minute; None: no rate limits."""
+    quotas: QuotaGate | None = None
+    """Token budgets per period; None: no budgets."""
 
 
 def gateway_deps(request: Request) -> GatewayDeps:

@@ -1,7 +1,8 @@
 """One error shape for every failure: `{"error": {"code", "message", "type", "param"}}`.
 
 Bad input is always a 4xx: malformed JSON → 400, a field that fails validation
-→ 422, a limit → its own status (413, 404 model_not_found, …).
+→ 422, a limit → its own status (413, 404 model_not_found, …). Over a rate limit
+or a token budget → 429 `rate_limited` / `quota_exceeded`, with Retry-After.
 """
 
 from __future__ import annotations

@@ -18,6 +18,7 @@ from fastapi import APIRouter, Request
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
 from conversations.store import ApiKey
+from gateway.admission import admit
 from gateway.auth import Owner
 from gateway.deps import Deps, GatewayDeps, SettingsDep
 from gateway.errors import ApiError, error_type, from_delivery_error
@@ -60,6 +61,7 @@ async def chat_completions(
     completion: ChatCompletionRequest, owner: Owner, deps: Deps, request: Request
 ) -> ChatCompletion | EventSourceResponse:
     generation_request = to_generation_request(completion, owner, deps)
+    await admit(deps, owner, generation_request.messages, generation_request.sampling.max_tokens)
     generation = await start_generation(deps.pipeline, generation_request)
     answer = _Answer.of(generation_request, completion.include_usage)
     if completion.stream:

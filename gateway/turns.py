@@ -11,6 +11,7 @@ from fastapi import Depends
 
 from conversations.history import build_prompt, thread
 from conversations.store import ApiKey, Conversation, ConversationStore, NewMessage, StoredMessage
+from gateway.admission import admit
 from gateway.auth import Owner
 from gateway.deps import GatewayDeps, StoreDep
 from gateway.errors import ApiError
@@ -57,6 +58,9 @@ async def start_turn(
         deps.store, conversation.conversation_id, deps.reply_wait_s, settings.request_timeout_s
     )
     leaf_id = messages[-1].message_id if messages else None
+    prompt = tuple(build_prompt(thread(messages, leaf_id), post.content))
+    # Before the message is stored: a refused turn leaves no unanswered message behind.
+    await admit(deps, owner, prompt, sampling.max_tokens)
     user_message = await deps.store.add_message(
         NewMessage(
             message_id=_new_id(),
@@ -75,7 +79,7 @@ async def start_turn(
         org_id=owner.org_id,
         tier=owner.tier,
         model=model,
-        messages=tuple(build_prompt(thread(messages, leaf_id), post.content)),
+        messages=prompt,
         sampling=sampling,
         reply_to=deps.pipeline.reply_to,
         deadline=now() + settings.request_timeout_s,

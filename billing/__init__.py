@@ -1,0 +1,1 @@
+"""Billing: chat.usage aggregated into a token ledger per user and org, per period."""

@@ -1,0 +1,66 @@
+"""Billing's Kafka adapter: `chat.usage` in, the usage ledger updated.
+
+Commit policy: an offset is committed only after its event is in the ledger
+(the handler awaits the write; commits happen after each poll batch). A
+restart re-reads what was not committed; the ledger counts each
+(request_id, attempt) once, so a redelivery never double counts. An event that
+fails to parse goes to chat.dlq (`bus.subscriber.consume`) and is committed past.
+"""
+
+from __future__ import annotations
+
+from aiokafka import ConsumerRebalanceListener
+from aiokafka.structs import ConsumerRecord, TopicPartition
+
+from billing.core import charges_for, usage_key
+from billing.ledger import UsageLedger
+from bus.clients import KafkaConfig, Publisher
+from bus.offsets import OffsetTracker
+from bus.subscriber import consume, decode_record
+from schemas import topics
+from schemas.events import UsageEvent
+
+STAGE = "billing"
+GROUP = "chatpipe-billing"
+
+
+class _Rebalance(ConsumerRebalanceListener):
+    def __init__(self, tracker: OffsetTracker) -> None:
+        self.tracker = tracker
+
+    async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
+        self.tracker.forget(set(revoked))
+
+    async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
+        pass
+
+
+class BillingStage:
+    def __init__(self, kafka: KafkaConfig, ledger: UsageLedger) -> None:
+        self.kafka = kafka
+        self.ledger = ledger
+        self.tracker = OffsetTracker()
+
+    async def run(self) -> None:
+        producer = self.kafka.producer()
+        self.consumer = self.kafka.consumer(group_id=GROUP)
+        self.consumer.subscribe([topics.USAGE], listener=_Rebalance(self.tracker))
+        await producer.start()
+        await self.consumer.start()
+        try:
+            await consume(self.consumer, STAGE, Publisher(producer), self._handle,
+                          self._commit, tracker=self.tracker)
+        finally:
+            await self.consumer.stop()
+            await producer.stop()
+
+    async def _handle(self, record: ConsumerRecord) -> None:
+        event = decode_record(UsageEvent, record)
+        await self.ledger.record(usage_key(event), charges_for(event))
+        self.tracker.seen(TopicPartition(record.topic, record.partition), record.offset)
+
+    async def _commit(self) -> None:
+        offsets = self.tracker.to_commit()
+        if offsets:
+            await self.consumer.commit(offsets)
+            self.tracker.committed(offsets)

@@ -1,0 +1,280 @@
+"""Rate limits and quotas over HTTP through the whole pipeline: real broker, sim engine,
+small limits. Token usage flows worker → chat.usage → billing → ledger → quota check."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+from math import ceil
+from typing import Any
+
+import httpx
+import pytest_asyncio
+from aiokafka import AIOKafkaConsumer
+from aiokafka.structs import TopicPartition
+
+from billing.core import Account
+from billing.ledger import SQLiteLedger
+from billing.periods import period_of
+from billing.stage import GROUP as BILLING_GROUP
+from bus.clients import Publisher
+from chatpipe.wiring import Stack, running_stack
+from conversations.store import ApiKey
+from schemas import topics
+from schemas.events import DeadLetter, UsageEvent
+from schemas.lifecycle import RequestStatus
+from schemas.topics import Tier
+from tests.fixtures.stack import client_for, stack_settings
+from tests.support import find_events, read_sse
+from workers.sim_engine import SimEngine
+
+LIMITS = dict(
+    user_requests_per_minute=3, org_requests_per_minute=5,
+    user_tokens_per_minute=1000, org_tokens_per_minute=1_000_000,
+    user_token_budget=300, org_token_budget=500,
+)
+RATE_HEADERS = [f"x-ratelimit-{kind}-{quantity}" for quantity in ("requests", "tokens")
+                for kind in ("limit", "remaining", "reset")]
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def limited_stack(tmp_path_factory) -> AsyncIterator[Stack]:
+    settings = stack_settings(tmp_path_factory.mktemp("limited-stack"), engine="sim",
+                              sim_tokens_per_s=400.0, max_slots=8, **LIMITS)
+    engine = SimEngine(settings.model_name, settings.max_slots, settings.sim_tokens_per_s,
+                       settings.sim_prompt_tokens_per_s)
+    await engine.start()
+    try:
+        async with running_stack(settings, engine) as stack:
+            yield stack
+    finally:
+        await engine.stop()
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def ledger(limited_stack: Stack) -> AsyncIterator[SQLiteLedger]:
+    """A reader of billing's ledger on its own connection, as a second gateway would be."""
+    reader = SQLiteLedger(limited_stack.settings.database_path)
+    await reader.open()
+    yield reader
+    await reader.close()
+
+
+async def client_as(stack: Stack, user: str, org: str) -> httpx.AsyncClient:
+    key = f"key-{user}-{uuid.uuid4().hex[:6]}"
+    await stack.store.add_api_key(key, ApiKey(user_id=user, org_id=org, tier=Tier.PRO))
+    return client_for(stack, key)
+
+
+async def clear_of_minute_edge(margin_s: float = 8.0) -> None:
+    """Memory windows turn over on the minute: keep a short test inside one minute."""
+    into_minute = time.time() % 60
+    if into_minute > 60 - margin_s:
+        await asyncio.sleep(60 - into_minute + 0.1)
+
+
+async def native_turn(client: httpx.AsyncClient, body: dict[str, Any],
+                      conversation_id: str | None = None) -> tuple[httpx.Response, list]:
+    """POST a native turn; the response (headers) and, when admitted, its SSE events."""
+    if conversation_id is None:
+        created = await client.post("/v1/conversations", json={})
+        conversation_id = created.json()["conversation_id"]
+    url = f"/v1/conversations/{conversation_id}/messages"
+    async with client.stream("POST", url, json=body) as response:
+        if response.status_code != 200:
+            await response.aread()
+            return response, []
+        return response, await read_sse(response)
+
+
+async def openai_stream(client: httpx.AsyncClient, max_tokens: int,
+                        read_all: bool = True) -> httpx.Response:
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "hello there"}],
+            "max_tokens": max_tokens, "stream": True}
+    async with client.stream("POST", "/v1/chat/completions", json=body) as response:
+        if response.status_code != 200 or read_all:
+            await response.aread()
+    return response  # leaving early disconnects: the generation is cancelled
+
+
+async def openai_completion(client: httpx.AsyncClient, max_tokens: int,
+                            ignore_eos: bool = False) -> httpx.Response:
+    return await client.post("/v1/chat/completions", json={
+        "model": "tiny", "messages": [{"role": "user", "content": "hello there"}],
+        "max_tokens": max_tokens, "ignore_eos": ignore_eos})
+
+
+def error_of(response: httpx.Response) -> dict[str, Any]:
+    assert response.status_code == 429, response.text
+    return response.json()["error"]
+
+
+async def until_used(ledger: SQLiteLedger, account: Account, at_least: int,
+                     timeout_s: float = 30.0) -> int:
+    window = period_of(time.time(), "day")
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        used = (await ledger.used([account], "day", window.key))[account]
+        if used >= at_least:
+            return used
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"{account} never reached {at_least} tokens in the ledger")
+
+
+# --- rate limits ------------------------------------------------------------------------------
+
+
+async def test_every_generation_response_carries_the_headers_and_the_4th_request_gets_429(
+    limited_stack: Stack,
+) -> None:
+    await clear_of_minute_edge()
+    async with await client_as(limited_stack, "rl-user", "rl-org") as client:
+        native, events = await native_turn(client, {"content": "hi", "max_tokens": 4})
+        assert native.status_code == 200 and events[-1].data == "[DONE]"
+        streamed = await openai_stream(client, max_tokens=4)
+        assert streamed.status_code == 200 and "data: [DONE]" in streamed.text
+        plain = await openai_completion(client, max_tokens=4)
+        assert plain.status_code == 200 and plain.json()["choices"], plain.text
+
+        for response, remaining in ((native, 2), (streamed, 1), (plain, 0)):
+            assert set(RATE_HEADERS) <= set(response.headers)
+            assert response.headers["x-ratelimit-limit-requests"] == "3"
+            assert response.headers["x-ratelimit-remaining-requests"] == str(remaining)
+            assert response.headers["x-ratelimit-limit-tokens"] == "1000"
+        # "hello there" is 11 characters: 3 tokens estimated, plus max_tokens 4, per call.
+        assert plain.headers["x-ratelimit-remaining-tokens"] == str(1000 - 1 - 4 - 2 * 7)
+
+        refused, _ = await native_turn(client, {"content": "hi", "max_tokens": 4})
+        error = error_of(refused)
+        assert error["code"] == "rate_limited" and error["type"] == "rate_limit_error"
+        assert "user_requests_per_minute" in error["message"]
+        assert 1 <= int(refused.headers["Retry-After"]) <= 60
+        assert refused.headers["x-ratelimit-remaining-requests"] == "0"
+        assert set(RATE_HEADERS) <= set(refused.headers)
+
+        other = await openai_stream(client, max_tokens=4)
+        assert other.status_code == 429  # the OpenAI route shares the same limits
+    async with await client_as(limited_stack, "rl-neighbour", "rl-other-org") as client:
+        assert (await openai_completion(client, max_tokens=4)).status_code == 200
+
+
+async def test_the_org_limit_counts_every_user_of_the_org(limited_stack: Stack) -> None:
+    await clear_of_minute_edge()
+    async with (await client_as(limited_stack, "org-a", "busy-org") as a,
+                await client_as(limited_stack, "org-b", "busy-org") as b):
+        for client in (a, a, a, b, b):
+            assert (await openai_completion(client, max_tokens=2)).status_code == 200
+        error = error_of(await openai_completion(b, max_tokens=2))
+        assert "org_requests_per_minute" in error["message"]
+
+
+async def test_tokens_per_minute_count_the_prompt_estimate_and_max_tokens(
+    limited_stack: Stack,
+) -> None:
+    await clear_of_minute_edge()
+    async with await client_as(limited_stack, "tok-user", "tok-org") as client:
+        first = await openai_stream(client, max_tokens=900, read_all=False)
+        assert first.status_code == 200
+        assert first.headers["x-ratelimit-remaining-tokens"] == str(1000 - 903)
+
+        refused = await openai_stream(client, max_tokens=200)
+        error = error_of(refused)
+        assert "user_tokens_per_minute" in error["message"]
+        assert 1 <= int(refused.headers["Retry-After"]) <= 120
+
+        too_large = await openai_completion(client, max_tokens=1200)
+        error = error_of(too_large)
+        assert "user_tokens_per_minute" in error["message"] and "max_tokens" in error["message"]
+        assert "Retry-After" not in too_large.headers
+
+
+# --- quotas -------------------------------------------------------------------------------------
+
+
+async def test_budgets_run_out_on_completed_usage_per_user_and_per_org(
+    limited_stack: Stack, ledger: SQLiteLedger
+) -> None:
+    quota_org = f"quota-org-{uuid.uuid4().hex[:6]}"
+    async with await client_as(limited_stack, "quota-a", quota_org) as a:
+        conversation = (await a.post("/v1/conversations", json={})).json()["conversation_id"]
+        answered, events = await native_turn(
+            a, {"content": "count to three", "max_tokens": 320, "ignore_eos": True},
+            conversation)
+        assert answered.status_code == 200 and events[-1].data == "[DONE]"
+        used = await until_used(ledger, Account.user("quota-a"), 300)
+        assert used == 3 + 320  # the sim engine counts prompt words
+
+        refused, _ = await native_turn(a, {"content": "more", "max_tokens": 4}, conversation)
+        error = error_of(refused)
+        assert error["code"] == "quota_exceeded"
+        assert error["message"].startswith(f"user token budget exhausted: {used} of 300")
+        midnight = datetime.now(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+        until_midnight = (midnight + timedelta(days=1)).timestamp() - time.time()
+        assert abs(int(refused.headers["Retry-After"]) - ceil(until_midnight)) <= 2
+        assert set(RATE_HEADERS) <= set(refused.headers)
+        stored = (await a.get(f"/v1/conversations/{conversation}")).json()["messages"]
+        assert [m["role"] for m in stored] == ["user", "assistant"]  # the refused turn: none
+
+    async with await client_as(limited_stack, "quota-b", quota_org) as b:
+        answer = await openai_completion(b, max_tokens=200, ignore_eos=True)
+        assert answer.status_code == 200  # the org has used 323 of 500
+        assert await until_used(ledger, Account.org(quota_org), 500) == 323 + 2 + 200
+    async with await client_as(limited_stack, "quota-c", quota_org) as c:
+        error = error_of(await openai_completion(c, max_tokens=4))
+        assert error["code"] == "quota_exceeded"
+        assert error["message"].startswith("org token budget exhausted")
+    async with await client_as(limited_stack, "quota-d", "quota-elsewhere") as d:
+        assert (await openai_completion(d, max_tokens=4)).status_code == 200
+
+
+# --- the billing stage ----------------------------------------------------------------------------
+
+
+async def test_billing_counts_a_redelivered_event_once_and_dead_letters_garbage(
+    limited_stack: Stack, ledger: SQLiteLedger
+) -> None:
+    user, request_id = f"dup-{uuid.uuid4().hex[:6]}", uuid.uuid4().hex
+    event = UsageEvent(
+        request_id=request_id, attempt=0, conversation_id="c", user_id=user, org_id="dup-org",
+        tier=Tier.FREE, model="tiny", worker_id="w", status=RequestStatus.FINISHED_STOPPED,
+        prompt_tokens=10, completion_tokens=5, cached_tokens=0, gpu_ms=1.0,
+    )
+    producer = limited_stack.kafka.producer()
+    await producer.start()
+    try:
+        publisher = Publisher(producer)
+        await publisher.send_and_wait(topics.USAGE, event, key=user)
+        await publisher.send_and_wait(topics.USAGE, event, key=user)  # a redelivery
+        await producer.send_and_wait(topics.USAGE, b"{not json", key=user.encode())
+        last = await publisher.send_and_wait(
+            topics.USAGE, event.model_copy(update={"attempt": 1}), key=user)
+    finally:
+        await producer.stop()
+
+    # One key, one partition: once attempt 1 is counted, everything before it was read.
+    assert await until_used(ledger, Account.user(user), 30) == 30
+    dead = await find_events(limited_stack.kafka, topics.DLQ, DeadLetter,
+                             lambda e: e.stage == "billing" and e.key == user)
+    assert dead and dead[0].value == "{not json"
+    await until_committed(limited_stack, TopicPartition(topics.USAGE, last.partition),
+                          last.offset + 1)
+
+
+async def until_committed(stack: Stack, tp: TopicPartition, offset: int) -> None:
+    # A group member that never subscribes: it reads the group's offsets without joining.
+    reader = AIOKafkaConsumer(bootstrap_servers=stack.kafka.bootstrap_servers,
+                              group_id=BILLING_GROUP, enable_auto_commit=False)
+    await reader.start()
+    try:
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            committed = await reader.committed(tp)
+            if committed is not None and committed >= offset:
+                return
+            await asyncio.sleep(0.2)
+        raise AssertionError(f"billing never committed {tp} past {offset}")
+    finally:
+        await reader.stop()
