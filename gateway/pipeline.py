@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 from typing import Protocol
 
 from schemas.events import DeliverEvent, GenerationRequest
+from schemas.topics import Tier
 
 
 class RequestStream(Protocol):
@@ -32,3 +33,6 @@ class Pipeline(Protocol):
 
     async def cancel(self, request_id: str, reason: str = "client_disconnected") -> None:
         """Publish a cancel on `chat.control`."""
+
+    def overloaded(self, tier: Tier) -> float | None:
+        """Retry-After seconds while the scheduler sheds `tier`'s new requests, else None."""

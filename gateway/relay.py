@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator
 
 from aiokafka import AIOKafkaConsumer
@@ -28,11 +29,14 @@ from schemas.events import (
     GenerationRequest,
     Queued,
     Routed,
+    SchedulerStatus,
 )
+from schemas.topics import Tier
 
 log = logging.getLogger(__name__)
 
 STAGE = "gateway"
+STATUS_FRESH_S = 5.0  # an older scheduler status says nothing about now
 TERMINAL = (DeliveryDone, DeliveryError)
 
 
@@ -73,6 +77,7 @@ class KafkaPipeline:
         self.partitions = partitions
         self._streams: dict[str, DeliveryStream] = {}
         self._task: asyncio.Task[None] | None = None
+        self._status: SchedulerStatus | None = None
 
     @property
     def reply_to(self) -> str:
@@ -85,7 +90,8 @@ class KafkaPipeline:
         self.publisher = Publisher(self._producer)
         self._consumer: AIOKafkaConsumer = self.kafka.consumer()
         await self._consumer.start()
-        self._consumer.assign([TopicPartition(self.reply_to, p) for p in range(self.partitions)])
+        self._consumer.assign([TopicPartition(self.reply_to, p) for p in range(self.partitions)]
+                              + [TopicPartition(topics.SCHEDULER, 0)])
         self._task = asyncio.create_task(
             consume(self._consumer, STAGE, self.publisher, self._route, poll_ms=100)
         )
@@ -128,7 +134,20 @@ class KafkaPipeline:
     def open_streams(self) -> int:
         return len(self._streams)
 
+    def overloaded(self, tier: Tier) -> float | None:
+        """Seconds to wait before retrying, while the scheduler sheds `tier`."""
+        status = self._status
+        if status is None or status.sent_at < time.time() - STATUS_FRESH_S:
+            return None
+        tier_status = status.tiers.get(tier)
+        if tier_status is None or not tier_status.shedding:
+            return None
+        return tier_status.retry_after_s or 1.0
+
     async def _route(self, record: ConsumerRecord) -> None:
+        if record.topic == topics.SCHEDULER:
+            self._status = decode_record(SchedulerStatus, record)
+            return
         event = decode_record(DELIVER_EVENT, record)
         stream = self._streams.get(event.request_id)
         if stream is not None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -55,9 +55,15 @@ class SseResult:
 async def read_sse(response: httpx.Response, stop: Callable[[SseEvent], bool] | None = None,
                    ) -> list[SseEvent]:
     """Parse an SSE body line by line (per the SSE spec: blank line ends an event)."""
+    return await read_sse_lines(response.aiter_lines(), stop)
+
+
+async def read_sse_lines(lines: AsyncIterator[str],
+                         stop: Callable[[SseEvent], bool] | None = None) -> list[SseEvent]:
+    """Like `read_sse` on a line iterator that can be read again after a `stop`."""
     events: list[SseEvent] = []
     kind, data, event_id = "message", [], None
-    async for line in response.aiter_lines():
+    async for line in lines:
         if line == "":
             if data:
                 events.append(SseEvent(kind, "\n".join(data), event_id, time.monotonic()))
@@ -117,7 +123,7 @@ async def find_events(
                         continue
                     if match(event):
                         found.append(event)
-        return found
+        return found[:count]
     finally:
         await consumer.stop()
 

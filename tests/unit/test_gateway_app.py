@@ -74,6 +74,7 @@ class ScriptedPipeline:
         self.streams: list[ScriptedStream] = []
         self.cancelled: list[tuple[str, str]] = []
         self.fail_submit = False
+        self.shedding: dict[Tier, float] = {}
 
     @property
     def reply_to(self) -> str:
@@ -94,6 +95,9 @@ class ScriptedPipeline:
     async def cancel(self, request_id: str, reason: str = "client_disconnected") -> None:
         await asyncio.sleep(0.01)  # a real cancel is a produce: it yields to the loop
         self.cancelled.append((request_id, reason))
+
+    def overloaded(self, tier: Tier) -> float | None:
+        return self.shedding.get(tier)
 
 
 def delta(text: str, seq: int) -> Delta:
@@ -253,6 +257,26 @@ async def test_rejected_messages_are_not_stored_or_sent(
     assert_error(response, status, code)
     assert await store.list_messages(cid) == []
     assert pipeline.submitted == []
+
+
+async def test_shedding_tier_is_503_with_retry_after_before_anything_is_stored(
+    client, store, pipeline
+):
+    cid = await new_conversation(client)
+    pipeline.shedding[Tier.PRO] = 7.2
+    response = await client.post(f"/v1/conversations/{cid}/messages", json={"content": "hi"},
+                                 headers=ALICE)
+    assert_error(response, 503, "overloaded")
+    assert response.headers["retry-after"] == "8"
+    assert await store.list_messages(cid) == []
+    completion = await client.post("/v1/chat/completions", headers=ALICE, json={
+        "model": "tiny", "messages": [{"role": "user", "content": "hi"}]})
+    assert_error(completion, 503, "overloaded")
+    assert pipeline.submitted == []
+    pipeline.shedding.clear()
+    pipeline.script(done(0))
+    assert (await client.post(f"/v1/conversations/{cid}/messages", json={"content": "hi"},
+                              headers=ALICE)).status_code == 200
 
 
 # --- native API -----------------------------------------------------------------------

@@ -1,0 +1,210 @@
+"""Capacity management through the real broker with the sim engine (DESIGN §5):
+priority under overload, fairness, cancel while queued, shedding, worker loss."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator
+
+import httpx
+import pytest
+
+from chatpipe.wiring import Stack, running_stack
+from conversations.store import ApiKey
+from schemas import topics
+from schemas.events import GenerationRequest, UsageEvent, WorkAssignment, WorkerHeartbeat
+from schemas.topics import Tier
+from tests.fixtures.stack import stack_settings
+from tests.support import SseEvent, find_events, read_sse, read_sse_lines
+from workers.sim_engine import SimEngine, plan_reply
+
+TOKENS_PER_S = 40.0
+
+
+@contextlib.asynccontextmanager
+async def sim_pipeline(tmp_path, slots: int, in_process_worker: bool = True,
+                       **overrides: object) -> AsyncIterator[Stack]:
+    settings = stack_settings(tmp_path, engine="sim", max_slots=slots,
+                              sim_tokens_per_s=TOKENS_PER_S, **overrides)
+    engine = SimEngine(settings.model_name, slots, TOKENS_PER_S, 1e6) if in_process_worker else None
+    async with running_stack(settings, engine) as stack:
+        for tier in Tier:
+            for user in ("a", "b", "c"):
+                await stack.store.add_api_key(f"{tier}-{user}",
+                                              ApiKey(f"{tier}-{user}", f"org-{tier}", tier))
+        yield stack
+
+
+class Chat:
+    """One user's HTTP client on the native API."""
+
+    def __init__(self, stack: Stack, key: str) -> None:
+        self.client = httpx.AsyncClient(base_url=stack.base_url, timeout=120,
+                                        headers={"Authorization": f"Bearer {key}"})
+
+    async def ask(self, content: str, max_tokens: int, until: str | None = None,
+                  ) -> tuple[float, list[SseEvent]]:
+        """Returns (seconds from sending to the first delta, events)."""
+        conversation = (await self.client.post("/v1/conversations", json={})).json()
+        started = time.monotonic()
+        async with self.client.stream(
+            "POST", f"/v1/conversations/{conversation['conversation_id']}/messages",
+            json={"content": content, "max_tokens": max_tokens, "ignore_eos": True},
+        ) as response:
+            assert response.status_code == 200, await response.aread()
+            events = await read_sse(response, stop=(lambda e: e.event == until) if until else None)
+        deltas = [e for e in events if e.event == "delta"]
+        return (deltas[0].at - started if deltas else float("inf")), events
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
+
+
+def positions(events: list[SseEvent]) -> list[int]:
+    return [e.json()["position"] for e in events if e.event == "queued"]
+
+
+async def test_priority_tiers_under_overload(tmp_path):
+    service_s = 30 / TOKENS_PER_S
+    async with sim_pipeline(tmp_path, slots=2) as stack:
+        chats = {name: Chat(stack, key) for name, key in
+                 [("free", "free-a"), ("pro", "pro-a"), ("ent", "enterprise-a")]}
+        free = [asyncio.create_task(chats["free"].ask(f"free {i}", 30)) for i in range(8)]
+        await asyncio.sleep(0.3)
+        (ent_ttft, _), (pro_ttft, _) = await asyncio.gather(
+            chats["ent"].ask("vip", 30), chats["pro"].ask("paying", 30))
+        free_results = await asyncio.gather(*free)
+        for chat in chats.values():
+            await chat.aclose()
+    # Paying tiers wait for at most one running request to end, not for the free queue.
+    assert ent_ttft < service_s + 0.7, ent_ttft
+    assert pro_ttft < 2 * service_s + 0.7, pro_ttft
+    assert max(ttft for ttft, _ in free_results) > 2 * service_s
+    queued = [positions(events) for _, events in free_results if len(positions(events)) >= 3]
+    assert queued, "no free request saw its queue position change"
+    for seen in queued:
+        # Paying requests may push a free one back once; from then on it only moves up.
+        after_peak = seen[seen.index(max(seen)):]
+        assert after_peak == sorted(after_peak, reverse=True), seen
+        assert seen[-1] < max(seen), seen
+
+
+async def test_flooding_user_does_not_starve_another(tmp_path):
+    async with sim_pipeline(tmp_path, slots=1) as stack:
+        flooder, polite = Chat(stack, "free-a"), Chat(stack, "free-b")
+        flood = [asyncio.create_task(flooder.ask(f"flood {i}", 10)) for i in range(10)]
+        await asyncio.sleep(0.5)
+        polite_ttft, polite_events = await polite.ask("just one", 10)
+        flood_results = await asyncio.gather(*flood)
+        await flooder.aclose()
+        await polite.aclose()
+    assert positions(polite_events)[0] <= 2
+    started_before_polite = sum(1 for ttft, _ in flood_results if ttft < polite_ttft)
+    assert started_before_polite <= 3, (polite_ttft, sorted(t for t, _ in flood_results))
+
+
+async def test_request_cancelled_while_queued_never_reaches_a_worker(tmp_path):
+    async with sim_pipeline(tmp_path, slots=1) as stack:
+        busy = Chat(stack, "free-a")
+        running = asyncio.create_task(busy.ask("long", 80))
+        await asyncio.sleep(0.3)
+        waiting = Chat(stack, "free-b")
+        _, events = await waiting.ask("will leave", 10, until="queued")
+        await waiting.aclose()
+        request_id = events[0].json()["request_id"]
+        await running
+        await busy.aclose()
+        await asyncio.sleep(1.0)
+        assigned = await find_events(stack.kafka, topics.WORK, WorkAssignment,
+                                     lambda a: a.request.request_id == request_id, timeout_s=2)
+        used = await find_events(stack.kafka, topics.USAGE, UsageEvent,
+                                 lambda u: u.request_id == request_id, timeout_s=1)
+    assert assigned == [] and used == []
+
+
+async def test_shedding_refuses_with_503_and_retry_after(tmp_path):
+    async with sim_pipeline(tmp_path, slots=1, tier_max_wait_s={"free": 1.0}) as stack:
+        chat = Chat(stack, "free-a")
+        await chat.ask("warm up", 20)  # one finished request: the scheduler knows its pace
+        backlog = [asyncio.create_task(chat.ask(f"more {i}", 40)) for i in range(6)]
+        for _ in range(100):
+            if stack.pipeline.overloaded(Tier.FREE) is not None:
+                break
+            await asyncio.sleep(0.05)
+        conversation = (await chat.client.post("/v1/conversations", json={})).json()
+        refused = await chat.client.post(
+            f"/v1/conversations/{conversation['conversation_id']}/messages",
+            json={"content": "one more", "max_tokens": 5})
+        results = await asyncio.gather(*backlog)
+        await chat.aclose()
+    assert refused.status_code == 503, refused.text
+    assert int(refused.headers["retry-after"]) >= 1
+    assert refused.json()["error"]["code"] == "overloaded"
+    errors = [e.json() for _, events in results for e in events if e.event == "error"]
+    assert errors, "the scheduler admitted the whole backlog"
+    assert all(e["code"] == "overloaded" and e["retry_after"] >= 1 for e in errors)
+    served = [events for _, events in results if any(e.event == "delta" for e in events)]
+    assert served, "shedding must not refuse everything"
+
+
+def _start_worker(stack: Stack, worker_id: str) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "KAFKA_BOOTSTRAP_SERVERS": stack.kafka.bootstrap_servers,
+           "CHATPIPE_WORKER_ID": worker_id, "CHATPIPE_ENGINE": "sim",
+           "CHATPIPE_SIM_TOKENS_PER_S": str(TOKENS_PER_S), "CHATPIPE_MAX_SLOTS": "4",
+           "CHATPIPE_HEARTBEAT_INTERVAL_S": "0.5"}
+    return subprocess.Popen([sys.executable, "-m", "chatpipe.cli", "worker"], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+
+
+async def _wait_for_workers(stack: Stack, count: int) -> None:
+    ready = await find_events(stack.kafka, topics.WORKERS, WorkerHeartbeat,
+                              lambda h: bool(h.partitions), count=50, timeout_s=40)
+    owners = {h.worker_id for h in ready}
+    assert len(owners) >= count, owners
+
+
+async def test_killed_worker_requests_finish_on_another_without_gap_or_repeat(tmp_path):
+    async with sim_pipeline(tmp_path, slots=4, in_process_worker=False,
+                            worker_lost_after_s=2.0, heartbeat_interval_s=0.5) as stack:
+        workers = {wid: _start_worker(stack, wid) for wid in ("w-one", "w-two")}
+        try:
+            await _wait_for_workers(stack, 2)
+            chat = Chat(stack, "free-a")
+            conversation = (await chat.client.post("/v1/conversations", json={})).json()
+            cid = conversation["conversation_id"]
+            async with chat.client.stream("POST", f"/v1/conversations/{cid}/messages", json={
+                "content": "a long answer please", "max_tokens": 120, "ignore_eos": True,
+            }) as response:
+                lines = response.aiter_lines()
+                events = await read_sse_lines(lines, stop=lambda e: e.event == "delta"
+                                              and e.id is not None and int(e.id) >= 3)
+                request_id = events[0].json()["request_id"]
+                [running] = await find_events(
+                    stack.kafka, topics.WORKERS, WorkerHeartbeat,
+                    lambda h: request_id in h.active, timeout_s=10)
+                os.killpg(workers[running.worker_id].pid, signal.SIGKILL)
+                events += await read_sse_lines(lines)
+            await chat.aclose()
+            [request] = await find_events(stack.kafka, topics.requests_topic(Tier.FREE),
+                                          GenerationRequest,
+                                          lambda r: r.request_id == request_id)
+        finally:
+            for process in workers.values():
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, signal.SIGKILL)
+    text = "".join(e.json()["delta"] for e in events if e.event == "delta")
+    assert text == "".join(plan_reply(request).tokens), "gap or repeat after the redispatch"
+    done = [e for e in events if e.event == "done"]
+    assert done and done[0].json()["usage"]["completion_tokens"] == 120
+    seqs = [int(e.id) for e in events if e.event == "delta"]
+    assert seqs == sorted(set(seqs)), "delivery ids must keep increasing"
+
+
+pytestmark = pytest.mark.timeout(180)
