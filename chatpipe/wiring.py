@@ -65,7 +65,11 @@ def build_engine(settings: Settings) -> Engine:
 
 def build_store(settings: Settings) -> ConversationStore:
     if settings.store == "cassandra":
-        raise NotImplementedError("the Cassandra store is not built yet; use store=sqlite")
+        from conversations.cassandra_store import CassandraStore
+
+        return CassandraStore(settings.cassandra_hosts, settings.cassandra_keyspace,
+                              create_schema=settings.cassandra_create_schema,
+                              replication_factor=settings.cassandra_replication_factor)
     return SQLiteStore(settings.database_path)
 
 
@@ -154,7 +158,7 @@ class Stack:
     kafka: KafkaConfig
     store: ConversationStore
     pipeline: KafkaPipeline
-    engine: Engine
+    engine: Engine | None
     api_key: str
     tasks: dict[str, asyncio.Task[None]]
 
@@ -164,8 +168,10 @@ class Stack:
 
 
 @contextlib.asynccontextmanager
-async def running_stack(settings: Settings, engine: Engine) -> AsyncIterator[Stack]:
-    """Start everything around an already started engine; stop it all on exit."""
+async def running_stack(settings: Settings, engine: Engine | None) -> AsyncIterator[Stack]:
+    """Start everything around an already started engine; stop it all on exit.
+
+    With `engine=None` no worker runs in this process (workers run elsewhere)."""
     if settings.port == 0:
         settings = settings.model_copy(update={"port": free_port(settings.host)})
     async with contextlib.AsyncExitStack() as stack:
@@ -179,20 +185,19 @@ async def running_stack(settings: Settings, engine: Engine) -> AsyncIterator[Sta
         stack.push_async_callback(ledger.close)
         pipeline = await stack.enter_async_context(KafkaPipeline(kafka, settings.gateway_id))
         server = gateway_server(build_gateway_deps(settings, store, pipeline, ledger), settings)
+        scheduler = scheduler_stage(kafka, settings)
         runs = {
-            "scheduler": scheduler_stage(kafka, settings).run(),
-            "worker": worker_stage(kafka, engine, settings).run(),
+            "scheduler": scheduler.run(),
             "safety": SafetyStage(kafka).run(),
             "recorder": RecorderStage(kafka, store).run(),
             "billing": BillingStage(kafka, ledger).run(),
             "gateway": server.serve(),
         }
+        if engine is not None:
+            runs["worker"] = worker_stage(kafka, engine, settings).run()
         tasks = {name: asyncio.create_task(coro, name=name) for name, coro in runs.items()}
         try:
-            while not server.started:
-                if tasks["gateway"].done():
-                    tasks["gateway"].result()
-                await asyncio.sleep(0.05)
+            await _until_ready(server, scheduler, tasks, expect_worker=engine is not None)
             yield Stack(settings, kafka, store, pipeline, engine, api_key, tasks)
         finally:
             server.should_exit = True
@@ -200,6 +205,24 @@ async def running_stack(settings: Settings, engine: Engine) -> AsyncIterator[Sta
             for task in tasks.values():
                 task.cancel()
             await asyncio.gather(*tasks.values(), return_exceptions=True)
+
+
+async def _until_ready(server: uvicorn.Server, scheduler: SchedulerStage,
+                       tasks: dict[str, asyncio.Task[None]], expect_worker: bool,
+                       timeout_s: float = 60.0) -> None:
+    """The gateway listens and, with an in-process worker, the scheduler has seen it
+    take its chat.work partitions (a consumer-group join takes seconds)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while not server.started or (expect_worker and not any(
+            w.partitions for w in scheduler.core.workers.values())):
+        for task in tasks.values():
+            if task.done():
+                task.result()
+                raise RuntimeError(f"{task.get_name()} stopped during start-up")
+        if loop.time() > deadline:
+            raise TimeoutError("the pipeline did not become ready")
+        await asyncio.sleep(0.05)
 
 
 async def run_all(settings: Settings) -> None:

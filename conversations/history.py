@@ -1,5 +1,9 @@
 """Context building: stored turns to the messages a model is prompted with (DESIGN §8).
 
+`build_prompt` is the simple form (drop the oldest turns one by one);
+`conversations.context` manages the window per model (block cuts for a
+stable prefix, summaries, retrieval).
+
 The prompt of turn N+1 starts with the exact messages of turn N's prompt and
 answer, so the engine's prefix cache covers all but the newest turn.
 """
@@ -31,17 +35,19 @@ def build_prompt(
     oldest turns are dropped until the prompt fits; the system prompt and the
     new message never are (the prompt may still be over if they alone are).
     """
-    turns = [
-        ChatMessage(role=message.role, content=message.content)
-        for message in history
-        if not _failed_empty(message)
-    ]
+    turns = [ChatMessage(role=m.role, content=m.content) for m in prompt_turns(history)]
     head = [ChatMessage(role=Role.SYSTEM, content=system_prompt)] if system_prompt else []
     tail = [ChatMessage(role=Role.USER, content=new_user_message)]
     if max_prompt_tokens is not None and count_tokens is not None:
         budget = max_prompt_tokens - sum(map(count_tokens, head + tail))
         turns = _newest_turns(turns, budget, count_tokens)
     return head + turns + tail
+
+
+def prompt_turns(history: Iterable[StoredMessage]) -> list[StoredMessage]:
+    """The messages of a thread a prompt carries: all but answers that failed or
+    were aborted before any text (partial text is kept, since the user saw it)."""
+    return [message for message in history if not _failed_empty(message)]
 
 
 def thread(messages: Iterable[StoredMessage], leaf_id: str | None) -> list[StoredMessage]:

@@ -23,6 +23,9 @@ How one message's text is put together (DESIGN §9):
   open and later (redelivered, out of order) chunks fill the gaps. The first
   terminal that completes wins; anything later for that request is dropped.
 * Events are deduplicated by `(request_id, attempt, seq)`.
+* The message keeps the finishing attempt's usage: prompt tokens and the
+  cached part of them (the growing-history cost of the turn; 0 when the
+  generation ended in an error).
 
 The one order this cannot see through: if a newer attempt's *first* chunk
 arrives after the rest of that attempt, an older attempt's chunk at that
@@ -187,10 +190,13 @@ class Recorder:
         while len(self._finished) > self._max_finished:
             self._finished.popitem(last=False)
         tokens = chunks[-1].completion_tokens if chunks else 0
+        prompt_tokens = cached_tokens = 0
         if isinstance(terminal, GenerationDone):
             # a resumed attempt's usage may count only its own tokens;
             # its chunks count the whole message's
             tokens = max(tokens, terminal.usage.completion_tokens)
+            prompt_tokens = terminal.usage.prompt_tokens
+            cached_tokens = terminal.usage.cached_tokens
             status = terminal.status
         else:
             status = RequestStatus.FINISHED_ERROR
@@ -204,4 +210,6 @@ class Recorder:
             tokens=tokens,
             status=status,
             request_id=last.request_id,
+            prompt_tokens=prompt_tokens,
+            cached_tokens=cached_tokens,
         )

@@ -4,68 +4,46 @@ One `sqlite3` connection per store, used from worker threads
 (`asyncio.to_thread`) under a lock, so the event loop never waits on disk.
 WAL mode and a busy timeout let a gateway process and a recorder process
 share one file: readers never block the writer, and a writer waits for the
-other process's write instead of failing.
+other process's write instead of failing. Files made by an older chatpipe
+gain the newer columns on open.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import sqlite3
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TypeVar
 
-from conversations.store import ApiKey, Conversation, NewMessage, StoredMessage
-from schemas.events import Role
-from schemas.lifecycle import RequestStatus
+from conversations.sqlite_schema import (
+    CONVERSATION_COLUMNS,
+    MESSAGE_COLUMNS,
+    conversation_row,
+    create_schema,
+    message_row,
+    message_values,
+)
+from conversations.store import (
+    ApiKey,
+    Conversation,
+    ConversationPage,
+    MessageUsage,
+    NewMessage,
+    StoredMessage,
+    Summary,
+    decode_cursor,
+    encode_cursor,
+    hash_api_key,
+)
+from conversations.tree import ConversationTree, parent_key
 from schemas.topics import Tier
 
 T = TypeVar("T")
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS conversations (
-    conversation_id TEXT PRIMARY KEY,
-    user_id TEXT NOT NULL,
-    title TEXT NOT NULL,
-    created_at REAL NOT NULL
-);
-CREATE INDEX IF NOT EXISTS conversations_by_user ON conversations (user_id, created_at);
-CREATE TABLE IF NOT EXISTS messages (
-    conversation_id TEXT NOT NULL,
-    seq INTEGER NOT NULL,
-    message_id TEXT NOT NULL UNIQUE,
-    role TEXT NOT NULL,
-    content TEXT NOT NULL,
-    tokens INTEGER NOT NULL,
-    parent_id TEXT,
-    model TEXT,
-    status TEXT NOT NULL,
-    request_id TEXT,
-    created_at REAL NOT NULL,
-    PRIMARY KEY (conversation_id, seq)
-);
-CREATE INDEX IF NOT EXISTS messages_by_parent ON messages (parent_id, seq);
-CREATE TABLE IF NOT EXISTS api_keys (
-    key_hash TEXT PRIMARY KEY,
-    user_id TEXT NOT NULL,
-    org_id TEXT NOT NULL,
-    tier TEXT NOT NULL,
-    created_at REAL NOT NULL
-);
-"""
-
-_MESSAGE_COLUMNS = (
-    "message_id, conversation_id, seq, role, content, parent_id, model, tokens,"
-    " status, request_id, created_at"
-)
-
-
-def hash_api_key(key: str) -> str:
-    """The stored form of an API key: hex sha256, so a leaked table leaks no keys."""
-    return hashlib.sha256(key.encode()).hexdigest()
+__all__ = ["SQLiteStore", "hash_api_key"]
 
 
 class SQLiteStore:
@@ -97,14 +75,15 @@ class SQLiteStore:
             await self._run(lambda conn: conn.close())
             self._conn = None
 
+    # --- conversations ------------------------------------------------------------
+
     async def create_conversation(
         self, conversation_id: str, user_id: str, title: str = ""
     ) -> Conversation:
-        """Create it, or return the one already stored under this id unchanged."""
-
         def create(conn: sqlite3.Connection) -> Conversation:
             conn.execute(
-                "INSERT OR IGNORE INTO conversations VALUES (?, ?, ?, ?)",
+                f"INSERT OR IGNORE INTO conversations ({CONVERSATION_COLUMNS})"
+                " VALUES (?, ?, ?, ?, '')",
                 (conversation_id, user_id, title, self._clock()),
             )
             found = _get_conversation(conn, conversation_id)
@@ -116,16 +95,64 @@ class SQLiteStore:
     async def get_conversation(self, conversation_id: str) -> Conversation | None:
         return await self._run(lambda conn: _get_conversation(conn, conversation_id))
 
-    async def list_conversations(self, user_id: str) -> list[Conversation]:
-        def select(conn: sqlite3.Connection) -> list[Conversation]:
+    async def list_conversations(
+        self, user_id: str, *, limit: int = 50, cursor: str | None = None
+    ) -> ConversationPage:
+        if limit < 1:
+            raise ValueError("limit must be at least 1")
+        after = decode_cursor(cursor) if cursor else (float("inf"), "")
+
+        def select(conn: sqlite3.Connection) -> ConversationPage:
             rows = conn.execute(
-                "SELECT conversation_id, user_id, title, created_at FROM conversations"
-                " WHERE user_id = ? ORDER BY created_at DESC, conversation_id",
-                (user_id,),
-            )
-            return [Conversation(*row) for row in rows]
+                f"SELECT {CONVERSATION_COLUMNS} FROM conversations WHERE user_id = ?"
+                " AND (created_at < ? OR (created_at = ? AND conversation_id > ?))"
+                " ORDER BY created_at DESC, conversation_id LIMIT ?",
+                (user_id, after[0], after[0], after[1], limit + 1),
+            ).fetchall()
+            page = [conversation_row(row) for row in rows[:limit]]
+            more = len(rows) > limit
+            return ConversationPage(page, encode_cursor(page[-1]) if more else None)
 
         return await self._run(select)
+
+    async def rename_conversation(
+        self, conversation_id: str, user_id: str, title: str
+    ) -> Conversation | None:
+        def rename(conn: sqlite3.Connection) -> Conversation | None:
+            conn.execute(
+                "UPDATE conversations SET title = ? WHERE conversation_id = ? AND user_id = ?",
+                (title, conversation_id, user_id),
+            )
+            found = _get_conversation(conn, conversation_id)
+            return found if found is not None and found.user_id == user_id else None
+
+        return await self._run(rename)
+
+    async def set_auto_title(self, conversation_id: str, title: str) -> None:
+        await self._run(
+            lambda conn: conn.execute(
+                "UPDATE conversations SET auto_title = ? WHERE conversation_id = ?",
+                (title, conversation_id),
+            )
+        )
+
+    async def delete_conversation(self, conversation_id: str, user_id: str) -> bool:
+        def delete(conn: sqlite3.Connection) -> bool:
+            with _transaction(conn):
+                gone = conn.execute(
+                    "DELETE FROM conversations WHERE conversation_id = ? AND user_id = ?",
+                    (conversation_id, user_id),
+                ).rowcount
+                if gone:
+                    for table in ("messages", "branch_choices", "summaries", "embeddings"):
+                        conn.execute(
+                            f"DELETE FROM {table} WHERE conversation_id = ?", (conversation_id,)
+                        )
+            return bool(gone)
+
+        return await self._run(delete)
+
+    # --- messages -----------------------------------------------------------------
 
     async def add_message(self, message: NewMessage) -> StoredMessage:
         return await self._run(lambda conn: self._add_message(conn, message))
@@ -134,26 +161,98 @@ class SQLiteStore:
         return await self._run(lambda conn: _get_message(conn, message_id))
 
     async def list_messages(self, conversation_id: str) -> list[StoredMessage]:
-        def select(conn: sqlite3.Connection) -> list[StoredMessage]:
-            rows = conn.execute(
-                f"SELECT {_MESSAGE_COLUMNS} FROM messages WHERE conversation_id = ?"
-                " ORDER BY seq",
-                (conversation_id,),
-            )
-            return [_message(row) for row in rows]
-
-        return await self._run(select)
+        return await self._run(lambda conn: _list_messages(conn, conversation_id))
 
     async def find_reply(self, parent_id: str) -> StoredMessage | None:
         def select(conn: sqlite3.Connection) -> StoredMessage | None:
             row = conn.execute(
-                f"SELECT {_MESSAGE_COLUMNS} FROM messages WHERE parent_id = ?"
+                f"SELECT {MESSAGE_COLUMNS} FROM messages WHERE parent_id = ?"
                 " ORDER BY seq DESC LIMIT 1",
                 (parent_id,),
             ).fetchone()
-            return _message(row) if row else None
+            return message_row(row) if row else None
 
         return await self._run(select)
+
+    async def get_tree(self, conversation_id: str) -> ConversationTree:
+        def select(conn: sqlite3.Connection) -> ConversationTree:
+            return ConversationTree.of(
+                _list_messages(conn, conversation_id), _choices(conn, conversation_id)
+            )
+
+        return await self._run(select)
+
+    async def select_message(self, conversation_id: str, user_id: str, message_id: str) -> bool:
+        def select(conn: sqlite3.Connection) -> bool:
+            with _transaction(conn):
+                owner = _get_conversation(conn, conversation_id)
+                if owner is None or owner.user_id != user_id:
+                    return False
+                tree = ConversationTree.of(_list_messages(conn, conversation_id), {})
+                path = tree.path_to(message_id)
+                conn.executemany(
+                    "INSERT OR REPLACE INTO branch_choices VALUES (?, ?, ?)",
+                    [(conversation_id, parent_key(m.parent_id), m.message_id) for m in path],
+                )
+            return bool(path)
+
+        return await self._run(select)
+
+    async def message_usage(self, conversation_id: str) -> list[MessageUsage]:
+        def select(conn: sqlite3.Connection) -> list[MessageUsage]:
+            rows = conn.execute(
+                "SELECT message_id, seq, model, prompt_tokens, cached_tokens, tokens"
+                " FROM messages WHERE conversation_id = ? AND role = 'assistant' ORDER BY seq",
+                (conversation_id,),
+            )
+            return [MessageUsage(*row) for row in rows]
+
+        return await self._run(select)
+
+    # --- context ------------------------------------------------------------------
+
+    async def save_summary(
+        self, conversation_id: str, through_message_id: str, content: str
+    ) -> None:
+        await self._run(
+            lambda conn: conn.execute(
+                "INSERT OR REPLACE INTO summaries VALUES (?, ?, ?, ?)",
+                (conversation_id, through_message_id, content, self._clock()),
+            )
+        )
+
+    async def list_summaries(self, conversation_id: str) -> list[Summary]:
+        def select(conn: sqlite3.Connection) -> list[Summary]:
+            rows = conn.execute(
+                "SELECT conversation_id, through_message_id, content, created_at FROM summaries"
+                " WHERE conversation_id = ? ORDER BY created_at, through_message_id",
+                (conversation_id,),
+            )
+            return [Summary(*row) for row in rows]
+
+        return await self._run(select)
+
+    async def save_embeddings(
+        self, conversation_id: str, model: str, vectors: Mapping[str, bytes]
+    ) -> None:
+        rows = [(conversation_id, model, mid, vector) for mid, vector in vectors.items()]
+        await self._run(
+            lambda conn: conn.executemany(
+                "INSERT OR REPLACE INTO embeddings VALUES (?, ?, ?, ?)", rows
+            )
+        )
+
+    async def load_embeddings(self, conversation_id: str, model: str) -> dict[str, bytes]:
+        def select(conn: sqlite3.Connection) -> dict[str, bytes]:
+            rows = conn.execute(
+                "SELECT message_id, vector FROM embeddings WHERE conversation_id = ? AND model = ?",
+                (conversation_id, model),
+            )
+            return {message_id: bytes(vector) for message_id, vector in rows}
+
+        return await self._run(select)
+
+    # --- API keys -----------------------------------------------------------------
 
     async def add_api_key(self, key: str, owner: ApiKey) -> None:
         created_at = owner.created_at or self._clock()
@@ -174,6 +273,8 @@ class SQLiteStore:
 
         return await self._run(select)
 
+    # --- plumbing -----------------------------------------------------------------
+
     def _open(self) -> None:
         conn = sqlite3.connect(
             self._path,
@@ -183,7 +284,7 @@ class SQLiteStore:
         )
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute("PRAGMA synchronous=NORMAL")  # durable enough under WAL, far faster
-        conn.executescript(_SCHEMA)
+        create_schema(conn)
         self._conn = conn
 
     async def _run(self, work: Callable[[sqlite3.Connection], T]) -> T:
@@ -200,72 +301,80 @@ class SQLiteStore:
     def _add_message(self, conn: sqlite3.Connection, message: NewMessage) -> StoredMessage:
         # IMMEDIATE takes the write lock before reading MAX(seq), so another
         # process cannot pick the same seq between our read and our insert.
-        conn.execute("BEGIN IMMEDIATE")
-        try:
+        with _transaction(conn):
             stored = _get_message(conn, message.message_id)
-            if stored is None:
-                (seq,) = conn.execute(
-                    "SELECT COALESCE(MAX(seq), 0) + 1 FROM messages WHERE conversation_id = ?",
-                    (message.conversation_id,),
-                ).fetchone()
-                stored = StoredMessage(
-                    message_id=message.message_id,
-                    conversation_id=message.conversation_id,
-                    seq=seq,
-                    role=message.role,
-                    content=message.content,
-                    parent_id=message.parent_id,
-                    model=message.model,
-                    tokens=message.tokens,
-                    status=message.status,
-                    request_id=message.request_id,
-                    created_at=self._clock(),
-                )
-                conn.execute(
-                    f"INSERT INTO messages ({_MESSAGE_COLUMNS})"
-                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    (
-                        stored.message_id, stored.conversation_id, stored.seq,
-                        stored.role.value, stored.content, stored.parent_id, stored.model,
-                        stored.tokens, stored.status.value, stored.request_id, stored.created_at,
-                    ),
-                )  # fmt: skip
-            conn.execute("COMMIT")
+            if stored is not None:
+                return stored
+            (seq,) = conn.execute(
+                "SELECT COALESCE(MAX(seq), 0) + 1 FROM messages WHERE conversation_id = ?",
+                (message.conversation_id,),
+            ).fetchone()
+            stored = StoredMessage(
+                message_id=message.message_id,
+                conversation_id=message.conversation_id,
+                seq=seq,
+                role=message.role,
+                content=message.content,
+                parent_id=message.parent_id,
+                model=message.model,
+                tokens=message.tokens,
+                status=message.status,
+                request_id=message.request_id,
+                created_at=self._clock(),
+                prompt_tokens=message.prompt_tokens,
+                cached_tokens=message.cached_tokens,
+            )
+            placeholders = ", ".join("?" * len(MESSAGE_COLUMNS.split(",")))
+            conn.execute(
+                f"INSERT INTO messages ({MESSAGE_COLUMNS}) VALUES ({placeholders})",
+                message_values(stored),
+            )
+            conn.execute(
+                "INSERT OR REPLACE INTO branch_choices VALUES (?, ?, ?)",
+                (stored.conversation_id, parent_key(stored.parent_id), stored.message_id),
+            )
             return stored
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
+
+
+class _transaction:
+    """BEGIN IMMEDIATE … COMMIT, or ROLLBACK on any exception."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self.conn = conn
+
+    def __enter__(self) -> None:
+        self.conn.execute("BEGIN IMMEDIATE")
+
+    def __exit__(self, kind: type[BaseException] | None, *_: object) -> None:
+        self.conn.execute("COMMIT" if kind is None else "ROLLBACK")
 
 
 def _get_conversation(conn: sqlite3.Connection, conversation_id: str) -> Conversation | None:
     row = conn.execute(
-        "SELECT conversation_id, user_id, title, created_at FROM conversations"
-        " WHERE conversation_id = ?",
+        f"SELECT {CONVERSATION_COLUMNS} FROM conversations WHERE conversation_id = ?",
         (conversation_id,),
     ).fetchone()
-    return Conversation(*row) if row else None
+    return conversation_row(row) if row else None
 
 
 def _get_message(conn: sqlite3.Connection, message_id: str) -> StoredMessage | None:
     row = conn.execute(
-        f"SELECT {_MESSAGE_COLUMNS} FROM messages WHERE message_id = ?", (message_id,)
+        f"SELECT {MESSAGE_COLUMNS} FROM messages WHERE message_id = ?", (message_id,)
     ).fetchone()
-    return _message(row) if row else None
+    return message_row(row) if row else None
 
 
-def _message(row: tuple) -> StoredMessage:
-    (message_id, conversation_id, seq, role, content, parent_id, model, tokens,
-     status, request_id, created_at) = row  # fmt: skip
-    return StoredMessage(
-        message_id=message_id,
-        conversation_id=conversation_id,
-        seq=seq,
-        role=Role(role),
-        content=content,
-        parent_id=parent_id,
-        model=model,
-        tokens=tokens,
-        status=RequestStatus(status),
-        request_id=request_id,
-        created_at=created_at,
+def _list_messages(conn: sqlite3.Connection, conversation_id: str) -> list[StoredMessage]:
+    rows = conn.execute(
+        f"SELECT {MESSAGE_COLUMNS} FROM messages WHERE conversation_id = ? ORDER BY seq",
+        (conversation_id,),
     )
+    return [message_row(row) for row in rows]
+
+
+def _choices(conn: sqlite3.Connection, conversation_id: str) -> dict[str, str]:
+    rows = conn.execute(
+        "SELECT parent_key, child_id FROM branch_choices WHERE conversation_id = ?",
+        (conversation_id,),
+    )
+    return dict(rows.fetchall())

@@ -1,26 +1,75 @@
 """The conversation store interface (DESIGN §8) and its records.
 
-Implementations: `conversations.sqlite_store.SQLiteStore` (one machine);
-Cassandra comes later. Every write is idempotent on its id, so redelivered
-events never store a message twice.
+Implementations: `conversations.sqlite_store.SQLiteStore` (one machine) and
+`conversations.cassandra_store.CassandraStore` (scale). Both pass
+`tests/integration/test_store_conformance.py`.
+
+Contracts every store keeps:
+
+* Every write is idempotent on its id, so redelivered events never store a
+  message twice.
+* Ownership: reads keyed by a conversation or message id (`get_conversation`,
+  `list_messages`, `get_tree`, `message_usage`, `list_summaries`, …) do not
+  check who asks — the caller checks first, as the gateway's
+  `owned_conversation` dependency does. Writes that change an existing
+  conversation on a user's behalf (`rename_conversation`,
+  `delete_conversation`, `select_message`) take the `user_id` and do nothing
+  (None / False, as for an unknown id) unless that user owns it. Pipeline
+  writes (`add_message`, `set_auto_title`, `save_summary`, `save_embeddings`)
+  are trusted and unchecked.
+* Branches: a message's `parent_id` links it to the message it follows;
+  regenerations (assistant) and edits (user) are siblings under one parent.
+  The store remembers, per parent, which child is selected: `add_message`
+  selects the new message, `select_message` selects an older one.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
+import hashlib
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
+
+import orjson
 
 from schemas.events import Role
 from schemas.lifecycle import RequestStatus
 from schemas.topics import Tier
 
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from conversations.tree import ConversationTree
+
 
 @dataclass(frozen=True, slots=True)
 class Conversation:
+    """`title` is the user's (set on create or by rename); `auto_title` the generated one."""
+
     conversation_id: str
     user_id: str
     title: str
     created_at: float
+    auto_title: str = ""
+
+    @property
+    def display_title(self) -> str:
+        """What a conversation list shows: the user's title, else the generated one."""
+        return self.title or self.auto_title
+
+
+@dataclass(frozen=True, slots=True)
+class ConversationPage:
+    """One page of a user's conversations, newest first.
+
+    `next_cursor` is None on the last page; otherwise pass it back as
+    `cursor` for the next page. Cursors are opaque strings (a position, not
+    an offset: conversations created meanwhile never shift a page).
+    """
+
+    conversations: list[Conversation]
+    next_cursor: str | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,10 +83,16 @@ class NewMessage:
     tokens: int = 0
     status: RequestStatus = RequestStatus.FINISHED_STOPPED
     request_id: str | None = None
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)
 class StoredMessage:
+    """A stored message. For an answer, `tokens` counts its completion tokens and
+    `prompt_tokens` / `cached_tokens` its prompt and the part of it the engine's
+    prefix cache served (0 when unknown, and for user messages)."""
+
     message_id: str
     conversation_id: str
     seq: int
@@ -48,6 +103,30 @@ class StoredMessage:
     tokens: int
     status: RequestStatus
     request_id: str | None
+    created_at: float
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class MessageUsage:
+    """What one answer cost: the growing-history price of a conversation turn."""
+
+    message_id: str
+    seq: int
+    model: str | None
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class Summary:
+    """A rolling summary of a thread from its root up to `through_message_id` included."""
+
+    conversation_id: str
+    through_message_id: str
+    content: str
     created_at: float
 
 
@@ -63,31 +142,110 @@ class ApiKey:
 
 class ConversationStore(Protocol):
     async def open(self) -> None:
-        """Create the schema if needed."""
+        """Connect, and create the schema if needed."""
 
     async def close(self) -> None: ...
 
+    # --- conversations ------------------------------------------------------------
+
     async def create_conversation(
         self, conversation_id: str, user_id: str, title: str = ""
-    ) -> Conversation: ...
+    ) -> Conversation:
+        """Create it, or return the one already stored under this id unchanged."""
 
     async def get_conversation(self, conversation_id: str) -> Conversation | None: ...
 
-    async def list_conversations(self, user_id: str) -> list[Conversation]:
-        """A user's conversations, newest first."""
+    async def list_conversations(
+        self, user_id: str, *, limit: int = 50, cursor: str | None = None
+    ) -> ConversationPage:
+        """A page of `user_id`'s conversations, newest `created_at` first."""
+
+    async def rename_conversation(
+        self, conversation_id: str, user_id: str, title: str
+    ) -> Conversation | None:
+        """Set the user's title; None if there is no such conversation of `user_id`."""
+
+    async def set_auto_title(self, conversation_id: str, title: str) -> None:
+        """Store the generated title (shown while the user has set none)."""
+
+    async def delete_conversation(self, conversation_id: str, user_id: str) -> bool:
+        """Delete it with its messages, branch choices, summaries and embeddings.
+
+        False if there is no such conversation of `user_id`."""
+
+    # --- messages -----------------------------------------------------------------
 
     async def add_message(self, message: NewMessage) -> StoredMessage:
-        """Append with the next seq; a message_id already stored is returned as is."""
+        """Append with the next seq and select it under its parent.
+
+        A message_id already stored is returned as is, changing nothing."""
 
     async def get_message(self, message_id: str) -> StoredMessage | None: ...
 
     async def list_messages(self, conversation_id: str) -> list[StoredMessage]:
-        """All messages of a conversation in seq order."""
+        """All messages of a conversation (every branch) in seq order."""
 
     async def find_reply(self, parent_id: str) -> StoredMessage | None:
         """The newest message whose parent is `parent_id`."""
+
+    async def get_tree(self, conversation_id: str) -> ConversationTree:
+        """Every message with the selected child at each branch point."""
+
+    async def select_message(self, conversation_id: str, user_id: str, message_id: str) -> bool:
+        """Put `message_id` on the current thread: select it and each of its ancestors.
+
+        The thread then continues below it through the children selected
+        there before. False if the conversation is not `user_id`'s or the
+        message is not in it."""
+
+    async def message_usage(self, conversation_id: str) -> list[MessageUsage]:
+        """Prompt, cached and completion tokens of every answer, in seq order."""
+
+    # --- context ------------------------------------------------------------------
+
+    async def save_summary(
+        self, conversation_id: str, through_message_id: str, content: str
+    ) -> None:
+        """Store (or replace) the summary of the thread ending at `through_message_id`."""
+
+    async def list_summaries(self, conversation_id: str) -> list[Summary]:
+        """Every summary of the conversation (any branch), oldest first."""
+
+    async def save_embeddings(
+        self, conversation_id: str, model: str, vectors: Mapping[str, bytes]
+    ) -> None:
+        """Cache message embeddings (message_id -> float32 bytes) computed by `model`."""
+
+    async def load_embeddings(self, conversation_id: str, model: str) -> dict[str, bytes]:
+        """The cached embeddings of the conversation's messages made by `model`."""
+
+    # --- API keys -----------------------------------------------------------------
 
     async def add_api_key(self, key: str, owner: ApiKey) -> None:
         """Store (idempotently) a hash of `key` with its owner."""
 
     async def find_api_key(self, key: str) -> ApiKey | None: ...
+
+
+def hash_api_key(key: str) -> str:
+    """The stored form of an API key: hex sha256, so a leaked table leaks no keys."""
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def encode_cursor(conversation: Conversation) -> str:
+    """The cursor of the page after `conversation` (the last one of a page)."""
+    raw = orjson.dumps([conversation.created_at, conversation.conversation_id])
+    return base64.urlsafe_b64encode(raw).decode()
+
+
+def decode_cursor(cursor: str) -> tuple[float, str]:
+    """(created_at, conversation_id) of the last conversation already listed.
+
+    Raises ValueError on a cursor no store made."""
+    try:
+        created_at, conversation_id = orjson.loads(base64.urlsafe_b64decode(cursor.encode()))
+    except (binascii.Error, orjson.JSONDecodeError, TypeError, ValueError) as error:
+        raise ValueError(f"invalid cursor {cursor!r}") from error
+    if not isinstance(created_at, int | float) or not isinstance(conversation_id, str):
+        raise ValueError(f"invalid cursor {cursor!r}")
+    return float(created_at), conversation_id

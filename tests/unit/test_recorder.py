@@ -111,7 +111,20 @@ def test_message_carries_ids_and_completion_tokens() -> None:
     assert message == NewMessage(
         message_id="m-r1", conversation_id="c1", role=Role.ASSISTANT, content="Hi!",
         parent_id="u1", model="tiny", tokens=9, status=STOPPED, request_id="r1",
+        prompt_tokens=3,
     )  # fmt: skip
+
+
+def test_message_carries_prompt_and_cached_tokens_of_the_finishing_attempt() -> None:
+    finish = GenerationDone(
+        **_ids("r1"), attempt=1, seq=1, status=STOPPED,
+        usage=Usage(prompt_tokens=120, completion_tokens=1, cached_tokens=96),
+    )  # fmt: skip
+    (message,) = feed(Recorder(), [chunk(0, "A"), finish])
+    (failed,) = feed(Recorder(), [chunk(0, "A", rid="r2"), error(1, rid="r2")])
+
+    assert (message.prompt_tokens, message.cached_tokens) == (120, 96)
+    assert (failed.prompt_tokens, failed.cached_tokens) == (0, 0)
 
 
 def test_tokens_of_a_resumed_attempt_count_the_whole_message() -> None:

@@ -94,7 +94,8 @@ async def test_conversations_are_idempotent_and_listed_per_user(store: SQLiteSto
 
     assert again == first
     assert await store.get_conversation("missing") is None
-    assert [c.conversation_id for c in await store.list_conversations("u1")] == ["c2", "c1"]
+    page = await store.list_conversations("u1")
+    assert [c.conversation_id for c in page.conversations] == ["c2", "c1"]
 
 
 async def test_api_keys_are_stored_only_as_hashes(tmp_path: Path) -> None:
@@ -135,3 +136,32 @@ async def test_a_closed_store_refuses_work() -> None:
     store = SQLiteStore(":memory:")
     with pytest.raises(RuntimeError):
         await store.get_message("m1")
+
+
+async def test_a_file_from_an_older_release_gains_the_new_columns(tmp_path: Path) -> None:
+    path = tmp_path / "old.db"
+    old = sqlite3.connect(path)
+    old.executescript("""
+        CREATE TABLE conversations (conversation_id TEXT PRIMARY KEY, user_id TEXT NOT NULL,
+            title TEXT NOT NULL, created_at REAL NOT NULL);
+        CREATE TABLE messages (conversation_id TEXT NOT NULL, seq INTEGER NOT NULL,
+            message_id TEXT NOT NULL UNIQUE, role TEXT NOT NULL, content TEXT NOT NULL,
+            tokens INTEGER NOT NULL, parent_id TEXT, model TEXT, status TEXT NOT NULL,
+            request_id TEXT, created_at REAL NOT NULL, PRIMARY KEY (conversation_id, seq));
+        INSERT INTO conversations VALUES ('c1', 'u1', 'kept', 1.0);
+        INSERT INTO messages VALUES ('c1', 1, 'm1', 'user', 'hi', 0, NULL, NULL,
+            'finished_stopped', NULL, 2.0);
+    """)
+    old.commit()
+    old.close()
+
+    store = SQLiteStore(path)
+    await store.open()
+    [message] = await store.list_messages("c1")
+    conversation = await store.get_conversation("c1")
+    added = await store.add_message(assistant_message("a1", "m1", prompt_tokens=5))
+    await store.close()
+
+    assert (message.content, message.prompt_tokens, message.cached_tokens) == ("hi", 0, 0)
+    assert conversation is not None and (conversation.title, conversation.auto_title) == ("kept", "")
+    assert (added.seq, added.prompt_tokens) == (2, 5)

@@ -1,0 +1,269 @@
+"""The Cassandra store's keyspace, tables, statements and row mapping (no I/O).
+
+A table per query (DESIGN §8):
+
+* `conversations` by conversation_id: get, ownership checks (LWT `IF user_id = ?`).
+* `conversations_by_user`: a user's list, clustered newest first; a copy of
+  the title fields, written with the conversation.
+* `messages`: one partition per conversation, clustered by `seq`. Two static
+  (per-partition) columns: `last_seq`, the seq counter that message inserts
+  claim with a conditional batch (see `CassandraStore.add_message`), and
+  `selected`, parent key -> selected child, so one partition read returns
+  the whole tree.
+* `message_ids`: message_id -> (conversation_id, seq), for `get_message`,
+  `find_reply` and idempotent inserts (`IF NOT EXISTS`).
+* `summaries`, `embeddings`: one partition per conversation.
+* `api_keys` by key hash.
+
+`created_at` is a `double` (epoch seconds, as in the records) so cursors and
+records round-trip exactly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from conversations.store import Conversation, MessageUsage, StoredMessage, Summary
+from schemas.events import Role
+from schemas.lifecycle import RequestStatus
+
+Row = Mapping[str, Any]
+
+CONVERSATION_COLUMNS = "conversation_id, user_id, title, auto_title, created_at"
+MESSAGE_COLUMNS = (
+    "conversation_id, seq, message_id, role, content, parent_id, model, tokens, status,"
+    " request_id, created_at, prompt_tokens, cached_tokens"
+)
+
+TABLES = (
+    """CREATE TABLE IF NOT EXISTS {ks}.conversations (
+    conversation_id text PRIMARY KEY,
+    user_id text,
+    title text,
+    auto_title text,
+    created_at double)""",
+    """CREATE TABLE IF NOT EXISTS {ks}.conversations_by_user (
+    user_id text,
+    created_at double,
+    conversation_id text,
+    title text,
+    auto_title text,
+    PRIMARY KEY (user_id, created_at, conversation_id)
+) WITH CLUSTERING ORDER BY (created_at DESC, conversation_id ASC)""",
+    """CREATE TABLE IF NOT EXISTS {ks}.messages (
+    conversation_id text,
+    seq int,
+    last_seq int STATIC,
+    selected map<text, text> STATIC,
+    message_id text,
+    role text,
+    content text,
+    parent_id text,
+    model text,
+    tokens int,
+    status text,
+    request_id text,
+    created_at double,
+    prompt_tokens int,
+    cached_tokens int,
+    PRIMARY KEY (conversation_id, seq)
+) WITH CLUSTERING ORDER BY (seq ASC)""",
+    """CREATE TABLE IF NOT EXISTS {ks}.message_ids (
+    message_id text PRIMARY KEY,
+    conversation_id text,
+    seq int)""",
+    """CREATE TABLE IF NOT EXISTS {ks}.summaries (
+    conversation_id text,
+    through_message_id text,
+    content text,
+    created_at double,
+    PRIMARY KEY (conversation_id, through_message_id))""",
+    """CREATE TABLE IF NOT EXISTS {ks}.embeddings (
+    conversation_id text,
+    model text,
+    message_id text,
+    vector blob,
+    PRIMARY KEY (conversation_id, model, message_id))""",
+    """CREATE TABLE IF NOT EXISTS {ks}.api_keys (
+    key_hash text PRIMARY KEY,
+    user_id text,
+    org_id text,
+    tier text,
+    created_at double)""",
+)
+
+_PAGE = f"SELECT {CONVERSATION_COLUMNS} FROM {{ks}}.conversations_by_user WHERE user_id = ?"
+
+STATEMENTS = {
+    # conversations
+    "insert_conversation": f"INSERT INTO {{ks}}.conversations ({CONVERSATION_COLUMNS})"
+    " VALUES (?, ?, ?, ?, ?) IF NOT EXISTS",
+    "insert_conversation_by_user": f"INSERT INTO {{ks}}.conversations_by_user"
+    f" ({CONVERSATION_COLUMNS}) VALUES (?, ?, ?, ?, ?)",
+    "select_conversation": f"SELECT {CONVERSATION_COLUMNS} FROM {{ks}}.conversations"
+    " WHERE conversation_id = ?",
+    "page_first": _PAGE + " LIMIT ?",
+    "page_ties": _PAGE + " AND created_at = ? AND conversation_id > ? LIMIT ?",
+    "page_older": _PAGE + " AND created_at < ? LIMIT ?",
+    "rename": "UPDATE {ks}.conversations SET title = ? WHERE conversation_id = ? IF user_id = ?",
+    "rename_by_user": "UPDATE {ks}.conversations_by_user SET title = ?"
+    " WHERE user_id = ? AND created_at = ? AND conversation_id = ? IF EXISTS",
+    "auto_title": "UPDATE {ks}.conversations SET auto_title = ? WHERE conversation_id = ?"
+    " IF EXISTS",
+    "auto_title_by_user": "UPDATE {ks}.conversations_by_user SET auto_title = ?"
+    " WHERE user_id = ? AND created_at = ? AND conversation_id = ? IF EXISTS",
+    "delete_conversation": "DELETE FROM {ks}.conversations WHERE conversation_id = ?"
+    " IF user_id = ?",
+    "delete_conversation_by_user": "DELETE FROM {ks}.conversations_by_user"
+    " WHERE user_id = ? AND created_at = ? AND conversation_id = ?",
+    "delete_messages": "DELETE FROM {ks}.messages WHERE conversation_id = ?",
+    "delete_message_id": "DELETE FROM {ks}.message_ids WHERE message_id = ?",
+    "delete_summaries": "DELETE FROM {ks}.summaries WHERE conversation_id = ?",
+    "delete_embeddings": "DELETE FROM {ks}.embeddings WHERE conversation_id = ?",
+    # messages
+    "select_last_seq": "SELECT last_seq FROM {ks}.messages WHERE conversation_id = ? LIMIT 1",
+    "insert_message": f"INSERT INTO {{ks}}.messages ({MESSAGE_COLUMNS})"
+    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+    "claim_seq": "UPDATE {ks}.messages SET last_seq = ?, selected[?] = ?"
+    " WHERE conversation_id = ? IF last_seq = ?",
+    "insert_message_id": "INSERT INTO {ks}.message_ids (message_id, conversation_id, seq)"
+    " VALUES (?, ?, ?) IF NOT EXISTS",
+    "select_message_id": "SELECT conversation_id, seq FROM {ks}.message_ids WHERE message_id = ?",
+    "select_message": f"SELECT {MESSAGE_COLUMNS} FROM {{ks}}.messages"
+    " WHERE conversation_id = ? AND seq = ?",
+    "select_messages": f"SELECT {MESSAGE_COLUMNS}, selected FROM {{ks}}.messages"
+    " WHERE conversation_id = ?",
+    "delete_message": "DELETE FROM {ks}.messages WHERE conversation_id = ? AND seq = ?",
+    # a condition, so a conversation deleted meanwhile is not brought back
+    "add_choices": "UPDATE {ks}.messages SET selected = selected + ? WHERE conversation_id = ?"
+    " IF last_seq > 0",
+    # context
+    "insert_summary": "INSERT INTO {ks}.summaries"
+    " (conversation_id, through_message_id, content, created_at) VALUES (?, ?, ?, ?)",
+    "select_summaries": "SELECT conversation_id, through_message_id, content, created_at"
+    " FROM {ks}.summaries WHERE conversation_id = ?",
+    "insert_embedding": "INSERT INTO {ks}.embeddings (conversation_id, model, message_id,"
+    " vector) VALUES (?, ?, ?, ?)",
+    "select_embeddings": "SELECT message_id, vector FROM {ks}.embeddings"
+    " WHERE conversation_id = ? AND model = ?",
+    # API keys
+    "insert_api_key": "INSERT INTO {ks}.api_keys (key_hash, user_id, org_id, tier, created_at)"
+    " VALUES (?, ?, ?, ?, ?) IF NOT EXISTS",
+    "select_api_key": "SELECT user_id, org_id, tier, created_at FROM {ks}.api_keys"
+    " WHERE key_hash = ?",
+}
+
+
+def keyspace_cql(keyspace: str, replication_factor: int = 1) -> str:
+    """CREATE KEYSPACE with SimpleStrategy; create a multi-datacenter keyspace yourself."""
+    _check_name(keyspace)
+    return (
+        f"CREATE KEYSPACE IF NOT EXISTS {keyspace} WITH replication ="
+        f" {{'class': 'SimpleStrategy', 'replication_factor': {int(replication_factor)}}}"
+    )
+
+
+def schema_cql(keyspace: str, replication_factor: int = 1) -> list[str]:
+    """Every statement that creates the keyspace and its tables, in order (idempotent)."""
+    _check_name(keyspace)
+    return [keyspace_cql(keyspace, replication_factor)] + [t.format(ks=keyspace) for t in TABLES]
+
+
+def statements(keyspace: str) -> dict[str, str]:
+    """The store's statements (name -> CQL with `?` markers) for `keyspace`."""
+    _check_name(keyspace)
+    return {name: cql.format(ks=keyspace) for name, cql in STATEMENTS.items()}
+
+
+def _check_name(keyspace: str) -> None:
+    if not (keyspace.isidentifier() and keyspace.isascii() and len(keyspace) <= 48):
+        raise ValueError(f"invalid Cassandra keyspace name {keyspace!r}")
+
+
+# --- rows -> records ------------------------------------------------------------------
+
+
+def applied(rows: list[Row]) -> bool:
+    """Whether a conditional (LWT) statement took effect."""
+    return bool(rows and rows[0].get("[applied]"))
+
+
+def conversation_of(row: Row) -> Conversation:
+    return Conversation(
+        conversation_id=row["conversation_id"],
+        user_id=row["user_id"],
+        title=row["title"] or "",
+        created_at=row["created_at"],
+        auto_title=row["auto_title"] or "",
+    )
+
+
+def conversation_values(conversation: Conversation) -> tuple:
+    """The values of `CONVERSATION_COLUMNS`, in order."""
+    c = conversation
+    return (c.conversation_id, c.user_id, c.title, c.auto_title, c.created_at)
+
+
+def message_values(message: StoredMessage) -> tuple:
+    """The values of `MESSAGE_COLUMNS`, in order."""
+    m = message
+    return (
+        m.conversation_id, m.seq, m.message_id, m.role.value, m.content, m.parent_id, m.model,
+        m.tokens, m.status.value, m.request_id, m.created_at, m.prompt_tokens, m.cached_tokens,
+    )  # fmt: skip
+
+
+def message_of(row: Row) -> StoredMessage:
+    return StoredMessage(
+        message_id=row["message_id"],
+        conversation_id=row["conversation_id"],
+        seq=row["seq"],
+        role=Role(row["role"]),
+        content=row["content"] or "",
+        parent_id=row["parent_id"],
+        model=row["model"],
+        tokens=row["tokens"] or 0,
+        status=RequestStatus(row["status"]),
+        request_id=row["request_id"],
+        created_at=row["created_at"],
+        prompt_tokens=row["prompt_tokens"] or 0,
+        cached_tokens=row["cached_tokens"] or 0,
+    )
+
+
+def messages_of(rows: list[Row]) -> list[StoredMessage]:
+    """The messages of a partition read, in seq order, one per message_id.
+
+    A partition holding only static columns reads as one row with no `seq`;
+    it is skipped. Should a writer have died between storing a message and
+    indexing its id, a redelivery stores it again: the first copy is kept.
+    """
+    seen: set[str] = set()
+    messages = []
+    for row in sorted((r for r in rows if r.get("seq") is not None), key=lambda r: r["seq"]):
+        if row["message_id"] not in seen:
+            seen.add(row["message_id"])
+            messages.append(message_of(row))
+    return messages
+
+
+def choices_of(rows: list[Row]) -> dict[str, str]:
+    """The `selected` static map of a partition read (parent key -> child id)."""
+    return dict(rows[0].get("selected") or {}) if rows else {}
+
+
+def usage_of(messages: list[StoredMessage]) -> list[MessageUsage]:
+    return [
+        MessageUsage(m.message_id, m.seq, m.model, m.prompt_tokens, m.cached_tokens, m.tokens)
+        for m in messages
+        if m.role == Role.ASSISTANT
+    ]
+
+
+def summaries_of(rows: list[Row]) -> list[Summary]:
+    found = [
+        Summary(r["conversation_id"], r["through_message_id"], r["content"], r["created_at"])
+        for r in rows
+    ]
+    return sorted(found, key=lambda s: (s.created_at, s.through_message_id))

@@ -1,0 +1,348 @@
+"""The conversation store on Cassandra (DESIGN §8, §10): tables in `cassandra_schema`.
+
+The store's logic talks to a `CqlSession` (`cassandra_session`): prepared
+statements run with the driver's `execute_async`, bridged to asyncio.
+
+Seq assignment: a message's seq is claimed with a conditional batch on its
+conversation's partition — the message row plus `UPDATE … SET last_seq = n
+IF last_seq = n - 1` on the partition's static counter. Paxos lets exactly
+one writer take each seq; a loser learns the current `last_seq` from the
+refusal and tries the next one (`claim_seq`). Seqs stay dense (1, 2, 3, …)
+and ordered like SQLite's, with one LWT per message; a time-based clustering
+key would need none, but could not be idempotent on message_id nor tell a
+client "the 7th message". Idempotency: a stored message_id is found through
+`message_ids` and returned unchanged; two writers racing with the same id
+both claim a seq, and the loser of `INSERT … IF NOT EXISTS` on `message_ids`
+deletes its copy (and reads dedupe by message_id should it die first).
+
+Create the schema with `python -m conversations.cassandra_store create-schema`
+(reads the CHATPIPE_ settings), or let `open()` do it (`create_schema=True`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import replace
+
+from conversations import cassandra_schema as cql
+from conversations.cassandra_session import CqlSession, DriverSession, Rows
+from conversations.store import (
+    ApiKey,
+    Conversation,
+    ConversationPage,
+    MessageUsage,
+    NewMessage,
+    StoredMessage,
+    Summary,
+    decode_cursor,
+    encode_cursor,
+    hash_api_key,
+)
+from conversations.tree import ConversationTree, parent_key
+from schemas.topics import Tier
+
+MAX_SEQ_CLAIMS = 1000
+
+
+async def claim_seq(
+    try_claim: Callable[[int, int | None], Awaitable[tuple[bool, int | None]]],
+    last_seq: int | None,
+    max_claims: int = MAX_SEQ_CLAIMS,
+) -> int:
+    """The seq this writer won: the first `last_seq + 1` that `try_claim` takes.
+
+    `try_claim(seq, expected_last)` runs the conditional write and returns
+    (applied, the partition's current last_seq); on a refusal the next
+    attempt starts from that value, so each retry costs one round.
+    """
+    for _ in range(max_claims):
+        seq = (last_seq or 0) + 1
+        won, current = await try_claim(seq, last_seq)
+        if won:
+            return seq
+        last_seq = current
+    raise RuntimeError(f"no seq claimed after {max_claims} attempts")
+
+
+class CassandraStore:
+    """`ConversationStore` on a Cassandra cluster."""
+
+    def __init__(
+        self,
+        hosts: list[str],
+        keyspace: str = "chatpipe",
+        *,
+        create_schema: bool = True,
+        replication_factor: int = 1,
+        clock: Callable[[], float] = time.time,
+        connect: Callable[[], Awaitable[CqlSession]] | None = None,
+    ) -> None:
+        """`connect` replaces the driver (tests); by default `DriverSession.connect`."""
+        self._connect = connect or (
+            lambda: DriverSession.connect(
+                hosts, keyspace, create_schema=create_schema,
+                replication_factor=replication_factor,
+            )
+        )  # fmt: skip
+        self._clock = clock
+        self._session: CqlSession | None = None
+
+    async def open(self) -> None:
+        if self._session is None:
+            self._session = await self._connect()
+
+    async def close(self) -> None:
+        if self._session is not None:
+            session, self._session = self._session, None
+            await session.close()
+
+    # --- conversations ------------------------------------------------------------
+
+    async def create_conversation(
+        self, conversation_id: str, user_id: str, title: str = ""
+    ) -> Conversation:
+        new = Conversation(conversation_id, user_id, title, self._clock())
+        rows = await self._run("insert_conversation", cql.conversation_values(new))
+        stored = new if cql.applied(rows) else cql.conversation_of(rows[0])
+        # also on a repeat: repairs the list entry if the first try died in between
+        await self._run("insert_conversation_by_user", cql.conversation_values(stored))
+        return stored
+
+    async def get_conversation(self, conversation_id: str) -> Conversation | None:
+        rows = await self._run("select_conversation", (conversation_id,))
+        return cql.conversation_of(rows[0]) if rows else None
+
+    async def list_conversations(
+        self, user_id: str, *, limit: int = 50, cursor: str | None = None
+    ) -> ConversationPage:
+        if limit < 1:
+            raise ValueError("limit must be at least 1")
+        if cursor is None:
+            rows = await self._run("page_first", (user_id, limit + 1))
+        else:
+            created_at, conversation_id = decode_cursor(cursor)
+            rows = await self._run("page_ties", (user_id, created_at, conversation_id, limit + 1))
+            if len(rows) <= limit:
+                older = limit + 1 - len(rows)
+                rows += await self._run("page_older", (user_id, created_at, older))
+        page = [cql.conversation_of(row) for row in rows[:limit]]
+        return ConversationPage(page, encode_cursor(page[-1]) if len(rows) > limit else None)
+
+    async def rename_conversation(
+        self, conversation_id: str, user_id: str, title: str
+    ) -> Conversation | None:
+        found = await self.get_conversation(conversation_id)
+        if found is None or found.user_id != user_id:
+            return None
+        if not cql.applied(await self._run("rename", (title, conversation_id, user_id))):
+            return None  # deleted meanwhile
+        await self._run("rename_by_user", (title, user_id, found.created_at, conversation_id))
+        return Conversation(conversation_id, user_id, title, found.created_at, found.auto_title)
+
+    async def set_auto_title(self, conversation_id: str, title: str) -> None:
+        found = await self.get_conversation(conversation_id)
+        if found is None:
+            return
+        await self._run("auto_title", (title, conversation_id))
+        await self._run(
+            "auto_title_by_user", (title, found.user_id, found.created_at, conversation_id)
+        )
+
+    async def delete_conversation(self, conversation_id: str, user_id: str) -> bool:
+        found = await self.get_conversation(conversation_id)
+        if found is None or found.user_id != user_id:
+            return False
+        if not cql.applied(await self._run("delete_conversation", (conversation_id, user_id))):
+            return False
+        await self._run("delete_conversation_by_user", (user_id, found.created_at, conversation_id))
+        messages = await self.list_messages(conversation_id)
+        await asyncio.gather(
+            *(self._run("delete_message_id", (m.message_id,)) for m in messages),
+            *(
+                self._run(name, (conversation_id,))
+                for name in ("delete_messages", "delete_summaries", "delete_embeddings")
+            ),
+        )
+        return True
+
+    # --- messages -----------------------------------------------------------------
+
+    async def add_message(self, message: NewMessage) -> StoredMessage:
+        found = await self.get_message(message.message_id)
+        if found is not None:
+            return found
+        stored = _stored(message, seq=0, created_at=self._clock())
+        key = parent_key(message.parent_id)
+
+        async def try_claim(seq: int, expected: int | None) -> tuple[bool, int | None]:
+            row = _with_seq(stored, seq)
+            rows = await self._batch(
+                [
+                    ("insert_message", cql.message_values(row)),
+                    ("claim_seq", (seq, key, stored.message_id, stored.conversation_id, expected)),
+                ]
+            )
+            if cql.applied(rows):
+                return True, seq
+            current = rows[0].get("last_seq") if rows else None
+            return False, current if current is not None else await self._last_seq(stored)
+
+        seq = await claim_seq(try_claim, await self._last_seq(stored))
+        stored = _with_seq(stored, seq)
+        rows = await self._run(
+            "insert_message_id", (stored.message_id, stored.conversation_id, seq)
+        )
+        if cql.applied(rows) or rows[0]["seq"] == seq:
+            return stored
+        # a concurrent writer stored this message_id first: drop our copy, return its
+        await self._run("delete_message", (stored.conversation_id, seq))
+        winner = await self._run("select_message", (rows[0]["conversation_id"], rows[0]["seq"]))
+        return cql.message_of(winner[0]) if winner else stored
+
+    async def _last_seq(self, message: StoredMessage) -> int | None:
+        rows = await self._run("select_last_seq", (message.conversation_id,))
+        return rows[0]["last_seq"] if rows else None
+
+    async def get_message(self, message_id: str) -> StoredMessage | None:
+        ids = await self._run("select_message_id", (message_id,))
+        if not ids or ids[0]["seq"] is None:
+            return None
+        rows = await self._run("select_message", (ids[0]["conversation_id"], ids[0]["seq"]))
+        return cql.message_of(rows[0]) if rows and rows[0].get("message_id") else None
+
+    async def list_messages(self, conversation_id: str) -> list[StoredMessage]:
+        return cql.messages_of(await self._run("select_messages", (conversation_id,)))
+
+    async def find_reply(self, parent_id: str) -> StoredMessage | None:
+        ids = await self._run("select_message_id", (parent_id,))
+        if not ids:
+            return None
+        replies = [
+            m for m in await self.list_messages(ids[0]["conversation_id"])
+            if m.parent_id == parent_id
+        ]  # fmt: skip
+        return replies[-1] if replies else None
+
+    async def get_tree(self, conversation_id: str) -> ConversationTree:
+        rows = await self._run("select_messages", (conversation_id,))
+        return ConversationTree.of(cql.messages_of(rows), cql.choices_of(rows))
+
+    async def select_message(self, conversation_id: str, user_id: str, message_id: str) -> bool:
+        found = await self.get_conversation(conversation_id)
+        if found is None or found.user_id != user_id:
+            return False
+        path = ConversationTree(await self.list_messages(conversation_id)).path_to(message_id)
+        if not path:
+            return False
+        choices = {parent_key(m.parent_id): m.message_id for m in path}
+        return cql.applied(await self._run("add_choices", (choices, conversation_id)))
+
+    async def message_usage(self, conversation_id: str) -> list[MessageUsage]:
+        return cql.usage_of(await self.list_messages(conversation_id))
+
+    # --- context ------------------------------------------------------------------
+
+    async def save_summary(
+        self, conversation_id: str, through_message_id: str, content: str
+    ) -> None:
+        await self._run(
+            "insert_summary", (conversation_id, through_message_id, content, self._clock())
+        )
+
+    async def list_summaries(self, conversation_id: str) -> list[Summary]:
+        return cql.summaries_of(await self._run("select_summaries", (conversation_id,)))
+
+    async def save_embeddings(
+        self, conversation_id: str, model: str, vectors: Mapping[str, bytes]
+    ) -> None:
+        # one write each: a batch of many vectors passes Cassandra's batch size limit
+        await asyncio.gather(
+            *(
+                self._run("insert_embedding", (conversation_id, model, message_id, vector))
+                for message_id, vector in vectors.items()
+            )
+        )
+
+    async def load_embeddings(self, conversation_id: str, model: str) -> dict[str, bytes]:
+        rows = await self._run("select_embeddings", (conversation_id, model))
+        return {row["message_id"]: bytes(row["vector"]) for row in rows}
+
+    # --- API keys -----------------------------------------------------------------
+
+    async def add_api_key(self, key: str, owner: ApiKey) -> None:
+        created_at = owner.created_at or self._clock()
+        values = (hash_api_key(key), owner.user_id, owner.org_id, owner.tier.value, created_at)
+        await self._run("insert_api_key", values)
+
+    async def find_api_key(self, key: str) -> ApiKey | None:
+        rows = await self._run("select_api_key", (hash_api_key(key),))
+        if not rows:
+            return None
+        row = rows[0]
+        return ApiKey(row["user_id"], row["org_id"], Tier(row["tier"]), row["created_at"])
+
+    # --- plumbing -----------------------------------------------------------------
+
+    async def _run(self, name: str, values: tuple) -> Rows:
+        if self._session is None:
+            raise RuntimeError("CassandraStore is not open")
+        return await self._session.run(name, values)
+
+    async def _batch(self, statements: list[tuple[str, tuple]]) -> Rows:
+        if self._session is None:
+            raise RuntimeError("CassandraStore is not open")
+        return await self._session.batch(statements)
+
+
+def _stored(message: NewMessage, seq: int, created_at: float) -> StoredMessage:
+    return StoredMessage(
+        message_id=message.message_id,
+        conversation_id=message.conversation_id,
+        seq=seq,
+        role=message.role,
+        content=message.content,
+        parent_id=message.parent_id,
+        model=message.model,
+        tokens=message.tokens,
+        status=message.status,
+        request_id=message.request_id,
+        created_at=created_at,
+        prompt_tokens=message.prompt_tokens,
+        cached_tokens=message.cached_tokens,
+    )
+
+
+def _with_seq(message: StoredMessage, seq: int) -> StoredMessage:
+    return replace(message, seq=seq)
+
+
+async def create_schema(hosts: list[str], keyspace: str, replication_factor: int = 1) -> None:
+    """Create the keyspace and tables (idempotent): the deployment's one-off schema job."""
+    session = await DriverSession.connect(
+        hosts, keyspace, create_schema=True, replication_factor=replication_factor
+    )
+    await session.close()
+
+
+def main(argv: list[str]) -> int:
+    """`python -m conversations.cassandra_store create-schema`, from the CHATPIPE_ settings."""
+    from chatpipe.settings import Settings
+
+    if argv != ["create-schema"]:
+        print("usage: python -m conversations.cassandra_store create-schema", file=sys.stderr)
+        return 2
+    settings = Settings()
+    if not settings.cassandra_hosts:
+        print("set CHATPIPE_CASSANDRA_HOSTS (a JSON list)", file=sys.stderr)
+        return 2
+    asyncio.run(create_schema(settings.cassandra_hosts, settings.cassandra_keyspace,
+                              settings.cassandra_replication_factor))  # fmt: skip
+    print(f"schema ready in keyspace {settings.cassandra_keyspace}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,258 @@
+"""An in-memory stand-in for the Cassandra cluster behind `CassandraStore`.
+
+It implements the store's named statements (`cassandra_schema.STATEMENTS`)
+with Cassandra's semantics where the store relies on them: lightweight
+transactions answer `[applied]` and, when refused, the current values;
+a conditional batch is all or nothing; static columns belong to the
+partition and read back on every row (or alone, with a null `seq`, on a
+partition without rows); an empty map reads back as None. Each call yields
+to the event loop first, so concurrent callers interleave between
+statements as they would against a server.
+
+It checks that every call binds as many values as its CQL has markers. It
+cannot check the CQL itself: that takes a server (CASSANDRA_HOSTS).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import defaultdict
+from typing import Any
+
+from conversations import cassandra_schema as cql
+
+Row = dict[str, Any]
+MESSAGE_COLUMNS = [c.strip() for c in cql.MESSAGE_COLUMNS.split(",")]
+CONVERSATION_COLUMNS = [c.strip() for c in cql.CONVERSATION_COLUMNS.split(",")]
+
+
+class _Partition:
+    def __init__(self) -> None:
+        self.last_seq: int | None = None
+        self.selected: dict[str, str] = {}
+        self.rows: dict[int, Row] = {}
+
+
+class EmulatedCql:
+    """`CqlSession` over Python dicts."""
+
+    def __init__(self) -> None:
+        self.conversations: dict[str, Row] = {}
+        self.by_user: dict[str, dict[tuple[float, str], Row]] = defaultdict(dict)
+        self.messages: dict[str, _Partition] = {}
+        self.message_ids: dict[str, Row] = {}
+        self.summaries: dict[str, dict[str, Row]] = defaultdict(dict)
+        self.embeddings: dict[str, dict[tuple[str, str], bytes]] = defaultdict(dict)
+        self.api_keys: dict[str, Row] = {}
+        self.calls: list[str] = []
+        self.closed = False
+
+    async def run(self, name: str, values: tuple) -> list[Row]:
+        await asyncio.sleep(0)
+        self._check(name, values)
+        self.calls.append(name)
+        return getattr(self, f"_{name}")(*values)
+
+    async def batch(self, statements: list[tuple[str, tuple]]) -> list[Row]:
+        await asyncio.sleep(0)
+        for name, values in statements:
+            self._check(name, values)
+        self.calls.append("batch:" + ",".join(name for name, _ in statements))
+        claims = [values for name, values in statements if name == "claim_seq"]
+        for _, _, _, conversation_id, expected in claims:
+            current = self.messages.get(conversation_id, _Partition()).last_seq
+            if current != expected:
+                return [{"[applied]": False, "conversation_id": conversation_id,
+                         "last_seq": current}]  # fmt: skip
+        for name, values in statements:
+            getattr(self, f"_{name}")(*values)
+        return [{"[applied]": True}] if claims else []
+
+    async def close(self) -> None:
+        self.closed = True
+
+    @staticmethod
+    def _check(name: str, values: tuple) -> None:
+        markers = cql.STATEMENTS[name].count("?")
+        assert len(values) == markers, f"{name}: {len(values)} values for {markers} markers"
+
+    # --- conversations ------------------------------------------------------------
+
+    def _insert_conversation(self, *values: Any) -> list[Row]:
+        row = dict(zip(CONVERSATION_COLUMNS, values, strict=True))
+        found = self.conversations.get(row["conversation_id"])
+        if found is not None:
+            return [{"[applied]": False, **found}]
+        self.conversations[row["conversation_id"]] = row
+        return [{"[applied]": True}]
+
+    def _insert_conversation_by_user(self, *values: Any) -> list[Row]:
+        row = dict(zip(CONVERSATION_COLUMNS, values, strict=True))
+        self.by_user[row["user_id"]][(row["created_at"], row["conversation_id"])] = row
+        return []
+
+    def _select_conversation(self, conversation_id: str) -> list[Row]:
+        found = self.conversations.get(conversation_id)
+        return [dict(found)] if found else []
+
+    def _listed(self, user_id: str) -> list[Row]:
+        rows = self.by_user.get(user_id, {}).values()
+        return [
+            dict(r) for r in sorted(rows, key=lambda r: (-r["created_at"], r["conversation_id"]))
+        ]
+
+    def _page_first(self, user_id: str, limit: int) -> list[Row]:
+        return self._listed(user_id)[:limit]
+
+    def _page_ties(self, user_id: str, created_at: float, after: str, limit: int) -> list[Row]:
+        rows = self._listed(user_id)
+        return [r for r in rows if r["created_at"] == created_at and r["conversation_id"] > after][
+            :limit
+        ]
+
+    def _page_older(self, user_id: str, created_at: float, limit: int) -> list[Row]:
+        return [r for r in self._listed(user_id) if r["created_at"] < created_at][:limit]
+
+    def _rename(self, title: str, conversation_id: str, user_id: str) -> list[Row]:
+        found = self.conversations.get(conversation_id)
+        if found is None or found["user_id"] != user_id:
+            return [{"[applied]": False, "user_id": found["user_id"] if found else None}]
+        found["title"] = title
+        return [{"[applied]": True}]
+
+    def _by_user_row(self, user_id: str, created_at: float, conversation_id: str) -> Row | None:
+        return self.by_user.get(user_id, {}).get((created_at, conversation_id))
+
+    def _rename_by_user(self, title: str, *key: Any) -> list[Row]:
+        found = self._by_user_row(*key)
+        if found is not None:
+            found["title"] = title
+        return [{"[applied]": found is not None}]
+
+    def _auto_title(self, title: str, conversation_id: str) -> list[Row]:
+        found = self.conversations.get(conversation_id)
+        if found is not None:
+            found["auto_title"] = title
+        return [{"[applied]": found is not None}]
+
+    def _auto_title_by_user(self, title: str, *key: Any) -> list[Row]:
+        found = self._by_user_row(*key)
+        if found is not None:
+            found["auto_title"] = title
+        return [{"[applied]": found is not None}]
+
+    def _delete_conversation(self, conversation_id: str, user_id: str) -> list[Row]:
+        found = self.conversations.get(conversation_id)
+        if found is None or found["user_id"] != user_id:
+            return [{"[applied]": False, "user_id": found["user_id"] if found else None}]
+        del self.conversations[conversation_id]
+        return [{"[applied]": True}]
+
+    def _delete_conversation_by_user(self, user_id: str, created_at: float, cid: str) -> list[Row]:
+        self.by_user.get(user_id, {}).pop((created_at, cid), None)
+        return []
+
+    def _delete_messages(self, conversation_id: str) -> list[Row]:
+        self.messages.pop(conversation_id, None)
+        return []
+
+    def _delete_message_id(self, message_id: str) -> list[Row]:
+        self.message_ids.pop(message_id, None)
+        return []
+
+    def _delete_summaries(self, conversation_id: str) -> list[Row]:
+        self.summaries.pop(conversation_id, None)
+        return []
+
+    def _delete_embeddings(self, conversation_id: str) -> list[Row]:
+        self.embeddings.pop(conversation_id, None)
+        return []
+
+    # --- messages -----------------------------------------------------------------
+
+    def _select_last_seq(self, conversation_id: str) -> list[Row]:
+        partition = self.messages.get(conversation_id)
+        return [{"last_seq": partition.last_seq}] if partition else []
+
+    def _insert_message(self, *values: Any) -> list[Row]:
+        row = dict(zip(MESSAGE_COLUMNS, values, strict=True))
+        partition = self.messages.setdefault(row["conversation_id"], _Partition())
+        partition.rows[row["seq"]] = row
+        return []
+
+    def _claim_seq(
+        self, last_seq: int, key: str, child: str, cid: str, _expected: Any
+    ) -> list[Row]:
+        partition = self.messages.setdefault(cid, _Partition())
+        partition.last_seq = last_seq
+        partition.selected[key] = child
+        return []
+
+    def _insert_message_id(self, message_id: str, conversation_id: str, seq: int) -> list[Row]:
+        found = self.message_ids.get(message_id)
+        if found is not None:
+            return [{"[applied]": False, "message_id": message_id, **found}]
+        self.message_ids[message_id] = {"conversation_id": conversation_id, "seq": seq}
+        return [{"[applied]": True}]
+
+    def _select_message_id(self, message_id: str) -> list[Row]:
+        found = self.message_ids.get(message_id)
+        return [dict(found)] if found else []
+
+    def _select_message(self, conversation_id: str, seq: int) -> list[Row]:
+        partition = self.messages.get(conversation_id)
+        row = partition.rows.get(seq) if partition else None
+        return [dict(row)] if row else []
+
+    def _select_messages(self, conversation_id: str) -> list[Row]:
+        partition = self.messages.get(conversation_id)
+        if partition is None:
+            return []
+        static = {"selected": dict(partition.selected) or None}
+        if not partition.rows:
+            return [{**dict.fromkeys(MESSAGE_COLUMNS), "conversation_id": conversation_id,
+                     **static}]  # fmt: skip
+        return [{**row, **static} for _, row in sorted(partition.rows.items())]
+
+    def _delete_message(self, conversation_id: str, seq: int) -> list[Row]:
+        partition = self.messages.get(conversation_id)
+        if partition is not None:
+            partition.rows.pop(seq, None)
+        return []
+
+    def _add_choices(self, choices: dict[str, str], conversation_id: str) -> list[Row]:
+        partition = self.messages.get(conversation_id)
+        if partition is None or not (partition.last_seq or 0) > 0:
+            return [{"[applied]": False, "last_seq": partition.last_seq if partition else None}]
+        partition.selected.update(choices)
+        return [{"[applied]": True}]
+
+    # --- context and keys -----------------------------------------------------------
+
+    def _insert_summary(self, cid: str, through: str, content: str, created: float) -> list[Row]:
+        self.summaries[cid][through] = {"conversation_id": cid, "through_message_id": through,
+                                        "content": content, "created_at": created}  # fmt: skip
+        return []
+
+    def _select_summaries(self, conversation_id: str) -> list[Row]:
+        return [dict(r) for _, r in sorted(self.summaries.get(conversation_id, {}).items())]
+
+    def _insert_embedding(self, cid: str, model: str, message_id: str, vector: bytes) -> list[Row]:
+        self.embeddings[cid][(model, message_id)] = vector
+        return []
+
+    def _select_embeddings(self, conversation_id: str, model: str) -> list[Row]:
+        stored = self.embeddings.get(conversation_id, {})
+        return [{"message_id": mid, "vector": v} for (m, mid), v in stored.items() if m == model]
+
+    def _insert_api_key(self, key_hash: str, *values: Any) -> list[Row]:
+        if key_hash in self.api_keys:
+            return [{"[applied]": False, "key_hash": key_hash, **self.api_keys[key_hash]}]
+        user_id, org_id, tier, created_at = values
+        self.api_keys[key_hash] = {"user_id": user_id, "org_id": org_id, "tier": tier,
+                                   "created_at": created_at}  # fmt: skip
+        return [{"[applied]": True}]
+
+    def _select_api_key(self, key_hash: str) -> list[Row]:
+        found = self.api_keys.get(key_hash)
+        return [dict(found)] if found else []

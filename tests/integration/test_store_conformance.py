@@ -1,0 +1,421 @@
+"""One behaviour for every conversation store (`conversations.store` contracts).
+
+Each test runs against:
+
+* `sqlite` — `SQLiteStore` on a fresh in-memory database;
+* `cassandra-emulated` — `CassandraStore`'s own code over an in-memory
+  emulation of its statements (`cassandra_emulator.py`): exercises the
+  store's logic (seq claims, cursors, LWT outcomes, row mapping) on every run;
+* `cassandra` — `CassandraStore` on a real cluster, when `CASSANDRA_HOSTS`
+  names one (`host[:port]`, comma-separated). The suite uses a keyspace of
+  its own and drops it at the end.
+
+Ids are unique per test (`Names`), so tests can share a real keyspace.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import uuid
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+import pytest_asyncio
+
+from conversations.cassandra_session import DriverSession
+from conversations.cassandra_store import CassandraStore
+from conversations.sqlite_store import SQLiteStore
+from conversations.store import ApiKey, ConversationStore, NewMessage
+from schemas.events import Role
+from schemas.lifecycle import RequestStatus
+from schemas.topics import Tier
+from tests.integration.cassandra_emulator import EmulatedCql
+
+CASSANDRA_HOSTS = [h.strip() for h in os.environ.get("CASSANDRA_HOSTS", "").split(",") if h.strip()]
+NO_SERVER = (
+    "CASSANDRA_HOSTS is not set: no Cassandra server to run the store against"
+    " (e.g. CASSANDRA_HOSTS=127.0.0.1:9042); the emulated run still covers its logic"
+)
+
+
+class Names:
+    """`n.c1` -> "c1-<unique suffix>": ids no other test uses."""
+
+    def __init__(self) -> None:
+        self._suffix = uuid.uuid4().hex[:10]
+
+    def __getattr__(self, name: str) -> str:
+        return f"{name}-{self._suffix}"
+
+
+class Clock:
+    """A settable clock: `store_clock.now` is what the next write is stamped with."""
+
+    def __init__(self) -> None:
+        self.now = 1_700_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture(scope="session")
+def cassandra_keyspace() -> Iterator[str]:
+    if not CASSANDRA_HOSTS:
+        pytest.skip(NO_SERVER)
+    keyspace = f"chatpipe_test_{uuid.uuid4().hex[:8]}"
+    yield keyspace
+    session = asyncio.run(DriverSession.connect(CASSANDRA_HOSTS, keyspace, create_schema=False))
+    session._session.execute(f"DROP KEYSPACE IF EXISTS {keyspace}", timeout=120)
+    asyncio.run(session.close())
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def n() -> Names:
+    return Names()
+
+
+@pytest_asyncio.fixture(params=["sqlite", "cassandra-emulated", "cassandra"])
+async def store(request: pytest.FixtureRequest, clock: Clock) -> AsyncIterator[ConversationStore]:
+    kind = request.param
+    made: ConversationStore
+    if kind == "sqlite":
+        made = SQLiteStore(":memory:", clock=clock)
+    elif kind == "cassandra-emulated":
+        emulator = EmulatedCql()
+
+        async def connect() -> EmulatedCql:
+            return emulator
+
+        made = CassandraStore([], clock=clock, connect=connect)
+    else:
+        keyspace = request.getfixturevalue("cassandra_keyspace")
+        made = CassandraStore(CASSANDRA_HOSTS, keyspace, clock=clock)
+    await made.open()
+    yield made
+    await made.close()
+
+
+def user_message(message_id: str, conversation_id: str, parent_id: str | None = None) -> NewMessage:
+    return NewMessage(message_id, conversation_id, Role.USER, f"text of {message_id}",
+                      parent_id=parent_id)  # fmt: skip
+
+
+def answer(message_id: str, conversation_id: str, parent_id: str, **fields) -> NewMessage:
+    return NewMessage(
+        message_id, conversation_id, Role.ASSISTANT, f"answer {message_id}", parent_id=parent_id,
+        model="tiny", tokens=7, request_id=f"r-{message_id}", **fields,
+    )  # fmt: skip
+
+
+def ids(messages) -> list[str]:
+    return [m.message_id for m in messages]
+
+
+# --- messages ---------------------------------------------------------------------------
+
+
+async def test_seq_counts_per_conversation_from_one(store: ConversationStore, n: Names) -> None:
+    a = await store.add_message(user_message(n.m1, n.c1))
+    b = await store.add_message(answer(n.m2, n.c1, parent_id=n.m1))
+    other = await store.add_message(user_message(n.x1, n.c2))
+
+    assert (a.seq, b.seq, other.seq) == (1, 2, 1)
+    assert ids(await store.list_messages(n.c1)) == [n.m1, n.m2]
+
+
+async def test_message_round_trips_every_field(
+    store: ConversationStore, n: Names, clock: Clock
+) -> None:
+    clock.now = 1_700_000_123.25
+    sent = answer(n.m2, n.c1, parent_id=n.m1, status=RequestStatus.FINISHED_LENGTH,
+                  prompt_tokens=321, cached_tokens=256)  # fmt: skip
+    stored = await store.add_message(sent)
+    root = await store.add_message(user_message(n.m1, n.c1))
+
+    assert await store.get_message(n.m2) == stored
+    assert (await store.list_messages(n.c1)) == [stored, root]
+    assert (stored.role, stored.content, stored.parent_id, stored.model, stored.created_at) == (
+        Role.ASSISTANT, f"answer {n.m2}", n.m1, "tiny", 1_700_000_123.25,
+    )  # fmt: skip
+    assert (stored.tokens, stored.status, stored.request_id) == (
+        7, RequestStatus.FINISHED_LENGTH, f"r-{n.m2}",
+    )  # fmt: skip
+    assert (stored.prompt_tokens, stored.cached_tokens) == (321, 256)
+    assert (root.parent_id, root.model, root.request_id, root.prompt_tokens) == (
+        None,
+        None,
+        None,
+        0,
+    )
+    assert await store.get_message(n.missing) is None
+
+
+async def test_add_message_is_idempotent_on_message_id(store: ConversationStore, n: Names) -> None:
+    first = await store.add_message(user_message(n.m1, n.c1))
+    again = await store.add_message(NewMessage(n.m1, n.c1, Role.USER, "another text"))
+
+    assert again == first
+    assert len(await store.list_messages(n.c1)) == 1
+
+
+async def test_concurrent_appends_get_distinct_dense_seqs(
+    store: ConversationStore, n: Names
+) -> None:
+    writes = [store.add_message(user_message(f"{n.m}{i}", n.c1)) for i in range(20)]
+    stored = await asyncio.gather(*writes)
+
+    assert sorted(m.seq for m in stored) == list(range(1, 21))
+    assert [m.seq for m in await store.list_messages(n.c1)] == list(range(1, 21))
+
+
+async def test_concurrent_duplicates_store_one_message(store: ConversationStore, n: Names) -> None:
+    copies = await asyncio.gather(*(store.add_message(user_message(n.m1, n.c1)) for _ in range(5)))
+
+    assert len({c.seq for c in copies}) == 1
+    assert ids(await store.list_messages(n.c1)) == [n.m1]
+
+
+async def test_find_reply_returns_the_newest_sibling(store: ConversationStore, n: Names) -> None:
+    await store.add_message(user_message(n.u1, n.c1))
+    await store.add_message(answer(n.a1, n.c1, parent_id=n.u1))
+    await store.add_message(answer(n.a2, n.c1, parent_id=n.u1))  # a regeneration
+    await store.add_message(user_message(n.u2, n.c1, parent_id=n.a2))
+
+    reply = await store.find_reply(n.u1)
+    assert reply is not None and reply.message_id == n.a2
+    assert await store.find_reply(n.u2) is None
+    assert await store.find_reply(n.unknown) is None
+
+
+async def test_usage_of_every_answer_in_order(store: ConversationStore, n: Names) -> None:
+    await store.add_message(user_message(n.u1, n.c1))
+    await store.add_message(answer(n.a1, n.c1, n.u1, prompt_tokens=40, cached_tokens=0))
+    await store.add_message(user_message(n.u2, n.c1, n.a1))
+    await store.add_message(answer(n.a2, n.c1, n.u2, prompt_tokens=90, cached_tokens=48))
+
+    usage = await store.message_usage(n.c1)
+
+    assert [(u.message_id, u.seq, u.prompt_tokens, u.cached_tokens) for u in usage] == [
+        (n.a1, 2, 40, 0), (n.a2, 4, 90, 48),
+    ]  # fmt: skip
+    assert all(u.completion_tokens == 7 and u.model == "tiny" for u in usage)
+
+
+# --- branches ---------------------------------------------------------------------------
+
+
+async def test_a_new_message_is_selected_under_its_parent(
+    store: ConversationStore, n: Names
+) -> None:
+    await store.create_conversation(n.c1, n.alice)
+    await store.add_message(user_message(n.u1, n.c1))
+    await store.add_message(answer(n.a1, n.c1, n.u1))
+    await store.add_message(answer(n.a2, n.c1, n.u1))  # regenerate: a sibling, now shown
+
+    tree = await store.get_tree(n.c1)
+
+    assert ids(tree.children(n.u1)) == [n.a1, n.a2]
+    assert tree.selected == {None: n.u1, n.u1: n.a2}
+    assert ids(tree.thread()) == [n.u1, n.a2] and tree.leaf_id == n.a2
+
+
+async def test_select_an_older_branch_and_fork_by_editing(
+    store: ConversationStore, n: Names
+) -> None:
+    await store.create_conversation(n.c1, n.alice)
+    for message in [
+        user_message(n.u1, n.c1), answer(n.a1, n.c1, n.u1),
+        user_message(n.u2, n.c1, n.a1), answer(n.a2, n.c1, n.u2),
+        user_message(n.u2_edit, n.c1, n.a1), answer(n.a3, n.c1, n.u2_edit),  # an edit of u2
+    ]:  # fmt: skip
+        await store.add_message(message)
+    assert ids((await store.get_tree(n.c1)).thread()) == [n.u1, n.a1, n.u2_edit, n.a3]
+
+    assert await store.select_message(n.c1, n.alice, n.u2)
+
+    tree = await store.get_tree(n.c1)
+    assert ids(tree.thread()) == [n.u1, n.a1, n.u2, n.a2]  # continues below the chosen one
+    assert ids(tree.children(n.a1)) == [n.u2, n.u2_edit]
+    assert tree.selected[n.a1] == n.u2
+
+
+async def test_selecting_a_deep_message_selects_its_ancestors(
+    store: ConversationStore, n: Names
+) -> None:
+    await store.create_conversation(n.c1, n.alice)
+    for message in [
+        user_message(n.u1, n.c1), answer(n.a1, n.c1, n.u1), user_message(n.u2, n.c1, n.a1),
+        user_message(n.v1, n.c1), answer(n.b1, n.c1, n.v1),  # an edit of the first message
+    ]:  # fmt: skip
+        await store.add_message(message)
+    assert (await store.get_tree(n.c1)).leaf_id == n.b1
+
+    assert await store.select_message(n.c1, n.alice, n.u2)
+    assert ids((await store.get_tree(n.c1)).thread()) == [n.u1, n.a1, n.u2]
+
+
+async def test_only_the_owner_selects_and_only_messages_of_the_conversation(
+    store: ConversationStore, n: Names
+) -> None:
+    await store.create_conversation(n.c1, n.alice)
+    await store.create_conversation(n.c2, n.alice)
+    await store.add_message(user_message(n.u1, n.c1))
+    await store.add_message(user_message(n.u1b, n.c1))
+    await store.add_message(user_message(n.x1, n.c2))
+
+    assert not await store.select_message(n.c1, n.mallory, n.u1)
+    assert not await store.select_message(n.c1, n.alice, n.x1)
+    assert not await store.select_message(n.c1, n.alice, n.unknown)
+    assert not await store.select_message(n.unknown, n.alice, n.u1)
+    assert (await store.get_tree(n.c1)).leaf_id == n.u1b
+
+
+# --- conversations ----------------------------------------------------------------------
+
+
+async def test_conversations_are_idempotent(store: ConversationStore, n: Names) -> None:
+    first = await store.create_conversation(n.c1, n.alice, "first")
+    again = await store.create_conversation(n.c1, n.bob, "other title")
+
+    assert again == first and first.user_id == n.alice and first.title == "first"
+    assert await store.get_conversation(n.c1) == first
+    assert await store.get_conversation(n.missing) is None
+
+
+async def test_conversations_list_newest_first_in_pages(
+    store: ConversationStore, n: Names, clock: Clock
+) -> None:
+    stamps = [10.0, 20.0, 20.0, 20.0, 30.0, 40.0, 40.0]  # ties must not lose or repeat any
+    for i, stamp in enumerate(stamps):
+        clock.now = stamp
+        await store.create_conversation(f"{n.c}{i}", n.alice)
+    await store.create_conversation(n.other, n.bob)
+
+    pages, cursor = [], None
+    while True:
+        page = await store.list_conversations(n.alice, limit=3, cursor=cursor)
+        pages.append([c.conversation_id for c in page.conversations])
+        if page.next_cursor is None:
+            break
+        cursor = page.next_cursor
+        clock.now = 99.0  # a conversation started meanwhile does not shift the next pages
+        await store.create_conversation(f"{n.late}{len(pages)}", n.alice)
+
+    listed = [cid for page in pages for cid in page]
+    assert [len(p) for p in pages] == [3, 3, 1]
+    assert listed == [f"{n.c}{i}" for i in (5, 6, 4, 1, 2, 3, 0)]
+
+
+async def test_listing_edges(store: ConversationStore, n: Names) -> None:
+    empty = await store.list_conversations(n.nobody)
+    await store.create_conversation(n.c1, n.alice)
+    exact = await store.list_conversations(n.alice, limit=1)
+
+    assert (empty.conversations, empty.next_cursor) == ([], None)
+    assert len(exact.conversations) == 1 and exact.next_cursor is None
+    with pytest.raises(ValueError):
+        await store.list_conversations(n.alice, cursor="not a cursor")
+    with pytest.raises(ValueError):
+        await store.list_conversations(n.alice, limit=0)
+
+
+async def test_rename_only_by_the_owner(store: ConversationStore, n: Names) -> None:
+    await store.create_conversation(n.c1, n.alice, "old")
+
+    renamed = await store.rename_conversation(n.c1, n.alice, "new")
+    refused = await store.rename_conversation(n.c1, n.mallory, "pwned")
+    missing = await store.rename_conversation(n.unknown, n.alice, "x")
+
+    assert renamed is not None and renamed.title == "new"
+    assert (refused, missing) == (None, None)
+    assert (await store.get_conversation(n.c1)).title == "new"  # type: ignore[union-attr]
+    [listed] = (await store.list_conversations(n.alice)).conversations
+    assert listed == renamed
+
+
+async def test_auto_title_shows_until_the_user_names_it(store: ConversationStore, n: Names) -> None:
+    await store.create_conversation(n.c1, n.alice)
+    await store.set_auto_title(n.c1, "Cat names")
+    await store.set_auto_title(n.unknown, "ignored")
+
+    titled = await store.get_conversation(n.c1)
+    assert titled is not None and (titled.title, titled.display_title) == ("", "Cat names")
+    [listed] = (await store.list_conversations(n.alice)).conversations
+    assert listed.display_title == "Cat names"
+
+    await store.rename_conversation(n.c1, n.alice, "Mine")
+    named = await store.get_conversation(n.c1)
+    assert named is not None and named.display_title == "Mine" and named.auto_title == "Cat names"
+
+
+async def test_delete_removes_everything_and_only_for_the_owner(
+    store: ConversationStore, n: Names
+) -> None:
+    await store.create_conversation(n.c1, n.alice)
+    await store.create_conversation(n.keep, n.alice)
+    await store.add_message(user_message(n.u1, n.c1))
+    await store.add_message(answer(n.a1, n.c1, n.u1))
+    await store.add_message(user_message(n.k1, n.keep))
+    await store.save_summary(n.c1, n.a1, "a summary")
+    await store.save_embeddings(n.c1, "mini", {n.u1: b"\x00" * 8})
+
+    assert not await store.delete_conversation(n.c1, n.mallory)
+    assert await store.get_conversation(n.c1) is not None
+    assert await store.delete_conversation(n.c1, n.alice)
+    assert not await store.delete_conversation(n.c1, n.alice)
+
+    assert await store.get_conversation(n.c1) is None
+    assert await store.list_messages(n.c1) == [] and await store.get_message(n.u1) is None
+    assert (await store.get_tree(n.c1)).thread() == []
+    assert await store.list_summaries(n.c1) == []
+    assert await store.load_embeddings(n.c1, "mini") == {}
+    listed = (await store.list_conversations(n.alice)).conversations
+    assert [c.conversation_id for c in listed] == [n.keep]
+    assert ids(await store.list_messages(n.keep)) == [n.k1]
+
+
+# --- context caches and keys ------------------------------------------------------------
+
+
+async def test_summaries_are_stored_per_thread_point(
+    store: ConversationStore, n: Names, clock: Clock
+) -> None:
+    await store.save_summary(n.c1, n.a1, "first")
+    clock.now += 1
+    await store.save_summary(n.c1, n.a5, "second")
+    clock.now += 1
+    await store.save_summary(n.c1, n.a1, "first, redone")
+
+    summaries = await store.list_summaries(n.c1)
+
+    assert [(s.through_message_id, s.content) for s in summaries] == [
+        (n.a5, "second"), (n.a1, "first, redone"),
+    ]  # fmt: skip
+    assert all(s.conversation_id == n.c1 for s in summaries)
+
+
+async def test_embeddings_are_cached_per_model(store: ConversationStore, n: Names) -> None:
+    await store.save_embeddings(n.c1, "mini", {n.m1: b"\x01\x02\x03\x04", n.m2: b"\x05" * 4})
+    await store.save_embeddings(n.c1, "other", {n.m1: b"\x09" * 4})
+    await store.save_embeddings(n.c1, "mini", {})
+
+    assert await store.load_embeddings(n.c1, "mini") == {
+        n.m1: b"\x01\x02\x03\x04",
+        n.m2: b"\x05" * 4,
+    }
+    assert await store.load_embeddings(n.c1, "other") == {n.m1: b"\x09" * 4}
+    assert await store.load_embeddings(n.c2, "mini") == {}
+
+
+async def test_api_keys_are_idempotent(store: ConversationStore, n: Names) -> None:
+    await store.add_api_key(n.secret, ApiKey(n.u1, n.o1, Tier.PRO, created_at=5.0))
+    await store.add_api_key(n.secret, ApiKey(n.u2, n.o2, Tier.FREE))  # keeps the first
+
+    assert await store.find_api_key(n.secret) == ApiKey(n.u1, n.o1, Tier.PRO, 5.0)
+    assert await store.find_api_key(n.other) is None
