@@ -108,6 +108,42 @@ class Settings(BaseSettings):
     org_token_budget: int | None = None
     budget_period: Literal["day", "month"] = "day"
 
+    # --- safety (DESIGN §7) -------------------------------------------------------
+    safety_window_chars: int = Field(
+        0, description="output held back until checked and this old; adds up to it to TTFT"
+    )
+    safety_overlap_chars: int = Field(
+        64, description="checked text looked at again with each chunk (phrases split in two)"
+    )
+    safety_sentence_window: bool = Field(
+        False, description="release whole sentences instead of a character window"
+    )
+    safety_input_classifiers: dict[str, list[str]] = Field(
+        default_factory=lambda: {"*": ["rules"]},
+        description='"<tier>/<model>", "<tier>" or "*" -> classifiers: rules, embedding, judge',
+    )
+    safety_output_classifiers: dict[str, list[str]] = Field(
+        default_factory=lambda: {"*": ["rules"]}
+    )
+    safety_rule_categories: dict[str, list[str]] = Field(
+        default_factory=lambda: {
+            "weapons": [r"\b(?:build|make)\s+(?:a|an)\s+(?:bomb|explosive|pipe bomb)\b"],
+            "self_harm": [r"\b(?:kill|hurt)\s+myself\b", r"\bend my life\b"],
+            "violence": [r"\bi\s+(?:will|am going to)\s+(?:kill|murder)\b"],
+        },
+        description="category -> regular expressions (case-insensitive)",
+    )
+    safety_input_pii: list[str] = Field(default_factory=list, description="email, phone, card")
+    safety_output_pii: list[str] = Field(default_factory=lambda: ["email", "phone", "card"])
+    safety_embedding_exemplars: dict[str, list[str]] = Field(
+        default_factory=lambda: {
+            "violence": ["I am going to hurt you badly", "how do I attack someone"],
+            "self_harm": ["I want to end my life", "ways to hurt myself"],
+        }
+    )
+    safety_embedding_threshold: float = 0.6
+    safety_judge_model: str | None = Field(None, description="model asked by the judge")
+
     # --- store -------------------------------------------------------------------
     store: Literal["sqlite", "cassandra"] = "sqlite"
     database_path: Path = Path("chatpipe.db")

@@ -25,6 +25,7 @@ from gateway.app import GatewayDeps, create_app
 from gateway.quotas import QuotaGate
 from gateway.rate_limits import RateLimiter
 from gateway.relay import KafkaPipeline
+from safety.policy import build_policy
 from safety.stage import SafetyStage
 from scheduler.core import Policy, Scheduler
 from scheduler.stage import SchedulerStage
@@ -98,6 +99,17 @@ async def ensure_dev_key(store: ConversationStore, settings: Settings) -> str:
 def worker_stage(kafka: KafkaConfig, engine: Engine, settings: Settings) -> WorkerStage:
     return WorkerStage(kafka, engine, settings.worker_id, settings.coalesce_ms / 1000,
                        settings.heartbeat_interval_s, settings.ready_file)
+
+
+def safety_stage(kafka: KafkaConfig, settings: Settings,
+                 pipeline: KafkaPipeline | None) -> SafetyStage:
+    """The judge classifier, when configured, asks through `pipeline` (a started one)."""
+    ask = None
+    if settings.safety_judge_model and pipeline is not None:
+        from safety.judge import judge_ask
+
+        ask = judge_ask(pipeline, settings.safety_judge_model)
+    return SafetyStage(kafka, build_policy(settings, ask))
 
 
 def scheduling_policy(settings: Settings) -> Policy:
@@ -188,7 +200,7 @@ async def running_stack(settings: Settings, engine: Engine | None) -> AsyncItera
         scheduler = scheduler_stage(kafka, settings)
         runs = {
             "scheduler": scheduler.run(),
-            "safety": SafetyStage(kafka).run(),
+            "safety": safety_stage(kafka, settings, pipeline).run(),
             "recorder": RecorderStage(kafka, store).run(),
             "billing": BillingStage(kafka, ledger).run(),
             "gateway": server.serve(),
@@ -247,8 +259,13 @@ async def run_stage(stage: str, settings: Settings) -> None:
         kafka = await open_kafka(settings, stack)
         runners: dict[str, Callable[[], Awaitable[None]]] = {
             "scheduler": lambda: scheduler_stage(kafka, settings).run(),
-            "safety": lambda: SafetyStage(kafka).run(),
         }
+        if stage == "safety":
+            judge_pipeline = None
+            if settings.safety_judge_model:
+                judge_pipeline = await stack.enter_async_context(
+                    KafkaPipeline(kafka, f"safety-{settings.gateway_id}"))
+            runners["safety"] = lambda: safety_stage(kafka, settings, judge_pipeline).run()
         if stage in ("gateway", "billing"):
             ledger = build_ledger(settings)
             await ledger.open()

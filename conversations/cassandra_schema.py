@@ -135,6 +135,8 @@ STATEMENTS = {
     "select_messages": f"SELECT {MESSAGE_COLUMNS}, selected FROM {{ks}}.messages"
     " WHERE conversation_id = ?",
     "delete_message": "DELETE FROM {ks}.messages WHERE conversation_id = ? AND seq = ?",
+    "retract_message": "UPDATE {ks}.messages SET content = ?, status = ?"
+    " WHERE conversation_id = ? AND seq = ?",
     # a condition, so a conversation deleted meanwhile is not brought back
     "add_choices": "UPDATE {ks}.messages SET selected = selected + ? WHERE conversation_id = ?"
     " IF last_seq > 0",

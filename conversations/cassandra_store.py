@@ -42,6 +42,7 @@ from conversations.store import (
     hash_api_key,
 )
 from conversations.tree import ConversationTree, parent_key
+from schemas.lifecycle import RequestStatus
 from schemas.topics import Tier
 
 MAX_SEQ_CLAIMS = 1000
@@ -212,6 +213,14 @@ class CassandraStore:
             return None
         rows = await self._run("select_message", (ids[0]["conversation_id"], ids[0]["seq"]))
         return cql.message_of(rows[0]) if rows and rows[0].get("message_id") else None
+
+    async def retract_message(self, message_id: str, replacement: str) -> bool:
+        ids = await self._run("select_message_id", (message_id,))
+        if not ids or ids[0]["seq"] is None:
+            return False
+        await self._run("retract_message", (replacement, RequestStatus.FINISHED_FILTERED.value,
+                                            ids[0]["conversation_id"], ids[0]["seq"]))
+        return True
 
     async def list_messages(self, conversation_id: str) -> list[StoredMessage]:
         return cql.messages_of(await self._run("select_messages", (conversation_id,)))

@@ -39,6 +39,7 @@ from conversations.store import (
     hash_api_key,
 )
 from conversations.tree import ConversationTree, parent_key
+from schemas.lifecycle import RequestStatus
 from schemas.topics import Tier
 
 T = TypeVar("T")
@@ -127,6 +128,17 @@ class SQLiteStore:
             return found if found is not None and found.user_id == user_id else None
 
         return await self._run(rename)
+
+    async def retract_message(self, message_id: str, replacement: str) -> bool:
+        def retract(conn: sqlite3.Connection) -> bool:
+            with _transaction(conn):
+                cursor = conn.execute(
+                    "UPDATE messages SET content = ?, status = ? WHERE message_id = ?",
+                    (replacement, RequestStatus.FINISHED_FILTERED.value, message_id),
+                )
+            return cursor.rowcount > 0
+
+        return await self._run(retract)
 
     async def set_auto_title(self, conversation_id: str, title: str) -> None:
         await self._run(

@@ -182,6 +182,9 @@ class ConversationStore(Protocol):
 
     async def get_message(self, message_id: str) -> StoredMessage | None: ...
 
+    async def retract_message(self, message_id: str, replacement: str) -> bool:
+        """Replace a stored answer's text (status FINISHED_FILTERED); False if not stored."""
+
     async def list_messages(self, conversation_id: str) -> list[StoredMessage]:
         """All messages of a conversation (every branch) in seq order."""
 

@@ -1,14 +1,21 @@
-"""The safety stage: `chat.tokens` in, `chat.deliver.<gateway_id>` out.
+"""The safety stage: `chat.tokens` in, `chat.deliver.<gateway_id>` out (DESIGN §7).
 
-Per request it keeps an `OutputGate` and releases text as the gate allows;
-duplicates (same request, attempt and seq) are dropped. A request's first
+Per request it keeps an `OutputGate`: each chunk's text (with an overlap of
+what came before) goes through the tier's classifiers; text that passed is
+released once it is older than the window. When a chunk trips a classifier
+the stage sends `retract` for the message, cancels the generation on
+`chat.control`, records the decision on `chat.moderation`, drops the rest of
+the stream and ends it as FINISHED_FILTERED.
+
+Duplicates (same request, attempt and seq) are dropped. A request's first
 offset stays uncommitted until it ends, so a restart replays its whole stream.
 """
 
 from __future__ import annotations
 
 import logging
-from collections import OrderedDict
+import time
+from collections import OrderedDict, deque
 from dataclasses import dataclass
 
 from aiokafka.structs import ConsumerRecord, TopicPartition
@@ -16,18 +23,25 @@ from aiokafka.structs import ConsumerRecord, TopicPartition
 from bus.clients import KafkaConfig, Publisher
 from bus.offsets import OffsetTracker
 from bus.subscriber import consume, decode_record
+from safety.classifiers import Verdict, first_verdict
 from safety.output_gate import OutputGate
+from safety.policy import SafetyPolicy
 from schemas import topics
 from schemas.codec import TOKEN_EVENT
 from schemas.events import (
+    Cancel,
     Delta,
     DeliveryDone,
     DeliveryError,
     GenerationDone,
     GenerationError,
+    ModerationEvent,
+    Retract,
     StreamEvent,
     TokenChunk,
+    Usage,
 )
+from schemas.lifecycle import RequestStatus
 
 log = logging.getLogger(__name__)
 
@@ -42,13 +56,15 @@ class _RequestState:
     first: tuple[TopicPartition, int]
     gate: OutputGate
     last_seq: int = -1
+    filtered: bool = False
 
 
 class SafetyStage:
-    def __init__(self, kafka: KafkaConfig, window_chars: int = 0) -> None:
+    def __init__(self, kafka: KafkaConfig, policy: SafetyPolicy | None = None) -> None:
         self.kafka = kafka
-        self.window_chars = window_chars
+        self.policy = policy or SafetyPolicy()
         self.tracker = OffsetTracker()
+        self.check_seconds: deque[float] = deque(maxlen=100_000)
         self._requests: dict[str, _RequestState] = {}
         self._finished: OrderedDict[tuple[str, int], None] = OrderedDict()
 
@@ -69,36 +85,76 @@ class SafetyStage:
         tp = TopicPartition(record.topic, record.partition)
         event = decode_record(TOKEN_EVENT, record)
         state = self._state_for(event, tp, record.offset)
+        self.tracker.seen(tp, record.offset)
         if state is None or event.seq <= state.last_seq:
-            self.tracker.seen(tp, record.offset)
             return
         state.last_seq = event.seq
         if isinstance(event, TokenChunk):
-            released = state.gate.feed(event.text)
-            if released:
-                await self._deliver(event, Delta(request_id=event.request_id,
-                                                 attempt=event.attempt, seq=event.seq,
-                                                 text=released))
-            self.tracker.seen(tp, record.offset)
-            return
-        rest = state.gate.finish()
-        if rest:
-            await self._deliver(event, Delta(request_id=event.request_id, attempt=event.attempt,
-                                             seq=event.seq, text=rest))
-        if isinstance(event, GenerationDone):
-            final = DeliveryDone(request_id=event.request_id, attempt=event.attempt,
-                                 seq=event.seq + 1, status=event.status, usage=event.usage)
+            await self._on_chunk(event, state)
         else:
-            assert isinstance(event, GenerationError)
-            final = DeliveryError(request_id=event.request_id, attempt=event.attempt,
-                                  seq=event.seq + 1, code=event.code, message=event.message,
-                                  retry_after=event.retry_after)
-        await self._deliver(event, final)
-        self._end(event)
-        self.tracker.seen(tp, record.offset)
+            await self._on_end(event, state)
+
+    async def _on_chunk(self, chunk: TokenChunk, state: _RequestState) -> None:
+        if state.filtered:
+            return
+        state.gate.feed(chunk.text)
+        verdict = await self._check(chunk, state.gate.to_check())
+        if verdict is not None:
+            await self._retract(chunk, state, verdict)
+            return
+        released = state.gate.passed()
+        if released:
+            await self._deliver(chunk, Delta(request_id=chunk.request_id, attempt=chunk.attempt,
+                                             seq=chunk.seq, text=released))
+
+    async def _on_end(self, end: GenerationDone | GenerationError, state: _RequestState) -> None:
+        fields = dict(request_id=end.request_id, attempt=end.attempt, seq=end.seq + 1)
+        if state.filtered:
+            usage = end.usage if isinstance(end, GenerationDone) else Usage()
+            final: DeliveryDone | DeliveryError = DeliveryDone(
+                **fields, status=RequestStatus.FINISHED_FILTERED, usage=usage)
+        else:
+            rest = state.gate.finish()
+            if rest:
+                await self._deliver(end, Delta(request_id=end.request_id, attempt=end.attempt,
+                                               seq=end.seq, text=rest))
+            if isinstance(end, GenerationDone):
+                final = DeliveryDone(**fields, status=end.status, usage=end.usage)
+            else:
+                final = DeliveryError(**fields, code=end.code, message=end.message,
+                                      retry_after=end.retry_after)
+        await self._deliver(end, final)
+        self._end(end)
         self.tracker.done(*state.first)
 
-    def _state_for(self, event: StreamEvent, tp: TopicPartition, offset: int) -> _RequestState | None:
+    async def _check(self, chunk: TokenChunk, text: str) -> Verdict | None:
+        classifiers = self.policy.output_classifiers(chunk.tier, chunk.model)
+        if not classifiers:
+            return None
+        started = time.perf_counter()
+        try:
+            return await first_verdict(classifiers, text)
+        finally:
+            self.check_seconds.append(time.perf_counter() - started)
+
+    async def _retract(self, chunk: TokenChunk, state: _RequestState, verdict: Verdict) -> None:
+        state.filtered = True
+        log.info("retracting %s: %s (%s)", chunk.message_id, verdict.category, verdict.reason)
+        await self.publisher.send(topics.CONTROL, Cancel(request_id=chunk.request_id,
+                                                         reason="content_filter"),
+                                  key=chunk.request_id)
+        await self._deliver(chunk, Retract(
+            request_id=chunk.request_id, attempt=chunk.attempt, seq=chunk.seq,
+            message_id=chunk.message_id, reason=verdict.category,
+            replacement=self.policy.replacement(verdict.category)))
+        await self.publisher.send(topics.MODERATION, ModerationEvent(
+            request_id=chunk.request_id, conversation_id=chunk.conversation_id,
+            message_id=chunk.message_id, action="retract", category=verdict.category,
+            reason=f"{verdict.classifier}: {verdict.reason}",
+            replacement=self.policy.replacement(verdict.category)), key=chunk.conversation_id)
+
+    def _state_for(self, event: StreamEvent, tp: TopicPartition, offset: int,
+                   ) -> _RequestState | None:
         key = (event.request_id, event.attempt)
         if key in self._finished:
             return None
@@ -106,7 +162,7 @@ class SafetyStage:
         if state is None or state.attempt < event.attempt:
             if state is not None:
                 self.tracker.done(*state.first)
-            state = _RequestState(event.attempt, (tp, offset), OutputGate(self.window_chars))
+            state = _RequestState(event.attempt, (tp, offset), self.policy.gate())
             self._requests[event.request_id] = state
             self.tracker.started(tp, offset)
         return state if state.attempt == event.attempt else None
@@ -117,7 +173,8 @@ class SafetyStage:
         while len(self._finished) > RECENTLY_FINISHED:
             self._finished.popitem(last=False)
 
-    async def _deliver(self, source: StreamEvent, event: Delta | DeliveryDone | DeliveryError) -> None:
+    async def _deliver(self, source: StreamEvent,
+                       event: Delta | Retract | DeliveryDone | DeliveryError) -> None:
         await self.publisher.send(source.reply_to, event, key=source.conversation_id)
 
     async def _commit(self) -> None:

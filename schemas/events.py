@@ -155,6 +155,7 @@ class StreamEvent(Event):
     model: str
     reply_to: str
     store: bool = True
+    tier: Tier | None = None
 
 
 def stream_fields(request: GenerationRequest, seq: int) -> dict[str, object]:
@@ -163,7 +164,7 @@ def stream_fields(request: GenerationRequest, seq: int) -> dict[str, object]:
         request_id=request.request_id, attempt=request.attempt, seq=seq,
         conversation_id=request.conversation_id, message_id=request.message_id,
         parent_id=request.parent_id, model=request.model, reply_to=request.reply_to,
-        store=request.store,
+        store=request.store, tier=request.tier,
     )
 
 
@@ -315,6 +316,7 @@ class ModerationEvent(Event):
     action: Literal["block_input", "retract"]
     category: str
     reason: str
+    replacement: str = Field("", description="text stored in place of a retracted answer")
     created_at: float = Field(default_factory=now)
 
 

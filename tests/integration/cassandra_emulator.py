@@ -220,6 +220,13 @@ class EmulatedCql:
             partition.rows.pop(seq, None)
         return []
 
+    def _retract_message(self, content: str, status: str, conversation_id: str,
+                         seq: int) -> list[Row]:
+        row = self.messages.get(conversation_id, _Partition()).rows.get(seq)
+        if row is not None:
+            row.update(content=content, status=status)
+        return []
+
     def _add_choices(self, choices: dict[str, str], conversation_id: str) -> list[Row]:
         partition = self.messages.get(conversation_id)
         if partition is None or not (partition.last_seq or 0) > 0:

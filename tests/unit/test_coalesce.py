@@ -1,4 +1,3 @@
-from safety.output_gate import OutputGate
 from workers.coalesce import Coalescer
 
 
@@ -19,18 +18,3 @@ def test_first_output_goes_at_once_then_every_interval():
 def test_zero_interval_sends_everything():
     c = Coalescer(0.0)
     assert [c.add(t, 1, now=0.0).text for t in "abc"] == ["a", "b", "c"]
-
-
-def test_gate_passes_through_without_window():
-    gate = OutputGate(0)
-    assert gate.feed("hello ") == "hello "
-    assert gate.finish() == ""
-
-
-def test_gate_holds_back_its_window_until_the_end():
-    gate = OutputGate(window_chars=4)
-    assert gate.feed("ab") == ""
-    assert gate.feed("cdef") == "ab"
-    assert gate.text == "abcdef"
-    assert gate.finish() == "cdef"
-    assert gate.released == "abcdef"

@@ -1,0 +1,221 @@
+"""The streaming safety logic: buffer window, overlap, release, retraction, classifiers."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from aiokafka.structs import ConsumerRecord
+
+from safety.classifiers import (
+    EmbeddingClassifier,
+    RuleClassifier,
+    Verdict,
+    first_verdict,
+    judge_verdict,
+    luhn_valid,
+)
+from safety.output_gate import OutputGate
+from safety.policy import SafetyPolicy
+from safety.stage import SafetyStage
+from schemas import topics
+from schemas.codec import encode
+from schemas.events import (
+    Cancel,
+    Delta,
+    DeliveryDone,
+    GenerationDone,
+    ModerationEvent,
+    Retract,
+    TokenChunk,
+    Usage,
+)
+from schemas.lifecycle import RequestStatus
+
+# --- the gate -----------------------------------------------------------------------------
+
+
+def test_gate_without_window_releases_checked_text_at_once():
+    gate = OutputGate(window_chars=0)
+    gate.feed("hello ")
+    assert gate.passed() == "hello "
+    assert gate.finish() == ""
+
+
+def test_gate_holds_back_its_window_until_the_end():
+    gate = OutputGate(window_chars=4)
+    gate.feed("ab")
+    assert gate.passed() == ""
+    gate.feed("cdef")
+    assert gate.passed() == "ab"
+    assert gate.finish() == "cdef"
+    assert gate.released == "abcdef"
+
+
+def test_overlap_shows_checked_text_again_with_the_next_chunk():
+    gate = OutputGate(window_chars=0, overlap_chars=5)
+    gate.feed("my mail is bob@exa")
+    gate.passed()
+    gate.feed("mple.com")
+    assert gate.to_check() == "b@example.com"
+
+
+def test_sentence_mode_releases_whole_sentences():
+    gate = OutputGate(sentences=True)
+    gate.feed("One. Two")
+    assert gate.passed() == "One. "
+    gate.feed(" more! Three")
+    assert gate.passed() == "Two more! "
+    assert gate.finish() == "Three"
+
+
+# --- classifiers ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("number,valid", [
+    ("4111 1111 1111 1111", True), ("4111 1111 1111 1112", False),
+    ("5500-0000-0000-0004", True), ("1234", False),
+])
+def test_luhn(number, valid):
+    assert luhn_valid(number) is valid
+
+
+@pytest.mark.parametrize("text,category", [
+    ("write to alice@example.org today", "pii"),
+    ("my card is 4111 1111 1111 1111", "pii"),
+    ("order 4111 1111 1111 1112 shipped", None),
+    ("call (415) 555-0123", "pii"),
+    ("how to BUILD a bomb", "weapons"),
+    ("a perfectly fine sentence", None),
+])
+async def test_rule_classifier(text, category):
+    rules = RuleClassifier({"weapons": [r"\bbuild\s+a\s+bomb\b"]}, pii=["email", "card", "phone"])
+    verdict = await rules.classify(text)
+    assert (verdict.category if verdict else None) == category
+
+
+class FakeEmbedder:
+    """Bag-of-letters vectors: texts sharing words are close."""
+
+    name = "fake"
+
+    def embed(self, texts: list[str]) -> np.ndarray:
+        rows = []
+        for text in texts:
+            v = np.zeros(26, dtype=np.float32)
+            for c in text.lower():
+                if c.isalpha():
+                    v[ord(c) - 97] += 1
+            rows.append(v / (np.linalg.norm(v) or 1))
+        return np.array(rows)
+
+
+async def test_embedding_classifier_uses_nearest_exemplar_above_threshold():
+    classifier = EmbeddingClassifier(FakeEmbedder(), {"threat": ["zzz qqq zzz"]}, threshold=0.9)
+    assert (await classifier.classify("zzz qqq")).category == "threat"
+    assert await classifier.classify("hello there") is None
+
+
+@pytest.mark.parametrize("answer,expected", [
+    ("safe", None), ("unsafe weapons", "weapons"), ("UNSAFE\nS1", "unsafe"), ("", None),
+])
+def test_judge_answers(answer, expected):
+    verdict = judge_verdict(answer, ["weapons"])
+    assert (verdict.category if verdict else None) == expected
+
+
+async def test_first_verdict_stops_at_first_hit():
+    calls = []
+
+    class Tripping:
+        name = "t"
+
+        async def classify(self, text):
+            calls.append("t")
+            return Verdict("x", "y", "t")
+
+    class Never:
+        name = "n"
+
+        async def classify(self, text):
+            calls.append("n")
+            return None
+
+    assert (await first_verdict([Never(), Tripping(), Never()], "text")).category == "x"
+    assert calls == ["n", "t"]
+
+
+# --- the stage's release/retract logic, with a recording publisher ----------------------------
+
+STREAM = dict(request_id="r", conversation_id="c", message_id="m", model="tiny",
+              reply_to="chat.deliver.gw")
+
+
+class RecordingPublisher:
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, object]] = []
+
+    async def send(self, topic, event, key=None, partition=None):
+        self.sent.append((topic, event))
+
+
+def record(event, offset: int) -> ConsumerRecord:
+    return ConsumerRecord(topics.TOKENS, 0, offset, 0, 0, None, encode(event), None, 0, 0, [])
+
+
+def stage_with(window: int = 0) -> tuple[SafetyStage, RecordingPublisher]:
+    rules = RuleClassifier({}, pii=["email"])
+    stage = SafetyStage(kafka=None, policy=SafetyPolicy(output={"*": [rules]},
+                                                       window_chars=window, overlap_chars=16))
+    stage.publisher = RecordingPublisher()
+    return stage, stage.publisher
+
+
+async def feed(stage: SafetyStage, texts: list[str], done: bool = True) -> None:
+    for seq, text in enumerate(texts):
+        await stage._handle(record(TokenChunk(**STREAM, seq=seq, text=text, token_count=1,
+                                              completion_tokens=seq + 1), seq))
+    if done:
+        await stage._handle(record(GenerationDone(
+            **STREAM, seq=len(texts), status=RequestStatus.FINISHED_STOPPED,
+            usage=Usage(completion_tokens=len(texts))), len(texts)))
+
+
+async def test_clean_stream_is_released_and_ends_done():
+    stage, out = stage_with()
+    await feed(stage, ["Hello ", "world"])
+    deltas = [e.text for _, e in out.sent if isinstance(e, Delta)]
+    assert deltas == ["Hello ", "world"]
+    assert isinstance(out.sent[-1][1], DeliveryDone)
+    assert stage.tracker.to_commit()
+
+
+async def test_phrase_split_across_chunks_trips_and_retracts():
+    stage, out = stage_with()
+    await feed(stage, ["Sure, write to bob@ex", "ample.com and ", "more text"])
+    kinds = [(topic, type(e).__name__) for topic, e in out.sent]
+    assert kinds[:1] == [("chat.deliver.gw", "Delta")]
+    assert ("chat.control", "Cancel") in kinds
+    assert ("chat.moderation", "ModerationEvent") in kinds
+    retract = next(e for _, e in out.sent if isinstance(e, Retract))
+    assert retract.message_id == "m" and retract.reason == "pii" and retract.replacement
+    assert not any(isinstance(e, Delta) and "more" in e.text for _, e in out.sent)
+    final = out.sent[-1][1]
+    assert isinstance(final, DeliveryDone) and final.status == RequestStatus.FINISHED_FILTERED
+    cancel = next(e for _, e in out.sent if isinstance(e, Cancel))
+    moderation = next(e for _, e in out.sent if isinstance(e, ModerationEvent))
+    assert cancel.request_id == "r" and moderation.action == "retract"
+
+
+async def test_window_keeps_tripping_text_from_ever_being_sent():
+    stage, out = stage_with(window=64)
+    await feed(stage, ["Contact: ", "bob@example.com"])
+    assert not any(isinstance(e, Delta) for _, e in out.sent), "held back, then retracted"
+    assert any(isinstance(e, Retract) for _, e in out.sent)
+
+
+async def test_duplicates_are_dropped():
+    stage, out = stage_with()
+    chunk = TokenChunk(**STREAM, seq=0, text="hi", token_count=1, completion_tokens=1)
+    await stage._handle(record(chunk, 0))
+    await stage._handle(record(chunk, 0))
+    assert len([e for _, e in out.sent if isinstance(e, Delta)]) == 1
