@@ -18,6 +18,7 @@ from bus.broker import EmbeddedBroker, free_port
 from bus.clients import KafkaConfig
 from bus.topics import ensure_topics
 from chatpipe.settings import Settings
+from conversations.context_builder import ContextBuilder
 from conversations.recorder_stage import RecorderStage
 from conversations.sqlite_store import SQLiteStore
 from conversations.store import ApiKey, ConversationStore
@@ -83,7 +84,7 @@ def build_ledger(settings: Settings) -> UsageLedger:
 
 def build_gateway_deps(settings: Settings, store: ConversationStore, pipeline: KafkaPipeline,
                        ledger: UsageLedger) -> GatewayDeps:
-    return GatewayDeps(settings, store, pipeline,
+    return GatewayDeps(settings, store, pipeline, ContextBuilder.from_settings(settings),
                        rate_limiter=RateLimiter.from_settings(settings),
                        quotas=QuotaGate.from_settings(settings, ledger))
 

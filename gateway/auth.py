@@ -1,4 +1,5 @@
-"""Bearer API keys: every `/v1` route runs as the key's owner (user, org, tier)."""
+"""Bearer API keys: every `/v1` route runs as the key's owner (user, org, tier), and
+sees only that owner's conversations."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from typing import Annotated
 from fastapi import Depends
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from conversations.store import ApiKey
+from conversations.store import ApiKey, Conversation
 from gateway.deps import StoreDep
 from gateway.errors import ApiError
 
@@ -30,3 +31,14 @@ async def current_owner(
 
 
 Owner = Annotated[ApiKey, Depends(current_owner)]
+
+
+async def owned_conversation(conversation_id: str, owner: Owner, store: StoreDep) -> Conversation:
+    """The conversation named in the path; 404 unless the caller owns it."""
+    conversation = await store.get_conversation(conversation_id)
+    if conversation is None or conversation.user_id != owner.user_id:
+        raise ApiError(404, "conversation_not_found", f"no conversation {conversation_id!r}")
+    return conversation
+
+
+OwnedConversation = Annotated[Conversation, Depends(owned_conversation)]

@@ -1,62 +1,84 @@
-"""Native API routes: conversations, their messages, and a turn answered over SSE."""
+"""Native API routes that answer: post, edit or regenerate a message (SSE), and stop
+a running answer."""
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 
 from fastapi import APIRouter
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
-from conversations.store import Conversation, StoredMessage
-from gateway.auth import Owner
-from gateway.deps import Deps, StoreDep
+from conversations.store import ApiKey
+from gateway.auth import OwnedConversation, Owner
+from gateway.background import start_title
+from gateway.deps import Deps, GatewayDeps
+from gateway.errors import ApiError
 from gateway.generation import Generation, event_stream
-from gateway.turns import OwnedConversation, Turn, send_turn, start_turn
+from gateway.turns import Turn, send_turn, start_edit, start_regenerate, start_turn
 from schemas import sse
-from schemas.api import (
-    ConversationDetail,
-    ConversationPublic,
-    CreateConversation,
-    MessagePublic,
-    PostMessage,
-)
+from schemas.api import CancelledRequest, PostMessage, TurnOptions
+from schemas.events import DeliveryDone, Delta, Retract
+from schemas.lifecycle import RequestStatus
 
 router = APIRouter(tags=["conversations"])
 
-
-@router.post("/conversations", status_code=201)
-async def create_conversation(
-    create: CreateConversation, owner: Owner, store: StoreDep
-) -> ConversationPublic:
-    conversation = await store.create_conversation(uuid.uuid4().hex, owner.user_id, create.title)
-    return _public(conversation)
+_SSE = {200: {"content": {"text/event-stream": {}}, "description": "the answer"}}
 
 
-@router.get("/conversations/{conversation_id}")
-async def get_conversation(conversation: OwnedConversation, store: StoreDep) -> ConversationDetail:
-    messages = await store.list_messages(conversation.conversation_id)
-    return ConversationDetail(
-        **_public(conversation).model_dump(), messages=[_message(m) for m in messages]
-    )
-
-
-@router.post(
-    "/conversations/{conversation_id}/messages",
-    response_class=EventSourceResponse,
-    responses={200: {"content": {"text/event-stream": {}}, "description": "the answer"}},
-)
+@router.post("/conversations/{conversation_id}/messages",
+             response_class=EventSourceResponse, responses=_SSE)  # fmt: skip
 async def post_message(
     post: PostMessage, conversation: OwnedConversation, owner: Owner, deps: Deps
 ) -> EventSourceResponse:
-    turn = await start_turn(deps, owner, conversation, post)
+    """A user message after the selected thread, answered as SSE."""
+    return await answer(deps, await start_turn(deps, owner, conversation, post))
+
+
+@router.post("/conversations/{conversation_id}/messages/{message_id}/edit",
+             response_class=EventSourceResponse, responses=_SSE)  # fmt: skip
+async def edit_message(
+    message_id: str, post: PostMessage, conversation: OwnedConversation, owner: Owner, deps: Deps
+) -> EventSourceResponse:
+    """A new version of a user message (a fork beside it), answered as SSE."""
+    return await answer(deps, await start_edit(deps, owner, conversation, message_id, post))
+
+
+@router.post("/conversations/{conversation_id}/messages/{message_id}/regenerate",
+             response_class=EventSourceResponse, responses=_SSE)  # fmt: skip
+async def regenerate_message(
+    message_id: str, options: TurnOptions, conversation: OwnedConversation, owner: Owner,
+    deps: Deps,
+) -> EventSourceResponse:  # fmt: skip
+    """Another answer beside an assistant message (or to a user message), as SSE."""
+    turn = await start_regenerate(deps, owner, conversation, message_id, options)
+    return await answer(deps, turn)
+
+
+@router.post("/requests/{request_id}/cancel", status_code=202)
+async def cancel_request(request_id: str, owner: Owner, deps: Deps) -> CancelledRequest:
+    """Stop a running answer of the caller's; its stream ends with `finished_aborted`."""
+    await stop(deps, owner, request_id)
+    return CancelledRequest(request_id=request_id)
+
+
+async def stop(deps: GatewayDeps, owner: ApiKey, request_id: str) -> None:
+    """Cancel `owner`'s request running through this gateway; 404 for any other."""
+    if deps.live.owned(request_id, owner.user_id) is None:
+        raise ApiError(404, "request_not_found", f"no running request {request_id!r}")
+    await deps.pipeline.cancel(request_id, reason="cancelled_by_user")
+
+
+async def answer(deps: GatewayDeps, turn: Turn) -> EventSourceResponse:
     generation = await send_turn(deps, turn)
-    return event_stream(native_events(turn, generation), generation)
+    return event_stream(native_events(deps, turn, generation), generation)
 
 
-async def native_events(turn: Turn, generation: Generation) -> AsyncIterator[ServerSentEvent]:
-    """The request event, every delivery event, then `[DONE]` (DESIGN §4)."""
+async def native_events(
+    deps: GatewayDeps, turn: Turn, generation: Generation
+) -> AsyncIterator[ServerSentEvent]:
+    """The request event, every delivery event, then `[DONE]` (DESIGN §4). A first
+    exchange that ends well starts the conversation's title."""
     yield sse.request_event(
         sse.RequestPayload(
             request_id=turn.request.request_id,
@@ -64,30 +86,26 @@ async def native_events(turn: Turn, generation: Generation) -> AsyncIterator[Ser
             user_message_id=turn.user_message.message_id,
         )
     )
+    text: list[str] = []
     async with aclosing(generation.events()) as events:
         async for event in events:
+            match event:
+                case Delta():
+                    text.append(event.text)
+                case Retract():
+                    text = [event.replacement]
+                case DeliveryDone() if turn.first and _titled(deps, event):
+                    start_title(deps, turn.owner, turn.request, turn.user_message.content,
+                                "".join(text))  # fmt: skip
             yield sse.native_event(event)
     if not generation.finished:
         yield sse.error_event("stream_interrupted", "the answer stopped before its end")
     yield sse.done_marker()
 
 
-def _public(conversation: Conversation) -> ConversationPublic:
-    return ConversationPublic(
-        conversation_id=conversation.conversation_id,
-        title=conversation.title,
-        created_at=conversation.created_at,
-    )
+def _titled(deps: GatewayDeps, done: DeliveryDone) -> bool:
+    """A first answer that ended well gets a generated title (unless they are off)."""
+    return deps.settings.auto_titles and done.status in _ANSWERED
 
 
-def _message(message: StoredMessage) -> MessagePublic:
-    return MessagePublic(
-        message_id=message.message_id,
-        seq=message.seq,
-        role=message.role,
-        content=message.content,
-        parent_id=message.parent_id,
-        model=message.model,
-        status=message.status,
-        created_at=message.created_at,
-    )
+_ANSWERED = frozenset({RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH})

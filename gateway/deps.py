@@ -3,13 +3,16 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Annotated
 
 from fastapi import Depends, Request
 
 from chatpipe.settings import Settings
+from conversations.context_builder import ContextBuilder
 from conversations.store import ConversationStore
+from gateway.background import BackgroundJobs
+from gateway.generation import LiveRequests
 from gateway.pipeline import Pipeline
 from gateway.quotas import QuotaGate
 from gateway.rate_limits import RateLimiter
@@ -20,12 +23,18 @@ class GatewayDeps:
     settings: Settings
     store: ConversationStore
     pipeline: Pipeline
+    context: ContextBuilder
+    """Builds every native turn's prompt within its model's window (DESIGN §8)."""
     reply_wait_s: float = 5.0
     """How long a new turn waits for the previous turn's answer to be recorded."""
     rate_limiter: RateLimiter | None = None
     """Requests and tokens per minute; None: no rate limits."""
     quotas: QuotaGate | None = None
     """Token budgets per period; None: no budgets."""
+    live: LiveRequests = field(default_factory=LiveRequests)
+    """The requests this gateway relays: who may cancel them."""
+    background: BackgroundJobs = field(default_factory=BackgroundJobs)
+    """Titles and summaries being generated; closed when the app stops."""
 
 
 def gateway_deps(request: Request) -> GatewayDeps:

@@ -30,11 +30,47 @@ SEND_TIMEOUT_S = 30.0
 """A client that reads nothing for this long is treated as gone."""
 
 
+class LiveRequests:
+    """The requests this gateway relays right now, by id: who may cancel them.
+
+    A request is added once submitted and dropped when its stream closes. Only
+    the gateway holding a stream knows it; a cancel sent to another replica is 404.
+    """
+
+    def __init__(self) -> None:
+        self._requests: dict[str, GenerationRequest] = {}
+
+    def add(self, request: GenerationRequest) -> None:
+        self._requests[request.request_id] = request
+
+    def discard(self, request_id: str) -> None:
+        self._requests.pop(request_id, None)
+
+    def owned(self, request_id: str, user_id: str) -> GenerationRequest | None:
+        """The running request, if it is `user_id`'s."""
+        request = self._requests.get(request_id)
+        return request if request is not None and request.user_id == user_id else None
+
+    def of_conversation(self, conversation_id: str) -> list[str]:
+        return [r.request_id for r in self._requests.values()
+                if r.conversation_id == conversation_id]  # fmt: skip
+
+    def __len__(self) -> int:
+        return len(self._requests)
+
+
 class Generation:
-    def __init__(self, pipeline: Pipeline, request_id: str, stream: RequestStream) -> None:
+    def __init__(
+        self,
+        pipeline: Pipeline,
+        request_id: str,
+        stream: RequestStream,
+        live: LiveRequests | None = None,
+    ) -> None:
         self.request_id = request_id
         self._pipeline = pipeline
         self._stream = stream
+        self._live = live
         self._finished = False
         self._closed = False
 
@@ -59,6 +95,8 @@ class Generation:
         if self._closed:
             return
         self._closed = True
+        if self._live is not None:
+            self._live.discard(self.request_id)
         # Runs while the response task is being cancelled: shield it, but bound it.
         with anyio.move_on_after(CLOSE_TIMEOUT_S, shield=True):
             try:
@@ -70,8 +108,11 @@ class Generation:
                 await self._stream.aclose()
 
 
-async def start_generation(pipeline: Pipeline, request: GenerationRequest) -> Generation:
-    """Submit the request; 503 if the pipeline cannot take it."""
+async def start_generation(
+    pipeline: Pipeline, request: GenerationRequest, live: LiveRequests | None = None
+) -> Generation:
+    """Submit the request (known to `live` until its stream closes); 503 if the
+    pipeline cannot take it."""
     try:
         stream = await pipeline.submit(request)
     except ApiError:
@@ -83,7 +124,9 @@ async def start_generation(pipeline: Pipeline, request: GenerationRequest) -> Ge
             "the request could not be queued",
             headers={"Retry-After": "5"},
         ) from exc
-    return Generation(pipeline, request.request_id, stream)
+    if live is not None:
+        live.add(request)
+    return Generation(pipeline, request.request_id, stream, live)
 
 
 def event_stream(

@@ -62,7 +62,7 @@ async def chat_completions(
 ) -> ChatCompletion | EventSourceResponse:
     generation_request = to_generation_request(completion, owner, deps)
     await admit(deps, owner, generation_request.messages, generation_request.sampling.max_tokens)
-    generation = await start_generation(deps.pipeline, generation_request)
+    generation = await start_generation(deps.pipeline, generation_request, deps.live)
     answer = _Answer.of(generation_request, completion.include_usage)
     if completion.stream:
         return event_stream(chunk_events(answer, generation), generation)

@@ -1,24 +1,37 @@
-"""A native chat turn: a posted user message in, the GenerationRequest that answers it out."""
+"""Native chat turns: a posted, edited or regenerated message in, the GenerationRequest
+that answers it out.
+
+Each turn reads the conversation's message tree, builds the prompt with the
+context builder from the thread it continues (DESIGN §8), is admitted, stores
+its user message (a regeneration has none) and makes the request (not yet sent):
+
+* post — a new user message after the selected thread's last message;
+* edit — a new user message beside the edited one (same parent): a fork;
+* regenerate — a new answer beside the old one, to the same user message.
+
+The store selects each new message under its parent, so the thread follows
+the newest branch until the user selects another.
+"""
 
 from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
-from typing import Annotated
 
 import anyio
-from fastapi import Depends
 
-from conversations.history import build_prompt, thread
+from conversations.context import BuiltContext
 from conversations.store import ApiKey, Conversation, ConversationStore, NewMessage, StoredMessage
+from conversations.summaries import fallback_title
+from conversations.tree import ConversationTree
 from gateway.admission import admit
-from gateway.auth import Owner
-from gateway.deps import GatewayDeps, StoreDep
+from gateway.background import start_summary
+from gateway.deps import GatewayDeps
 from gateway.errors import ApiError
 from gateway.generation import Generation, start_generation
 from gateway.limits import check_message, sampling_options, served_model
-from schemas.api import PostMessage
-from schemas.events import GenerationRequest, Role, now
+from schemas.api import PostMessage, TurnOptions
+from schemas.events import GenerationRequest, Role, SamplingOptions, now
 from schemas.lifecycle import RequestStatus
 
 
@@ -26,73 +39,67 @@ from schemas.lifecycle import RequestStatus
 class Turn:
     request: GenerationRequest
     user_message: StoredMessage
-
-
-async def owned_conversation(conversation_id: str, owner: Owner, store: StoreDep) -> Conversation:
-    """The conversation named in the path; 404 unless the caller owns it."""
-    conversation = await store.get_conversation(conversation_id)
-    if conversation is None or conversation.user_id != owner.user_id:
-        raise ApiError(404, "conversation_not_found", f"no conversation {conversation_id!r}")
-    return conversation
-
-
-OwnedConversation = Annotated[Conversation, Depends(owned_conversation)]
+    """The message answered: new for a post or an edit, the old one for a regeneration."""
+    owner: ApiKey
+    first: bool = False
+    """The conversation's first exchange: it gets a title once answered."""
 
 
 async def start_turn(
     deps: GatewayDeps, owner: ApiKey, conversation: Conversation, post: PostMessage
 ) -> Turn:
-    """Check the message, store it, and build the request answering it (not yet sent)."""
-    settings = deps.settings
-    model = served_model(settings, post.model)
-    check_message(settings, post.content)
-    sampling = sampling_options(
-        settings,
-        max_tokens=post.max_tokens,
-        temperature=post.temperature,
-        top_p=post.top_p,
-        seed=post.seed,
-        ignore_eos=post.ignore_eos,
+    """A new user message at the end of the selected thread."""
+    check_message(deps.settings, post.content)
+    model, sampling = _answer_options(deps, post)
+    tree = await _settled_tree(
+        deps.store, conversation.conversation_id, deps.reply_wait_s, deps.settings.request_timeout_s
     )
-    messages = await _settled_messages(
-        deps.store, conversation.conversation_id, deps.reply_wait_s, settings.request_timeout_s
-    )
-    leaf_id = messages[-1].message_id if messages else None
-    prompt = tuple(build_prompt(thread(messages, leaf_id), post.content))
-    # Before the message is stored: a refused turn leaves no unanswered message behind.
-    await admit(deps, owner, prompt, sampling.max_tokens)
-    user_message = await deps.store.add_message(
-        NewMessage(
-            message_id=_new_id(),
-            conversation_id=conversation.conversation_id,
-            role=Role.USER,
-            content=post.content,
-            parent_id=leaf_id,
-        )
-    )
-    request = GenerationRequest(
-        request_id=_new_id(),
-        conversation_id=conversation.conversation_id,
-        message_id=_new_id(),
-        parent_id=user_message.message_id,
-        user_id=owner.user_id,
-        org_id=owner.org_id,
-        tier=owner.tier,
-        model=model,
-        messages=prompt,
-        sampling=sampling,
-        reply_to=deps.pipeline.reply_to,
-        deadline=now() + settings.request_timeout_s,
-        cache_salt=owner.org_id,
-        store=True,
-    )
-    return Turn(request=request, user_message=user_message)
+    return await _new_user_turn(deps, owner, conversation, tree.thread(), post.content,
+                                model, sampling, first=not tree.messages)  # fmt: skip
+
+
+async def start_edit(
+    deps: GatewayDeps, owner: ApiKey, conversation: Conversation, message_id: str,
+    post: PostMessage,
+) -> Turn:  # fmt: skip
+    """A new version of user message `message_id`: its sibling, answered after the
+    thread up to their parent."""
+    check_message(deps.settings, post.content)
+    model, sampling = _answer_options(deps, post)
+    tree = await deps.store.get_tree(conversation.conversation_id)
+    edited = _message_in(tree, message_id)
+    if edited.role != Role.USER:
+        raise ApiError(400, "not_a_user_message", "only a user message can be edited")
+    thread = tree.path_to(edited.parent_id) if edited.parent_id is not None else []
+    return await _new_user_turn(deps, owner, conversation, thread, post.content, model, sampling)
+
+
+async def start_regenerate(
+    deps: GatewayDeps, owner: ApiKey, conversation: Conversation, message_id: str,
+    options: TurnOptions,
+) -> Turn:  # fmt: skip
+    """Another answer to the user message that `message_id` answers (or to
+    `message_id` itself, a user message): a sibling of the earlier answers."""
+    model, sampling = _answer_options(deps, options)
+    tree = await deps.store.get_tree(conversation.conversation_id)
+    target = _message_in(tree, message_id)
+    question = target
+    if target.role == Role.ASSISTANT and target.parent_id is not None:
+        question = _message_in(tree, target.parent_id)
+    if question.role != Role.USER:
+        raise ApiError(400, "nothing_to_regenerate", "this message answers no user message")
+    thread = tree.path_to(question.message_id)
+    built = await _build(deps, conversation.conversation_id, thread, None, model, sampling)
+    await admit(deps, owner, built.messages, sampling.max_tokens)
+    _ask_for_summary(deps, owner, model, built)
+    request = _request(deps, owner, conversation, question, model, sampling, built)
+    return Turn(request=request, user_message=question, owner=owner)
 
 
 async def send_turn(deps: GatewayDeps, turn: Turn) -> Generation:
     """Submit the request; if that fails, record a failed answer so the next turn can go on."""
     try:
-        return await start_generation(deps.pipeline, turn.request)
+        return await start_generation(deps.pipeline, turn.request, deps.live)
     except ApiError:
         await deps.store.add_message(
             NewMessage(
@@ -109,28 +116,117 @@ async def send_turn(deps: GatewayDeps, turn: Turn) -> Generation:
         raise
 
 
-async def _settled_messages(
+async def _new_user_turn(
+    deps: GatewayDeps, owner: ApiKey, conversation: Conversation, thread: list[StoredMessage],
+    content: str, model: str, sampling: SamplingOptions, *, first: bool = False,
+) -> Turn:  # fmt: skip
+    """Store `content` as a user message after `thread` and answer it."""
+    cid = conversation.conversation_id
+    built = await _build(deps, cid, thread, content, model, sampling)
+    # Before the message is stored: a refused turn leaves no unanswered message behind.
+    await admit(deps, owner, built.messages, sampling.max_tokens)
+    user_message = await deps.store.add_message(
+        NewMessage(
+            message_id=_new_id(),
+            conversation_id=cid,
+            role=Role.USER,
+            content=content,
+            parent_id=thread[-1].message_id if thread else None,
+        )
+    )
+    if first:
+        await deps.store.set_auto_title(cid, fallback_title(content))
+    _ask_for_summary(deps, owner, model, built)
+    request = _request(deps, owner, conversation, user_message, model, sampling, built)
+    return Turn(request=request, user_message=user_message, owner=owner, first=first)
+
+
+def _answer_options(deps: GatewayDeps, options: TurnOptions) -> tuple[str, SamplingOptions]:
+    model = served_model(deps.settings, options.model)
+    sampling = sampling_options(
+        deps.settings,
+        max_tokens=options.max_tokens,
+        temperature=options.temperature,
+        top_p=options.top_p,
+        seed=options.seed,
+        ignore_eos=options.ignore_eos,
+    )
+    return model, sampling
+
+
+async def _build(
+    deps: GatewayDeps, conversation_id: str, thread: list[StoredMessage],
+    new_message: str | None, model: str, sampling: SamplingOptions,
+) -> BuiltContext:  # fmt: skip
+    """The prompt; 413 if the system prompt, summary and new message alone pass the window."""
+    built = await deps.context.build(deps.store, conversation_id, thread, new_message,
+                                     model=model, max_tokens=sampling.max_tokens)  # fmt: skip
+    if not built.fits:
+        raise ApiError(
+            413,
+            "context_too_long",
+            f"the prompt needs {built.prompt_tokens} tokens; {model} takes at most "
+            f"{built.max_prompt_tokens} with max_tokens={sampling.max_tokens}",
+            param="content",
+        )
+    return built
+
+
+def _ask_for_summary(deps: GatewayDeps, owner: ApiKey, model: str, built: BuiltContext) -> None:
+    if built.summary_job is not None:
+        start_summary(deps, owner, model, built.summary_job)
+
+
+def _request(
+    deps: GatewayDeps, owner: ApiKey, conversation: Conversation, question: StoredMessage,
+    model: str, sampling: SamplingOptions, built: BuiltContext,
+) -> GenerationRequest:  # fmt: skip
+    return GenerationRequest(
+        request_id=_new_id(),
+        conversation_id=conversation.conversation_id,
+        message_id=_new_id(),
+        parent_id=question.message_id,
+        user_id=owner.user_id,
+        org_id=owner.org_id,
+        tier=owner.tier,
+        model=model,
+        messages=built.messages,
+        sampling=sampling,
+        reply_to=deps.pipeline.reply_to,
+        deadline=now() + deps.settings.request_timeout_s,
+        cache_salt=owner.org_id,
+        store=True,
+    )
+
+
+def _message_in(tree: ConversationTree, message_id: str) -> StoredMessage:
+    for message in tree.messages:
+        if message.message_id == message_id:
+            return message
+    raise ApiError(404, "message_not_found", f"no message {message_id!r} in this conversation")
+
+
+async def _settled_tree(
     store: ConversationStore, conversation_id: str, wait_s: float, stale_after_s: float
-) -> list[StoredMessage]:
-    """The conversation's messages once the previous user message has its answer.
+) -> ConversationTree:
+    """The conversation's tree once the thread's last user message has its answer.
 
     The recorder stores answers asynchronously (a row even for a failed or
     cancelled generation), so a quick next turn may arrive before it; past
     `wait_s` the previous turn is taken to be still running: 409. A user
     message older than `stale_after_s` whose answer never came is given up on.
     """
-    messages = await store.list_messages(conversation_id)
-    if not messages or messages[-1].role != Role.USER:
-        return messages
-    if messages[-1].created_at < now() - stale_after_s:
-        return messages
-    pending = messages[-1].message_id
+    tree = await store.get_tree(conversation_id)
+    thread = tree.thread()
+    if not thread or thread[-1].role != Role.USER or thread[-1].created_at < now() - stale_after_s:
+        return tree
+    pending = thread[-1].message_id
     delay = 0.02
     with anyio.move_on_after(wait_s):
         while await store.find_reply(pending) is None:
             await anyio.sleep(delay)
             delay = min(delay * 2, 0.25)
-        return await store.list_messages(conversation_id)
+        return await store.get_tree(conversation_id)
     raise ApiError(
         409,
         "reply_pending",

@@ -40,10 +40,23 @@ class CreateConversation(BaseModel):
     title: str = Field("", max_length=200)
 
 
+class RenameConversation(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    title: str = Field(max_length=200, description="the user's title; empty: the generated one")
+
+
 class ConversationPublic(BaseModel):
     conversation_id: str
-    title: str
+    title: str = Field(description="the user's title, else the generated one")
     created_at: float
+
+
+class ConversationList(BaseModel):
+    """One page of the caller's conversations, newest first."""
+
+    data: list[ConversationPublic]
+    next_cursor: str | None = Field(description="`cursor` of the next page; null on the last")
 
 
 class MessagePublic(BaseModel):
@@ -55,24 +68,68 @@ class MessagePublic(BaseModel):
     model: str | None
     status: RequestStatus
     created_at: float
+    children: list[str] = Field(
+        default_factory=list,
+        description="messages directly below, oldest first: regenerations and edits are siblings",
+    )
+    selected_child: str | None = Field(None, description="the child the thread continues with")
 
 
 class ConversationDetail(ConversationPublic):
-    messages: list[MessagePublic]
+    """The conversation as a message tree: every branch, and the selected thread."""
+
+    messages: list[MessagePublic] = Field(description="every message of every branch, seq order")
+    roots: list[str] = Field(default_factory=list, description="messages without a parent")
+    thread: list[str] = Field(
+        default_factory=list, description="the selected branch, root first: what the model sees"
+    )
 
 
-class PostMessage(BaseModel):
-    """A user turn. Sampling fields left out take the deployment's defaults."""
+class TurnOptions(BaseModel):
+    """Model and sampling of one answer. Fields left out take the deployment's defaults."""
 
     model_config = ConfigDict(extra="forbid")
 
-    content: str
     model: str | None = None
     max_tokens: int | None = None
     temperature: float | None = None
     top_p: float | None = None
     seed: int | None = None
     ignore_eos: bool = False
+
+
+class PostMessage(TurnOptions):
+    """A user turn (also the body of an edit: the new text of the message)."""
+
+    content: str
+
+
+class CancelledRequest(BaseModel):
+    request_id: str
+    status: Literal["cancelling"] = Field(
+        "cancelling", description="the stream of the request ends with status finished_aborted"
+    )
+
+
+class TurnUsage(BaseModel):
+    """What one answer cost; `cached_tokens` is the part of the prompt the prefix cache served."""
+
+    message_id: str
+    seq: int
+    model: str | None
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+
+
+class ConversationUsage(BaseModel):
+    """Per answer (every branch, seq order) and in total: the cost of a growing history."""
+
+    conversation_id: str
+    turns: list[TurnUsage]
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
 
 
 # --- OpenAI-compatible API: requests --------------------------------------------------

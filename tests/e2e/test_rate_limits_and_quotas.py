@@ -144,8 +144,11 @@ async def test_every_generation_response_carries_the_headers_and_the_4th_request
             assert response.headers["x-ratelimit-limit-requests"] == "3"
             assert response.headers["x-ratelimit-remaining-requests"] == str(remaining)
             assert response.headers["x-ratelimit-limit-tokens"] == "1000"
-        # "hello there" is 11 characters: 3 tokens estimated, plus max_tokens 4, per call.
-        assert plain.headers["x-ratelimit-remaining-tokens"] == str(1000 - 1 - 4 - 2 * 7)
+        # Native "hi" comes after the system prompt; "hello there" is 11 characters:
+        # 3 tokens estimated. Plus max_tokens 4 per call.
+        native_prompt = ceil((len(limited_stack.settings.system_prompt) + 2) / 4)
+        assert plain.headers["x-ratelimit-remaining-tokens"] == str(
+            1000 - native_prompt - 4 - 2 * 7)
 
         refused, _ = await native_turn(client, {"content": "hi", "max_tokens": 4})
         error = error_of(refused)
@@ -205,7 +208,8 @@ async def test_budgets_run_out_on_completed_usage_per_user_and_per_org(
             conversation)
         assert answered.status_code == 200 and events[-1].data == "[DONE]"
         used = await until_used(ledger, Account.user("quota-a"), 300)
-        assert used == 3 + 320  # the sim engine counts prompt words
+        system_words = len(limited_stack.settings.system_prompt.split())
+        assert used == system_words + 3 + 320  # the sim engine counts prompt words
 
         refused, _ = await native_turn(a, {"content": "more", "max_tokens": 4}, conversation)
         error = error_of(refused)
@@ -220,8 +224,8 @@ async def test_budgets_run_out_on_completed_usage_per_user_and_per_org(
 
     async with await client_as(limited_stack, "quota-b", quota_org) as b:
         answer = await openai_completion(b, max_tokens=200, ignore_eos=True)
-        assert answer.status_code == 200  # the org has used 323 of 500
-        assert await until_used(ledger, Account.org(quota_org), 500) == 323 + 2 + 200
+        assert answer.status_code == 200  # the org has used 328 of 500
+        assert await until_used(ledger, Account.org(quota_org), 500) == used + 2 + 200
     async with await client_as(limited_stack, "quota-c", quota_org) as c:
         error = error_of(await openai_completion(c, max_tokens=4))
         assert error["code"] == "quota_exceeded"

@@ -20,8 +20,11 @@ import orjson
 import pytest
 
 from chatpipe.settings import Settings
+from conversations.context_builder import ContextBuilder
 from conversations.sqlite_store import SQLiteStore
 from conversations.store import ApiKey, NewMessage
+from conversations.summaries import SUMMARY_INSTRUCTIONS, TITLE_INSTRUCTIONS
+from conversations.tokens import TokenCounter
 from gateway.app import create_app
 from gateway.deps import GatewayDeps
 from schemas import sse
@@ -43,6 +46,11 @@ ALICE = {"Authorization": "Bearer key-alice"}
 BOB = {"Authorization": "Bearer key-bob"}
 REPLY_TO = "chat.deliver.gw-test"
 USAGE = Usage(prompt_tokens=7, completion_tokens=2, cached_tokens=3)
+
+
+def is_background(request: GenerationRequest) -> bool:
+    """A title or summary the gateway asks for on its own."""
+    return request.messages[0].content in (TITLE_INSTRUCTIONS, SUMMARY_INSTRUCTIONS)
 
 
 class ScriptedStream:
@@ -71,6 +79,9 @@ class ScriptedPipeline:
     def __init__(self) -> None:
         self.scripts: list[tuple[list[DeliverEvent], bool]] = []
         self.submitted: list[GenerationRequest] = []
+        self.background: list[GenerationRequest] = []
+        """Titles and summaries the gateway asked for, played from `background_scripts`."""
+        self.background_scripts: list[tuple[list[DeliverEvent], bool]] = []
         self.streams: list[ScriptedStream] = []
         self.cancelled: list[tuple[str, str]] = []
         self.fail_submit = False
@@ -86,6 +97,11 @@ class ScriptedPipeline:
     async def submit(self, request: GenerationRequest) -> ScriptedStream:
         if self.fail_submit:
             raise ConnectionError("broker down")
+        if is_background(request):
+            self.background.append(request)
+            events, hold = self.background_scripts.pop(0) if self.background_scripts else ([], True)
+            stream = ScriptedStream(request.request_id, events, hold)
+            return stream
         self.submitted.append(request)
         events, hold = self.scripts.pop(0) if self.scripts else ([], True)
         stream = ScriptedStream(request.request_id, events, hold)
@@ -135,9 +151,31 @@ def pipeline() -> ScriptedPipeline:
     return ScriptedPipeline()
 
 
+class WordTokenizer:
+    """One token per word; no chat template (TokenCounter renders `role: content`)."""
+
+    chat_template = None
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        return [0] * len(text.split())
+
+
+def word_context(settings: Settings) -> ContextBuilder:
+    """The deployment's context policy, counting words instead of loading a tokenizer."""
+    built = ContextBuilder.from_settings(settings)
+    return ContextBuilder(system_prompt=settings.system_prompt, policy=built.policy,
+                          counter=lambda model: TokenCounter(WordTokenizer()))
+
+
 @pytest.fixture
-def app(settings: Settings, store: SQLiteStore, pipeline: ScriptedPipeline):
-    return create_app(GatewayDeps(settings, store, pipeline, reply_wait_s=0.3))
+def deps(settings: Settings, store: SQLiteStore, pipeline: ScriptedPipeline) -> GatewayDeps:
+    return GatewayDeps(settings, store, pipeline, word_context(settings), reply_wait_s=0.3)
+
+
+@pytest.fixture
+async def app(deps: GatewayDeps):
+    yield create_app(deps)
+    await deps.background.close()  # the app's lifespan does this; ASGITransport runs none
 
 
 @pytest.fixture
@@ -346,7 +384,8 @@ async def test_native_request_carries_owner_and_prompt(client, store, pipeline, 
     assert (request.user_id, request.org_id, request.tier) == ("alice", "org-a", Tier.PRO)
     assert request.cache_salt == "org-a" and request.reply_to == REPLY_TO and request.store
     assert request.model == "tiny"
-    assert [(m.role, m.content) for m in request.messages] == [(Role.USER, "hi")]
+    assert [(m.role, m.content) for m in request.messages] == [
+        (Role.SYSTEM, settings.system_prompt), (Role.USER, "hi")]
     assert (request.sampling.max_tokens, request.sampling.temperature) == (5, 0.0)
     assert request.deadline == pytest.approx(request.created_at + settings.request_timeout_s, 1)
     assert request.message_id not in (user.message_id, request.request_id)
@@ -373,6 +412,7 @@ async def test_second_turn_waits_for_the_recorded_answer(client, store, pipeline
     assert response.status_code == 200
     second = pipeline.submitted[1]
     assert [(m.role, m.content) for m in second.messages] == [
+        (Role.SYSTEM, "You are a helpful assistant."),
         (Role.USER, "hi"),
         (Role.ASSISTANT, "yo"),
         (Role.USER, "again"),

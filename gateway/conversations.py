@@ -1,0 +1,159 @@
+"""Native API routes over the caller's conversations: create, list, read as a message
+tree, rename, delete, choose a branch, and what each answer cost.
+
+A user only ever sees their own conversations: any other id is 404, as an
+unknown one is (`OwnedConversation`).
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Response
+
+from conversations.store import ApiKey, Conversation, ConversationStore, StoredMessage
+from conversations.tree import ConversationTree
+from gateway.auth import OwnedConversation, Owner
+from gateway.deps import Deps, GatewayDeps, StoreDep
+from gateway.errors import ApiError
+from schemas.api import (
+    ConversationDetail,
+    ConversationList,
+    ConversationPublic,
+    ConversationUsage,
+    CreateConversation,
+    MessagePublic,
+    RenameConversation,
+    TurnUsage,
+)
+
+router = APIRouter(tags=["conversations"])
+
+
+@router.post("/conversations", status_code=201)
+async def create_conversation(
+    create: CreateConversation, owner: Owner, store: StoreDep
+) -> ConversationPublic:
+    conversation = await store.create_conversation(uuid.uuid4().hex, owner.user_id, create.title)
+    return public(conversation)
+
+
+@router.get("/conversations")
+async def list_conversations(
+    owner: Owner,
+    store: StoreDep,
+    limit: Annotated[int, Query(ge=1, le=100)] = 20,
+    cursor: Annotated[str | None, Query(description="`next_cursor` of the previous page")] = None,
+) -> ConversationList:
+    """The caller's conversations, newest first, a page at a time."""
+    try:
+        page = await store.list_conversations(owner.user_id, limit=limit, cursor=cursor)
+    except ValueError as error:
+        raise ApiError(400, "invalid_cursor", str(error), param="cursor") from error
+    return ConversationList(data=[public(c) for c in page.conversations],
+                            next_cursor=page.next_cursor)  # fmt: skip
+
+
+@router.get("/conversations/{conversation_id}")
+async def get_conversation(conversation: OwnedConversation, store: StoreDep) -> ConversationDetail:
+    """Every message of every branch, with the selected thread."""
+    return await detail(store, conversation)
+
+
+@router.patch("/conversations/{conversation_id}")
+async def rename_conversation(
+    rename: RenameConversation, conversation: OwnedConversation, owner: Owner, store: StoreDep
+) -> ConversationPublic:
+    renamed = await store.rename_conversation(
+        conversation.conversation_id, owner.user_id, rename.title
+    )
+    if renamed is None:  # deleted meanwhile
+        raise _not_found(conversation.conversation_id)
+    return public(renamed)
+
+
+@router.delete("/conversations/{conversation_id}", status_code=204)
+async def delete_conversation(
+    conversation: OwnedConversation, owner: Owner, deps: Deps
+) -> Response:
+    """Delete it with its messages; its running answers, title and summary are cancelled."""
+    await delete(deps, owner, conversation.conversation_id)
+    return Response(status_code=204)
+
+
+@router.post("/conversations/{conversation_id}/messages/{message_id}/select")
+async def select_message(
+    message_id: str, conversation: OwnedConversation, owner: Owner, store: StoreDep
+) -> ConversationDetail:
+    """Put a message (a regeneration, an edit) on the thread; the next turn continues it."""
+    cid = conversation.conversation_id
+    if not await store.select_message(cid, owner.user_id, message_id):
+        raise ApiError(404, "message_not_found", f"no message {message_id!r} in this conversation")
+    return await detail(store, conversation)
+
+
+@router.get("/conversations/{conversation_id}/usage")
+async def conversation_usage(conversation: OwnedConversation, store: StoreDep) -> ConversationUsage:
+    """Prompt, cached and completion tokens of every answer: the cost of the growing history."""
+    return await usage(store, conversation.conversation_id)
+
+
+def public(conversation: Conversation) -> ConversationPublic:
+    return ConversationPublic(
+        conversation_id=conversation.conversation_id,
+        title=conversation.display_title,
+        created_at=conversation.created_at,
+    )
+
+
+async def detail(store: ConversationStore, conversation: Conversation) -> ConversationDetail:
+    tree = await store.get_tree(conversation.conversation_id)
+    return ConversationDetail(
+        **public(conversation).model_dump(),
+        messages=[_message(m, tree) for m in tree.messages],
+        roots=[m.message_id for m in tree.children(None)],
+        thread=[m.message_id for m in tree.thread()],
+    )
+
+
+async def delete(deps: GatewayDeps, owner: ApiKey, conversation_id: str) -> None:
+    for request_id in deps.live.of_conversation(conversation_id):
+        await deps.pipeline.cancel(request_id, reason="conversation_deleted")
+    await deps.background.cancel(conversation_id)
+    if not await deps.store.delete_conversation(conversation_id, owner.user_id):
+        raise _not_found(conversation_id)  # deleted meanwhile
+
+
+async def usage(store: ConversationStore, conversation_id: str) -> ConversationUsage:
+    turns = [TurnUsage(message_id=u.message_id, seq=u.seq, model=u.model,
+                       prompt_tokens=u.prompt_tokens, cached_tokens=u.cached_tokens,
+                       completion_tokens=u.completion_tokens)
+             for u in await store.message_usage(conversation_id)]  # fmt: skip
+    return ConversationUsage(
+        conversation_id=conversation_id,
+        turns=turns,
+        prompt_tokens=sum(t.prompt_tokens for t in turns),
+        cached_tokens=sum(t.cached_tokens for t in turns),
+        completion_tokens=sum(t.completion_tokens for t in turns),
+    )
+
+
+def _message(message: StoredMessage, tree: ConversationTree) -> MessagePublic:
+    selected = tree.selected_child(message.message_id)
+    return MessagePublic(
+        message_id=message.message_id,
+        seq=message.seq,
+        role=message.role,
+        content=message.content,
+        parent_id=message.parent_id,
+        model=message.model,
+        status=message.status,
+        created_at=message.created_at,
+        children=[child.message_id for child in tree.children(message.message_id)],
+        selected_child=selected.message_id if selected is not None else None,
+    )
+
+
+def _not_found(conversation_id: str) -> ApiError:
+    return ApiError(404, "conversation_not_found", f"no conversation {conversation_id!r}")
