@@ -3,12 +3,15 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 MODEL_DIR ?= $(HOME)/.cache/chatpipe/tiny-model
+# The browser tests drive Debian's Chromium with Playwright (its own browser downloads
+# are not reachable everywhere).
+CHROMIUM := /usr/bin/chromium
 # Wheels that break beside the CPU build of torch (DESIGN §11).
 BROKEN_BESIDE_CPU_TORCH := torchvision torchaudio torchcodec
 
 .PHONY: setup run test test-unit test-integration test-e2e bench clean
 
-setup: $(VENV)/.installed $(MODEL_DIR)/config.json
+setup: $(VENV)/.installed $(MODEL_DIR)/config.json $(CHROMIUM)
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -19,6 +22,11 @@ $(VENV)/.installed: pyproject.toml
 
 $(MODEL_DIR)/config.json: $(VENV)/.installed
 	$(BIN)/chatpipe make-tiny-model --out $(MODEL_DIR)
+
+$(CHROMIUM):
+	@if command -v apt-get >/dev/null; then \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; \
+	else echo "no apt-get: install Chromium at $(CHROMIUM) or the browser tests are skipped"; fi
 
 run: setup
 	$(BIN)/chatpipe up

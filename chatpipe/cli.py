@@ -13,6 +13,8 @@ from chatpipe.settings import Settings
 app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
 topics_app = typer.Typer(no_args_is_help=True, help="Kafka topic provisioning.")
 app.add_typer(topics_app, name="topics")
+store_app = typer.Typer(no_args_is_help=True, help="Conversation store provisioning.")
+app.add_typer(store_app, name="store")
 
 # Every stage a deployment runs as its own process (docker-compose.yml, k8s/).
 STAGES = ("gateway", "scheduler", "worker", "safety", "recorder", "billing")
@@ -96,6 +98,32 @@ def topics_create() -> None:
     typer.echo(f"created: {', '.join(created) or 'nothing (all exist)'}")
 
 
+@store_app.command("create-schema")
+def store_create_schema() -> None:
+    """Create the conversation store's schema (idempotent).
+
+    With Cassandra, the one-off job of a deployment whose stages run with
+    CHATPIPE_CASSANDRA_CREATE_SCHEMA=false.
+    """
+    settings = Settings()
+    if settings.store == "cassandra":
+        from conversations.cassandra_store import create_schema
+
+        asyncio.run(create_schema(settings.cassandra_hosts, settings.cassandra_keyspace,
+                                  settings.cassandra_replication_factor))  # fmt: skip
+        typer.echo(f"schema ready in keyspace {settings.cassandra_keyspace}")
+        return
+    from conversations.sqlite_store import SQLiteStore
+
+    async def create() -> None:
+        store = SQLiteStore(settings.database_path)
+        await store.open()
+        await store.close()
+
+    asyncio.run(create())
+    typer.echo(f"schema ready in {settings.database_path}")
+
+
 @app.command("make-tiny-model")
 def make_tiny_model(
     out: Annotated[Path, typer.Option(help="directory to write")] = Settings.model_fields[
@@ -108,6 +136,20 @@ def make_tiny_model(
     build_tiny_model(out)
     typer.echo(f"tiny model written to {out}")
 
+
+@app.command()
+def chat(
+    url: Annotated[str, typer.Option(help="the gateway")] = "http://127.0.0.1:8000",
+    api_key: Annotated[str | None, typer.Option(envvar="CHATPIPE_API_KEY",
+                                                help="printed by `chatpipe up`")] = None,
+    model: Annotated[str | None, typer.Option(help="default: the gateway's")] = None,
+    conversation: Annotated[str | None, typer.Option(help="continue this conversation")] = None,
+) -> None:
+    """Chat in the terminal with a running gateway; /help lists the commands."""
+    from chatpipe.terminal import run_terminal
+
+    key = api_key or typer.prompt("API key", hide_input=True)
+    raise typer.Exit(run_terminal(url, key, model, conversation))
 
 
 if __name__ == "__main__":

@@ -1,13 +1,19 @@
 """The gateway's HTTP app: `create_app(deps)` is all the wiring calls.
 
 The store and the pipeline are opened and closed by the wiring, outside the app.
+The app's lifespan loads the served models' tokenizers before it takes requests
+(the embedding model, slower, in the background when a model retrieves), and on
+shutdown cancels the titles and summaries still being generated.
 """
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
 from fastapi import APIRouter, Depends, FastAPI
 
-from gateway import chat, openai_compat
+from gateway import chat, conversations, openai_compat, web
 from gateway.admission import ResponseHeaders
 from gateway.auth import current_owner
 from gateway.deps import GatewayDeps
@@ -17,7 +23,20 @@ __all__ = ["GatewayDeps", "create_app"]
 
 
 def create_app(deps: GatewayDeps) -> FastAPI:
-    app = FastAPI(title="chatpipe", summary="ChatGPT-style chat over a Kafka pipeline")
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        models = deps.settings.models
+        await deps.context.warm_up(models)
+        if any(deps.context.policy(model, 1).strategy == "retrieve" for model in models):
+            deps.background.start(("warm_up", "embedder"),
+                                  deps.context.warm_up([], embedder=True))  # fmt: skip
+        try:
+            yield
+        finally:
+            await deps.background.close()
+
+    app = FastAPI(title="chatpipe", summary="ChatGPT-style chat over a Kafka pipeline",
+                  lifespan=lifespan)
     app.state.deps = deps
     install_error_handlers(app)
     app.add_middleware(ResponseHeaders)
@@ -27,7 +46,9 @@ def create_app(deps: GatewayDeps) -> FastAPI:
         return {"status": "ok"}
 
     v1 = APIRouter(prefix="/v1", dependencies=[Depends(current_owner)])
+    v1.include_router(conversations.router)
     v1.include_router(chat.router)
     v1.include_router(openai_compat.router)
     app.include_router(v1)
+    app.include_router(web.router)
     return app

@@ -1,0 +1,341 @@
+"""`chatpipe chat`: a terminal client of the native API (README "Client API").
+
+Answers stream as they arrive; the queue position shows while a turn waits.
+An answer streams on a thread of its own, so the prompt still reads `/stop`,
+and Ctrl-C stops the answer instead of quitting. Stopping asks the gateway to
+cancel the request and drops the stream, which cancels it too.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, TextIO
+
+import httpx
+import orjson
+
+from schemas.sse import SSEMessage, SSEReader
+
+HELP = """\
+  /new            start a new conversation
+  /list           your conversations, newest first
+  /open N|ID      continue conversation N of /list (or by id)
+  /regen          another answer to the last message
+  /stop           stop the answer (Ctrl-C does too)
+  /quit           leave (Ctrl-D does too)"""
+
+STOP_GRACE_S = 2.0
+"""How long a stopped answer may take to end by itself before its stream is dropped."""
+
+
+class ApiFailure(Exception):
+    """An HTTP error answer of the gateway."""
+
+    def __init__(self, status: int, code: str, message: str, retry_after: str | None) -> None:
+        super().__init__(message)
+        self.status, self.code, self.retry_after = status, code, retry_after
+
+    @classmethod
+    def of(cls, response: httpx.Response) -> ApiFailure:
+        try:
+            error = response.json()["error"]
+            code, message = error["code"], error["message"]
+        except (ValueError, KeyError, TypeError):
+            code, message = f"http_{response.status_code}", response.text[:200]
+        return cls(response.status_code, code, message, response.headers.get("retry-after"))
+
+    def __str__(self) -> str:
+        retry = f" (retry in {self.retry_after} s)" if self.retry_after else ""
+        return f"{self.status} {self.code}: {self.args[0]}{retry}"
+
+
+class ChatApi:
+    """The native API routes this client uses, over one httpx client."""
+
+    def __init__(self, url: str, api_key: str, model: str | None) -> None:
+        self.model = model
+        self.http = httpx.Client(
+            base_url=url.rstrip("/"),
+            headers={"Authorization": f"Bearer {api_key}"},
+            timeout=httpx.Timeout(30.0, read=None),
+        )
+
+    def close(self) -> None:
+        self.http.close()
+
+    def _json(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+        response = self.http.request(method, path, json=body)
+        if response.is_error:
+            raise ApiFailure.of(response)
+        return response.json()
+
+    def models(self) -> list[str]:
+        return [m["id"] for m in self._json("GET", "/v1/models")["data"]]
+
+    def new_conversation(self) -> str:
+        return self._json("POST", "/v1/conversations", {})["conversation_id"]
+
+    def conversations(self, limit: int = 20) -> list[dict[str, Any]]:
+        return self._json("GET", f"/v1/conversations?limit={limit}")["data"]
+
+    def thread(self, conversation_id: str) -> list[dict[str, Any]]:
+        """The selected thread's messages, root first."""
+        detail = self._json("GET", f"/v1/conversations/{conversation_id}")
+        by_id = {m["message_id"]: m for m in detail["messages"]}
+        return [by_id[i] for i in detail["thread"] if i in by_id]
+
+    def cancel(self, request_id: str) -> None:
+        self.http.post(f"/v1/requests/{request_id}/cancel")
+
+    @contextmanager
+    def answer(self, path: str, body: dict[str, Any]) -> Iterator[tuple[httpx.Response,
+                                                                        Iterator[SSEMessage]]]:
+        """POST a turn; yields the response and its SSE messages as they arrive."""
+        if self.model:
+            body = {**body, "model": self.model}
+        with self.http.stream("POST", path, json=body) as response:
+            if response.is_error:
+                response.read()
+                raise ApiFailure.of(response)
+            yield response, _messages(response.iter_lines())
+
+
+def _messages(lines: Iterator[str]) -> Iterator[SSEMessage]:
+    reader = SSEReader()
+    for line in lines:
+        if (message := reader.feed(line)) is not None:
+            yield message
+
+
+@dataclass
+class Answer:
+    """One answer being streamed, on its own thread."""
+
+    path: str
+    body: dict[str, Any]
+    request_id: str | None = None
+    message_id: str | None = None
+    stopped: bool = False
+    response: httpx.Response | None = None
+    thread: threading.Thread | None = None
+
+
+class TerminalChat:
+    """The prompt loop. Everything it prints goes through `say`, under one lock."""
+
+    def __init__(self, api: ChatApi, conversation_id: str | None, out: TextIO = sys.stdout):
+        self.api = api
+        self.conversation_id = conversation_id
+        self.out = out
+        self.last_answer: str | None = None  # the message /regen answers again
+        self.answer: Answer | None = None
+        self._conversations: list[str] = []
+        self._lock = threading.RLock()
+        self._prompted = False
+        self._queue_line = False
+
+    # --- output -------------------------------------------------------------------
+
+    def say(self, text: str, end: str = "\n") -> None:
+        with self._lock:
+            if self._queue_line:
+                self.out.write("\r\x1b[2K")
+                self._queue_line = False
+            self.out.write(text + end)
+            self.out.flush()
+
+    def _prompt(self) -> None:
+        with self._lock:
+            if not self._prompted and self.answer is None:
+                self.say("> ", end="")
+                self._prompted = True
+
+    # --- the loop -----------------------------------------------------------------
+
+    def run(self) -> int:
+        try:
+            models = self.api.models()
+        except (ApiFailure, httpx.HTTPError) as error:
+            self.say(f"cannot use {self.api.http.base_url}: {error}")
+            return 1
+        model = self.api.model or (models[0] if models else "?")
+        self.say(f"chatpipe at {self.api.http.base_url} · model {model}. /help for commands.")
+        if self.conversation_id:
+            self._show_thread()
+        while True:
+            self._prompt()
+            try:
+                line = input()
+            except KeyboardInterrupt:
+                self._prompted = False
+                if self.answer is not None:
+                    self.stop()
+                else:
+                    self.say("\n(/quit or Ctrl-D to leave)")
+                continue
+            except EOFError:
+                self.stop()
+                self.say("")
+                return 0
+            self._prompted = False
+            if not self.handle(line.strip()):
+                self.stop()
+                return 0
+
+    def handle(self, line: str) -> bool:
+        """Act on one line; False to leave."""
+        command, _, argument = line.partition(" ")
+        busy = self.answer is not None
+        try:
+            match command:
+                case "":
+                    pass
+                case "/quit" | "/exit":
+                    return False
+                case "/help":
+                    self.say(HELP)
+                case "/stop" if busy:
+                    self.stop()
+                case "/stop":
+                    self.say("(nothing to stop)")
+                case _ if busy:
+                    self.say("(an answer is streaming: /stop or Ctrl-C first)")
+                case "/new":
+                    self.conversation_id, self.last_answer = None, None
+                    self.say("(new conversation)")
+                case "/list":
+                    self._list()
+                case "/open":
+                    self._open(argument.strip())
+                case "/regen":
+                    self._regenerate()
+                case _ if command.startswith("/"):
+                    self.say(f"(unknown command {command}; /help)")
+                case _:
+                    self._send(line)
+        except (ApiFailure, httpx.HTTPError) as error:
+            self.say(f"[error: {error}]")
+        return True
+
+    # --- commands -----------------------------------------------------------------
+
+    def _list(self) -> None:
+        conversations = self.api.conversations()
+        self._conversations = [c["conversation_id"] for c in conversations]
+        if not conversations:
+            self.say("(no conversations yet)")
+        for n, c in enumerate(conversations, 1):
+            mark = "*" if c["conversation_id"] == self.conversation_id else " "
+            self.say(f"{mark}{n:3}  {c['title'] or '(untitled)'}  [{c['conversation_id']}]")
+
+    def _open(self, which: str) -> None:
+        if which.isdigit() and 0 < int(which) <= len(self._conversations):
+            which = self._conversations[int(which) - 1]
+        if not which:
+            self.say("(/open N after /list, or /open ID)")
+            return
+        self.conversation_id = which
+        self._show_thread()
+
+    def _show_thread(self) -> None:
+        messages = self.api.thread(self.conversation_id)
+        for message in messages:
+            who = "you" if message["role"] == "user" else "chatpipe"
+            self.say(f"{who}: {message['content']}")
+        answers = [m["message_id"] for m in messages if m["role"] == "assistant"]
+        self.last_answer = answers[-1] if answers else None
+
+    def _send(self, text: str) -> None:
+        if self.conversation_id is None:
+            self.conversation_id = self.api.new_conversation()
+        self._start(Answer(f"/v1/conversations/{self.conversation_id}/messages",
+                           {"content": text}))
+
+    def _regenerate(self) -> None:
+        if self.conversation_id is None or self.last_answer is None:
+            self.say("(no answer to regenerate yet)")
+            return
+        path = f"/v1/conversations/{self.conversation_id}/messages/{self.last_answer}/regenerate"
+        self._start(Answer(path, {}))
+
+    # --- answers ------------------------------------------------------------------
+
+    def _start(self, answer: Answer) -> None:
+        self.answer = answer
+        answer.thread = threading.Thread(target=self._stream, args=(answer,), daemon=True)
+        answer.thread.start()
+
+    def stop(self) -> None:
+        """Stop the answer streaming now, if there is one, and wait for it to end."""
+        answer = self.answer
+        if answer is None:
+            return
+        answer.stopped = True
+        if answer.request_id is not None:
+            try:
+                self.api.cancel(answer.request_id)
+            except httpx.HTTPError:
+                pass
+        assert answer.thread is not None
+        answer.thread.join(STOP_GRACE_S)
+        if answer.thread.is_alive() and answer.response is not None:
+            answer.response.close()  # the reader fails, and the gateway cancels on disconnect
+            answer.thread.join(STOP_GRACE_S)
+
+    def _stream(self, answer: Answer) -> None:
+        ending = ""
+        try:
+            with self.api.answer(answer.path, answer.body) as (response, messages):
+                answer.response = response
+                for message in messages:
+                    if answer.stopped or message.is_done:
+                        break
+                    ending = self._show(answer, message) or ending
+        except ApiFailure as error:
+            ending = f"[error: {error}]"
+        except Exception as error:  # noqa: BLE001 - whatever broke the stream, the prompt must come back
+            if not answer.stopped:
+                ending = f"[connection lost: {error!r}]"
+        if answer.stopped:
+            ending = "[stopped]"
+        with self._lock:
+            self.say("" if not ending else f"\n{ending}")
+            self.answer = None
+            self._prompt()
+
+    def _show(self, answer: Answer, message: SSEMessage) -> str | None:
+        """Print one event; returns what to print once the answer ends, if anything."""
+        data = orjson.loads(message.data)
+        match message.event:
+            case "request":
+                answer.request_id, answer.message_id = data["request_id"], data["message_id"]
+                self.last_answer = data["message_id"]
+            case "queued":
+                eta = f" · about {max(1, round(data['eta_ms'] / 1000))} s" if data["eta_ms"] else ""
+                with self._lock:
+                    self.say(f"[waiting in line: position {data['position']}{eta}]", end="")
+                    self._queue_line = True
+            case "model":
+                self.say(f"[answered by {data['model']}: {data['reason']}]")
+            case "delta":
+                self.say(data["delta"], end="")
+            case "retract":
+                return f"[withdrawn by the safety filter ({data['reason']})] {data['replacement']}"
+            case "error":
+                retry = f"; try again in {data['retry_after']:.0f} s" if data["retry_after"] else ""
+                return f"[error {data['code']}: {data['message']}{retry}]"
+            case "done" if data["status"] == "finished_length":
+                return "[stopped at the length limit]"
+        return None
+
+
+def run_terminal(url: str, api_key: str, model: str | None, conversation_id: str | None) -> int:
+    api = ChatApi(url, api_key, model)
+    try:
+        return TerminalChat(api, conversation_id).run()
+    finally:
+        api.close()

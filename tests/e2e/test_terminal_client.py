@@ -1,0 +1,124 @@
+"""`chatpipe chat` driven through a pseudo-terminal (pexpect) against a running pipeline.
+
+pexpect blocks, and the pipeline runs on this test's event loop: every wait on
+the terminal runs in a thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import sys
+from pathlib import Path
+
+import pexpect
+import pytest
+
+from schemas.lifecycle import RequestStatus
+from tests.fixtures.stack import API_KEY, client_for
+
+CHATPIPE = shutil.which("chatpipe", path=str(Path(sys.executable).parent)) or "chatpipe"
+WORDS = [f"w{i:02d}" for i in range(30)]
+
+
+class Terminal:
+    def __init__(self, url: str) -> None:
+        self.child = pexpect.spawn(CHATPIPE, ["chat", "--url", url, "--api-key", API_KEY],
+                                   encoding="utf-8", timeout=30, dimensions=(40, 200))
+
+    async def expect(self, pattern: str) -> str:
+        await asyncio.to_thread(self.child.expect, pattern)
+        return self.child.after
+
+    async def send(self, line: str) -> None:
+        """Type `line` and Enter, and read past its echo."""
+        self.child.sendline(line)
+        await asyncio.to_thread(self.child.expect_exact, line + "\r\n")
+
+    @property
+    def unread(self) -> str:
+        return self.child.buffer
+
+    async def close(self) -> int | None:
+        if self.child.isalive():
+            self.child.sendline("/quit")
+            await asyncio.to_thread(self.child.expect, pexpect.EOF)
+        await asyncio.to_thread(self.child.wait)
+        return self.child.exitstatus
+
+
+@pytest.fixture
+async def terminal(slow_stack):
+    term = Terminal(slow_stack.base_url)
+    await term.expect("> ")
+    yield term
+    term.child.close(force=True)
+
+
+async def test_answer_streams_into_the_terminal_and_regen_answers_again(terminal, slow_stack):
+    await terminal.send(f"[[sim:reply={' '.join(WORDS)}]]")
+    await terminal.expect(WORDS[0])
+    assert WORDS[-1] not in terminal.unread, "the whole answer came at once"
+    await terminal.expect(WORDS[-1])
+    await terminal.expect("> ")
+
+    await terminal.send("/regen")
+    await terminal.expect(WORDS[-1])
+    await terminal.expect("> ")
+    await terminal.send("/list")
+    cid = await current_conversation(terminal)
+    assert await terminal.close() == 0
+
+    answers = await stored_answers(slow_stack, cid, 2)
+    assert {a["parent_id"] for a in answers} == {answers[0]["parent_id"]}, (
+        "the regenerated answer is a sibling of the first")
+
+
+async def test_ctrl_c_stops_the_answer_and_the_client_goes_on(terminal, slow_stack):
+    await terminal.send("[[sim:length=2000]]")
+    await terminal.expect(r"\w+ \w+ \w+ \w+ ")
+    terminal.child.sendintr()
+    await terminal.expect(r"\[stopped\]")
+    await terminal.expect("> ")
+
+    await terminal.send("[[sim:reply=still here]]")
+    await terminal.expect("still here")
+    await terminal.expect("> ")
+    cid = await current_conversation(terminal)
+    answers = await stored_answers(slow_stack, cid, 2)
+    assert [a["status"] for a in answers] == [RequestStatus.FINISHED_ABORTED,
+                                              RequestStatus.FINISHED_STOPPED]
+    assert len(answers[0]["content"].split()) < 200, "the stopped answer kept going"
+
+
+async def test_queue_position_shows_while_waiting_and_stop_leaves_the_queue(terminal, busy_slot):
+    await busy_slot.occupy()
+    await terminal.send("[[sim:reply=my turn came]]")
+    await terminal.expect(r"waiting in line: position \d+")
+    await terminal.send("/stop")
+    await terminal.expect(r"\[stopped\]")
+    await busy_slot.release()
+
+    await terminal.send("[[sim:reply=my turn came]]")
+    await terminal.expect("my turn came")
+
+
+async def current_conversation(terminal: Terminal) -> str:
+    """The id `/list` marks as the current conversation."""
+    await terminal.send("/list")
+    await terminal.expect(r"\*\s+1\s+[^\r\n]+\[(\w+)\]")
+    conversation_id = terminal.child.match.group(1)
+    await terminal.expect("> ")
+    return conversation_id
+
+
+async def stored_answers(stack, conversation_id: str, count: int) -> list[dict]:
+    """The conversation's answers once the recorder has stored `count` of them."""
+    async with client_for(stack) as client:
+        for _ in range(100):
+            detail = (await client.get(f"/v1/conversations/{conversation_id}")).json()
+            answers = [m for m in detail["messages"] if m["role"] == "assistant"]
+            if len(answers) >= count:
+                return answers
+            await asyncio.sleep(0.1)
+    raise AssertionError(f"{len(answers)} answers stored, expected {count}")
