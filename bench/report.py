@@ -1,0 +1,315 @@
+"""RESULTS.md, results.json and the plots of one benchmark run."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import platform
+import shlex
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bench import plots
+from bench.capacity import CapacityRun
+from bench.compare import SideRun, Workload
+from bench.hops import HOPS
+from bench.processes import EngineConfig, vllm_server_argv
+
+TTFT_MARGIN_MS = 25.0
+THROUGHPUT_RATIO = 0.9
+
+
+@dataclass
+class BenchRun:
+    command: str
+    date: str
+    machine: dict[str, str]
+    engine: EngineConfig
+    workload: Workload
+    sides: list[SideRun] = field(default_factory=list)
+    capacity: CapacityRun | None = None
+    duration_s: float = 0.0
+
+    def side(self, name: str) -> SideRun | None:
+        return next((s for s in self.sides if s.name == name), None)
+
+
+def machine() -> dict[str, str]:
+    """What `date`, `nproc` and `free -g` say, plus the CPU and the load."""
+    def sh(*argv: str) -> str:
+        return subprocess.run(argv, capture_output=True, text=True).stdout.strip()
+
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text()
+                .splitlines() if line.startswith("model name")), platform.processor())
+    return {"date": sh("date"), "nproc": sh("nproc"), "free_g": sh("free", "-g"), "cpu": cpu,
+            "loadavg": " ".join(f"{x:.2f}" for x in os.getloadavg()),
+            "commit": sh("git", "rev-parse", "--short", "HEAD")}
+
+
+def write(run: BenchRun, out_dir: Path) -> Path:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    vs_vllm = [s for s in run.sides if s.name in ("vllm", "chatpipe")]
+    if vs_vllm:
+        plots.throughput(vs_vllm, out_dir / "throughput.png")
+        plots.latency(vs_vllm, out_dir / "latency.png")
+    if run.capacity is not None and run.capacity.levels:
+        plots.capacity(run.capacity, out_dir / "capacity.png")
+    (out_dir / "results.json").write_text(json.dumps(_plain(run), indent=1, default=str))
+    path = out_dir / "RESULTS.md"
+    path.write_text(markdown(run))
+    return path
+
+
+def _plain(run: BenchRun) -> dict:
+    data = dataclasses.asdict(run)
+    for side in data["sides"]:
+        for level in side["levels"]:
+            level.pop("samples")  # raw samples are in the plots, not the JSON
+    return data
+
+
+def markdown(run: BenchRun) -> str:
+    parts = [
+        "# Benchmarks: chatpipe side by side with vLLM's OpenAI server\n",
+        f"Run on {run.machine['date']} ({run.duration_s / 60:.1f} min), commit "
+        f"`{run.machine['commit']}` plus the working tree. Regenerate with:\n",
+        f"```sh\n{run.command}\n```\n",
+        _machine(run), _engine(run),
+    ]
+    if run.sides:
+        parts += [_targets(run), _comparison(run), _hops(run), _cpu(run), _cancel(run)]
+    if run.capacity is not None:
+        parts.append(_capacity(run.capacity))
+    parts.append(METHOD)
+    return "\n".join(parts)
+
+
+def _machine(run: BenchRun) -> str:
+    m = run.machine
+    return (f"## Machine\n\n- CPU: {m['cpu']}, `nproc` = {m['nproc']}, no GPU\n"
+            f"- load average at start: {m['loadavg']}\n- `free -g`:\n\n```\n{m['free_g']}\n```\n")
+
+
+def _engine(run: BenchRun) -> str:
+    e, w = run.engine, run.workload
+    return (
+        "## Engine and workload (both sides)\n\n"
+        f"- model `{e.model.name}` (tiny random-weight Llama), served as `{e.model_name}`\n"
+        f"- vLLM engine args: chatpipe's `VllmEngine.engine_args()` (max_num_seqs={e.max_slots}, "
+        f"kv_cache_memory_bytes={e.kv_cache_gib:g} GiB, max_model_len={e.max_model_len}, "
+        "enable_prefix_caching, scheduling_policy=priority, enforce_eager), passed as flags "
+        f"to vLLM's server: `{_server_command(e)}`\n"
+        f"- streaming `POST /v1/chat/completions`, {w.max_tokens} tokens per answer "
+        "(`ignore_eos`), temperature 1, 8 fixed prompts in turn, "
+        f"closed loop at concurrency {', '.join(map(str, w.levels))}, "
+        f"{w.rounds} requests per client per level (at least {w.min_requests}), "
+        f"after {w.warmup} warm-up requests\n"
+        + "".join(f"- {side.name}: launch to ready (`/health`, or the 'chatpipe is up' line) "
+                  f"{side.ready_s:.0f} s\n" for side in run.sides)
+    )
+
+
+def _server_command(cfg: EngineConfig) -> str:
+    argv = vllm_server_argv(cfg, 0, "KEY")[1:]
+    return "python " + shlex.join(argv).replace("--port 0", "--port PORT")
+
+
+def _fmt(value: float | None, digits: int = 0) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "n/a"
+    return f"{value:.{digits}f}"
+
+
+def _ratio(a: float | None, b: float | None) -> str:
+    if not a or not b or math.isnan(a) or math.isnan(b):
+        return "n/a"
+    return f"{a / b:.2f}"
+
+
+def _targets(run: BenchRun) -> str:
+    vllm, cp = run.side("vllm"), run.side("chatpipe")
+    if vllm is None or cp is None:
+        return ""
+    rows = ["## Targets\n", "| target | measured | met |", "|---|---|---|"]
+    for concurrency in (32, 64):
+        a, b = cp.level(concurrency), vllm.level(concurrency)
+        if a and b:
+            ratio = a.stats.tokens_per_s / b.stats.tokens_per_s
+            rows.append(f"| tokens/s at c={concurrency} ≥ {THROUGHPUT_RATIO}× vLLM | "
+                        f"{ratio:.2f}× | {'yes' if ratio >= THROUGHPUT_RATIO else 'no'} |")
+    a, b = cp.level(1), vllm.level(1)
+    if a and b:
+        delta = a.stats.ttft_ms[0] - b.stats.ttft_ms[0]
+        rows.append(f"| TTFT p50 at c=1 ≤ vLLM + {TTFT_MARGIN_MS:g} ms | "
+                    f"+{delta:.0f} ms | {'yes' if delta <= TTFT_MARGIN_MS else 'no'} |")
+    c = cp.cancel
+    if c and c.waste_median is not None and c.interval_tokens is not None:
+        met = c.waste_median <= c.interval_tokens
+        rows.append(f"| cancellation waste ≤ one coalescing interval of tokens (median) | "
+                    f"{c.waste_median:.1f} tokens vs {c.interval_tokens:.1f} | "
+                    f"{'yes' if met else 'no'} |")
+    return "\n".join(rows) + "\n"
+
+
+def _comparison(run: BenchRun) -> str:
+    vllm, cp = run.side("vllm"), run.side("chatpipe")
+    lines = ["## Latency and throughput\n",
+             "Latencies in ms (p50 / p99). ITL is per token (chunk gap ÷ tokens in the chunk, "
+             "one sample per token); TPOT is per request (first to last chunk ÷ tokens after "
+             "the first chunk); the chunk gap is the pause a reader sees.\n",
+             "| c | side | done | tokens/s | TTFT | ITL per token | TPOT | chunk gap | "
+             "tokens/chunk |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for side in run.sides:
+        for lv in side.levels:
+            s = lv.stats
+            lines.append(
+                f"| {s.concurrency} | {side.name} | {s.completed}/{s.requests} | "
+                f"{s.tokens_per_s:.0f} | {_fmt(s.ttft_ms[0])} / {_fmt(s.ttft_ms[1])} | "
+                f"{_fmt(s.itl_ms[0], 1)} / {_fmt(s.itl_ms[1], 1)} | "
+                f"{_fmt(s.tpot_ms[0], 1)} / {_fmt(s.tpot_ms[1], 1)} | "
+                f"{_fmt(s.chunk_gap_ms[0], 1)} / {_fmt(s.chunk_gap_ms[1], 1)} | "
+                f"{_fmt(s.tokens_per_chunk, 1)} |")
+    if vllm and cp:
+        lines += ["", "Ratios chatpipe / vLLM:\n",
+                  "| c | tokens/s | TTFT p50 | TTFT p99 | ITL p50 | ITL p99 | TPOT p50 |",
+                  "|---|---|---|---|---|---|---|"]
+        for lv in cp.levels:
+            base = vllm.level(lv.stats.concurrency)
+            if base is None:
+                continue
+            a, b = lv.stats, base.stats
+            lines.append(f"| {a.concurrency} | {_ratio(a.tokens_per_s, b.tokens_per_s)} | "
+                         f"{_ratio(a.ttft_ms[0], b.ttft_ms[0])} | "
+                         f"{_ratio(a.ttft_ms[1], b.ttft_ms[1])} | "
+                         f"{_ratio(a.itl_ms[0], b.itl_ms[0])} | {_ratio(a.itl_ms[1], b.itl_ms[1])} "
+                         f"| {_ratio(a.tpot_ms[0], b.tpot_ms[0])} |")
+    lines.append("\n![throughput](throughput.png)\n\n![latency](latency.png)\n")
+    return "\n".join(lines)
+
+
+def _hops(run: BenchRun) -> str:
+    side = run.side("chatpipe")
+    if side is None or not any(lv.ttft_hops for lv in side.levels):
+        return ""
+    lines = ["## Where chatpipe's time to first token goes\n",
+             "p50 / p90 ms per hop, from the Kafka record timestamps of each request's "
+             "first event on `chat.requests.*`, `chat.work`, `chat.tokens` (first chunk) and "
+             "`chat.deliver.*` (first delta), and the client's send and first-chunk times. "
+             "*worker + engine* holds the engine's own time to first token.\n",
+             "| c | " + " | ".join(HOPS) + " | TTFT p50 |",
+             "|---|" + "---|" * (len(HOPS) + 1)]
+    for lv in side.levels:
+        if lv.ttft_hops:
+            cells = [f"{_fmt(lv.ttft_hops[h][0])} / {_fmt(lv.ttft_hops[h][1])}" for h in HOPS]
+            lines.append(f"| {lv.stats.concurrency} | " + " | ".join(cells) +
+                         f" | {_fmt(lv.stats.ttft_ms[0])} |")
+    return "\n".join(lines) + "\n"
+
+
+def _cpu(run: BenchRun) -> str:
+    lines = ["## CPU per 1,000 delivered tokens\n",
+             "CPU seconds by process tree member. `chatpipe-up` is one process holding the "
+             "gateway, every stage and vLLM's AsyncLLM front end; `VLLM::*` are the engine's "
+             "own processes. `foreign` is CPU used on the machine by anything else during the "
+             "level (other work on a shared machine), in cores; a level measured while other "
+             "processes used more than 0.3 cores is measured once more and the quieter try "
+             "kept (`tries`).\n",
+             "| c | side | process: CPU s / 1k tokens | all under test | client | "
+             "foreign cores | tries |",
+             "|---|---|---|---|---|---|---|"]
+    for side in run.sides:
+        for lv in side.levels:
+            per_k = 1000 / lv.stats.tokens if lv.stats.tokens else float("nan")
+            procs = ", ".join(f"{name} {seconds * per_k:.2f}"
+                              for name, seconds in sorted(lv.cpu.by_process.items()))
+            lines.append(f"| {lv.stats.concurrency} | {side.name} | {procs} | "
+                         f"{lv.cpu.tested * per_k:.2f} | {lv.cpu.client * per_k:.2f} | {lv.cpu.cores(lv.cpu.foreign):.2f} | "
+                         f"{lv.tries} |")
+    return "\n".join(lines) + "\n"
+
+
+def _cancel(run: BenchRun) -> str:
+    lines = ["## Cancellation waste\n",
+             "Tokens generated for a client after it hung up (it hangs up after 2, 4, 8 or 16 "
+             f"content chunks; {run.workload.disconnect_concurrency} at a time, answers of "
+             f"{run.workload.disconnect_max_tokens} tokens).\n",
+             "Of the waste (medians): *in flight* = already on `chat.tokens` when the client "
+             "hung up (delivery latency); *after* = published after the hang-up or never "
+             "(tokens the coalescer held, and tokens made before the cancel reached the "
+             "engine).\n",
+             "| side | disconnects | measured | median | max | mean | in flight | after | "
+             "one coalescing interval (tokens) | usage says aborted |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for side in run.sides:
+        c = side.cancel
+        if c is None:
+            continue
+        lines.append(f"| {side.name} | {c.disconnects} | {c.measured} | {_fmt(c.waste_median, 1)} "
+                     f"| {_fmt(c.waste_max)} | {_fmt(c.waste_mean, 1)} | "
+                     f"{_fmt(c.in_flight_median, 1)} | {_fmt(c.after_median, 1)} | "
+                     f"{_fmt(c.interval_tokens, 1)} | {c.aborted} |")
+    return "\n".join(lines) + "\n"
+
+
+def _capacity(cap: CapacityRun) -> str:
+    plan = cap.plan
+    lines = [
+        "## Pipeline capacity (sim engine, one process per stage)\n",
+        f"Each stream gets {plan.tokens_per_s:g} tokens/s for {plan.hold_s:g} s "
+        f"({plan.max_tokens} tokens), streams opened over {plan.ramp_s:g} s; coalescing "
+        f"{plan.coalesce_ms:g} ms. A level holds when all streams complete, the slowest tenth "
+        "still get ≥ 90% of the set rate and TTFT p99 < 1 s. "
+        f"**One gateway process held {cap.max_held} concurrent streams.**\n",
+        "Tokens/s and SSE events/s are counted while every stream of the level was "
+        "streaming (steady state); offered = streams × rate.\n",
+        "| streams | done | offered tokens/s | delivered tokens/s | SSE events/s | "
+        "TTFT p50 / p99 ms | chunk gap p99 ms | slowest-10% stream tok/s | holds | "
+        "foreign cores |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for lv in cap.levels:
+        lines.append(f"| {lv.streams} | {lv.completed} | {lv.streams * plan.tokens_per_s:.0f} | "
+                     f"{_fmt(lv.tokens_per_s)} | {_fmt(lv.events_per_s)} | "
+                     f"{_fmt(lv.ttft_ms[0])} / {_fmt(lv.ttft_ms[1])} | "
+                     f"{_fmt(lv.chunk_gap_p99_ms)} | {_fmt(lv.stream_rate_p10, 1)} | "
+                     f"{'yes' if lv.holds else 'no'} | {lv.cpu.cores(lv.cpu.foreign):.2f} |")
+    names = sorted({n for lv in cap.levels for n in lv.cpu.by_process})
+    lines += ["", "CPU seconds per 1,000 delivered tokens, per stage:\n",
+              "| streams | " + " | ".join(names) + " | all stages + broker | client |",
+              "|---|" + "---|" * (len(names) + 2)]
+    for lv in cap.levels:
+        cells = [f"{lv.cpu_per_1k_tokens(lv.cpu.by_process.get(n, 0.0)):.3f}" for n in names]
+        lines.append(f"| {lv.streams} | " + " | ".join(cells) +
+                     f" | {lv.cpu_per_1k_tokens(lv.cpu.tested):.3f} | "
+                     f"{lv.cpu_per_1k_tokens(lv.cpu.client):.3f} |")
+    lines.append("\n![capacity](capacity.png)\n")
+    return "\n".join(lines)
+
+
+METHOD = """## How it is measured
+
+- One command starts vLLM's OpenAI server (`python -m vllm.entrypoints.openai.api_server`)
+  with chatpipe's engine args, drives it, stops it; then starts `chatpipe up` (on a Tansu
+  broker the harness starts, so it can read `chat.tokens` and `chat.usage`) with the same
+  model and engine settings and drives it the same way. Never both at once.
+- One client for both (`bench/sse_client.py`): a small asyncio HTTP/1.0 SSE reader, cheap per
+  event, stamping each event with the time its read returned. Rate limits and load shedding
+  are lifted on the chatpipe side (policy, not capacity).
+- TTFT: request sent → first chunk with content. Delivered tokens/s: completion tokens of
+  completed requests ÷ wall time of the level.
+- ITL per token: for each content chunk after the first, chunk gap ÷ tokens in the chunk,
+  counted once per token. Tokens per chunk are exact: vLLM reports cumulative completion
+  tokens on every chunk (`stream_options.continuous_usage_stats`, which chatpipe ignores);
+  for chatpipe they are the `token_count`s of the request's chunks on `chat.tokens`
+  (a chunk whose text is empty reaches no client; its tokens count with the next one).
+- Cancellation waste (chatpipe): completion tokens of the request's usage event on
+  `chat.usage` − tokens of the chunks the client had received. One coalescing interval of
+  tokens = the median stream's received token rate × the coalescing interval.
+- Capacity: broker + every stage (`chatpipe gateway|scheduler|worker|safety|recorder|billing`)
+  as separate processes; per-process CPU from /proc (psutil) before and after each level.
+- The machine may be shared: `foreign cores` is CPU used by other processes meanwhile.
+"""

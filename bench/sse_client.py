@@ -1,0 +1,161 @@
+"""The one streaming client both sides are driven with.
+
+A deliberately small HTTP/1.0 client for `POST /v1/chat/completions` with
+`stream=true`: HTTP/1.0 makes the server frame the body by closing the
+connection, so the raw bytes are the SSE stream and parsing costs little. The
+client shares two cores with the server under test, so it must stay cheap, and
+it costs both sides the same per event.
+
+Every SSE event is stamped with the time the read that carried it returned.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+
+@dataclass(frozen=True)
+class Target:
+    """A server speaking the OpenAI chat API."""
+
+    name: str
+    port: int
+    api_key: str
+    model: str
+    host: str = "127.0.0.1"
+
+
+@dataclass
+class StreamRecord:
+    """What one streamed request looked like from the client."""
+
+    started: float
+    """perf_counter() when the request was sent; every time below is on that clock."""
+    wall_started: float = 0.0
+    """time.time() when the request was sent (to compare with Kafka record timestamps)."""
+    status: int = 0
+    request_id: str | None = None
+    times: list[float] = field(default_factory=list)
+    """Arrival time of every chunk carrying content."""
+    texts: list[str] = field(default_factory=list)
+    reported_tokens: list[int] = field(default_factory=list)
+    """Cumulative completion tokens the server reported with each content chunk
+    (vLLM's `continuous_usage_stats`); empty when the server does not report them."""
+    usage: dict[str, Any] | None = None
+    finish_reason: str | None = None
+    error: str | None = None
+    done: bool = False
+    disconnected: bool = False
+    ended: float = 0.0
+
+    @property
+    def completed(self) -> bool:
+        return self.done and self.error is None and self.usage is not None
+
+    def wall(self, at: float) -> float:
+        """`at` (perf_counter) as epoch seconds."""
+        return self.wall_started + (at - self.started)
+
+    @property
+    def ttft(self) -> float | None:
+        return self.times[0] - self.started if self.times else None
+
+
+def chat_body(model: str, prompt: str, max_tokens: int) -> bytes:
+    """The request every benchmark sends: fixed prompt, fixed length (ignore_eos)."""
+    return orjson.dumps({
+        "model": model,
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": max_tokens,
+        "ignore_eos": True,
+        "temperature": 1.0,
+        "top_p": 1.0,
+        "stream": True,
+        "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+    })
+
+
+async def stream_chat(target: Target, body: bytes, disconnect_after: int | None = None,
+                      timeout_s: float = 300) -> StreamRecord:
+    """Stream one completion; with `disconnect_after`, hang up after that many content chunks."""
+    record = StreamRecord(started=time.perf_counter(), wall_started=time.time())
+    try:
+        async with asyncio.timeout(timeout_s):
+            await _exchange(target, body, record, disconnect_after)
+    except (OSError, TimeoutError, asyncio.IncompleteReadError) as exc:
+        record.error = f"{type(exc).__name__}: {exc}"
+    record.ended = time.perf_counter()
+    return record
+
+
+async def _exchange(target: Target, body: bytes, record: StreamRecord,
+                    disconnect_after: int | None) -> None:
+    reader, writer = await asyncio.open_connection(target.host, target.port)
+    try:
+        writer.write(_request_head(target, len(body)) + body)
+        head = await reader.readuntil(b"\r\n\r\n")
+        record.status = int(head.split(b" ", 2)[1])
+        if record.status != 200:
+            record.error = f"HTTP {record.status}: {(await reader.read())[:300]!r}"
+            return
+        pending = b""
+        while not record.done:
+            data = await reader.read(1 << 16)
+            if not data:
+                break
+            now = time.perf_counter()
+            *events, pending = (pending + data).replace(b"\r\n", b"\n").split(b"\n\n")
+            for event in events:
+                _on_event(record, event, now)
+            if disconnect_after is not None and len(record.times) >= disconnect_after:
+                record.disconnected = True
+                return
+        if not record.done and record.error is None:
+            record.error = "stream ended without [DONE]"
+    finally:
+        writer.close()
+
+
+def _request_head(target: Target, length: int) -> bytes:
+    return (
+        f"POST /v1/chat/completions HTTP/1.0\r\nHost: {target.host}:{target.port}\r\n"
+        f"Authorization: Bearer {target.api_key}\r\nContent-Type: application/json\r\n"
+        f"Accept: text/event-stream\r\nContent-Length: {length}\r\n\r\n"
+    ).encode()
+
+
+def _on_event(record: StreamRecord, event: bytes, now: float) -> None:
+    for line in event.split(b"\n"):
+        if not line.startswith(b"data:"):
+            continue  # comments (pings), event names
+        payload = line[5:].strip()
+        if payload == b"[DONE]":
+            record.done = True
+            return
+        _on_chunk(record, orjson.loads(payload), now)
+
+
+def _on_chunk(record: StreamRecord, chunk: dict[str, Any], now: float) -> None:
+    if "error" in chunk:
+        record.error = str(chunk["error"])
+        return
+    if record.request_id is None and "id" in chunk:
+        record.request_id = str(chunk["id"]).removeprefix("chatcmpl-")
+    usage = chunk.get("usage")
+    choices = chunk.get("choices") or []
+    if not choices:
+        record.usage = usage or record.usage
+        return
+    choice = choices[0]
+    record.finish_reason = choice.get("finish_reason") or record.finish_reason
+    content = (choice.get("delta") or {}).get("content")
+    if content:
+        record.times.append(now)
+        record.texts.append(content)
+        if usage:
+            record.reported_tokens.append(int(usage["completion_tokens"]))

@@ -1,0 +1,110 @@
+"""What the pipeline itself recorded: token chunks on `chat.tokens`, usage on `chat.usage`.
+
+Both topics are read from offset 0 (the embedded broker cannot seek to the
+end, DESIGN §11) until every request asked about has its terminal event.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer
+from aiokafka.structs import TopicPartition
+
+from schemas import topics
+from schemas.codec import TOKEN_EVENT, EventDecodeError, decode
+from schemas.events import GenerationDone, GenerationError, TokenChunk, UsageEvent
+
+
+@dataclass(frozen=True, slots=True)
+class LoggedChunk:
+    """A `TokenChunk` as the worker published it."""
+
+    published_ms: int
+    """The Kafka record timestamp (the producer's clock at send)."""
+    tokens: int
+    completion_tokens: int
+    has_text: bool
+
+
+async def read_events(bootstrap: str, topic: str, kind: Any,
+                      complete: Callable[[list[Any]], bool],
+                      timeout_s: float = 30) -> list[tuple[int, Any]]:
+    """(record timestamp ms, event) of every decodable event of `topic`, read until
+    `complete(events)` or the timeout."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
+                                fetch_max_wait_ms=20, max_partition_fetch_bytes=8 << 20)
+    await consumer.start()
+    try:
+        await consumer.topics()
+        partitions = [TopicPartition(topic, p)
+                      for p in sorted(consumer.partitions_for_topic(topic) or ())]
+        consumer.assign(partitions)
+        for tp in partitions:
+            consumer.seek(tp, 0)
+        found: list[tuple[int, Any]] = []
+        events: list[Any] = []
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and not complete(events):
+            batch = await consumer.getmany(timeout_ms=200, max_records=5000)
+            for records in batch.values():
+                for record in records:
+                    try:
+                        event = decode(kind, record.value)
+                    except EventDecodeError:
+                        continue
+                    found.append((record.timestamp, event))
+                    events.append(event)
+        return found
+    finally:
+        await consumer.stop()
+
+
+async def token_chunks(bootstrap: str, request_ids: Iterable[str],
+                       timeout_s: float = 30) -> dict[str, list[LoggedChunk]]:
+    """Per request, its token chunks in stream order (duplicates dropped)."""
+    wanted = set(request_ids)
+
+    def all_ended(events: list[Any]) -> bool:
+        ended = {e.request_id for e in events if isinstance(e, GenerationDone | GenerationError)}
+        return wanted <= ended
+
+    found = await read_events(bootstrap, topics.TOKENS, TOKEN_EVENT, all_ended, timeout_s)
+    chunks: dict[str, dict[tuple[int, int], LoggedChunk]] = {rid: {} for rid in wanted}
+    for at_ms, event in found:
+        if isinstance(event, TokenChunk) and event.request_id in wanted:
+            chunks[event.request_id].setdefault(
+                (event.attempt, event.seq),
+                LoggedChunk(at_ms, event.token_count, event.completion_tokens, bool(event.text)))
+    return {rid: [by_seq[key] for key in sorted(by_seq)] for rid, by_seq in chunks.items()}
+
+
+def content_chunk_tokens(chunks: list[LoggedChunk]) -> list[int]:
+    """Token counts of the chunks a client sees, in order.
+
+    A chunk whose text is empty (a token that decodes to nothing yet) reaches
+    no client as a content chunk; its tokens count with the next chunk that
+    does, which is when the client sees them.
+    """
+    counts: list[int] = []
+    carried = 0
+    for chunk in chunks:
+        carried += chunk.tokens
+        if chunk.has_text:
+            counts.append(carried)
+            carried = 0
+    return counts
+
+
+async def usage_events(bootstrap: str, request_ids: Iterable[str],
+                       timeout_s: float = 30) -> dict[str, UsageEvent]:
+    wanted = set(request_ids)
+
+    def all_found(events: list[Any]) -> bool:
+        return wanted <= {e.request_id for e in events}
+
+    found = await read_events(bootstrap, topics.USAGE, UsageEvent, all_found, timeout_s)
+    return {e.request_id: e for _, e in found if e.request_id in wanted}
