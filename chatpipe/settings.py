@@ -192,6 +192,10 @@ class Settings(BaseSettings):
         None, description="model writing summaries and titles; None = small_model, else the turn's"
     )
     summary_max_tokens: int = Field(256, ge=16, description="length limit of a summary")
+    auto_titles: bool = Field(
+        True, description="title a conversation after its first exchange (a free-tier request"
+        " to summary_model); off: the first message is the title",
+    )
     retrieve_top_k: int = Field(4, ge=1, description="earlier exchanges retrieved at most")
     retrieve_min_similarity: float = Field(
         0.3, description="cosine similarity below which an earlier exchange is not retrieved"
