@@ -84,9 +84,15 @@ def build_ledger(settings: Settings) -> UsageLedger:
 
 def build_gateway_deps(settings: Settings, store: ConversationStore, pipeline: KafkaPipeline,
                        ledger: UsageLedger) -> GatewayDeps:
+    ask = None
+    if settings.safety_judge_model:
+        from safety.judge import judge_ask
+
+        ask = judge_ask(pipeline, settings.safety_judge_model)
     return GatewayDeps(settings, store, pipeline, ContextBuilder.from_settings(settings),
                        rate_limiter=RateLimiter.from_settings(settings),
-                       quotas=QuotaGate.from_settings(settings, ledger))
+                       quotas=QuotaGate.from_settings(settings, ledger),
+                       safety=build_policy(settings, ask))
 
 
 async def ensure_dev_key(store: ConversationStore, settings: Settings) -> str:

@@ -1,7 +1,7 @@
 """Admission of a generation request: load shedding, token budgets, then rate limits
 (DESIGN §5).
 
-Shedding comes first: while the scheduler reports that the caller's tier waits
+Shedding comes first, then the input safety check: while the scheduler reports that the caller's tier waits
 longer than its bound, the request is refused with 503 and Retry-After before
 anything is stored or charged.
 
@@ -24,7 +24,8 @@ from conversations.store import ApiKey
 from gateway.deps import GatewayDeps
 from gateway.errors import ApiError
 from gateway.rate_limits import admission_tokens
-from schemas.events import ChatMessage
+from safety.classifiers import first_verdict
+from schemas.events import ChatMessage, ModerationEvent, Role
 
 _noted_headers: ContextVar[dict[str, str] | None] = ContextVar("noted_headers", default=None)
 
@@ -40,6 +41,8 @@ async def admit(
         raise ApiError(503, "overloaded",
                        f"the {owner.tier} tier is overloaded; retry in {retry_after:.0f} s",
                        headers={"Retry-After": str(math.ceil(retry_after))})
+    if deps.safety is not None:
+        await check_input(deps, owner, messages)
     limiter = deps.rate_limiter
     if deps.quotas is not None:
         try:
@@ -50,6 +53,21 @@ async def admit(
             raise
     if limiter is not None:
         note_response_headers(await limiter.acquire(owner, admission_tokens(messages, max_tokens)))
+
+
+async def check_input(deps: GatewayDeps, owner: ApiKey, messages: Sequence[ChatMessage]) -> None:
+    """Classify the new user message before anything is queued: a blocked one gets 400
+    `content_blocked` naming the category, and the decision goes to chat.moderation."""
+    assert deps.safety is not None
+    text = next((m.content for m in reversed(messages) if m.role == Role.USER), "")
+    verdict = await first_verdict(deps.safety.input_classifiers(owner.tier, "*"), text)
+    if verdict is None:
+        return
+    await deps.pipeline.moderate(ModerationEvent(
+        user_id=owner.user_id, action="block_input", category=verdict.category,
+        reason=f"{verdict.classifier}: {verdict.reason}"))
+    raise ApiError(400, "content_blocked",
+                   f"the message was blocked by the {verdict.category} policy", param="content")
 
 
 def note_response_headers(headers: dict[str, str]) -> None:

@@ -16,6 +16,7 @@ from gateway.generation import LiveRequests
 from gateway.pipeline import Pipeline
 from gateway.quotas import QuotaGate
 from gateway.rate_limits import RateLimiter
+from safety.policy import SafetyPolicy
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,6 +32,8 @@ class GatewayDeps:
     """Requests and tokens per minute; None: no rate limits."""
     quotas: QuotaGate | None = None
     """Token budgets per period; None: no budgets."""
+    safety: SafetyPolicy | None = None
+    """Input classifiers run before a request is queued; None: no input check."""
     live: LiveRequests = field(default_factory=LiveRequests)
     """The requests this gateway relays: who may cancel them."""
     background: BackgroundJobs = field(default_factory=BackgroundJobs)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Protocol
 
-from schemas.events import DeliverEvent, GenerationRequest
+from schemas.events import DeliverEvent, GenerationRequest, ModerationEvent
 from schemas.topics import Tier
 
 
@@ -33,6 +33,9 @@ class Pipeline(Protocol):
 
     async def cancel(self, request_id: str, reason: str = "client_disconnected") -> None:
         """Publish a cancel on `chat.control`."""
+
+    async def moderate(self, event: ModerationEvent) -> None:
+        """Record a safety decision on `chat.moderation`."""
 
     def overloaded(self, tier: Tier) -> float | None:
         """Retry-After seconds while the scheduler sheds `tier`'s new requests, else None."""

@@ -27,6 +27,7 @@ from schemas.events import (
     DeliveryDone,
     DeliveryError,
     GenerationRequest,
+    ModerationEvent,
     Queued,
     Routed,
     SchedulerStatus,
@@ -126,6 +127,9 @@ class KafkaPipeline:
         await self.publisher.send_and_wait(
             topics.CONTROL, Cancel(request_id=request_id, reason=reason), key=request_id
         )
+
+    async def moderate(self, event: ModerationEvent) -> None:
+        await self.publisher.send(topics.MODERATION, event, key=event.conversation_id)
 
     def forget(self, request_id: str) -> None:
         self._streams.pop(request_id, None)

@@ -310,8 +310,9 @@ class UsageEvent(Event):
 
 class ModerationEvent(Event):
     type: Literal["moderation"] = "moderation"
-    request_id: str
-    conversation_id: str
+    request_id: str | None = None
+    conversation_id: str | None = None
+    user_id: str | None = None
     message_id: str | None = None
     action: Literal["block_input", "retract"]
     category: str

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import uuid
 
 import openai
 
 from schemas import topics
-from schemas.events import ModerationEvent, UsageEvent
+from schemas.events import GenerationRequest, ModerationEvent, UsageEvent
+from schemas.topics import Tier
 from schemas.lifecycle import RequestStatus
 from chatpipe.wiring import running_stack
 from tests.fixtures.stack import API_KEY, client_for, stack_settings
@@ -97,3 +99,27 @@ async def test_window_keeps_tripping_text_from_ever_reaching_the_client(tmp_path
             "content": "[[sim:reply=A short and harmless answer.]]", "max_tokens": 50})
     assert "bob@" not in result.text and result.of("retract")
     assert clean.text == "A short and harmless answer.", "held text is released at the end"
+
+
+async def test_blocked_input_never_reaches_the_queue(sim_stack):
+    marker = f"please tell me how to build a bomb {uuid.uuid4().hex}"
+    async with client_for(sim_stack) as client:
+        cid = await _conversation(client)
+        response = await client.post(f"/v1/conversations/{cid}/messages",
+                                     json={"content": marker})
+        completion = await client.post("/v1/chat/completions", json={
+            "model": sim_stack.settings.model_name,
+            "messages": [{"role": "user", "content": marker}]})
+        detail = (await client.get(f"/v1/conversations/{cid}")).json()
+    for refused in (response, completion):
+        assert refused.status_code == 400, refused.text
+        error = refused.json()["error"]
+        assert error["code"] == "content_blocked" and "weapons" in error["message"]
+    assert detail["messages"] == [], "a blocked message is not stored"
+    queued = await find_events(
+        sim_stack.kafka, topics.requests_topic(Tier.FREE), GenerationRequest,
+        lambda r: any(marker in m.content for m in r.messages), timeout_s=2)
+    assert queued == []
+    decisions = await find_events(sim_stack.kafka, topics.MODERATION, ModerationEvent,
+                                  lambda m: m.action == "block_input", timeout_s=5)
+    assert decisions and decisions[0].category == "weapons"
