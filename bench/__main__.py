@@ -64,6 +64,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--quiet-wait", type=float, default=60.0,
                         help="seconds to wait at most for other processes to go quiet "
                              "before each phase (0: do not wait)")
+    parser.add_argument("--patience", type=float, default=8.0,
+                        help="minutes into the run after which nothing waits for quiet or "
+                             "measures again (keeps the run under 15 minutes)")
     parser.add_argument("--retries", type=int, default=1,
                         help="measure a level again when other processes were busy during it")
     parser.add_argument("--set", dest="settings", type=_setting, action="append", default=[],
@@ -74,33 +77,36 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 async def full_run(args: argparse.Namespace, command: str) -> BenchRun:
     started = time.monotonic()
     cfg = EngineConfig(model=args.model, max_slots=args.max_slots)
+    patient_until = started + args.patience * 60
     workload = Workload(levels=args.levels, rounds=args.rounds, max_tokens=args.max_tokens,
                         disconnects=args.disconnects, retries=args.retries,
-                        quiet_wait_s=min(args.quiet_wait, 15.0))
+                        quiet_wait_s=min(args.quiet_wait, 15.0), patient_until=patient_until)
     host = machine()
     run = BenchRun(command, host["date"], host, cfg, workload)
     logs = Path(tempfile.mkdtemp(prefix="chatpipe-bench-"))
     log.info("logs in %s", logs)
     settings = dict(args.settings)
     if args.engine == "vllm" and not args.skip_vllm:
-        await _quiet(args)
+        await _quiet(args, patient_until)
         run.sides.append(await vllm_side(cfg, workload, logs / "vllm"))
-    await _quiet(args)
+    await _quiet(args, patient_until)
     run.sides.append(await chatpipe_side(cfg, workload, logs / "chatpipe", args.engine,
                                          **settings))
     if not args.skip_capacity:
         plan = CapacityPlan(streams=args.streams, tokens_per_s=args.stream_rate,
-                            hold_s=args.hold, quiet_wait_s=min(args.quiet_wait, 15.0))
-        await _quiet(args)
+                            hold_s=args.hold, quiet_wait_s=min(args.quiet_wait, 15.0),
+                            patient_until=patient_until)
+        await _quiet(args, patient_until)
         run.capacity = await capacity(plan, logs / "capacity", **settings)
     run.duration_s = time.monotonic() - started
     return run
 
 
-async def _quiet(args: argparse.Namespace) -> None:
+async def _quiet(args: argparse.Namespace, patient_until: float) -> None:
     """On a shared machine, start each phase when other work is quiet (bounded wait)."""
-    if args.quiet_wait > 0:
-        foreign = await wait_for_quiet(args.quiet_wait)
+    left = patient_until - time.monotonic()
+    if args.quiet_wait > 0 and left > 0:
+        foreign = await wait_for_quiet(min(args.quiet_wait, left))
         log.info("other processes use %.2f cores now", foreign)
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import subprocess
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -56,6 +57,8 @@ class CapacityPlan:
     coalesce_ms: float = 50.0
     quiet_wait_s: float = 15.0
     """Before each level, wait this long at most for other processes to go quiet."""
+    patient_until: float = float("inf")
+    """time.monotonic() after which no level waits for quiet (time budget)."""
 
     @property
     def max_tokens(self) -> int:
@@ -150,7 +153,7 @@ async def _first_answer(target: Target, gateway: Service, timeout_s: float = 60)
 
 async def _level(target: Target, plan: CapacityPlan, streams: int,
                  services: list[Service]) -> CapacityLevel:
-    if plan.quiet_wait_s > 0:
+    if plan.quiet_wait_s > 0 and time.monotonic() < plan.patient_until:
         await cpu.wait_for_quiet(plan.quiet_wait_s, services)
     before = cpu.snapshot(services)
     run = await held_streams(target, streams, fixed_prompts(), plan.max_tokens, plan.ramp_s)

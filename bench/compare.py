@@ -7,6 +7,7 @@ driven through every concurrency level by the same client, metered, stopped.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -51,6 +52,11 @@ class Workload:
     """Before each level, wait this long at most for other processes to go quiet."""
     retries: int = 1
     """Measure a level again (keeping the quieter try) when other processes were busy."""
+    patient_until: float = float("inf")
+    """time.monotonic() after which nothing waits for quiet or measures again (time budget)."""
+
+    def patient(self) -> bool:
+        return time.monotonic() < self.patient_until
 
     def requests(self, concurrency: int) -> int:
         return max(self.min_requests, self.rounds * concurrency)
@@ -103,7 +109,7 @@ async def _quietest_try(target: Target, services: list[Service], workload: Workl
     """One level, measured again if other processes took CPU meanwhile; the quieter try."""
     best: tuple[LevelRun, cpu.CpuUse] | None = None
     for attempt in range(1, workload.retries + 2):
-        if workload.quiet_wait_s > 0:
+        if workload.quiet_wait_s > 0 and workload.patient():
             await cpu.wait_for_quiet(workload.quiet_wait_s, services)
         before = cpu.snapshot(services)
         run = await closed_loop(target, concurrency, workload.requests(concurrency), prompts,
@@ -112,7 +118,7 @@ async def _quietest_try(target: Target, services: list[Service], workload: Workl
         if best is None or use.foreign < best[1].foreign:
             best = (run, use)
         foreign = use.cores(use.foreign)
-        if foreign < cpu.QUIET_CORES or attempt > workload.retries:
+        if foreign < cpu.QUIET_CORES or attempt > workload.retries or not workload.patient():
             return *best, attempt
         log.info("c=%d: other processes used %.2f cores; measuring again", concurrency, foreign)
     raise AssertionError("unreachable")

@@ -166,7 +166,7 @@ def start_vllm_server(cfg: EngineConfig, port: int, api_key: str, log_dir: Path)
                    log_dir / "vllm-server.log")
 
 
-async def vllm_ready(service: Service, port: int, timeout_s: float = 240) -> float:
+async def vllm_ready(service: Service, port: int, timeout_s: float = 420) -> float:
     return await wait_until(lambda: http_ok(port, "/health"), service, timeout_s, "/health")
 
 
@@ -210,7 +210,7 @@ def start_chatpipe_up(env: dict[str, str], port: int, log_dir: Path, engine: str
     return Service("chatpipe-up", argv, log_dir / f"chatpipe-up-{engine}.log", env)
 
 
-async def chatpipe_up_ready(service: Service, timeout_s: float = 240) -> float:
+async def chatpipe_up_ready(service: Service, timeout_s: float = 420) -> float:
     async def printed_up() -> bool:
         return "chatpipe is up" in service.log_text()
 

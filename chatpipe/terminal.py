@@ -129,7 +129,8 @@ class TerminalChat:
 
     def __init__(self, api: ChatApi, conversation_id: str | None, out: TextIO = sys.stdout):
         self.api = api
-        self.conversation_id = conversation_id
+        self.conversation_id: str | None = None
+        self._resume = conversation_id
         self.out = out
         self.last_answer: str | None = None  # the message /regen answers again
         self.answer: Answer | None = None
@@ -164,26 +165,25 @@ class TerminalChat:
             return 1
         model = self.api.model or (models[0] if models else "?")
         self.say(f"chatpipe at {self.api.http.base_url} · model {model}. /help for commands.")
-        if self.conversation_id:
-            self._show_thread()
+        if self._resume:
+            self.handle(f"/open {self._resume}")
         while True:
             self._prompt()
             try:
                 line = input()
+                self._prompted = False
+                if not self.handle(line.strip()):
+                    self.stop()
+                    return 0
             except KeyboardInterrupt:
                 self._prompted = False
                 if self.answer is not None:
                     self.stop()
                 else:
                     self.say("\n(/quit or Ctrl-D to leave)")
-                continue
             except EOFError:
                 self.stop()
                 self.say("")
-                return 0
-            self._prompted = False
-            if not self.handle(line.strip()):
-                self.stop()
                 return 0
 
     def handle(self, line: str) -> bool:
@@ -238,11 +238,8 @@ class TerminalChat:
         if not which:
             self.say("(/open N after /list, or /open ID)")
             return
+        messages = self.api.thread(which)
         self.conversation_id = which
-        self._show_thread()
-
-    def _show_thread(self) -> None:
-        messages = self.api.thread(self.conversation_id)
         for message in messages:
             who = "you" if message["role"] == "user" else "chatpipe"
             self.say(f"{who}: {message['content']}")

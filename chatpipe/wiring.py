@@ -228,7 +228,7 @@ async def running_stack(settings: Settings, engine: Engine | None) -> AsyncItera
 
 async def _until_ready(server: uvicorn.Server, scheduler: SchedulerStage,
                        tasks: dict[str, asyncio.Task[None]], expect_worker: bool,
-                       timeout_s: float = 60.0) -> None:
+                       timeout_s: float = 180.0) -> None:
     """The gateway listens and, with an in-process worker, the scheduler has seen it
     take its chat.work partitions (a consumer-group join takes seconds)."""
     loop = asyncio.get_running_loop()

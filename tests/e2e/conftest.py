@@ -19,8 +19,9 @@ SLOW_TOKENS_PER_S = 25.0
 
 @pytest_asyncio.fixture(scope="session", loop_scope="session")
 async def slow_stack(tmp_path_factory) -> AsyncIterator[Stack]:
+    # No generated titles: they would take the only slot between the tests' requests.
     settings = stack_settings(tmp_path_factory.mktemp("slow-stack"), engine="sim",
-                              sim_tokens_per_s=SLOW_TOKENS_PER_S, max_slots=1)
+                              sim_tokens_per_s=SLOW_TOKENS_PER_S, max_slots=1, auto_titles=False)
     engine = SimEngine(settings.model_name, 1, SLOW_TOKENS_PER_S, 1e6)
     async with running_stack(settings, engine) as stack:
         await _first_answer(stack)
@@ -34,9 +35,9 @@ async def warm_stacks(sim_stack, slow_stack) -> None:
 
 
 async def _first_answer(stack: Stack) -> None:
-    """One answer: the first turn waits for the gateway to load its tokenizers, which
-    takes tens of seconds on 2 cores once torch is imported and, while it runs, holds
-    up the event loop that every stack of this process shares."""
+    """One answer: the first turn waits for the gateway to load its tokenizers (tens of
+    seconds on 2 cores once torch is imported), which tests that time what they see
+    must not."""
     async with client_for(stack) as client:
         cid = (await client.post("/v1/conversations", json={})).json()["conversation_id"]
         result = await post_message(client, cid, {"content": "[[sim:reply=ready]]"})

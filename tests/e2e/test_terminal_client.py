@@ -16,14 +16,15 @@ import pytest
 
 from schemas.lifecycle import RequestStatus
 from tests.fixtures.stack import API_KEY, client_for
+from tests.support import post_message
 
 CHATPIPE = shutil.which("chatpipe", path=str(Path(sys.executable).parent)) or "chatpipe"
 WORDS = [f"w{i:02d}" for i in range(30)]
 
 
 class Terminal:
-    def __init__(self, url: str) -> None:
-        self.child = pexpect.spawn(CHATPIPE, ["chat", "--url", url, "--api-key", API_KEY],
+    def __init__(self, url: str, *options: str) -> None:
+        self.child = pexpect.spawn(CHATPIPE, ["chat", "--url", url, "--api-key", API_KEY, *options],
                                    encoding="utf-8", timeout=30, dimensions=(40, 200))
 
     async def expect(self, pattern: str) -> str:
@@ -101,6 +102,25 @@ async def test_queue_position_shows_while_waiting_and_stop_leaves_the_queue(term
 
     await terminal.send("[[sim:reply=my turn came]]")
     await terminal.expect("my turn came")
+
+
+async def test_conversation_option_continues_a_conversation(slow_stack):
+    async with client_for(slow_stack) as client:
+        cid = (await client.post("/v1/conversations", json={})).json()["conversation_id"]
+        first = await post_message(client, cid, {"content": "[[sim:reply=an earlier answer]]"})
+    assert first.text == "an earlier answer"
+    terminal = Terminal(slow_stack.base_url, "--conversation", cid)
+    try:
+        await terminal.expect("chatpipe: an earlier answer")
+        await terminal.expect("> ")
+        await terminal.send("/regen")
+        await terminal.expect("an earlier answer")
+        await terminal.expect("> ")
+        assert await terminal.close() == 0
+    finally:
+        terminal.child.close(force=True)
+    answers = await stored_answers(slow_stack, cid, 2)
+    assert [a["content"] for a in answers] == ["an earlier answer"] * 2
 
 
 async def current_conversation(terminal: Terminal) -> str:

@@ -237,6 +237,17 @@ async def test_title_stays_the_fallback_when_the_answer_fails(client, store, pip
     assert pipeline.background == [] and len(deps.background) == 0
 
 
+async def test_no_generated_title_when_titles_are_off(store, pipeline, settings: Settings):
+    untitled = settings.model_copy(update={"auto_titles": False})
+    async with app_client(untitled, store, pipeline) as (client, deps):
+        cid = await new_conversation(client)
+        await client.patch(f"/v1/conversations/{cid}", json={"title": ""}, headers=ALICE)
+        pipeline.script(delta("Sure", 0), done(1))
+        await turn(client, cid, "plan my trip")
+        assert pipeline.background == [] and len(deps.background) == 0
+        assert (await store.get_conversation(cid)).display_title == "plan my trip"
+
+
 async def test_closing_cancels_background_generations(client, pipeline, deps: GatewayDeps):
     cid = await new_conversation(client, ALICE)
     pipeline.script(done(0))
