@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import os
 import re
+import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -70,6 +71,13 @@ async def chat_page(browser: Browser, stack: Stack, api_key: str = API_KEY) -> A
     finally:
         await context.close()
     assert not errors, errors
+
+
+async def new_user(stack: Stack) -> str:
+    """The API key of a new user, whose conversation list holds only what the test makes."""
+    user = f"web-{uuid.uuid4().hex[:8]}"
+    await stack.store.add_api_key(f"key-{user}", ApiKey(user_id=user, org_id=user, tier=Tier.PRO))
+    return f"key-{user}"
 
 
 async def send(page: Page, text: str) -> None:
@@ -293,10 +301,11 @@ async def test_overload_inside_the_stream_and_a_lost_connection_are_shown(browse
 
 
 async def test_conversation_list_pages_renames_and_deletes(browser, sim_stack):
-    async with client_for(sim_stack) as client:
+    key = await new_user(sim_stack)
+    async with client_for(sim_stack, key) as client:
         cids = [(await client.post("/v1/conversations", json={"title": f"listed {i}"})).json()
                 ["conversation_id"] for i in range(22)]  # fmt: skip
-    async with chat_page(browser, sim_stack) as page:
+    async with chat_page(browser, sim_stack, key) as page:
         rows = page.locator("#conversations .conversation")
         await expect(rows).to_have_count(20)
         await expect(rows.first).to_have_text("listed 21")
@@ -319,7 +328,7 @@ async def test_conversation_list_pages_renames_and_deletes(browser, sim_stack):
         await doomed.get_by_role("button", name="Delete").click()  # the confirmation
         await expect(doomed).to_have_count(0)
 
-    async with client_for(sim_stack) as client:
+    async with client_for(sim_stack, key) as client:
         renamed = (await client.get(f"/v1/conversations/{cids[21]}")).json()
         assert renamed["title"] == "renamed in the browser"
         assert (await client.get(f"/v1/conversations/{cids[20]}")).status_code == 404
@@ -359,8 +368,7 @@ def _canned_reply(original):
 
 async def test_screenshot_of_a_streamed_conversation(browser, sim_stack, monkeypatch, tmp_path):
     monkeypatch.setattr(sim_engine, "plan_reply", _canned_reply(sim_engine.plan_reply))
-    key = "screenshot-key"
-    await sim_stack.store.add_api_key(key, ApiKey(user_id="ada", org_id="ada", tier=Tier.PRO))
+    key = await new_user(sim_stack)
     async with client_for(sim_stack, key) as client:
         for title in ("Fair queues across tiers", "Why was my answer retracted?",
                       "Benchmarks on two CPU cores"):
