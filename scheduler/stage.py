@@ -34,6 +34,7 @@ from schemas.events import (
     stream_fields,
 )
 from schemas.lifecycle import RequestStatus
+from schemas.topics import Tier
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +52,7 @@ class SchedulerStage:
         self.tracker = OffsetTracker()
         self._sources: dict[str, tuple[TopicPartition, int]] = {}
         self._status_sent_at = 0.0
+        self._shedding: set[Tier] = set()
 
     async def run(self) -> None:
         consumer = self.kafka.consumer(
@@ -146,12 +148,15 @@ class SchedulerStage:
             self.tracker.committed(offsets)
 
     async def _publish_status(self) -> None:
+        """Every `status_interval_s`, and at once when a tier starts or stops
+        shedding, so gateways refuse (or admit again) without waiting."""
         now = time.monotonic()
-        if now - self._status_sent_at < self.status_interval_s:
+        tiers = self.core.status()
+        shedding = {tier for tier, status in tiers.items() if status.shedding}
+        if now - self._status_sent_at < self.status_interval_s and shedding == self._shedding:
             return
-        self._status_sent_at = now
-        await self.publisher.send(topics.SCHEDULER, SchedulerStatus(tiers=self.core.status()),
-                                  key=STAGE)
+        self._status_sent_at, self._shedding = now, shedding
+        await self.publisher.send(topics.SCHEDULER, SchedulerStatus(tiers=tiers), key=STAGE)
 
     async def _dispatch(self, dispatch: Dispatch) -> None:
         request = dispatch.request

@@ -133,7 +133,8 @@ async def test_shedding_refuses_with_503_and_retry_after(tmp_path):
     async with sim_pipeline(tmp_path, slots=1, tier_max_wait_s={"free": 1.0}) as stack:
         chat = Chat(stack, "free-a")
         await chat.ask("warm up", 20)  # one finished request: the scheduler knows its pace
-        backlog = [asyncio.create_task(chat.ask(f"more {i}", 40)) for i in range(6)]
+        # Each backlog request runs 3 s: the tier sheds for several seconds.
+        backlog = [asyncio.create_task(chat.ask(f"more {i}", 120)) for i in range(6)]
         for _ in range(100):
             if stack.pipeline.overloaded(Tier.FREE) is not None:
                 break
