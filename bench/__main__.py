@@ -15,7 +15,9 @@ import shlex
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable
 from pathlib import Path
+from typing import TypeVar
 
 from bench.capacity import STAGES, CapacityPlan, capacity
 from bench.compare import Workload, chatpipe_side, vllm_side
@@ -26,6 +28,7 @@ from bench.report import BenchRun, machine, write
 from chatpipe.settings import DEFAULT_MODEL_DIR
 
 BENCH_DIR = Path(__file__).resolve().parent
+T = TypeVar("T")
 log = logging.getLogger("bench")
 
 
@@ -88,18 +91,31 @@ async def full_run(args: argparse.Namespace, command: str) -> BenchRun:
     settings = dict(args.settings)
     if args.engine == "vllm" and not args.skip_vllm:
         await _quiet(args, patient_until)
-        run.sides.append(await vllm_side(cfg, workload, logs / "vllm"))
+        side = await _phase(run, "vLLM server", vllm_side(cfg, workload, logs / "vllm"))
+        run.sides += [side] if side else []
     await _quiet(args, patient_until)
-    run.sides.append(await chatpipe_side(cfg, workload, logs / "chatpipe", args.engine,
-                                         **settings))
+    side = await _phase(run, "chatpipe up", chatpipe_side(cfg, workload, logs / "chatpipe",
+                                                          args.engine, **settings))
+    run.sides += [side] if side else []
     if not args.skip_capacity:
         plan = CapacityPlan(streams=args.streams, tokens_per_s=args.stream_rate,
                             hold_s=args.hold, quiet_wait_s=min(args.quiet_wait, 15.0),
                             patient_until=patient_until)
         await _quiet(args, patient_until)
-        run.capacity = await capacity(plan, logs / "capacity", **settings)
+        run.capacity = await _phase(run, "capacity", capacity(plan, logs / "capacity",
+                                                              **settings))
     run.duration_s = time.monotonic() - started
     return run
+
+
+async def _phase(run: BenchRun, name: str, phase: Awaitable[T]) -> T | None:
+    """A phase that fails is reported, and the run goes on with the next one."""
+    try:
+        return await phase
+    except Exception as exc:  # noqa: BLE001 - recorded in RESULTS.md
+        log.exception("%s failed", name)
+        run.failures.append(f"{name}: {type(exc).__name__}: {exc}")
+        return None
 
 
 async def _quiet(args: argparse.Namespace, patient_until: float) -> None:
@@ -144,6 +160,8 @@ def main(argv: list[str] | None = None) -> None:
     run = asyncio.run(full_run(args, command))
     path = write(run, args.out)
     print(f"results in {path} ({run.duration_s / 60:.1f} min)")
+    if run.failures:
+        raise SystemExit("failed: " + "; ".join(run.failures))
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 from bench.load import disconnects, fixed_prompts
 from bench.metrics import percentile
 from bench.sse_client import StreamRecord, Target
-from bench.topic_log import content_chunk_tokens, token_chunks, usage_events
+from bench.topic_log import cancels, content_chunk_tokens, token_chunks, usage_events
 from schemas.lifecycle import RequestStatus
 
 if TYPE_CHECKING:
@@ -40,6 +40,10 @@ class CancelStats:
     """Tokens one stream receives in one coalescing interval (median over streams)."""
     aborted: int = 0
     """Usage events that report the request as aborted."""
+    cancels_sent: int = 0
+    """Hang-ups for which the gateway published a Cancel on chat.control."""
+    cancel_ms_median: float | None = None
+    """Hang-up to the Cancel record on chat.control (the gateway noticing and publishing)."""
     in_flight_median: float | None = None
     """Of the waste: tokens already published on chat.tokens when the client hung up."""
     after_median: float | None = None
@@ -63,7 +67,8 @@ async def chatpipe_waste(target: Target, bootstrap: str, workload: Workload,
     ids = [r.request_id for r in records if r.request_id]
     logged = await token_chunks(bootstrap, ids)
     usage = await usage_events(bootstrap, ids)
-    hang_ups, rates = [], []
+    cancelled_at = await cancels(bootstrap, ids)
+    hang_ups, rates, cancel_ms = [], [], []
     for record in records:
         rid = record.request_id
         counts = content_chunk_tokens(logged.get(rid or "", []))
@@ -71,6 +76,8 @@ async def chatpipe_waste(target: Target, bootstrap: str, workload: Workload,
             continue
         received = counts[: len(record.times)]
         hung_up_ms = record.wall(record.ended) * 1000
+        if rid in cancelled_at:
+            cancel_ms.append(cancelled_at[rid] * 1000 - hung_up_ms)
         published = [c.completion_tokens for c in logged[rid] if c.published_ms <= hung_up_ms]
         hang_ups.append(HangUp(sum(received), max(published, default=0),
                                usage[rid].completion_tokens))
@@ -83,12 +90,13 @@ async def chatpipe_waste(target: Target, bootstrap: str, workload: Workload,
         waste_mean=sum(waste) / len(waste) if waste else None,
         interval_tokens=percentile(rates, 50) * coalesce_s if rates else None,
         aborted=sum(1 for e in usage.values() if e.status is RequestStatus.FINISHED_ABORTED),
+        cancels_sent=len(cancelled_at), cancel_ms_median=_median(cancel_ms),
         in_flight_median=_median([h.published_before - h.received for h in hang_ups]),
         after_median=_median([h.generated - h.published_before for h in hang_ups]),
     )
 
 
-def _median(values: list[int]) -> float | None:
+def _median(values: list[int] | list[float]) -> float | None:
     return percentile(values, 50) if values else None
 
 

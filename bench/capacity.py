@@ -115,7 +115,7 @@ async def capacity(plan: CapacityPlan, log_dir: Path,
             stages.append(start_stage(stage, {**env, "CHATPIPE_PORT": str(port)}, log_dir,
                                       wrapper))
         target = Target("chatpipe-sim", port, API_KEY, "tiny")
-        await wait_until(lambda: http_ok(port, "/healthz"), stages[-1], 60, "/healthz")
+        await wait_until(lambda: http_ok(port, "/healthz"), stages[-1], 240, "/healthz")
         await _first_answer(target, stages[-1])
         run = CapacityRun(plan)
         for streams in plan.streams:

@@ -32,6 +32,7 @@ class BenchRun:
     sides: list[SideRun] = field(default_factory=list)
     capacity: CapacityRun | None = None
     duration_s: float = 0.0
+    failures: list[str] = field(default_factory=list)
 
     def side(self, name: str) -> SideRun | None:
         return next((s for s in self.sides if s.name == name), None)
@@ -79,6 +80,8 @@ def markdown(run: BenchRun) -> str:
         f"```sh\n{run.command}\n```\n",
         _machine(run), _engine(run),
     ]
+    if run.failures:
+        parts.append("## Failed phases\n\n" + "".join(f"- {f}\n" for f in run.failures))
     if run.sides:
         parts += [_targets(run), _comparison(run), _hops(run), _cpu(run), _cancel(run)]
     if run.capacity is not None:
@@ -242,8 +245,9 @@ def _cancel(run: BenchRun) -> str:
              "(tokens the coalescer held, and tokens made before the cancel reached the "
              "engine).\n",
              "| side | disconnects | measured | median | max | mean | in flight | after | "
-             "one coalescing interval (tokens) | usage says aborted |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "one coalescing interval (tokens) | Cancel published | hang-up → Cancel ms | "
+             "usage says aborted |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for side in run.sides:
         c = side.cancel
         if c is None:
@@ -251,7 +255,8 @@ def _cancel(run: BenchRun) -> str:
         lines.append(f"| {side.name} | {c.disconnects} | {c.measured} | {_fmt(c.waste_median, 1)} "
                      f"| {_fmt(c.waste_max)} | {_fmt(c.waste_mean, 1)} | "
                      f"{_fmt(c.in_flight_median, 1)} | {_fmt(c.after_median, 1)} | "
-                     f"{_fmt(c.interval_tokens, 1)} | {c.aborted} |")
+                     f"{_fmt(c.interval_tokens, 1)} | {c.cancels_sent} | "
+                     f"{_fmt(c.cancel_ms_median, 1)} | {c.aborted} |")
     return "\n".join(lines) + "\n"
 
 

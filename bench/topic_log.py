@@ -15,8 +15,8 @@ from aiokafka import AIOKafkaConsumer
 from aiokafka.structs import TopicPartition
 
 from schemas import topics
-from schemas.codec import TOKEN_EVENT, EventDecodeError, decode
-from schemas.events import GenerationDone, GenerationError, TokenChunk, UsageEvent
+from schemas.codec import CONTROL_EVENT, TOKEN_EVENT, EventDecodeError, decode
+from schemas.events import Cancel, GenerationDone, GenerationError, TokenChunk, UsageEvent
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +97,19 @@ def content_chunk_tokens(chunks: list[LoggedChunk]) -> list[int]:
             counts.append(carried)
             carried = 0
     return counts
+
+
+async def cancels(bootstrap: str, request_ids: Iterable[str],
+                  timeout_s: float = 5) -> dict[str, float]:
+    """When the gateway published a Cancel on `chat.control`, per request (epoch seconds)."""
+    wanted = set(request_ids)
+
+    def all_found(events: list[Any]) -> bool:
+        return wanted <= {e.request_id for e in events if isinstance(e, Cancel)}
+
+    found = await read_events(bootstrap, topics.CONTROL, CONTROL_EVENT, all_found, timeout_s)
+    return {e.request_id: at_ms / 1000 for at_ms, e in found
+            if isinstance(e, Cancel) and e.request_id in wanted}
 
 
 async def usage_events(bootstrap: str, request_ids: Iterable[str],
