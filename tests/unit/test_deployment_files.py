@@ -3,7 +3,9 @@
 No Docker engine or cluster runs here, so the files are checked as data: every
 chatpipe container runs a real CLI command with real options, its environment is
 made of Settings fields whose values validate, every stage is deployed in both,
-the worker gets a GPU and its model, and every topic named is a real one.
+the worker gets a GPU, every process that loads a model directory (the worker's
+weights, the gateway's tokenizers) mounts it read-only from the models volume,
+and every topic named is a real one.
 """
 
 from __future__ import annotations
@@ -34,6 +36,15 @@ WORKLOAD_KINDS = {"Deployment", "StatefulSet", "DaemonSet", "Job"}
 # Fields whose default is a fresh random id: one shared value would make pods collide.
 PER_POD_IDS = ("gateway_id", "worker_id")
 MIN_WEIGHT_LOADING_S = 600
+# The compose volume and the k8s PersistentVolumeClaim holding the model directories.
+MODELS_VOLUME = "models"
+
+
+@dataclass(frozen=True)
+class Mount:
+    source: str  # compose volume (or host path) / k8s PersistentVolumeClaim; "" if neither
+    target: Path
+    read_only: bool
 
 
 @dataclass(frozen=True)
@@ -45,6 +56,7 @@ class Container:
     args: tuple[str, ...]  # what follows the `chatpipe` entrypoint
     env: dict[str, str | None]  # None: filled in outside the file (shell, Secret)
     spec: dict[str, Any]  # the compose service or k8s container, as written
+    mounts: tuple[Mount, ...] = ()
 
     @property
     def command(self) -> str:
@@ -80,6 +92,22 @@ def compose_env(service: dict[str, Any]) -> dict[str, str | None]:
     return dict(env)
 
 
+def compose_mounts(service: dict[str, Any]) -> tuple[Mount, ...]:
+    mounts = []
+    for volume in service.get("volumes") or []:
+        if isinstance(volume, dict):  # long syntax
+            mounts.append(Mount(volume.get("source", ""), Path(volume["target"]),
+                                bool(volume.get("read_only"))))
+            continue
+        parts = volume.split(":")
+        if len(parts) == 1:  # an anonymous volume
+            parts = ["", *parts]
+        source, target, *mode = parts
+        read_only = bool(mode) and "ro" in mode[0].split(",")
+        mounts.append(Mount(source, Path(target), read_only))
+    return tuple(mounts)
+
+
 def compose_containers() -> list[Container]:
     containers = []
     for name, service in compose()["services"].items():
@@ -88,7 +116,7 @@ def compose_containers() -> list[Container]:
         command = service.get("command") or []
         args = shlex.split(command) if isinstance(command, str) else command
         containers.append(Container(f"compose {name}", "service", tuple(args),
-                                    compose_env(service), service))
+                                    compose_env(service), service, compose_mounts(service)))
     return containers
 
 
@@ -103,6 +131,17 @@ def k8s_env(container: dict[str, Any], pod_name: str) -> dict[str, str | None]:
         field_ref = item.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath")
         env[item["name"]] = pod_name if field_ref == "metadata.name" else item.get("value")
     return env
+
+
+def k8s_mounts(container: dict[str, Any], pod: dict[str, Any]) -> tuple[Mount, ...]:
+    volumes = {v["name"]: v for v in pod.get("volumes", [])}
+    mounts = []
+    for mount in container.get("volumeMounts", []):
+        assert mount["name"] in volumes, f"volumeMount of no pod volume: {mount['name']}"
+        claim = volumes[mount["name"]].get("persistentVolumeClaim") or {}
+        read_only = bool(mount.get("readOnly") or claim.get("readOnly"))
+        mounts.append(Mount(claim.get("claimName", ""), Path(mount["mountPath"]), read_only))
+    return tuple(mounts)
 
 
 def k8s_containers() -> list[Container]:
@@ -120,7 +159,7 @@ def k8s_containers() -> list[Container]:
                 args = args[1:]
             pod_name = f"{doc['metadata']['name']}-7d4b9c-x2x5q"
             containers.append(Container(f"k8s {owner}", doc["kind"], tuple(args),
-                                        k8s_env(spec, pod_name), spec))
+                                        k8s_env(spec, pod_name), spec, k8s_mounts(spec, pod)))
     return containers
 
 
@@ -284,6 +323,82 @@ def test_k8s_worker_requests_a_gpu_and_time_to_load_weights(
               if "persistentVolumeClaim" in v}
     mounts = [Path(m["mountPath"]) for m in container.spec["volumeMounts"] if m["name"] in claims]
     assert any(settings.model.is_relative_to(mount) for mount in mounts)
+
+
+# What each stage reads from model directories as it starts (chatpipe/wiring.py
+# run_stage). A new stage must be put in one of the two sets.
+STAGES_READING_MODELS = {"gateway", "worker"}
+STAGES_WITHOUT_MODELS = {"scheduler", "safety", "recorder", "billing"}
+
+
+def model_dirs(container: Container, settings: Settings) -> dict[str, Path]:
+    """Model name -> the directory `container` loads for it at start."""
+    if container.command == "gateway":
+        # ContextBuilder.warm_up: every served model's tokenizer and chat template.
+        return {model: settings.context_tokenizers.get(model, settings.model)
+                for model in settings.models}
+    if container.command == "worker" and settings.engine == "vllm":
+        return {settings.model_name: settings.model}  # weights and tokenizer
+    return {}
+
+
+def test_every_stage_says_whether_it_reads_model_directories() -> None:
+    assert not STAGES_READING_MODELS & STAGES_WITHOUT_MODELS
+    assert STAGES_READING_MODELS | STAGES_WITHOUT_MODELS == set(STAGES)
+
+
+@by_where(all_containers())
+def test_model_directories_are_set_and_mounted_read_only_from_the_models_volume(
+    container: Container, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    settings = container_settings(container, monkeypatch)
+    default = Settings.model_fields["model"].default
+    for model, directory in model_dirs(container, settings).items():
+        assert directory != default, (
+            f"{container.where}: {model}'s directory left at the default {default}, which"
+            f" no image has: set {env_field('model')} (or {env_field('context_tokenizers')})")
+        covering = [m for m in container.mounts if directory.is_relative_to(m.target)]
+        assert covering, f"{container.where} loads {directory} but mounts nothing there"
+        mount = max(covering, key=lambda m: len(m.target.parts))  # the innermost wins
+        assert mount.source == MODELS_VOLUME, f"{container.where}: {directory} is on {mount}"
+        assert mount.read_only, f"{container.where}: mount {mount.target} read-only"
+
+
+@pytest.mark.parametrize("containers", [compose_containers, k8s_containers],
+                         ids=["compose", "k8s"])
+def test_gateways_count_tokens_with_the_served_model(
+    containers: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    gateways = [c for c in containers() if c.command == "gateway"]
+    served = worker(containers())
+    assert gateways
+    worker_settings = container_settings(served, monkeypatch)
+    for gateway in gateways:
+        settings = container_settings(gateway, monkeypatch)
+        assert worker_settings.model_name in settings.models, gateway.where
+        tokenizer = model_dirs(gateway, settings)[worker_settings.model_name]
+        assert tokenizer == worker_settings.model, (
+            f"{gateway.where} counts {worker_settings.model_name}'s tokens with {tokenizer},"
+            f" the worker serves {worker_settings.model}")
+
+
+def test_compose_model_readers_wait_for_the_model_writers() -> None:
+    def on_models(container: Container, read_only: bool) -> bool:
+        return any(m.source == MODELS_VOLUME and m.read_only == read_only
+                   for m in container.mounts)
+
+    containers = compose_containers()
+    writers = {c.where.removeprefix("compose ") for c in containers if on_models(c, False)}
+    readers = [c for c in containers if on_models(c, True)]
+    assert writers and readers
+    for reader in readers:
+        depends_on = reader.spec.get("depends_on") or {}
+        if isinstance(depends_on, list):  # short syntax: only "service_started"
+            depends_on = {name: {} for name in depends_on}
+        for writer in writers:
+            condition = depends_on.get(writer, {}).get("condition")
+            assert condition == "service_completed_successfully", (
+                f"{reader.where} may start before {writer} has written the models volume")
 
 
 TOPIC_MENTION = re.compile(r"\bchat\.[\w.<>*-]*[\w>*]")
