@@ -21,7 +21,13 @@ from typing import TYPE_CHECKING
 from bench.load import disconnects, fixed_prompts
 from bench.metrics import percentile
 from bench.sse_client import StreamRecord, Target
-from bench.topic_log import cancels, content_chunk_tokens, token_chunks, usage_events
+from bench.topic_log import (
+    LoggedChunk,
+    cancels,
+    content_chunk_tokens,
+    token_chunks,
+    usage_events,
+)
 from schemas.lifecycle import RequestStatus
 
 if TYPE_CHECKING:
@@ -47,7 +53,14 @@ class CancelStats:
     in_flight_median: float | None = None
     """Of the waste: tokens already published on chat.tokens when the client hung up."""
     after_median: float | None = None
-    """Of the waste: tokens published after the hang-up, or never (held, then aborted)."""
+    """Of the waste: tokens published after the hang-up, or never (held, then aborted).
+    An upper bound of the tokens generated after the hang-up: it also counts tokens the
+    coalescer held when the client left."""
+    generated_after_median: float | None = None
+    generated_after_max: float | None = None
+    """Tokens generated after the hang-up (the issue's cancellation waste): the usage
+    count minus the tokens made by the hang-up, which are those published by then plus
+    what the stream's rate made since its last publish (at most one interval's worth)."""
 
 
 @dataclass(frozen=True)
@@ -55,6 +68,12 @@ class HangUp:
     received: int
     published_before: int
     generated: int
+    held_estimate: float = 0.0
+    """Tokens made since the last publish before the hang-up (held by the coalescer)."""
+
+    @property
+    def generated_after(self) -> float:
+        return max(0.0, self.generated - self.published_before - self.held_estimate)
 
     @property
     def waste(self) -> int:
@@ -78,12 +97,17 @@ async def chatpipe_waste(target: Target, bootstrap: str, workload: Workload,
         hung_up_ms = record.wall(record.ended) * 1000
         if rid in cancelled_at:
             cancel_ms.append(cancelled_at[rid] * 1000 - hung_up_ms)
-        published = [c.completion_tokens for c in logged[rid] if c.published_ms <= hung_up_ms]
-        hang_ups.append(HangUp(sum(received), max(published, default=0),
-                               usage[rid].completion_tokens))
+        before = [c for c in logged[rid] if c.published_ms <= hung_up_ms]
+        published = max((c.completion_tokens for c in before), default=0)
+        rate = _publish_rate(before)
+        held = 0.0
+        if before and rate is not None:
+            held = min(rate * (hung_up_ms - before[-1].published_ms) / 1000, rate * coalesce_s)
+        hang_ups.append(HangUp(sum(received), published, usage[rid].completion_tokens, held))
         if len(record.times) > 1 and record.times[-1] > record.times[0]:
             rates.append(sum(received[1:]) / (record.times[-1] - record.times[0]))
     waste = [h.waste for h in hang_ups]
+    after = [h.generated_after for h in hang_ups]
     return CancelStats(
         disconnects=len(records), measured=len(waste),
         waste_median=_median(waste), waste_max=float(max(waste)) if waste else None,
@@ -93,7 +117,17 @@ async def chatpipe_waste(target: Target, bootstrap: str, workload: Workload,
         cancels_sent=len(cancelled_at), cancel_ms_median=_median(cancel_ms),
         in_flight_median=_median([h.published_before - h.received for h in hang_ups]),
         after_median=_median([h.generated - h.published_before for h in hang_ups]),
+        generated_after_median=_median(after), generated_after_max=max(after, default=None),
     )
+
+
+def _publish_rate(chunks: list[LoggedChunk]) -> float | None:
+    """Tokens per second the worker published, from the second chunk on (the first
+    carries the prompt's wait)."""
+    if len(chunks) < 3 or chunks[-1].published_ms <= chunks[1].published_ms:
+        return None
+    made = chunks[-1].completion_tokens - chunks[1].completion_tokens
+    return made / ((chunks[-1].published_ms - chunks[1].published_ms) / 1000)
 
 
 def _median(values: list[int] | list[float]) -> float | None:

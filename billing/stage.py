@@ -43,7 +43,7 @@ class BillingStage:
 
     async def run(self) -> None:
         producer = self.kafka.producer()
-        self.consumer = self.kafka.consumer(group_id=GROUP)
+        self.consumer = self.kafka.consumer(group_id=GROUP, bulk=True)
         self.consumer.subscribe([topics.USAGE], listener=_Rebalance(self.tracker))
         await producer.start()
         await self.consumer.start()

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import functools
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.partitioner import DefaultPartitioner, murmur2
 from aiokafka.structs import RecordMetadata
 
 from chatpipe.settings import Settings
@@ -23,6 +26,8 @@ class KafkaConfig:
     session_timeout_ms: int = 6000
     heartbeat_interval_ms: int = 1000
     fetch_max_wait_ms: int = 20
+    bulk_fetch_max_wait_ms: int = 100
+    linger_ms: int = 0
 
     @classmethod
     def from_settings(cls, settings: Settings, bootstrap_servers: str) -> KafkaConfig:
@@ -33,6 +38,8 @@ class KafkaConfig:
             session_timeout_ms=settings.kafka_session_timeout_ms,
             heartbeat_interval_ms=settings.kafka_heartbeat_interval_ms,
             fetch_max_wait_ms=settings.kafka_fetch_max_wait_ms,
+            bulk_fetch_max_wait_ms=settings.kafka_bulk_fetch_max_wait_ms,
+            linger_ms=settings.kafka_linger_ms,
         )
 
     def producer(self) -> AIOKafkaProducer:
@@ -42,12 +49,16 @@ class KafkaConfig:
             compression_type=self.compression,
             enable_idempotence=self.idempotence,
             acks="all" if self.idempotence else 1,
-            linger_ms=0,
+            linger_ms=self.linger_ms,
             max_request_size=8 * 1024 * 1024,
+            partitioner=keyed_partition,
         )
 
-    def consumer(self, *topics: str, group_id: str | None = None) -> AIOKafkaConsumer:
-        """A consumer that never auto-commits: each stage decides when an event is done."""
+    def consumer(self, *topics: str, group_id: str | None = None, bulk: bool = False,
+                 ) -> AIOKafkaConsumer:
+        """A consumer that never auto-commits: each stage decides when an event is done.
+
+        `bulk`: off a stream's path (recorder, billing), so it fetches less often."""
         return AIOKafkaConsumer(
             *topics,
             bootstrap_servers=self.bootstrap_servers,
@@ -56,9 +67,24 @@ class KafkaConfig:
             auto_offset_reset="earliest",
             session_timeout_ms=self.session_timeout_ms,
             heartbeat_interval_ms=self.heartbeat_interval_ms,
-            fetch_max_wait_ms=self.fetch_max_wait_ms,
+            fetch_max_wait_ms=self.bulk_fetch_max_wait_ms if bulk else self.fetch_max_wait_ms,
             max_partition_fetch_bytes=8 * 1024 * 1024,
         )
+
+
+def keyed_partition(key: bytes | None, all_partitions: Sequence[int],
+                    available: Sequence[int]) -> int:
+    """Kafka's default partitioner (murmur2 of the key, as the Java client), with the hash
+    cached: every chunk of a conversation carries the same key, and aiokafka's murmur2
+    is pure Python."""
+    if key is None:
+        return DefaultPartitioner()(key, all_partitions, available)
+    return all_partitions[_key_hash(key) % len(all_partitions)]
+
+
+@functools.lru_cache(maxsize=65536)
+def _key_hash(key: bytes) -> int:
+    return murmur2(key) & 0x7FFFFFFF
 
 
 class Publisher:

@@ -34,10 +34,23 @@ class Settings(BaseSettings):
     kafka_session_timeout_ms: int = 6000
     kafka_heartbeat_interval_ms: int = 1000
     kafka_fetch_max_wait_ms: int = Field(
-        20, description="Tansu answers a fetch only after this wait; Apache Kafka returns early"
+        20, ge=1, description="fetch wait of the stages on a stream's path (scheduler, worker, "
+        "safety, gateway). Tansu answers a fetch only after this wait (Apache Kafka returns as "
+        "soon as data is there), so each hop adds up to it: lower = faster, more fetches"
     )
-    topic_partitions: int = Field(8, ge=1, description="partitions of the shared topics")
-    work_partitions: int = Field(8, ge=1, description="partitions of chat.work (worker slots)")
+    kafka_bulk_fetch_max_wait_ms: int = Field(
+        100, ge=1, description="fetch wait of the stages off the stream's path "
+        "(recorder, billing): fewer, larger fetches"
+    )
+    kafka_linger_ms: int = Field(
+        0, ge=0, description="producer linger: waiting this long lets more events share a request"
+    )
+    # Each fetch costs the broker per partition, and Tansu answers fetches on a timer:
+    # few partitions suit one machine; a cluster sets more (docker-compose.yml, k8s/: 8).
+    topic_partitions: int = Field(2, ge=1, description="partitions of the shared topics")
+    work_partitions: int = Field(
+        4, ge=1, description="partitions of chat.work: at most this many workers"
+    )
 
     # --- model and engine --------------------------------------------------------
     engine: Literal["vllm", "sim"] = "vllm"
@@ -52,6 +65,11 @@ class Settings(BaseSettings):
     # --- worker ------------------------------------------------------------------
     worker_id: str = Field(default_factory=lambda: f"worker-{uuid.uuid4().hex[:8]}")
     coalesce_ms: float = Field(50.0, ge=0, description="token chunk interval after the first")
+    coalesce_max_chunks_per_s: float = Field(
+        500.0, ge=0, description="chunk events per second one worker aims to stay under: with "
+        "many streams the chunk interval widens (up to coalesce_max_ms); 0 = never widen"
+    )
+    coalesce_max_ms: float = Field(150.0, ge=0, description="widest chunk interval under load")
     heartbeat_interval_s: float = 1.0
     worker_lost_after_s: float = 5.0
     ready_file: Path | None = Field(

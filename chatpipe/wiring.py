@@ -30,6 +30,7 @@ from safety.policy import build_policy
 from safety.stage import SafetyStage
 from scheduler.core import Policy, Scheduler
 from scheduler.stage import SchedulerStage
+from workers.coalesce import ChunkPacing
 from workers.engine import Engine
 from workers.stage import WorkerStage
 
@@ -104,7 +105,9 @@ async def ensure_dev_key(store: ConversationStore, settings: Settings) -> str:
 
 
 def worker_stage(kafka: KafkaConfig, engine: Engine, settings: Settings) -> WorkerStage:
-    return WorkerStage(kafka, engine, settings.worker_id, settings.coalesce_ms / 1000,
+    pacing = ChunkPacing(settings.coalesce_ms / 1000, settings.coalesce_max_ms / 1000,
+                         settings.coalesce_max_chunks_per_s)
+    return WorkerStage(kafka, engine, settings.worker_id, pacing,
                        settings.heartbeat_interval_s, settings.ready_file)
 
 

@@ -52,7 +52,7 @@ class RecorderStage:
 
     async def run(self) -> None:
         producer = self.kafka.producer()
-        self.consumer = self.kafka.consumer(group_id=GROUP)
+        self.consumer = self.kafka.consumer(group_id=GROUP, bulk=True)
         self.consumer.subscribe([topics.TOKENS, topics.MODERATION], listener=_Rebalance(self))
         await producer.start()
         await self.consumer.start()

@@ -21,6 +21,7 @@ class Coalescer:
 
     def __init__(self, interval_s: float) -> None:
         self.interval_s = interval_s
+        """May change between outputs (the worker widens it under load)."""
         self._pending = Pending()
         self._last_sent: float | None = None
 
@@ -43,3 +44,24 @@ class Coalescer:
         taken, self._pending = self._pending, Pending()
         self._last_sent = now
         return taken
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkPacing:
+    """The coalescing interval for a worker with `streams` streams running.
+
+    Every chunk is an event through the broker, safety and the gateway, so a
+    worker keeps its chunk rate under `max_chunks_per_s`: with many streams the
+    interval widens from `interval_s` up to `max_interval_s`. Tokens are not
+    delayed more than that; they travel more per event. 0 switches widening off.
+    """
+
+    interval_s: float
+    max_interval_s: float
+    max_chunks_per_s: float
+
+    def interval(self, streams: int) -> float:
+        if self.max_chunks_per_s <= 0:
+            return self.interval_s
+        wanted = streams / self.max_chunks_per_s
+        return min(max(self.interval_s, wanted), max(self.interval_s, self.max_interval_s))

@@ -38,7 +38,7 @@ from schemas.events import (
     stream_fields,
 )
 from schemas.lifecycle import RequestStatus
-from workers.coalesce import Coalescer
+from workers.coalesce import ChunkPacing, Coalescer
 from workers.engine import Continuation, Engine, EngineOutput
 from workers.resume import read_prior_output
 
@@ -67,14 +67,14 @@ class WorkerStage:
         kafka: KafkaConfig,
         engine: Engine,
         worker_id: str,
-        coalesce_s: float = 0.05,
+        pacing: ChunkPacing | float = 0.05,
         heartbeat_interval_s: float = 1.0,
         ready_file: Path | None = None,
     ) -> None:
         self.kafka = kafka
         self.engine = engine
         self.worker_id = worker_id
-        self.coalesce_s = coalesce_s
+        self.pacing = pacing if isinstance(pacing, ChunkPacing) else ChunkPacing(pacing, pacing, 0)
         self.heartbeat_interval_s = heartbeat_interval_s
         self.ready_file = ready_file
         self.partitions: tuple[int, ...] = ()
@@ -149,9 +149,10 @@ class WorkerStage:
         status = RequestStatus.FINISHED_ABORTED
         try:
             if request.request_id not in self._cancelled:
-                coalescer = Coalescer(self.coalesce_s)
+                coalescer = Coalescer(self.pacing.interval_s)
                 async for output in self.engine.generate(request, continuation):
                     last = output
+                    coalescer.interval_s = self.pacing.interval(len(self._running))
                     chunk = coalescer.add(output.text, output.new_tokens, time.monotonic())
                     if chunk is not None:
                         await stream.chunk(chunk.text, chunk.tokens, output.completion_tokens)

@@ -40,6 +40,7 @@ def test_bench_smoke_produces_sane_numbers(tmp_path: Path) -> None:
     cancel = side["cancel"]
     assert cancel["disconnects"] == cancel["measured"] == cancel["aborted"] == 6
     assert cancel["cancels_sent"] == 6 and cancel["cancel_ms_median"] is not None
+    assert 0 <= cancel["generated_after_median"] <= cancel["generated_after_max"] < 512
     assert 0 <= cancel["waste_median"] <= cancel["waste_max"] < 512
 
     [level] = results["capacity"]["levels"]

@@ -1,4 +1,4 @@
-from workers.coalesce import Coalescer
+from workers.coalesce import ChunkPacing, Coalescer
 
 
 def test_first_output_goes_at_once_then_every_interval():
@@ -18,3 +18,21 @@ def test_first_output_goes_at_once_then_every_interval():
 def test_zero_interval_sends_everything():
     c = Coalescer(0.0)
     assert [c.add(t, 1, now=0.0).text for t in "abc"] == ["a", "b", "c"]
+
+
+def test_the_interval_may_widen_between_outputs():
+    c = Coalescer(0.05)
+    c.add("a", 1, now=0.0)
+    c.interval_s = 0.1
+    assert c.add("b", 1, now=0.06) is None
+    out = c.add("c", 1, now=0.11)
+    assert out is not None and out.text == "bc"
+
+
+def test_pacing_widens_with_streams_within_its_bounds():
+    pacing = ChunkPacing(0.05, 0.15, max_chunks_per_s=500)
+    assert pacing.interval(1) == pacing.interval(25) == 0.05
+    assert pacing.interval(50) == 0.1
+    assert pacing.interval(1000) == 0.15
+    assert ChunkPacing(0.05, 0.15, max_chunks_per_s=0).interval(1000) == 0.05
+    assert ChunkPacing(0.05, 0.0, max_chunks_per_s=500).interval(1000) == 0.05
