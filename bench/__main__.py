@@ -51,7 +51,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--model", type=Path, default=DEFAULT_MODEL_DIR)
     parser.add_argument("--max-slots", type=int, default=64)
     parser.add_argument("--levels", type=_ints, default=(1, 8, 32, 64))
-    parser.add_argument("--rounds", type=int, default=3, help="requests per client per level")
+    parser.add_argument("--rounds", type=int, default=4, help="requests per client per level")
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--disconnects", type=int, default=48)
     parser.add_argument("--engine", choices=("vllm", "sim"), default="vllm",

@@ -60,8 +60,23 @@ def write(run: BenchRun, out_dir: Path) -> Path:
         plots.capacity(run.capacity, out_dir / "capacity.png")
     (out_dir / "results.json").write_text(json.dumps(_plain(run), indent=1, default=str))
     path = out_dir / "RESULTS.md"
-    path.write_text(markdown(run))
+    path.write_text(_merged(path, markdown(run)))
     return path
+
+
+BEGIN, END = "<!-- written by python -m bench: begin -->", "<!-- written by python -m bench: end -->"
+
+
+def _merged(path: Path, report: str) -> str:
+    """The run's report in place of the last one; what other benchmarks recorded in the
+    same file (after the end marker) stays."""
+    block = f"{BEGIN}\n{report.rstrip()}\n{END}\n"
+    old = path.read_text() if path.exists() else ""
+    if BEGIN not in old or END not in old:
+        return block
+    head, rest = old.split(BEGIN, 1)
+    tail = rest.split(END, 1)[1].lstrip("\n")
+    return head + block + ("\n" + tail if tail else "")
 
 
 def _plain(run: BenchRun) -> dict:

@@ -86,6 +86,14 @@ def billing() -> None:
     _run_stage("billing")
 
 
+@app.command("settings")
+def show_settings() -> None:
+    """Every setting (environment variable, default, meaning) as a Markdown table."""
+    from chatpipe.settings import settings_table
+
+    typer.echo(settings_table())
+
+
 @topics_app.command("create")
 def topics_create() -> None:
     """Create every shared topic (idempotent)."""

@@ -29,10 +29,16 @@ class Settings(BaseSettings):
     kafka_idempotence: bool = Field(
         False, description="idempotent producer; Apache Kafka only (Tansu rejects it)"
     )
-    kafka_compression: Literal["lz4", "zstd", "gzip", "none"] = "lz4"
-    kafka_replication_factor: int = 1
-    kafka_session_timeout_ms: int = 6000
-    kafka_heartbeat_interval_ms: int = 1000
+    kafka_compression: Literal["lz4", "zstd", "gzip", "none"] = Field(
+        "lz4", description="producer compression"
+    )
+    kafka_replication_factor: int = Field(
+        1, description="replication of the topics `chatpipe topics create` makes"
+    )
+    kafka_session_timeout_ms: int = Field(
+        6000, description="a consumer silent this long leaves its group (its partitions move)"
+    )
+    kafka_heartbeat_interval_ms: int = Field(1000, description="consumer group heartbeat")
     kafka_fetch_max_wait_ms: int = Field(
         20, ge=1, description="fetch wait of the stages on a stream's path (scheduler, worker, "
         "safety, gateway). Tansu answers a fetch only after this wait (Apache Kafka returns as "
@@ -53,38 +59,61 @@ class Settings(BaseSettings):
     )
 
     # --- model and engine --------------------------------------------------------
-    engine: Literal["vllm", "sim"] = "vllm"
+    engine: Literal["vllm", "sim"] = Field(
+        "vllm", description="vllm (AsyncLLM in the worker) or sim (deterministic text, no model)"
+    )
     model: Path = Field(DEFAULT_MODEL_DIR, description="local HF model directory")
     model_name: str = Field("tiny", description="name clients ask for")
-    max_model_len: int = 2048
+    max_model_len: int = Field(2048, description="engine context length (prompt + answer)")
     max_slots: int = Field(32, ge=1, description="requests one engine runs at once")
-    kv_cache_gib: float = 1.0
-    sim_tokens_per_s: float = Field(50.0, gt=0)
-    sim_prompt_tokens_per_s: float = Field(5000.0, gt=0)
+    kv_cache_gib: float = Field(1.0, description="KV cache size of the vLLM CPU engine")
+    sim_tokens_per_s: float = Field(
+        50.0, gt=0,
+        description="sim engine: tokens per second per stream",
+    )
+    sim_prompt_tokens_per_s: float = Field(
+        5000.0, gt=0,
+        description="sim engine: prompt tokens per second (time to first token)",
+    )
 
     # --- worker ------------------------------------------------------------------
-    worker_id: str = Field(default_factory=lambda: f"worker-{uuid.uuid4().hex[:8]}")
+    worker_id: str = Field(
+        default_factory=lambda: f"worker-{uuid.uuid4().hex[:8]}",
+        description="names the worker in heartbeats and assignments",
+    )
     coalesce_ms: float = Field(50.0, ge=0, description="token chunk interval after the first")
     coalesce_max_chunks_per_s: float = Field(
-        500.0, ge=0, description="chunk events per second one worker aims to stay under: with "
-        "many streams the chunk interval widens (up to coalesce_max_ms); 0 = never widen"
+        0.0, ge=0, description="chunk events per second one worker aims to stay under: with "
+        "many streams the chunk interval widens (up to coalesce_max_ms); 0 = never widen. "
+        "Fewer events, less pipeline CPU, longer pauses between chunks"
     )
     coalesce_max_ms: float = Field(150.0, ge=0, description="widest chunk interval under load")
-    heartbeat_interval_s: float = 1.0
-    worker_lost_after_s: float = 5.0
+    heartbeat_interval_s: float = Field(1.0, description="worker heartbeat period on chat.workers")
+    worker_lost_after_s: float = Field(
+        5.0, description="a worker silent this long is lost; its requests are dispatched again"
+    )
     ready_file: Path | None = Field(
         None, description="touched once the engine is loaded and on every heartbeat (probes)"
     )
 
     # --- gateway -----------------------------------------------------------------
-    host: str = "127.0.0.1"
-    port: int = 8000
-    gateway_id: str = Field(default_factory=lambda: f"gw-{uuid.uuid4().hex[:8]}")
-    dev_api_key: str | None = None
-    default_tier: Tier = Tier.FREE
-    default_max_tokens: int = 256
-    max_tokens_limit: int = 4096
-    max_message_chars: int = 32_000
+    host: str = Field("127.0.0.1", description="gateway listen address")
+    port: int = Field(8000, description="gateway listen port")
+    gateway_id: str = Field(
+        default_factory=lambda: f"gw-{uuid.uuid4().hex[:8]}",
+        description="names this gateway's chat.deliver.<id> topic",
+    )
+    dev_api_key: str | None = Field(
+        None,
+        description="API key created at start for the development user (printed); "
+        "unset = random",
+    )
+    default_tier: Tier = Field(Tier.FREE, description="tier of the development user")
+    default_max_tokens: int = Field(256, description="answer length when a request names none")
+    max_tokens_limit: int = Field(
+        4096, description="largest max_tokens a request may ask for (400 above)"
+    )
+    max_message_chars: int = Field(32_000, description="longest message accepted (400 above)")
     request_timeout_s: float = Field(300.0, description="deadline of a queued request")
 
     # --- scheduling (DESIGN §5) --------------------------------------------------
@@ -118,13 +147,19 @@ class Settings(BaseSettings):
     rate_limit_storage: str = Field(
         "memory://", description="limits storage URI; redis://host:6379 shares it across gateways"
     )
-    user_requests_per_minute: int = 60
-    org_requests_per_minute: int = 600
-    user_tokens_per_minute: int = 200_000
-    org_tokens_per_minute: int = 2_000_000
+    user_requests_per_minute: int = Field(60, description="rate limit per user")
+    org_requests_per_minute: int = Field(600, description="rate limit per org")
+    user_tokens_per_minute: int = Field(
+        200_000, description="prompt + max_tokens per user per minute"
+    )
+    org_tokens_per_minute: int = Field(
+        2_000_000, description="prompt + max_tokens per org per minute"
+    )
     user_token_budget: int | None = Field(None, description="tokens per budget period; None = off")
-    org_token_budget: int | None = None
-    budget_period: Literal["day", "month"] = "day"
+    org_token_budget: int | None = Field(
+        None, description="tokens per budget period per org; None = off"
+    )
+    budget_period: Literal["day", "month"] = Field("day", description="day or month")
 
     # --- safety (DESIGN §7) -------------------------------------------------------
     safety_window_chars: int = Field(
@@ -141,7 +176,8 @@ class Settings(BaseSettings):
         description='"<tier>/<model>", "<tier>" or "*" -> classifiers: rules, embedding, judge',
     )
     safety_output_classifiers: dict[str, list[str]] = Field(
-        default_factory=lambda: {"*": ["rules"]}
+        default_factory=lambda: {"*": ["rules"]},
+        description="as safety_input_classifiers, for the output stage",
     )
     safety_rule_categories: dict[str, list[str]] = Field(
         default_factory=lambda: {
@@ -152,21 +188,32 @@ class Settings(BaseSettings):
         description="category -> regular expressions (case-insensitive)",
     )
     safety_input_pii: list[str] = Field(default_factory=list, description="email, phone, card")
-    safety_output_pii: list[str] = Field(default_factory=lambda: ["email", "phone", "card"])
+    safety_output_pii: list[str] = Field(
+        default_factory=lambda: ["email", "phone", "card"],
+        description="PII kinds the output stage retracts",
+    )
     safety_embedding_exemplars: dict[str, list[str]] = Field(
         default_factory=lambda: {
             "violence": ["I am going to hurt you badly", "how do I attack someone"],
             "self_harm": ["I want to end my life", "ways to hurt myself"],
-        }
+        }, description="category -> example texts for the embedding classifier")
+    safety_embedding_threshold: float = Field(
+        0.6, description="cosine similarity at which the embedding classifier trips"
     )
-    safety_embedding_threshold: float = 0.6
     safety_judge_model: str | None = Field(None, description="model asked by the judge")
 
     # --- store -------------------------------------------------------------------
-    store: Literal["sqlite", "cassandra"] = "sqlite"
-    database_path: Path = Path("chatpipe.db")
-    cassandra_hosts: list[str] = Field(default_factory=list)
-    cassandra_keyspace: str = "chatpipe"
+    store: Literal["sqlite", "cassandra"] = Field(
+        "sqlite", description="conversation store: sqlite or cassandra"
+    )
+    database_path: Path = Field(
+        Path("chatpipe.db"), description="SQLite file (conversations, API keys, token ledger)"
+    )
+    cassandra_hosts: list[str] = Field(
+        default_factory=list,
+        description="Cassandra contact points (host or host:port)",
+    )
+    cassandra_keyspace: str = Field("chatpipe", description="Cassandra keyspace")
 
     # --- conversations and context ---------------------------------------------------
     cassandra_replication_factor: int = Field(
@@ -175,7 +222,7 @@ class Settings(BaseSettings):
     cassandra_create_schema: bool = Field(
         True,
         description="create keyspace and tables on open; false where a one-off job runs"
-        " `python -m conversations.cassandra_store create-schema`",
+        " `chatpipe store create-schema`",
     )
     system_prompt: str = Field(
         "You are a helpful assistant.",
@@ -190,7 +237,9 @@ class Settings(BaseSettings):
         description="model -> what becomes of history over the window;"
         " a model not named: default_context_strategy",
     )
-    default_context_strategy: Literal["truncate", "summary", "retrieve"] = "truncate"
+    default_context_strategy: Literal["truncate", "summary", "retrieve"] = Field(
+        "truncate", description="truncate, summary or retrieve"
+    )
     context_tokenizers: dict[str, Path] = Field(
         default_factory=dict,
         description="model -> local HF dir whose tokenizer and chat template count its prompts;"
@@ -236,3 +285,37 @@ class Settings(BaseSettings):
     def models(self) -> list[str]:
         """Model names this deployment serves."""
         return self.served_models or [self.model_name]
+
+
+def settings_table() -> str:
+    """Every setting as a Markdown table: environment variable, default, meaning."""
+    rows = ["| environment variable | default | meaning |", "|---|---|---|"]
+    for name, field in Settings.model_fields.items():
+        env = f"CHATPIPE_{name.upper()}"
+        if name == "kafka_bootstrap_servers":
+            env = f"`KAFKA_BOOTSTRAP_SERVERS` or `{env}`"
+        else:
+            env = f"`{env}`"
+        if field.default_factory is not None and name.endswith("_id"):
+            default = "random per process"
+        else:
+            value = field.get_default(call_default_factory=True)
+            default = _shown(value)
+        meaning = (field.description or "").replace("|", "\\|")
+        rows.append(f"| {env} | {default} | {meaning} |")
+    return "\n".join(rows)
+
+
+def _shown(value: object) -> str:
+    if value is None:
+        return "unset"
+    if isinstance(value, Path) and value == DEFAULT_MODEL_DIR:
+        return "`~/.cache/chatpipe/tiny-model`"
+    if isinstance(value, dict | list):
+        import json
+
+        text = json.dumps(value, default=str)
+        return f"`{text}`".replace("|", "\\|") if len(text) <= 60 else "see `settings.py`"
+    if hasattr(value, "value"):
+        value = value.value
+    return f"`{value}`"
