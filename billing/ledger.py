@@ -2,26 +2,21 @@
 the gateway's quota check.
 
 `SQLiteLedger` lives in the conversation store's database file (one machine:
-`chatpipe up`, or a gateway and billing sharing a host). It follows
-`conversations.sqlite_store`: one connection used from worker threads under a
+`chatpipe up`, or a gateway and billing sharing a host). Its connection is the
+store's kind (`conversations.sqlite_file`): used from worker threads under a
 lock, WAL and a busy timeout so a gateway process and a billing process can
 share the file.
 """
 
 from __future__ import annotations
 
-import asyncio
 import sqlite3
-import threading
-import time
-from collections.abc import Callable, Sequence
-from pathlib import Path
-from typing import Protocol, TypeVar
+from collections.abc import Sequence
+from typing import Protocol
 
 from billing.core import Account, Charge, UsageKey, UsageTotals
 from billing.periods import Period
-
-T = TypeVar("T")
+from conversations.sqlite_file import SQLiteFile, transaction
 
 
 class UsageLedger(Protocol):
@@ -91,30 +86,8 @@ ON CONFLICT (scope, account_id, period, period_key) DO UPDATE SET
 """
 
 
-class SQLiteLedger:
+class SQLiteLedger(SQLiteFile):
     """`UsageLedger` on one SQLite file (or ":memory:" for tests)."""
-
-    def __init__(
-        self,
-        path: Path | str,
-        *,
-        busy_timeout_s: float = 10.0,
-        clock: Callable[[], float] = time.time,
-    ) -> None:
-        self._path = str(path)
-        self._busy_timeout_s = busy_timeout_s
-        self._clock = clock
-        self._conn: sqlite3.Connection | None = None
-        self._lock = threading.Lock()
-
-    async def open(self) -> None:
-        if self._conn is None:
-            await asyncio.to_thread(self._open)
-
-    async def close(self) -> None:
-        if self._conn is not None:
-            await self._run(lambda conn: conn.close())
-            self._conn = None
 
     async def record(self, key: UsageKey, charges: Sequence[Charge]) -> bool:
         return await self._run(lambda conn: self._record(conn, key, charges))
@@ -135,34 +108,13 @@ class SQLiteLedger:
 
         return await self._run(select)
 
-    def _open(self) -> None:
-        conn = sqlite3.connect(
-            self._path,
-            timeout=self._busy_timeout_s,
-            isolation_level=None,  # autocommit; transactions are explicit
-            check_same_thread=False,  # used from to_thread workers, under self._lock
-        )
-        conn.execute("PRAGMA journal_mode=WAL")
-        conn.execute("PRAGMA synchronous=NORMAL")
+    def _create_schema(self, conn: sqlite3.Connection) -> None:
         conn.executescript(_SCHEMA)
-        self._conn = conn
-
-    async def _run(self, work: Callable[[sqlite3.Connection], T]) -> T:
-        conn = self._conn
-        if conn is None:
-            raise RuntimeError("SQLiteLedger is not open")
-
-        def locked() -> T:
-            with self._lock:
-                return work(conn)
-
-        return await asyncio.to_thread(locked)
 
     def _record(self, conn: sqlite3.Connection, key: UsageKey, charges: Sequence[Charge]) -> bool:
         # The dedupe row and the totals commit together: a crash between them cannot
         # leave an event marked recorded but uncounted (or counted twice on replay).
-        conn.execute("BEGIN IMMEDIATE")
-        try:
+        with transaction(conn):
             inserted = conn.execute(
                 "INSERT OR IGNORE INTO usage_recorded VALUES (?, ?, ?)",
                 (*key, self._clock()),
@@ -173,8 +125,4 @@ class SQLiteLedger:
                     charge.period_key, charge.prompt_tokens, charge.completion_tokens,
                     charge.cached_tokens,
                 ))  # fmt: skip
-            conn.execute("COMMIT")
-            return bool(inserted)
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
+        return bool(inserted)

@@ -1,7 +1,8 @@
 """The conversation store on SQLite: the one-machine default (DESIGN §8, §10).
 
 One `sqlite3` connection per store, used from worker threads
-(`asyncio.to_thread`) under a lock, so the event loop never waits on disk.
+(`asyncio.to_thread`) under a lock (`sqlite_file.py`), so the event loop never
+waits on disk.
 WAL mode and a busy timeout let a gateway process and a recorder process
 share one file: readers never block the writer, and a writer waits for the
 other process's write instead of failing. Files made by an older chatpipe
@@ -10,14 +11,10 @@ gain the newer columns on open.
 
 from __future__ import annotations
 
-import asyncio
 import sqlite3
-import threading
-import time
-from collections.abc import Callable, Mapping
-from pathlib import Path
-from typing import TypeVar
+from collections.abc import Mapping
 
+from conversations.sqlite_file import SQLiteFile, transaction
 from conversations.sqlite_schema import (
     CONVERSATION_COLUMNS,
     MESSAGE_COLUMNS,
@@ -42,39 +39,15 @@ from conversations.tree import ConversationTree, parent_key
 from schemas.lifecycle import RequestStatus
 from schemas.topics import Tier
 
-T = TypeVar("T")
-
 __all__ = ["SQLiteStore", "hash_api_key"]
 
 
-class SQLiteStore:
+class SQLiteStore(SQLiteFile):
     """`ConversationStore` on one SQLite file (or ":memory:" for tests).
 
     Message seq numbers start at 1 and are assigned inside a write
     transaction, so two processes appending to one conversation never collide.
     """
-
-    def __init__(
-        self,
-        path: Path | str,
-        *,
-        busy_timeout_s: float = 10.0,
-        clock: Callable[[], float] = time.time,
-    ) -> None:
-        self._path = str(path)
-        self._busy_timeout_s = busy_timeout_s
-        self._clock = clock
-        self._conn: sqlite3.Connection | None = None
-        self._lock = threading.Lock()
-
-    async def open(self) -> None:
-        if self._conn is None:
-            await asyncio.to_thread(self._open)
-
-    async def close(self) -> None:
-        if self._conn is not None:
-            await self._run(lambda conn: conn.close())
-            self._conn = None
 
     # --- conversations ------------------------------------------------------------
 
@@ -131,7 +104,7 @@ class SQLiteStore:
 
     async def retract_message(self, message_id: str, replacement: str) -> bool:
         def retract(conn: sqlite3.Connection) -> bool:
-            with _transaction(conn):
+            with transaction(conn):
                 cursor = conn.execute(
                     "UPDATE messages SET content = ?, status = ? WHERE message_id = ?",
                     (replacement, RequestStatus.FINISHED_FILTERED.value, message_id),
@@ -150,7 +123,7 @@ class SQLiteStore:
 
     async def delete_conversation(self, conversation_id: str, user_id: str) -> bool:
         def delete(conn: sqlite3.Connection) -> bool:
-            with _transaction(conn):
+            with transaction(conn):
                 gone = conn.execute(
                     "DELETE FROM conversations WHERE conversation_id = ? AND user_id = ?",
                     (conversation_id, user_id),
@@ -196,7 +169,7 @@ class SQLiteStore:
 
     async def select_message(self, conversation_id: str, user_id: str, message_id: str) -> bool:
         def select(conn: sqlite3.Connection) -> bool:
-            with _transaction(conn):
+            with transaction(conn):
                 owner = _get_conversation(conn, conversation_id)
                 if owner is None or owner.user_id != user_id:
                     return False
@@ -287,33 +260,13 @@ class SQLiteStore:
 
     # --- plumbing -----------------------------------------------------------------
 
-    def _open(self) -> None:
-        conn = sqlite3.connect(
-            self._path,
-            timeout=self._busy_timeout_s,
-            isolation_level=None,  # autocommit; transactions are explicit
-            check_same_thread=False,  # used from to_thread workers, under self._lock
-        )
-        conn.execute("PRAGMA journal_mode=WAL")
-        conn.execute("PRAGMA synchronous=NORMAL")  # durable enough under WAL, far faster
+    def _create_schema(self, conn: sqlite3.Connection) -> None:
         create_schema(conn)
-        self._conn = conn
-
-    async def _run(self, work: Callable[[sqlite3.Connection], T]) -> T:
-        conn = self._conn
-        if conn is None:
-            raise RuntimeError("SQLiteStore is not open")
-
-        def locked() -> T:
-            with self._lock:
-                return work(conn)
-
-        return await asyncio.to_thread(locked)
 
     def _add_message(self, conn: sqlite3.Connection, message: NewMessage) -> StoredMessage:
         # IMMEDIATE takes the write lock before reading MAX(seq), so another
         # process cannot pick the same seq between our read and our insert.
-        with _transaction(conn):
+        with transaction(conn):
             stored = _get_message(conn, message.message_id)
             if stored is not None:
                 return stored
@@ -346,19 +299,6 @@ class SQLiteStore:
                 (stored.conversation_id, parent_key(stored.parent_id), stored.message_id),
             )
             return stored
-
-
-class _transaction:
-    """BEGIN IMMEDIATE … COMMIT, or ROLLBACK on any exception."""
-
-    def __init__(self, conn: sqlite3.Connection) -> None:
-        self.conn = conn
-
-    def __enter__(self) -> None:
-        self.conn.execute("BEGIN IMMEDIATE")
-
-    def __exit__(self, kind: type[BaseException] | None, *_: object) -> None:
-        self.conn.execute("COMMIT" if kind is None else "ROLLBACK")
 
 
 def _get_conversation(conn: sqlite3.Connection, conversation_id: str) -> Conversation | None:
