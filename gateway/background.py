@@ -22,18 +22,15 @@ from typing import TYPE_CHECKING, Any
 from conversations.store import ApiKey
 from conversations.summaries import SummaryJob, clean_title, title_request
 from gateway.errors import ApiError
-from gateway.generation import start_generation
+from gateway.generation import AnswerText, start_generation
 from schemas.events import (
     ChatMessage,
     DeliveryDone,
     DeliveryError,
-    Delta,
     GenerationRequest,
-    Retract,
     SamplingOptions,
     now,
 )
-from schemas.lifecycle import RequestStatus
 from schemas.topics import Tier
 
 if TYPE_CHECKING:
@@ -43,7 +40,6 @@ log = logging.getLogger(__name__)
 
 TITLE_MAX_TOKENS = 24
 JOB_TEMPERATURE = 0.3
-_COMPLETE = frozenset({RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH})
 
 BACKGROUND_ACCOUNT = "chatpipe-background"
 """User and org of every background request: never billed to a user's budget, and
@@ -155,16 +151,13 @@ async def generate_text(deps: GatewayDeps, request: GenerationRequest) -> str | 
     except ApiError:
         log.warning("could not queue background request %s", request.request_id)
         return None
-    text: list[str] = []
+    text = AnswerText()
     async with aclosing(generation.events()) as events:
         async for event in events:
+            text.add(event)
             match event:
-                case Delta():
-                    text.append(event.text)
-                case Retract():
-                    text = [event.replacement]
-                case DeliveryDone() if event.status in _COMPLETE:
-                    return "".join(text)
+                case DeliveryDone() if event.status.is_answered:
+                    return str(text)
                 case DeliveryDone() | DeliveryError():
                     return None
     return None

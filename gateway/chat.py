@@ -14,12 +14,11 @@ from gateway.auth import OwnedConversation, Owner
 from gateway.background import start_title
 from gateway.deps import Deps, GatewayDeps
 from gateway.errors import ApiError
-from gateway.generation import Generation, event_stream
+from gateway.generation import AnswerText, Generation, event_stream
 from gateway.turns import Turn, send_turn, start_edit, start_regenerate, start_turn
 from schemas import sse
 from schemas.api import CancelledRequest, PostMessage, TurnOptions
-from schemas.events import DeliveryDone, Delta, Retract
-from schemas.lifecycle import RequestStatus
+from schemas.events import DeliveryDone
 
 router = APIRouter(tags=["conversations"])
 
@@ -86,17 +85,13 @@ async def native_events(
             user_message_id=turn.user_message.message_id,
         )
     )
-    text: list[str] = []
+    text = AnswerText()
     async with aclosing(generation.events()) as events:
         async for event in events:
-            match event:
-                case Delta():
-                    text.append(event.text)
-                case Retract():
-                    text = [event.replacement]
-                case DeliveryDone() if turn.first and _titled(deps, event):
-                    start_title(deps, turn.owner, turn.request, turn.user_message.content,
-                                "".join(text))  # fmt: skip
+            text.add(event)
+            if isinstance(event, DeliveryDone) and turn.first and _titled(deps, event):
+                start_title(deps, turn.owner, turn.request, turn.user_message.content,
+                            str(text))  # fmt: skip
             yield sse.native_event(event)
     if not generation.finished:
         yield sse.error_event("stream_interrupted", "the answer stopped before its end")
@@ -105,7 +100,6 @@ async def native_events(
 
 def _titled(deps: GatewayDeps, done: DeliveryDone) -> bool:
     """A first answer that ended well gets a generated title (unless they are off)."""
-    return deps.settings.auto_titles and done.status in _ANSWERED
+    return deps.settings.auto_titles and done.status.is_answered
 
 
-_ANSWERED = frozenset({RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH})

@@ -20,7 +20,14 @@ from starlette.background import BackgroundTask
 from gateway.errors import ApiError
 from gateway.pipeline import Pipeline, RequestStream
 from schemas import sse
-from schemas.events import DeliverEvent, DeliveryDone, DeliveryError, GenerationRequest
+from schemas.events import (
+    DeliverEvent,
+    Delta,
+    DeliveryDone,
+    DeliveryError,
+    GenerationRequest,
+    Retract,
+)
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +64,25 @@ class LiveRequests:
 
     def __len__(self) -> int:
         return len(self._requests)
+
+
+class AnswerText:
+    """The answer's text as its delivery events build it: deltas add to it, and a
+    retraction replaces all of it with the policy's replacement."""
+
+    def __init__(self) -> None:
+        self._parts: list[str] = []
+        self.retracted = False
+
+    def add(self, event: DeliverEvent) -> None:
+        match event:
+            case Delta() if not self.retracted:
+                self._parts.append(event.text)
+            case Retract():
+                self.retracted, self._parts = True, [event.replacement]
+
+    def __str__(self) -> str:
+        return "".join(self._parts)
 
 
 class Generation:

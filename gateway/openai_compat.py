@@ -22,7 +22,13 @@ from gateway.admission import admit
 from gateway.auth import Owner
 from gateway.deps import Deps, GatewayDeps, SettingsDep
 from gateway.errors import ApiError, error_type, from_delivery_error
-from gateway.generation import Generation, event_stream, start_generation, until_disconnected
+from gateway.generation import (
+    AnswerText,
+    Generation,
+    event_stream,
+    start_generation,
+    until_disconnected,
+)
 from gateway.limits import check_message, sampling_options, served_model
 from schemas import sse
 from schemas.api import (
@@ -156,9 +162,9 @@ async def chunk_events(answer: _Answer, generation: Generation) -> AsyncIterator
 
 async def collect(answer: _Answer, generation: Generation, request: Request) -> ChatCompletion:
     """The whole answer; a client that disconnects first cancels the generation."""
-    text: list[str] = []
+    text = AnswerText()
     end: DeliveryDone | DeliveryError | None = None
-    retracted = disconnected = False
+    disconnected = False
     async with anyio.create_task_group() as listeners:
 
         async def cancel_on_disconnect() -> None:
@@ -170,13 +176,9 @@ async def collect(answer: _Answer, generation: Generation, request: Request) -> 
         listeners.start_soon(cancel_on_disconnect)
         async with aclosing(generation.events()) as events:
             async for event in events:
-                match event:
-                    case Delta() if not retracted:
-                        text.append(event.text)
-                    case Retract():
-                        retracted, text = True, [event.replacement]
-                    case DeliveryDone() | DeliveryError():
-                        end = event
+                text.add(event)
+                if isinstance(event, DeliveryDone | DeliveryError):
+                    end = event
         listeners.cancel_scope.cancel()
     match end:
         case None if disconnected:
@@ -185,12 +187,12 @@ async def collect(answer: _Answer, generation: Generation, request: Request) -> 
             raise ApiError(502, "stream_interrupted", _INTERRUPTED)
         case DeliveryError():
             raise from_delivery_error(end)
-    reason = "content_filter" if retracted else end.status.openai_finish_reason
+    reason = "content_filter" if text.retracted else end.status.openai_finish_reason
     return ChatCompletion(
         id=answer.id,
         created=answer.created,
         model=answer.model,
-        choices=[Choice(message=AssistantMessage(content="".join(text)), finish_reason=reason)],
+        choices=[Choice(message=AssistantMessage(content=str(text)), finish_reason=reason)],
         usage=CompletionUsage.of(end.usage),
     )
 

@@ -20,6 +20,11 @@ class RequestStatus(StrEnum):
         return self in _OPENAI_FINISH_REASON
 
     @property
+    def is_answered(self) -> bool:
+        """The model ended the answer itself or at its length limit (not cut short)."""
+        return self in (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH)
+
+    @property
     def openai_finish_reason(self) -> str | None:
         """The `finish_reason` an OpenAI client expects; None while running."""
         return _OPENAI_FINISH_REASON.get(self)
