@@ -17,16 +17,15 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
-from chatpipe.wiring import Stack, running_stack
+from chatpipe.wiring import Stack
 from conversations.summaries import SUMMARY_HEADING, SUMMARY_INSTRUCTIONS
 from conversations.tokens import TokenCounter
 from schemas import topics
 from schemas.events import GenerationRequest, Role
 from schemas.topics import Tier
 from tests.e2e.test_conversations import new_conversation, new_user, say
-from tests.fixtures.stack import stack_settings
+from tests.fixtures.stack import running_sim_stack, stack_settings
 from tests.support import find_events
-from workers.sim_engine import SimEngine
 
 WINDOW = 384
 MAX_TOKENS = 20
@@ -57,14 +56,8 @@ async def small_window_stack(tmp: Path, model_dir: Path, strategy: str) -> Async
         system_prompt=SYSTEM_PROMPT, context_window_tokens={"tiny": WINDOW},
         context_strategy={"tiny": strategy}, summary_max_tokens=40,
     )  # fmt: skip
-    engine = SimEngine(settings.model_name, settings.max_slots, settings.sim_tokens_per_s,
-                       settings.sim_prompt_tokens_per_s)
-    await engine.start()
-    try:
-        async with running_stack(settings, engine) as stack:
-            yield stack
-    finally:
-        await engine.stop()
+    async with running_sim_stack(settings) as stack:
+        yield stack
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")

@@ -21,15 +21,14 @@ from billing.ledger import SQLiteLedger
 from billing.periods import period_of
 from billing.stage import GROUP as BILLING_GROUP
 from bus.clients import Publisher
-from chatpipe.wiring import Stack, running_stack
+from chatpipe.wiring import Stack
 from conversations.store import ApiKey
 from schemas import topics
 from schemas.events import DeadLetter, UsageEvent
 from schemas.lifecycle import RequestStatus
 from schemas.topics import Tier
-from tests.fixtures.stack import client_for, stack_settings
+from tests.fixtures.stack import client_for, running_sim_stack, stack_settings
 from tests.support import find_events, read_sse
-from workers.sim_engine import SimEngine
 
 LIMITS = dict(
     user_requests_per_minute=3, org_requests_per_minute=5,
@@ -44,14 +43,8 @@ RATE_HEADERS = [f"x-ratelimit-{kind}-{quantity}" for quantity in ("requests", "t
 async def limited_stack(tmp_path_factory) -> AsyncIterator[Stack]:
     settings = stack_settings(tmp_path_factory.mktemp("limited-stack"), engine="sim",
                               sim_tokens_per_s=400.0, max_slots=8, **LIMITS)
-    engine = SimEngine(settings.model_name, settings.max_slots, settings.sim_tokens_per_s,
-                       settings.sim_prompt_tokens_per_s)
-    await engine.start()
-    try:
-        async with running_stack(settings, engine) as stack:
-            yield stack
-    finally:
-        await engine.stop()
+    async with running_sim_stack(settings) as stack:
+        yield stack
 
 
 @pytest_asyncio.fixture(loop_scope="session")
