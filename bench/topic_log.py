@@ -6,16 +6,14 @@ end, DESIGN §11) until every request asked about has its terminal event.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterable
+from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer
-from aiokafka.structs import TopicPartition
-
+from bus.replay import replay
 from schemas import topics
-from schemas.codec import CONTROL_EVENT, TOKEN_EVENT, EventDecodeError, decode
+from schemas.codec import CONTROL_EVENT, TOKEN_EVENT
 from schemas.events import Cancel, GenerationDone, GenerationError, TokenChunk, UsageEvent
 
 
@@ -35,32 +33,17 @@ async def read_events(bootstrap: str, topic: str, kind: Any,
                       timeout_s: float = 30) -> list[tuple[int, Any]]:
     """(record timestamp ms, event) of every decodable event of `topic`, read until
     `complete(events)` or the timeout."""
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
-                                fetch_max_wait_ms=20, max_partition_fetch_bytes=8 << 20)
-    await consumer.start()
-    try:
-        await consumer.topics()
-        partitions = [TopicPartition(topic, p)
-                      for p in sorted(consumer.partitions_for_topic(topic) or ())]
-        consumer.assign(partitions)
-        for tp in partitions:
-            consumer.seek(tp, 0)
-        found: list[tuple[int, Any]] = []
-        events: list[Any] = []
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline and not complete(events):
-            batch = await consumer.getmany(timeout_ms=200, max_records=5000)
-            for records in batch.values():
-                for record in records:
-                    try:
-                        event = decode(kind, record.value)
-                    except EventDecodeError:
-                        continue
-                    found.append((record.timestamp, event))
-                    events.append(event)
+    found: list[tuple[int, Any]] = []
+    events: list[Any] = []
+    if complete(events):
         return found
-    finally:
-        await consumer.stop()
+    async with aclosing(replay(bootstrap, topic, kind, timeout_s)) as replayed:
+        async for at_ms, event in replayed:
+            found.append((at_ms, event))
+            events.append(event)
+            if complete(events):
+                break
+    return found
 
 
 async def token_chunks(bootstrap: str, request_ids: Iterable[str],

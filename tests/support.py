@@ -2,20 +2,18 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import AsyncIterator, Callable
+from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import httpx
 import orjson
-from aiokafka import AIOKafkaConsumer
-from aiokafka.structs import TopicPartition
 from pydantic import BaseModel, TypeAdapter
 
 from bus.clients import KafkaConfig
-from schemas.codec import EventDecodeError, decode
+from bus.replay import replay
 
 E = TypeVar("E", bound=BaseModel)
 
@@ -103,36 +101,13 @@ async def find_events(
     timeout_s: float = 30.0,
 ) -> list[Any]:
     """Read `topic` from the start until `count` decodable events satisfy `match`."""
-    consumer = AIOKafkaConsumer(bootstrap_servers=kafka.bootstrap_servers,
-                                enable_auto_commit=False, fetch_max_wait_ms=20)
-    await consumer.start()
-    try:
-        partitions = await _partitions(consumer, topic)
-        consumer.assign(partitions)
-        for tp in partitions:
-            consumer.seek(tp, 0)
-        found: list[Any] = []
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline and len(found) < count:
-            batch = await consumer.getmany(timeout_ms=200)
-            for records in batch.values():
-                for record in records:
-                    try:
-                        event = decode(kind, record.value)
-                    except EventDecodeError:
-                        continue
-                    if match(event):
-                        found.append(event)
-        return found[:count]
-    finally:
-        await consumer.stop()
+    found: list[Any] = []
+    async with aclosing(replay(kafka.bootstrap_servers, topic, kind, timeout_s)) as events:
+        async for _, event in events:
+            if match(event):
+                found.append(event)
+                if len(found) == count:
+                    break
+    return found
 
 
-async def _partitions(consumer: AIOKafkaConsumer, topic: str) -> list[TopicPartition]:
-    for _ in range(50):
-        await consumer.topics()
-        partitions = consumer.partitions_for_topic(topic)
-        if partitions:
-            return [TopicPartition(topic, p) for p in sorted(partitions)]
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"topic {topic} not found")
