@@ -17,8 +17,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import psutil
-
+from bench import cpu
+from bench.cpu import CpuUse
 from bench.load import closed_loop, fixed_prompts
 from bench.metrics import percentile
 from bench.processes import (
@@ -55,19 +55,11 @@ class Measured:
     cpu_engine: float
 
 
-def _cpu_s(pids: list[int]) -> float:
-    total = 0.0
-    for pid in pids:
-        try:
-            times = psutil.Process(pid).cpu_times()
-        except psutil.NoSuchProcess:
-            continue
-        total += times.user + times.system
-    return total
-
-
-def _engine_pids(up: Service) -> list[int]:
-    return [child.pid for child in psutil.Process(up.pid).children(recursive=True)]
+def _split(use: CpuUse) -> tuple[float, float, float]:
+    """CPU seconds of chatpipe-up's own process, the broker, and the engine's processes."""
+    up = use.by_process.get("chatpipe-up", 0.0)
+    broker = use.by_process.get("broker", 0.0)
+    return up, broker, use.tested - up - broker
 
 
 async def measure(settings: dict[str, object], concurrency: int, seconds: float,
@@ -84,26 +76,25 @@ async def measure(settings: dict[str, object], concurrency: int, seconds: float,
         target = Target("chatpipe", port, "bench", cfg.model_name)
         await closed_loop(target, 8, 16, fixed_prompts(), 128)  # warm-up
         await asyncio.sleep(3)
-        up_pids, broker_pids, engine_pids = [up.pid], [broker.pid], _engine_pids(up)
-
-        before = _cpu_s(up_pids), _cpu_s(broker_pids)
+        services = [up, broker]
+        before = cpu.snapshot(services)
         await asyncio.sleep(10)
-        idle = [(_cpu_s(up_pids) - before[0]) / 10, (_cpu_s(broker_pids) - before[1]) / 10]
+        idle = cpu.between(before, cpu.snapshot(services))
+        idle_up, idle_broker, _ = (idle.cores(cpu_s) for cpu_s in _split(idle))
 
         single = await closed_loop(target, 1, 24, fixed_prompts(), 32)
         ttfts = [r.ttft * 1000 for r in single.records if r.ttft is not None]
 
-        before3 = _cpu_s(up_pids), _cpu_s(broker_pids), _cpu_s(engine_pids)
-        started, done = time.monotonic(), 0
-        while time.monotonic() - started < seconds:
+        before = cpu.snapshot(services)
+        done = 0
+        while time.monotonic() - before.at < seconds:
             level = await closed_loop(target, concurrency, concurrency * 2, fixed_prompts(), 128)
             done += sum(1 for r in level.records if r.completed)
-        wall = time.monotonic() - started
+        load = cpu.between(before, cpu.snapshot(services))
         kilo = done * 128 / 1000
-        after3 = _cpu_s(up_pids), _cpu_s(broker_pids), _cpu_s(engine_pids)
         return Measured(
-            idle[0], idle[1], percentile(ttfts, 50), percentile(ttfts, 90), kilo * 1000 / wall,
-            *((a - b) / kilo for a, b in zip(after3, before3, strict=True)),
+            idle_up, idle_broker, percentile(ttfts, 50), percentile(ttfts, 90),
+            kilo * 1000 / load.wall_s, *(cpu_s / kilo for cpu_s in _split(load)),
         )
     finally:
         if up is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import uuid
 from pathlib import Path
@@ -312,8 +313,6 @@ def _shown(value: object) -> str:
     if isinstance(value, Path) and value == DEFAULT_MODEL_DIR:
         return "`~/.cache/chatpipe/tiny-model`"
     if isinstance(value, dict | list):
-        import json
-
         text = json.dumps(value, default=str)
         return f"`{text}`".replace("|", "\\|") if len(text) <= 60 else "see `settings.py`"
     if hasattr(value, "value"):

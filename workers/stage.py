@@ -67,14 +67,14 @@ class WorkerStage:
         kafka: KafkaConfig,
         engine: Engine,
         worker_id: str,
-        pacing: ChunkPacing | float = 0.05,
+        pacing: ChunkPacing = ChunkPacing(0.05, 0.05, 0),
         heartbeat_interval_s: float = 1.0,
         ready_file: Path | None = None,
     ) -> None:
         self.kafka = kafka
         self.engine = engine
         self.worker_id = worker_id
-        self.pacing = pacing if isinstance(pacing, ChunkPacing) else ChunkPacing(pacing, pacing, 0)
+        self.pacing = pacing
         self.heartbeat_interval_s = heartbeat_interval_s
         self.ready_file = ready_file
         self.partitions: tuple[int, ...] = ()
