@@ -12,11 +12,15 @@ from schemas.topics import DLQ
 
 log = logging.getLogger(__name__)
 
+MAX_KEPT_BYTES = 1 << 20
+"""A record too big for the bus may be why it failed: the dead letter keeps its start."""
+
 
 async def dead_letter(publisher: Publisher, stage: str, record: ConsumerRecord, error: str) -> None:
     """Park `record` on chat.dlq with the error, keyed like the original."""
     key = record.key.decode(errors="replace") if record.key is not None else None
-    value = (record.value or b"").decode(errors="replace")
+    raw = record.value or b""
+    value = raw[:MAX_KEPT_BYTES].decode(errors="replace")
     log.warning("%s: dead-lettering %s[%d]@%d: %s", stage, record.topic, record.partition,
                 record.offset, error)
     await publisher.send_and_wait(
@@ -28,6 +32,7 @@ async def dead_letter(publisher: Publisher, stage: str, record: ConsumerRecord, 
             offset=record.offset,
             key=key,
             value=value,
+            truncated=len(raw) > MAX_KEPT_BYTES,
             error=error[:2000],
         ),
         key=key,

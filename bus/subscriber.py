@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -19,6 +20,8 @@ log = logging.getLogger(__name__)
 
 E = TypeVar("E", bound=BaseModel)
 RecordHandler = Callable[[ConsumerRecord], Awaitable[None]]
+FailureHandler = Callable[[ConsumerRecord, str], Awaitable[None]]
+AFTER_BATCH_BACKOFF_S = (0.1, 0.5, 1.0, 2.0, 5.0)
 
 
 def decode_record(kind: type[E] | TypeAdapter[Any], record: ConsumerRecord) -> E:
@@ -33,9 +36,14 @@ async def consume(
     after_batch: Callable[[], Awaitable[None]] | None = None,
     poll_ms: int = 200,
     tracker: OffsetTracker | None = None,
+    on_failure: FailureHandler | None = None,
 ) -> None:
-    """Run until cancelled. A record whose handler raises goes to chat.dlq; the
-    stage carries on with the next one, so one bad event never stops a stage."""
+    """Run until cancelled. A record whose handler raises goes to chat.dlq and
+    `on_failure` ends what it belonged to (a request's stream gets a terminal event);
+    the stage carries on with the next one, so one bad event never stops a stage.
+    `after_batch` (commits, decisions) that raises is logged and run again after a
+    backoff: the records it had not finished stay uncommitted, nothing is skipped."""
+    failures = 0
     while True:
         batch = await consumer.getmany(timeout_ms=poll_ms, max_records=500)
         for records in batch.values():
@@ -43,10 +51,36 @@ async def consume(
                 try:
                     await handle(record)
                 except Exception as exc:  # noqa: BLE001 - any failure is dead-lettered
-                    if not isinstance(exc, ValueError):
-                        log.exception("%s: failed on %s@%d", stage, record.topic, record.offset)
-                    await dead_letter(publisher, stage, record, f"{type(exc).__name__}: {exc}")
+                    await failed(stage, publisher, record, exc, on_failure)
                     if tracker is not None:
                         tracker.seen(TopicPartition(record.topic, record.partition), record.offset)
-        if after_batch is not None:
+        if after_batch is None:
+            continue
+        try:
             await after_batch()
+            failures = 0
+        except Exception:  # noqa: BLE001 - a stage outlives a failing commit or produce
+            log.exception("%s: after-batch step failed; retrying", stage)
+            await asyncio.sleep(AFTER_BATCH_BACKOFF_S[min(failures, len(AFTER_BATCH_BACKOFF_S) - 1)])
+            failures += 1
+
+
+async def failed(stage: str, publisher: Publisher, record: ConsumerRecord, exc: Exception,
+                 on_failure: FailureHandler | None = None) -> None:
+    """Dead-letter `record` with the error, then let the stage end what it belonged to.
+    Neither step may stop the stage: their own failures are only logged."""
+    error = f"{type(exc).__name__}: {exc}"
+    if not isinstance(exc, ValueError):
+        log.error("%s: failed on %s@%d", stage, record.topic, record.offset,
+                  exc_info=(type(exc), exc, exc.__traceback__))
+    try:
+        await dead_letter(publisher, stage, record, error)
+    except Exception:  # noqa: BLE001
+        log.exception("%s: could not dead-letter %s@%d", stage, record.topic, record.offset)
+    if on_failure is None:
+        return
+    try:
+        await on_failure(record, error)
+    except Exception:  # noqa: BLE001
+        log.exception("%s: could not end what %s@%d belonged to", stage, record.topic,
+                      record.offset)

@@ -93,6 +93,10 @@ class Settings(BaseSettings):
     worker_lost_after_s: float = Field(
         5.0, description="a worker silent this long is lost; its requests are dispatched again"
     )
+    drain_timeout_s: float = Field(
+        30.0, ge=0, description="on SIGTERM a worker takes no new work and lets running answers "
+        "finish this long, then hands the rest to other workers as continuations"
+    )
     ready_file: Path | None = Field(
         None, description="touched once the engine is loaded and on every heartbeat (probes)"
     )
@@ -116,6 +120,18 @@ class Settings(BaseSettings):
     )
     max_message_chars: int = Field(32_000, description="longest message accepted (400 above)")
     request_timeout_s: float = Field(300.0, description="deadline of a queued request")
+    resume_grace_s: float = Field(
+        15.0, ge=0, description="native API: a dropped stream's generation goes on this long "
+        "waiting for the client to resume it (`Last-Event-ID`) before it is cancelled"
+    )
+    stream_stall_s: float = Field(
+        30.0, gt=0, description="a stream that gets no event this long ends with error "
+        "`stalled` and its generation is cancelled"
+    )
+    generation_idle_timeout_s: float = Field(
+        120.0, gt=0, description="the safety stage and the recorder give up on a generation "
+        "with no event this long (its commit floor moves on; the stored answer ends in error)"
+    )
 
     # --- scheduling (DESIGN §5) --------------------------------------------------
     tier_min_share: dict[Tier, float] = Field(

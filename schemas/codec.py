@@ -7,7 +7,15 @@ from typing import Any, TypeVar
 import orjson
 from pydantic import BaseModel, TypeAdapter
 
-from schemas.events import ControlEvent, DeliverEvent, Event, TokenEvent
+from schemas.events import (
+    AnswerEvent,
+    ControlEvent,
+    DeliverEvent,
+    Event,
+    SchedulerEvent,
+    TokenEvent,
+    WorkEvent,
+)
 
 EVENT_TYPE_HEADER = "event-type"
 SCHEMA_VERSION_HEADER = "schema-version"
@@ -46,3 +54,6 @@ def decode(kind: type[E] | TypeAdapter[Any], raw: bytes | None) -> E:
 TOKEN_EVENT = TypeAdapter(TokenEvent)
 DELIVER_EVENT = TypeAdapter(DeliverEvent)
 CONTROL_EVENT = TypeAdapter(ControlEvent)
+ANSWER_EVENT = TypeAdapter(AnswerEvent)
+WORK_EVENT = TypeAdapter(WorkEvent)
+SCHEDULER_EVENT = TypeAdapter(SchedulerEvent)

@@ -66,14 +66,19 @@ class Usage(BaseModel):
 # --- chat.requests.<tier> and chat.work ---------------------------------------------
 
 
-class ResumePoint(BaseModel):
-    """Where a redispatched request's earlier output starts on `chat.tokens`."""
+class StreamPosition(BaseModel):
+    """Where a request's stream lies on `chat.tokens`, set by the scheduler at each dispatch.
+
+    Before it hands out an attempt the scheduler writes that attempt's `AttemptStarted`
+    marker on the request's `chat.tokens` partition. A continuation (attempt > 0) reads
+    `[start_offset, attempt_offset)`: every earlier attempt's output, up to a known end.
+    """
 
     model_config = ConfigDict(extra="ignore", frozen=True)
 
-    tokens_partition: int
-    from_offset: int
-    prior_attempt: int
+    partition: int
+    start_offset: int = Field(description="the first attempt's marker: where the stream starts")
+    attempt_offset: int = Field(description="this attempt's marker: where its reading ends")
 
 
 class GenerationRequest(Event):
@@ -98,8 +103,8 @@ class GenerationRequest(Event):
     requested_model: str | None = Field(
         None, description="the model the client asked for, when the router chose another"
     )
-    resume: ResumePoint | None = Field(
-        None, description="continue the output an earlier attempt left on chat.tokens"
+    stream: StreamPosition | None = Field(
+        None, description="set at dispatch: where the stream lies on chat.tokens"
     )
     created_at: float = Field(default_factory=now)
 
@@ -110,7 +115,32 @@ class WorkAssignment(Event):
     type: Literal["work"] = "work"
     worker_id: str
     request: GenerationRequest
+    epoch: int = Field(0, description="the dispatching scheduler's claim: older ones are fenced")
     dispatched_at: float = Field(default_factory=now)
+
+
+class SchedulerClaim(Event):
+    """A scheduler takes over: written on every `chat.work` partition and on
+    `chat.scheduler` before it dispatches anything. Workers ignore assignments of an
+    older epoch from then on, and an older scheduler that reads it stops."""
+
+    type: Literal["claim"] = "claim"
+    scheduler_id: str
+    epoch: int
+    sent_at: float = Field(default_factory=now)
+
+
+class Unserved(Event):
+    """The scheduler's record on `chat.work` of a request it ended without a worker
+    (cancelled, expired or refused), so a restarted scheduler keeps it ended."""
+
+    type: Literal["unserved"] = "unserved"
+    request_id: str
+    attempt: int = 0
+    code: str
+
+
+WorkEvent = Annotated[WorkAssignment | SchedulerClaim | Unserved, Field(discriminator="type")]
 
 
 # --- chat.workers ---------------------------------------------------------------------
@@ -128,13 +158,16 @@ class WorkerHeartbeat(Event):
     consumed: dict[int, int] = Field(
         default_factory=dict, description="chat.work partition -> next offset to read"
     )
+    assignments: dict[str, tuple[int, int]] = Field(
+        default_factory=dict,
+        description="active request id -> (chat.work partition, offset) of its assignment",
+    )
+    handed_back: tuple[str, ...] = Field(
+        (), description="requests a draining worker gives back unfinished: dispatch them again"
+    )
     running: int = 0
     waiting: int = 0
     peak_running: int = Field(0, description="most requests the engine ran at once")
-    progress: dict[str, tuple[int, int]] = Field(
-        default_factory=dict,
-        description="request id -> (chat.tokens partition, offset) of its first event",
-    )
     free_kv_blocks: int | None = None
     stopping: bool = False
     sent_at: float = Field(default_factory=now)
@@ -190,7 +223,21 @@ class GenerationError(StreamEvent):
     retry_after: float | None = None
 
 
-TokenEvent = Annotated[TokenChunk | GenerationDone | GenerationError, Field(discriminator="type")]
+class AttemptStarted(Event):
+    """The scheduler's marker on `chat.tokens` before it hands out an attempt: it fences
+    every older attempt (their later events are dropped), and its offset is where a
+    continuation stops reading earlier output."""
+
+    type: Literal["attempt"] = "attempt"
+    request_id: str
+    attempt: int
+    conversation_id: str
+    worker_id: str
+    sent_at: float = Field(default_factory=now)
+
+
+TokenEvent = Annotated[TokenChunk | GenerationDone | GenerationError | AttemptStarted,
+                       Field(discriminator="type")]
 
 
 # --- chat.deliver.<gateway_id> --------------------------------------------------------
@@ -240,11 +287,32 @@ class DeliveryDone(DeliveryEvent):
     type: Literal["done"] = "done"
     status: RequestStatus
     usage: Usage
+    model: str | None = Field(None, description="the model that answered")
+
+
+class AnswerStarted(DeliveryEvent):
+    """The gateway's marker on `chat.answers` before it queues a stored request: its
+    offset is where the answer starts there (kept in the store), and it says what the
+    answer is, for the recorder and for a gateway that resumes the stream."""
+
+    type: Literal["started"] = "started"
+    conversation_id: str
+    message_id: str
+    parent_id: str | None = None
+    user_id: str
+    model: str
+    reply_to: str
+    created_at: float = Field(default_factory=now)
 
 
 DeliverEvent = Annotated[
     Delta | Queued | Routed | Retract | DeliveryError | DeliveryDone, Field(discriminator="type")
 ]
+AnswerEvent = Annotated[
+    AnswerStarted | Delta | Queued | Routed | Retract | DeliveryError | DeliveryDone,
+    Field(discriminator="type"),
+]
+"""What `chat.answers` carries: a stored answer's marker, then its delivery events."""
 
 
 # --- chat.scheduler -------------------------------------------------------------------
@@ -265,6 +333,9 @@ class SchedulerStatus(Event):
     type: Literal["scheduler_status"] = "scheduler_status"
     tiers: dict[Tier, TierStatus]
     sent_at: float = Field(default_factory=now)
+
+
+SchedulerEvent = Annotated[SchedulerStatus | SchedulerClaim, Field(discriminator="type")]
 
 
 # --- chat.control ---------------------------------------------------------------------
@@ -302,7 +373,10 @@ class UsageEvent(Event):
     worker_id: str
     status: RequestStatus
     prompt_tokens: int
-    completion_tokens: int
+    completion_tokens: int = Field(description="tokens this attempt generated")
+    prior_completion_tokens: int = Field(
+        0, description="tokens earlier attempts streamed that this attempt continued"
+    )
     cached_tokens: int
     gpu_ms: float = Field(description="wall time the request held an engine slot")
     created_at: float = Field(default_factory=now)
@@ -331,5 +405,6 @@ class DeadLetter(Event):
     offset: int
     key: str | None
     value: str = Field(description="the original bytes, decoded as UTF-8 with replacement")
+    truncated: bool = Field(False, description="value keeps only the first MiB of the original")
     error: str
     failed_at: float = Field(default_factory=now)

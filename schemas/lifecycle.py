@@ -9,6 +9,8 @@ class RequestStatus(StrEnum):
     WAITING = "waiting"
     DISPATCHED = "dispatched"
     RUNNING = "running"
+    IN_PROGRESS = "in_progress"
+    """A stored answer still streaming (the store's view of waiting/dispatched/running)."""
     FINISHED_STOPPED = "finished_stopped"
     FINISHED_LENGTH = "finished_length"
     FINISHED_ABORTED = "finished_aborted"

@@ -23,6 +23,7 @@ WORK = "chat.work"
 WORKERS = "chat.workers"
 SCHEDULER = "chat.scheduler"
 TOKENS = "chat.tokens"
+ANSWERS = "chat.answers"
 DELIVER_PREFIX = "chat.deliver."
 CONTROL = "chat.control"
 USAGE = "chat.usage"
@@ -44,4 +45,5 @@ def deliver_topic(gateway_id: str) -> str:
 
 def shared_topics() -> list[str]:
     """Every topic except the per-gateway delivery topics."""
-    return [*request_topics(), WORK, WORKERS, SCHEDULER, TOKENS, CONTROL, USAGE, MODERATION, DLQ]
+    return [*request_topics(), WORK, WORKERS, SCHEDULER, TOKENS, ANSWERS, CONTROL, USAGE, MODERATION,
+            DLQ]
