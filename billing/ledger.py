@@ -6,6 +6,12 @@ the gateway's quota check.
 store's kind (`conversations.sqlite_file`): used from worker threads under a
 lock, WAL and a busy timeout so a gateway process and a billing process can
 share the file.
+
+What each request was charged is kept in `usage_charged`, one row per request_id. It
+replaced `usage_recorded`, one row per (request_id, attempt) with no token counts, which
+a file from before keeps, unread: a request charged before the upgrade is charged in
+full again if billing reads one of its events after it (a redelivery of the batch it
+had not committed, or a later attempt's).
 """
 
 from __future__ import annotations
@@ -14,7 +20,7 @@ import sqlite3
 from collections.abc import Sequence
 from typing import Protocol
 
-from billing.core import Account, Charge, UsageKey, UsageTotals
+from billing.core import Account, Bill, Tokens, UsageKey, UsageTotals, settle
 from billing.periods import Period
 from conversations.sqlite_file import SQLiteFile, transaction
 
@@ -25,9 +31,11 @@ class UsageLedger(Protocol):
 
     async def close(self) -> None: ...
 
-    async def record(self, key: UsageKey, charges: Sequence[Charge]) -> bool:
-        """Add `charges` atomically, once per `key`: a key seen before adds nothing and
-        returns False, so a redelivered usage event is never counted twice."""
+    async def record(self, key: UsageKey, bill: Bill) -> bool:
+        """Charge request `key` atomically what `bill` adds to it (`billing.core.settle`):
+        the request counted once, its tokens up to the most any of its events reports.
+        False if it adds nothing, so a redelivered or stale usage event is never
+        counted twice."""
 
     async def used(
         self, accounts: Sequence[Account], period: Period, period_key: str
@@ -47,8 +55,8 @@ class MemoryLedger:
     async def close(self) -> None:
         pass
 
-    async def record(self, key: UsageKey, charges: Sequence[Charge]) -> bool:
-        return self._totals.add(key, charges)
+    async def record(self, key: UsageKey, bill: Bill) -> bool:
+        return self._totals.add(key, bill)
 
     async def used(
         self, accounts: Sequence[Account], period: Period, period_key: str
@@ -57,11 +65,12 @@ class MemoryLedger:
 
 
 _SCHEMA = """
-CREATE TABLE IF NOT EXISTS usage_recorded (
-    request_id TEXT NOT NULL,
-    attempt INTEGER NOT NULL,
-    recorded_at REAL NOT NULL,
-    PRIMARY KEY (request_id, attempt)
+CREATE TABLE IF NOT EXISTS usage_charged (
+    request_id TEXT PRIMARY KEY,
+    prompt_tokens INTEGER NOT NULL,
+    completion_tokens INTEGER NOT NULL,
+    cached_tokens INTEGER NOT NULL,
+    charged_at REAL NOT NULL
 );
 CREATE TABLE IF NOT EXISTS usage_totals (
     scope TEXT NOT NULL,
@@ -76,21 +85,30 @@ CREATE TABLE IF NOT EXISTS usage_totals (
 );
 """
 
+_SET_CHARGED = """
+INSERT INTO usage_charged VALUES (?, ?, ?, ?, ?)
+ON CONFLICT (request_id) DO UPDATE SET
+    prompt_tokens = excluded.prompt_tokens,
+    completion_tokens = excluded.completion_tokens,
+    cached_tokens = excluded.cached_tokens,
+    charged_at = excluded.charged_at
+"""
+
 _ADD_CHARGE = """
-INSERT INTO usage_totals VALUES (?, ?, ?, ?, ?, ?, ?, 1)
+INSERT INTO usage_totals VALUES (?, ?, ?, ?, ?, ?, ?, ?)
 ON CONFLICT (scope, account_id, period, period_key) DO UPDATE SET
     prompt_tokens = prompt_tokens + excluded.prompt_tokens,
     completion_tokens = completion_tokens + excluded.completion_tokens,
     cached_tokens = cached_tokens + excluded.cached_tokens,
-    requests = requests + 1
+    requests = requests + excluded.requests
 """
 
 
 class SQLiteLedger(SQLiteFile):
     """`UsageLedger` on one SQLite file (or ":memory:" for tests)."""
 
-    async def record(self, key: UsageKey, charges: Sequence[Charge]) -> bool:
-        return await self._run(lambda conn: self._record(conn, key, charges))
+    async def record(self, key: UsageKey, bill: Bill) -> bool:
+        return await self._run(lambda conn: self._record(conn, key, bill))
 
     async def used(
         self, accounts: Sequence[Account], period: Period, period_key: str
@@ -111,18 +129,21 @@ class SQLiteLedger(SQLiteFile):
     def _create_schema(self, conn: sqlite3.Connection) -> None:
         conn.executescript(_SCHEMA)
 
-    def _record(self, conn: sqlite3.Connection, key: UsageKey, charges: Sequence[Charge]) -> bool:
-        # The dedupe row and the totals commit together: a crash between them cannot
-        # leave an event marked recorded but uncounted (or counted twice on replay).
+    def _record(self, conn: sqlite3.Connection, key: UsageKey, bill: Bill) -> bool:
+        # What the request was charged is read, and its new row and the totals written,
+        # in one transaction: a crash cannot leave a charge remembered but uncounted (or
+        # counted twice on replay), and a second billing process waits its turn.
         with transaction(conn):
-            inserted = conn.execute(
-                "INSERT OR IGNORE INTO usage_recorded VALUES (?, ?, ?)",
-                (*key, self._clock()),
-            ).rowcount
-            for charge in charges if inserted else ():
+            row = conn.execute(
+                "SELECT prompt_tokens, completion_tokens, cached_tokens FROM usage_charged"
+                " WHERE request_id = ?", (key,),
+            ).fetchone()
+            charged, charges = settle(bill, Tokens(*row) if row else None)
+            if charges:
+                conn.execute(_SET_CHARGED, (key, *charged, self._clock()))
+            for charge in charges:
                 conn.execute(_ADD_CHARGE, (
                     charge.account.scope, charge.account.account_id, charge.period,
-                    charge.period_key, charge.prompt_tokens, charge.completion_tokens,
-                    charge.cached_tokens,
+                    charge.period_key, *charge.tokens, charge.requests,
                 ))  # fmt: skip
-        return bool(inserted)
+        return bool(charges)

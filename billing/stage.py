@@ -2,9 +2,10 @@
 
 Commit policy: an offset is committed only after its event is in the ledger
 (the handler awaits the write; commits happen after each poll batch). A
-restart re-reads what was not committed; the ledger counts each
-(request_id, attempt) once, so a redelivery never double counts. An event that
-fails to parse goes to chat.dlq (`bus.subscriber.consume`) and is committed past.
+restart re-reads what was not committed; the ledger charges each request the
+most any of its events reports, so a redelivery never double counts. An event
+that fails to parse goes to chat.dlq (`bus.subscriber.consume`) and is
+committed past.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
-"""Billing: periods, the charges of a usage event, and the ledger contract (each
-(request_id, attempt) counted once) on the in-memory reference and on SQLite."""
+"""Billing: periods, the charges of a usage event, and the ledger contract (each request
+charged the most any of its attempts reports, once) on the in-memory reference and on
+SQLite."""
 
 from __future__ import annotations
 
@@ -7,9 +8,11 @@ from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from pathlib import Path
 
+import sqlite3
+
 import pytest
 
-from billing.core import Account, UsageTotals, charges_for, usage_key
+from billing.core import Account, Tokens, charges_for, settle, usage_key
 from billing.ledger import MemoryLedger, SQLiteLedger, UsageLedger
 from billing.periods import period_of
 from schemas.events import UsageEvent
@@ -22,14 +25,14 @@ def at(text: str) -> float:
 
 
 def usage(request_id: str = "r1", attempt: int = 0, user: str = "alice", org: str = "acme",
-          prompt: int = 10, completion: int = 5, cached: int = 4,
+          prompt: int = 10, completion: int = 5, cached: int = 4, prior: int = 0,
           created_at: str = "2025-03-07T12:00:00") -> UsageEvent:
     return UsageEvent(
         request_id=request_id, attempt=attempt, conversation_id="c1", user_id=user,
         org_id=org, tier=Tier.FREE, model="tiny", worker_id="w1",
         status=RequestStatus.FINISHED_STOPPED, prompt_tokens=prompt,
-        completion_tokens=completion, cached_tokens=cached, gpu_ms=1.0,
-        created_at=at(created_at),
+        completion_tokens=completion, prior_completion_tokens=prior, cached_tokens=cached,
+        gpu_ms=1.0, created_at=at(created_at),
     )
 
 
@@ -52,25 +55,23 @@ def test_periods_are_utc_days_and_months(moment: str, period: str, key: str, sta
 
 
 def test_an_event_charges_its_user_and_org_in_its_own_day_and_month() -> None:
-    charges = charges_for(usage(created_at="2025-03-31T23:59:00"))
-    assert {(c.account, c.period, c.period_key) for c in charges} == {
+    bill = charges_for(usage(created_at="2025-03-31T23:59:00"))
+    assert set(bill.totals) == {
         (Account.user("alice"), "day", "2025-03-31"),
         (Account.user("alice"), "month", "2025-03"),
         (Account.org("acme"), "day", "2025-03-31"),
         (Account.org("acme"), "month", "2025-03"),
     }
-    assert {c.tokens for c in charges} == {15}  # prompt + completion; cached is in the prompt
+    assert bill.tokens.billed == 15  # prompt + completion; cached is in the prompt
 
 
-def test_totals_count_each_attempt_once() -> None:
-    totals = UsageTotals()
-    first, retry = usage(attempt=0), usage(attempt=1, prompt=20, completion=0)
-    assert totals.add(usage_key(first), charges_for(first))
-    assert not totals.add(usage_key(first), charges_for(first))
-    assert totals.add(usage_key(retry), charges_for(retry))
-    assert totals.used(Account.user("alice"), "day", "2025-03-07") == 15 + 20
-    assert totals.used(Account.org("acme"), "month", "2025-03") == 35
-    assert totals.used(Account.user("bob"), "day", "2025-03-07") == 0
+def test_a_request_is_counted_once_and_each_kind_of_token_up_to_its_most() -> None:
+    charged, charges = settle(charges_for(usage(completion=40, cached=0)), None)
+    assert {(c.tokens, c.requests) for c in charges} == {(Tokens(10, 40, 0), 1)}
+    charged, charges = settle(charges_for(usage(attempt=1, prior=40, completion=60)), charged)
+    assert charged == Tokens(10, 100, 4)
+    assert {(c.tokens, c.requests) for c in charges} == {(Tokens(0, 60, 4), 0)}
+    assert settle(charges_for(usage(completion=80)), charged) == (charged, [])
 
 
 @pytest.fixture(params=["memory", "sqlite"])
@@ -97,13 +98,77 @@ async def test_ledger_sums_per_account_and_period(ledger: UsageLedger) -> None:
         Account.user("carol"): 0}
 
 
-async def test_ledger_never_counts_a_redelivery_twice(ledger: UsageLedger) -> None:
-    event = usage("r1")
-    assert await record(ledger, event)
-    assert not await record(ledger, event)
-    assert await record(ledger, usage("r1", attempt=1))
-    assert (await ledger.used([Account.user("alice")], "day", "2025-03-07")
-            == {Account.user("alice"): 30})
+def a0(completion: int, prompt: int = 10) -> UsageEvent:
+    return usage(attempt=0, prompt=prompt, completion=completion)
+
+
+def a1(prior: int, completion: int, prompt: int = 10) -> UsageEvent:
+    return usage(attempt=1, prompt=prompt, prior=prior, completion=completion)
+
+
+# Each step: an event in the order billing reads it, and the tokens it adds to the day.
+ATTEMPTS = [
+    ("single attempt", [(a0(40), 50)]),
+    ("drained handoff", [(a0(40), 50), (a1(40, 60), 60)]),
+    ("crash handoff: a0 never reports", [(a1(40, 60), 110)]),
+    ("zombie a0 reports after a1", [(a1(40, 60), 110), (a0(80), 0)]),
+    ("duplicate", [(a0(40), 50), (a0(40), 0), (a1(40, 60), 60), (a1(40, 60), 0)]),
+    ("out of order", [(a1(40, 60), 110), (a0(40), 0),
+                      (usage(attempt=2, prior=100, completion=20), 20)]),
+    ("prompt counted once", [(a0(0), 10), (a1(0, 30), 30)]),
+]
+
+
+@pytest.mark.parametrize(("case", "steps"), ATTEMPTS, ids=[case for case, _ in ATTEMPTS])
+async def test_a_request_is_charged_the_most_any_attempt_reports(
+    ledger: UsageLedger, case: str, steps: list[tuple[UsageEvent, int]]
+) -> None:
+    alice = Account.user("alice")
+    for event, added in steps:
+        before = (await ledger.used([alice], "day", "2025-03-07"))[alice]
+        assert await record(ledger, event) == (added > 0), case
+        assert (await ledger.used([alice], "day", "2025-03-07"))[alice] - before == added, case
+
+
+async def test_each_increase_goes_to_the_periods_of_its_own_event(ledger: UsageLedger) -> None:
+    await record(ledger, usage(completion=40, created_at="2025-03-31T23:59:00"))
+    await record(ledger, usage(attempt=1, prior=40, completion=60,
+                               created_at="2025-04-01T00:01:00"))
+    acme = Account.org("acme")
+    assert await ledger.used([acme], "day", "2025-03-31") == {acme: 50}
+    assert await ledger.used([acme], "month", "2025-04") == {acme: 60}
+
+
+async def test_an_upgraded_file_keeps_its_totals_and_counts_a_request_once(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "chatpipe.db"
+    with sqlite3.connect(path) as before:  # as the per-attempt ledger left it
+        before.executescript("""
+            CREATE TABLE usage_recorded (request_id TEXT NOT NULL, attempt INTEGER NOT NULL,
+                recorded_at REAL NOT NULL, PRIMARY KEY (request_id, attempt));
+            CREATE TABLE usage_totals (scope TEXT NOT NULL, account_id TEXT NOT NULL,
+                period TEXT NOT NULL, period_key TEXT NOT NULL, prompt_tokens INTEGER NOT NULL,
+                completion_tokens INTEGER NOT NULL, cached_tokens INTEGER NOT NULL,
+                requests INTEGER NOT NULL, PRIMARY KEY (scope, account_id, period, period_key));
+            INSERT INTO usage_recorded VALUES ('r0', 0, 0);
+            INSERT INTO usage_totals VALUES ('org', 'acme', 'day', '2025-03-07', 10, 5, 4, 1);
+        """)
+    before.close()
+    ledger = SQLiteLedger(path)
+    await ledger.open()
+    try:
+        await record(ledger, usage("r1", completion=40))
+        await record(ledger, usage("r1", attempt=1, prior=40, completion=60))
+        assert (await ledger.used([Account.org("acme")], "day", "2025-03-07")
+                == {Account.org("acme"): 15 + 110})
+    finally:
+        await ledger.close()
+    with sqlite3.connect(path) as after:
+        assert after.execute(
+            "SELECT requests FROM usage_totals WHERE scope = 'org' AND period = 'day'"
+        ).fetchone() == (2,)
+    after.close()
 
 
 async def test_what_billing_writes_a_gateway_reads_from_the_same_file(tmp_path: Path) -> None:
