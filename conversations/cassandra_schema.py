@@ -13,6 +13,8 @@ A table per query (DESIGN §8):
 * `message_ids`: message_id -> (conversation_id, seq), for `get_message`,
   `find_reply` and idempotent inserts (`IF NOT EXISTS`).
 * `summaries`, `embeddings`: one partition per conversation.
+* `requests` by request_id: the request behind an answer (`start_answer`); a
+  conversation's are found through its messages' `request_id` when it is deleted.
 * `api_keys` by key hash.
 
 `created_at` is a `double` (epoch seconds, as in the records) so cursors and
@@ -34,6 +36,10 @@ CONVERSATION_COLUMNS = "conversation_id, user_id, title, auto_title, created_at"
 MESSAGE_COLUMNS = (
     "conversation_id, seq, message_id, role, content, parent_id, model, tokens, status,"
     " request_id, created_at, prompt_tokens, cached_tokens"
+)
+REQUEST_COLUMNS = (
+    "request_id, conversation_id, message_id, user_id, answers_partition, answers_offset,"
+    " reply_to, created_at"
 )
 
 TABLES = (
@@ -85,6 +91,15 @@ TABLES = (
     message_id text,
     vector blob,
     PRIMARY KEY (conversation_id, model, message_id))""",
+    """CREATE TABLE IF NOT EXISTS {ks}.requests (
+    request_id text PRIMARY KEY,
+    conversation_id text,
+    message_id text,
+    user_id text,
+    answers_partition int,
+    answers_offset bigint,
+    reply_to text,
+    created_at double)""",
     """CREATE TABLE IF NOT EXISTS {ks}.api_keys (
     key_hash text PRIMARY KEY,
     user_id text,
@@ -121,6 +136,7 @@ STATEMENTS = {
     "delete_message_id": "DELETE FROM {ks}.message_ids WHERE message_id = ?",
     "delete_summaries": "DELETE FROM {ks}.summaries WHERE conversation_id = ?",
     "delete_embeddings": "DELETE FROM {ks}.embeddings WHERE conversation_id = ?",
+    "delete_request": "DELETE FROM {ks}.requests WHERE request_id = ?",
     # messages
     "select_last_seq": "SELECT last_seq FROM {ks}.messages WHERE conversation_id = ? LIMIT 1",
     "insert_message": f"INSERT INTO {{ks}}.messages ({MESSAGE_COLUMNS})"
@@ -137,9 +153,17 @@ STATEMENTS = {
     "delete_message": "DELETE FROM {ks}.messages WHERE conversation_id = ? AND seq = ?",
     "retract_message": "UPDATE {ks}.messages SET content = ?, status = ?"
     " WHERE conversation_id = ? AND seq = ?",
+    # a condition, so of two writers only one finishes it, and a deleted row stays gone
+    "finish_answer": "UPDATE {ks}.messages SET content = ?, tokens = ?, prompt_tokens = ?,"
+    " cached_tokens = ?, model = ?, status = ? WHERE conversation_id = ? AND seq = ?"
+    " IF status = ?",
     # a condition, so a conversation deleted meanwhile is not brought back
     "add_choices": "UPDATE {ks}.messages SET selected = selected + ? WHERE conversation_id = ?"
     " IF last_seq > 0",
+    # requests
+    "insert_request": f"INSERT INTO {{ks}}.requests ({REQUEST_COLUMNS})"
+    " VALUES (?, ?, ?, ?, ?, ?, ?, ?) IF NOT EXISTS",
+    "select_request": f"SELECT {REQUEST_COLUMNS} FROM {{ks}}.requests WHERE request_id = ?",
     # context
     "insert_summary": "INSERT INTO {ks}.summaries"
     " (conversation_id, through_message_id, content, created_at) VALUES (?, ?, ?, ?)",

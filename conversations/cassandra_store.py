@@ -15,6 +15,10 @@ client "the 7th message". Idempotency: a stored message_id is found through
 both claim a seq, and the loser of `INSERT … IF NOT EXISTS` on `message_ids`
 deletes its copy (and reads dedupe by message_id should it die first).
 
+A streaming answer (`start_answer`) is finished with `UPDATE … IF status =
+'in_progress'`: Paxos lets one writer finish it, and a row deleted meanwhile
+is not written again.
+
 Create the schema with `python -m conversations.cassandra_store create-schema`
 (reads the CHATPIPE_ settings), or let `open()` do it (`create_schema=True`).
 """
@@ -25,7 +29,7 @@ import asyncio
 import sys
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import replace
+from dataclasses import astuple, replace
 
 from conversations import cassandra_schema as cql
 from conversations.cassandra_session import CqlSession, DriverSession, Rows
@@ -35,8 +39,10 @@ from conversations.store import (
     ConversationPage,
     MessageUsage,
     NewMessage,
+    RequestRecord,
     StoredMessage,
     Summary,
+    check_answer_start,
     decode_cursor,
     encode_cursor,
     hash_api_key,
@@ -162,6 +168,7 @@ class CassandraStore:
         messages = await self.list_messages(conversation_id)
         await asyncio.gather(
             *(self._run("delete_message_id", (m.message_id,)) for m in messages),
+            *(self._run("delete_request", (m.request_id,)) for m in messages if m.request_id),
             *(
                 self._run(name, (conversation_id,))
                 for name in ("delete_messages", "delete_summaries", "delete_embeddings")
@@ -175,8 +182,11 @@ class CassandraStore:
         found = await self.get_message(message.message_id)
         if found is not None:
             return found
-        stored = _stored(message, seq=0, created_at=self._clock())
-        key = parent_key(message.parent_id)
+        return await self._append(_stored(message, seq=0, created_at=self._clock()))
+
+    async def _append(self, stored: StoredMessage) -> StoredMessage:
+        """Store a new message: claim its seq, select it, index its id (module docstring)."""
+        key = parent_key(stored.parent_id)
 
         async def try_claim(seq: int, expected: int | None) -> tuple[bool, int | None]:
             row = _with_seq(stored, seq)
@@ -208,18 +218,55 @@ class CassandraStore:
         return rows[0]["last_seq"] if rows else None
 
     async def get_message(self, message_id: str) -> StoredMessage | None:
+        key = await self._message_key(message_id)
+        if key is None:
+            return None
+        rows = await self._run("select_message", key)
+        return cql.message_of(rows[0]) if rows and rows[0].get("message_id") else None
+
+    async def _message_key(self, message_id: str) -> tuple[str, int] | None:
+        """(conversation_id, seq) of a stored message, from `message_ids`."""
         ids = await self._run("select_message_id", (message_id,))
         if not ids or ids[0]["seq"] is None:
             return None
-        rows = await self._run("select_message", (ids[0]["conversation_id"], ids[0]["seq"]))
-        return cql.message_of(rows[0]) if rows and rows[0].get("message_id") else None
+        return ids[0]["conversation_id"], ids[0]["seq"]
+
+    async def start_answer(self, message: NewMessage, request: RequestRecord) -> StoredMessage:
+        check_answer_start(message, request)
+        found = await self.get_message(message.message_id)
+        if found is not None:
+            return found
+        stored = _stored(message, seq=0, created_at=self._clock())
+        # the request first: a retry after a crash in between finds no message and
+        # stores both; the other order would leave a message without its request
+        await self._run("insert_request", astuple(replace(request, created_at=stored.created_at)))
+        return await self._append(stored)
+
+    async def finish_answer(self, message: NewMessage) -> bool:
+        key = await self._message_key(message.message_id)
+        if key is None:
+            return False
+        m = message
+        final = (m.content, m.tokens, m.prompt_tokens, m.cached_tokens, m.model, m.status.value)
+        rows = await self._run("finish_answer", (*final, *key, RequestStatus.IN_PROGRESS.value))
+        return cql.applied(rows)
+
+    async def get_request(self, request_id: str) -> RequestRecord | None:
+        rows = await self._run("select_request", (request_id,))
+        return RequestRecord(**rows[0]) if rows else None
+
+    async def in_progress_requests(self, conversation_id: str) -> list[str]:
+        return [
+            m.request_id for m in await self.list_messages(conversation_id)
+            if m.status == RequestStatus.IN_PROGRESS and m.request_id
+        ]  # fmt: skip
 
     async def retract_message(self, message_id: str, replacement: str) -> bool:
-        ids = await self._run("select_message_id", (message_id,))
-        if not ids or ids[0]["seq"] is None:
+        key = await self._message_key(message_id)
+        if key is None:
             return False
-        await self._run("retract_message", (replacement, RequestStatus.FINISHED_FILTERED.value,
-                                            ids[0]["conversation_id"], ids[0]["seq"]))
+        filtered = RequestStatus.FINISHED_FILTERED.value
+        await self._run("retract_message", (replacement, filtered, *key))
         return True
 
     async def list_messages(self, conversation_id: str) -> list[StoredMessage]:

@@ -54,6 +54,17 @@ CREATE TABLE IF NOT EXISTS embeddings (
     vector BLOB NOT NULL,
     PRIMARY KEY (conversation_id, model, message_id)
 );
+CREATE TABLE IF NOT EXISTS requests (
+    request_id TEXT PRIMARY KEY,
+    conversation_id TEXT NOT NULL,
+    message_id TEXT NOT NULL,
+    user_id TEXT NOT NULL,
+    answers_partition INTEGER NOT NULL,
+    answers_offset INTEGER NOT NULL,
+    reply_to TEXT NOT NULL,
+    created_at REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS requests_by_conversation ON requests (conversation_id);
 CREATE TABLE IF NOT EXISTS api_keys (
     key_hash TEXT PRIMARY KEY,
     user_id TEXT NOT NULL,
@@ -75,6 +86,11 @@ CONVERSATION_COLUMNS = "conversation_id, user_id, title, created_at, auto_title"
 MESSAGE_COLUMNS = (
     "message_id, conversation_id, seq, role, content, parent_id, model, tokens,"
     " status, request_id, created_at, prompt_tokens, cached_tokens"
+)
+
+REQUEST_COLUMNS = (
+    "request_id, conversation_id, message_id, user_id, answers_partition, answers_offset,"
+    " reply_to, created_at"
 )
 
 

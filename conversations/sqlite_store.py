@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Mapping
+from dataclasses import astuple, replace
 
 from conversations.sqlite_file import SQLiteFile, transaction
 from conversations.sqlite_schema import (
     CONVERSATION_COLUMNS,
     MESSAGE_COLUMNS,
+    REQUEST_COLUMNS,
     conversation_row,
     create_schema,
     message_row,
@@ -29,8 +31,10 @@ from conversations.store import (
     ConversationPage,
     MessageUsage,
     NewMessage,
+    RequestRecord,
     StoredMessage,
     Summary,
+    check_answer_start,
     decode_cursor,
     encode_cursor,
     hash_api_key,
@@ -129,7 +133,9 @@ class SQLiteStore(SQLiteFile):
                     (conversation_id, user_id),
                 ).rowcount
                 if gone:
-                    for table in ("messages", "branch_choices", "summaries", "embeddings"):
+                    for table in (
+                        "messages", "branch_choices", "summaries", "embeddings", "requests"
+                    ):
                         conn.execute(
                             f"DELETE FROM {table} WHERE conversation_id = ?", (conversation_id,)
                         )
@@ -144,6 +150,42 @@ class SQLiteStore(SQLiteFile):
 
     async def get_message(self, message_id: str) -> StoredMessage | None:
         return await self._run(lambda conn: _get_message(conn, message_id))
+
+    async def start_answer(self, message: NewMessage, request: RequestRecord) -> StoredMessage:
+        check_answer_start(message, request)
+        return await self._run(lambda conn: self._add_message(conn, message, request))
+
+    async def finish_answer(self, message: NewMessage) -> bool:
+        def finish(conn: sqlite3.Connection) -> bool:
+            cursor = conn.execute(
+                "UPDATE messages SET content = ?, tokens = ?, prompt_tokens = ?,"
+                " cached_tokens = ?, model = ?, status = ? WHERE message_id = ? AND status = ?",
+                (message.content, message.tokens, message.prompt_tokens, message.cached_tokens,
+                 message.model, message.status.value, message.message_id,
+                 RequestStatus.IN_PROGRESS.value),
+            )  # fmt: skip
+            return cursor.rowcount > 0
+
+        return await self._run(finish)
+
+    async def get_request(self, request_id: str) -> RequestRecord | None:
+        row = await self._run(
+            lambda conn: conn.execute(
+                f"SELECT {REQUEST_COLUMNS} FROM requests WHERE request_id = ?", (request_id,)
+            ).fetchone()
+        )
+        return RequestRecord(*row) if row else None
+
+    async def in_progress_requests(self, conversation_id: str) -> list[str]:
+        def select(conn: sqlite3.Connection) -> list[str]:
+            rows = conn.execute(
+                "SELECT request_id FROM messages WHERE conversation_id = ? AND status = ?"
+                " AND request_id IS NOT NULL ORDER BY seq",
+                (conversation_id, RequestStatus.IN_PROGRESS.value),
+            )
+            return [request_id for (request_id,) in rows]
+
+        return await self._run(select)
 
     async def list_messages(self, conversation_id: str) -> list[StoredMessage]:
         return await self._run(lambda conn: _list_messages(conn, conversation_id))
@@ -263,7 +305,9 @@ class SQLiteStore(SQLiteFile):
     def _create_schema(self, conn: sqlite3.Connection) -> None:
         create_schema(conn)
 
-    def _add_message(self, conn: sqlite3.Connection, message: NewMessage) -> StoredMessage:
+    def _add_message(
+        self, conn: sqlite3.Connection, message: NewMessage, request: RequestRecord | None = None
+    ) -> StoredMessage:
         # IMMEDIATE takes the write lock before reading MAX(seq), so another
         # process cannot pick the same seq between our read and our insert.
         with transaction(conn):
@@ -298,6 +342,12 @@ class SQLiteStore(SQLiteFile):
                 "INSERT OR REPLACE INTO branch_choices VALUES (?, ?, ?)",
                 (stored.conversation_id, parent_key(stored.parent_id), stored.message_id),
             )
+            if request is not None:
+                conn.execute(
+                    f"INSERT OR IGNORE INTO requests ({REQUEST_COLUMNS})"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    astuple(replace(request, created_at=stored.created_at)),
+                )
             return stored
 
 

@@ -15,12 +15,16 @@ Contracts every store keeps:
   conversation on a user's behalf (`rename_conversation`,
   `delete_conversation`, `select_message`) take the `user_id` and do nothing
   (None / False, as for an unknown id) unless that user owns it. Pipeline
-  writes (`add_message`, `set_auto_title`, `save_summary`, `save_embeddings`)
-  are trusted and unchecked.
+  writes (`add_message`, `start_answer`, `finish_answer`, `set_auto_title`,
+  `save_summary`, `save_embeddings`) are trusted and unchecked.
 * Branches: a message's `parent_id` links it to the message it follows;
   regenerations (assistant) and edits (user) are siblings under one parent.
   The store remembers, per parent, which child is selected: `add_message`
   selects the new message, `select_message` selects an older one.
+* Streaming answers: the gateway stores an answer as it queues its request
+  (`start_answer`: status IN_PROGRESS, empty content, with its `RequestRecord`);
+  whoever sees the answer end first gives it its final text (`finish_answer`),
+  and only that one writer succeeds.
 """
 
 from __future__ import annotations
@@ -109,6 +113,21 @@ class StoredMessage:
 
 
 @dataclass(frozen=True, slots=True)
+class RequestRecord:
+    """The request behind a stored answer: who may resume or cancel it, and where its
+    events start on `chat.answers` (partition, offset of its AnswerStarted marker)."""
+
+    request_id: str
+    conversation_id: str
+    message_id: str
+    user_id: str
+    answers_partition: int
+    answers_offset: int
+    reply_to: str  # the delivery topic of the gateway that queued it
+    created_at: float = 0.0  # set by the store on write (store clock), like a message's
+
+
+@dataclass(frozen=True, slots=True)
 class MessageUsage:
     """What one answer cost: the growing-history price of a conversation turn."""
 
@@ -169,7 +188,8 @@ class ConversationStore(Protocol):
         """Store the generated title (shown while the user has set none)."""
 
     async def delete_conversation(self, conversation_id: str, user_id: str) -> bool:
-        """Delete it with its messages, branch choices, summaries and embeddings.
+        """Delete it with its messages, branch choices, summaries, embeddings and
+        request records.
 
         False if there is no such conversation of `user_id`."""
 
@@ -181,6 +201,28 @@ class ConversationStore(Protocol):
         A message_id already stored is returned as is, changing nothing."""
 
     async def get_message(self, message_id: str) -> StoredMessage | None: ...
+
+    async def start_answer(self, message: NewMessage, request: RequestRecord) -> StoredMessage:
+        """Store an answer about to be generated, with its request, in one write: the
+        message (given with status IN_PROGRESS and empty content) is appended and
+        selected under its parent exactly as `add_message` does. Idempotent: a
+        message_id already stored is returned unchanged (and the request record is not
+        overwritten). ValueError unless `message` is the IN_PROGRESS answer of `request`
+        (same message, conversation and request ids)."""
+
+    async def finish_answer(self, message: NewMessage) -> bool:
+        """Give an IN_PROGRESS answer its final content, tokens, prompt/cached tokens,
+        model and status (from `message`, matched by message_id).
+
+        True if it changed the row; False, changing nothing, when no such message is
+        stored or it is no longer IN_PROGRESS (another writer finished it first, or
+        its conversation was deleted). Never inserts. Of two concurrent calls, only
+        one returns True."""
+
+    async def get_request(self, request_id: str) -> RequestRecord | None: ...
+
+    async def in_progress_requests(self, conversation_id: str) -> list[str]:
+        """Request ids of the conversation's answers still IN_PROGRESS (to cancel them)."""
 
     async def retract_message(self, message_id: str, replacement: str) -> bool:
         """Replace a stored answer's text (status FINISHED_FILTERED); False if not stored."""
@@ -228,6 +270,17 @@ class ConversationStore(Protocol):
         """Store (idempotently) a hash of `key` with its owner."""
 
     async def find_api_key(self, key: str) -> ApiKey | None: ...
+
+
+def check_answer_start(message: NewMessage, request: RequestRecord) -> None:
+    """ValueError unless `message` is the IN_PROGRESS answer of `request`.
+
+    Stores find a conversation's requests through its messages' request_id."""
+    if message.status != RequestStatus.IN_PROGRESS:
+        raise ValueError(f"answer {message.message_id} starts with status {message.status}")
+    ids = (message.message_id, message.conversation_id, message.request_id)
+    if ids != (request.message_id, request.conversation_id, request.request_id):
+        raise ValueError(f"answer {message.message_id} is not the answer of {request}")
 
 
 def hash_api_key(key: str) -> str:

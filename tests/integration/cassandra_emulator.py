@@ -24,6 +24,7 @@ from conversations import cassandra_schema as cql
 Row = dict[str, Any]
 MESSAGE_COLUMNS = [c.strip() for c in cql.MESSAGE_COLUMNS.split(",")]
 CONVERSATION_COLUMNS = [c.strip() for c in cql.CONVERSATION_COLUMNS.split(",")]
+REQUEST_COLUMNS = [c.strip() for c in cql.REQUEST_COLUMNS.split(",")]
 
 
 class _Partition:
@@ -43,6 +44,7 @@ class EmulatedCql:
         self.message_ids: dict[str, Row] = {}
         self.summaries: dict[str, dict[str, Row]] = defaultdict(dict)
         self.embeddings: dict[str, dict[tuple[str, str], bytes]] = defaultdict(dict)
+        self.requests: dict[str, Row] = {}
         self.api_keys: dict[str, Row] = {}
         self.calls: list[str] = []
         self.closed = False
@@ -80,11 +82,7 @@ class EmulatedCql:
 
     def _insert_conversation(self, *values: Any) -> list[Row]:
         row = dict(zip(CONVERSATION_COLUMNS, values, strict=True))
-        found = self.conversations.get(row["conversation_id"])
-        if found is not None:
-            return [{"[applied]": False, **found}]
-        self.conversations[row["conversation_id"]] = row
-        return [{"[applied]": True}]
+        return _insert_if_not_exists(self.conversations, row["conversation_id"], row)
 
     def _insert_conversation_by_user(self, *values: Any) -> list[Row]:
         row = dict(zip(CONVERSATION_COLUMNS, values, strict=True))
@@ -160,6 +158,10 @@ class EmulatedCql:
         self.message_ids.pop(message_id, None)
         return []
 
+    def _delete_request(self, request_id: str) -> list[Row]:
+        self.requests.pop(request_id, None)
+        return []
+
     def _delete_summaries(self, conversation_id: str) -> list[Row]:
         self.summaries.pop(conversation_id, None)
         return []
@@ -227,6 +229,15 @@ class EmulatedCql:
             row.update(content=content, status=status)
         return []
 
+    def _finish_answer(self, *values: Any) -> list[Row]:
+        *final, conversation_id, seq, expected = values
+        row = self.messages.get(conversation_id, _Partition()).rows.get(seq)
+        if row is None or row["status"] != expected:
+            return [{"[applied]": False, "status": row["status"] if row else None}]
+        columns = ("content", "tokens", "prompt_tokens", "cached_tokens", "model", "status")
+        row.update(zip(columns, final, strict=True))
+        return [{"[applied]": True}]
+
     def _add_choices(self, choices: dict[str, str], conversation_id: str) -> list[Row]:
         partition = self.messages.get(conversation_id)
         if partition is None or not (partition.last_seq or 0) > 0:
@@ -234,7 +245,15 @@ class EmulatedCql:
         partition.selected.update(choices)
         return [{"[applied]": True}]
 
-    # --- context and keys -----------------------------------------------------------
+    # --- requests, context and keys -----------------------------------------------
+
+    def _insert_request(self, *values: Any) -> list[Row]:
+        row = dict(zip(REQUEST_COLUMNS, values, strict=True))
+        return _insert_if_not_exists(self.requests, row["request_id"], row)
+
+    def _select_request(self, request_id: str) -> list[Row]:
+        found = self.requests.get(request_id)
+        return [dict(found)] if found else []
 
     def _insert_summary(self, cid: str, through: str, content: str, created: float) -> list[Row]:
         self.summaries[cid][through] = {"conversation_id": cid, "through_message_id": through,
@@ -263,3 +282,12 @@ class EmulatedCql:
     def _select_api_key(self, key_hash: str) -> list[Row]:
         found = self.api_keys.get(key_hash)
         return [dict(found)] if found else []
+
+
+def _insert_if_not_exists(table: dict[str, Row], key: str, row: Row) -> list[Row]:
+    """`INSERT … IF NOT EXISTS`: refused, it answers the row already stored."""
+    found = table.get(key)
+    if found is not None:
+        return [{"[applied]": False, **found}]
+    table[key] = row
+    return [{"[applied]": True}]

@@ -19,6 +19,7 @@ import asyncio
 import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from dataclasses import replace
 
 import pytest
 import pytest_asyncio
@@ -26,7 +27,13 @@ import pytest_asyncio
 from conversations.cassandra_session import DriverSession
 from conversations.cassandra_store import CassandraStore
 from conversations.sqlite_store import SQLiteStore
-from conversations.store import ApiKey, ConversationStore, NewMessage
+from conversations.store import (
+    ApiKey,
+    ConversationStore,
+    NewMessage,
+    RequestRecord,
+    StoredMessage,
+)
 from schemas.events import Role
 from schemas.lifecycle import RequestStatus
 from schemas.topics import Tier
@@ -111,6 +118,29 @@ def answer(message_id: str, conversation_id: str, parent_id: str, **fields) -> N
         message_id, conversation_id, Role.ASSISTANT, f"answer {message_id}", parent_id=parent_id,
         model="tiny", tokens=7, request_id=f"r-{message_id}", **fields,
     )  # fmt: skip
+
+
+def started(message_id: str, conversation_id: str, parent_id: str) -> NewMessage:
+    """An answer as the gateway stores it on queueing: in progress, still empty."""
+    return NewMessage(message_id, conversation_id, Role.ASSISTANT, "", parent_id=parent_id,
+                      model="tiny", status=RequestStatus.IN_PROGRESS,
+                      request_id=f"r-{message_id}")  # fmt: skip
+
+
+def request_of(message: NewMessage, **fields) -> RequestRecord:
+    assert message.request_id is not None
+    request = RequestRecord(message.request_id, message.conversation_id, message.message_id,
+                            "alice", answers_partition=3, answers_offset=42,
+                            reply_to="chat.deliver.gw-1")  # fmt: skip
+    return replace(request, **fields)
+
+
+async def start(
+    store: ConversationStore, message_id: str, conversation_id: str, parent_id: str, **fields
+) -> StoredMessage:
+    """`start_answer` of `started(...)` with its request (`fields` change the request)."""
+    message = started(message_id, conversation_id, parent_id)
+    return await store.start_answer(message, request_of(message, **fields))
 
 
 def ids(messages) -> list[str]:
@@ -215,6 +245,123 @@ async def test_usage_of_every_answer_in_order(store: ConversationStore, n: Names
         (n.a1, 2, 40, 0), (n.a2, 4, 90, 48),
     ]  # fmt: skip
     assert all(u.completion_tokens == 7 and u.model == "tiny" for u in usage)
+
+
+# --- answers still streaming ------------------------------------------------------------
+
+
+async def test_a_started_answer_is_stored_in_progress_and_selected(
+    store: ConversationStore, n: Names, clock: Clock
+) -> None:
+    await store.add_message(user_message(n.u1, n.c1))
+    await store.add_message(answer(n.a1, n.c1, n.u1))
+    clock.now = 1_700_000_500.5
+    stored = await start(store, n.a2, n.c1, n.u1)
+
+    assert await store.get_message(n.a2) == stored
+    assert (stored.seq, stored.status, stored.content, stored.request_id) == (
+        3, RequestStatus.IN_PROGRESS, "", f"r-{n.a2}",
+    )  # fmt: skip
+    assert ids((await store.get_tree(n.c1)).thread()) == [n.u1, n.a2]
+    assert await store.get_request(f"r-{n.a2}") == RequestRecord(
+        f"r-{n.a2}", n.c1, n.a2, "alice", answers_partition=3, answers_offset=42,
+        reply_to="chat.deliver.gw-1", created_at=1_700_000_500.5,
+    )  # fmt: skip
+    assert await store.get_request(n.unknown) is None
+
+
+async def test_start_answer_is_idempotent_on_message_id(
+    store: ConversationStore, n: Names, clock: Clock
+) -> None:
+    await store.add_message(user_message(n.u1, n.c1))
+    first = await start(store, n.a1, n.c1, n.u1)
+    clock.now += 5
+    again = await start(store, n.a1, n.c1, n.u1, answers_offset=99, reply_to="other")
+
+    assert again == first
+    assert ids(await store.list_messages(n.c1)) == [n.u1, n.a1]
+    request = await store.get_request(f"r-{n.a1}")
+    assert request is not None
+    assert (request.answers_offset, request.reply_to, request.created_at) == (
+        42, "chat.deliver.gw-1", first.created_at,
+    )  # fmt: skip
+
+
+async def test_start_answer_refuses_a_message_that_is_not_its_requests(
+    store: ConversationStore, n: Names
+) -> None:
+    message = started(n.a1, n.c1, n.u1)
+    finished = replace(message, status=RequestStatus.FINISHED_STOPPED)
+
+    with pytest.raises(ValueError):
+        await store.start_answer(message, request_of(message, message_id=n.other))
+    with pytest.raises(ValueError):
+        await store.start_answer(finished, request_of(message))
+    assert await store.get_message(n.a1) is None
+
+
+async def test_finish_answer_sets_the_final_answer_once(store: ConversationStore, n: Names) -> None:
+    await store.add_message(user_message(n.u1, n.c1))
+    begun = await start(store, n.a1, n.c1, n.u1)
+    final = answer(n.a1, n.c1, n.u1, status=RequestStatus.FINISHED_LENGTH, prompt_tokens=120,
+                   cached_tokens=64)  # fmt: skip
+    final = replace(final, model="big")
+
+    assert await store.finish_answer(final)
+    finished = await store.get_message(n.a1)
+    assert finished == replace(begun, content=f"answer {n.a1}", model="big", tokens=7,
+                               status=RequestStatus.FINISHED_LENGTH, prompt_tokens=120,
+                               cached_tokens=64)  # fmt: skip
+
+    late = replace(final, content="another ending", status=RequestStatus.FINISHED_ABORTED)
+    assert not await store.finish_answer(late)
+    assert await store.get_message(n.a1) == finished
+    assert not await store.finish_answer(answer(n.missing, n.c1, n.u1))
+    assert await store.get_message(n.missing) is None
+
+
+async def test_of_two_concurrent_finishes_one_wins(store: ConversationStore, n: Names) -> None:
+    await start(store, n.a1, n.c1, n.u1)
+    gateway = answer(n.a1, n.c1, n.u1)
+    recorder = replace(gateway, content="the recorder's copy", status=RequestStatus.FINISHED_ERROR)
+
+    outcomes = await asyncio.gather(store.finish_answer(gateway), store.finish_answer(recorder))
+
+    assert sorted(outcomes) == [False, True]
+    winner = gateway if outcomes[0] else recorder
+    stored = await store.get_message(n.a1)
+    assert stored is not None and (stored.content, stored.status) == (
+        winner.content, winner.status,
+    )  # fmt: skip
+
+
+async def test_a_deleted_conversation_keeps_no_answer_to_finish(
+    store: ConversationStore, n: Names
+) -> None:
+    await store.create_conversation(n.c1, n.alice)
+    await store.add_message(user_message(n.u1, n.c1))
+    await start(store, n.a1, n.c1, n.u1)
+
+    assert await store.delete_conversation(n.c1, n.alice)
+    assert not await store.finish_answer(answer(n.a1, n.c1, n.u1))
+
+    assert await store.get_message(n.a1) is None and await store.list_messages(n.c1) == []
+    assert await store.get_request(f"r-{n.a1}") is None
+    assert await store.in_progress_requests(n.c1) == []
+
+
+async def test_in_progress_requests_lists_only_unfinished_answers(
+    store: ConversationStore, n: Names
+) -> None:
+    await store.add_message(user_message(n.u1, n.c1))
+    await store.add_message(answer(n.a0, n.c1, n.u1))  # stored whole by the recorder
+    for message_id in (n.a1, n.a2, n.a3):
+        await start(store, message_id, n.c1, n.u1)
+    await start(store, n.x1, n.c2, n.u1)
+    await store.finish_answer(answer(n.a2, n.c1, n.u1))
+
+    assert await store.in_progress_requests(n.c1) == [f"r-{n.a1}", f"r-{n.a3}"]
+    assert await store.in_progress_requests(n.unknown) == []
 
 
 # --- branches ---------------------------------------------------------------------------

@@ -7,13 +7,14 @@ from __future__ import annotations
 import asyncio
 import re
 import threading
+from dataclasses import astuple, fields
 
 import pytest
 
 from conversations import cassandra_schema as cql
 from conversations.cassandra_session import bind_values, bridge, parse_hosts
 from conversations.cassandra_store import claim_seq
-from conversations.store import Conversation, StoredMessage
+from conversations.store import Conversation, RequestRecord, StoredMessage
 from schemas.events import Role
 from schemas.lifecycle import RequestStatus
 
@@ -49,7 +50,8 @@ def test_schema_creates_keyspace_then_every_table_idempotently() -> None:
     tables = [re.search(r"TABLE IF NOT EXISTS (\S+) \(", s).group(1) for s in statements[1:]]
     assert tables == [
         "chat_ks.conversations", "chat_ks.conversations_by_user", "chat_ks.messages",
-        "chat_ks.message_ids", "chat_ks.summaries", "chat_ks.embeddings", "chat_ks.api_keys",
+        "chat_ks.message_ids", "chat_ks.summaries", "chat_ks.embeddings", "chat_ks.requests",
+        "chat_ks.api_keys",
     ]  # fmt: skip
 
 
@@ -64,6 +66,8 @@ def test_tables_are_keyed_for_their_queries() -> None:
         "CLUSTERING ORDER BY (created_at DESC, conversation_id ASC)" in ddl["conversations_by_user"]
     )
     assert "created_at double" in ddl["conversations"]
+    assert "request_id text PRIMARY KEY" in ddl["requests"]
+    assert "answers_offset bigint" in ddl["requests"]  # a Kafka offset is 64-bit
 
 
 @pytest.mark.parametrize("name", ["chat;DROP", "1abc", "a b", "ké", "x" * 49])
@@ -96,6 +100,8 @@ def test_writes_that_need_a_condition_have_one() -> None:
         "auto_title_by_user": "EXISTS",
         "delete_conversation": "user_id = ?",
         "claim_seq": "last_seq = ?",
+        "finish_answer": "status = ?",
+        "insert_request": "NOT EXISTS",
         "insert_message_id": "NOT EXISTS",
         "add_choices": "last_seq > 0",
         "insert_api_key": "NOT EXISTS",
@@ -105,8 +111,11 @@ def test_writes_that_need_a_condition_have_one() -> None:
 def test_record_values_match_their_insert_markers() -> None:
     statements = cql.statements("chat")
     conversation = Conversation("c1", "u1", "t", 1.0, "auto")
+    request = RequestRecord("r1", "c1", "m1", "u1", 3, 42, "chat.deliver.gw-1", 1.0)
 
     assert len(cql.message_values(message())) == statements["insert_message"].count("?")
+    assert len(astuple(request)) == statements["insert_request"].count("?")
+    assert cql.REQUEST_COLUMNS.split(", ") == [f.name for f in fields(RequestRecord)]
     assert len(cql.conversation_values(conversation)) == statements["insert_conversation"].count(
         "?"
     )

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from conversations.sqlite_store import SQLiteStore, hash_api_key
-from conversations.store import ApiKey, NewMessage
+from conversations.store import ApiKey, NewMessage, RequestRecord
 from schemas.events import Role
 from schemas.lifecycle import RequestStatus
 from schemas.topics import Tier
@@ -18,6 +18,14 @@ from schemas.topics import Tier
 
 def user_message(message_id: str, conversation_id: str = "c1", **fields) -> NewMessage:
     return NewMessage(message_id, conversation_id, Role.USER, f"text of {message_id}", **fields)
+
+
+def started(message_id: str, parent_id: str) -> tuple[NewMessage, RequestRecord]:
+    """An answer as the gateway stores it on queueing, and its request."""
+    request_id = f"r-{message_id}"
+    message = NewMessage(message_id, "c1", Role.ASSISTANT, "", parent_id=parent_id,
+                         status=RequestStatus.IN_PROGRESS, request_id=request_id)  # fmt: skip
+    return message, RequestRecord(request_id, "c1", message_id, "u1", 0, 7, "chat.deliver.g1")
 
 
 def assistant_message(message_id: str, parent_id: str, conversation_id: str = "c1", **fields):
@@ -132,13 +140,33 @@ async def test_two_stores_share_one_file(tmp_path: Path) -> None:
     await recorder.close()
 
 
+async def test_two_processes_finishing_one_answer_change_it_once(tmp_path: Path) -> None:
+    gateway, recorder = SQLiteStore(tmp_path / "chat.db"), SQLiteStore(tmp_path / "chat.db")
+    await gateway.open()
+    await recorder.open()
+    for i in range(20):
+        await gateway.start_answer(*started(f"a{i}", "u1"))
+
+    answers = [assistant_message(f"a{i}", "u1") for i in range(20)]
+    outcomes = await asyncio.gather(
+        *(gateway.finish_answer(a) for a in answers), *(recorder.finish_answer(a) for a in answers)
+    )
+
+    assert [a + b for a, b in zip(outcomes[:20], outcomes[20:], strict=True)] == [1] * 20
+    assert await recorder.in_progress_requests("c1") == []
+    await gateway.close()
+    await recorder.close()
+
+
 async def test_a_closed_store_refuses_work() -> None:
     store = SQLiteStore(":memory:")
     with pytest.raises(RuntimeError):
         await store.get_message("m1")
 
 
-async def test_a_file_from_an_older_release_gains_the_new_columns(tmp_path: Path) -> None:
+async def test_a_file_from_an_older_release_gains_the_new_columns_and_tables(
+    tmp_path: Path,
+) -> None:
     path = tmp_path / "old.db"
     old = sqlite3.connect(path)
     old.executescript("""
@@ -160,8 +188,11 @@ async def test_a_file_from_an_older_release_gains_the_new_columns(tmp_path: Path
     [message] = await store.list_messages("c1")
     conversation = await store.get_conversation("c1")
     added = await store.add_message(assistant_message("a1", "m1", prompt_tokens=5))
+    await store.start_answer(*started("a2", "m1"))
+    request = await store.get_request("r-a2")
     await store.close()
 
     assert (message.content, message.prompt_tokens, message.cached_tokens) == ("hi", 0, 0)
     assert conversation is not None and (conversation.title, conversation.auto_title) == ("kept", "")
     assert (added.seq, added.prompt_tokens) == (2, 5)
+    assert request is not None and request.message_id == "a2"
