@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from aiokafka.structs import TopicPartition
 
 
@@ -33,12 +35,18 @@ class OffsetTracker:
         """Per partition, the next offset to read: what the consumer has taken."""
         return dict(self._next)
 
-    def to_commit(self) -> dict[TopicPartition, int]:
-        """Offsets to commit now (only partitions whose watermark moved)."""
+    def to_commit(self, floor: Callable[[TopicPartition], int | None] | None = None,
+                  ) -> dict[TopicPartition, int]:
+        """Offsets to commit now (only partitions whose watermark moved). `floor` gives,
+        per partition, an offset the stage still needs (e.g. the first event of a stream
+        it has not finished), or None: the watermark never passes it."""
         result: dict[TopicPartition, int] = {}
         for tp, next_offset in self._next.items():
             open_offsets = self._open.get(tp)
             mark = min(open_offsets) if open_offsets else next_offset
+            needed = floor(tp) if floor is not None else None
+            if needed is not None:
+                mark = min(mark, needed)
             if mark > self._committed.get(tp, -1):
                 result[tp] = mark
         return result

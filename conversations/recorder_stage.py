@@ -1,16 +1,18 @@
-"""The recorder's Kafka adapter: `chat.tokens` in, finished assistant messages stored;
-`chat.moderation` in, retracted answers replaced.
+"""The recorder's Kafka adapter: `chat.answers` in, finished answers stored.
 
-Commit policy: per partition, commit below the first event of any generation
-still open, so after a restart an unfinished message is read again whole.
-Storing is idempotent on message_id, so a replay never stores twice.
+Commit policy: per partition, below the marker of any answer still open, so after a
+restart an unfinished answer is read again whole. Finishing an answer is idempotent
+(the store only finishes one still in progress), so a replay never stores twice. A
+store that fails for a moment (locked, unreachable, timing out) is retried with
+backoff, holding the stage where it is: nothing is dead-lettered for it.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import sqlite3
 import time
-from collections import OrderedDict
-from dataclasses import replace
 
 from aiokafka import ConsumerRebalanceListener
 from aiokafka.structs import ConsumerRecord, TopicPartition
@@ -21,13 +23,21 @@ from bus.subscriber import consume, decode_record
 from conversations.recorder import Recorder
 from conversations.store import ConversationStore, NewMessage
 from schemas import topics
-from schemas.codec import TOKEN_EVENT
-from schemas.events import ModerationEvent
-from schemas.lifecycle import RequestStatus
+from schemas.codec import ANSWER_EVENT
+
+log = logging.getLogger(__name__)
 
 STAGE = "recorder"
-REMEMBERED_RETRACTIONS = 10_000
 GROUP = "chatpipe-recorder"
+RETRY_BACKOFF_S = (0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
+_TRANSIENT_NAMES = {"Unavailable", "NoHostAvailable", "OperationTimedOut", "WriteTimeout",
+                    "ReadTimeout", "CoordinationFailure"}
+
+
+def is_transient(error: BaseException) -> bool:
+    """A store error that goes away by itself: retry, do not dead-letter."""
+    return (isinstance(error, sqlite3.OperationalError | OSError | TimeoutError)
+            or type(error).__name__ in _TRANSIENT_NAMES)
 
 
 class _Rebalance(ConsumerRebalanceListener):
@@ -35,25 +45,27 @@ class _Rebalance(ConsumerRebalanceListener):
         self.stage = stage
 
     async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
-        self.stage.release(set(revoked))
+        for tp in revoked:
+            self.stage.recorder.forget_partition(tp.partition)
+        self.stage.tracker.forget(set(revoked))
 
     async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
         pass
 
 
 class RecorderStage:
-    def __init__(self, kafka: KafkaConfig, store: ConversationStore) -> None:
+    def __init__(self, kafka: KafkaConfig, store: ConversationStore,
+                 idle_timeout_s: float = 120.0) -> None:
         self.kafka = kafka
         self.store = store
-        self.recorder = Recorder()
+        self.recorder = Recorder(idle_timeout_s=idle_timeout_s)
         self.tracker = OffsetTracker()
-        self._committed: dict[TopicPartition, int] = {}
-        self._retracted: OrderedDict[str, str] = OrderedDict()
+        self.store_retries = 0
 
     async def run(self) -> None:
         producer = self.kafka.producer()
         self.consumer = self.kafka.consumer(group_id=GROUP, bulk=True)
-        self.consumer.subscribe([topics.TOKENS, topics.MODERATION], listener=_Rebalance(self))
+        self.consumer.subscribe([topics.ANSWERS], listener=_Rebalance(self))
         await producer.start()
         await self.consumer.start()
         try:
@@ -63,48 +75,37 @@ class RecorderStage:
             await self.consumer.stop()
             await producer.stop()
 
-    def release(self, revoked: set[TopicPartition]) -> None:
-        """Revoked partitions: their open generations are the next owner's now."""
-        for tp in revoked:
-            self.recorder.forget_partition(tp.partition)
-            self._committed.pop(tp, None)
-        self.tracker.forget(revoked)
-
     async def _handle(self, record: ConsumerRecord) -> None:
-        if record.topic == topics.MODERATION:
-            await self._on_moderation(decode_record(ModerationEvent, record))
-        else:
-            event = decode_record(TOKEN_EVENT, record)
-            message = self.recorder.on_event(event, partition=record.partition,
-                                             offset=record.offset, now=time.monotonic())
-            if message is not None:
-                await self._store(message)
+        event = decode_record(ANSWER_EVENT, record)
+        message = self.recorder.on_event(event, partition=record.partition,
+                                         offset=record.offset, now=time.monotonic())
+        if message is not None:
+            await self._store(message)
         self.tracker.seen(TopicPartition(record.topic, record.partition), record.offset)
 
-    async def _on_moderation(self, event: ModerationEvent) -> None:
-        """A retracted answer is stored as its replacement, whichever event comes first."""
-        if event.action != "retract" or event.message_id is None:
-            return
-        if not await self.store.retract_message(event.message_id, event.replacement):
-            self._retracted[event.message_id] = event.replacement
-            while len(self._retracted) > REMEMBERED_RETRACTIONS:
-                self._retracted.popitem(last=False)
-
     async def _store(self, message: NewMessage) -> None:
-        replacement = self._retracted.pop(message.message_id, None)
-        if replacement is not None:
-            message = replace(message, content=replacement,
-                              status=RequestStatus.FINISHED_FILTERED)
-        await self.store.add_message(message)
+        attempt = 0
+        while True:
+            try:
+                await self.store.finish_answer(message)
+                return
+            except Exception as error:
+                if not is_transient(error):
+                    raise
+                delay = RETRY_BACKOFF_S[min(attempt, len(RETRY_BACKOFF_S) - 1)]
+                log.warning("storing %s failed (%s); retrying in %.1f s", message.message_id,
+                            error, delay)
+                self.store_retries += 1
+                attempt += 1
+                await asyncio.sleep(delay)
 
     async def _after_batch(self) -> None:
         for message in self.recorder.expire(time.monotonic()):
+            log.warning("answer %s stopped without an end; stored as it was",
+                        message.message_id)
             await self._store(message)
-        offsets = {}
-        for tp, next_offset in self.tracker.to_commit().items():
-            floor = self.recorder.commit_floor(tp.partition) if tp.topic == topics.TOKENS else None
-            offsets[tp] = next_offset if floor is None else min(floor, next_offset)
-        offsets = {tp: o for tp, o in offsets.items() if o > self._committed.get(tp, 0)}
+        offsets = self.tracker.to_commit(
+            lambda tp: self.recorder.commit_floor(tp.partition))
         if offsets:
             await self.consumer.commit(offsets)
-            self._committed.update(offsets)
+            self.tracker.committed(offsets)

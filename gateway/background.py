@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING, Any
 from conversations.store import ApiKey
 from conversations.summaries import SummaryJob, clean_title, title_request
 from gateway.errors import ApiError
-from gateway.generation import AnswerText, start_generation
+from gateway.generation import StreamTimers, start_generation
+from schemas.answer import AnswerText
 from schemas.events import (
     ChatMessage,
     DeliveryDone,
@@ -147,7 +148,8 @@ async def generate_text(deps: GatewayDeps, request: GenerationRequest) -> str | 
     if deps.pipeline.overloaded(request.tier) is not None:
         return None
     try:
-        generation = await start_generation(deps.pipeline, request)
+        generation = await start_generation(deps.pipeline, request,
+                                            timers=StreamTimers(deps.settings.stream_stall_s))
     except ApiError:
         log.warning("could not queue background request %s", request.request_id)
         return None

@@ -3,19 +3,29 @@ a running answer."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
+from typing import Annotated
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Header, Query
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
-from conversations.store import ApiKey
+from conversations.store import ApiKey, RequestRecord
 from gateway.auth import OwnedConversation, Owner
 from gateway.background import start_title
 from gateway.deps import Deps, GatewayDeps
 from gateway.errors import ApiError
-from gateway.generation import AnswerText, Generation, event_stream
-from gateway.turns import Turn, send_turn, start_edit, start_regenerate, start_turn
+from gateway.generation import Generation, event_stream
+from gateway.stream_relay import StreamRelay
+from gateway.turns import (
+    Turn,
+    native_timers,
+    send_turn,
+    start_edit,
+    start_regenerate,
+    start_turn,
+    store_answer,
+)
 from schemas import sse
 from schemas.api import CancelledRequest, PostMessage, TurnOptions
 from schemas.events import DeliveryDone
@@ -54,52 +64,91 @@ async def regenerate_message(
     return await answer(deps, turn)
 
 
+@router.get("/requests/{request_id}/events", response_class=EventSourceResponse, responses=_SSE)
+async def resume_events(
+    request_id: str, owner: Owner, deps: Deps,
+    last_event_id_header: Annotated[str | None, Header(alias="Last-Event-ID")] = None,
+    last_event_id: Annotated[str | None, Query(
+        description="as the Last-Event-ID header: the last `id:` the client received")] = None,
+) -> EventSourceResponse:  # fmt: skip
+    """A stored answer's stream, on any gateway: the events after `Last-Event-ID` (all of
+    them without it), live until the end; an answer that has ended is replayed."""
+    record = await _owned_request(deps, owner, request_id)
+    after = _event_id(last_event_id_header if last_event_id_header is not None
+                      else last_event_id)  # fmt: skip
+    answer = await deps.store.get_message(record.message_id)
+    stream = await deps.pipeline.follow(request_id, record.conversation_id,
+                                        record.answers_partition, record.answers_offset)
+    await deps.pipeline.announce_resume(request_id, record.reply_to)
+    generation = Generation(deps.pipeline, request_id, stream, StreamRelay(after_id=after),
+                            native_timers(deps), on_end=store_answer(deps))
+    payload = sse.RequestPayload(
+        request_id=request_id, message_id=record.message_id,
+        user_message_id=(answer.parent_id or "") if answer is not None else "")
+    return event_stream(native_events(payload, generation), generation)
+
+
 @router.post("/requests/{request_id}/cancel", status_code=202)
 async def cancel_request(request_id: str, owner: Owner, deps: Deps) -> CancelledRequest:
-    """Stop a running answer of the caller's; its stream ends with `finished_aborted`."""
+    """Stop a running answer of the caller's, on any gateway; its stream ends with
+    `finished_aborted`."""
     await stop(deps, owner, request_id)
     return CancelledRequest(request_id=request_id)
 
 
 async def stop(deps: GatewayDeps, owner: ApiKey, request_id: str) -> None:
-    """Cancel `owner`'s request running through this gateway; 404 for any other."""
+    """Cancel `owner`'s request (stored, or relayed by this gateway); 404 for any other."""
     if deps.live.owned(request_id, owner.user_id) is None:
-        raise ApiError(404, "request_not_found", f"no running request {request_id!r}")
+        await _owned_request(deps, owner, request_id)
     await deps.pipeline.cancel(request_id, reason="cancelled_by_user")
+
+
+async def _owned_request(deps: GatewayDeps, owner: ApiKey, request_id: str) -> RequestRecord:
+    record = await deps.store.get_request(request_id)
+    if record is None or record.user_id != owner.user_id:
+        raise ApiError(404, "request_not_found", f"no request {request_id!r}")
+    return record
+
+
+def _event_id(raw: str | None) -> int | None:
+    if raw is None or raw == "":
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        raise ApiError(400, "invalid_last_event_id", "Last-Event-ID must be an event id "
+                       "(an integer) this stream sent", param="last_event_id") from None
 
 
 async def answer(deps: GatewayDeps, turn: Turn) -> EventSourceResponse:
     generation = await send_turn(deps, turn)
-    return event_stream(native_events(deps, turn, generation), generation)
+    payload = sse.RequestPayload(request_id=turn.request.request_id,
+                                 message_id=turn.request.message_id,
+                                 user_message_id=turn.user_message.message_id)
+    titled = _title_when_answered(deps, turn) if turn.first else None
+    return event_stream(native_events(payload, generation, titled), generation)
 
 
 async def native_events(
-    deps: GatewayDeps, turn: Turn, generation: Generation
-) -> AsyncIterator[ServerSentEvent]:
-    """The request event, every delivery event, then `[DONE]` (DESIGN §4). A first
-    exchange that ends well starts the conversation's title."""
-    yield sse.request_event(
-        sse.RequestPayload(
-            request_id=turn.request.request_id,
-            message_id=turn.request.message_id,
-            user_message_id=turn.user_message.message_id,
-        )
-    )
-    text = AnswerText()
+    payload: sse.RequestPayload, generation: Generation,
+    on_answered: Callable[[str], None] | None = None,
+) -> AsyncIterator[ServerSentEvent]:  # fmt: skip
+    """The request event, every event to show, then `[DONE]` (DESIGN §4)."""
+    yield sse.request_event(payload)
     async with aclosing(generation.events()) as events:
         async for event in events:
-            text.add(event)
-            if isinstance(event, DeliveryDone) and turn.first and _titled(deps, event):
-                start_title(deps, turn.owner, turn.request, turn.user_message.content,
-                            str(text))  # fmt: skip
+            if isinstance(event, DeliveryDone) and event.status.is_answered and on_answered:
+                answer = generation.relay.answer()
+                on_answered(answer.content if answer is not None else "")
             yield sse.native_event(event)
     if not generation.finished:
         yield sse.error_event("stream_interrupted", "the answer stopped before its end")
     yield sse.done_marker()
 
 
-def _titled(deps: GatewayDeps, done: DeliveryDone) -> bool:
+def _title_when_answered(deps: GatewayDeps, turn: Turn) -> Callable[[str], None] | None:
     """A first answer that ended well gets a generated title (unless they are off)."""
-    return deps.settings.auto_titles and done.status.is_answered
-
-
+    if not deps.settings.auto_titles:
+        return None
+    return lambda answer: start_title(deps, turn.owner, turn.request, turn.user_message.content,
+                                      answer)

@@ -118,7 +118,7 @@ async def detail(store: ConversationStore, conversation: Conversation) -> Conver
 
 
 async def delete(deps: GatewayDeps, owner: ApiKey, conversation_id: str) -> None:
-    for request_id in deps.live.of_conversation(conversation_id):
+    for request_id in await deps.store.in_progress_requests(conversation_id):
         await deps.pipeline.cancel(request_id, reason="conversation_deleted")
     await deps.background.cancel(conversation_id)
     if not await deps.store.delete_conversation(conversation_id, owner.user_id):

@@ -23,14 +23,15 @@ from gateway.auth import Owner
 from gateway.deps import Deps, GatewayDeps, SettingsDep
 from gateway.errors import ApiError, error_type, from_delivery_error
 from gateway.generation import (
-    AnswerText,
     Generation,
+    StreamTimers,
     event_stream,
     start_generation,
     until_disconnected,
 )
 from gateway.limits import check_message, sampling_options, served_model
 from schemas import sse
+from schemas.answer import AnswerText
 from schemas.api import (
     AssistantMessage,
     ChatCompletion,
@@ -68,7 +69,8 @@ async def chat_completions(
 ) -> ChatCompletion | EventSourceResponse:
     generation_request = to_generation_request(completion, owner, deps)
     await admit(deps, owner, generation_request.messages, generation_request.sampling.max_tokens)
-    generation = await start_generation(deps.pipeline, generation_request, deps.live)
+    generation = await start_generation(deps.pipeline, generation_request, deps.live,
+                                        timers=StreamTimers(deps.settings.stream_stall_s))
     answer = _Answer.of(generation_request, completion.include_usage)
     if completion.stream:
         return event_stream(chunk_events(answer, generation), generation)

@@ -1,8 +1,9 @@
 """What the HTTP routes need from the rest of the pipeline.
 
 `gateway.relay.KafkaPipeline` implements it over Kafka: `submit` produces the
-request on `chat.requests.<tier>` and returns the stream of delivery events
-read from this gateway's own `chat.deliver.<gateway_id>` topic.
+request on `chat.requests.<tier>` and returns the stream of delivery events read
+from this gateway's own `chat.deliver.<gateway_id>` topic; `follow` reads a stored
+answer's events from `chat.answers`, for a stream resumed on any gateway.
 """
 
 from __future__ import annotations
@@ -10,14 +11,14 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Protocol
 
-from schemas.events import DeliverEvent, GenerationRequest, ModerationEvent
+from schemas.events import Event, GenerationRequest, ModerationEvent
 from schemas.topics import Tier
 
 
 class RequestStream(Protocol):
-    """Delivery events of one request, duplicates removed, ending after done/error."""
+    """Events of one request as they arrive (the reader applies the one answer rule)."""
 
-    def __aiter__(self) -> AsyncIterator[DeliverEvent]: ...
+    def __aiter__(self) -> AsyncIterator[Event]: ...
 
     async def aclose(self) -> None:
         """Stop listening (does not cancel the generation)."""
@@ -28,11 +29,26 @@ class Pipeline(Protocol):
     def reply_to(self) -> str:
         """The delivery topic requests from this gateway name as `reply_to`."""
 
+    async def start_answer(self, request: GenerationRequest) -> tuple[int, int]:
+        """Mark where a stored answer starts on `chat.answers`: (partition, offset)."""
+
     async def submit(self, request: GenerationRequest) -> RequestStream:
         """Queue the request; the stream is registered before the request is sent."""
 
+    async def follow(self, request_id: str, conversation_id: str, partition: int,
+                     offset: int) -> RequestStream:
+        """A stored answer's events from its marker at (partition, offset) on."""
+
     async def cancel(self, request_id: str, reason: str = "client_disconnected") -> None:
         """Publish a cancel on `chat.control`."""
+
+    def hold(self, request_id: str, stream: RequestStream, grace_s: float) -> None:
+        """The client dropped `stream`: cancel the generation unless it ends or is
+        resumed within `grace_s`."""
+
+    async def announce_resume(self, request_id: str, held_by: str) -> None:
+        """This gateway relays the stream now: the one holding it (`held_by`, its
+        delivery topic) stops waiting."""
 
     async def moderate(self, event: ModerationEvent) -> None:
         """Record a safety decision on `chat.moderation`."""

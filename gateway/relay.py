@@ -1,9 +1,16 @@
-"""The gateway's Kafka side: produce requests, read this gateway's delivery topic.
+"""The gateway's Kafka side: queue requests, read this gateway's delivery topic, follow
+answers it resumes, and hold a dropped stream for a while.
 
-Each gateway process owns a fresh `chat.deliver.<gateway_id>` topic and reads
-all its partitions from offset 0 with `assign()` (no consumer group, no
-rebalance; the embedded broker cannot seek to the end). Events are routed to
-the open stream of their request; duplicates are dropped by (attempt, seq).
+Each gateway process owns a fresh `chat.deliver.<gateway_id>` topic and reads all its
+partitions from offset 0 with `assign()` (no consumer group, no rebalance; the embedded
+broker cannot seek to the end). Events are routed to the open stream of their request;
+the reader applies the one answer rule (duplicates, fenced attempts).
+
+A stored answer starts with an `AnswerStarted` marker on `chat.answers` (`start_answer`),
+where any gateway can read it from (`follow`, `gateway.follower`). When a native
+client drops its stream the gateway holds the generation for the resume grace; a
+gateway that resumes it sends a `Reroute` to this gateway's topic (and to
+`chat.control`), which ends the hold; a hold that runs out cancels the generation.
 """
 
 from __future__ import annotations
@@ -19,8 +26,11 @@ from aiokafka.structs import ConsumerRecord, TopicPartition
 from bus.clients import KafkaConfig, Publisher
 from bus.subscriber import consume, decode_record
 from bus.topics import create_topics
+from conversations.answers import answer_started
+from gateway.follower import AnswerFollower, FollowedAnswer
+from gateway.pipeline import RequestStream
 from schemas import topics
-from schemas.codec import DELIVER_EVENT
+from schemas.codec import GATEWAY_EVENT, SCHEDULER_EVENT
 from schemas.events import (
     Cancel,
     DeliverEvent,
@@ -28,8 +38,7 @@ from schemas.events import (
     DeliveryError,
     GenerationRequest,
     ModerationEvent,
-    Queued,
-    Routed,
+    Reroute,
     SchedulerStatus,
 )
 from schemas.topics import Tier
@@ -42,28 +51,19 @@ TERMINAL = (DeliveryDone, DeliveryError)
 
 
 class DeliveryStream:
-    """Delivery events of one request, in order, without duplicates."""
+    """Delivery events of one request as they arrive on this gateway's topic."""
 
     def __init__(self, pipeline: KafkaPipeline, request_id: str) -> None:
         self._pipeline = pipeline
         self.request_id = request_id
         self._queue: asyncio.Queue[DeliverEvent] = asyncio.Queue()
-        self._seen: set[tuple[int, int]] = set()
 
     def put(self, event: DeliverEvent) -> None:
-        if not isinstance(event, Queued | Routed):
-            key = (event.attempt, event.seq)
-            if key in self._seen:
-                return
-            self._seen.add(key)
         self._queue.put_nowait(event)
 
     async def __aiter__(self) -> AsyncIterator[DeliverEvent]:
         while True:
-            event = await self._queue.get()
-            yield event
-            if isinstance(event, TERMINAL):
-                return
+            yield await self._queue.get()
 
     async def aclose(self) -> None:
         self._pipeline.forget(self.request_id)
@@ -76,7 +76,9 @@ class KafkaPipeline:
         self.kafka = kafka
         self.gateway_id = gateway_id
         self.partitions = partitions
+        self.follower = AnswerFollower(kafka)
         self._streams: dict[str, DeliveryStream] = {}
+        self._holds: dict[str, asyncio.Task[None]] = {}
         self._task: asyncio.Task[None] | None = None
         self._status: SchedulerStatus | None = None
 
@@ -98,9 +100,12 @@ class KafkaPipeline:
         )
 
     async def stop(self) -> None:
+        for hold in list(self._holds.values()):
+            hold.cancel()
         if self._task is not None:
             self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+            await asyncio.gather(self._task, *self._holds.values(), return_exceptions=True)
+        await self.follower.stop()
         await self._consumer.stop()
         await self._producer.stop()
 
@@ -110,6 +115,13 @@ class KafkaPipeline:
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.stop()
+
+    async def start_answer(self, request: GenerationRequest) -> tuple[int, int]:
+        """Write the stored answer's marker on `chat.answers`; returns its (partition,
+        offset): where any gateway reads the answer from."""
+        metadata = await self.publisher.send_and_wait(
+            topics.ANSWERS, answer_started(request), key=request.conversation_id)
+        return metadata.partition, metadata.offset
 
     async def submit(self, request: GenerationRequest) -> DeliveryStream:
         stream = DeliveryStream(self, request.request_id)
@@ -123,6 +135,11 @@ class KafkaPipeline:
             raise
         return stream
 
+    async def follow(self, request_id: str, conversation_id: str, partition: int,
+                     offset: int) -> FollowedAnswer:
+        """An answer's events from its marker on, read from `chat.answers`."""
+        return await self.follower.follow(request_id, conversation_id, partition, offset)
+
     async def cancel(self, request_id: str, reason: str = "client_disconnected") -> None:
         await self.publisher.send_and_wait(
             topics.CONTROL, Cancel(request_id=request_id, reason=reason), key=request_id
@@ -133,6 +150,48 @@ class KafkaPipeline:
 
     def forget(self, request_id: str) -> None:
         self._streams.pop(request_id, None)
+
+    # --- a dropped stream waiting to be resumed ----------------------------------------
+
+    def hold(self, request_id: str, stream: RequestStream, grace_s: float) -> None:
+        """The client dropped `stream`: cancel its generation unless it ends or is resumed
+        (here or on another gateway) within `grace_s`."""
+        if request_id in self._holds:
+            return
+        task = asyncio.create_task(self._hold(request_id, stream, grace_s),
+                                   name=f"hold:{request_id}")
+        self._holds[request_id] = task
+        task.add_done_callback(lambda _: self._holds.pop(request_id, None))
+
+    async def _hold(self, request_id: str, stream: RequestStream, grace_s: float) -> None:
+        try:
+            async with asyncio.timeout(grace_s):
+                async for event in stream:
+                    if isinstance(event, TERMINAL):
+                        return
+        except TimeoutError:
+            log.info("request %s: not resumed within %.0f s; cancelling", request_id, grace_s)
+            await self.cancel(request_id, reason="client_gone")
+        finally:
+            await stream.aclose()
+
+    def taken(self, request_id: str) -> None:
+        """A gateway resumed the stream: stop holding it here."""
+        hold = self._holds.get(request_id)
+        if hold is not None:
+            hold.cancel()
+
+    async def announce_resume(self, request_id: str, held_by: str) -> None:
+        """Tell the gateway that held the stream (its delivery topic `held_by`), and the
+        stages on `chat.control`, that this gateway relays it now."""
+        reroute = Reroute(request_id=request_id, reply_to=self.reply_to)
+        if held_by == self.reply_to:
+            self.taken(request_id)
+        else:
+            await self.publisher.send(held_by, reroute, key=request_id)
+        await self.publisher.send(topics.CONTROL, reroute, key=request_id)
+
+    # --- status -----------------------------------------------------------------------
 
     @property
     def open_streams(self) -> int:
@@ -150,9 +209,14 @@ class KafkaPipeline:
 
     async def _route(self, record: ConsumerRecord) -> None:
         if record.topic == topics.SCHEDULER:
-            self._status = decode_record(SchedulerStatus, record)
+            event = decode_record(SCHEDULER_EVENT, record)
+            if isinstance(event, SchedulerStatus):
+                self._status = event
             return
-        event = decode_record(DELIVER_EVENT, record)
+        event = decode_record(GATEWAY_EVENT, record)
+        if isinstance(event, Reroute):
+            self.taken(event.request_id)
+            return
         stream = self._streams.get(event.request_id)
         if stream is not None:
             stream.put(event)

@@ -20,15 +20,24 @@ from dataclasses import dataclass
 
 import anyio
 
+from conversations.answers import answer_started
 from conversations.context import BuiltContext
-from conversations.store import ApiKey, Conversation, ConversationStore, NewMessage, StoredMessage
+from conversations.store import (
+    ApiKey,
+    Conversation,
+    ConversationStore,
+    NewMessage,
+    RequestRecord,
+    StoredMessage,
+)
 from conversations.summaries import fallback_title
 from conversations.tree import ConversationTree
 from gateway.admission import admit
 from gateway.background import start_summary
 from gateway.deps import GatewayDeps
 from gateway.errors import ApiError
-from gateway.generation import Generation, start_generation
+from gateway.generation import Generation, OnEnd, StreamTimers, start_generation, unavailable
+from gateway.stream_relay import StreamRelay
 from gateway.limits import check_message, sampling_options, served_model
 from schemas.api import PostMessage, TurnOptions
 from schemas.events import GenerationRequest, Role, SamplingOptions, now
@@ -97,23 +106,48 @@ async def start_regenerate(
 
 
 async def send_turn(deps: GatewayDeps, turn: Turn) -> Generation:
-    """Submit the request; if that fails, record a failed answer so the next turn can go on."""
+    """Store the answer as in progress with where its events start, then queue it. If
+    queueing fails, the answer is stored as failed so the next turn can go on."""
+    request = turn.request
     try:
-        return await start_generation(deps.pipeline, turn.request, deps.live)
+        partition, offset = await deps.pipeline.start_answer(request)
+    except Exception as exc:
+        raise unavailable() from exc
+    await deps.store.start_answer(
+        NewMessage(message_id=request.message_id, conversation_id=request.conversation_id,
+                   role=Role.ASSISTANT, content="", parent_id=turn.user_message.message_id,
+                   model=request.model, status=RequestStatus.IN_PROGRESS,
+                   request_id=request.request_id),
+        RequestRecord(request_id=request.request_id, conversation_id=request.conversation_id,
+                      message_id=request.message_id, user_id=request.user_id,
+                      answers_partition=partition, answers_offset=offset,
+                      reply_to=request.reply_to),
+    )  # fmt: skip
+    relay = StreamRelay(answer_started(request))
+    try:
+        return await start_generation(deps.pipeline, request, deps.live, relay,
+                                      native_timers(deps), store_answer(deps))
     except ApiError:
-        await deps.store.add_message(
-            NewMessage(
-                message_id=turn.request.message_id,
-                conversation_id=turn.request.conversation_id,
-                role=Role.ASSISTANT,
-                content="",
-                parent_id=turn.user_message.message_id,
-                model=turn.request.model,
-                status=RequestStatus.FINISHED_ERROR,
-                request_id=turn.request.request_id,
-            )
-        )
+        failed = relay.answer()
+        assert failed is not None
+        await deps.store.finish_answer(failed)
         raise
+
+
+def native_timers(deps: GatewayDeps) -> StreamTimers:
+    """Native streams are held for a resume when their client drops them."""
+    return StreamTimers(deps.settings.stream_stall_s, deps.settings.resume_grace_s)
+
+
+def store_answer(deps: GatewayDeps) -> OnEnd:
+    """Stores a stream's answer once it has ended, before the end is shown."""
+
+    async def store(relay: StreamRelay) -> None:
+        answer = relay.answer()
+        if answer is not None:
+            await deps.store.finish_answer(answer)
+
+    return store
 
 
 async def _new_user_turn(
@@ -209,30 +243,36 @@ def _message_in(tree: ConversationTree, message_id: str) -> StoredMessage:
 async def _settled_tree(
     store: ConversationStore, conversation_id: str, wait_s: float, stale_after_s: float
 ) -> ConversationTree:
-    """The conversation's tree once the thread's last user message has its answer.
+    """The conversation's tree once the thread's last answer has ended.
 
-    The recorder stores answers asynchronously (a row even for a failed or
-    cancelled generation), so a quick next turn may arrive before it; past
-    `wait_s` the previous turn is taken to be still running: 409. A user
-    message older than `stale_after_s` whose answer never came is given up on.
+    An answer is stored as in progress while it streams; a next turn that comes
+    quickly waits for it up to `wait_s`, then gets 409. An answer in progress for
+    longer than `stale_after_s` (nothing finished it) is given up on.
     """
     tree = await store.get_tree(conversation_id)
     thread = tree.thread()
-    if not thread or thread[-1].role != Role.USER or thread[-1].created_at < now() - stale_after_s:
+    if not thread or not _streaming(thread[-1], stale_after_s):
         return tree
     pending = thread[-1].message_id
     delay = 0.02
     with anyio.move_on_after(wait_s):
-        while await store.find_reply(pending) is None:
+        while True:
+            message = await store.get_message(pending)
+            if message is None or message.status != RequestStatus.IN_PROGRESS:
+                return await store.get_tree(conversation_id)
             await anyio.sleep(delay)
             delay = min(delay * 2, 0.25)
-        return await store.get_tree(conversation_id)
     raise ApiError(
         409,
         "reply_pending",
         "the previous message is still being answered; retry when it is done",
         headers={"Retry-After": "1"},
     )
+
+
+def _streaming(message: StoredMessage, stale_after_s: float) -> bool:
+    return (message.role == Role.ASSISTANT and message.status == RequestStatus.IN_PROGRESS
+            and message.created_at >= now() - stale_after_s)
 
 
 def _new_id() -> str:

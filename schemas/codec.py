@@ -12,6 +12,7 @@ from schemas.events import (
     ControlEvent,
     DeliverEvent,
     Event,
+    GatewayEvent,
     SchedulerEvent,
     TokenEvent,
     WorkEvent,
@@ -57,3 +58,4 @@ CONTROL_EVENT = TypeAdapter(ControlEvent)
 ANSWER_EVENT = TypeAdapter(AnswerEvent)
 WORK_EVENT = TypeAdapter(WorkEvent)
 SCHEDULER_EVENT = TypeAdapter(SchedulerEvent)
+GATEWAY_EVENT = TypeAdapter(GatewayEvent)

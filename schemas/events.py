@@ -349,12 +349,20 @@ class Cancel(Event):
 
 
 class Reroute(Event):
+    """A gateway resumed a stream: it relays it now, through `reply_to`."""
+
     type: Literal["reroute"] = "reroute"
     request_id: str
     reply_to: str
 
 
 ControlEvent = Annotated[Cancel | Reroute, Field(discriminator="type")]
+GatewayEvent = Annotated[
+    Delta | Queued | Routed | Retract | DeliveryError | DeliveryDone | Reroute,
+    Field(discriminator="type"),
+]
+"""What a gateway's own `chat.deliver.<gateway_id>` carries: its streams' delivery events,
+and `Reroute` when another gateway resumed a stream it held."""
 
 
 # --- chat.usage, chat.moderation, chat.dlq --------------------------------------------

@@ -1,18 +1,27 @@
 """Reading back what earlier attempts of a request streamed, so a new attempt
-continues it: the client sees no gap and no repeat (DESIGN §9)."""
+continues it: the client sees no gap and no repeat (DESIGN §9).
+
+The scheduler wrote a marker on the request's `chat.tokens` partition before each
+attempt (`GenerationRequest.stream`): a continuation reads from the first marker up
+to its own, a known end, and takes the events the one answer rule
+(`schemas.answer.AnswerLog`) takes, exactly as every other reader of the stream does.
+"""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from aiokafka.structs import TopicPartition
 
 from bus.clients import KafkaConfig
 from schemas import topics
+from schemas.answer import AnswerLog
 from schemas.codec import TOKEN_EVENT, EventDecodeError, decode
-from schemas.events import GenerationDone, GenerationError, GenerationRequest, TokenChunk
+from schemas.events import Event, GenerationRequest, TokenChunk
 
-IDLE_POLLS = 3  # empty fetches in a row: caught up with the partition
+READ_TIMEOUT_S = 30.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,51 +31,54 @@ class PriorOutput:
     next_seq: int
     finished: bool  # an earlier attempt already ended the stream
 
+    @property
+    def streamed(self) -> bool:
+        return self.next_seq > 0
 
-def assemble(request_id: str, attempt: int, events: list[object]) -> PriorOutput:
-    """The gap-free output of attempts before `attempt`: per seq, the newest attempt's
-    chunk, up to the first missing seq."""
-    chunks: dict[int, TokenChunk] = {}
-    finished = False
+
+NOTHING = PriorOutput("", 0, 0, False)
+
+
+def assemble(request_id: str, events: Iterable[Event]) -> PriorOutput:
+    """The output earlier attempts left, from the stream's events in partition order."""
+    log = AnswerLog()
+    text: list[str] = []
+    tokens = 0
     for event in events:
-        if getattr(event, "request_id", None) != request_id or event.attempt >= attempt:
+        if getattr(event, "request_id", None) != request_id or not log.take(event):
             continue
-        if isinstance(event, GenerationDone | GenerationError):
-            finished = True
-        elif isinstance(event, TokenChunk):
-            held = chunks.get(event.seq)
-            if held is None or held.attempt < event.attempt:
-                chunks[event.seq] = event
-    text, tokens, seq = [], 0, 0
-    while seq in chunks:
-        text.append(chunks[seq].text)
-        tokens = chunks[seq].completion_tokens
-        seq += 1
-    return PriorOutput("".join(text), tokens, seq, finished)
+        if isinstance(event, TokenChunk):
+            text.append(event.text)
+            tokens = event.completion_tokens
+    return PriorOutput("".join(text), tokens, log.next_seq, log.ended)
 
 
 async def read_prior_output(kafka: KafkaConfig, request: GenerationRequest) -> PriorOutput:
-    """Read `chat.tokens` from the resume point until caught up."""
-    resume = request.resume
-    if resume is None:
-        return PriorOutput("", 0, 0, False)
+    """What attempts before `request.attempt` streamed: `chat.tokens` between the first
+    marker and this attempt's own. Raises TimeoutError if that range cannot be read."""
+    stream = request.stream
+    if request.attempt == 0 or stream is None or stream.start_offset >= stream.attempt_offset:
+        return NOTHING
+    key = request.conversation_id.encode()
+    events: list[Event] = []
     consumer = kafka.consumer()
     await consumer.start()
     try:
-        tp = TopicPartition(topics.TOKENS, resume.tokens_partition)
+        tp = TopicPartition(topics.TOKENS, stream.partition)
         consumer.assign([tp])
-        consumer.seek(tp, resume.from_offset)
-        events: list[object] = []
-        idle = 0
-        while idle < IDLE_POLLS:
+        consumer.seek(tp, stream.start_offset)
+        deadline = time.monotonic() + READ_TIMEOUT_S
+        while await consumer.position(tp) < stream.attempt_offset:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"could not read {tp} up to {stream.attempt_offset}")
             batch = await consumer.getmany(tp, timeout_ms=100)
-            records = batch.get(tp, [])
-            idle = 0 if records else idle + 1
-            for record in records:
+            for record in batch.get(tp, []):
+                if record.offset >= stream.attempt_offset or record.key != key:
+                    continue
                 try:
                     events.append(decode(TOKEN_EVENT, record.value))
                 except EventDecodeError:
                     continue
-        return assemble(request.request_id, request.attempt, events)
     finally:
         await consumer.stop()
+    return assemble(request.request_id, events)

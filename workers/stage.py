@@ -1,11 +1,19 @@
 """The worker loop: consume `chat.work`, run every request in the engine at once,
-stream token chunks to `chat.tokens`, abort on cancel, heartbeat capacity.
+stream token chunks to `chat.tokens`, abort on cancel, heartbeat capacity, drain.
 
 Commit policy: an assignment's offset is committed only after its request has
-ended and its last events are acknowledged, so work a dead worker held is read
-again by the partition's next owner. On a rebalance the worker lets requests of
-revoked partitions finish before it lets the partitions go, so no request ever
-runs twice.
+ended (or was handed back) and its last events are acknowledged, so work a dead
+worker held is read again by the partition's next owner. An assignment names its
+worker and carries its scheduler's epoch: another worker's, a duplicate of one
+running or just finished, and one from a scheduler fenced by a newer claim are
+skipped, so no attempt ever runs twice. A rebalance does not wait for running
+requests: they keep streaming, and the partition's next owner skips their
+assignments because they name this worker.
+
+Drain (`drain`, on SIGTERM): no new work; running answers get `drain_timeout_s` to
+finish; the rest are aborted without an end event and handed back in a last
+heartbeat, and the scheduler dispatches each again as the next attempt, which
+continues the answer where this one stopped.
 """
 
 from __future__ import annotations
@@ -14,7 +22,7 @@ import asyncio
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener
@@ -24,29 +32,26 @@ from bus.clients import KafkaConfig, Publisher
 from bus.offsets import OffsetTracker
 from bus.subscriber import consume, decode_record
 from schemas import topics
-from schemas.codec import CONTROL_EVENT
+from schemas.codec import CONTROL_EVENT, WORK_EVENT
 from schemas.events import (
     Cancel,
-    GenerationDone,
-    GenerationError,
     GenerationRequest,
-    TokenChunk,
-    Usage,
+    SchedulerClaim,
     UsageEvent,
     WorkAssignment,
     WorkerHeartbeat,
-    stream_fields,
 )
 from schemas.lifecycle import RequestStatus
 from workers.coalesce import ChunkPacing, Coalescer
 from workers.engine import Continuation, Engine, EngineOutput
-from workers.resume import read_prior_output
+from workers.resume import PriorOutput, read_prior_output
+from workers.streams import UNKNOWN_END_SEQ, StreamWriter, usage_of
 
 log = logging.getLogger(__name__)
 
 STAGE = "worker"
 GROUP = "chatpipe-workers"
-RECENT_CANCELS = 10_000
+RECENT = 10_000
 
 
 class _Rebalance(ConsumerRebalanceListener):
@@ -59,6 +64,14 @@ class _Rebalance(ConsumerRebalanceListener):
     async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
         self.stage.partitions = tuple(sorted(tp.partition for tp in assigned))
         self.stage.heartbeat_now.set()
+
+
+@dataclass(slots=True)
+class _Running:
+    task: asyncio.Task[None]
+    tp: TopicPartition
+    offset: int
+    attempt: int
 
 
 class WorkerStage:
@@ -79,10 +92,13 @@ class WorkerStage:
         self.ready_file = ready_file
         self.partitions: tuple[int, ...] = ()
         self.heartbeat_now = asyncio.Event()
+        self.started = asyncio.Event()
         self.tracker = OffsetTracker()
-        self._running: dict[str, tuple[asyncio.Task[None], TopicPartition]] = {}
+        self._running: dict[str, _Running] = {}
+        self._finished: OrderedDict[tuple[str, int], None] = OrderedDict()
         self._cancelled: OrderedDict[str, None] = OrderedDict()
-        self._progress: dict[str, tuple[int, int]] = {}
+        self._epochs: dict[int, int] = {}
+        self._handed_back: list[str] = []
         self._stopping = False
 
     async def run(self) -> None:
@@ -95,6 +111,7 @@ class WorkerStage:
         await self.work.start()
         await control.start()
         control.assign(await _all_partitions(control, topics.CONTROL))
+        self.started.set()
         loops = [
             asyncio.create_task(consume(self.work, STAGE, self.publisher, self._on_work,
                                         self._commit, poll_ms=100, tracker=self.tracker)),
@@ -111,9 +128,9 @@ class WorkerStage:
 
     async def _shutdown(self, control: AIOKafkaConsumer, producer: object) -> None:
         self._stopping = True
-        for task, _ in list(self._running.values()):
-            task.cancel()
-        await asyncio.gather(*(t for t, _ in self._running.values()), return_exceptions=True)
+        for running in list(self._running.values()):
+            running.task.cancel()
+        await asyncio.gather(*(r.task for r in self._running.values()), return_exceptions=True)
         try:
             await self._send_heartbeat()
             await self._commit()
@@ -122,65 +139,124 @@ class WorkerStage:
             await control.stop()
             await self.publisher.producer.stop()
 
+    async def drain(self, timeout_s: float) -> list[str]:
+        """Stop taking work, let running answers finish for `timeout_s`, then hand the
+        rest back to the scheduler; returns the ids handed back. Call while `run` runs."""
+        await self.started.wait()
+        self._stopping = True
+        self.heartbeat_now.set()
+        running = {rid: r.task for rid, r in self._running.items()}
+        log.info("draining: %d answers running, up to %.0f s", len(running), timeout_s)
+        if running:
+            await asyncio.wait(running.values(), timeout=timeout_s)
+        unfinished = [rid for rid, task in running.items() if not task.done()]
+        for request_id in unfinished:
+            self._hand_back(request_id)
+        await asyncio.gather(*(running[rid] for rid in unfinished), return_exceptions=True)
+        # Everything those attempts streamed is on the bus before anyone continues them.
+        await self.publisher.flush()
+        handed_back = list(self._handed_back)
+        await self._send_heartbeat(wait=True)
+        await self._commit()
+        log.info("drained: %d answers handed back", len(handed_back))
+        return handed_back
+
     # --- assignments ----------------------------------------------------------------
 
     async def _on_work(self, record: ConsumerRecord) -> None:
         tp = TopicPartition(record.topic, record.partition)
-        assignment = decode_record(WorkAssignment, record)
-        request = assignment.request
-        # An assignment is for the worker it names: one read after a partition moved
-        # belongs to a worker the scheduler has already given the request's next attempt.
-        if assignment.worker_id != self.worker_id or request.request_id in self._running:
+        event = decode_record(WORK_EVENT, record)
+        if isinstance(event, SchedulerClaim):
+            self._epochs[tp.partition] = max(self._epochs.get(tp.partition, 0), event.epoch)
+        if not isinstance(event, WorkAssignment) or not self._takes(event, tp):
             self.tracker.seen(tp, record.offset)
             return
+        request = event.request
         self.tracker.started(tp, record.offset)
+        if self._stopping:
+            # Dispatched before the scheduler saw this worker stop: give it back unrun.
+            self._handed_back.append(request.request_id)
+            self.tracker.done(tp, record.offset)
+            self.heartbeat_now.set()
+            return
         task = asyncio.create_task(self._generate(request, tp, record.offset))
-        self._running[request.request_id] = (task, tp)
+        self._running[request.request_id] = _Running(task, tp, record.offset, request.attempt)
+
+    def _takes(self, assignment: WorkAssignment, tp: TopicPartition) -> bool:
+        """Run it? Only this worker's, from an unfenced scheduler, and only once."""
+        request = assignment.request
+        epoch = self._epochs.get(tp.partition, 0)
+        if assignment.epoch < epoch:
+            log.warning("skipping %s: dispatched by a fenced scheduler", request.request_id)
+            return False
+        self._epochs[tp.partition] = assignment.epoch
+        if assignment.worker_id != self.worker_id:
+            return False  # read after its partition moved: it belongs to another worker
+        return (request.request_id not in self._running
+                and (request.request_id, request.attempt) not in self._finished)
 
     async def _generate(self, request: GenerationRequest, tp: TopicPartition, offset: int) -> None:
         started = time.monotonic()
-        prior = await read_prior_output(self.kafka, request)
-        if prior.finished:
-            self._end(request, tp, offset)
-            return
-        stream = _StreamWriter(self.publisher, request, prior.next_seq, self._on_stream_start)
-        continuation = Continuation(prior.text, prior.tokens) if request.resume else None
+        stream = StreamWriter(self.publisher, request, UNKNOWN_END_SEQ)
+        prior: PriorOutput | None = None
         last: EngineOutput | None = None
         status = RequestStatus.FINISHED_ABORTED
         try:
+            prior = await read_prior_output(self.kafka, request)
+            if prior.finished:
+                self._end(request, tp, offset)
+                return
+            stream.seq = prior.next_seq
             if request.request_id not in self._cancelled:
-                coalescer = Coalescer(self.pacing.interval_s)
-                async for output in self.engine.generate(request, continuation):
-                    last = output
-                    coalescer.interval_s = self.pacing.interval(len(self._running))
-                    chunk = coalescer.add(output.text, output.new_tokens, time.monotonic())
-                    if chunk is not None:
-                        await stream.chunk(chunk.text, chunk.tokens, output.completion_tokens)
-                    status = output.status or status
-                tail = coalescer.flush(time.monotonic())
-                if tail is not None and last is not None:
-                    await stream.chunk(tail.text, tail.tokens, last.completion_tokens)
-            usage = _usage(last)
-            await stream.done(status, usage)
+                last, status = await self._stream_engine(request, prior, stream)
+            await stream.done(status, usage_of(last, prior.tokens))
         except asyncio.CancelledError:
-            # Shutting down: the offset stays uncommitted, so the work is read again.
+            # Shutting down or handed back: no end event, the next attempt continues.
             await self.engine.abort(request.request_id)
             self._running.pop(request.request_id, None)
-            self._progress.pop(request.request_id, None)
+            if request.request_id in self._handed_back:
+                self.tracker.done(tp, offset)
             raise
         except Exception as exc:  # noqa: BLE001 - reported on the stream, the worker goes on
             log.exception("request %s failed", request.request_id)
-            status, usage = RequestStatus.FINISHED_ERROR, _usage(last)
+            status = RequestStatus.FINISHED_ERROR
             await stream.error("engine_error", str(exc))
         self._end(request, tp, offset)
+        await self._report_usage(request, last, prior, status, started)
+
+    async def _stream_engine(self, request: GenerationRequest, prior: PriorOutput,
+                             stream: StreamWriter) -> tuple[EngineOutput | None, RequestStatus]:
+        continuation = Continuation(prior.text, prior.tokens) if prior.streamed else None
+        coalescer = Coalescer(self.pacing.interval_s)
+        last: EngineOutput | None = None
+        status = RequestStatus.FINISHED_ABORTED
+        async for output in self.engine.generate(request, continuation):
+            last = output
+            coalescer.interval_s = self.pacing.interval(len(self._running))
+            chunk = coalescer.add(output.text, output.new_tokens, time.monotonic())
+            if chunk is not None:
+                await stream.chunk(chunk.text, chunk.tokens, output.completion_tokens)
+            status = output.status or status
+        tail = coalescer.flush(time.monotonic())
+        if tail is not None and last is not None:
+            await stream.chunk(tail.text, tail.tokens, last.completion_tokens)
+        return last, status
+
+    async def _report_usage(self, request: GenerationRequest, last: EngineOutput | None,
+                            prior: PriorOutput | None, status: RequestStatus,
+                            started: float) -> None:
+        inherited = prior.tokens if prior is not None else 0
+        usage = usage_of(last, inherited)
         await self.publisher.send(
             topics.USAGE,
             UsageEvent(
                 request_id=request.request_id, attempt=request.attempt,
                 conversation_id=request.conversation_id, user_id=request.user_id,
                 org_id=request.org_id, tier=request.tier, model=request.model,
-                requested_model=request.requested_model, worker_id=self.worker_id, status=status, prompt_tokens=usage.prompt_tokens,
-                completion_tokens=usage.completion_tokens, cached_tokens=usage.cached_tokens,
+                requested_model=request.requested_model, worker_id=self.worker_id,
+                status=status, prompt_tokens=usage.prompt_tokens,
+                completion_tokens=max(0, usage.completion_tokens - inherited),
+                prior_completion_tokens=inherited, cached_tokens=usage.cached_tokens,
                 gpu_ms=(time.monotonic() - started) * 1000,
             ),
             key=request.user_id,
@@ -188,23 +264,24 @@ class WorkerStage:
 
     def _end(self, request: GenerationRequest, tp: TopicPartition, offset: int) -> None:
         self._running.pop(request.request_id, None)
-        self._progress.pop(request.request_id, None)
+        self._finished[(request.request_id, request.attempt)] = None
+        while len(self._finished) > RECENT:
+            self._finished.popitem(last=False)
         self.tracker.done(tp, offset)
         self.heartbeat_now.set()
 
-    def _on_stream_start(self, request_id: str, partition: int, offset: int) -> None:
-        """The first event of a request is on chat.tokens: tell the scheduler at once,
-        so a redispatch after this worker dies resumes from it."""
-        if request_id in self._running:
-            self._progress[request_id] = (partition, offset)
-            self.heartbeat_now.set()
+    def _hand_back(self, request_id: str) -> None:
+        running = self._running.get(request_id)
+        if running is not None:
+            self._handed_back.append(request_id)
+            running.task.cancel()
 
     async def _on_control(self, record: ConsumerRecord) -> None:
         event = decode_record(CONTROL_EVENT, record)
         if not isinstance(event, Cancel):
             return
         self._cancelled[event.request_id] = None
-        while len(self._cancelled) > RECENT_CANCELS:
+        while len(self._cancelled) > RECENT:
             self._cancelled.popitem(last=False)
         if event.request_id in self._running:
             log.info("cancel %s: %s", event.request_id, event.reason)
@@ -221,12 +298,13 @@ class WorkerStage:
         self.tracker.committed(offsets)
 
     async def release(self, revoked: set[TopicPartition]) -> None:
-        """Let requests of revoked partitions finish, commit them, then let go."""
-        leaving = [task for task, tp in self._running.values() if tp in revoked]
-        if leaving:
-            log.info("rebalance: finishing %d requests before handing over", len(leaving))
-            await asyncio.gather(*leaving, return_exceptions=True)
-        await self._commit()
+        """Partitions move: commit what is done and let go at once. Requests still
+        running keep streaming; the next owner skips their assignments (they name
+        this worker), and the scheduler learns their end from heartbeats."""
+        try:
+            await self._commit()
+        except Exception:  # noqa: BLE001 - the next owner re-reads and skips; nothing lost
+            log.warning("commit before a rebalance failed", exc_info=True)
         self.tracker.forget(revoked)
 
     async def _heartbeats(self) -> None:
@@ -238,69 +316,29 @@ class WorkerStage:
             except TimeoutError:
                 pass
 
-    async def _send_heartbeat(self) -> None:
+    async def _send_heartbeat(self, wait: bool = False) -> None:
         stats = self.engine.stats()
-        await self.publisher.send(
-            topics.WORKERS,
-            WorkerHeartbeat(
-                worker_id=self.worker_id,
-                model=self.engine.model,
-                partitions=self.partitions,
-                max_slots=self.engine.max_slots,
-                active=tuple(self._running),
-                consumed={tp.partition: offset
-                          for tp, offset in self.tracker.next_offsets().items()},
-                running=stats.running,
-                waiting=stats.waiting,
-                peak_running=getattr(self.engine, "peak_running", 0),
-                progress=dict(self._progress),
-                free_kv_blocks=stats.free_kv_blocks,
-                stopping=self._stopping,
-            ),
-            key=self.worker_id,
+        heartbeat = WorkerHeartbeat(
+            worker_id=self.worker_id,
+            model=self.engine.model,
+            partitions=self.partitions,
+            max_slots=self.engine.max_slots,
+            active=tuple(self._running),
+            consumed={tp.partition: offset for tp, offset in self.tracker.next_offsets().items()},
+            assignments={rid: (r.tp.partition, r.offset) for rid, r in self._running.items()},
+            handed_back=tuple(self._handed_back),
+            running=stats.running,
+            waiting=stats.waiting,
+            peak_running=getattr(self.engine, "peak_running", 0),
+            free_kv_blocks=stats.free_kv_blocks,
+            stopping=self._stopping,
         )
+        if wait:
+            await self.publisher.send_and_wait(topics.WORKERS, heartbeat, key=self.worker_id)
+        else:
+            await self.publisher.send(topics.WORKERS, heartbeat, key=self.worker_id)
         if self.ready_file is not None and not self._stopping:
             self.ready_file.touch()  # liveness/readiness probes read its age
-
-
-class _StreamWriter:
-    """Publishes one request's events on `chat.tokens` with consecutive seq numbers."""
-
-    def __init__(self, publisher: Publisher, request: GenerationRequest, first_seq: int,
-                 on_start: Callable[[str, int, int], None]) -> None:
-        self.publisher = publisher
-        self.request = request
-        self.seq = first_seq  # gapless; the done/error event takes the next one
-        self._on_start: Callable[[str, int, int], None] | None = on_start
-
-    def _fields(self) -> dict[str, object]:
-        seq, self.seq = self.seq, self.seq + 1
-        return stream_fields(self.request, seq)
-
-    async def _send(self, event: TokenChunk | GenerationDone | GenerationError) -> None:
-        delivered = await self.publisher.send(topics.TOKENS, event,
-                                              key=self.request.conversation_id)
-        if self._on_start is not None:
-            on_start, self._on_start = self._on_start, None
-            metadata = await delivered
-            on_start(self.request.request_id, metadata.partition, metadata.offset)
-
-    async def chunk(self, text: str, tokens: int, completion_tokens: int) -> None:
-        await self._send(TokenChunk(**self._fields(), text=text, token_count=tokens,
-                                    completion_tokens=completion_tokens))
-
-    async def done(self, status: RequestStatus, usage: Usage) -> None:
-        await self._send(GenerationDone(**self._fields(), status=status, usage=usage))
-
-    async def error(self, code: str, message: str) -> None:
-        await self._send(GenerationError(**self._fields(), code=code, message=message))
-
-
-def _usage(last: EngineOutput | None) -> Usage:
-    if last is None:
-        return Usage()
-    return Usage(prompt_tokens=last.prompt_tokens, completion_tokens=last.completion_tokens,
-                 cached_tokens=last.cached_tokens)
 
 
 async def _all_partitions(consumer: AIOKafkaConsumer, topic: str) -> list[TopicPartition]:

@@ -10,6 +10,7 @@ response is complete.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -22,7 +23,8 @@ import pytest
 from chatpipe.settings import Settings
 from conversations.context_builder import ContextBuilder
 from conversations.sqlite_store import SQLiteStore
-from conversations.store import ApiKey, NewMessage
+from conversations.answers import answer_started
+from conversations.store import ApiKey, NewMessage, RequestRecord
 from conversations.summaries import SUMMARY_INSTRUCTIONS, TITLE_INSTRUCTIONS
 from conversations.tokens import TokenCounter
 from gateway.app import create_app
@@ -55,14 +57,22 @@ def is_background(request: GenerationRequest) -> bool:
 
 class ScriptedStream:
     def __init__(self, request_id: str, events: list[DeliverEvent], hold: bool) -> None:
+        self.request_id = request_id
         self._events = [e.model_copy(update={"request_id": request_id}) for e in events]
         self._hold = hold
         self.held = asyncio.Event()
         self.closed = False
+        self.events: list[DeliverEvent] = []
+        """What it has played so far."""
+
+    @property
+    def ended(self) -> bool:
+        return len(self.events) == len(self._events) and not self._hold
 
     async def _play(self) -> AsyncIterator[DeliverEvent]:
         for event in self._events:
             await asyncio.sleep(0)
+            self.events.append(event)
             yield event
         if self._hold:
             self.held.set()
@@ -86,6 +96,10 @@ class ScriptedPipeline:
         self.cancelled: list[tuple[str, str]] = []
         self.fail_submit = False
         self.shedding: dict[Tier, float] = {}
+        self.started: list[GenerationRequest] = []
+        self.followed: list[tuple[str, int]] = []
+        self.held: list[tuple[str, float]] = []
+        self.resumed: list[tuple[str, str]] = []
 
     @property
     def reply_to(self) -> str:
@@ -111,6 +125,26 @@ class ScriptedPipeline:
     async def cancel(self, request_id: str, reason: str = "client_disconnected") -> None:
         await asyncio.sleep(0.01)  # a real cancel is a produce: it yields to the loop
         self.cancelled.append((request_id, reason))
+
+    async def start_answer(self, request: GenerationRequest) -> tuple[int, int]:
+        self.started.append(request)
+        return 0, len(self.started) - 1
+
+    async def follow(self, request_id: str, conversation_id: str, partition: int,
+                     offset: int) -> ScriptedStream:
+        """The answer's events as chat.answers holds them: its marker, then what its
+        script played so far (all of it once the stream ended)."""
+        [request] = [r for r in self.started if r.request_id == request_id]
+        played = next(s for s in self.streams if s.request_id == request_id)
+        events = [answer_started(request), *played.events]
+        self.followed.append((request_id, offset))
+        return ScriptedStream(request_id, events, hold=not played.ended)
+
+    def hold(self, request_id: str, stream: ScriptedStream, grace_s: float) -> None:
+        self.held.append((request_id, grace_s))
+
+    async def announce_resume(self, request_id: str, held_by: str) -> None:
+        self.resumed.append((request_id, held_by))
 
     def overloaded(self, tier: Tier) -> float | None:
         return self.shedding.get(tier)
@@ -346,7 +380,9 @@ async def test_native_stream_wire_format(client, store, pipeline):
     assert response.status_code == 200
     assert response.headers["content-type"].startswith("text/event-stream")
     [request] = pipeline.submitted
-    [user] = await store.list_messages(cid)
+    user, answer = await store.list_messages(cid)
+    assert (answer.content, answer.status) == ("Hello\n", RequestStatus.FINISHED_STOPPED), \
+        "stored before the end was sent"
     opened = json.dumps(
         {
             "request_id": request.request_id,
@@ -378,8 +414,13 @@ async def test_native_request_carries_owner_and_prompt(client, store, pipeline, 
         headers=ALICE,
     )
     [request] = pipeline.submitted
-    [user] = await store.list_messages(cid)
+    user, answer = await store.list_messages(cid)
     assert (user.role, user.content, user.parent_id) == (Role.USER, "hi", None)
+    assert (answer.message_id, answer.parent_id, answer.request_id) == (
+        request.message_id, user.message_id, request.request_id)
+    record = await store.get_request(request.request_id)
+    assert record is not None and (record.user_id, record.reply_to) == ("alice", REPLY_TO)
+    assert pipeline.started == [request], "the marker on chat.answers comes first"
     assert request.conversation_id == cid and request.parent_id == user.message_id
     assert (request.user_id, request.org_id, request.tier) == ("alice", "org-a", Tier.PRO)
     assert request.cache_salt == "org-a" and request.reply_to == REPLY_TO and request.store
@@ -391,24 +432,20 @@ async def test_native_request_carries_owner_and_prompt(client, store, pipeline, 
     assert request.message_id not in (user.message_id, request.request_id)
 
 
-async def test_second_turn_waits_for_the_recorded_answer(client, store, pipeline):
+async def test_the_answer_is_stored_when_its_end_arrives_and_the_next_turn_sees_it(
+    client, store, pipeline
+):
     cid = await new_conversation(client)
     pipeline.script(delta("yo", 0), done(1))
     pipeline.script(done(0))
     await client.post(f"/v1/conversations/{cid}/messages", json={"content": "hi"}, headers=ALICE)
     first = pipeline.submitted[0]
-
-    async def record_answer_late() -> None:
-        await asyncio.sleep(0.1)
-        await store.add_message(
-            NewMessage(first.message_id, cid, Role.ASSISTANT, "yo", parent_id=first.parent_id)
-        )
-
-    recorder = asyncio.create_task(record_answer_late())
+    shown = (await client.get(f"/v1/conversations/{cid}", headers=ALICE)).json()
+    assert [(m["content"], m["status"]) for m in shown["messages"]] == [
+        ("hi", "finished_stopped"), ("yo", "finished_stopped")]
     response = await client.post(
         f"/v1/conversations/{cid}/messages", json={"content": "again"}, headers=ALICE
     )
-    await recorder
     assert response.status_code == 200
     second = pipeline.submitted[1]
     assert [(m.role, m.content) for m in second.messages] == [
@@ -418,18 +455,43 @@ async def test_second_turn_waits_for_the_recorded_answer(client, store, pipeline
         (Role.USER, "again"),
     ]
     messages = await store.list_messages(cid)
-    assert messages[-1].parent_id == first.message_id
+    assert messages[2].parent_id == first.message_id
 
 
-async def test_second_turn_before_the_answer_is_recorded_is_409(client, store, pipeline):
+async def test_a_turn_while_the_previous_answer_streams_waits_then_is_409(
+    client, store, pipeline, deps
+):
     cid = await new_conversation(client)
     pipeline.script(done(0))
     await client.post(f"/v1/conversations/{cid}/messages", json={"content": "hi"}, headers=ALICE)
+    first = pipeline.submitted[0]
+    user, answer = await store.list_messages(cid)
+    # Another answer to the same message, still streaming (say, on another gateway).
+    streaming = NewMessage("m2", cid, Role.ASSISTANT, "", parent_id=user.message_id,
+                           status=RequestStatus.IN_PROGRESS, request_id="r2")
+    await store.start_answer(streaming, RequestRecord("r2", cid, "m2", "alice", 0, 9, REPLY_TO))
+    started = asyncio.get_running_loop().time()
     response = await client.post(
         f"/v1/conversations/{cid}/messages", json={"content": "again"}, headers=ALICE
     )
     assert_error(response, 409, "reply_pending")
-    assert len(pipeline.submitted) == 1 and len(await store.list_messages(cid)) == 1
+    assert asyncio.get_running_loop().time() - started >= deps.reply_wait_s
+    assert len(pipeline.submitted) == 1 and len(await store.list_messages(cid)) == 3
+
+    async def finish_soon() -> None:
+        await asyncio.sleep(0.1)
+        await store.finish_answer(dataclasses.replace(streaming, content="ok",
+                                                      status=RequestStatus.FINISHED_STOPPED))
+
+    pipeline.script(done(0))
+    finishing = asyncio.create_task(finish_soon())
+    response = await client.post(
+        f"/v1/conversations/{cid}/messages", json={"content": "again"}, headers=ALICE
+    )
+    await finishing
+    assert response.status_code == 200, "waits for the answer to end, then goes on"
+    assert [m.content for m in pipeline.submitted[1].messages][-2:] == ["ok", "again"]
+    assert first.message_id != "m2"
 
 
 async def test_failed_submit_records_a_failed_answer(client, store, pipeline):
@@ -481,7 +543,8 @@ async def test_native_error_and_retract_events(client, pipeline):
     assert pipeline.cancelled == []
 
 
-async def test_native_stream_cut_short_reports_and_cancels(client, pipeline):
+async def test_native_stream_cut_short_reports_and_is_held_for_a_resume(client, pipeline,
+                                                                        settings):
     cid = await new_conversation(client)
     pipeline.script(delta("a", 0))  # ends without done: e.g. the gateway is stopping
     response = await client.post(
@@ -490,7 +553,8 @@ async def test_native_stream_cut_short_reports_and_cancels(client, pipeline):
     messages = sse.parse_messages(response.text)
     assert [m.event for m in messages] == ["request", "delta", "error", None]
     assert json.loads(messages[2].data)["code"] == "stream_interrupted"
-    assert [r for r, _ in pipeline.cancelled] == [pipeline.submitted[0].request_id]
+    assert pipeline.cancelled == []
+    assert pipeline.held == [(pipeline.submitted[0].request_id, settings.resume_grace_s)]
 
 
 # --- OpenAI-compatible API ------------------------------------------------------------
@@ -579,7 +643,8 @@ async def test_openai_errors(sdk, pipeline):
     with pytest.raises(openai.InternalServerError) as shed:
         await sdk.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}])
     assert shed.value.status_code == 503 and shed.value.response.headers["retry-after"] == "4"
-    pipeline.script(delta("a", 0), DeliveryError(request_id="-", code="engine", message="boom"))
+    pipeline.script(delta("a", 0),
+                    DeliveryError(request_id="-", seq=1, code="engine", message="boom"))
     stream = await sdk.chat.completions.create(
         model="tiny", messages=[{"role": "user", "content": "x"}], stream=True
     )
@@ -640,7 +705,7 @@ def body_text(sent: list[dict]) -> str:
     return b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body").decode()
 
 
-async def test_disconnect_cancels_native_stream(app, client, pipeline):
+async def test_disconnect_holds_native_stream_for_a_resume(app, client, pipeline, settings):
     cid = await new_conversation(client)
     pipeline.script(delta("partial", 0), hold=True)
     sent = await disconnect_after_hold(
@@ -648,8 +713,8 @@ async def test_disconnect_cancels_native_stream(app, client, pipeline):
     )
     assert '"partial"' in body_text(sent) and "[DONE]" not in body_text(sent)
     [request] = pipeline.submitted
-    assert pipeline.cancelled == [(request.request_id, "client_disconnected")]
-    assert pipeline.streams[0].closed
+    assert pipeline.cancelled == [], "the generation goes on for the resume grace"
+    assert pipeline.held == [(request.request_id, settings.resume_grace_s)]
 
 
 async def test_disconnect_cancels_openai_stream(app, pipeline):

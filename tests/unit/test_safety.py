@@ -14,15 +14,18 @@ from safety.classifiers import (
     judge_verdict,
     luhn_valid,
 )
+from safety.core import Check, Deliver, SafetyCore
 from safety.output_gate import OutputGate
 from safety.policy import SafetyPolicy
 from safety.stage import SafetyStage
 from schemas import topics
 from schemas.codec import encode
 from schemas.events import (
+    AttemptStarted,
     Cancel,
     Delta,
     DeliveryDone,
+    DeliveryError,
     GenerationDone,
     ModerationEvent,
     Retract,
@@ -180,19 +183,25 @@ async def feed(stage: SafetyStage, texts: list[str], done: bool = True) -> None:
             usage=Usage(completion_tokens=len(texts))), len(texts)))
 
 
+def to_gateway(out: RecordingPublisher) -> list[object]:
+    return [event for topic, event in out.sent if topic == "chat.deliver.gw"]
+
+
 async def test_clean_stream_is_released_and_ends_done():
     stage, out = stage_with()
     await feed(stage, ["Hello ", "world"])
-    deltas = [e.text for _, e in out.sent if isinstance(e, Delta)]
+    deltas = [e.text for e in to_gateway(out) if isinstance(e, Delta)]
     assert deltas == ["Hello ", "world"]
-    assert isinstance(out.sent[-1][1], DeliveryDone)
-    assert stage.tracker.to_commit()
+    assert isinstance(to_gateway(out)[-1], DeliveryDone)
+    answers = [e for topic, e in out.sent if topic == topics.ANSWERS]
+    assert answers == to_gateway(out), "a stored answer's events go to chat.answers too"
+    assert stage.tracker.to_commit(lambda tp: stage.core.commit_floor(tp.partition))
 
 
 async def test_phrase_split_across_chunks_trips_and_retracts():
     stage, out = stage_with()
     await feed(stage, ["Sure, write to bob@ex", "ample.com and ", "more text"])
-    kinds = [(topic, type(e).__name__) for topic, e in out.sent]
+    kinds = [(topic, type(e).__name__) for topic, e in out.sent if topic != topics.ANSWERS]
     assert kinds[:1] == [("chat.deliver.gw", "Delta")]
     assert ("chat.control", "Cancel") in kinds
     assert ("chat.moderation", "ModerationEvent") in kinds
@@ -218,4 +227,76 @@ async def test_duplicates_are_dropped():
     chunk = TokenChunk(**STREAM, seq=0, text="hi", token_count=1, completion_tokens=1)
     await stage._handle(record(chunk, 0))
     await stage._handle(record(chunk, 0))
-    assert len([e for _, e in out.sent if isinstance(e, Delta)]) == 1
+    assert len([e for e in to_gateway(out) if isinstance(e, Delta)]) == 1
+
+
+# --- the pure core: attempts, expiry, failures --------------------------------------------
+
+
+def core_with(window: int = 0, idle_timeout_s: float = 10.0) -> SafetyCore:
+    policy = SafetyPolicy(window_chars=window, overlap_chars=16)
+    return SafetyCore(policy.gate, policy.replacement, idle_timeout_s)
+
+
+def run(core: SafetyCore, events: list[object], now: float = 0.0) -> list[object]:
+    """Every output of `events` fed at offsets 0.., each chunk passing its check."""
+    outputs: list[object] = []
+    for offset, event in enumerate(events):
+        step = core.on_event(event, 0, offset, now)
+        if isinstance(step, Check):
+            step = core.checked(step, None)
+        outputs += step
+    return outputs
+
+
+def chunk_of(seq: int, text: str, attempt: int = 0) -> TokenChunk:
+    return TokenChunk(**STREAM, seq=seq, attempt=attempt, text=text, token_count=1,
+                      completion_tokens=seq + 1)
+
+
+def end_of(seq: int, attempt: int = 0) -> GenerationDone:
+    return GenerationDone(**STREAM, seq=seq, attempt=attempt,
+                          status=RequestStatus.FINISHED_STOPPED, usage=Usage())
+
+
+def marker_of(attempt: int) -> AttemptStarted:
+    return AttemptStarted(request_id="r", attempt=attempt, conversation_id="c", worker_id="w")
+
+
+def test_a_continuation_joins_the_window_where_the_earlier_attempt_left_it():
+    core = core_with(window=6)
+    outputs = run(core, [marker_of(0), chunk_of(0, "Hello "), chunk_of(1, "big "),
+                         marker_of(1), chunk_of(2, "zombie", 0), chunk_of(2, "world", 1),
+                         end_of(3, 1)])
+    delivered = [o.event for o in outputs if isinstance(o, Deliver)]
+    text = "".join(e.text for e in delivered if isinstance(e, Delta))
+    assert text == "Hello big world", "held text kept across attempts, the fenced one dropped"
+    ids = [e.seq for e in delivered]
+    assert ids == sorted(set(ids)), "delivery ids increase and never repeat"
+    assert isinstance(delivered[-1], DeliveryDone) and delivered[-1].seq == 4
+
+
+def test_replaying_a_stream_gives_the_same_ids():
+    events = [marker_of(0), chunk_of(0, "a b "), chunk_of(1, "c d "), end_of(2)]
+    first = [o.event for o in run(core_with(window=3), events)]
+    again = [o.event for o in run(core_with(window=3), events)]
+    assert first == again
+
+
+def test_an_idle_generation_expires_and_frees_the_commit_floor():
+    core = core_with(idle_timeout_s=10)
+    run(core, [marker_of(0), chunk_of(0, "a")], now=0.0)
+    assert core.commit_floor(0) == 0
+    assert core.expire(5.0) == [] and core.commit_floor(0) == 0
+    assert core.expire(11.0) == ["r"] and core.commit_floor(0) is None
+    assert run(core, [chunk_of(1, "late")], now=12.0) == [], "a given-up stream stays ended"
+
+
+def test_a_failure_ends_the_stream_and_stops_the_generation():
+    core = core_with()
+    run(core, [chunk_of(0, "a")])
+    outputs = core.fail(chunk_of(1, "b"), "boom")
+    assert any(isinstance(o, Cancel) for o in outputs)
+    [end] = [o.event for o in outputs if isinstance(o, Deliver)]
+    assert isinstance(end, DeliveryError) and end.code == "safety_error" and end.seq == 2
+    assert core.open_count == 0

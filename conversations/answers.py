@@ -1,0 +1,84 @@
+"""A stored answer built from its delivery events: the same for the gateway that relays
+the end of a stream and for the recorder that stores any answer no gateway finished.
+
+The gateway stores an answer as `in_progress` before it queues the request and
+writes the `AnswerStarted` marker (what the answer is) on `chat.answers`. Delivery
+events then go through the one answer rule (`schemas.answer.AnswerLog`); the text
+is what the client saw (`AnswerText`: deltas, or a retraction's replacement), and
+the end event gives status and usage. Whoever stores it first wins: the store only
+finishes an answer still in progress.
+"""
+
+from __future__ import annotations
+
+from conversations.store import NewMessage
+from schemas.answer import AnswerLog, AnswerText
+from schemas.events import (
+    AnswerStarted,
+    DeliveryDone,
+    DeliveryError,
+    Event,
+    GenerationRequest,
+    Role,
+    Routed,
+)
+from schemas.lifecycle import RequestStatus
+
+
+def answer_started(request: GenerationRequest) -> AnswerStarted:
+    """The marker the gateway writes before it queues a stored request."""
+    return AnswerStarted(
+        request_id=request.request_id, attempt=request.attempt,
+        conversation_id=request.conversation_id, message_id=request.message_id,
+        parent_id=request.parent_id, user_id=request.user_id, model=request.model,
+        reply_to=request.reply_to,
+    )  # fmt: skip
+
+
+class AnswerBuilder:
+    """One answer's delivery events in, the message to store out."""
+
+    def __init__(self, started: AnswerStarted) -> None:
+        self.started = started
+        self.log = AnswerLog()
+        self.text = AnswerText()
+        self.model = started.model
+
+    def add(self, event: Event) -> bool:
+        """Take one event of this answer; False if the rule drops it."""
+        if not self.log.take(event):
+            return False
+        self.text.add(event)
+        if isinstance(event, Routed):
+            self.model = event.model
+        return True
+
+    @property
+    def ended(self) -> bool:
+        return self.log.ended
+
+    def message(self) -> NewMessage:
+        """The answer as it stands: final once ended, else cut short (FINISHED_ERROR)."""
+        started, end = self.started, self.log.end
+        tokens = prompt_tokens = cached_tokens = 0
+        status = RequestStatus.FINISHED_ERROR
+        if isinstance(end, DeliveryDone):
+            status = end.status
+            tokens = end.usage.completion_tokens
+            prompt_tokens, cached_tokens = end.usage.prompt_tokens, end.usage.cached_tokens
+            self.model = end.model or self.model
+        elif end is not None and not isinstance(end, DeliveryError):
+            raise TypeError(f"not a delivery end: {end!r}")
+        return NewMessage(
+            message_id=started.message_id,
+            conversation_id=started.conversation_id,
+            role=Role.ASSISTANT,
+            content=str(self.text),
+            parent_id=started.parent_id,
+            model=self.model,
+            tokens=tokens,
+            status=status,
+            request_id=started.request_id,
+            prompt_tokens=prompt_tokens,
+            cached_tokens=cached_tokens,
+        )

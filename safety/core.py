@@ -1,0 +1,205 @@
+"""The safety stage's decisions: pure, synchronous, no Kafka (STYLE 1).
+
+`chat.tokens` events go in, in partition order, with their partition, offset and the
+adapter's clock. Per generation the core keeps the one answer rule's log
+(`schemas.answer.AnswerLog`: older attempts fenced, duplicates dropped) and one
+`OutputGate` for every attempt, so a continuation's text joins the held-back window
+where the earlier attempt left it. A chunk returns the text its classifiers must
+see now (`Check`); once the adapter has the verdict, `checked` says what to send:
+
+* passed — a `Delta` of the text the window releases (none while it holds it back);
+* tripped — `Retract` of the message, `Cancel` of the generation and a
+  `ModerationEvent`; the rest of the stream is dropped and it ends FINISHED_FILTERED.
+
+Delivery ids (`seq`) are the stream's positions: a delta takes its chunk's, the text
+left in the window at the end takes the end's, and the end event the one after, so
+ids increase, never repeat, and are the same after a restart replays the stream.
+
+Commit floor: per partition, the first offset of every generation still open; a
+generation with no event for `idle_timeout_s` is given up (`expire`) so the floor
+moves on.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from safety.classifiers import Verdict
+from safety.output_gate import OutputGate
+from schemas.answer import AnswerLog
+from schemas.events import (
+    Cancel,
+    DeliveryDone,
+    DeliveryError,
+    Delta,
+    GenerationDone,
+    GenerationError,
+    ModerationEvent,
+    Retract,
+    StreamEvent,
+    TokenChunk,
+    Usage,
+)
+from schemas.lifecycle import RequestStatus
+
+RECENTLY_FINISHED = 10_000
+StreamEnd = GenerationDone | GenerationError
+
+
+@dataclass(frozen=True, slots=True)
+class Deliver:
+    """A delivery event for the gateway holding the stream (`reply_to`) and, for a
+    stored answer, for `chat.answers`."""
+
+    event: Delta | Retract | DeliveryDone | DeliveryError
+    reply_to: str
+    conversation_id: str
+    store: bool
+
+
+Output = Deliver | Cancel | ModerationEvent
+
+
+@dataclass(frozen=True, slots=True)
+class Check:
+    """Text the chunk's classifiers must look at before `checked` is called."""
+
+    chunk: TokenChunk
+    text: str
+
+
+@dataclass(slots=True)
+class _Generation:
+    partition: int
+    first_offset: int
+    last_seen: float
+    gate: OutputGate
+    log: AnswerLog = field(default_factory=AnswerLog)
+    filtered: bool = False
+
+
+class SafetyCore:
+    def __init__(self, gate: Callable[[], OutputGate], replacement: Callable[[str], str],
+                 idle_timeout_s: float = 120.0) -> None:
+        self._new_gate = gate
+        self._replacement = replacement
+        self.idle_timeout_s = idle_timeout_s
+        self._open: dict[str, _Generation] = {}
+        self._finished: OrderedDict[str, None] = OrderedDict()
+
+    def on_event(self, event: object, partition: int, offset: int, now: float,
+                 ) -> Check | list[Output]:
+        """Take one `chat.tokens` event; a chunk to classify comes back as a `Check`."""
+        request_id = getattr(event, "request_id", None)
+        if request_id is None or request_id in self._finished:
+            return []
+        generation = self._open.get(request_id)
+        if generation is None:
+            generation = _Generation(partition, offset, now, self._new_gate())
+            self._open[request_id] = generation
+        generation.last_seen = now
+        if not generation.log.take(event):
+            return []
+        if isinstance(event, TokenChunk):
+            if generation.filtered:
+                return []
+            generation.gate.feed(event.text)
+            return Check(event, generation.gate.to_check())
+        if isinstance(event, GenerationDone | GenerationError):
+            return self._end(event, generation)
+        return []
+
+    def checked(self, check: Check, verdict: Verdict | None) -> list[Output]:
+        """What to send once `check`'s classifiers have answered."""
+        chunk = check.chunk
+        generation = self._open.get(chunk.request_id)
+        if generation is None or generation.filtered:
+            return []
+        if verdict is not None:
+            return self._retract(chunk, generation, verdict)
+        released = generation.gate.passed()
+        if not released:
+            return []
+        return [_deliver(chunk, Delta(request_id=chunk.request_id, attempt=chunk.attempt,
+                                      seq=chunk.seq, text=released))]
+
+    def fail(self, event: StreamEvent, error: str) -> list[Output]:
+        """Processing `event` raised: end its stream with an error and stop its generation."""
+        if event.request_id in self._finished:
+            return []
+        self._forget(event.request_id)
+        end = DeliveryError(request_id=event.request_id, attempt=event.attempt,
+                            seq=event.seq + 1, code="safety_error",
+                            message="the answer could not be checked")
+        return [Cancel(request_id=event.request_id, reason="safety_error"), _deliver(event, end)]
+
+    def expire(self, now: float) -> list[str]:
+        """Give up generations idle for `idle_timeout_s`; returns their request ids."""
+        idle = [rid for rid, g in self._open.items() if now - g.last_seen >= self.idle_timeout_s]
+        for request_id in idle:
+            self._forget(request_id)
+        return idle
+
+    def commit_floor(self, partition: int) -> int | None:
+        """The first offset of a generation still open on `partition`, None if none."""
+        return min((g.first_offset for g in self._open.values() if g.partition == partition),
+                   default=None)
+
+    def forget_partition(self, partition: int) -> None:
+        """A revoked partition: its generations are read again by its next owner."""
+        for request_id in [rid for rid, g in self._open.items() if g.partition == partition]:
+            del self._open[request_id]
+
+    @property
+    def open_count(self) -> int:
+        return len(self._open)
+
+    def _end(self, end: StreamEnd, generation: _Generation) -> list[Output]:
+        self._forget(end.request_id)
+        fields = dict(request_id=end.request_id, attempt=end.attempt, seq=end.seq + 1)
+        if generation.filtered:
+            usage = end.usage if isinstance(end, GenerationDone) else Usage()
+            return [_deliver(end, DeliveryDone(**fields, status=RequestStatus.FINISHED_FILTERED,
+                                               usage=usage, model=end.model))]
+        outputs: list[Output] = []
+        rest = generation.gate.finish()
+        if rest:
+            outputs.append(_deliver(end, Delta(request_id=end.request_id, attempt=end.attempt,
+                                               seq=end.seq, text=rest)))
+        if isinstance(end, GenerationDone):
+            final: DeliveryDone | DeliveryError = DeliveryDone(
+                **fields, status=end.status, usage=end.usage, model=end.model)
+        else:
+            final = DeliveryError(**fields, code=end.code, message=end.message,
+                                  retry_after=end.retry_after)
+        outputs.append(_deliver(end, final))
+        return outputs
+
+    def _retract(self, chunk: TokenChunk, generation: _Generation,
+                 verdict: Verdict) -> list[Output]:
+        generation.filtered = True
+        replacement = self._replacement(verdict.category)
+        return [
+            Cancel(request_id=chunk.request_id, reason="content_filter"),
+            _deliver(chunk, Retract(request_id=chunk.request_id, attempt=chunk.attempt,
+                                    seq=chunk.seq, message_id=chunk.message_id,
+                                    reason=verdict.category, replacement=replacement)),
+            ModerationEvent(request_id=chunk.request_id, conversation_id=chunk.conversation_id,
+                            message_id=chunk.message_id, action="retract",
+                            category=verdict.category,
+                            reason=f"{verdict.classifier}: {verdict.reason}",
+                            replacement=replacement),
+        ]
+
+    def _forget(self, request_id: str) -> None:
+        self._open.pop(request_id, None)
+        self._finished[request_id] = None
+        while len(self._finished) > RECENTLY_FINISHED:
+            self._finished.popitem(last=False)
+
+
+def _deliver(source: StreamEvent, event: Delta | Retract | DeliveryDone | DeliveryError,
+             ) -> Deliver:
+    return Deliver(event, source.reply_to, source.conversation_id, source.store)
