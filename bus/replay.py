@@ -52,3 +52,43 @@ async def _partitions(consumer: AIOKafkaConsumer, topic: str) -> list[TopicParti
             return [TopicPartition(topic, p) for p in sorted(partitions)]
         await asyncio.sleep(0.1)
     raise LookupError(f"topic {topic} not found")
+
+
+async def read_between(bootstrap_servers: str, topic: str, bounds: dict[int, tuple[int, int]],
+                       kind: Any, timeout_s: float = 10.0) -> list[tuple[int, int, Any]]:
+    """(partition, offset, event) for every record of `topic` in `[start, end)` of each
+    partition's bounds, in partition order: a read up to a known end (Tansu cannot say
+    where a partition ends, DESIGN §11). Records that do not decode as `kind` are
+    skipped; TimeoutError if the records are not all there within `timeout_s`."""
+    wanted = {p: (start, end) for p, (start, end) in bounds.items() if end > start}
+    if not wanted:
+        return []
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap_servers, enable_auto_commit=False,
+                                fetch_max_wait_ms=20, max_partition_fetch_bytes=8 << 20)
+    await consumer.start()
+    found: list[tuple[int, int, Any]] = []
+    try:
+        partitions = {p: TopicPartition(topic, p) for p in wanted}
+        consumer.assign(list(partitions.values()))
+        for p, tp in partitions.items():
+            consumer.seek(tp, wanted[p][0])
+        deadline = time.monotonic() + timeout_s
+        while wanted:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{topic}: {wanted} not read within {timeout_s}s")
+            batch = await consumer.getmany(*(partitions[p] for p in wanted), timeout_ms=200)
+            for tp, records in batch.items():
+                end = wanted[tp.partition][1]
+                for record in records:
+                    if record.offset < end:
+                        try:
+                            found.append((tp.partition, record.offset,
+                                          decode(kind, record.value)))
+                        except EventDecodeError:
+                            continue
+            for p in list(wanted):
+                if await consumer.position(partitions[p]) >= wanted[p][1]:
+                    del wanted[p]
+    finally:
+        await consumer.stop()
+    return sorted(found, key=lambda item: (item[0], item[1]))

@@ -9,7 +9,12 @@ It holds the waiting set and the worker registry, and decides (DESIGN §5):
 - conversation affinity while the previous worker's load is under a bound;
 - routing: simple requests to a small model, a saturated model to its fallback;
 - shedding when a tier's expected wait exceeds its bound; deadlines; cancels;
-- redispatch of what a lost worker held, resuming from its emitted output.
+- redispatch, as the next attempt, of what a lost worker held, what a draining
+  worker handed back and what a partition move orphaned (the attempt continues the
+  stream: `request.stream` keeps where it starts);
+- restart: what the journal (`chat.work`, `scheduler/journal.py`) and the workers'
+  heartbeats say was handed out is in flight again, and a request decided once is
+  never queued again.
 """
 
 from __future__ import annotations
@@ -22,8 +27,17 @@ from dataclasses import dataclass, field
 
 from scheduler.estimates import Throughput
 from scheduler.fair_queue import FairQueue
-from scheduler.workers import InFlight, WorkerState
-from schemas.events import GenerationRequest, ResumePoint, Role, TierStatus, WorkerHeartbeat
+from scheduler.journal import CANCELLED, OVERLOADED
+from scheduler.workers import DECISION_MEMORY, Decision, InFlight, Registry, WorkerState, remember
+from schemas.events import (
+    GenerationRequest,
+    Role,
+    SchedulerClaim,
+    TierStatus,
+    Unserved,
+    WorkAssignment,
+    WorkerHeartbeat,
+)
 from schemas.topics import Tier
 
 AFFINITY_MEMORY = 100_000
@@ -48,10 +62,21 @@ class Policy:
 
 @dataclass(frozen=True, slots=True)
 class Admission:
-    accepted: bool
+    """What becomes of a request read from its topic: it waits (`queued`), it ends at
+    once (`end_code`: cancelled before it came, refused as overloaded, or decided
+    before a restart: then its `Unserved` record is in the journal already,
+    `recorded`), or nothing (a copy of one waiting or handed out)."""
+
     request: GenerationRequest
+    queued: bool = False
+    end_code: str | None = None
+    recorded: bool = False
     retry_after_s: float | None = None
     routed_reason: str | None = None
+
+    @property
+    def accepted(self) -> bool:
+        return self.end_code is None
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,24 +118,35 @@ class Scheduler:
         self._shown: dict[str, _Shown] = {}
         self._affinity: OrderedDict[str, str] = OrderedDict()
         self.throughput = Throughput(clock=clock)
-        self.workers: dict[str, WorkerState] = {}
+        self.registry = Registry()
+        self._cancelled_unseen: OrderedDict[str, None] = OrderedDict()
+        self._unknown: dict[str, InFlight] = {}
 
     # --- requests -------------------------------------------------------------------
 
     def add_request(self, request: GenerationRequest) -> Admission:
         """Admit (possibly routed to the small model) or shed a new request.
 
-        A redelivered request already waiting is accepted again without a
-        second copy."""
-        if request.request_id in self._waiting_ids:
-            return Admission(True, request)
+        A copy of a request waiting, handed out or ended already changes nothing
+        (one ended before a restart is ended again: its end may not have been sent)."""
+        request_id = request.request_id
+        decision = self.registry.decided.get(request_id)
+        if decision is not None and decision.code is not None:
+            return Admission(request.model_copy(update={"attempt": decision.attempt}),
+                             end_code=decision.code, recorded=True)
+        if request_id in self._waiting_ids or self.registry.knows(request_id):
+            return Admission(request)
+        if request_id in self._cancelled_unseen:
+            del self._cancelled_unseen[request_id]
+            return Admission(request, end_code=CANCELLED)
         request, reason = self._route_simple(request)
         wait_s = self.expected_wait_s(request.tier, extra=1)
         bound = self.policy.max_wait_s.get(request.tier)
         if wait_s is not None and bound is not None and wait_s > bound:
-            return Admission(False, request, retry_after_s=_retry_after(wait_s - bound))
+            return Admission(request, end_code=OVERLOADED,
+                             retry_after_s=_retry_after(wait_s - bound))
         self._enqueue(request)
-        return Admission(True, request, routed_reason=reason)
+        return Admission(request, queued=True, routed_reason=reason)
 
     def _enqueue(self, request: GenerationRequest, front: bool = False) -> None:
         self._queues[request.tier].push(request, front=front)
@@ -129,8 +165,12 @@ class Scheduler:
         return _rerouted(request, small), "simple_request"
 
     def cancel(self, request_id: str) -> GenerationRequest | None:
-        """Drop a waiting request; returns it, or None if it is not waiting."""
+        """Drop a waiting request; returns it, or None if it is not waiting. A cancel
+        that comes before its request (after a restart both are read again, from two
+        topics) is kept, and the request ends when it comes."""
         if request_id not in self._waiting_ids:
+            if not self.registry.knows(request_id):
+                remember(self._cancelled_unseen, request_id, None, DECISION_MEMORY)
             return None
         for queue in self._queues.values():
             request = queue.remove(request_id)
@@ -138,6 +178,12 @@ class Scheduler:
                 self._forget(request_id)
                 return request
         return None
+
+    def ended_unserved(self, request: GenerationRequest, code: str) -> None:
+        """`request` ended without a worker (its `Unserved` record is being written):
+        a copy read later, or after a restart, ends the same way."""
+        self.registry.drop(request.request_id)
+        self.registry.decide(request.request_id, Decision(request.attempt, code))
 
     def _forget(self, request_id: str) -> None:
         self._waiting_ids.discard(request_id)
@@ -202,36 +248,68 @@ class Scheduler:
 
     # --- workers --------------------------------------------------------------------
 
+    @property
+    def workers(self) -> dict[str, WorkerState]:
+        return self.registry.workers
+
     def on_heartbeat(self, heartbeat: WorkerHeartbeat) -> None:
+        """Refresh the worker's capacity. What it finished frees its slot; what it
+        handed back (draining) or never read (its partition moved) goes out again as
+        the next attempt; what it runs unknown here (a restart) is in flight on it."""
         now = self._clock()
-        worker = self.workers.get(heartbeat.worker_id)
-        if worker is None:
-            worker = WorkerState(heartbeat.worker_id, heartbeat.model, heartbeat.partitions,
-                                 heartbeat.max_slots, now)
-            self.workers[heartbeat.worker_id] = worker
-        settled = worker.refresh(heartbeat, now)
+        settled = self.registry.on_heartbeat(heartbeat, now, self._waiting_ids)
         for flight in settled.finished:
             self.throughput.finished(now - flight.dispatched_at)
-        for flight in settled.orphaned:
-            self._enqueue(flight.request.model_copy(update={"attempt": flight.request.attempt + 1}),
-                          front=True)
+        for flight in settled.orphaned + settled.handed_back:
+            self._requeue(flight)
 
-    def on_dispatched(self, request_id: str, worker_id: str, offset: int) -> None:
-        """The assignment is on `chat.work` at `offset`."""
+    def on_dispatched(self, request: GenerationRequest, worker_id: str, offset: int) -> None:
+        """The assignment of `request` (as sent: with its stream) is on `chat.work`
+        at `offset`."""
         worker = self.workers.get(worker_id)
-        if worker is not None and request_id in worker.in_flight:
-            worker.in_flight[request_id].offset = offset
+        flight = worker.in_flight.get(request.request_id) if worker is not None else None
+        if flight is not None:
+            flight.request, flight.offset = request, offset
 
     def remove_lost_workers(self) -> list[str]:
         """Forget workers whose heartbeats stopped and queue what they held again,
-        first in line, as a new attempt that resumes from the emitted output."""
-        deadline = self._clock() - self.policy.worker_lost_after_s
-        lost = [w for w in self.workers.values() if w.last_seen < deadline]
+        first in line, as the next attempt, which continues the stream."""
+        lost = self.registry.remove_lost(self._clock() - self.policy.worker_lost_after_s)
         for worker in lost:
-            del self.workers[worker.worker_id]
             for flight in worker.in_flight.values():
-                self._enqueue(_next_attempt(flight.request, worker.progress), front=True)
+                self._requeue(flight)
         return [w.worker_id for w in lost]
+
+    def _requeue(self, flight: InFlight) -> None:
+        if flight.request is None:
+            self._unknown[flight.request_id] = flight
+        else:
+            self._enqueue(_next_attempt(flight.request), front=True)
+
+    @property
+    def unknown(self) -> list[InFlight]:
+        """Flights to dispatch again that are known only by where their assignment is on
+        `chat.work` (from a heartbeat after a restart): read each back and pass what it
+        holds to `resolve_unknown`."""
+        return list(self._unknown.values())
+
+    def resolve_unknown(self, request_id: str, request: GenerationRequest | None) -> None:
+        """Queue the next attempt of `request`, read back from its assignment, first in
+        line; None: the assignment is not there, nothing can be dispatched."""
+        if self._unknown.pop(request_id, None) is None or request is None:
+            return
+        if request_id not in self._waiting_ids and not self.registry.flight(request_id):
+            self._enqueue(_next_attempt(request), front=True)
+
+    def unread_assignments(self) -> dict[int, int]:
+        """Per `chat.work` partition, the first assignment in flight that its worker has
+        not read yet."""
+        return self.registry.unread()
+
+    def restore(self, partition: int, offset: int,
+                event: WorkAssignment | Unserved | SchedulerClaim) -> None:
+        """Replay one journal record after a restart (`Registry.restore`)."""
+        self.registry.restore(partition, offset, event, self._clock())
 
     # --- decisions ------------------------------------------------------------------
 
@@ -283,7 +361,7 @@ class Scheduler:
         if worker is None:
             return None
         partition = worker.next_partition()
-        worker.in_flight[request.request_id] = InFlight(request, partition, self._clock())
+        self.registry.hand_out(worker, request, partition, self._clock())
         self._remember_affinity(request.conversation_id, worker.worker_id)
         return Dispatch(request, worker.worker_id, partition, reason)
 
@@ -297,10 +375,7 @@ class Scheduler:
         return max(candidates, key=lambda w: w.free_slots)
 
     def _remember_affinity(self, conversation_id: str, worker_id: str) -> None:
-        self._affinity[conversation_id] = worker_id
-        self._affinity.move_to_end(conversation_id)
-        while len(self._affinity) > AFFINITY_MEMORY:
-            self._affinity.popitem(last=False)
+        remember(self._affinity, conversation_id, worker_id, AFFINITY_MEMORY)
 
 
 def _rerouted(request: GenerationRequest, model: str) -> GenerationRequest:
@@ -308,14 +383,9 @@ def _rerouted(request: GenerationRequest, model: str) -> GenerationRequest:
         update={"model": model, "requested_model": request.requested_model or request.model})
 
 
-def _next_attempt(request: GenerationRequest,
-                  progress: dict[str, tuple[int, int]]) -> GenerationRequest:
-    started = progress.get(request.request_id)
-    resume = request.resume
-    if started is not None and resume is None:
-        resume = ResumePoint(tokens_partition=started[0], from_offset=started[1],
-                             prior_attempt=request.attempt)
-    return request.model_copy(update={"attempt": request.attempt + 1, "resume": resume})
+def _next_attempt(request: GenerationRequest) -> GenerationRequest:
+    """The same request as its next attempt; `stream` stays: the attempt continues it."""
+    return request.model_copy(update={"attempt": request.attempt + 1})
 
 
 def _retry_after(seconds: float) -> float:

@@ -1,9 +1,20 @@
-"""The scheduler's Kafka adapter: feeds the core, sends its dispatches to `chat.work`.
+"""The scheduler's Kafka adapter: feeds the core, writes its decisions to `chat.work`.
 
-Exactly one scheduler runs (deployments pin one replica): it must see every
-request topic and every heartbeat, which a second group member would split.
-A request's offset is committed once it is dispatched, cancelled or expired, so
-a restarted scheduler reads again only what it had not handed out.
+One scheduler acts at a time. At start it claims: a `SchedulerClaim`, with an epoch
+above every earlier one, goes to `chat.scheduler` and to every `chat.work` partition.
+Workers skip older epochs' assignments from then on, and an older scheduler that
+reads the claim stops acting (fenced) and stays idle.
+
+`chat.work` is the scheduler's journal: assignments, `Unserved` records, claims. A
+restarted scheduler replays it from its committed offset up to its own claim (a known
+end: Tansu cannot say where a partition ends), so a request it reads again is never
+decided twice; `JournalWindow` says which journal offset may be committed. Every
+topic is read with `assign()` from the group's committed offsets: no group join, so a
+restart never waits for a dead member's session to time out. A request's offset is
+committed once it is decided (dispatched or ended), after its events are sent.
+
+Before each attempt it writes the attempt's `AttemptStarted` marker on `chat.tokens`;
+the assignment carries where the stream lies (`StreamPosition`).
 """
 
 from __future__ import annotations
@@ -11,73 +22,179 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import uuid
 
-from aiokafka.structs import ConsumerRecord, TopicPartition
+from aiokafka.structs import ConsumerRecord, RecordMetadata, TopicPartition
 
 from bus.clients import KafkaConfig, Publisher
 from bus.offsets import OffsetTracker
-from bus.subscriber import consume, decode_record
+from bus.replay import read_between
+from bus.subscriber import consume, decode_record, failed
 from scheduler.core import Dispatch, Scheduler
+from scheduler.journal import (
+    CANCELLED,
+    DEADLINE_EXCEEDED,
+    DISPATCH_FAILED,
+    JournalWindow,
+    fences,
+    unserved_end,
+    unserved_partition,
+)
 from schemas import topics
-from schemas.codec import CONTROL_EVENT
+from schemas.codec import CONTROL_EVENT, SCHEDULER_EVENT, WORK_EVENT, encode
 from schemas.events import (
+    AttemptStarted,
     Cancel,
-    GenerationDone,
-    GenerationError,
+    Event,
     GenerationRequest,
     Queued,
     Routed,
+    SchedulerClaim,
     SchedulerStatus,
-    Usage,
+    StreamPosition,
+    Unserved,
     WorkAssignment,
     WorkerHeartbeat,
-    stream_fields,
 )
-from schemas.lifecycle import RequestStatus
 from schemas.topics import Tier
 
 log = logging.getLogger(__name__)
 
 STAGE = "scheduler"
 GROUP = "chatpipe-scheduler"
+CLAIM_REFRESH_S = 60.0
+"""How often the claim is written again on `chat.scheduler` and committed there, so a
+restart reads back at most this much of the topic to find the highest epoch."""
 
 
 class SchedulerStage:
     def __init__(self, kafka: KafkaConfig, core: Scheduler, status_interval_s: float = 1.0,
-                 ) -> None:
+                 scheduler_id: str | None = None) -> None:
         self.kafka = kafka
         self.core = core
         self.worker_lost_after_s = core.policy.worker_lost_after_s
         self.status_interval_s = status_interval_s
+        self.scheduler_id = scheduler_id or f"scheduler-{uuid.uuid4().hex[:8]}"
+        self.epoch = 0
+        self.fenced = asyncio.Event()
         self.tracker = OffsetTracker()
         self._sources: dict[str, tuple[TopicPartition, int]] = {}
         self._status_sent_at = 0.0
         self._shedding: set[Tier] = set()
+        self._claimed_at = 0.0
 
     async def run(self) -> None:
-        consumer = self.kafka.consumer(
-            *topics.request_topics(), topics.WORKERS, topics.CONTROL, group_id=GROUP
-        )
+        """Claim, replay the journal, then schedule until cancelled or fenced; a fenced
+        scheduler idles until cancelled (acting again would fight the newer one)."""
         producer = self.kafka.producer()
         await producer.start()
-        await consumer.start()
-        self.consumer = consumer
+        self.consumer = self.kafka.consumer(group_id=GROUP)
+        await self.consumer.start()
         self.publisher = Publisher(producer)
         try:
-            await consume(
-                consumer, STAGE, self.publisher, self._handle, self._decide,
-                poll_ms=100, tracker=self.tracker,
-            )
+            await self._start()
+            await self._schedule_until_fenced()
         finally:
-            await consumer.stop()
+            await self.consumer.stop()
             await producer.stop()
+        await asyncio.Future()
+
+    async def _schedule_until_fenced(self) -> None:
+        loop = asyncio.create_task(consume(
+            self.consumer, STAGE, self.publisher, self._handle, self._decide, poll_ms=100,
+            tracker=self.tracker, on_failure=self._on_failure))
+        fenced = asyncio.create_task(self.fenced.wait())
+        try:
+            await asyncio.wait([loop, fenced], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (loop, fenced):
+                task.cancel()
+            await asyncio.gather(loop, fenced, return_exceptions=True)
+        if not self.fenced.is_set():
+            loop.result()
+
+    # --- start: claim and replay ------------------------------------------------------
+
+    async def _start(self) -> None:
+        started = time.monotonic()
+        partitions = {topic: await self._partitions(topic) for topic in (
+            *topics.request_topics(), topics.CONTROL, topics.WORKERS, topics.SCHEDULER,
+            topics.WORK)}
+        every = [tp for tps in partitions.values() for tp in tps]
+        self.consumer.assign(every)
+        committed = dict(zip(every, await asyncio.gather(
+            *(self.consumer.committed(tp) for tp in every)), strict=True))
+        [self._scheduler_tp] = partitions[topics.SCHEDULER]
+        first_claim = await self._claim(committed[self._scheduler_tp] or 0)
+        work = partitions[topics.WORK]
+        self.work_partitions = len(work)
+        claims = await asyncio.gather(*(self.publisher.send_and_wait(
+            topics.WORK, self._claim_event(), key=self.scheduler_id, partition=tp.partition)
+            for tp in work))
+        replay_from = {tp.partition: committed[tp] or 0 for tp in work}
+        records = await read_between(
+            self.kafka.bootstrap_servers, topics.WORK,
+            {sent.partition: (replay_from[sent.partition], sent.offset) for sent in claims},
+            WORK_EVENT)
+        for partition, offset, event in records:
+            self.core.restore(partition, offset, event)
+        self.journal = JournalWindow({sent.partition: sent.offset + 1 for sent in claims},
+                                     replay_from)
+        for tp in every:
+            self.consumer.seek(tp, committed[tp] or 0)
+            if tp.topic.startswith(topics.REQUESTS_PREFIX):
+                self.journal.hold_until_read(tp, committed[tp] or 0)
+        self.consumer.seek(self._scheduler_tp, first_claim + 1)
+        self.consumer.pause(*work)  # assigned only to commit the journal's offsets
+        log.info("scheduler %s: epoch %d, %d journal records replayed, started in %.2f s",
+                 self.scheduler_id, self.epoch, len(records), time.monotonic() - started)
+
+    async def _partitions(self, topic: str) -> list[TopicPartition]:
+        await self.consumer.topics()  # refreshes metadata
+        partitions = self.consumer.partitions_for_topic(topic)
+        if not partitions:
+            raise LookupError(f"topic {topic} does not exist: create the topics first")
+        return [TopicPartition(topic, p) for p in sorted(partitions)]
+
+    def _claim_event(self) -> SchedulerClaim:
+        return SchedulerClaim(scheduler_id=self.scheduler_id, epoch=self.epoch)
+
+    async def _claim(self, committed: int) -> int:
+        """Claim on `chat.scheduler` with an epoch (wall-clock ms) above every claim
+        since its committed offset (where the last claimer committed its own claim);
+        returns the first claim's offset: any claim after it is read as it comes."""
+        self.epoch = int(time.time() * 1000)
+        first = await self._send_claim()
+        earlier = await read_between(self.kafka.bootstrap_servers, topics.SCHEDULER,
+                                     {first.partition: (committed, first.offset)},
+                                     SCHEDULER_EVENT)
+        highest = max((e.epoch for _, _, e in earlier if isinstance(e, SchedulerClaim)),
+                      default=0)
+        if highest >= self.epoch:  # clocks disagree: the newest claim must still win
+            self.epoch = highest + 1
+            await self._send_claim()
+        return first.offset
+
+    async def _send_claim(self) -> RecordMetadata:
+        sent = await self.publisher.send_and_wait(topics.SCHEDULER, self._claim_event(),
+                                                  key=STAGE)
+        await self.consumer.commit({TopicPartition(topics.SCHEDULER, sent.partition):
+                                    sent.offset})
+        self._claimed_at = time.monotonic()
+        return sent
+
+    # --- records ----------------------------------------------------------------------
 
     async def _handle(self, record: ConsumerRecord) -> None:
+        if self.fenced.is_set():
+            return
         tp = TopicPartition(record.topic, record.partition)
-        if record.topic == topics.WORKERS:
+        if record.topic == topics.SCHEDULER:
+            self._on_scheduler_event(decode_record(SCHEDULER_EVENT, record))
+        elif record.topic == topics.WORKERS:
             self.tracker.seen(tp, record.offset)
             heartbeat = decode_record(WorkerHeartbeat, record)
-            # Tansu cannot seek to the end: old heartbeats replay on start.
+            # Heartbeats read again after a restart may be old: only recent ones count.
             if heartbeat.sent_at >= time.time() - self.worker_lost_after_s:
                 self.core.on_heartbeat(heartbeat)
         elif record.topic == topics.CONTROL:
@@ -86,66 +203,159 @@ class SchedulerStage:
             if isinstance(event, Cancel):
                 request = self.core.cancel(event.request_id)
                 if request is not None:
-                    await self._end_unserved(request, GenerationDone(
-                        **stream_fields(request, 0), status=RequestStatus.FINISHED_ABORTED,
-                        usage=Usage()))
+                    await self._end_unserved(request, CANCELLED)
         else:
             await self._admit(decode_record(GenerationRequest, record), tp, record.offset)
 
+    def _on_scheduler_event(self, event: Event) -> None:
+        if isinstance(event, SchedulerClaim) and fences(event, self.scheduler_id, self.epoch):
+            log.warning("fenced: scheduler %s claimed epoch %d over this one's %d; "
+                        "this scheduler stops acting", event.scheduler_id, event.epoch,
+                        self.epoch)
+            self.fenced.set()
+
     async def _admit(self, request: GenerationRequest, tp: TopicPartition, offset: int) -> None:
+        self.journal.read(tp, offset)
         admission = self.core.add_request(request)
-        if not admission.accepted:
+        request = admission.request
+        if not admission.queued:
             self.tracker.seen(tp, offset)
-            await self.publisher.send(topics.TOKENS, GenerationError(
-                **stream_fields(request, 0), code="overloaded",
-                message=f"the {request.tier} tier is overloaded; retry later",
-                retry_after=admission.retry_after_s), key=request.conversation_id)
+            if admission.end_code is not None:
+                await self._end_unserved(request, admission.end_code, admission.retry_after_s,
+                                         recorded=admission.recorded)
             return
         self.tracker.started(tp, offset)
         self._sources[request.request_id] = (tp, offset)
         if admission.routed_reason:
-            await self._announce_route(admission.request, admission.routed_reason)
+            await self._announce_route(request, admission.routed_reason)
 
-    async def _announce_route(self, request: GenerationRequest, reason: str) -> None:
-        await self.publisher.send(request.reply_to, Routed(
-            request_id=request.request_id, attempt=request.attempt, model=request.model,
-            requested_model=request.requested_model or request.model, reason=reason,
-        ), key=request.conversation_id)
+    async def _on_failure(self, record: ConsumerRecord, error: str) -> None:
+        """A request whose handling failed ends its stream (it may have been queued)."""
+        if not record.topic.startswith(topics.REQUESTS_PREFIX):
+            return
+        request = decode_record(GenerationRequest, record)
+        self.core.cancel(request.request_id)
+        await self._end_unserved(request, DISPATCH_FAILED)
 
-    async def _end_unserved(self, request: GenerationRequest,
-                            end: GenerationDone | GenerationError) -> None:
-        """A request that never reached a worker still ends its stream, so the
-        gateway's stream closes and the recorder stores the (empty) answer."""
-        await self.publisher.send(topics.TOKENS, end, key=request.conversation_id)
+    async def _end_unserved(self, request: GenerationRequest, code: str,
+                            retry_after: float | None = None, recorded: bool = False) -> None:
+        """End a request without a worker: its `Unserved` record goes to the journal
+        first (unless it is there already), then its stream's end."""
+        if not recorded:
+            self.core.ended_unserved(request, code)
+            sent = await self.publisher.send_and_wait(
+                topics.WORK,
+                Unserved(request_id=request.request_id, attempt=request.attempt, code=code),
+                key=request.request_id,
+                partition=unserved_partition(request.request_id, self.work_partitions))
+            self.journal.wrote(sent.partition, sent.offset)
+        await self.publisher.send(topics.TOKENS, unserved_end(request, code, retry_after),
+                                  key=request.conversation_id)
         self._release(request.request_id)
 
     def _release(self, request_id: str) -> None:
-        """The request left the waiting set: its offset may be committed."""
+        """The request is decided: its offset may be committed."""
         source = self._sources.pop(request_id, None)
         if source is not None:
             self.tracker.done(*source)
 
+    # --- decisions --------------------------------------------------------------------
+
     async def _decide(self) -> None:
+        if self.fenced.is_set():
+            return
         for worker_id in self.core.remove_lost_workers():
             log.warning("worker %s lost: no heartbeat for %.0fs", worker_id,
                         self.worker_lost_after_s)
+        await self._read_back_unknown()
         for request in self.core.expire():
-            await self._end_unserved(request, GenerationError(
-                **stream_fields(request, 0), code="deadline_exceeded",
-                message="the request waited past its deadline"))
+            await self._end_unserved(request, DEADLINE_EXCEEDED)
         dispatches = self.core.schedule()
         if dispatches:
             await asyncio.gather(*(self._dispatch(d) for d in dispatches))
         for update in self.core.queue_updates():
             request = update.request
-            await self.publisher.send(request.reply_to, Queued(
+            await self._tell(request, Queued(
                 request_id=request.request_id, attempt=request.attempt,
-                position=update.position, eta_ms=update.eta_ms), key=request.conversation_id)
+                position=update.position, eta_ms=update.eta_ms))
         await self._publish_status()
-        offsets = self.tracker.to_commit()
-        if offsets:
-            await self.consumer.commit(offsets)
-            self.tracker.committed(offsets)
+        if time.monotonic() - self._claimed_at > CLAIM_REFRESH_S:
+            await self._send_claim()
+        await self._commit()
+
+    async def _read_back_unknown(self) -> None:
+        """Requests to dispatch again that only a heartbeat told of: their assignments
+        on `chat.work` say what they are."""
+        unknown = self.core.unknown
+        if not unknown:
+            return
+        bounds: dict[int, tuple[int, int]] = {}
+        for flight in unknown:
+            start, end = bounds.get(flight.partition, (flight.offset, flight.offset + 1))
+            bounds[flight.partition] = (min(start, flight.offset), max(end, flight.offset + 1))
+        records = await read_between(self.kafka.bootstrap_servers, topics.WORK, bounds,
+                                     WORK_EVENT)
+        found = {(p, o): event for p, o, event in records}
+        for flight in unknown:
+            event = found.get((flight.partition, flight.offset))
+            if isinstance(event, WorkAssignment) and event.request.request_id == flight.request_id:
+                self.core.resolve_unknown(flight.request_id, event.request)
+            else:
+                log.error("assignment of %s not found at %s[%d]@%d: it is not dispatched "
+                          "again", flight.request_id, topics.WORK, flight.partition,
+                          flight.offset)
+                self.core.resolve_unknown(flight.request_id, None)
+
+    async def _dispatch(self, dispatch: Dispatch) -> None:
+        """Mark the attempt's start on the stream, then hand it to the worker. A dispatch
+        that cannot be sent ends its request (dead-lettered, `dispatch_failed`)."""
+        request = dispatch.request
+        assignment = WorkAssignment(worker_id=dispatch.worker_id, request=request,
+                                    epoch=self.epoch)
+        try:
+            marker = await self.publisher.send_and_wait(topics.TOKENS, AttemptStarted(
+                request_id=request.request_id, attempt=request.attempt,
+                conversation_id=request.conversation_id, worker_id=dispatch.worker_id,
+            ), key=request.conversation_id)
+            start = request.stream.start_offset if request.stream else marker.offset
+            request = request.model_copy(update={"stream": StreamPosition(
+                partition=marker.partition, start_offset=start, attempt_offset=marker.offset)})
+            assignment = assignment.model_copy(update={"request": request})
+            sent = await self.publisher.send_and_wait(
+                topics.WORK, assignment, key=request.conversation_id,
+                partition=dispatch.partition)
+        except Exception as exc:  # noqa: BLE001 - one undeliverable dispatch ends one request
+            await self._dispatch_failed(assignment, dispatch.partition, exc)
+            return
+        self.journal.wrote(sent.partition, sent.offset)
+        self.core.on_dispatched(request, dispatch.worker_id, sent.offset)
+        self._release(request.request_id)
+        if dispatch.routed_reason:
+            await self._announce_route(request, dispatch.routed_reason)
+        log.debug("dispatched %s#%d to %s[%d]", request.request_id, request.attempt,
+                  dispatch.worker_id, dispatch.partition)
+
+    async def _dispatch_failed(self, assignment: WorkAssignment, partition: int,
+                               exc: Exception) -> None:
+        request = assignment.request
+        await failed(STAGE, self.publisher, _unsent(topics.WORK, partition,
+                                                    request.conversation_id, assignment), exc)
+        try:
+            await self._end_unserved(request, DISPATCH_FAILED)
+        except Exception:  # noqa: BLE001 - its offset stays uncommitted: a restart retries
+            log.exception("could not end %s after its dispatch failed", request.request_id)
+
+    async def _announce_route(self, request: GenerationRequest, reason: str) -> None:
+        await self._tell(request, Routed(
+            request_id=request.request_id, attempt=request.attempt, model=request.model,
+            requested_model=request.requested_model or request.model, reason=reason))
+
+    async def _tell(self, request: GenerationRequest, event: Queued | Routed) -> None:
+        """To the gateway holding the stream, and for a stored answer to `chat.answers`
+        too, where a gateway that resumes the stream reads it."""
+        await self.publisher.send(request.reply_to, event, key=request.conversation_id)
+        if request.store:
+            await self.publisher.send(topics.ANSWERS, event, key=request.conversation_id)
 
     async def _publish_status(self) -> None:
         """Every `status_interval_s`, and at once when a tier starts or stops
@@ -158,15 +368,28 @@ class SchedulerStage:
         self._status_sent_at, self._shedding = now, shedding
         await self.publisher.send(topics.SCHEDULER, SchedulerStatus(tiers=tiers), key=STAGE)
 
-    async def _dispatch(self, dispatch: Dispatch) -> None:
-        request = dispatch.request
-        assignment = WorkAssignment(worker_id=dispatch.worker_id, request=request)
-        metadata = await self.publisher.send_and_wait(
-            topics.WORK, assignment, key=request.conversation_id, partition=dispatch.partition
-        )
-        self.core.on_dispatched(request.request_id, dispatch.worker_id, metadata.offset)
-        self._release(request.request_id)
-        if dispatch.routed_reason:
-            await self._announce_route(request, dispatch.routed_reason)
-        log.debug("dispatched %s to %s[%d]", request.request_id, dispatch.worker_id,
-                  dispatch.partition)
+    async def _commit(self) -> None:
+        """Requests, control and heartbeats first, then the journal: its window must
+        still cover every request not committed (`JournalWindow`)."""
+        for tp in self.journal.ends_unknown():
+            end = self.consumer.highwater(tp)
+            if end is not None:
+                self.journal.end_at_start(tp, end)
+        offsets = self.tracker.to_commit()
+        if offsets:
+            await self.publisher.flush()  # the ends and events of what is committed
+            await self.consumer.commit(offsets)
+            self.tracker.committed(offsets)
+            self.journal.requests_committed(offsets)
+        floors = self.journal.to_commit(self.core.unread_assignments())
+        if floors:
+            await self.consumer.commit({TopicPartition(topics.WORK, p): offset
+                                        for p, offset in floors.items()})
+            self.journal.committed(floors)
+
+
+def _unsent(topic: str, partition: int, key: str, event: Event) -> ConsumerRecord:
+    """A record that could not be written, as a dead letter describes it (offset -1)."""
+    value = encode(event)
+    return ConsumerRecord(topic, partition, -1, int(time.time() * 1000), 0, key.encode(), value,
+                          None, len(key), len(value), [])

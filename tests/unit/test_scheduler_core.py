@@ -8,7 +8,13 @@ import pytest
 
 from scheduler.core import Policy, Scheduler
 from scheduler.fair_queue import FairQueue
-from schemas.events import ChatMessage, GenerationRequest, Role, WorkerHeartbeat
+from schemas.events import (
+    ChatMessage,
+    GenerationRequest,
+    Role,
+    StreamPosition,
+    WorkerHeartbeat,
+)
 from schemas.topics import Tier
 
 
@@ -35,11 +41,12 @@ def heartbeat(worker_id: str = "w1", slots: int = 2, active: tuple[str, ...] = (
               consumed: dict[int, int] | None = None, model: str = "big",
               partitions: tuple[int, ...] = (0, 1), stopping: bool = False, waiting: int = 0,
               free_kv_blocks: int | None = None,
-              progress: dict[str, tuple[int, int]] | None = None) -> WorkerHeartbeat:
+              assignments: dict[str, tuple[int, int]] | None = None,
+              handed_back: tuple[str, ...] = ()) -> WorkerHeartbeat:
     return WorkerHeartbeat(worker_id=worker_id, model=model, partitions=partitions,
                            max_slots=slots, active=active, consumed=consumed or {},
                            stopping=stopping, waiting=waiting, free_kv_blocks=free_kv_blocks,
-                           progress=progress or {})
+                           assignments=assignments or {}, handed_back=handed_back)
 
 
 def make_scheduler(clock: Clock | None = None, **policy: object) -> Scheduler:
@@ -51,10 +58,21 @@ def ids(dispatches) -> list[str]:
     return [d.request.request_id for d in dispatches]
 
 
+def sent(core: Scheduler, dispatch, offset: int, marker: int = 0) -> GenerationRequest:
+    """Acknowledge `dispatch` at `offset` of chat.work, as the stage does after writing
+    its attempt's marker at `marker` on chat.tokens; returns the request as sent."""
+    request = dispatch.request
+    start = request.stream.start_offset if request.stream else marker
+    request = request.model_copy(update={"stream": StreamPosition(
+        partition=0, start_offset=start, attempt_offset=marker)})
+    core.on_dispatched(request, dispatch.worker_id, offset)
+    return request
+
+
 def finish(core: Scheduler, worker: str, dispatches, slots: int = 1, **hb) -> None:
     """Acknowledge `dispatches` at offsets 0.. and report them read and ended."""
     for offset, d in enumerate(dispatches):
-        core.on_dispatched(d.request.request_id, worker, offset)
+        sent(core, d, offset)
     core.on_heartbeat(heartbeat(worker, slots=slots, consumed={0: 1000, 1: 1000}, **hb))
 
 
@@ -104,7 +122,7 @@ def test_slot_frees_when_worker_reports_request_ended():
     core.add_request(make_request("a"))
     core.add_request(make_request("b"))
     [first] = core.schedule()
-    core.on_dispatched("a", "w1", offset=0)
+    sent(core, first, offset=0)
     core.on_heartbeat(heartbeat(slots=1, active=("a",), consumed={first.partition: 1}))
     assert core.schedule() == [], "a is still running"
     core.on_heartbeat(heartbeat(slots=1, active=(), consumed={first.partition: 1}))
@@ -116,8 +134,8 @@ def test_assignment_not_yet_read_still_counts():
     core.on_heartbeat(heartbeat(slots=1))
     core.add_request(make_request("a"))
     core.add_request(make_request("b"))
-    core.schedule()
-    core.on_dispatched("a", "w1", offset=5)
+    [first] = core.schedule()
+    sent(core, first, offset=5)
     core.on_heartbeat(heartbeat(slots=1, active=(), consumed={0: 5, 1: 5}))
     assert core.schedule() == [], "offset 5 is not read yet: a is in flight"
 
@@ -288,28 +306,26 @@ def test_deadline_passed_is_expired():
 
 # --- lost workers ----------------------------------------------------------------------
 
-def test_lost_worker_requests_are_dispatched_again_resuming_output():
+def test_lost_worker_requests_are_dispatched_again_continuing_their_stream():
     clock = Clock()
     core = make_scheduler(clock, worker_lost_after_s=5.0)
     core.on_heartbeat(heartbeat("w1", slots=2))
     core.add_request(make_request("running"))
     core.add_request(make_request("unread", user="v"))
-    dispatched = core.schedule()
-    core.on_dispatched("running", "w1", 0)
-    core.on_dispatched("unread", "w1", 1)
+    first = {d.request.request_id: d for d in core.schedule()}
+    sent(core, first["running"], 0, marker=40)
+    sent(core, first["unread"], 1, marker=41)
     core.on_heartbeat(heartbeat("w1", slots=2, active=("running",), consumed={0: 1},
-                                progress={"running": (3, 42)}))
+                                assignments={"running": (first["running"].partition, 0)}))
     clock.now += 3
     core.on_heartbeat(heartbeat("w2", slots=2))
     clock.now += 3
     assert core.remove_lost_workers() == ["w1"]
-    redispatched = {d.request.request_id: d for d in core.schedule()}
-    assert set(redispatched) == {d.request.request_id for d in dispatched}
-    running = redispatched["running"].request
-    assert running.attempt == 1 and running.resume is not None
-    assert (running.resume.tokens_partition, running.resume.from_offset) == (3, 42)
-    assert redispatched["unread"].request.resume is None
-    assert all(d.worker_id == "w2" for d in redispatched.values())
+    again = {d.request.request_id: d for d in core.schedule()}
+    assert set(again) == {"running", "unread"}
+    assert all(d.worker_id == "w2" and d.request.attempt == 1 for d in again.values())
+    assert again["running"].request.stream.start_offset == 40, "the stream still starts there"
+    assert again["unread"].request.stream.start_offset == 41
 
 
 def test_assignment_orphaned_by_a_partition_move_is_dispatched_again():
@@ -317,7 +333,7 @@ def test_assignment_orphaned_by_a_partition_move_is_dispatched_again():
     core.on_heartbeat(heartbeat("w1", slots=1, partitions=(0,)))
     core.add_request(make_request("a"))
     [d] = core.schedule()
-    core.on_dispatched("a", "w1", 7)
+    sent(core, d, 7)
     core.on_heartbeat(heartbeat("w1", slots=1, partitions=(1,), consumed={0: 7}))
     [again] = core.schedule()
     assert again.request.request_id == "a" and again.request.attempt == 1
