@@ -325,6 +325,29 @@ def test_k8s_worker_requests_a_gpu_and_time_to_load_weights(
     assert any(settings.model.is_relative_to(mount) for mount in mounts)
 
 
+DRAIN_MARGIN_S = 10  # the last heartbeat, commits and leaving the group after the drain
+
+
+def test_workers_get_to_drain_before_they_are_killed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """SIGTERM drains a worker for CHATPIPE_DRAIN_TIMEOUT_S; the kill must come later."""
+    service = worker(compose_containers())
+    drain = container_settings(service, monkeypatch).drain_timeout_s
+    assert _seconds(service.spec["stop_grace_period"]) >= drain + DRAIN_MARGIN_S
+    container = worker(k8s_containers())
+    drain = container_settings(container, monkeypatch).drain_timeout_s
+    (deployment,) = [d for d in k8s_objects("Deployment") if d["metadata"]["name"] == "worker"]
+    grace = deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+    assert grace >= drain + DRAIN_MARGIN_S
+
+
+def _seconds(duration: str) -> float:
+    """A compose duration such as "45s", "1m30s"."""
+    units = {"h": 3600, "m": 60, "s": 1}
+    parts = re.findall(r"(\d+(?:\.\d+)?)([hms])", duration)
+    assert parts and "".join(n + u for n, u in parts) == duration, duration
+    return sum(float(n) * units[u] for n, u in parts)
+
+
 # What each stage reads from model directories as it starts (chatpipe/wiring.py
 # run_stage). A new stage must be put in one of the two sets.
 STAGES_READING_MODELS = {"gateway", "worker"}
