@@ -5,6 +5,7 @@ reader starts at offset 0.)"""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -63,32 +64,49 @@ async def read_between(bootstrap_servers: str, topic: str, bounds: dict[int, tup
     wanted = {p: (start, end) for p, (start, end) in bounds.items() if end > start}
     if not wanted:
         return []
+    return await _read(bootstrap_servers, topic, wanted, kind, timeout_s)
+
+
+async def read_to_end(bootstrap_servers: str, topic: str, kind: Any,
+                      timeout_s: float = 10.0) -> list[tuple[int, int, Any]]:
+    """(partition, offset, event) for every record of `topic` from offset 0 up to where
+    each partition ends when it is first fetched (the high watermark a fetch reports,
+    which Tansu gets right), in partition order; records not of `kind` are skipped."""
+    return await _read(bootstrap_servers, topic, None, kind, timeout_s)
+
+
+async def _read(bootstrap_servers: str, topic: str, bounds: dict[int, tuple[int, int]] | None,
+                kind: Any, timeout_s: float) -> list[tuple[int, int, Any]]:
+    """`bounds` None: every partition from 0 to its first reported end."""
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap_servers, enable_auto_commit=False,
                                 fetch_max_wait_ms=20, max_partition_fetch_bytes=8 << 20)
     await consumer.start()
     found: list[tuple[int, int, Any]] = []
     try:
-        partitions = {p: TopicPartition(topic, p) for p in wanted}
+        if bounds is None:
+            partitions = {tp.partition: tp for tp in await _partitions(consumer, topic)}
+        else:
+            partitions = {p: TopicPartition(topic, p) for p in bounds}
         consumer.assign(list(partitions.values()))
+        ends = {p: end for p, (_, end) in (bounds or {}).items()}
         for p, tp in partitions.items():
-            consumer.seek(tp, wanted[p][0])
+            consumer.seek(tp, bounds[p][0] if bounds is not None else 0)
         deadline = time.monotonic() + timeout_s
-        while wanted:
+        while partitions:
             if time.monotonic() > deadline:
-                raise TimeoutError(f"{topic}: {wanted} not read within {timeout_s}s")
-            batch = await consumer.getmany(*(partitions[p] for p in wanted), timeout_ms=200)
-            for tp, records in batch.items():
-                end = wanted[tp.partition][1]
-                for record in records:
-                    if record.offset < end:
-                        try:
-                            found.append((tp.partition, record.offset,
-                                          decode(kind, record.value)))
-                        except EventDecodeError:
-                            continue
-            for p in list(wanted):
-                if await consumer.position(partitions[p]) >= wanted[p][1]:
-                    del wanted[p]
+                raise TimeoutError(f"{topic}: {sorted(partitions)} not read within {timeout_s}s")
+            batch = await consumer.getmany(*partitions.values(), timeout_ms=200)
+            for p, tp in list(partitions.items()):
+                if p not in ends:
+                    if consumer.highwater(tp) is None:
+                        continue  # not fetched yet: its end comes with its first fetch
+                    ends[p] = consumer.highwater(tp)
+                for record in batch.get(tp, []):
+                    if record.offset < ends[p]:
+                        with contextlib.suppress(EventDecodeError):
+                            found.append((p, record.offset, decode(kind, record.value)))
+                if await consumer.position(tp) >= ends[p]:
+                    del partitions[p]
     finally:
         await consumer.stop()
     return sorted(found, key=lambda item: (item[0], item[1]))
