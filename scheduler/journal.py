@@ -17,7 +17,6 @@ from schemas.events import (
     GenerationDone,
     GenerationError,
     GenerationRequest,
-    SchedulerClaim,
     Usage,
     stream_fields,
 )
@@ -49,11 +48,6 @@ def unserved_end(request: GenerationRequest, code: str,
         return GenerationError(**fields, code=code, retry_after=retry_after or 1.0,
                                message=f"the {request.tier} tier is overloaded; retry later")
     return GenerationError(**fields, code=code, message=_MESSAGES.get(code, code))
-
-
-def fences(claim: SchedulerClaim, scheduler_id: str, epoch: int) -> bool:
-    """Whether `claim` fences the scheduler `scheduler_id` that claimed `epoch`."""
-    return claim.scheduler_id != scheduler_id and claim.epoch > epoch
 
 
 def unserved_partition(request_id: str, partitions: int) -> int:

@@ -24,19 +24,19 @@ import logging
 import time
 import uuid
 
-from aiokafka.structs import ConsumerRecord, RecordMetadata, TopicPartition
+from aiokafka.structs import ConsumerRecord, TopicPartition
 
 from bus.clients import KafkaConfig, Publisher
 from bus.offsets import OffsetTracker
 from bus.replay import read_between
 from bus.subscriber import consume, decode_record, failed
+from scheduler.claims import Claim
 from scheduler.core import Dispatch, Scheduler
 from scheduler.journal import (
     CANCELLED,
     DEADLINE_EXCEEDED,
     DISPATCH_FAILED,
     JournalWindow,
-    fences,
     unserved_end,
     unserved_partition,
 )
@@ -62,9 +62,9 @@ log = logging.getLogger(__name__)
 
 STAGE = "scheduler"
 GROUP = "chatpipe-scheduler"
-CLAIM_REFRESH_S = 60.0
-"""How often the claim is written again on `chat.scheduler` and committed there, so a
-restart reads back at most this much of the topic to find the highest epoch."""
+REPLAY_TIMEOUT_S = 60.0
+READ_BACK_TIMEOUT_S = 3.0
+READ_BACK_TRIES = 3
 
 
 class SchedulerStage:
@@ -75,13 +75,12 @@ class SchedulerStage:
         self.worker_lost_after_s = core.policy.worker_lost_after_s
         self.status_interval_s = status_interval_s
         self.scheduler_id = scheduler_id or f"scheduler-{uuid.uuid4().hex[:8]}"
-        self.epoch = 0
         self.fenced = asyncio.Event()
         self.tracker = OffsetTracker()
         self._sources: dict[str, tuple[TopicPartition, int]] = {}
         self._status_sent_at = 0.0
         self._shedding: set[Tier] = set()
-        self._claimed_at = 0.0
+        self._read_back_failures = 0
 
     async def run(self) -> None:
         """Claim, replay the journal, then schedule until cancelled or fenced; a fenced
@@ -91,6 +90,8 @@ class SchedulerStage:
         self.consumer = self.kafka.consumer(group_id=GROUP)
         await self.consumer.start()
         self.publisher = Publisher(producer)
+        self.claim = Claim(self.publisher, self.consumer, self.kafka.bootstrap_servers,
+                           self.scheduler_id)
         try:
             await self._start()
             await self._schedule_until_fenced()
@@ -124,30 +125,29 @@ class SchedulerStage:
         self.consumer.assign(every)
         committed = dict(zip(every, await asyncio.gather(
             *(self.consumer.committed(tp) for tp in every)), strict=True))
-        [self._scheduler_tp] = partitions[topics.SCHEDULER]
-        first_claim = await self._claim(committed[self._scheduler_tp] or 0)
+        [claims_tp] = partitions[topics.SCHEDULER]
+        first_claim = await self.claim.take(committed[claims_tp] or 0)
         work = partitions[topics.WORK]
         self.work_partitions = len(work)
-        claims = await asyncio.gather(*(self.publisher.send_and_wait(
-            topics.WORK, self._claim_event(), key=self.scheduler_id, partition=tp.partition)
-            for tp in work))
+        claimed = await self.claim.on_journal(work)
         replay_from = {tp.partition: committed[tp] or 0 for tp in work}
         records = await read_between(
             self.kafka.bootstrap_servers, topics.WORK,
-            {sent.partition: (replay_from[sent.partition], sent.offset) for sent in claims},
-            WORK_EVENT)
+            {p: (replay_from[p], offset) for p, offset in claimed.items()},
+            WORK_EVENT, timeout_s=REPLAY_TIMEOUT_S)
         for partition, offset, event in records:
             self.core.restore(partition, offset, event)
-        self.journal = JournalWindow({sent.partition: sent.offset + 1 for sent in claims},
+        self.journal = JournalWindow({p: offset + 1 for p, offset in claimed.items()},
                                      replay_from)
         for tp in every:
             self.consumer.seek(tp, committed[tp] or 0)
             if tp.topic.startswith(topics.REQUESTS_PREFIX):
                 self.journal.hold_until_read(tp, committed[tp] or 0)
-        self.consumer.seek(self._scheduler_tp, first_claim + 1)
+        self.consumer.seek(claims_tp, first_claim + 1)
         self.consumer.pause(*work)  # assigned only to commit the journal's offsets
         log.info("scheduler %s: epoch %d, %d journal records replayed, started in %.2f s",
-                 self.scheduler_id, self.epoch, len(records), time.monotonic() - started)
+                 self.claim.scheduler_id, self.claim.epoch, len(records),
+                 time.monotonic() - started)
 
     async def _partitions(self, topic: str) -> list[TopicPartition]:
         await self.consumer.topics()  # refreshes metadata
@@ -155,33 +155,6 @@ class SchedulerStage:
         if not partitions:
             raise LookupError(f"topic {topic} does not exist: create the topics first")
         return [TopicPartition(topic, p) for p in sorted(partitions)]
-
-    def _claim_event(self) -> SchedulerClaim:
-        return SchedulerClaim(scheduler_id=self.scheduler_id, epoch=self.epoch)
-
-    async def _claim(self, committed: int) -> int:
-        """Claim on `chat.scheduler` with an epoch (wall-clock ms) above every claim
-        since its committed offset (where the last claimer committed its own claim);
-        returns the first claim's offset: any claim after it is read as it comes."""
-        self.epoch = int(time.time() * 1000)
-        first = await self._send_claim()
-        earlier = await read_between(self.kafka.bootstrap_servers, topics.SCHEDULER,
-                                     {first.partition: (committed, first.offset)},
-                                     SCHEDULER_EVENT)
-        highest = max((e.epoch for _, _, e in earlier if isinstance(e, SchedulerClaim)),
-                      default=0)
-        if highest >= self.epoch:  # clocks disagree: the newest claim must still win
-            self.epoch = highest + 1
-            await self._send_claim()
-        return first.offset
-
-    async def _send_claim(self) -> RecordMetadata:
-        sent = await self.publisher.send_and_wait(topics.SCHEDULER, self._claim_event(),
-                                                  key=STAGE)
-        await self.consumer.commit({TopicPartition(topics.SCHEDULER, sent.partition):
-                                    sent.offset})
-        self._claimed_at = time.monotonic()
-        return sent
 
     # --- records ----------------------------------------------------------------------
 
@@ -208,10 +181,10 @@ class SchedulerStage:
             await self._admit(decode_record(GenerationRequest, record), tp, record.offset)
 
     def _on_scheduler_event(self, event: Event) -> None:
-        if isinstance(event, SchedulerClaim) and fences(event, self.scheduler_id, self.epoch):
+        if isinstance(event, SchedulerClaim) and self.claim.fenced_by(event):
             log.warning("fenced: scheduler %s claimed epoch %d over this one's %d; "
                         "this scheduler stops acting", event.scheduler_id, event.epoch,
-                        self.epoch)
+                        self.claim.epoch)
             self.fenced.set()
 
     async def _admit(self, request: GenerationRequest, tp: TopicPartition, offset: int) -> None:
@@ -279,13 +252,13 @@ class SchedulerStage:
                 request_id=request.request_id, attempt=request.attempt,
                 position=update.position, eta_ms=update.eta_ms))
         await self._publish_status()
-        if time.monotonic() - self._claimed_at > CLAIM_REFRESH_S:
-            await self._send_claim()
+        await self.claim.refresh()
         await self._commit()
 
     async def _read_back_unknown(self) -> None:
         """Requests to dispatch again that only a heartbeat told of: their assignments
-        on `chat.work` say what they are."""
+        on `chat.work` say what they are. A read that keeps failing gives them up
+        (logged) rather than stall every other decision."""
         unknown = self.core.unknown
         if not unknown:
             return
@@ -293,16 +266,25 @@ class SchedulerStage:
         for flight in unknown:
             start, end = bounds.get(flight.partition, (flight.offset, flight.offset + 1))
             bounds[flight.partition] = (min(start, flight.offset), max(end, flight.offset + 1))
-        records = await read_between(self.kafka.bootstrap_servers, topics.WORK, bounds,
-                                     WORK_EVENT)
+        try:
+            records = await read_between(self.kafka.bootstrap_servers, topics.WORK, bounds,
+                                         WORK_EVENT, timeout_s=READ_BACK_TIMEOUT_S)
+        except Exception:  # noqa: BLE001 - retried with the next decisions
+            self._read_back_failures += 1
+            log.exception("reading back %d assignments failed (%d times)", len(unknown),
+                          self._read_back_failures)
+            if self._read_back_failures < READ_BACK_TRIES:
+                return
+            records = []
+        self._read_back_failures = 0
         found = {(p, o): event for p, o, event in records}
         for flight in unknown:
             event = found.get((flight.partition, flight.offset))
             if isinstance(event, WorkAssignment) and event.request.request_id == flight.request_id:
                 self.core.resolve_unknown(flight.request_id, event.request)
             else:
-                log.error("assignment of %s not found at %s[%d]@%d: it is not dispatched "
-                          "again", flight.request_id, topics.WORK, flight.partition,
+                log.error("assignment of %s not read back from %s[%d]@%d: it is not "
+                          "dispatched again", flight.request_id, topics.WORK, flight.partition,
                           flight.offset)
                 self.core.resolve_unknown(flight.request_id, None)
 
@@ -311,7 +293,7 @@ class SchedulerStage:
         that cannot be sent ends its request (dead-lettered, `dispatch_failed`)."""
         request = dispatch.request
         assignment = WorkAssignment(worker_id=dispatch.worker_id, request=request,
-                                    epoch=self.epoch)
+                                    epoch=self.claim.epoch)
         try:
             marker = await self.publisher.send_and_wait(topics.TOKENS, AttemptStarted(
                 request_id=request.request_id, attempt=request.attempt,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 
+from scheduler.claims import fences
 from scheduler.core import Scheduler
 from scheduler.journal import (
     CANCELLED,
@@ -15,7 +16,6 @@ from scheduler.journal import (
     OVERLOADED,
     UNKNOWN_END_SEQ,
     JournalWindow,
-    fences,
     unserved_end,
 )
 from schemas.answer import AnswerLog
@@ -229,7 +229,7 @@ def test_heartbeat_teaches_a_request_the_journal_no_longer_holds():
 
 def test_heartbeat_listing_a_request_known_elsewhere_teaches_nothing():
     core = make_scheduler()
-    d, _ = dispatch_one(core, worker="w2")
+    dispatch_one(core, worker="w2")
     core.on_heartbeat(heartbeat("w1", slots=2, active=("a",), consumed={0: 9},
                                 assignments={"a": (0, 3)}))
     assert core.workers["w1"].in_flight == {}
