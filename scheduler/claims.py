@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import dataclass
 
 from aiokafka import AIOKafkaConsumer
 from aiokafka.structs import RecordMetadata, TopicPartition
@@ -30,17 +31,16 @@ def fences(claim: SchedulerClaim, scheduler_id: str, epoch: int) -> bool:
     return claim.scheduler_id != scheduler_id and claim.epoch > epoch
 
 
+@dataclass
 class Claim:
     """This scheduler's claim; `consumer` is the scheduler's (its group commits here)."""
 
-    def __init__(self, publisher: Publisher, consumer: AIOKafkaConsumer, bootstrap_servers: str,
-                 scheduler_id: str) -> None:
-        self.publisher = publisher
-        self.consumer = consumer
-        self.bootstrap_servers = bootstrap_servers
-        self.scheduler_id = scheduler_id
-        self.epoch = 0
-        self._sent_at = 0.0
+    publisher: Publisher
+    consumer: AIOKafkaConsumer
+    bootstrap_servers: str
+    scheduler_id: str
+    epoch: int = 0
+    _sent_at: float = 0.0
 
     def event(self) -> SchedulerClaim:
         return SchedulerClaim(scheduler_id=self.scheduler_id, epoch=self.epoch)
