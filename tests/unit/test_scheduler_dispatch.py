@@ -1,0 +1,113 @@
+"""The scheduler adapter's dispatch with a fake bus: the attempt's marker comes first and
+sets the stream position; a dispatch that cannot be sent ends only its own request."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiokafka.errors import MessageSizeTooLargeError
+
+from bus.clients import KafkaConfig
+from scheduler.claims import Claim
+from scheduler.journal import DISPATCH_FAILED, JournalWindow
+from scheduler.stage import SchedulerStage
+from schemas import topics
+from schemas.events import (
+    AttemptStarted,
+    DeadLetter,
+    GenerationError,
+    Unserved,
+    WorkAssignment,
+)
+from tests.unit.test_scheduler_core import heartbeat, make_request, make_scheduler
+
+
+@dataclass
+class Sent:
+    partition: int
+    offset: int
+
+
+def never(topic: str, event: Any) -> bool:
+    return False
+
+
+@dataclass
+class FakeBus:
+    """A publisher that numbers what it is sent per topic; what `fails` raises."""
+
+    fails: Callable[[str, Any], bool] = never
+    events: list[tuple[str, Any]] = field(default_factory=list)
+
+    async def send_and_wait(self, topic: str, event: Any, key: str | None = None,
+                            partition: int | None = None) -> Sent:
+        if self.fails(topic, event):
+            raise MessageSizeTooLargeError("too big for the bus")
+        self.events.append((topic, event))
+        return Sent(partition or 0, sum(1 for t, _ in self.events if t == topic) - 1)
+
+    async def send(self, topic: str, event: Any, key: str | None = None,
+                   partition: int | None = None) -> Sent:
+        return await self.send_and_wait(topic, event, key, partition)
+
+    def of(self, topic: str) -> list[Any]:
+        return [event for t, event in self.events if t == topic]
+
+
+def stage_on(bus: FakeBus) -> SchedulerStage:
+    core = make_scheduler()
+    core.on_heartbeat(heartbeat("w1", slots=4))
+    stage = SchedulerStage(KafkaConfig("unused:9092"), core, scheduler_id="s1")
+    stage.publisher = bus  # type: ignore[assignment]
+    stage.claim = Claim(bus, None, "unused:9092", "s1", epoch=7)  # type: ignore[arg-type]
+    stage.journal = JournalWindow({p: 0 for p in range(4)}, {p: 0 for p in range(4)})
+    stage.work_partitions = 4
+    return stage
+
+
+async def test_dispatch_marks_the_attempt_then_assigns_with_the_stream_position():
+    bus = FakeBus()
+    stage = stage_on(bus)
+    bus.events += [(topics.TOKENS, "earlier output")] * 5
+    stage.core.add_request(make_request("a"))
+    [dispatch] = stage.core.schedule()
+    await stage._dispatch(dispatch)
+    [marker] = [e for e in bus.of(topics.TOKENS) if isinstance(e, AttemptStarted)]
+    [assignment] = bus.of(topics.WORK)
+    assert (marker.request_id, marker.attempt, marker.worker_id) == ("a", 0, "w1")
+    assert assignment.epoch == 7
+    stream = assignment.request.stream
+    assert (stream.start_offset, stream.attempt_offset) == (5, 5)
+
+    stage.core.on_heartbeat(heartbeat("w1", slots=4, stopping=True, handed_back=("a",),
+                                      consumed={dispatch.partition: 1}))
+    stage.core.on_heartbeat(heartbeat("w2", slots=4))
+    [again] = stage.core.schedule()
+    await stage._dispatch(again)
+    retry = bus.of(topics.WORK)[-1]
+    assert isinstance(retry, WorkAssignment) and retry.request.attempt == 1
+    assert (retry.request.stream.start_offset, retry.request.stream.attempt_offset) == (5, 6)
+
+
+async def test_dispatch_that_cannot_be_sent_ends_its_request_and_the_stage_goes_on():
+    bus = FakeBus(fails=lambda topic, event: isinstance(event, WorkAssignment)
+                  and event.request.request_id == "big")
+    stage = stage_on(bus)
+    stage.core.add_request(make_request("big"))
+    stage.core.add_request(make_request("ok", user="other"))
+    for dispatch in stage.core.schedule():
+        await stage._dispatch(dispatch)
+
+    [letter] = bus.of(topics.DLQ)
+    assert isinstance(letter, DeadLetter) and letter.topic == topics.WORK
+    assert "MessageSizeTooLargeError" in letter.error and '"big"' in letter.value
+    unserved = [e for e in bus.of(topics.WORK) if isinstance(e, Unserved)]
+    assert [(u.request_id, u.code) for u in unserved] == [("big", DISPATCH_FAILED)]
+    [end] = [e for e in bus.of(topics.TOKENS) if isinstance(e, GenerationError)]
+    assert (end.request_id, end.code, end.seq) == ("big", DISPATCH_FAILED, 0)
+    assert [a.request.request_id for a in bus.of(topics.WORK)
+            if isinstance(a, WorkAssignment)] == ["ok"]
+    assert stage.core.registry.flight("big") is None
+    assert stage.core.add_request(make_request("big")).end_code == DISPATCH_FAILED
