@@ -29,6 +29,7 @@ from gateway.turns import (
 from schemas import sse
 from schemas.api import CancelledRequest, PostMessage, TurnOptions
 from schemas.events import DeliveryDone
+from schemas.lifecycle import RequestStatus
 
 router = APIRouter(tags=["conversations"])
 
@@ -97,9 +98,13 @@ async def cancel_request(request_id: str, owner: Owner, deps: Deps) -> Cancelled
 
 
 async def stop(deps: GatewayDeps, owner: ApiKey, request_id: str) -> None:
-    """Cancel `owner`'s request (stored, or relayed by this gateway); 404 for any other."""
+    """Cancel `owner`'s running request (a stored answer still in progress, or one this
+    gateway relays); 404 for any other."""
     if deps.live.owned(request_id, owner.user_id) is None:
-        await _owned_request(deps, owner, request_id)
+        record = await _owned_request(deps, owner, request_id)
+        answer = await deps.store.get_message(record.message_id)
+        if answer is None or answer.status != RequestStatus.IN_PROGRESS:
+            raise ApiError(404, "request_not_found", f"no running request {request_id!r}")
     await deps.pipeline.cancel(request_id, reason="cancelled_by_user")
 
 

@@ -198,9 +198,11 @@ class Scheduler:
         return [request for tier in Tier for request in self._queues[tier]]
 
     def expire(self) -> list[GenerationRequest]:
-        """Drop and return waiting requests whose deadline has passed."""
+        """Drop and return waiting requests whose deadline has passed. A continuation
+        (attempt > 0) is exempt: its answer has started, the deadline was for the wait."""
         now = self._wall()
-        expired = [r for r in self.waiting() if r.deadline is not None and r.deadline < now]
+        expired = [r for r in self.waiting()
+                   if r.attempt == 0 and r.deadline is not None and r.deadline < now]
         for request in expired:
             self.cancel(request.request_id)
         return expired

@@ -13,6 +13,7 @@ import zlib
 from collections import deque
 from collections.abc import Hashable
 
+from schemas.answer import UNKNOWN_END_SEQ
 from schemas.events import (
     GenerationDone,
     GenerationError,
@@ -26,10 +27,6 @@ CANCELLED = "cancelled"
 DEADLINE_EXCEEDED = "deadline_exceeded"
 OVERLOADED = "overloaded"
 DISPATCH_FAILED = "dispatch_failed"
-
-UNKNOWN_END_SEQ = 1 << 30
-"""Position of an end the scheduler writes for a later attempt: earlier attempts may
-have streamed output, so the end takes a position past any of theirs."""
 
 _MESSAGES = {
     DEADLINE_EXCEEDED: "the request waited past its deadline",

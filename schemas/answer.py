@@ -40,6 +40,11 @@ from schemas.events import (
 )
 
 Terminal = GenerationDone | GenerationError | DeliveryDone | DeliveryError
+
+UNKNOWN_END_SEQ = 1 << 30
+"""Position of an end event sent without knowing where the answer stands (a worker
+that could not read back earlier output, a scheduler ending a continuation): past any
+position, so it always ends the answer."""
 _POSITIONAL = (TokenChunk, GenerationDone, GenerationError, Delta, Retract, DeliveryDone,
                DeliveryError)
 _UNPOSITIONED = (AttemptStarted, AnswerStarted, Queued, Routed)

@@ -32,6 +32,7 @@ from bus.clients import KafkaConfig, Publisher
 from bus.offsets import OffsetTracker
 from bus.subscriber import consume, decode_record
 from schemas import topics
+from schemas.answer import UNKNOWN_END_SEQ
 from schemas.codec import CONTROL_EVENT, WORK_EVENT
 from schemas.events import (
     Cancel,
@@ -45,7 +46,7 @@ from schemas.lifecycle import RequestStatus
 from workers.coalesce import ChunkPacing, Coalescer
 from workers.engine import Continuation, Engine, EngineOutput
 from workers.resume import PriorOutput, read_prior_output
-from workers.streams import UNKNOWN_END_SEQ, StreamWriter, usage_of
+from workers.streams import StreamWriter, usage_of
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +99,8 @@ class WorkerStage:
         self._finished: OrderedDict[tuple[str, int], None] = OrderedDict()
         self._cancelled: OrderedDict[str, None] = OrderedDict()
         self._epochs: dict[int, int] = {}
-        self._handed_back: list[str] = []
+        self._handed_back: dict[str, tuple[int, int]] = {}
+        """Requests given back unfinished -> (chat.work partition, offset) of their assignment."""
         self._stopping = False
 
     async def run(self) -> None:
@@ -175,7 +177,7 @@ class WorkerStage:
         self.tracker.started(tp, record.offset)
         if self._stopping:
             # Dispatched before the scheduler saw this worker stop: give it back unrun.
-            self._handed_back.append(request.request_id)
+            self._handed_back[request.request_id] = (tp.partition, record.offset)
             self.tracker.done(tp, record.offset)
             self.heartbeat_now.set()
             return
@@ -273,7 +275,7 @@ class WorkerStage:
     def _hand_back(self, request_id: str) -> None:
         running = self._running.get(request_id)
         if running is not None:
-            self._handed_back.append(request_id)
+            self._handed_back[request_id] = (running.tp.partition, running.offset)
             running.task.cancel()
 
     async def _on_control(self, record: ConsumerRecord) -> None:
@@ -325,7 +327,8 @@ class WorkerStage:
             max_slots=self.engine.max_slots,
             active=tuple(self._running),
             consumed={tp.partition: offset for tp, offset in self.tracker.next_offsets().items()},
-            assignments={rid: (r.tp.partition, r.offset) for rid, r in self._running.items()},
+            assignments={**self._handed_back,
+                         **{rid: (r.tp.partition, r.offset) for rid, r in self._running.items()}},
             handed_back=tuple(self._handed_back),
             running=stats.running,
             waiting=stats.waiting,

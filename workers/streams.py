@@ -15,11 +15,6 @@ from schemas.events import (
 from schemas.lifecycle import RequestStatus
 from workers.engine import EngineOutput
 
-UNKNOWN_END_SEQ = 1 << 30
-"""Position of an end event sent before the attempt knows where the answer stands
-(reading back earlier output failed): past any position, so it always ends the answer."""
-
-
 class StreamWriter:
     """Publishes one attempt's events with consecutive seq numbers from `first_seq`."""
 

@@ -95,15 +95,19 @@ async def test_openai_sdk_streams_with_usage(vllm_stack):
     assert [m.id for m in models.data] == [vllm_stack.settings.model_name]
 
 
-async def test_disconnect_aborts_generation(vllm_stack):
+async def test_openai_disconnect_aborts_generation(vllm_stack):
+    """OpenAI clients do not resume: their disconnect cancels at once (a native stream is
+    held for the resume grace instead: tests/faults/test_resume.py)."""
     max_tokens = 1500
     async with client_for(vllm_stack) as client:
-        conversation_id = await _new_conversation(client)
-        async with client.stream("POST", f"/v1/conversations/{conversation_id}/messages", json={
-            "content": "talk for a long time", "max_tokens": max_tokens, "ignore_eos": True,
+        async with client.stream("POST", "/v1/chat/completions", json={
+            "model": vllm_stack.settings.model_name, "stream": True, "ignore_eos": True,
+            "messages": [{"role": "user", "content": "talk for a long time"}],
+            "max_tokens": max_tokens,
         }) as response:
-            events = await read_sse(response, stop=lambda e: e.event == "delta")
-        request_id = events[0].json()["request_id"]
+            events = await read_sse(response, stop=lambda e: '"content":"' in e.data
+                                    and '"content":""' not in e.data)
+        request_id = events[0].json()["id"].removeprefix("chatcmpl-")
 
     [usage] = await find_events(vllm_stack.kafka, topics.USAGE, UsageEvent,
                                 lambda u: u.request_id == request_id, timeout_s=30)

@@ -246,13 +246,16 @@ async def test_billing_counts_a_redelivered_event_once_and_dead_letters_garbage(
         await publisher.send_and_wait(topics.USAGE, event, key=user)
         await publisher.send_and_wait(topics.USAGE, event, key=user)  # a redelivery
         await producer.send_and_wait(topics.USAGE, b"{not json", key=user.encode())
-        last = await publisher.send_and_wait(
-            topics.USAGE, event.model_copy(update={"attempt": 1}), key=user)
+        # A continuation: it streamed 4 more tokens after the 5 of attempt 0.
+        last = await publisher.send_and_wait(topics.USAGE, event.model_copy(
+            update={"attempt": 1, "prior_completion_tokens": 5, "completion_tokens": 4}),
+            key=user)
     finally:
         await producer.stop()
 
     # One key, one partition: once attempt 1 is counted, everything before it was read.
-    assert await until_used(ledger, Account.user(user), 30) == 30
+    # The prompt is paid once and each generated token once: 10 + 5 + 4.
+    assert await until_used(ledger, Account.user(user), 19) == 19
     dead = await find_events(limited_stack.kafka, topics.DLQ, DeadLetter,
                              lambda e: e.stage == "billing" and e.key == user)
     assert dead and dead[0].value == "{not json"

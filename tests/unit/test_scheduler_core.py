@@ -299,9 +299,12 @@ def test_deadline_passed_is_expired():
     core = make_scheduler(clock)
     core.add_request(make_request("late", deadline=clock.now + 1))
     core.add_request(make_request("fine", deadline=clock.now + 100))
+    late_continuation = make_request("continued", deadline=clock.now + 1)
+    core.add_request(late_continuation.model_copy(update={"attempt": 1}))
     clock.now += 2
     assert [r.request_id for r in core.expire()] == ["late"]
-    assert [r.request_id for r in core.waiting()] == ["fine"]
+    assert [r.request_id for r in core.waiting()] == ["fine", "continued"], \
+        "an answer that has started is never cut off by the wait deadline"
 
 
 # --- lost workers ----------------------------------------------------------------------

@@ -14,11 +14,10 @@ from scheduler.journal import (
     DEADLINE_EXCEEDED,
     DISPATCH_FAILED,
     OVERLOADED,
-    UNKNOWN_END_SEQ,
     JournalWindow,
     unserved_end,
 )
-from schemas.answer import AnswerLog
+from schemas.answer import UNKNOWN_END_SEQ, AnswerLog
 from schemas.events import (
     GenerationDone,
     GenerationError,
