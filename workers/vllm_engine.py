@@ -113,8 +113,7 @@ class VllmEngine:
         llm = self._llm
         if llm is None:
             raise RuntimeError("engine is not running")
-        prompt = self._prompt(request, continuation)
-        prompt_tokens = len(prompt["prompt_token_ids"])
+        prompt, prompt_tokens = self._prompt(request, continuation)
         completion_tokens = continuation.tokens if continuation else 0
         params = sampling_params(request.sampling)
         params.max_tokens = max(1, request.sampling.max_tokens - completion_tokens)
@@ -166,20 +165,23 @@ class VllmEngine:
 
     def _prompt(
         self, request: GenerationRequest, continuation: Continuation | None
-    ) -> dict[str, Any]:
+    ) -> tuple[dict[str, Any], int]:
+        """The engine's prompt, and how many of its tokens are the request's own prompt
+        (a continuation's answer so far is completion, counted once as such)."""
         messages = [{"role": m.role.value, "content": m.content} for m in request.messages]
         text = self._tokenizer.apply_chat_template(
             messages, tokenize=False, add_generation_prompt=True
         )
-        if continuation is not None:
-            text += continuation.text  # the answer so far: generation goes on after it
         # The template already holds the bos token: add no other special tokens.
-        prompt: dict[str, Any] = {
-            "prompt_token_ids": self._tokenizer.encode(text, add_special_tokens=False)
-        }
+        token_ids = self._tokenizer.encode(text, add_special_tokens=False)
+        prompt_tokens = len(token_ids)
+        if continuation is not None:
+            # The answer so far: generation goes on after it.
+            token_ids = self._tokenizer.encode(text + continuation.text, add_special_tokens=False)
+        prompt: dict[str, Any] = {"prompt_token_ids": token_ids}
         if request.cache_salt:
             prompt["cache_salt"] = request.cache_salt
-        return prompt
+        return prompt, prompt_tokens
 
     def _free_kv_blocks(self) -> int | None:
         total = self._llm.vllm_config.cache_config.num_gpu_blocks if self._llm else None

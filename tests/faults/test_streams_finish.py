@@ -1,0 +1,172 @@
+"""Every stream finishes, whatever fails underneath (DESIGN §9): workers killed or
+drained, a gateway killed, clients that drop and come back, a stage that freezes.
+
+One pipeline of processes (`tests/faults/scenarios.py`: scheduler, safety, recorder,
+billing, two sim workers, two gateways) serves the scenarios in order; each puts back
+what it broke. Pass criteria are what the users saw: answers finished, tokens missing
+or repeated against an uninterrupted run, the longest pause, the stored answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+
+import pytest
+import pytest_asyncio
+
+from schemas.lifecycle import RequestStatus
+from tests.faults import scenarios
+from tests.faults.harness import Pipeline
+from tests.faults.scenarios import (
+    LOST_AFTER_S,
+    RESUME_GRACE_S,
+    STALL_S,
+    TOKENS_PER_S,
+    Streams,
+    cancels_of,
+    judge,
+    stored_answer,
+    stored_once_ended,
+    usage_of,
+)
+from tests.faults.streams import Watched, watch
+
+pytestmark = pytest.mark.timeout(240)
+
+
+@pytest_asyncio.fixture(scope="module")
+async def pipeline(tmp_path_factory) -> Pipeline:
+    async with scenarios.stream_pipeline(tmp_path_factory.mktemp("streams")) as pipe:
+        yield pipe
+
+
+async def test_a_killed_worker_s_answers_finish_on_the_other_without_gap_or_repeat(pipeline):
+    result = await scenarios.worker_crash(pipeline, streams=64)
+    print(result)
+    assert result.clean, result
+    assert result.details["continued"] >= 1, "the killed worker carried no answer"
+    assert result.max_stall_ms <= (LOST_AFTER_S + 2) * 1000, result
+    assert result.details["tokens_billed"] == result.details["tokens_used"], \
+        "each prompt and each generated token billed once"
+
+
+async def test_a_drained_worker_finishes_what_it_can_and_hands_on_the_rest(pipeline):
+    result = await scenarios.worker_drain(pipeline, streams=16)
+    print(result)
+    assert result.clean, result
+    assert result.details["exit_code"] == 0
+    assert result.details["handed_back"] >= 1, "the long answers were handed back"
+    assert result.details["exited_after_s"] <= scenarios.DRAIN_S + 10
+
+
+async def test_a_killed_gateway_s_streams_resume_on_another(pipeline):
+    result = await scenarios.gateway_death(pipeline, streams=16)
+    print(result)
+    assert result.clean, result
+    assert result.details["resumed"] == 16
+    assert result.details["stored_equal"] == 16, "the joined text is the stored answer"
+
+
+# --- clients that drop and come back ---------------------------------------------------------
+
+
+async def test_a_dropped_stream_resumed_elsewhere_within_the_grace_is_not_cancelled(pipeline):
+    async with pipeline.http("g1") as first, pipeline.http("g2") as second:
+        [cid] = await scenarios.conversations(first, 1)
+        answer_s = 3 * RESUME_GRACE_S
+        body = scenarios.body(int(answer_s * TOKENS_PER_S), "dropped")
+        seen, started = Watched(), asyncio.Event()
+        reading = asyncio.create_task(watch([first], cid, body, seen=seen, first_delta=started))
+        await started.wait()
+        reading.cancel()  # the phone loses its connection
+        await asyncio.gather(reading, return_exceptions=True)
+        await asyncio.sleep(1.0)
+        rest = await watch([second], cid, body, seen=seen)  # resumes after its last id
+        # Resumed with a grace of RESUME_GRACE_S on g1: the answer outlives it uncancelled.
+        assert rest.finished and rest.ended_at - seen.started_at > RESUME_GRACE_S + 1
+        result = await judge(pipeline, "resume", [rest])
+        stored = await stored_answer(second, rest)
+    assert result.clean, result
+    assert (stored["content"], stored["status"]) == (rest.text, rest.end["status"])
+    assert await cancels_of(pipeline, rest.request_id) == []
+
+
+async def test_a_dropped_stream_nobody_resumes_is_cancelled_after_the_grace(pipeline):
+    async with pipeline.http("g1") as client:
+        [cid] = await scenarios.conversations(client, 1)
+        tokens = int(10 * RESUME_GRACE_S * TOKENS_PER_S)
+        seen, started = Watched(), asyncio.Event()
+        reading = asyncio.create_task(watch([client], cid, scenarios.body(tokens, "gone"),
+                                            seen=seen, first_delta=started))
+        await started.wait()
+        reading.cancel()
+        await asyncio.gather(reading, return_exceptions=True)
+        dropped = time.monotonic()
+        usage = await usage_of(pipeline, seen.request_id, timeout_s=RESUME_GRACE_S + 10)
+        ended_after = time.monotonic() - dropped
+        stored = await stored_once_ended(client, seen)
+    assert usage.status == RequestStatus.FINISHED_ABORTED
+    assert RESUME_GRACE_S - 0.5 <= ended_after <= RESUME_GRACE_S + 3, ended_after
+    assert usage.completion_tokens < tokens / 2, "cancelled, not run to its end"
+    [cancel] = await cancels_of(pipeline, seen.request_id)
+    assert cancel.reason == "client_gone"
+    assert stored["status"] == "finished_aborted", "the recorder stored what nobody relayed"
+
+
+async def test_stop_on_another_gateway_cancels_at_once(pipeline):
+    async with pipeline.http("g1") as first, pipeline.http("g2") as second:
+        [cid] = await scenarios.conversations(first, 1)
+        seen, started = Watched(), asyncio.Event()
+        reading = asyncio.create_task(watch([first], cid, scenarios.body(400, "stop"),
+                                            seen=seen, first_delta=started))
+        await started.wait()
+        stopped = await second.post(f"/v1/requests/{seen.request_id}/cancel")
+        assert stopped.status_code == 202, stopped.text
+        watched = await asyncio.wait_for(reading, timeout=10)
+    assert watched.end_event == "done" and watched.end["status"] == "finished_aborted"
+    assert watched.end["usage"]["completion_tokens"] < 200
+
+
+# --- no stream hangs -------------------------------------------------------------------------
+
+
+async def test_a_stream_that_stops_moving_ends_stalled_and_is_cancelled(pipeline):
+    async with pipeline.http("g1") as client:
+        [cid] = await scenarios.conversations(client, 1)
+        seen, started = Watched(), asyncio.Event()
+        reading = asyncio.create_task(watch([client], cid, scenarios.body(400, "stall"),
+                                            seen=seen, first_delta=started))
+        await started.wait()
+        pipeline.signal("safety", signal.SIGSTOP)  # frozen: nothing reaches the gateway
+        try:
+            watched = await asyncio.wait_for(reading, timeout=STALL_S + 10)
+        finally:
+            pipeline.signal("safety", signal.SIGCONT)
+        stored = await stored_answer(client, watched)
+    assert watched.end_event == "error" and watched.end["code"] == "stalled"
+    stall = watched.ended_at - watched.deltas[-1][2]
+    assert STALL_S - 0.5 <= stall <= STALL_S + 2, stall
+    assert [c.reason for c in await cancels_of(pipeline, watched.request_id)] == ["stalled"]
+    assert stored["status"] == "finished_error" and stored["content"] == watched.text
+
+
+# --- read your writes ------------------------------------------------------------------------
+
+
+async def test_the_answer_is_stored_before_its_end_reaches_the_client(pipeline):
+    async with pipeline.http("g1") as client:
+        [cid] = await scenarios.conversations(client, 1)
+        seen, started = Watched(), asyncio.Event()
+        reading = asyncio.create_task(watch([client], cid, scenarios.body(40, "ryw"),
+                                            seen=seen, first_delta=started))
+        await started.wait()
+        during = await stored_answer(client, seen)
+        watched = await reading
+        after = await stored_answer(client, watched)
+        again = await client.post(f"/v1/conversations/{cid}/messages",
+                                  json={"content": "next", "max_tokens": 4})
+    assert during["status"] == "in_progress"
+    assert (after["content"], after["status"]) == (watched.text, watched.end["status"])
+    assert again.status_code == 200, "the next turn never waits on a finished answer"
