@@ -3,16 +3,18 @@
 Answers stream as they arrive; the queue position shows while a turn waits.
 An answer streams on a thread of its own, so the prompt still reads `/stop`,
 and Ctrl-C stops the answer instead of quitting. Stopping asks the gateway to
-cancel the request and drops the stream, which cancels it too.
+cancel the request and drops the stream. A stream that breaks off mid-answer is
+followed again from the last event printed (`Last-Event-ID`), on any gateway.
 """
 
 from __future__ import annotations
 
 import sys
 import threading
+import time
 from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 import httpx
@@ -30,6 +32,14 @@ HELP = """\
 
 STOP_GRACE_S = 2.0
 """How long a stopped answer may take to end by itself before its stream is dropped."""
+RESUME_FIRST_WAIT_S = 0.5
+RESUME_MAX_WAIT_S = 4.0
+RESUME_TIMEOUT_S = 30.0
+"""A broken-off answer is followed again after 0.5, 1, 2, 4, 4 … s, for up to 30 s
+without a new event."""
+RECONNECTING = "[reconnecting…]"
+
+Stream = AbstractContextManager[tuple[httpx.Response, Iterator[SSEMessage]]]
 
 
 class ApiFailure(Exception):
@@ -91,13 +101,22 @@ class ChatApi:
     def cancel(self, request_id: str) -> None:
         self.http.post(f"/v1/requests/{request_id}/cancel")
 
-    @contextmanager
-    def answer(self, path: str, body: dict[str, Any]) -> Iterator[tuple[httpx.Response,
-                                                                        Iterator[SSEMessage]]]:
+    def answer(self, path: str, body: dict[str, Any]) -> Stream:
         """POST a turn; yields the response and its SSE messages as they arrive."""
         if self.model:
             body = {**body, "model": self.model}
-        with self.http.stream("POST", path, json=body) as response:
+        return self._events("POST", path, json=body)
+
+    def resume(self, request_id: str, last_event_id: str | None) -> Stream:
+        """The answer's events after `last_event_id` (all of them with None), live until
+        its end, from any gateway."""
+        headers = {} if last_event_id is None else {"Last-Event-ID": last_event_id}
+        return self._events("GET", f"/v1/requests/{request_id}/events", headers=headers)
+
+    @contextmanager
+    def _events(self, method: str, path: str, **options: Any) -> Iterator[
+            tuple[httpx.Response, Iterator[SSEMessage]]]:  # fmt: skip
+        with self.http.stream(method, path, **options) as response:
             if response.is_error:
                 response.read()
                 raise ApiFailure.of(response)
@@ -119,9 +138,18 @@ class Answer:
     body: dict[str, Any]
     request_id: str | None = None
     message_id: str | None = None
-    stopped: bool = False
+    last_event_id: str | None = None
+    ending: str = ""
+    """What to print once the answer ends."""
+    mid_line: bool = False
+    """The answer's last line printed so far is not finished."""
+    halt: threading.Event = field(default_factory=threading.Event)
     response: httpx.Response | None = None
     thread: threading.Thread | None = None
+
+    @property
+    def stopped(self) -> bool:
+        return self.halt.is_set()
 
 
 class TerminalChat:
@@ -137,17 +165,23 @@ class TerminalChat:
         self._conversations: list[str] = []
         self._lock = threading.RLock()
         self._prompted = False
-        self._queue_line = False
+        self._passing_line = False  # the line below the text (queue position, reconnecting)
 
     # --- output -------------------------------------------------------------------
 
     def say(self, text: str, end: str = "\n") -> None:
         with self._lock:
-            if self._queue_line:
+            if self._passing_line:
                 self.out.write("\r\x1b[2K")
-                self._queue_line = False
+                self._passing_line = False
             self.out.write(text + end)
             self.out.flush()
+
+    def _say_in_passing(self, text: str) -> None:
+        """A line the next output replaces."""
+        with self._lock:
+            self.say(text, end="")
+            self._passing_line = True
 
     def _prompt(self) -> None:
         with self._lock:
@@ -271,7 +305,7 @@ class TerminalChat:
         answer = self.answer
         if answer is None:
             return
-        answer.stopped = True
+        answer.halt.set()
         if answer.request_id is not None:
             try:
                 self.api.cancel(answer.request_id)
@@ -284,25 +318,65 @@ class TerminalChat:
             answer.thread.join(STOP_GRACE_S)
 
     def _stream(self, answer: Answer) -> None:
-        ending = ""
         try:
-            with self.api.answer(answer.path, answer.body) as (response, messages):
-                answer.response = response
-                for message in messages:
-                    if answer.stopped or message.is_done:
-                        break
-                    ending = self._show(answer, message) or ending
+            ending = self._follow(answer)
         except ApiFailure as error:
             ending = f"[error: {error}]"
         except Exception as error:  # noqa: BLE001 - whatever broke the stream, the prompt must come back
-            if not answer.stopped:
-                ending = f"[connection lost: {error!r}]"
+            ending = f"[connection lost: {error!r}]"
         if answer.stopped:
             ending = "[stopped]"
         with self._lock:
             self.say("" if not ending else f"\n{ending}")
             self.answer = None
             self._prompt()
+
+    def _follow(self, answer: Answer) -> str:
+        """Print the answer to its end; returns what to print then. A stream that breaks
+        off mid-answer is followed again from the last event printed, waiting longer after
+        each failed try, until the answer ends, is stopped, or nothing new came for
+        RESUME_TIMEOUT_S."""
+        stream = self.api.answer(answer.path, answer.body)
+        wait, deadline, noted = RESUME_FIRST_WAIT_S, None, False
+        while True:
+            seen = answer.last_event_id
+            try:
+                if self._read(answer, stream):
+                    return answer.ending
+                broke: Exception = ConnectionError("the stream ended before the answer")
+            except (ApiFailure, httpx.HTTPError) as error:
+                broke = error
+            if answer.stopped or answer.request_id is None:
+                raise broke
+            if isinstance(broke, ApiFailure):  # unknown request or event id: no way back
+                return f"[connection lost: {broke}]"
+            if deadline is None or answer.last_event_id != seen:
+                wait, noted = RESUME_FIRST_WAIT_S, False
+                deadline = time.monotonic() + RESUME_TIMEOUT_S
+            elif time.monotonic() > deadline:
+                return (f"[connection lost: no way back to the answer for "
+                        f"{RESUME_TIMEOUT_S:.0f} s ({broke!r}); /open the conversation for "
+                        "what was saved]")
+            if not noted:
+                self._say_in_passing(("\n" if answer.mid_line else "") + RECONNECTING)
+                answer.mid_line, noted = False, True
+            if answer.halt.wait(wait):
+                return ""
+            wait = min(wait * 2, RESUME_MAX_WAIT_S)
+            stream = self.api.resume(answer.request_id, answer.last_event_id)
+
+    def _read(self, answer: Answer, stream: Stream) -> bool:
+        """Print the events of `stream`; True once the answer ended (or was stopped),
+        False if the stream stopped short."""
+        with stream as (response, messages):
+            answer.response = response
+            for message in messages:
+                if answer.stopped or message.is_done:
+                    return True
+                if message.id is not None:
+                    answer.last_event_id = message.id
+                answer.ending = self._show(answer, message) or answer.ending
+        return False
 
     def _show(self, answer: Answer, message: SSEMessage) -> str | None:
         """Print one event; returns what to print once the answer ends, if anything."""
@@ -313,13 +387,12 @@ class TerminalChat:
                 self.last_answer = data["message_id"]
             case "queued":
                 eta = f" · about {max(1, round(data['eta_ms'] / 1000))} s" if data["eta_ms"] else ""
-                with self._lock:
-                    self.say(f"[waiting in line: position {data['position']}{eta}]", end="")
-                    self._queue_line = True
+                self._say_in_passing(f"[waiting in line: position {data['position']}{eta}]")
             case "model":
                 self.say(f"[answered by {data['model']}: {data['reason']}]")
             case "delta":
                 self.say(data["delta"], end="")
+                answer.mid_line = not data["delta"].endswith("\n")
             case "retract":
                 return f"[withdrawn by the safety filter ({data['reason']})] {data['replacement']}"
             case "error":

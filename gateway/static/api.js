@@ -14,6 +14,7 @@ export const routes = {
   regenerate: (cid, mid) => `/v1/conversations/${enc(cid)}/messages/${enc(mid)}/regenerate`,
   select: (cid, mid) => `/v1/conversations/${enc(cid)}/messages/${enc(mid)}/select`,
   cancel: (rid) => `/v1/requests/${enc(rid)}/cancel`,
+  events: (rid) => `/v1/requests/${enc(rid)}/events`,
 };
 
 /** An HTTP error answer: `{error: {code, message}}`, with Retry-After when there is one. */
@@ -46,8 +47,8 @@ export class Api {
     this.key = key;
   }
 
-  async send(method, path, body, signal) {
-    const headers = { Authorization: `Bearer ${this.key}` };
+  async send(method, path, body, signal, extraHeaders = {}) {
+    const headers = { ...extraHeaders, Authorization: `Bearer ${this.key}` };
     if (body !== undefined) headers["Content-Type"] = "application/json";
     const response = await fetch(path, {
       method,
@@ -66,8 +67,19 @@ export class Api {
   }
 
   /** POSTs `body` and yields the answer's SSE events; throws ApiError before the stream starts. */
-  async *stream(path, body, signal) {
-    const response = await this.send("POST", path, body, signal);
+  stream(path, body, signal) {
+    return this.events("POST", path, body, signal);
+  }
+
+  /** The events of answer `requestId` after event `lastEventId` (all of them with null),
+   * live until its end, from any gateway; throws ApiError (404, 400) before the stream. */
+  resume(requestId, lastEventId, signal) {
+    const headers = lastEventId === null ? {} : { "Last-Event-ID": lastEventId };
+    return this.events("GET", routes.events(requestId), undefined, signal, headers);
+  }
+
+  async *events(method, path, body, signal, headers) {
+    const response = await this.send(method, path, body, signal, headers);
     yield* readEvents(response.body);
   }
 }

@@ -6,6 +6,11 @@ import { renderMessage } from "./message.js";
 import { threadItems } from "./thread.js";
 
 const SETTLE_TIMEOUT_MS = 6000;
+// A broken-off answer is followed again after 0.5, 1, 2, 4, 4 … s, for up to 30 s
+// without a new event.
+const RESUME_FIRST_WAIT_MS = 500;
+const RESUME_MAX_WAIT_MS = 4000;
+const RESUME_TIMEOUT_MS = 30_000;
 
 export class ChatView {
   /** hooks: model() -> model id, created(conversation), turnStarted(cid), turnEnded(cid),
@@ -70,13 +75,15 @@ export class ChatView {
     return detail;
   }
 
-  /** After a turn: the stored thread once the recorder has stored `messageId`. */
+  /** After a turn: the stored thread once the store has the end of `messageId` (an answer
+   * is stored `in_progress` while it streams), or as it stands after SETTLE_TIMEOUT_MS. */
   async settle(cid, messageId) {
     const deadline = Date.now() + SETTLE_TIMEOUT_MS;
     while (cid === this.cid && !this.live) {
       const detail = await this.api.json("GET", routes.conversation(cid)).catch(() => null);
-      const stored = detail?.messages.some((m) => m.message_id === messageId);
-      if (detail && (stored || !messageId || Date.now() > deadline)) {
+      const stored = detail?.messages.find((m) => m.message_id === messageId);
+      const ended = stored && stored.status !== "in_progress";
+      if (detail && (ended || !messageId || Date.now() > deadline)) {
         if (cid === this.cid && !this.live && (stored || !messageId)) {
           this.title.textContent = detail.title || "New chat";
           this.items = threadItems(detail);
@@ -149,7 +156,7 @@ export class ChatView {
     }
   }
 
-  /** Stop the answer: ask the gateway to cancel it and drop the stream (which cancels too). */
+  /** Stop the answer: ask the gateway to cancel it, drop the stream and stop reconnecting. */
   stop() {
     const live = this.live;
     if (!live) return;
@@ -167,7 +174,7 @@ export class ChatView {
     const item = { role: "assistant", content: "", pending: true, streaming: true,
       siblings: [], index: 0 };
     const live = { controller: new AbortController(), item, user, requestId: null,
-      messageId: null, ended: false, stopped: false };
+      messageId: null, lastEventId: null, ended: false, stopped: false };
     this.live = live;
     this.items = [...keep, ...(user ? [user] : []), item];
     this.hideBanner();
@@ -178,14 +185,10 @@ export class ChatView {
     try {
       const model = this.hooks.model();
       const events = this.api.stream(path, model ? { ...body, model } : body, live.controller.signal);
-      for await (const event of events) {
-        if (event.data === "[DONE]") break;
-        this.onEvent(live, event);
-      }
-      if (!live.ended && !live.stopped) this.lose(live);
-    } catch (error) {
-      if (error instanceof ApiError) refused = error;
-      else if (!live.stopped) this.lose(live);
+      await this.read(live, events).catch((error) => {
+        if (error instanceof ApiError) refused = error;
+      });
+      if (!refused && !live.ended && !live.stopped) await this.resume(live);
     } finally {
       item.streaming = false;
       this.live = null;
@@ -204,11 +207,53 @@ export class ChatView {
     this.hooks.turnEnded(cid);
   }
 
+  /** Show `events` in the live answer, up to `[DONE]` or the end of the stream; rejects
+   * when the stream breaks. */
+  async read(live, events) {
+    for await (const event of events) {
+      if (event.data === "[DONE]") return;
+      if (event.id !== null) live.lastEventId = event.id;
+      live.item.reconnecting = false;
+      this.onEvent(live, event);
+    }
+  }
+
+  /** The stream broke off before its end: follow the answer again from the last event
+   * seen (GET /v1/requests/{id}/events with Last-Event-ID; any gateway has it), waiting
+   * longer after each failed try. Refused (404, 400) or out of time, the answer offers
+   * what the store kept. */
+  async resume(live) {
+    const signal = live.controller.signal;
+    let wait = RESUME_FIRST_WAIT_MS;
+    let deadline = Date.now() + RESUME_TIMEOUT_MS;
+    while (live.requestId && !live.ended && !live.stopped && Date.now() < deadline) {
+      live.item.reconnecting = true;
+      this.paint(live.item);
+      await pause(wait, signal);
+      if (live.stopped) break;
+      const seen = live.lastEventId;
+      try {
+        await this.read(live, this.api.resume(live.requestId, seen, signal));
+      } catch (error) {
+        if (error instanceof ApiError) break;
+      }
+      if (live.lastEventId === seen) {
+        wait = Math.min(wait * 2, RESUME_MAX_WAIT_MS);
+      } else {
+        wait = RESUME_FIRST_WAIT_MS;
+        deadline = Date.now() + RESUME_TIMEOUT_MS;
+      }
+    }
+    live.item.reconnecting = false;
+    if (!live.ended && !live.stopped) this.lose(live);
+  }
+
   onEvent(live, { event, data }) {
     const item = live.item;
     const payload = JSON.parse(data);
     switch (event) {
       case "request":
+        if (live.requestId) return; // a resumed stream names the request again
         live.requestId = payload.request_id;
         live.messageId = item.message_id = payload.message_id;
         if (live.user) live.user.message_id = payload.user_message_id;
@@ -246,9 +291,7 @@ export class ChatView {
     this.schedulePaint(item);
   }
 
-  /** The stream broke off before its end. The gateway cancels an answer whose client is
-   * gone and cannot resume a stream yet (Last-Event-ID, with the `id:` of the last delta),
-   * so the answer offers what the store kept. */
+  /** The stream broke off before its end and could not be followed again. */
   lose(live) {
     live.item.queue = null;
     this.note(live, { lost: true });
@@ -365,4 +408,15 @@ export class ChatView {
   scrollToEnd(force = false) {
     if (force || this.nearBottom()) this.scroller.scrollTop = this.scroller.scrollHeight;
   }
+}
+
+/** Resolves after `ms`, or at once when `signal` aborts. */
+function pause(ms, signal) {
+  return new Promise((resolve) => {
+    const timer = setTimeout(resolve, ms);
+    signal.addEventListener("abort", () => {
+      clearTimeout(timer);
+      resolve();
+    }, { once: true });
+  });
 }

@@ -90,6 +90,10 @@ function queueLine({ position, eta_ms: eta }) {
 }
 
 function footer(shown, item, chat) {
+  if (shown.reconnecting) {
+    return el("div", { class: "notice reconnecting", role: "status" }, icon("regenerate", 16),
+      el("span", {}, "Reconnecting…"));
+  }
   if (shown.lost) {
     return el("div", { class: "notice lost", role: "alert" }, icon("alert", 16),
       el("span", {}, "Connection lost before the answer finished."),

@@ -1,7 +1,8 @@
 """`chatpipe chat` driven through a pseudo-terminal (pexpect) against a running pipeline.
 
 pexpect blocks, and the pipeline runs on this test's event loop: every wait on
-the terminal runs in a thread.
+the terminal runs in a thread. A connection dropped mid-answer is a proxy between the
+client and the gateway (`tests/dropped_connections.py`).
 """
 
 from __future__ import annotations
@@ -14,7 +15,9 @@ from pathlib import Path
 import pexpect
 import pytest
 
+from chatpipe.terminal import RECONNECTING
 from schemas.lifecycle import RequestStatus
+from tests.dropped_connections import CuttingProxy, hold_dropped_answers
 from tests.fixtures.stack import API_KEY, client_for
 from tests.support import post_message
 
@@ -36,6 +39,12 @@ class Terminal:
         self.child.sendline(line)
         await asyncio.to_thread(self.child.expect_exact, line + "\r\n")
 
+    def __enter__(self) -> Terminal:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.child.close(force=True)
+
     @property
     def unread(self) -> str:
         return self.child.buffer
@@ -50,10 +59,9 @@ class Terminal:
 
 @pytest.fixture
 async def terminal(slow_stack):
-    term = Terminal(slow_stack.base_url)
-    await term.expect("> ")
-    yield term
-    term.child.close(force=True)
+    with Terminal(slow_stack.base_url) as term:
+        await term.expect("> ")
+        yield term
 
 
 async def test_answer_streams_into_the_terminal_and_regen_answers_again(terminal, slow_stack):
@@ -104,21 +112,38 @@ async def test_queue_position_shows_while_waiting_and_stop_leaves_the_queue(term
     await terminal.expect("my turn came")
 
 
+async def test_a_dropped_connection_is_followed_again_where_it_stopped(slow_stack, monkeypatch):
+    hold_dropped_answers(slow_stack, monkeypatch)
+    async with CuttingProxy(slow_stack.base_url, deltas=8) as proxy:
+        with Terminal(proxy.url) as terminal:
+            await terminal.expect("> ")
+            await terminal.send("[[sim:length=120]]")
+            await terminal.expect("\r\n> ")
+            printed = terminal.child.before
+            cid = await current_conversation(terminal)
+        assert proxy.cut.is_set()
+
+    # The note goes on a line of its own, which the answer's next words replace.
+    note = f"\r\n{RECONNECTING}\r\x1b[2K"
+    assert printed.count(note) == 1, printed
+    [answer] = await stored_answers(slow_stack, cid, 1)
+    assert answer["status"] == RequestStatus.FINISHED_STOPPED
+    assert len(answer["content"].split()) == 120
+    assert printed.replace(note, "") == answer["content"], "a gap or a repeat"
+
+
 async def test_conversation_option_continues_a_conversation(slow_stack):
     async with client_for(slow_stack) as client:
         cid = (await client.post("/v1/conversations", json={})).json()["conversation_id"]
         first = await post_message(client, cid, {"content": "[[sim:reply=an earlier answer]]"})
     assert first.text == "an earlier answer"
-    terminal = Terminal(slow_stack.base_url, "--conversation", cid)
-    try:
+    with Terminal(slow_stack.base_url, "--conversation", cid) as terminal:
         await terminal.expect("chatpipe: an earlier answer")
         await terminal.expect("> ")
         await terminal.send("/regen")
         await terminal.expect("an earlier answer")
         await terminal.expect("> ")
         assert await terminal.close() == 0
-    finally:
-        terminal.child.close(force=True)
     answers = await stored_answers(slow_stack, cid, 2)
     assert [a["content"] for a in answers] == ["an earlier answer"] * 2
 

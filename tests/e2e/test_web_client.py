@@ -3,8 +3,10 @@ a running pipeline (real broker, sim engine). One browser serves the whole modul
 
 `sim_stack` answers at 200 tokens/s; `slow_stack` (tests/e2e/conftest.py) at 25 with a
 single slot, for what must be seen over time: streaming, stopping, queueing.
-A few failure paths the pipeline cannot be made to take on demand (a 503, a stream
-cut off mid-answer) are played to the page by Playwright's request interception.
+A few failure paths the pipeline cannot be made to take on demand (a 503, an error
+event) are played to the page by Playwright's request interception; a connection
+dropped mid-answer is a proxy between the page and the gateway
+(`tests/dropped_connections.py`).
 Set CHATPIPE_SCREENSHOT=docs/screenshot.png to refresh the README's screenshot.
 """
 
@@ -26,6 +28,7 @@ from chatpipe.wiring import Stack
 from conversations.store import ApiKey
 from schemas.lifecycle import RequestStatus
 from schemas.topics import Tier
+from tests.dropped_connections import CuttingProxy, hold_dropped_answers
 from tests.fixtures.stack import API_KEY, client_for
 from workers import sim_engine
 
@@ -56,14 +59,16 @@ async def browser() -> AsyncIterator[Browser]:
 
 
 @contextlib.asynccontextmanager
-async def chat_page(browser: Browser, stack: Stack, api_key: str = API_KEY) -> AsyncIterator[Page]:
-    """A fresh browser profile on the page, signed in; fails on any uncaught script error."""
+async def chat_page(browser: Browser, stack: Stack, api_key: str = API_KEY,
+                    url: str | None = None) -> AsyncIterator[Page]:
+    """A fresh browser profile on the page (at `url`, else the stack's), signed in; fails
+    on any uncaught script error."""
     context = await browser.new_context(viewport={"width": 1280, "height": 800})
     page = await context.new_page()
     errors: list[Exception] = []
     page.on("pageerror", lambda error: errors.append(error))
     try:
-        await page.goto(f"{stack.base_url}/")
+        await page.goto(f"{url or stack.base_url}/")
         await page.get_by_placeholder("API key").fill(api_key)
         await page.get_by_role("button", name="Sign in").click()
         await expect(page.locator("#app")).to_be_visible()
@@ -271,6 +276,8 @@ async def test_overload_before_the_stream_shows_the_retry_time(browser, sim_stac
 
 
 async def test_overload_inside_the_stream_and_a_lost_connection_are_shown(browser, sim_stack):
+    """A stream that ends short is followed again from its last id; the gateway knows no
+    request `r2` (404), so the answer shows the connection as lost."""
     async def error_event(route: Route) -> None:
         await route.fulfill(status=200, content_type="text/event-stream", body=(
             'event: request\ndata: {"request_id": "r1", "message_id": "m1", '
@@ -284,6 +291,9 @@ async def test_overload_inside_the_stream_and_a_lost_connection_are_shown(browse
             '"user_message_id": "u2"}\n\nid: 0\nevent: delta\ndata: {"delta": "Half an"}\n\n'))
 
     async with chat_page(browser, sim_stack) as page:
+        resumes = []
+        page.on("request", lambda request: resumes.append(request) if "/events" in request.url
+                else None)  # fmt: skip
         await page.route("**/v1/conversations/*/messages", error_event)
         await send(page, "one")
         await expect(last_answer(page).locator(".notice.error")).to_contain_text(
@@ -295,6 +305,71 @@ async def test_overload_inside_the_stream_and_a_lost_connection_are_shown(browse
         lost = last_answer(page).locator(".notice.lost")
         await expect(lost).to_contain_text("Connection lost before the answer finished.")
         await expect(last_answer(page).locator(".content")).to_have_text("Half an")
+        assert [(r.method, r.url.rpartition("/v1")[2], await r.header_value("last-event-id"))
+                for r in resumes] == [("GET", "/requests/r2/events", "0")]  # fmt: skip
+
+
+async def test_a_dropped_connection_is_followed_again_where_it_stopped(browser, slow_stack,
+                                                                      monkeypatch):
+    hold_dropped_answers(slow_stack, monkeypatch)
+    async with (CuttingProxy(slow_stack.base_url, deltas=8) as proxy,
+                chat_page(browser, slow_stack, url=proxy.url) as page):  # fmt: skip
+        # The stored thread is shown once the answer ends: held back until the streamed
+        # text has been read.
+        streamed = asyncio.Event()
+        await page.route(re.compile(r"/v1/conversations/[\w-]+$"), held_until(streamed))
+        reconnecting = asyncio.ensure_future(
+            page.wait_for_selector(".msg.assistant .notice.reconnecting"))
+        await send(page, "[[sim:length=120]]")
+        await reconnecting
+        assert proxy.cut.is_set()
+
+        await expect(page.get_by_role("button", name="Send")).to_be_visible()
+        answer = last_answer(page)
+        await expect(answer).to_have_attribute("data-status", RequestStatus.FINISHED_STOPPED)
+        text = await answer.locator(".content").inner_text()
+        await expect(answer.locator(".notice")).to_have_count(0)
+        streamed.set()
+
+        await settled(page)
+        stored = (await stored_thread(slow_stack, page))[-1]
+        assert stored["status"] == RequestStatus.FINISHED_STOPPED
+        assert len(stored["content"].split()) == 120
+        assert text == stored["content"], "the answer as streamed has a gap or a repeat"
+
+
+async def test_stop_while_reconnecting_cancels_the_answer(browser, slow_stack, monkeypatch):
+    async def unreachable(route: Route) -> None:
+        await route.abort("connectionrefused")
+
+    hold_dropped_answers(slow_stack, monkeypatch)
+
+    async with (CuttingProxy(slow_stack.base_url, deltas=8) as proxy,
+                chat_page(browser, slow_stack, url=proxy.url) as page):  # fmt: skip
+        await page.route("**/v1/requests/*/events", unreachable)
+        await send(page, "[[sim:length=1000]]")
+        await expect(last_answer(page).locator(".notice.reconnecting")).to_be_visible()
+        await page.get_by_role("button", name="Stop").click()
+        await expect(last_answer(page).locator(".status-label")).to_have_text("Stopped")
+        await expect(last_answer(page).locator(".notice")).to_have_count(0)
+
+        # Not the resume grace (15 s) running out: the stop cancelled it at once.
+        for _ in range(50):
+            stored = (await stored_thread(slow_stack, page))[-1]
+            if stored["status"] != RequestStatus.IN_PROGRESS:
+                break
+            await asyncio.sleep(0.1)
+        assert stored["status"] == RequestStatus.FINISHED_ABORTED
+        assert len(stored["content"].split()) < 200, "the answer went on after Stop"
+
+
+def held_until(released: asyncio.Event):
+    """A route handler that lets GET requests through once `released` is set."""
+    async def hold(route: Route) -> None:
+        if route.request.method == "GET":
+            await released.wait()
+        await route.continue_()
+    return hold
 
 
 # --- the conversation list -------------------------------------------------------------
