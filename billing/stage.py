@@ -1,7 +1,8 @@
 """Billing's Kafka adapter: `chat.usage` in, the usage ledger updated.
 
 Commit policy: an offset is committed only after its event is in the ledger
-(the handler awaits the write; commits happen after each poll batch). A
+(the handler awaits the write, retrying while the ledger's store fails for a while;
+commits happen after each poll batch). A
 restart re-reads what was not committed; the ledger charges each request the
 most any of its events reports, so a redelivery never double counts. An event
 that fails to parse goes to chat.dlq (`bus.subscriber.consume`) and is
@@ -18,6 +19,7 @@ from billing.ledger import UsageLedger
 from bus.clients import KafkaConfig, Publisher
 from bus.offsets import OffsetTracker
 from bus.subscriber import consume, decode_record
+from conversations.durable import retried
 from schemas import topics
 from schemas.events import UsageEvent
 
@@ -57,7 +59,8 @@ class BillingStage:
 
     async def _handle(self, record: ConsumerRecord) -> None:
         event = decode_record(UsageEvent, record)
-        await self.ledger.record(usage_key(event), charges_for(event))
+        await retried(lambda: self.ledger.record(usage_key(event), charges_for(event)),
+                      f"billing {event.request_id}")
         self.tracker.seen(TopicPartition(record.topic, record.partition), record.offset)
 
     async def _commit(self) -> None:

@@ -9,9 +9,7 @@ backoff, holding the stage where it is: nothing is dead-lettered for it.
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import sqlite3
 import time
 
 from aiokafka import ConsumerRebalanceListener
@@ -20,6 +18,7 @@ from aiokafka.structs import ConsumerRecord, TopicPartition
 from bus.clients import KafkaConfig, Publisher
 from bus.offsets import OffsetTracker
 from bus.subscriber import consume, decode_record
+from conversations.durable import retried
 from conversations.recorder import Recorder
 from conversations.store import ConversationStore, NewMessage
 from schemas import topics
@@ -29,17 +28,6 @@ log = logging.getLogger(__name__)
 
 STAGE = "recorder"
 GROUP = "chatpipe-recorder"
-RETRY_BACKOFF_S = (0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
-_TRANSIENT_NAMES = {"Unavailable", "NoHostAvailable", "OperationTimedOut", "WriteTimeout",
-                    "ReadTimeout", "CoordinationFailure"}
-
-
-def is_transient(error: BaseException) -> bool:
-    """A store error that goes away by itself: retry, do not dead-letter."""
-    return (isinstance(error, sqlite3.OperationalError | OSError | TimeoutError)
-            or type(error).__name__ in _TRANSIENT_NAMES)
-
-
 class _Rebalance(ConsumerRebalanceListener):
     def __init__(self, stage: RecorderStage) -> None:
         self.stage = stage
@@ -60,7 +48,6 @@ class RecorderStage:
         self.store = store
         self.recorder = Recorder(idle_timeout_s=idle_timeout_s)
         self.tracker = OffsetTracker()
-        self.store_retries = 0
 
     async def run(self) -> None:
         producer = self.kafka.producer()
@@ -84,20 +71,7 @@ class RecorderStage:
         self.tracker.seen(TopicPartition(record.topic, record.partition), record.offset)
 
     async def _store(self, message: NewMessage) -> None:
-        attempt = 0
-        while True:
-            try:
-                await self.store.finish_answer(message)
-                return
-            except Exception as error:
-                if not is_transient(error):
-                    raise
-                delay = RETRY_BACKOFF_S[min(attempt, len(RETRY_BACKOFF_S) - 1)]
-                log.warning("storing %s failed (%s); retrying in %.1f s", message.message_id,
-                            error, delay)
-                self.store_retries += 1
-                attempt += 1
-                await asyncio.sleep(delay)
+        await retried(lambda: self.store.finish_answer(message), f"storing {message.message_id}")
 
     async def _after_batch(self) -> None:
         for message in self.recorder.expire(time.monotonic()):
