@@ -88,6 +88,18 @@ class EmbeddedBroker:
         await writer.wait_closed()
         return True
 
+    async def exited(self, poll_s: float = 0.2) -> int:
+        """Wait until the broker process exits; its exit code (-N: killed by signal N)."""
+        assert self._process is not None, "the broker was never started"
+        while (code := self._process.poll()) is None:
+            await asyncio.sleep(poll_s)
+        return code
+
+    async def restart(self, timeout_s: float = 30.0) -> None:
+        """A new, empty broker on the same host and port (Tansu keeps nothing on disk)."""
+        self.stop()
+        await self.start(timeout_s)
+
     def stop(self) -> None:
         if self._process is None or self._process.poll() is not None:
             return

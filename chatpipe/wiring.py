@@ -7,7 +7,7 @@ import contextlib
 import logging
 import secrets
 import signal
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass
 
 import uvicorn
@@ -16,8 +16,9 @@ from billing.ledger import SQLiteLedger, UsageLedger
 from billing.stage import BillingStage
 from bus.broker import EmbeddedBroker, free_port
 from bus.clients import KafkaConfig
-from bus.topics import ensure_topics
+from bus.topics import create_topics, ensure_topics, topic_partitions
 from chatpipe.settings import Settings
+from chatpipe.supervise import Pause, Supervisor, broker_kept_up
 from conversations.context_builder import ContextBuilder
 from conversations.recorder_stage import RecorderStage
 from conversations.sqlite_store import SQLiteStore
@@ -44,12 +45,19 @@ def _configure_logging() -> None:
     logging.getLogger("aiokafka").setLevel(logging.WARNING)
 
 
-async def open_kafka(settings: Settings, stack: contextlib.AsyncExitStack) -> KafkaConfig:
-    """The configured Kafka, or an embedded broker living as long as `stack`."""
+async def open_kafka(settings: Settings, stack: contextlib.AsyncExitStack,
+                     own_topics: Mapping[str, int] | None = None,
+                     pause: Pause = contextlib.nullcontext) -> KafkaConfig:
+    """The configured Kafka, or an embedded broker living as long as `stack`. That one is
+    started again on its port whenever it exits, empty (DESIGN §11), with the shared
+    topics and `own_topics` (read then) created again; `pause()` is held meanwhile."""
     bootstrap = settings.kafka_bootstrap_servers
     if not bootstrap:
         broker = await stack.enter_async_context(EmbeddedBroker())
         bootstrap = broker.bootstrap_servers
+        await stack.enter_async_context(broker_kept_up(broker, lambda: create_topics(
+            broker.bootstrap_servers, {**topic_partitions(settings), **(own_topics or {})},
+            settings.kafka_replication_factor), pause))
     await ensure_topics(bootstrap, settings)
     return KafkaConfig.from_settings(settings, bootstrap)
 
@@ -197,7 +205,11 @@ async def running_stack(settings: Settings, engine: Engine | None) -> AsyncItera
     if settings.port == 0:
         settings = settings.model_copy(update={"port": free_port(settings.host)})
     async with contextlib.AsyncExitStack() as stack:
-        kafka = await open_kafka(settings, stack)
+        supervisor = Supervisor()
+        delivery_topic: dict[str, int] = {}  # once the pipeline has one
+        kafka_stages = ("scheduler", "safety", "recorder", "billing", "worker")
+        kafka = await open_kafka(settings, stack, delivery_topic,
+                                 lambda: supervisor.paused(kafka_stages))
         store = build_store(settings)
         await store.open()
         stack.push_async_callback(store.close)
@@ -206,27 +218,26 @@ async def running_stack(settings: Settings, engine: Engine | None) -> AsyncItera
         await ledger.open()
         stack.push_async_callback(ledger.close)
         pipeline = await stack.enter_async_context(KafkaPipeline(kafka, settings.gateway_id))
-        server = gateway_server(build_gateway_deps(settings, store, pipeline, ledger), settings)
-        scheduler = scheduler_stage(kafka, settings)
-        runs = {
-            "scheduler": scheduler.run(),
-            "safety": safety_stage(kafka, settings, pipeline).run(),
-            "recorder": RecorderStage(kafka, store).run(),
-            "billing": BillingStage(kafka, ledger).run(),
-            "gateway": server.serve(),
-        }
+        delivery_topic[pipeline.reply_to] = pipeline.partitions
+        deps = build_gateway_deps(settings, store, pipeline, ledger)
+        server = supervisor.start("gateway", lambda: gateway_server(deps, settings),
+                                  uvicorn.Server.serve)
+        scheduler = supervisor.start("scheduler", lambda: scheduler_stage(kafka, settings))
+        supervisor.start("safety", lambda: safety_stage(kafka, settings, pipeline))
+        supervisor.start("recorder", lambda: RecorderStage(kafka, store))
+        supervisor.start("billing", lambda: BillingStage(kafka, ledger))
         if engine is not None:
-            runs["worker"] = worker_stage(kafka, engine, settings).run()
-        tasks = {name: asyncio.create_task(coro, name=name) for name, coro in runs.items()}
+            supervisor.start("worker", lambda: worker_stage(kafka, engine, settings))
         try:
-            await _until_ready(server, scheduler, tasks, expect_worker=engine is not None)
-            yield Stack(settings, kafka, store, pipeline, engine, api_key, tasks)
+            await _until_ready(server, scheduler, supervisor.tasks,
+                               expect_worker=engine is not None)
+            supervisor.restarting = True
+            yield Stack(settings, kafka, store, pipeline, engine, api_key, supervisor.tasks)
         finally:
-            server.should_exit = True
-            await asyncio.wait([tasks["gateway"]], timeout=5)
-            for task in tasks.values():
-                task.cancel()
-            await asyncio.gather(*tasks.values(), return_exceptions=True)
+            supervisor.restarting = False
+            supervisor.stages["gateway"].should_exit = True
+            await asyncio.wait([supervisor.tasks["gateway"]], timeout=5)
+            await supervisor.stop()
 
 
 async def _until_ready(server: uvicorn.Server, scheduler: SchedulerStage,
