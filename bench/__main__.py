@@ -3,6 +3,7 @@
     python -m bench                 # the full run (~8-10 min): vLLM server, chatpipe up, capacity
     python -m bench smoke --out D   # seconds: chatpipe with the sim engine, tiny load
     python -m bench profile --streams 100   # stages under pyinstrument; bench/PROFILE.md
+    python -m bench faults          # ~2 min: fault scenarios (tests/faults), bench/RESULTS.md
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ def _setting(text: str) -> tuple[str, str]:
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("mode", nargs="?", default="run", choices=("run", "smoke", "profile"))
+    parser.add_argument("mode", nargs="?", default="run", choices=("run", "smoke", "profile", "faults"))
     parser.add_argument("--out", type=Path, default=BENCH_DIR, help="where results go")
     parser.add_argument("--model", type=Path, default=DEFAULT_MODEL_DIR)
     parser.add_argument("--max-slots", type=int, default=64)
@@ -153,6 +154,11 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     if args.mode == "profile":
         print(f"profile summary in {asyncio.run(profile_run(args))}")
+        return
+    if args.mode == "faults":
+        from bench.faults import main as faults
+
+        faults(args.out)
         return
     if args.mode == "smoke":
         args = smoke_args(args)

@@ -11,13 +11,12 @@ committed past.
 
 from __future__ import annotations
 
-from aiokafka import ConsumerRebalanceListener
 from aiokafka.structs import ConsumerRecord, TopicPartition
 
 from billing.core import charges_for, usage_key
 from billing.ledger import UsageLedger
 from bus.clients import KafkaConfig, Publisher
-from bus.offsets import OffsetTracker
+from bus.offsets import ForgetRevoked, OffsetTracker
 from bus.subscriber import consume, decode_record
 from conversations.durable import retried
 from schemas import topics
@@ -25,17 +24,6 @@ from schemas.events import UsageEvent
 
 STAGE = "billing"
 GROUP = "chatpipe-billing"
-
-
-class _Rebalance(ConsumerRebalanceListener):
-    def __init__(self, tracker: OffsetTracker) -> None:
-        self.tracker = tracker
-
-    async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
-        self.tracker.forget(set(revoked))
-
-    async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
-        pass
 
 
 class BillingStage:
@@ -47,7 +35,7 @@ class BillingStage:
     async def run(self) -> None:
         producer = self.kafka.producer()
         self.consumer = self.kafka.consumer(group_id=GROUP, bulk=True)
-        self.consumer.subscribe([topics.USAGE], listener=_Rebalance(self.tracker))
+        self.consumer.subscribe([topics.USAGE], listener=ForgetRevoked(self.tracker))
         await producer.start()
         await self.consumer.start()
         try:

@@ -91,6 +91,13 @@ def build_ledger(settings: Settings) -> UsageLedger:
     return SQLiteLedger(settings.database_path)
 
 
+def gateway_pipeline(kafka: KafkaConfig, settings: Settings,
+                     gateway_id: str | None = None) -> KafkaPipeline:
+    """A gateway's Kafka side (or the safety judge's, which asks like a gateway)."""
+    return KafkaPipeline(kafka, gateway_id or settings.gateway_id,
+                         heartbeat_interval_s=settings.heartbeat_interval_s)
+
+
 def build_gateway_deps(settings: Settings, store: ConversationStore, pipeline: KafkaPipeline,
                        ledger: UsageLedger) -> GatewayDeps:
     ask = None
@@ -127,7 +134,12 @@ def safety_stage(kafka: KafkaConfig, settings: Settings,
         from safety.judge import judge_ask
 
         ask = judge_ask(pipeline, settings.safety_judge_model)
-    return SafetyStage(kafka, build_policy(settings, ask))
+    return SafetyStage(kafka, build_policy(settings, ask), settings.generation_idle_timeout_s)
+
+
+def recorder_stage(kafka: KafkaConfig, store: ConversationStore,
+                   settings: Settings) -> RecorderStage:
+    return RecorderStage(kafka, store, settings.generation_idle_timeout_s)
 
 
 def scheduling_policy(settings: Settings) -> Policy:
@@ -141,6 +153,8 @@ def scheduling_policy(settings: Settings) -> Policy:
         simple_request_max_chars=settings.simple_request_max_chars,
         queue_update_interval_s=settings.queue_update_interval_s,
         worker_lost_after_s=settings.worker_lost_after_s,
+        # A gateway's heartbeats stop, then clients have the resume grace to come back.
+        gateway_grace_s=settings.resume_grace_s + 2 * settings.heartbeat_interval_s,
     )
 
 
@@ -208,8 +222,18 @@ async def running_stack(settings: Settings, engine: Engine | None) -> AsyncItera
         supervisor = Supervisor()
         delivery_topic: dict[str, int] = {}  # once the pipeline has one
         kafka_stages = ("scheduler", "safety", "recorder", "billing", "worker")
-        kafka = await open_kafka(settings, stack, delivery_topic,
-                                 lambda: supervisor.paused(kafka_stages))
+        pipelines: list[KafkaPipeline] = []
+
+        @contextlib.asynccontextmanager
+        async def broker_restarting() -> AsyncIterator[None]:
+            """The stages stop while the broker restarts; the gateway reads its topics
+            again from their new start."""
+            async with supervisor.paused(kafka_stages):
+                yield
+                for pipeline in pipelines:
+                    pipeline.rewind()
+
+        kafka = await open_kafka(settings, stack, delivery_topic, broker_restarting)
         store = build_store(settings)
         await store.open()
         stack.push_async_callback(store.close)
@@ -217,14 +241,15 @@ async def running_stack(settings: Settings, engine: Engine | None) -> AsyncItera
         ledger = build_ledger(settings)
         await ledger.open()
         stack.push_async_callback(ledger.close)
-        pipeline = await stack.enter_async_context(KafkaPipeline(kafka, settings.gateway_id))
+        pipeline = await stack.enter_async_context(gateway_pipeline(kafka, settings))
+        pipelines.append(pipeline)
         delivery_topic[pipeline.reply_to] = pipeline.partitions
         deps = build_gateway_deps(settings, store, pipeline, ledger)
         server = supervisor.start("gateway", lambda: gateway_server(deps, settings),
                                   uvicorn.Server.serve)
         scheduler = supervisor.start("scheduler", lambda: scheduler_stage(kafka, settings))
         supervisor.start("safety", lambda: safety_stage(kafka, settings, pipeline))
-        supervisor.start("recorder", lambda: RecorderStage(kafka, store))
+        supervisor.start("recorder", lambda: recorder_stage(kafka, store, settings))
         supervisor.start("billing", lambda: BillingStage(kafka, ledger))
         if engine is not None:
             supervisor.start("worker", lambda: worker_stage(kafka, engine, settings))
@@ -285,7 +310,7 @@ async def run_stage(stage: str, settings: Settings) -> None:
             judge_pipeline = None
             if settings.safety_judge_model:
                 judge_pipeline = await stack.enter_async_context(
-                    KafkaPipeline(kafka, f"safety-{settings.gateway_id}"))
+                    gateway_pipeline(kafka, settings, f"safety-{settings.gateway_id}"))
             runners["safety"] = lambda: safety_stage(kafka, settings, judge_pipeline).run()
         if stage in ("gateway", "billing"):
             ledger = build_ledger(settings)
@@ -297,22 +322,25 @@ async def run_stage(stage: str, settings: Settings) -> None:
             await store.open()
             stack.push_async_callback(store.close)
             if stage == "recorder":
-                runners["recorder"] = lambda: RecorderStage(kafka, store).run()
+                runners["recorder"] = lambda: recorder_stage(kafka, store, settings).run()
             else:
                 await ensure_dev_key(store, settings)
-                pipeline = await stack.enter_async_context(
-                    KafkaPipeline(kafka, settings.gateway_id))
+                pipeline = await stack.enter_async_context(gateway_pipeline(kafka, settings))
                 server = gateway_server(build_gateway_deps(settings, store, pipeline, ledger),
                                         settings)
                 runners["gateway"] = server.serve
+        worker: WorkerStage | None = None
         if stage == "worker":
             engine = build_engine(settings)
             await engine.start()
             stack.push_async_callback(engine.stop)
-            runners["worker"] = lambda: worker_stage(kafka, engine, settings).run()
+            worker = worker_stage(kafka, engine, settings)
+            runners["worker"] = worker.run
         task = asyncio.create_task(runners[stage](), name=stage)
         try:
             await _until_stopped({stage: task})
+            if worker is not None and not task.done():
+                await worker.drain(settings.drain_timeout_s)
         finally:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)

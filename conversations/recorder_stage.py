@@ -12,11 +12,10 @@ from __future__ import annotations
 import logging
 import time
 
-from aiokafka import ConsumerRebalanceListener
 from aiokafka.structs import ConsumerRecord, TopicPartition
 
 from bus.clients import KafkaConfig, Publisher
-from bus.offsets import OffsetTracker
+from bus.offsets import ForgetRevoked, OffsetTracker
 from bus.subscriber import consume, decode_record
 from conversations.durable import retried
 from conversations.recorder import Recorder
@@ -28,19 +27,6 @@ log = logging.getLogger(__name__)
 
 STAGE = "recorder"
 GROUP = "chatpipe-recorder"
-class _Rebalance(ConsumerRebalanceListener):
-    def __init__(self, stage: RecorderStage) -> None:
-        self.stage = stage
-
-    async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
-        for tp in revoked:
-            self.stage.recorder.forget_partition(tp.partition)
-        self.stage.tracker.forget(set(revoked))
-
-    async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
-        pass
-
-
 class RecorderStage:
     def __init__(self, kafka: KafkaConfig, store: ConversationStore,
                  idle_timeout_s: float = 120.0) -> None:
@@ -52,7 +38,8 @@ class RecorderStage:
     async def run(self) -> None:
         producer = self.kafka.producer()
         self.consumer = self.kafka.consumer(group_id=GROUP, bulk=True)
-        self.consumer.subscribe([topics.ANSWERS], listener=_Rebalance(self))
+        self.consumer.subscribe([topics.ANSWERS], listener=ForgetRevoked(
+            self.tracker, self.recorder.forget_partition))
         await producer.start()
         await self.consumer.start()
         try:

@@ -83,6 +83,13 @@ class AnswerFollower:
             if self._consumer is not None:
                 self._assign(self._consumer)
 
+    def rewind(self) -> None:
+        """Every partition followed is read again from its start (the broker lost it)."""
+        for partition in self._positions:
+            self._positions[partition] = 0
+        if self._consumer is not None and self._follows:
+            self._assign(self._consumer)
+
     @property
     def following(self) -> int:
         return sum(map(len, self._follows.values()))

@@ -36,6 +36,7 @@ from schemas.events import (
     DeliverEvent,
     DeliveryDone,
     DeliveryError,
+    GatewayHeartbeat,
     GenerationRequest,
     ModerationEvent,
     Reroute,
@@ -72,10 +73,12 @@ class DeliveryStream:
 class KafkaPipeline:
     """`gateway.pipeline.Pipeline` over Kafka; `async with` starts and stops it."""
 
-    def __init__(self, kafka: KafkaConfig, gateway_id: str, partitions: int = 4) -> None:
+    def __init__(self, kafka: KafkaConfig, gateway_id: str, partitions: int = 4,
+                 heartbeat_interval_s: float = 1.0) -> None:
         self.kafka = kafka
         self.gateway_id = gateway_id
         self.partitions = partitions
+        self.heartbeat_interval_s = heartbeat_interval_s
         self.follower = AnswerFollower(kafka)
         self._streams: dict[str, DeliveryStream] = {}
         self._holds: dict[str, asyncio.Task[None]] = {}
@@ -98,13 +101,15 @@ class KafkaPipeline:
         self._task = asyncio.create_task(
             consume(self._consumer, STAGE, self.publisher, self._route, poll_ms=100)
         )
+        self._heartbeats = asyncio.create_task(self._beat(), name="gateway-heartbeats")
 
     async def stop(self) -> None:
-        for hold in list(self._holds.values()):
-            hold.cancel()
+        for task in (*self._holds.values(), self._heartbeats):
+            task.cancel()
         if self._task is not None:
             self._task.cancel()
-            await asyncio.gather(self._task, *self._holds.values(), return_exceptions=True)
+            await asyncio.gather(self._task, self._heartbeats, *self._holds.values(),
+                                 return_exceptions=True)
         await self.follower.stop()
         await self._consumer.stop()
         await self._producer.stop()
@@ -190,6 +195,25 @@ class KafkaPipeline:
         else:
             await self.publisher.send(held_by, reroute, key=request_id)
         await self.publisher.send(topics.CONTROL, reroute, key=request_id)
+
+    def rewind(self) -> None:
+        """The broker lost every record (an embedded broker restarted): read this
+        gateway's topics again from their new start."""
+        for tp in self._consumer.assignment():
+            self._consumer.seek(tp, 0)
+        self.follower.rewind()
+
+    async def _beat(self) -> None:
+        """Say this gateway is alive: the scheduler cancels the streams of one that went
+        silent if nobody resumed them within the grace."""
+        heartbeat = GatewayHeartbeat(gateway_id=self.gateway_id, reply_to=self.reply_to)
+        while True:
+            try:
+                await self.publisher.send(topics.CONTROL, heartbeat.model_copy(
+                    update={"sent_at": time.time()}), key=self.reply_to)
+            except Exception:  # noqa: BLE001 - the next beat tries again
+                log.warning("gateway heartbeat failed", exc_info=True)
+            await asyncio.sleep(self.heartbeat_interval_s)
 
     # --- status -----------------------------------------------------------------------
 

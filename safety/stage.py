@@ -14,11 +14,10 @@ import logging
 import time
 from collections import deque
 
-from aiokafka import ConsumerRebalanceListener
 from aiokafka.structs import ConsumerRecord, TopicPartition
 
 from bus.clients import KafkaConfig, Publisher
-from bus.offsets import OffsetTracker
+from bus.offsets import ForgetRevoked, OffsetTracker
 from bus.subscriber import consume, decode_record
 from safety.classifiers import Verdict, first_verdict
 from safety.core import Check, Deliver, Output, SafetyCore
@@ -33,19 +32,6 @@ STAGE = "safety"
 GROUP = "chatpipe-safety"
 
 
-class _Rebalance(ConsumerRebalanceListener):
-    def __init__(self, stage: SafetyStage) -> None:
-        self.stage = stage
-
-    async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
-        for tp in revoked:
-            self.stage.core.forget_partition(tp.partition)
-        self.stage.tracker.forget(set(revoked))
-
-    async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
-        pass
-
-
 class SafetyStage:
     def __init__(self, kafka: KafkaConfig, policy: SafetyPolicy | None = None,
                  idle_timeout_s: float = 120.0) -> None:
@@ -58,7 +44,8 @@ class SafetyStage:
     async def run(self) -> None:
         producer = self.kafka.producer()
         self.consumer = self.kafka.consumer(group_id=GROUP)
-        self.consumer.subscribe([topics.TOKENS], listener=_Rebalance(self))
+        self.consumer.subscribe([topics.TOKENS],
+                                listener=ForgetRevoked(self.tracker, self.core.forget_partition))
         await producer.start()
         await self.consumer.start()
         self.publisher = Publisher(producer)

@@ -54,6 +54,8 @@ class Policy:
     simple_request_max_chars: int = 0
     queue_update_interval_s: float = 1.0
     worker_lost_after_s: float = 5.0
+    gateway_grace_s: float = 0.0
+    """A stream whose gateway went silent this long, unresumed, is cancelled; 0: never."""
 
     def allows(self, tier: Tier, model: str) -> bool:
         allowed = self.tier_models.get(tier)
@@ -196,6 +198,12 @@ class Scheduler:
     def waiting(self) -> list[GenerationRequest]:
         """Waiting requests, highest tier first, each tier in fair order."""
         return [request for tier in Tier for request in self._queues[tier]]
+
+    def running(self) -> list[GenerationRequest]:
+        """Requests handed to workers and not known to have ended (those only a heartbeat
+        told of, whose request is not read back yet, are left out)."""
+        return [flight.request for worker in self.registry.workers.values()
+                for flight in worker.in_flight.values() if flight.request is not None]
 
     def expire(self) -> list[GenerationRequest]:
         """Drop and return waiting requests whose deadline has passed. A continuation

@@ -32,6 +32,7 @@ from bus.replay import read_between
 from bus.subscriber import consume, decode_record, failed
 from scheduler.claims import Claim
 from scheduler.core import Dispatch, Scheduler
+from scheduler.gateways import GatewayWatch
 from scheduler.journal import (
     CANCELLED,
     DEADLINE_EXCEEDED,
@@ -48,6 +49,7 @@ from schemas.events import (
     Event,
     GenerationRequest,
     Queued,
+    Reroute,
     Routed,
     SchedulerClaim,
     SchedulerStatus,
@@ -81,6 +83,7 @@ class SchedulerStage:
         self._status_sent_at = 0.0
         self._shedding: set[Tier] = set()
         self._read_back_failures = 0
+        self.gateways = GatewayWatch(core.policy.gateway_grace_s)
 
     async def run(self) -> None:
         """Claim, replay the journal, then schedule until cancelled or fenced; a fenced
@@ -177,6 +180,10 @@ class SchedulerStage:
                 request = self.core.cancel(event.request_id)
                 if request is not None:
                     await self._end_unserved(request, CANCELLED)
+            elif isinstance(event, Reroute):
+                self.gateways.rerouted(event.request_id, event.reply_to)
+            elif event.sent_at >= time.time() - self.gateways.grace_s:  # not an old one
+                self.gateways.heartbeat(event.reply_to, time.monotonic())
         else:
             await self._admit(decode_record(GenerationRequest, record), tp, record.offset)
 
@@ -243,6 +250,7 @@ class SchedulerStage:
         await self._read_back_unknown()
         for request in self.core.expire():
             await self._end_unserved(request, DEADLINE_EXCEEDED)
+        await self._cancel_abandoned()
         dispatches = self.core.schedule()
         if dispatches:
             await asyncio.gather(*(self._dispatch(d) for d in dispatches))
@@ -254,6 +262,21 @@ class SchedulerStage:
         await self._publish_status()
         await self.claim.refresh()
         await self._commit()
+
+    async def _cancel_abandoned(self) -> None:
+        """Streams whose gateway died and that nobody resumed within the grace: a queued
+        one ends unserved, a running one is cancelled like a client's Stop."""
+        now = time.monotonic()
+        for request in self.gateways.abandoned([*self.core.waiting(), *self.core.running()],
+                                               now):
+            log.info("request %s: its gateway %s is gone and nobody resumed it; cancelling",
+                     request.request_id, request.reply_to)
+            if self.core.cancel(request.request_id) is not None:
+                await self._end_unserved(request, CANCELLED)
+            else:
+                await self.publisher.send(topics.CONTROL, Cancel(
+                    request_id=request.request_id, reason="gateway_gone"),
+                    key=request.request_id)
 
     async def _read_back_unknown(self) -> None:
         """Requests to dispatch again that only a heartbeat told of: their assignments

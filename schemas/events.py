@@ -356,7 +356,16 @@ class Reroute(Event):
     reply_to: str
 
 
-ControlEvent = Annotated[Cancel | Reroute, Field(discriminator="type")]
+class GatewayHeartbeat(Event):
+    """A gateway is alive: every second on `chat.control`, keyed by its delivery topic."""
+
+    type: Literal["gateway"] = "gateway"
+    gateway_id: str
+    reply_to: str
+    sent_at: float = Field(default_factory=now)
+
+
+ControlEvent = Annotated[Cancel | Reroute | GatewayHeartbeat, Field(discriminator="type")]
 GatewayEvent = Annotated[
     Delta | Queued | Routed | Retract | DeliveryError | DeliveryDone | Reroute,
     Field(discriminator="type"),

@@ -53,6 +53,7 @@ log = logging.getLogger(__name__)
 STAGE = "worker"
 GROUP = "chatpipe-workers"
 RECENT = 10_000
+SHUTDOWN_S = 5.0
 
 
 class _Rebalance(ConsumerRebalanceListener):
@@ -134,8 +135,12 @@ class WorkerStage:
             running.task.cancel()
         await asyncio.gather(*(r.task for r in self._running.values()), return_exceptions=True)
         try:
-            await self._send_heartbeat()
-            await self._commit()
+            # A broker that is gone must not hold the stop up, nor get a commit much later.
+            async with asyncio.timeout(SHUTDOWN_S):
+                await self._send_heartbeat()
+                await self._commit()
+        except TimeoutError:
+            log.warning("stopping without a last heartbeat and commit: the bus does not answer")
         finally:
             await self.work.stop()
             await control.stop()

@@ -264,6 +264,31 @@ async def gateway_death(pipe: Pipeline, streams: int = 16) -> FaultResult:
                        stored_equal=stored_equal)
 
 
+async def scheduler_restart(pipe: Pipeline, running: int = 16, queued: int = 8,
+                            down_s: float = 1.0) -> FaultResult:
+    """SIGKILL the scheduler while answers stream and more arrive; start it again after
+    `down_s`. Running answers go on; the new ones start once it is back."""
+    async with pipe.http("g1") as client:
+        streams = Streams([client])
+        await streams.start([100] * running, "before")
+        await streams.streaming()
+        pipe.kill("scheduler")
+        killed = time.monotonic()
+        late = Streams([client])
+        await late.start([20] * queued, "during")
+        await asyncio.sleep(max(0.0, down_s - (time.monotonic() - killed)))
+        await pipe.restart("scheduler")
+        restarted = time.monotonic()
+        watched = await streams.results() + await late.results()
+    first_after_restart = max(seen.deltas[0][2] for seen in late.watched) - restarted
+    ids = {seen.request_id for seen in watched}
+    runs = Counter((a.request.request_id, a.request.attempt) for a in await assignments(pipe, ids))
+    return await judge(pipe, f"SIGKILL the scheduler under {running} streams, {queued} more "
+                       f"arriving, back after {down_s:g} s", watched,
+                       queued_started_within_s=round(first_after_restart, 2),
+                       dispatched_twice=sum(n > 1 for n in runs.values()))
+
+
 async def stored_answer(client: httpx.AsyncClient, seen: Watched) -> dict[str, Any] | None:
     """The answer as `GET /v1/conversations/{id}` shows it now."""
     detail = (await client.get(f"/v1/conversations/{seen.conversation_id}")).json()

@@ -140,3 +140,34 @@ async def _read(client: httpx.AsyncClient, request: httpx.Request, seen: Watched
                 seen.ended_at = time.monotonic()
     finally:
         await response.aclose()
+
+
+@dataclass
+class Reading:
+    """One answer read in the background; `seen` fills as it arrives."""
+
+    seen: Watched
+    task: asyncio.Task[Watched]
+
+    async def result(self, timeout_s: float = 60.0) -> Watched:
+        return await asyncio.wait_for(self.task, timeout_s)
+
+    async def drop(self) -> Watched:
+        """The client goes away (its connection closes), as a phone losing its network."""
+        self.task.cancel()
+        await asyncio.gather(self.task, return_exceptions=True)
+        return self.seen
+
+
+async def reading(clients: Sequence[httpx.AsyncClient], conversation_id: str,
+                  body: dict[str, Any]) -> Reading:
+    """Start reading an answer in the background; returns once its first piece is in."""
+    seen, first = Watched(), asyncio.Event()
+    task = asyncio.create_task(watch(clients, conversation_id, body, seen=seen,
+                                     first_delta=first))
+    waiter = asyncio.create_task(first.wait())
+    await asyncio.wait([task, waiter], return_when=asyncio.FIRST_COMPLETED)
+    waiter.cancel()
+    if task.done():
+        task.result()  # it failed (or ended) before its first piece: say so
+    return Reading(seen, task)

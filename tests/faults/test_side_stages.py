@@ -21,7 +21,7 @@ from schemas.events import DeadLetter
 from tests.faults import scenarios
 from tests.faults.harness import Pipeline, running_pipeline
 from tests.faults.scenarios import PIPELINE_SETTINGS, stored_once_ended
-from tests.faults.streams import Watched, watch
+from tests.faults.streams import Watched, reading, watch
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -45,13 +45,7 @@ async def pipeline(tmp_path_factory) -> Pipeline:
 async def dropped_answer(client, content: str, tokens: int = 20) -> Watched:
     """An answer whose client drops the stream after its first piece."""
     [cid] = await scenarios.conversations(client, 1)
-    seen, started = Watched(), asyncio.Event()
-    reading = asyncio.create_task(watch([client], cid, {"content": content, "max_tokens": tokens},
-                                        seen=seen, first_delta=started))
-    await started.wait()
-    reading.cancel()
-    await asyncio.gather(reading, return_exceptions=True)
-    return seen
+    return await (await reading([client], cid, {"content": content, "max_tokens": tokens})).drop()
 
 
 async def test_a_store_that_fails_for_a_while_is_retried_not_dead_lettered(pipeline):
@@ -117,12 +111,9 @@ async def test_poison_records_are_dead_lettered_and_every_stage_goes_on(pipeline
 async def test_deleting_a_conversation_while_it_streams_leaves_nothing_behind(pipeline):
     async with pipeline.http() as client:
         [cid] = await scenarios.conversations(client, 1)
-        seen, started = Watched(), asyncio.Event()
-        reading = asyncio.create_task(watch([client], cid, scenarios.body(400, "deleted"),
-                                            seen=seen, first_delta=started))
-        await started.wait()
+        answer = await reading([client], cid, scenarios.body(400, "deleted"))
         assert (await client.delete(f"/v1/conversations/{cid}")).status_code == 204
-        watched = await asyncio.wait_for(reading, timeout=15)
+        watched = await answer.result(timeout_s=15)
         await asyncio.sleep(2.0)  # the recorder has read the answer's end by now
         assert (await client.get(f"/v1/conversations/{cid}")).status_code == 404
         assert await stored_answer_rows(pipeline, cid) == (0, 0)

@@ -31,7 +31,7 @@ from tests.faults.scenarios import (
     stored_once_ended,
     usage_of,
 )
-from tests.faults.streams import Watched, watch
+from tests.faults.streams import reading, watch
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -69,6 +69,14 @@ async def test_a_killed_gateway_s_streams_resume_on_another(pipeline):
     assert result.details["stored_equal"] == 16, "the joined text is the stored answer"
 
 
+async def test_a_killed_scheduler_comes_back_and_dispatches_nothing_twice(pipeline):
+    result = await scenarios.scheduler_restart(pipeline, running=16, queued=8)
+    print(result)
+    assert result.clean, result
+    assert result.details["dispatched_twice"] == 0
+    assert result.details["queued_started_within_s"] <= 5.0
+
+
 # --- clients that drop and come back ---------------------------------------------------------
 
 
@@ -77,11 +85,7 @@ async def test_a_dropped_stream_resumed_elsewhere_within_the_grace_is_not_cancel
         [cid] = await scenarios.conversations(first, 1)
         answer_s = 3 * RESUME_GRACE_S
         body = scenarios.body(int(answer_s * TOKENS_PER_S), "dropped")
-        seen, started = Watched(), asyncio.Event()
-        reading = asyncio.create_task(watch([first], cid, body, seen=seen, first_delta=started))
-        await started.wait()
-        reading.cancel()  # the phone loses its connection
-        await asyncio.gather(reading, return_exceptions=True)
+        seen = await (await reading([first], cid, body)).drop()  # the phone loses its network
         await asyncio.sleep(1.0)
         rest = await watch([second], cid, body, seen=seen)  # resumes after its last id
         # Resumed with a grace of RESUME_GRACE_S on g1: the answer outlives it uncancelled.
@@ -97,12 +101,7 @@ async def test_a_dropped_stream_nobody_resumes_is_cancelled_after_the_grace(pipe
     async with pipeline.http("g1") as client:
         [cid] = await scenarios.conversations(client, 1)
         tokens = int(10 * RESUME_GRACE_S * TOKENS_PER_S)
-        seen, started = Watched(), asyncio.Event()
-        reading = asyncio.create_task(watch([client], cid, scenarios.body(tokens, "gone"),
-                                            seen=seen, first_delta=started))
-        await started.wait()
-        reading.cancel()
-        await asyncio.gather(reading, return_exceptions=True)
+        seen = await (await reading([client], cid, scenarios.body(tokens, "gone"))).drop()
         dropped = time.monotonic()
         usage = await usage_of(pipeline, seen.request_id, timeout_s=RESUME_GRACE_S + 10)
         ended_after = time.monotonic() - dropped
@@ -115,16 +114,31 @@ async def test_a_dropped_stream_nobody_resumes_is_cancelled_after_the_grace(pipe
     assert stored["status"] == "finished_aborted", "the recorder stored what nobody relayed"
 
 
+async def test_a_dead_gateway_s_stream_nobody_resumes_is_cancelled_after_the_grace(pipeline):
+    async with pipeline.http("g1") as client:
+        [cid] = await scenarios.conversations(client, 1)
+        tokens = int(10 * RESUME_GRACE_S * TOKENS_PER_S)
+        orphan = await reading([client], cid, scenarios.body(tokens, "orphan"))
+        pipeline.kill("g1")
+        killed = time.monotonic()
+        seen = await orphan.drop()
+        usage = await usage_of(pipeline, seen.request_id, timeout_s=RESUME_GRACE_S + 15)
+        ended_after = time.monotonic() - killed
+    await pipeline.restart("g1")
+    await pipeline.wait_for_gateway("g1")
+    assert usage.status == RequestStatus.FINISHED_ABORTED
+    assert ended_after <= RESUME_GRACE_S + 4, "a dead gateway wastes at most the grace"
+    assert usage.completion_tokens < tokens / 2
+    assert [c.reason for c in await cancels_of(pipeline, seen.request_id)] == ["gateway_gone"]
+
+
 async def test_stop_on_another_gateway_cancels_at_once(pipeline):
     async with pipeline.http("g1") as first, pipeline.http("g2") as second:
         [cid] = await scenarios.conversations(first, 1)
-        seen, started = Watched(), asyncio.Event()
-        reading = asyncio.create_task(watch([first], cid, scenarios.body(400, "stop"),
-                                            seen=seen, first_delta=started))
-        await started.wait()
-        stopped = await second.post(f"/v1/requests/{seen.request_id}/cancel")
+        answer = await reading([first], cid, scenarios.body(400, "stop"))
+        stopped = await second.post(f"/v1/requests/{answer.seen.request_id}/cancel")
         assert stopped.status_code == 202, stopped.text
-        watched = await asyncio.wait_for(reading, timeout=10)
+        watched = await answer.result(timeout_s=10)
     assert watched.end_event == "done" and watched.end["status"] == "finished_aborted"
     assert watched.end["usage"]["completion_tokens"] < 200
 
@@ -135,13 +149,10 @@ async def test_stop_on_another_gateway_cancels_at_once(pipeline):
 async def test_a_stream_that_stops_moving_ends_stalled_and_is_cancelled(pipeline):
     async with pipeline.http("g1") as client:
         [cid] = await scenarios.conversations(client, 1)
-        seen, started = Watched(), asyncio.Event()
-        reading = asyncio.create_task(watch([client], cid, scenarios.body(400, "stall"),
-                                            seen=seen, first_delta=started))
-        await started.wait()
+        answer = await reading([client], cid, scenarios.body(400, "stall"))
         pipeline.signal("safety", signal.SIGSTOP)  # frozen: nothing reaches the gateway
         try:
-            watched = await asyncio.wait_for(reading, timeout=STALL_S + 10)
+            watched = await answer.result(timeout_s=STALL_S + 10)
         finally:
             pipeline.signal("safety", signal.SIGCONT)
         stored = await stored_answer(client, watched)
@@ -158,12 +169,9 @@ async def test_a_stream_that_stops_moving_ends_stalled_and_is_cancelled(pipeline
 async def test_the_answer_is_stored_before_its_end_reaches_the_client(pipeline):
     async with pipeline.http("g1") as client:
         [cid] = await scenarios.conversations(client, 1)
-        seen, started = Watched(), asyncio.Event()
-        reading = asyncio.create_task(watch([client], cid, scenarios.body(40, "ryw"),
-                                            seen=seen, first_delta=started))
-        await started.wait()
-        during = await stored_answer(client, seen)
-        watched = await reading
+        answer = await reading([client], cid, scenarios.body(40, "ryw"))
+        during = await stored_answer(client, answer.seen)
+        watched = await answer.result()
         after = await stored_answer(client, watched)
         again = await client.post(f"/v1/conversations/{cid}/messages",
                                   json={"content": "next", "max_tokens": 4})

@@ -1,0 +1,38 @@
+"""Streams whose gateway died and that nobody resumed (scheduler/gateways.py)."""
+
+from __future__ import annotations
+
+from scheduler.gateways import GatewayWatch
+from schemas.events import GenerationRequest
+
+
+def request(rid: str, reply_to: str = "chat.deliver.g1") -> GenerationRequest:
+    return GenerationRequest(request_id=rid, conversation_id="c", message_id="m", user_id="u",
+                             org_id="o", tier="free", model="tiny", messages=(),
+                             reply_to=reply_to)
+
+
+def test_a_silent_gateway_s_streams_are_abandoned_once_after_the_grace():
+    watch = GatewayWatch(grace_s=5)
+    watch.heartbeat("chat.deliver.g1", now=0)
+    watch.heartbeat("chat.deliver.g2", now=0)
+    streams = [request("a"), request("b", "chat.deliver.g2")]
+    assert watch.abandoned(streams, now=4) == []
+    watch.heartbeat("chat.deliver.g2", now=4)
+    assert [r.request_id for r in watch.abandoned(streams, now=6)] == ["a"]
+    assert watch.abandoned(streams, now=7) == [], "each stream once"
+
+
+def test_a_resumed_stream_belongs_to_the_gateway_that_resumed_it():
+    watch = GatewayWatch(grace_s=5)
+    watch.heartbeat("chat.deliver.g1", now=0)
+    watch.rerouted("a", "chat.deliver.g2")
+    watch.heartbeat("chat.deliver.g2", now=9)
+    assert watch.abandoned([request("a")], now=10) == []
+
+
+def test_gateways_never_heard_from_are_not_judged_and_zero_grace_judges_nothing():
+    assert GatewayWatch(grace_s=5).abandoned([request("a")], now=100) == []
+    never = GatewayWatch(grace_s=0)
+    never.heartbeat("chat.deliver.g1", now=0)
+    assert never.abandoned([request("a")], now=100) == []
