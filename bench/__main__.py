@@ -47,7 +47,8 @@ def _setting(text: str) -> tuple[str, str]:
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("mode", nargs="?", default="run", choices=("run", "smoke", "profile", "faults"))
+    parser.add_argument("mode", nargs="?", default="run",
+                        choices=("run", "smoke", "profile", "faults"))
     parser.add_argument("--out", type=Path, default=BENCH_DIR, help="where results go")
     parser.add_argument("--model", type=Path, default=DEFAULT_MODEL_DIR)
     parser.add_argument("--max-slots", type=int, default=64)

@@ -61,7 +61,8 @@ async def consume(
             failures = 0
         except Exception:  # noqa: BLE001 - a stage outlives a failing commit or produce
             log.exception("%s: after-batch step failed; retrying", stage)
-            await asyncio.sleep(AFTER_BATCH_BACKOFF_S[min(failures, len(AFTER_BATCH_BACKOFF_S) - 1)])
+            await asyncio.sleep(
+                AFTER_BATCH_BACKOFF_S[min(failures, len(AFTER_BATCH_BACKOFF_S) - 1)])
             failures += 1
 
 

@@ -151,8 +151,6 @@ STATEMENTS = {
     "select_messages": f"SELECT {MESSAGE_COLUMNS}, selected FROM {{ks}}.messages"
     " WHERE conversation_id = ?",
     "delete_message": "DELETE FROM {ks}.messages WHERE conversation_id = ? AND seq = ?",
-    "retract_message": "UPDATE {ks}.messages SET content = ?, status = ?"
-    " WHERE conversation_id = ? AND seq = ?",
     # a condition, so of two writers only one finishes it, and a deleted row stays gone
     "finish_answer": "UPDATE {ks}.messages SET content = ?, tokens = ?, prompt_tokens = ?,"
     " cached_tokens = ?, model = ?, status = ? WHERE conversation_id = ? AND seq = ?"

@@ -261,14 +261,6 @@ class CassandraStore:
             if m.status == RequestStatus.IN_PROGRESS and m.request_id
         ]  # fmt: skip
 
-    async def retract_message(self, message_id: str, replacement: str) -> bool:
-        key = await self._message_key(message_id)
-        if key is None:
-            return False
-        filtered = RequestStatus.FINISHED_FILTERED.value
-        await self._run("retract_message", (replacement, filtered, *key))
-        return True
-
     async def list_messages(self, conversation_id: str) -> list[StoredMessage]:
         return cql.messages_of(await self._run("select_messages", (conversation_id,)))
 

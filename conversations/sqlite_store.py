@@ -106,17 +106,6 @@ class SQLiteStore(SQLiteFile):
 
         return await self._run(rename)
 
-    async def retract_message(self, message_id: str, replacement: str) -> bool:
-        def retract(conn: sqlite3.Connection) -> bool:
-            with transaction(conn):
-                cursor = conn.execute(
-                    "UPDATE messages SET content = ?, status = ? WHERE message_id = ?",
-                    (replacement, RequestStatus.FINISHED_FILTERED.value, message_id),
-                )
-            return cursor.rowcount > 0
-
-        return await self._run(retract)
-
     async def set_auto_title(self, conversation_id: str, title: str) -> None:
         await self._run(
             lambda conn: conn.execute(

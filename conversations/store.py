@@ -224,9 +224,6 @@ class ConversationStore(Protocol):
     async def in_progress_requests(self, conversation_id: str) -> list[str]:
         """Request ids of the conversation's answers still IN_PROGRESS (to cancel them)."""
 
-    async def retract_message(self, message_id: str, replacement: str) -> bool:
-        """Replace a stored answer's text (status FINISHED_FILTERED); False if not stored."""
-
     async def list_messages(self, conversation_id: str) -> list[StoredMessage]:
         """All messages of a conversation (every branch) in seq order."""
 

@@ -24,7 +24,6 @@ from tests.faults.scenarios import (
     RESUME_GRACE_S,
     STALL_S,
     TOKENS_PER_S,
-    Streams,
     cancels_of,
     judge,
     stored_answer,

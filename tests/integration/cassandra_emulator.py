@@ -222,13 +222,6 @@ class EmulatedCql:
             partition.rows.pop(seq, None)
         return []
 
-    def _retract_message(self, content: str, status: str, conversation_id: str,
-                         seq: int) -> list[Row]:
-        row = self.messages.get(conversation_id, _Partition()).rows.get(seq)
-        if row is not None:
-            row.update(content=content, status=status)
-        return []
-
     def _finish_answer(self, *values: Any) -> list[Row]:
         *final, conversation_id, seq, expected = values
         row = self.messages.get(conversation_id, _Partition()).rows.get(seq)

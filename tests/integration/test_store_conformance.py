@@ -194,16 +194,6 @@ async def test_add_message_is_idempotent_on_message_id(store: ConversationStore,
     assert len(await store.list_messages(n.c1)) == 1
 
 
-async def test_retract_replaces_a_stored_answer(store: ConversationStore, n: Names) -> None:
-    await store.add_message(user_message(n.m1, n.c1))
-    await store.add_message(answer(n.m2, n.c1, n.m1))
-
-    assert await store.retract_message(n.m2, "[removed]")
-    retracted = await store.get_message(n.m2)
-    assert (retracted.content, retracted.status) == ("[removed]", RequestStatus.FINISHED_FILTERED)
-    assert not await store.retract_message(n.missing, "[removed]")
-
-
 async def test_concurrent_appends_get_distinct_dense_seqs(
     store: ConversationStore, n: Names
 ) -> None:
