@@ -208,6 +208,9 @@ class TokenChunk(StreamEvent):
     text: str
     token_count: int
     completion_tokens: int
+    token_ids: tuple[int, ...] = Field(
+        (), description="the chunk's tokens (where the engine has them): what a "
+        "continuation gives the engine back")
 
 
 class GenerationDone(StreamEvent):

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(slots=True)
 class Pending:
     text: str = ""
     tokens: int = 0
+    token_ids: list[int] = field(default_factory=list)
 
 
 class Coalescer:
@@ -25,9 +26,11 @@ class Coalescer:
         self._pending = Pending()
         self._last_sent: float | None = None
 
-    def add(self, text: str, tokens: int, now: float) -> Pending | None:
+    def add(self, text: str, tokens: int, now: float,
+            token_ids: tuple[int, ...] = ()) -> Pending | None:
         self._pending.text += text
         self._pending.tokens += tokens
+        self._pending.token_ids += token_ids
         if self._last_sent is not None and now - self._last_sent < self.interval_s:
             return None
         return self._take(now)

@@ -18,9 +18,9 @@ from schemas.lifecycle import RequestStatus
 class EngineOutput:
     """One step's new output for one request.
 
-    `text` is the new text since the previous output (a delta);
-    `completion_tokens` counts every output token so far; `status` is set on
-    the last output only (a terminal `RequestStatus`).
+    `text` is the new text since the previous output (a delta) and `token_ids` its
+    tokens, where the engine has them; `completion_tokens` counts every output token
+    so far; `status` is set on the last output only (a terminal `RequestStatus`).
     """
 
     text: str
@@ -29,14 +29,20 @@ class EngineOutput:
     prompt_tokens: int
     cached_tokens: int = 0
     status: RequestStatus | None = None
+    token_ids: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
 class Continuation:
-    """Output an earlier attempt already streamed: the engine continues after it."""
+    """Output an earlier attempt already streamed: the engine continues after it.
+
+    `token_ids` are those tokens exactly, when every chunk carried them: an engine
+    continues from them rather than from the text, whose tokens may differ once
+    encoded again (so a greedy continuation is the uninterrupted answer)."""
 
     text: str
     tokens: int
+    token_ids: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

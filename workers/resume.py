@@ -30,6 +30,8 @@ class PriorOutput:
     tokens: int
     next_seq: int
     finished: bool  # an earlier attempt already ended the stream
+    token_ids: tuple[int, ...] = ()
+    """The tokens themselves, when every chunk carried all of its own."""
 
     @property
     def streamed(self) -> bool:
@@ -43,14 +45,17 @@ def assemble(request_id: str, events: Iterable[Event]) -> PriorOutput:
     """The output earlier attempts left, from the stream's events in partition order."""
     log = AnswerLog()
     text: list[str] = []
+    token_ids: list[int] = []
     tokens = 0
     for event in events:
         if getattr(event, "request_id", None) != request_id or not log.take(event):
             continue
         if isinstance(event, TokenChunk):
             text.append(event.text)
+            token_ids += event.token_ids
             tokens = event.completion_tokens
-    return PriorOutput("".join(text), tokens, log.next_seq, log.ended)
+    exact = tuple(token_ids) if len(token_ids) == tokens else ()
+    return PriorOutput("".join(text), tokens, log.next_seq, log.ended, exact)
 
 
 async def read_prior_output(kafka: KafkaConfig, request: GenerationRequest) -> PriorOutput:

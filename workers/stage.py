@@ -233,20 +233,23 @@ class WorkerStage:
 
     async def _stream_engine(self, request: GenerationRequest, prior: PriorOutput,
                              stream: StreamWriter) -> tuple[EngineOutput | None, RequestStatus]:
-        continuation = Continuation(prior.text, prior.tokens) if prior.streamed else None
+        continuation = (Continuation(prior.text, prior.tokens, prior.token_ids)
+                        if prior.streamed else None)
         coalescer = Coalescer(self.pacing.interval_s)
         last: EngineOutput | None = None
         status = RequestStatus.FINISHED_ABORTED
         async for output in self.engine.generate(request, continuation):
             last = output
             coalescer.interval_s = self.pacing.interval(len(self._running))
-            chunk = coalescer.add(output.text, output.new_tokens, time.monotonic())
+            chunk = coalescer.add(output.text, output.new_tokens, time.monotonic(),
+                                  output.token_ids)
             if chunk is not None:
-                await stream.chunk(chunk.text, chunk.tokens, output.completion_tokens)
+                await stream.chunk(chunk.text, chunk.tokens, output.completion_tokens,
+                                   chunk.token_ids)
             status = output.status or status
         tail = coalescer.flush(time.monotonic())
         if tail is not None and last is not None:
-            await stream.chunk(tail.text, tail.tokens, last.completion_tokens)
+            await stream.chunk(tail.text, tail.tokens, last.completion_tokens, tail.token_ids)
         return last, status
 
     async def _report_usage(self, request: GenerationRequest, last: EngineOutput | None,

@@ -30,9 +30,11 @@ class StreamWriter:
     async def _send(self, event: TokenChunk | GenerationDone | GenerationError) -> None:
         await self.publisher.send(topics.TOKENS, event, key=self.request.conversation_id)
 
-    async def chunk(self, text: str, tokens: int, completion_tokens: int) -> None:
+    async def chunk(self, text: str, tokens: int, completion_tokens: int,
+                    token_ids: list[int] | tuple[int, ...] = ()) -> None:
         await self._send(TokenChunk(**self._fields(), text=text, token_count=tokens,
-                                    completion_tokens=completion_tokens))
+                                    completion_tokens=completion_tokens,
+                                    token_ids=tuple(token_ids)))
 
     async def done(self, status: RequestStatus, usage: Usage) -> None:
         await self._send(GenerationDone(**self._fields(), status=status, usage=usage))

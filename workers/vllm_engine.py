@@ -134,6 +134,7 @@ class VllmEngine:
                         await llm.abort(request.request_id)
                     yield EngineOutput(
                         text=choice.text,
+                        token_ids=tuple(choice.token_ids),
                         new_tokens=len(choice.token_ids),
                         completion_tokens=completion_tokens,
                         prompt_tokens=prompt_tokens,
@@ -175,8 +176,9 @@ class VllmEngine:
         # The template already holds the bos token: add no other special tokens.
         token_ids = self._tokenizer.encode(text, add_special_tokens=False)
         prompt_tokens = len(token_ids)
-        if continuation is not None:
-            # The answer so far: generation goes on after it.
+        if continuation is not None and continuation.token_ids:
+            token_ids = token_ids + list(continuation.token_ids)  # the answer so far, exactly
+        elif continuation is not None:
             token_ids = self._tokenizer.encode(text + continuation.text, add_special_tokens=False)
         prompt: dict[str, Any] = {"prompt_token_ids": token_ids}
         if request.cache_salt:

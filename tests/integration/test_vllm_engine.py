@@ -9,7 +9,7 @@ import pytest
 
 from schemas.events import ChatMessage, GenerationRequest, Role, SamplingOptions
 from schemas.lifecycle import RequestStatus
-from workers.engine import EngineOutput
+from workers.engine import Continuation, EngineOutput
 
 pytestmark = pytest.mark.vllm
 
@@ -82,6 +82,24 @@ async def test_same_seed_gives_the_same_text(vllm_engine):
     first, second = await collect(vllm_engine, request()), await collect(vllm_engine, request())
 
     assert "".join(o.text for o in first) == "".join(o.text for o in second)
+
+
+async def test_a_continuation_goes_on_as_the_uninterrupted_answer(vllm_engine):
+    """Greedy decoding: an answer continued after its first tokens (its worker died
+    there) is the answer an uninterrupted run gives, token for token."""
+    request = make_request(max_tokens=40, ignore_eos=True)
+    whole = await collect(vllm_engine, request)
+    head = [out for out in whole if out.completion_tokens <= 17]
+    head_ids = tuple(token for out in head for token in out.token_ids)
+    continued = Continuation("".join(out.text for out in head), len(head_ids), head_ids)
+    rest = [out async for out in vllm_engine.generate(request, continued)]
+
+    assert len(head_ids) == head[-1].completion_tokens
+    assert continued.text + "".join(out.text for out in rest) == "".join(o.text for o in whole)
+    assert [t for o in rest for t in o.token_ids] == [t for o in whole for t in o.token_ids][
+        len(head_ids):]
+    assert rest[-1].completion_tokens == 40 and rest[-1].status is RequestStatus.FINISHED_LENGTH
+    assert rest[-1].prompt_tokens == whole[-1].prompt_tokens, "the answer so far is not prompt"
 
 
 async def test_concurrent_requests_run_in_one_batch(vllm_engine):

@@ -43,3 +43,11 @@ def test_a_finished_stream_is_reported():
 def test_nothing_streamed_yet():
     prior = assemble("r", [marker(0)])
     assert (prior.text, prior.tokens, prior.next_seq, prior.streamed) == ("", 0, 0, False)
+
+
+def test_token_ids_come_back_only_when_every_chunk_carried_its_own():
+    with_ids = [chunk(0, "a").model_copy(update={"token_ids": (7,)}),
+                chunk(1, "b").model_copy(update={"token_ids": (8,)})]
+    assert assemble("r", with_ids).token_ids == (7, 8)
+    assert assemble("r", [with_ids[0], chunk(1, "b")]).token_ids == (), \
+        "a chunk without its tokens: continue from the text"
