@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import sqlite3
+import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
@@ -25,15 +26,19 @@ def is_transient(error: BaseException) -> bool:
             or type(error).__name__ in _TRANSIENT_NAMES)
 
 
-async def retried(write: Callable[[], Awaitable[T]], what: str) -> T:
-    """`write()` until it succeeds; a transient failure waits and tries again (forever:
-    the stage stalls rather than lose the event), any other failure raises."""
+async def retried(write: Callable[[], Awaitable[T]], what: str,
+                  give_up_after_s: float | None = None) -> T:
+    """`write()` until it succeeds; a transient failure waits and tries again (by
+    default forever: the stage stalls rather than lose the event; with
+    `give_up_after_s`, the last failure raises once that time has passed), any other
+    failure raises."""
     attempt = 0
+    deadline = None if give_up_after_s is None else time.monotonic() + give_up_after_s
     while True:
         try:
             return await write()
         except Exception as error:
-            if not is_transient(error):
+            if not is_transient(error) or (deadline is not None and time.monotonic() > deadline):
                 raise
             delay = BACKOFF_S[min(attempt, len(BACKOFF_S) - 1)]
             log.warning("%s failed (%s); retrying in %.1f s", what, error, delay)

@@ -70,6 +70,12 @@ class Recorder:
         idle = [rid for rid, o in self._open.items() if now - o.last_seen >= self.idle_timeout_s]
         return [self._finish(request_id) for request_id in idle]
 
+    def waited(self, seconds: float) -> None:
+        """The stage could not read for `seconds` (the store was down): no answer went
+        idle meanwhile, so none is given up for it."""
+        for answer in self._open.values():
+            answer.last_seen += seconds
+
     def commit_floor(self, partition: int) -> int | None:
         """The lowest offset of an open answer on `partition`, None if none.
 

@@ -58,7 +58,9 @@ class RecorderStage:
         self.tracker.seen(TopicPartition(record.topic, record.partition), record.offset)
 
     async def _store(self, message: NewMessage) -> None:
+        started = time.monotonic()
         await retried(lambda: self.store.finish_answer(message), f"storing {message.message_id}")
+        self.recorder.waited(time.monotonic() - started)
 
     async def _after_batch(self) -> None:
         for message in self.recorder.expire(time.monotonic()):

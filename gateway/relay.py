@@ -145,10 +145,13 @@ class KafkaPipeline:
         """An answer's events from its marker on, read from `chat.answers`."""
         return await self.follower.follow(request_id, conversation_id, partition, offset)
 
-    async def cancel(self, request_id: str, reason: str = "client_disconnected") -> None:
+    async def cancel(self, request_id: str, reason: str = "client_disconnected",
+                     held_by: str | None = None) -> None:
+        """Publish a cancel; with `held_by`, one the scheduler passes on only while that
+        gateway still relays the stream (nobody resumed it elsewhere)."""
         await self.publisher.send_and_wait(
-            topics.CONTROL, Cancel(request_id=request_id, reason=reason), key=request_id
-        )
+            topics.CONTROL, Cancel(request_id=request_id, reason=reason, held_by=held_by),
+            key=request_id)
 
     async def moderate(self, event: ModerationEvent) -> None:
         await self.publisher.send(topics.MODERATION, event, key=event.conversation_id)
@@ -176,7 +179,7 @@ class KafkaPipeline:
                         return
         except TimeoutError:
             log.info("request %s: not resumed within %.0f s; cancelling", request_id, grace_s)
-            await self.cancel(request_id, reason="client_gone")
+            await self.cancel(request_id, reason="client_gone", held_by=self.reply_to)
         finally:
             await stream.aclose()
 

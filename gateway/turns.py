@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import anyio
 
 from conversations.answers import answer_started
+from conversations.durable import retried
 from conversations.context import BuiltContext
 from conversations.store import (
     ApiKey,
@@ -139,13 +140,19 @@ def native_timers(deps: GatewayDeps) -> StreamTimers:
     return StreamTimers(deps.settings.stream_stall_s, deps.settings.resume_grace_s)
 
 
+STORE_END_FOR_S = 10.0
+"""How long the end of a stream waits for a store that fails; the recorder stores the
+answer later if this gives up."""
+
+
 def store_answer(deps: GatewayDeps) -> OnEnd:
     """Stores a stream's answer once it has ended, before the end is shown."""
 
     async def store(relay: StreamRelay) -> None:
         answer = relay.answer()
         if answer is not None:
-            await deps.store.finish_answer(answer)
+            await retried(lambda: deps.store.finish_answer(answer),
+                          f"storing the end of {answer.message_id}", STORE_END_FOR_S)
 
     return store
 

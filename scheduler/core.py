@@ -87,6 +87,7 @@ class Dispatch:
     worker_id: str
     partition: int
     routed_reason: str | None = None
+    incarnation: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,6 +200,13 @@ class Scheduler:
         """Waiting requests, highest tier first, each tier in fair order."""
         return [request for tier in Tier for request in self._queues[tier]]
 
+    def request(self, request_id: str) -> GenerationRequest | None:
+        """The request, waiting or running, if known here."""
+        flight = self.registry.flight(request_id)
+        if flight is not None:
+            return flight.request
+        return next((r for r in self.waiting() if r.request_id == request_id), None)
+
     def running(self) -> list[GenerationRequest]:
         """Requests handed to workers and not known to have ended (those only a heartbeat
         told of, whose request is not read back yet, are left out)."""
@@ -270,7 +278,7 @@ class Scheduler:
         settled = self.registry.on_heartbeat(heartbeat, now, self._waiting_ids)
         for flight in settled.finished:
             self.throughput.finished(now - flight.dispatched_at)
-        for flight in settled.orphaned + settled.handed_back:
+        for flight in settled.orphaned + settled.handed_back + settled.lost:
             self._requeue(flight)
 
     def on_dispatched(self, request: GenerationRequest, worker_id: str, offset: int) -> None:
@@ -373,7 +381,7 @@ class Scheduler:
         partition = worker.next_partition()
         self.registry.hand_out(worker, request, partition, self._clock())
         self._remember_affinity(request.conversation_id, worker.worker_id)
-        return Dispatch(request, worker.worker_id, partition, reason)
+        return Dispatch(request, worker.worker_id, partition, reason, worker.incarnation)
 
     def _pick_worker(self, request: GenerationRequest, model: str) -> WorkerState | None:
         candidates = [w for w in self.workers.values() if w.model == model and w.free_slots > 0]

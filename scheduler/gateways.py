@@ -33,6 +33,12 @@ class GatewayWatch:
         self._holders[request_id] = reply_to
         _bound(self._holders)
 
+    def holds(self, gateway: str, request_id: str, asked_through: str | None) -> bool:
+        """Does `gateway` relay the stream now? It does unless another gateway resumed it
+        since (`asked_through`: the request's own `reply_to`, None when unknown here)."""
+        holder = self._holders.get(request_id, asked_through)
+        return holder is None or holder == gateway
+
     def abandoned(self, requests: Iterable[GenerationRequest],
                   now: float) -> list[GenerationRequest]:
         """Those of `requests` nobody relays any more, each returned once."""
@@ -42,8 +48,7 @@ class GatewayWatch:
         for request in requests:
             if request.request_id in self._abandoned:
                 continue
-            holder = self._holders.get(request.request_id, request.reply_to)
-            last = self._seen.get(holder)
+            last = self._seen.get(self._holders.get(request.request_id, request.reply_to))
             if last is not None and now - last > self.grace_s:
                 self._abandoned[request.request_id] = None
                 found.append(request)

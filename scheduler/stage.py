@@ -177,15 +177,31 @@ class SchedulerStage:
             self.tracker.seen(tp, record.offset)
             event = decode_record(CONTROL_EVENT, record)
             if isinstance(event, Cancel):
-                request = self.core.cancel(event.request_id)
-                if request is not None:
-                    await self._end_unserved(request, CANCELLED)
+                await self._on_cancel(event)
             elif isinstance(event, Reroute):
                 self.gateways.rerouted(event.request_id, event.reply_to)
             elif event.sent_at >= time.time() - self.gateways.grace_s:  # not an old one
                 self.gateways.heartbeat(event.reply_to, time.monotonic())
         else:
             await self._admit(decode_record(GenerationRequest, record), tp, record.offset)
+
+    async def _on_cancel(self, cancel: Cancel) -> None:
+        """A cancel ends a waiting request here. A conditional one (a gateway's resume
+        grace ran out) counts only while that gateway still relays the stream, and for
+        a running request is passed on to the workers as a plain cancel."""
+        if cancel.held_by is not None:
+            request = self.core.request(cancel.request_id)
+            asked_through = request.reply_to if request is not None else None
+            if not self.gateways.holds(cancel.held_by, cancel.request_id, asked_through):
+                log.info("request %s resumed elsewhere: %s's cancel is dropped",
+                         cancel.request_id, cancel.held_by)
+                return
+        request = self.core.cancel(cancel.request_id)
+        if request is not None:
+            await self._end_unserved(request, CANCELLED)
+        elif cancel.held_by is not None:
+            await self.publisher.send(topics.CONTROL, Cancel(
+                request_id=cancel.request_id, reason=cancel.reason), key=cancel.request_id)
 
     def _on_scheduler_event(self, event: Event) -> None:
         if isinstance(event, SchedulerClaim) and self.claim.fenced_by(event):
@@ -316,7 +332,7 @@ class SchedulerStage:
         that cannot be sent ends its request (dead-lettered, `dispatch_failed`)."""
         request = dispatch.request
         assignment = WorkAssignment(worker_id=dispatch.worker_id, request=request,
-                                    epoch=self.claim.epoch)
+                                    epoch=self.claim.epoch, incarnation=dispatch.incarnation)
         try:
             marker = await self.publisher.send_and_wait(topics.TOKENS, AttemptStarted(
                 request_id=request.request_id, attempt=request.attempt,

@@ -33,6 +33,9 @@ class InFlight:
     partition: int
     dispatched_at: float
     offset: int | None = None  # known once the assignment is acknowledged
+    started: bool = False
+    """A heartbeat listed it running: once it is not, it has ended (wherever its
+    partition went meanwhile)."""
 
 
 @dataclass(slots=True)
@@ -42,6 +45,7 @@ class Settled:
     finished: list[InFlight] = field(default_factory=list)
     orphaned: list[InFlight] = field(default_factory=list)  # partition moved before it was read
     handed_back: list[InFlight] = field(default_factory=list)  # a draining worker gave it back
+    lost: list[InFlight] = field(default_factory=list)  # its worker process restarted
 
 
 @dataclass(slots=True)
@@ -51,6 +55,7 @@ class WorkerState:
     partitions: tuple[int, ...]
     max_slots: int
     last_seen: float
+    incarnation: str = ""
     active: frozenset[str] = frozenset()
     consumed: dict[int, int] = field(default_factory=dict)
     in_flight: dict[str, InFlight] = field(default_factory=dict)
@@ -83,6 +88,12 @@ class WorkerState:
         return flight.offset is not None and flight.offset < self.consumed.get(flight.partition, 0)
 
     def refresh(self, heartbeat: WorkerHeartbeat, now: float) -> Settled:
+        lost: list[InFlight] = []
+        if heartbeat.incarnation != self.incarnation:
+            # Another process under this worker id: what the last one held is lost.
+            if self.incarnation:
+                lost, self.in_flight = list(self.in_flight.values()), {}
+            self.incarnation = heartbeat.incarnation
         if heartbeat.partitions != self.partitions:
             self._next_partition = None
         self.model = heartbeat.model
@@ -94,17 +105,21 @@ class WorkerState:
         self.free_kv_blocks = heartbeat.free_kv_blocks
         self.stopping = heartbeat.stopping
         self.last_seen = now
-        return self._settle(frozenset(heartbeat.handed_back))
+        settled = self._settle(frozenset(heartbeat.handed_back))
+        settled.lost = lost
+        return settled
 
     def _settle(self, handed_back: frozenset[str]) -> Settled:
         settled = Settled()
         for request_id, flight in list(self.in_flight.items()):
             if request_id in handed_back:
                 settled.handed_back.append(self.in_flight.pop(request_id))
-            elif flight.offset is None or request_id in self.active:
-                continue
-            elif self.has_read(flight):
+            elif request_id in self.active:
+                flight.started = True
+            elif flight.started or (flight.offset is not None and self.has_read(flight)):
                 settled.finished.append(self.in_flight.pop(request_id))
+            elif flight.offset is None:
+                continue
             elif flight.partition not in self.partitions:
                 settled.orphaned.append(self.in_flight.pop(request_id))
         return settled

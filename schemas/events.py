@@ -114,6 +114,9 @@ class WorkAssignment(Event):
 
     type: Literal["work"] = "work"
     worker_id: str
+    incarnation: str = Field(
+        "", description="the worker process it is for: a restarted process with the same "
+        "worker id skips it (the scheduler dispatches its requests again); empty: any")
     request: GenerationRequest
     epoch: int = Field(0, description="the dispatching scheduler's claim: older ones are fenced")
     dispatched_at: float = Field(default_factory=now)
@@ -151,6 +154,8 @@ class WorkerHeartbeat(Event):
 
     type: Literal["heartbeat"] = "heartbeat"
     worker_id: str
+    incarnation: str = Field("", description="random per worker process: a new one means "
+                             "the process restarted and what the old one ran is lost")
     model: str
     partitions: tuple[int, ...]
     max_slots: int
@@ -348,6 +353,10 @@ class Cancel(Event):
     type: Literal["cancel"] = "cancel"
     request_id: str
     reason: str = "client_disconnected"
+    held_by: str | None = Field(
+        None, description="a conditional cancel: only while the gateway with this delivery "
+        "topic still relays the stream (no other resumed it). The scheduler decides, and "
+        "sends the cancel on; workers ignore it")
     sent_at: float = Field(default_factory=now)
 
 

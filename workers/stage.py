@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import uuid
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
@@ -89,6 +90,8 @@ class WorkerStage:
         self.kafka = kafka
         self.engine = engine
         self.worker_id = worker_id
+        self.incarnation = uuid.uuid4().hex[:12]
+        """This process: assignments for another one under the same worker id are not ours."""
         self.pacing = pacing
         self.heartbeat_interval_s = heartbeat_interval_s
         self.ready_file = ready_file
@@ -130,14 +133,18 @@ class WorkerStage:
             await self._shutdown(control, producer)
 
     async def _shutdown(self, control: AIOKafkaConsumer, producer: object) -> None:
+        """Stopping without a drain (the stage failed, or is being replaced): what still
+        runs is handed back at once, for the scheduler to continue elsewhere."""
         self._stopping = True
-        for running in list(self._running.values()):
-            running.task.cancel()
-        await asyncio.gather(*(r.task for r in self._running.values()), return_exceptions=True)
+        running = [r.task for r in self._running.values()]
+        for request_id in list(self._running):
+            self._hand_back(request_id)
+        await asyncio.gather(*running, return_exceptions=True)
         try:
             # A broker that is gone must not hold the stop up, nor get a commit much later.
             async with asyncio.timeout(SHUTDOWN_S):
-                await self._send_heartbeat()
+                await self.publisher.flush()  # what they streamed, before they are handed on
+                await self._send_heartbeat(wait=True)
                 await self._commit()
         except TimeoutError:
             log.warning("stopping without a last heartbeat and commit: the bus does not answer")
@@ -199,6 +206,8 @@ class WorkerStage:
         self._epochs[tp.partition] = assignment.epoch
         if assignment.worker_id != self.worker_id:
             return False  # read after its partition moved: it belongs to another worker
+        if assignment.incarnation and assignment.incarnation != self.incarnation:
+            return False  # for this worker's previous process: the scheduler redispatches it
         return (request.request_id not in self._running
                 and (request.request_id, request.attempt) not in self._finished)
 
@@ -288,8 +297,8 @@ class WorkerStage:
 
     async def _on_control(self, record: ConsumerRecord) -> None:
         event = decode_record(CONTROL_EVENT, record)
-        if not isinstance(event, Cancel):
-            return
+        if not isinstance(event, Cancel) or event.held_by is not None:
+            return  # a conditional cancel is the scheduler's to pass on
         self._cancelled[event.request_id] = None
         while len(self._cancelled) > RECENT:
             self._cancelled.popitem(last=False)
@@ -330,6 +339,7 @@ class WorkerStage:
         stats = self.engine.stats()
         heartbeat = WorkerHeartbeat(
             worker_id=self.worker_id,
+            incarnation=self.incarnation,
             model=self.engine.model,
             partitions=self.partitions,
             max_slots=self.engine.max_slots,

@@ -160,9 +160,10 @@ class Reading:
 
 
 async def reading(clients: Sequence[httpx.AsyncClient], conversation_id: str,
-                  body: dict[str, Any]) -> Reading:
-    """Start reading an answer in the background; returns once its first piece is in."""
-    seen, first = Watched(), asyncio.Event()
+                  body: dict[str, Any], seen: Watched | None = None) -> Reading:
+    """Start reading an answer in the background (resuming `seen`, if given); returns
+    once a piece is in."""
+    seen, first = seen or Watched(), asyncio.Event()
     task = asyncio.create_task(watch(clients, conversation_id, body, seen=seen,
                                      first_delta=first))
     waiter = asyncio.create_task(first.wait())

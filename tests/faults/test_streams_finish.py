@@ -30,7 +30,7 @@ from tests.faults.scenarios import (
     stored_once_ended,
     usage_of,
 )
-from tests.faults.streams import reading, watch
+from tests.faults.streams import Watched, reading, watch
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -96,6 +96,43 @@ async def test_a_dropped_stream_resumed_elsewhere_within_the_grace_is_not_cancel
     assert await cancels_of(pipeline, rest.request_id) == []
 
 
+async def test_a_stream_dropped_twice_is_cancelled_by_no_gateway_that_held_it(pipeline):
+    """g1 asks, the client drops and resumes on g2, drops again and resumes on g1: g2's
+    grace runs out while g1 relays the stream, and g2's cancel must not end it."""
+    async with pipeline.http("g1") as first, pipeline.http("g2") as second:
+        [cid] = await scenarios.conversations(first, 1)
+        body = scenarios.body(int(4 * RESUME_GRACE_S * TOKENS_PER_S), "twice")
+        seen = await (await reading([first], cid, body)).drop()
+        await asyncio.sleep(0.5)
+        seen = await (await reading([second], cid, body, seen=seen)).drop()
+        await asyncio.sleep(0.5)
+        rest = await watch([first], cid, body, seen=seen)
+        result = await judge(pipeline, "twice", [rest])
+    assert result.clean, result
+    assert rest.connections == 3
+    cancels = [(c.reason, c.held_by) for c in await cancels_of(pipeline, rest.request_id)]
+    assert cancels == [("client_gone", "chat.deliver.g2")], "asked, and dropped by the scheduler"
+
+
+async def test_a_stream_resumed_before_its_old_connection_closed_is_not_cancelled(pipeline):
+    """The phone switches networks: the new connection (g2) resumes while the old one
+    (g1) has not closed yet; when it closes, g1's grace must not end the stream."""
+    async with pipeline.http("g1") as first, pipeline.http("g2") as second:
+        [cid] = await scenarios.conversations(first, 1)
+        body = scenarios.body(int(4 * RESUME_GRACE_S * TOKENS_PER_S), "switch")
+        old = await reading([first], cid, body)
+        resumed = Watched(ids=dict(old.seen.ids), deltas=list(old.seen.deltas),
+                          last_id=old.seen.last_id, started_at=old.seen.started_at)
+        new = await reading([second], cid, body, seen=resumed)
+        await asyncio.sleep(1.0)
+        await old.drop()  # only now does g1 see its client go
+        rest = await new.result()
+        result = await judge(pipeline, "switch", [rest])
+    assert result.clean, result
+    cancels = [(c.reason, c.held_by) for c in await cancels_of(pipeline, rest.request_id)]
+    assert cancels == [("client_gone", "chat.deliver.g1")], "asked, and dropped by the scheduler"
+
+
 async def test_a_dropped_stream_nobody_resumes_is_cancelled_after_the_grace(pipeline):
     async with pipeline.http("g1") as client:
         [cid] = await scenarios.conversations(client, 1)
@@ -108,8 +145,9 @@ async def test_a_dropped_stream_nobody_resumes_is_cancelled_after_the_grace(pipe
     assert usage.status == RequestStatus.FINISHED_ABORTED
     assert RESUME_GRACE_S - 0.5 <= ended_after <= RESUME_GRACE_S + 3, ended_after
     assert usage.completion_tokens < tokens / 2, "cancelled, not run to its end"
-    [cancel] = await cancels_of(pipeline, seen.request_id)
-    assert cancel.reason == "client_gone"
+    cancels = [(c.reason, c.held_by) for c in await cancels_of(pipeline, seen.request_id)]
+    assert cancels == [("client_gone", "chat.deliver.g1"), ("client_gone", None)], \
+        "g1 asks, the scheduler (g1 still holds it) passes the cancel on"
     assert stored["status"] == "finished_aborted", "the recorder stored what nobody relayed"
 
 

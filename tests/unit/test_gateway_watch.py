@@ -36,3 +36,16 @@ def test_gateways_never_heard_from_are_not_judged_and_zero_grace_judges_nothing(
     never = GatewayWatch(grace_s=0)
     never.heartbeat("chat.deliver.g1", now=0)
     assert never.abandoned([request("a")], now=100) == []
+
+
+def test_only_the_gateway_relaying_a_stream_may_have_it_cancelled():
+    watch = GatewayWatch(grace_s=5)
+    assert watch.holds("chat.deliver.g1", "a", asked_through="chat.deliver.g1")
+    assert not watch.holds("chat.deliver.g2", "a", asked_through="chat.deliver.g1")
+    watch.rerouted("a", "chat.deliver.g2")  # resumed on g2
+    assert not watch.holds("chat.deliver.g1", "a", asked_through="chat.deliver.g1")
+    watch.rerouted("a", "chat.deliver.g1")  # and back on g1
+    assert watch.holds("chat.deliver.g1", "a", asked_through="chat.deliver.g1")
+    assert not watch.holds("chat.deliver.g2", "a", asked_through="chat.deliver.g1")
+    assert watch.holds("chat.deliver.g9", "unknown", asked_through=None), \
+        "a request unknown here: the cancel goes on (it may have finished anyway)"

@@ -119,3 +119,11 @@ def test_idle_answers_expire_as_errors_with_their_text():
     [message] = recorder.expire(11.0)
     assert (message.content, message.status) == ("part", ERROR)
     assert recorder.open_requests() == []
+
+
+def test_time_spent_waiting_for_the_store_does_not_make_answers_idle():
+    recorder = Recorder(idle_timeout_s=10)
+    recorder.on_event(started(), now=0.0)
+    recorder.waited(30.0)  # the store was down; nothing was read meanwhile
+    assert recorder.expire(31.0) == []
+    assert len(recorder.expire(41.0)) == 1

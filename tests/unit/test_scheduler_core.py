@@ -42,8 +42,9 @@ def heartbeat(worker_id: str = "w1", slots: int = 2, active: tuple[str, ...] = (
               partitions: tuple[int, ...] = (0, 1), stopping: bool = False, waiting: int = 0,
               free_kv_blocks: int | None = None,
               assignments: dict[str, tuple[int, int]] | None = None,
-              handed_back: tuple[str, ...] = ()) -> WorkerHeartbeat:
-    return WorkerHeartbeat(worker_id=worker_id, model=model, partitions=partitions,
+              handed_back: tuple[str, ...] = (), incarnation: str = "") -> WorkerHeartbeat:
+    return WorkerHeartbeat(worker_id=worker_id, incarnation=incarnation, model=model,
+                           partitions=partitions,
                            max_slots=slots, active=active, consumed=consumed or {},
                            stopping=stopping, waiting=waiting, free_kv_blocks=free_kv_blocks,
                            assignments=assignments or {}, handed_back=handed_back)
@@ -340,6 +341,35 @@ def test_assignment_orphaned_by_a_partition_move_is_dispatched_again():
     core.on_heartbeat(heartbeat("w1", slots=1, partitions=(1,), consumed={0: 7}))
     [again] = core.schedule()
     assert again.request.request_id == "a" and again.request.attempt == 1
+
+
+def test_a_request_that_ran_and_ended_after_its_partition_moved_is_finished_not_redone():
+    core = make_scheduler()
+    core.on_heartbeat(heartbeat("w1", slots=1, partitions=(0,)))
+    core.add_request(make_request("a"))
+    [d] = core.schedule()
+    sent(core, d, 7)
+    core.on_heartbeat(heartbeat("w1", slots=1, partitions=(0,), active=("a",), consumed={0: 8}))
+    # A rebalance moved partition 0 away while "a" kept streaming; then it ended.
+    core.on_heartbeat(heartbeat("w1", slots=1, partitions=(1,), active=("a",)))
+    core.on_heartbeat(heartbeat("w1", slots=1, partitions=(1,)))
+    assert core.schedule() == [] and core.waiting_count == 0
+    assert core.workers["w1"].in_flight == {}
+
+
+def test_a_worker_process_restarted_under_its_id_loses_what_the_old_one_ran():
+    core = make_scheduler()
+    core.on_heartbeat(heartbeat("w1", slots=2, incarnation="first"))
+    core.add_request(make_request("a"))
+    [d] = core.schedule()
+    assert d.incarnation == "first", "the assignment names the process it is for"
+    sent(core, d, 3, marker=50)
+    core.on_heartbeat(heartbeat("w1", slots=2, incarnation="first", active=("a",),
+                                consumed={0: 4, 1: 4}))
+    core.on_heartbeat(heartbeat("w1", slots=2, incarnation="second"))
+    [again] = core.schedule()
+    assert (again.request.request_id, again.request.attempt) == ("a", 1)
+    assert again.incarnation == "second" and again.request.stream.start_offset == 50
 
 
 # --- affinity and routing ----------------------------------------------------------------
