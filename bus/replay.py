@@ -56,15 +56,17 @@ async def _partitions(consumer: AIOKafkaConsumer, topic: str) -> list[TopicParti
 
 
 async def read_between(bootstrap_servers: str, topic: str, bounds: dict[int, tuple[int, int]],
-                       kind: Any, timeout_s: float = 10.0) -> list[tuple[int, int, Any]]:
+                       kind: Any, timeout_s: float = 10.0,
+                       key: bytes | None = None) -> list[tuple[int, int, Any]]:
     """(partition, offset, event) for every record of `topic` in `[start, end)` of each
     partition's bounds, in partition order: a read up to a known end (Tansu cannot say
     where a partition ends, DESIGN §11). Records that do not decode as `kind` are
-    skipped; TimeoutError if the records are not all there within `timeout_s`."""
+    skipped, and with `key` those of other keys (before they are decoded); TimeoutError
+    if the records are not all there within `timeout_s`."""
     wanted = {p: (start, end) for p, (start, end) in bounds.items() if end > start}
     if not wanted:
         return []
-    return await _read(bootstrap_servers, topic, wanted, kind, timeout_s)
+    return await _read(bootstrap_servers, topic, wanted, kind, timeout_s, key)
 
 
 async def read_to_end(bootstrap_servers: str, topic: str, kind: Any,
@@ -76,7 +78,8 @@ async def read_to_end(bootstrap_servers: str, topic: str, kind: Any,
 
 
 async def _read(bootstrap_servers: str, topic: str, bounds: dict[int, tuple[int, int]] | None,
-                kind: Any, timeout_s: float) -> list[tuple[int, int, Any]]:
+                kind: Any, timeout_s: float, key: bytes | None = None,
+                ) -> list[tuple[int, int, Any]]:
     """`bounds` None: every partition from 0 to its first reported end."""
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap_servers, enable_auto_commit=False,
                                 fetch_max_wait_ms=20, max_partition_fetch_bytes=8 << 20)
@@ -102,7 +105,7 @@ async def _read(bootstrap_servers: str, topic: str, bounds: dict[int, tuple[int,
                         continue  # not fetched yet: its end comes with its first fetch
                     ends[p] = consumer.highwater(tp)
                 for record in batch.get(tp, []):
-                    if record.offset < ends[p]:
+                    if record.offset < ends[p] and (key is None or record.key == key):
                         with contextlib.suppress(EventDecodeError):
                             found.append((p, record.offset, decode(kind, record.value)))
                 if await consumer.position(tp) >= ends[p]:

@@ -9,16 +9,14 @@ to its own, a known end, and takes the events the one answer rule
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from aiokafka.structs import TopicPartition
-
 from bus.clients import KafkaConfig
+from bus.replay import read_between
 from schemas import topics
 from schemas.answer import AnswerLog
-from schemas.codec import TOKEN_EVENT, EventDecodeError, decode
+from schemas.codec import TOKEN_EVENT
 from schemas.events import Event, GenerationRequest, TokenChunk
 
 READ_TIMEOUT_S = 30.0
@@ -64,26 +62,8 @@ async def read_prior_output(kafka: KafkaConfig, request: GenerationRequest) -> P
     stream = request.stream
     if request.attempt == 0 or stream is None or stream.start_offset >= stream.attempt_offset:
         return NOTHING
-    key = request.conversation_id.encode()
-    events: list[Event] = []
-    consumer = kafka.consumer()
-    await consumer.start()
-    try:
-        tp = TopicPartition(topics.TOKENS, stream.partition)
-        consumer.assign([tp])
-        consumer.seek(tp, stream.start_offset)
-        deadline = time.monotonic() + READ_TIMEOUT_S
-        while await consumer.position(tp) < stream.attempt_offset:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"could not read {tp} up to {stream.attempt_offset}")
-            batch = await consumer.getmany(tp, timeout_ms=100)
-            for record in batch.get(tp, []):
-                if record.offset >= stream.attempt_offset or record.key != key:
-                    continue
-                try:
-                    events.append(decode(TOKEN_EVENT, record.value))
-                except EventDecodeError:
-                    continue
-    finally:
-        await consumer.stop()
-    return assemble(request.request_id, events)
+    records = await read_between(
+        kafka.bootstrap_servers, topics.TOKENS,
+        {stream.partition: (stream.start_offset, stream.attempt_offset)}, TOKEN_EVENT,
+        timeout_s=READ_TIMEOUT_S, key=request.conversation_id.encode())
+    return assemble(request.request_id, (event for _, _, event in records))
