@@ -10,8 +10,8 @@ A table per query (DESIGN §8):
   claim with a conditional batch (see `CassandraStore.add_message`), and
   `selected`, parent key -> selected child, so one partition read returns
   the whole tree.
-* `message_ids`: message_id -> (conversation_id, seq), for `get_message`,
-  `find_reply` and idempotent inserts (`IF NOT EXISTS`).
+* `message_ids`: message_id -> (conversation_id, seq), for `get_message` and
+  idempotent inserts (`IF NOT EXISTS`).
 * `summaries`, `embeddings`: one partition per conversation.
 * `requests` by request_id: the request behind an answer (`start_answer`); a
   conversation's are found through its messages' `request_id` when it is deleted.

@@ -264,16 +264,6 @@ class CassandraStore:
     async def list_messages(self, conversation_id: str) -> list[StoredMessage]:
         return cql.messages_of(await self._run("select_messages", (conversation_id,)))
 
-    async def find_reply(self, parent_id: str) -> StoredMessage | None:
-        ids = await self._run("select_message_id", (parent_id,))
-        if not ids:
-            return None
-        replies = [
-            m for m in await self.list_messages(ids[0]["conversation_id"])
-            if m.parent_id == parent_id
-        ]  # fmt: skip
-        return replies[-1] if replies else None
-
     async def get_tree(self, conversation_id: str) -> ConversationTree:
         rows = await self._run("select_messages", (conversation_id,))
         return ConversationTree.of(cql.messages_of(rows), cql.choices_of(rows))

@@ -33,7 +33,6 @@ CREATE TABLE IF NOT EXISTS messages (
     cached_tokens INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (conversation_id, seq)
 );
-CREATE INDEX IF NOT EXISTS messages_by_parent ON messages (parent_id, seq);
 CREATE TABLE IF NOT EXISTS branch_choices (
     conversation_id TEXT NOT NULL,
     parent_key TEXT NOT NULL,

@@ -179,17 +179,6 @@ class SQLiteStore(SQLiteFile):
     async def list_messages(self, conversation_id: str) -> list[StoredMessage]:
         return await self._run(lambda conn: _list_messages(conn, conversation_id))
 
-    async def find_reply(self, parent_id: str) -> StoredMessage | None:
-        def select(conn: sqlite3.Connection) -> StoredMessage | None:
-            row = conn.execute(
-                f"SELECT {MESSAGE_COLUMNS} FROM messages WHERE parent_id = ?"
-                " ORDER BY seq DESC LIMIT 1",
-                (parent_id,),
-            ).fetchone()
-            return message_row(row) if row else None
-
-        return await self._run(select)
-
     async def get_tree(self, conversation_id: str) -> ConversationTree:
         def select(conn: sqlite3.Connection) -> ConversationTree:
             return ConversationTree.of(

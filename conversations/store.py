@@ -227,9 +227,6 @@ class ConversationStore(Protocol):
     async def list_messages(self, conversation_id: str) -> list[StoredMessage]:
         """All messages of a conversation (every branch) in seq order."""
 
-    async def find_reply(self, parent_id: str) -> StoredMessage | None:
-        """The newest message whose parent is `parent_id`."""
-
     async def get_tree(self, conversation_id: str) -> ConversationTree:
         """Every message with the selected child at each branch point."""
 

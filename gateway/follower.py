@@ -90,10 +90,6 @@ class AnswerFollower:
         if self._consumer is not None and self._follows:
             self._assign(self._consumer)
 
-    @property
-    def following(self) -> int:
-        return sum(map(len, self._follows.values()))
-
     async def stop(self) -> None:
         if self._task is not None:
             self._task.cancel()

@@ -134,9 +134,7 @@ class Generation:
         with anyio.move_on_after(CLOSE_TIMEOUT_S, shield=True):
             try:
                 if not self.relay.ended:
-                    await self._pipeline.cancel(self.request_id)
-            except Exception:
-                log.warning("could not cancel request %s", self.request_id, exc_info=True)
+                    await self._cancel("client_disconnected")
             finally:
                 await self._stream.aclose()
 

@@ -10,7 +10,8 @@ A stored answer starts with an `AnswerStarted` marker on `chat.answers` (`start_
 where any gateway can read it from (`follow`, `gateway.follower`). When a native
 client drops its stream the gateway holds the generation for the resume grace; a
 gateway that resumes it sends a `Reroute` to this gateway's topic (and to
-`chat.control`), which ends the hold; a hold that runs out cancels the generation.
+`chat.control`), which ends the hold; a hold that runs out asks the scheduler to
+cancel the generation, which it does unless another gateway resumed it since.
 """
 
 from __future__ import annotations

@@ -23,15 +23,10 @@ class StreamRelay:
         self.builder = AnswerBuilder(started) if started is not None else None
         self._log = self.builder.log if self.builder is not None else AnswerLog()
         self.after_id = after_id
-        self.request_id = started.request_id if started is not None else None
 
     @property
     def ended(self) -> bool:
         return self._log.ended
-
-    @property
-    def next_id(self) -> int:
-        return self._log.next_seq
 
     def add(self, event: Event) -> DeliverEvent | None:
         """Take one event; returns it if the client should see it now."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Iterable
 
+from scheduler.workers import remember
 from schemas.events import GenerationRequest
 
 REMEMBERED = 100_000
@@ -30,8 +31,7 @@ class GatewayWatch:
         self._seen[reply_to] = max(now, self._seen.get(reply_to, now))
 
     def rerouted(self, request_id: str, reply_to: str) -> None:
-        self._holders[request_id] = reply_to
-        _bound(self._holders)
+        remember(self._holders, request_id, reply_to, REMEMBERED)
 
     def holds(self, gateway: str, request_id: str, asked_through: str | None) -> bool:
         """Does `gateway` relay the stream now? It does unless another gateway resumed it
@@ -50,12 +50,6 @@ class GatewayWatch:
                 continue
             last = self._seen.get(self._holders.get(request.request_id, request.reply_to))
             if last is not None and now - last > self.grace_s:
-                self._abandoned[request.request_id] = None
+                remember(self._abandoned, request.request_id, None, REMEMBERED)
                 found.append(request)
-        _bound(self._abandoned)
         return found
-
-
-def _bound(entries: OrderedDict[str, object]) -> None:
-    while len(entries) > REMEMBERED:
-        entries.popitem(last=False)

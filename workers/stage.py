@@ -74,7 +74,6 @@ class _Running:
     task: asyncio.Task[None]
     tp: TopicPartition
     offset: int
-    attempt: int
 
 
 class WorkerStage:
@@ -194,7 +193,7 @@ class WorkerStage:
             self.heartbeat_now.set()
             return
         task = asyncio.create_task(self._generate(request, tp, record.offset))
-        self._running[request.request_id] = _Running(task, tp, record.offset, request.attempt)
+        self._running[request.request_id] = _Running(task, tp, record.offset)
 
     def _takes(self, assignment: WorkAssignment, tp: TopicPartition) -> bool:
         """Run it? Only this worker's, from an unfenced scheduler, and only once."""

@@ -15,6 +15,7 @@ from schemas.events import (
 from schemas.lifecycle import RequestStatus
 from workers.engine import EngineOutput
 
+
 class StreamWriter:
     """Publishes one attempt's events with consecutive seq numbers from `first_seq`."""
 

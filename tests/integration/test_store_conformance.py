@@ -211,17 +211,6 @@ async def test_concurrent_duplicates_store_one_message(store: ConversationStore,
     assert ids(await store.list_messages(n.c1)) == [n.m1]
 
 
-async def test_find_reply_returns_the_newest_sibling(store: ConversationStore, n: Names) -> None:
-    await store.add_message(user_message(n.u1, n.c1))
-    await store.add_message(answer(n.a1, n.c1, parent_id=n.u1))
-    await store.add_message(answer(n.a2, n.c1, parent_id=n.u1))  # a regeneration
-    await store.add_message(user_message(n.u2, n.c1, parent_id=n.a2))
-
-    reply = await store.find_reply(n.u1)
-    assert reply is not None and reply.message_id == n.a2
-    assert await store.find_reply(n.u2) is None
-    assert await store.find_reply(n.unknown) is None
-
 
 async def test_usage_of_every_answer_in_order(store: ConversationStore, n: Names) -> None:
     await store.add_message(user_message(n.u1, n.c1))

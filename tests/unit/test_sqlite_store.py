@@ -81,17 +81,6 @@ async def test_concurrent_appends_get_distinct_seqs(store: SQLiteStore) -> None:
     assert sorted(m.seq for m in stored) == list(range(1, 21))
 
 
-async def test_find_reply_returns_the_newest_sibling(store: SQLiteStore) -> None:
-    await store.add_message(user_message("m1"))
-    await store.add_message(assistant_message("a1", parent_id="m1"))
-    await store.add_message(assistant_message("a2", parent_id="m1"))  # a regeneration
-    await store.add_message(user_message("m2", parent_id="a2"))
-
-    reply = await store.find_reply("m1")
-    assert reply is not None and reply.message_id == "a2"
-    assert await store.find_reply("m2") is None
-
-
 async def test_conversations_are_idempotent_and_listed_per_user(store: SQLiteStore) -> None:
     ticks = iter(range(100))
     store._clock = lambda: float(next(ticks))
@@ -133,7 +122,7 @@ async def test_two_stores_share_one_file(tmp_path: Path) -> None:
 
     assert sorted(m.seq for m in stored) == list(range(1, 101))
     assert len(await gateway.list_messages("c1")) == 100
-    assert await gateway.find_reply("u3") == await recorder.get_message("a3")
+    assert await gateway.get_message("a3") == await recorder.get_message("a3")
     journal = sqlite3.connect(tmp_path / "chat.db").execute("PRAGMA journal_mode").fetchone()
     assert journal == ("wal",)
     await gateway.close()
