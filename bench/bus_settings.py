@@ -68,7 +68,7 @@ async def measure(settings: dict[str, object], concurrency: int, seconds: float,
     up: Service | None = None
     try:
         await broker_ready(broker, bootstrap)
-        cfg = EngineConfig(model=DEFAULT_MODEL_DIR, max_slots=64)
+        cfg = EngineConfig(model=DEFAULT_MODEL_DIR)
         port = free_port()
         env = chatpipe_env("bench", log_dir, bootstrap, **{**engine_settings(cfg), **settings})
         up = start_chatpipe_up(env, port, log_dir, "vllm")

@@ -42,6 +42,17 @@ async def delays(bootstrap: str, producer: AIOKafkaProducer, wait_ms: int) -> li
         await consumer.stop()
 
 
+async def measure(bootstrap: str, wait_ms: int) -> list[float]:
+    """The delays at one fetch wait, on a running broker."""
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap)
+    await producer.start()
+    try:
+        await producer.send_and_wait(TOPIC, b"x")
+        return await delays(bootstrap, producer, wait_ms)
+    finally:
+        await producer.stop()
+
+
 async def run() -> dict[int, list[float]]:
     async with EmbeddedBroker() as broker:
         producer = AIOKafkaProducer(bootstrap_servers=broker.bootstrap_servers)

@@ -14,7 +14,7 @@ from matplotlib.ticker import NullFormatter, ScalarFormatter  # noqa: E402
 from bench.capacity import CapacityRun  # noqa: E402
 from bench.compare import SideRun  # noqa: E402
 
-COLORS = {"vllm": "tab:blue", "chatpipe": "tab:orange"}
+COLORS = {"vllm": "tab:blue", "chatpipe": "tab:orange", "vllm-same-args": "tab:green"}
 
 
 def throughput(sides: list[SideRun], path: Path) -> None:

@@ -15,8 +15,9 @@ import subprocess
 import sys
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -34,13 +35,12 @@ def free_port() -> int:
 
 @dataclass(frozen=True)
 class EngineConfig:
-    """The engine settings both sides run with (chatpipe's `VllmEngine.engine_args`)."""
+    """The model every side serves, and engine args chatpipe and the same-args vLLM side
+    get beyond their defaults (`CHATPIPE_VLLM_ARGS`; none: both at vLLM's defaults)."""
 
     model: Path
     model_name: str = "tiny"
-    max_slots: int = 64
-    kv_cache_gib: float = 1.0
-    max_model_len: int = 2048
+    vllm_args: dict[str, Any] = field(default_factory=dict)
 
 
 class Service:
@@ -141,29 +141,48 @@ async def http_ok(port: int, path: str) -> bool:
 # --- the two sides -----------------------------------------------------------------
 
 
-def vllm_server_argv(cfg: EngineConfig, port: int, api_key: str) -> list[str]:
-    """vLLM's OpenAI server with exactly the engine args chatpipe's VllmEngine passes."""
+def vllm_server_argv(cfg: EngineConfig, port: int, api_key: str,
+                     same_args: bool = False) -> list[str]:
+    """vLLM's OpenAI server as a user starts it (`vllm serve MODEL`: its own defaults), or,
+    with `same_args`, with exactly the engine args chatpipe's `VllmEngine` runs with."""
+    argv = [PYTHON, "-m", "vllm.entrypoints.openai.api_server", "--model", str(cfg.model),
+            "--served-model-name", cfg.model_name]
+    if same_args:
+        for name, value in chatpipe_engine_args(cfg).items():
+            argv += _flag(name, value)
+    return [*argv, "--host", "127.0.0.1", "--port", str(port), "--api-key", api_key]
+
+
+def chatpipe_engine_args(cfg: EngineConfig) -> dict[str, Any]:
+    """The AsyncEngineArgs chatpipe's vLLM engine passes beyond the model and its name."""
     from workers.vllm_engine import VllmEngine
 
     engine = VllmEngine(model_path=cfg.model, model_name=cfg.model_name,
-                        max_model_len=cfg.max_model_len, max_slots=cfg.max_slots,
-                        kv_cache_gib=cfg.kv_cache_gib)
-    argv = [PYTHON, "-m", "vllm.entrypoints.openai.api_server"]
-    for name, value in engine.engine_args().items():
-        flag = "--" + name.replace("_", "-")
-        if value is True:
-            argv.append(flag)
-        elif isinstance(value, list | tuple):
-            argv += [flag, *map(str, value)]
-        elif value is not False and value is not None:
-            argv += [flag, str(value)]
-    return [*argv, "--disable-uvicorn-access-log", "--host", "127.0.0.1", "--port", str(port),
-            "--api-key", api_key]
+                        vllm_args=cfg.vllm_args)
+    return {k: v for k, v in engine.engine_args().items()
+            if k not in ("model", "served_model_name")}
 
 
-def start_vllm_server(cfg: EngineConfig, port: int, api_key: str, log_dir: Path) -> Service:
-    return Service("vllm-server", vllm_server_argv(cfg, port, api_key),
-                   log_dir / "vllm-server.log")
+def _flag(name: str, value: object) -> list[str]:
+    flag = "--" + name.replace("_", "-")
+    if value is True:
+        return [flag]
+    if value is False:
+        return [f"--no-{name.replace('_', '-')}"]
+    if value is None:
+        return []
+    if isinstance(value, dict):
+        return [flag, json.dumps(value)]
+    if isinstance(value, list | tuple):
+        return [flag, *map(str, value)]
+    return [flag, str(value)]
+
+
+def start_vllm_server(cfg: EngineConfig, port: int, api_key: str, log_dir: Path,
+                      same_args: bool = False) -> Service:
+    name = "vllm-same-args" if same_args else "vllm-server"
+    return Service(name, vllm_server_argv(cfg, port, api_key, same_args),
+                   log_dir / f"{name}.log")
 
 
 async def vllm_ready(service: Service, port: int, timeout_s: float = 420) -> float:
@@ -201,8 +220,10 @@ def chatpipe_env(api_key: str, work_dir: Path, bootstrap: str, **settings: objec
 
 
 def engine_settings(cfg: EngineConfig) -> dict[str, object]:
-    return {"model": cfg.model, "model_name": cfg.model_name, "max_slots": cfg.max_slots,
-            "kv_cache_gib": cfg.kv_cache_gib, "max_model_len": cfg.max_model_len}
+    settings: dict[str, object] = {"model": cfg.model, "model_name": cfg.model_name}
+    if cfg.vllm_args:
+        settings["vllm_args"] = cfg.vllm_args
+    return settings
 
 
 def start_chatpipe_up(env: dict[str, str], port: int, log_dir: Path, engine: str) -> Service:
