@@ -4,6 +4,7 @@
     python -m bench smoke --out D   # seconds: chatpipe with the sim engine, tiny load
     python -m bench profile --streams 100   # stages under pyinstrument; bench/PROFILE.md
     python -m bench faults          # ~2 min: fault scenarios (tests/faults), bench/RESULTS.md
+    python -m bench capacity --streams 100,300 --out D   # the capacity phase alone, idle cost
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from collections.abc import Awaitable
 from pathlib import Path
 from typing import TypeVar
 
-from bench.capacity import STAGES, CapacityPlan, capacity
+from bench.capacity import STAGES, CapacityPlan, capacity, summary
 from bench.compare import Workload, chatpipe_side, vllm_side
 from bench.cpu import wait_for_quiet
 from bench.processes import EngineConfig
@@ -48,7 +49,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("mode", nargs="?", default="run",
-                        choices=("run", "smoke", "profile", "faults"))
+                        choices=("run", "smoke", "profile", "faults", "capacity"))
     parser.add_argument("--out", type=Path, default=BENCH_DIR, help="where results go")
     parser.add_argument("--model", type=Path, default=DEFAULT_MODEL_DIR)
     parser.add_argument("--max-slots", type=int, default=64)
@@ -146,6 +147,17 @@ async def profile_run(args: argparse.Namespace) -> Path:
     return write_summary(work, STAGES, args.out / "PROFILE.md")
 
 
+async def capacity_run(args: argparse.Namespace) -> str:
+    """The capacity phase alone, with the idle stack's cost; --out/capacity.md."""
+    plan = CapacityPlan(streams=args.streams, tokens_per_s=args.stream_rate, hold_s=args.hold,
+                        quiet_wait_s=min(args.quiet_wait, 15.0))
+    logs = Path(tempfile.mkdtemp(prefix="chatpipe-capacity-"))
+    text = summary(await capacity(plan, logs, **dict(args.settings)))
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "capacity.md").write_text(text)
+    return text
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
@@ -155,6 +167,9 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     if args.mode == "profile":
         print(f"profile summary in {asyncio.run(profile_run(args))}")
+        return
+    if args.mode == "capacity":
+        print(asyncio.run(capacity_run(args)))
         return
     if args.mode == "faults":
         from bench.faults import main as faults

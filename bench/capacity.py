@@ -59,6 +59,11 @@ class CapacityPlan:
     """Before each level, wait this long at most for other processes to go quiet."""
     patient_until: float = float("inf")
     """time.monotonic() after which no level waits for quiet (time budget)."""
+    idle_s: float = 10.0
+    """Before the levels: CPU of every process with no traffic for this long (0: skip)."""
+    probes: int = 10
+    """Before the levels: one request after the idle wait, then this many one at a time
+    (time to first token at concurrency 1; 0: skip)."""
 
     @property
     def max_tokens(self) -> int:
@@ -90,6 +95,12 @@ class CapacityLevel:
 class CapacityRun:
     plan: CapacityPlan
     levels: list[CapacityLevel] = field(default_factory=list)
+    idle: cpu.CpuUse | None = None
+    """The stack with no traffic (`plan.idle_s`)."""
+    ttft_after_idle_ms: float | None = None
+    """The first request after the idle period."""
+    ttft_c1_ms: tuple[float, float] | None = None
+    """p50 / p90 of `plan.probes` requests one at a time, after that first one."""
 
     @property
     def max_held(self) -> int:
@@ -118,6 +129,7 @@ async def capacity(plan: CapacityPlan, log_dir: Path,
         await wait_until(lambda: http_ok(port, "/healthz"), stages[-1], 240, "/healthz")
         await _first_answer(target, stages[-1])
         run = CapacityRun(plan)
+        await _idle_and_probes(run, target, [*stages, broker])
         for streams in plan.streams:
             level = await _level(target, plan, streams, [*stages, broker])
             run.levels.append(level)
@@ -131,6 +143,62 @@ async def capacity(plan: CapacityPlan, log_dir: Path,
         for service in reversed(stages):
             service.stop()
         broker.stop()
+
+
+async def _idle_and_probes(run: CapacityRun, target: Target, services: list[Service]) -> None:
+    """Cores each process burns with no traffic, then what a request after that idle time
+    and requests one at a time wait for their first token."""
+    plan = run.plan
+    if plan.idle_s > 0:
+        await asyncio.sleep(3.0)  # the warm-up request's stragglers (commits, heartbeats)
+        before = cpu.snapshot(services)
+        await asyncio.sleep(plan.idle_s)
+        run.idle = cpu.between(before, cpu.snapshot(services))
+        log.info("idle: %.3f cores (%s)", run.idle.cores(run.idle.tested), ", ".join(
+            f"{name} {run.idle.cores(s):.3f}" for name, s in sorted(run.idle.by_process.items())))
+    if plan.probes > 0:
+        body = chat_body(target.model, fixed_prompts()[0], 16)
+        first = await stream_chat(target, body, timeout_s=30)
+        run.ttft_after_idle_ms = first.ttft * 1000 if first.ttft is not None else None
+        ttfts = []
+        for _ in range(plan.probes):
+            record = await stream_chat(target, body, timeout_s=30)
+            if record.ttft is not None:
+                ttfts.append(record.ttft * 1000)
+        run.ttft_c1_ms = (percentile(ttfts, 50), percentile(ttfts, 90))
+        log.info("TTFT after idle %s ms; one at a time p50 / p90 %.0f / %.0f ms",
+                 f"{run.ttft_after_idle_ms:.0f}" if run.ttft_after_idle_ms else "-",
+                 *run.ttft_c1_ms)
+
+
+def summary(run: CapacityRun) -> str:
+    """A compact report of a capacity run (`python -m bench capacity`)."""
+    lines = []
+    if run.idle is not None:
+        idle = run.idle
+        lines += ["Idle cores per process (no traffic, "
+                  f"{idle.wall_s:.0f} s): " + ", ".join(
+                      f"{name} {idle.cores(s):.3f}" for name, s in sorted(idle.by_process.items()))
+                  + f"; all {idle.cores(idle.tested):.3f}; foreign {idle.cores(idle.foreign):.2f}",
+                  ""]
+    if run.ttft_c1_ms is not None:
+        after = run.ttft_after_idle_ms
+        lines += [f"TTFT of the first request after idle: "
+                  f"{'-' if after is None else f'{after:.0f}'} ms; then one at a time "
+                  f"p50 / p90: {run.ttft_c1_ms[0]:.0f} / {run.ttft_c1_ms[1]:.0f} ms", ""]
+    names = sorted({n for lv in run.levels for n in lv.cpu.by_process})
+    lines += ["| streams | done | tok/s | TTFT p50/p99 ms | gap p99 ms | p10 tok/s | holds | "
+              "foreign cores | " + " | ".join(names) + " | all (CPU s / 1k tokens) |",
+              "|---" * (9 + len(names)) + "|"]
+    for lv in run.levels:
+        per_1k = [f"{lv.cpu_per_1k_tokens(lv.cpu.by_process.get(n, 0.0)):.3f}" for n in names]
+        lines.append(
+            f"| {lv.streams} | {lv.completed} | {lv.tokens_per_s:.0f} | "
+            f"{lv.ttft_ms[0]:.0f}/{lv.ttft_ms[1]:.0f} | {lv.chunk_gap_p99_ms:.0f} | "
+            f"{lv.stream_rate_p10:.1f} | {'yes' if lv.holds else 'no'} | "
+            f"{lv.cpu.cores(lv.cpu.foreign):.2f} | " + " | ".join(per_1k) +
+            f" | {lv.cpu_per_1k_tokens(lv.cpu.tested):.3f} |")
+    return "\n".join(lines) + "\n"
 
 
 def _profiled(profiler: list[str] | None, profile_dir: Path | None, stage: str) -> list[str] | None:

@@ -67,5 +67,6 @@ def write_summary(profile_dir: Path, stages: tuple[str, ...], summary: Path) -> 
         lines += [f"| {seconds:.2f} | {seconds / busy:.0%} | `{name}` |" for name, seconds in hot]
         lines.append("")
     lines.append(f"Sessions and call trees: `{profile_dir}`\n")
+    summary.parent.mkdir(parents=True, exist_ok=True)
     summary.write_text("\n".join(lines))
     return summary
