@@ -3,9 +3,12 @@
 A reply is a sequence of words from a fixed list, chosen by a hash of the
 request id and the last user message, so a redelivered request gets the same
 text. One word is one token. Each request first "prefills" for
-`prompt_tokens / prompt_tokens_per_s` seconds, then emits `tokens_per_s` tokens
-a second; tokens that fell due while the event loop was busy come out together
-in one output, as vLLM merges deltas. At most `max_slots` requests run at once;
+`prompt_tokens / prompt_tokens_per_s` seconds and emits its first token at once,
+then `tokens_per_s` tokens a second. As in a real engine, running requests advance
+together on one step clock (one timer for all of them, a step every
+1 / `tokens_per_s`): each step releases the tokens that fell due, so tokens that fell
+due while the event loop was busy come out together in one output, as vLLM merges
+deltas. At most `max_slots` requests run at once;
 the rest wait (reported as `waiting`). Without `ignore_eos` a reply stops by
 itself after 20–120 words (FINISHED_STOPPED) unless `max_tokens` comes first
 (FINISHED_LENGTH). Stop strings end the reply where they first appear.
@@ -115,6 +118,7 @@ class SimEngine:
         self._waiting = 0
         self._slot_freed = asyncio.Condition()
         self._aborts: dict[str, set[asyncio.Event]] = {}
+        self._steps = StepClock(1.0 / tokens_per_s)
 
     async def start(self) -> None:
         pass
@@ -123,6 +127,7 @@ class SimEngine:
         for events in list(self._aborts.values()):
             for event in events:
                 event.set()
+        self._steps.wake()
         async with self._slot_freed:
             self._slot_freed.notify_all()
 
@@ -150,17 +155,24 @@ class SimEngine:
                 start = (loop.time() + prompt_tokens / self.prompt_tokens_per_s
                          - sent / self.tokens_per_s)
                 ended = False
-                while sent < len(plan.tokens):
-                    if aborted.is_set():
-                        yield output("", 0, RequestStatus.FINISHED_ABORTED)
-                        return
-                    due = min(len(plan.tokens), self._tokens_due(start, loop.time()))
-                    if due == sent:
-                        await _wait(aborted, start + sent / self.tokens_per_s)
-                        continue
-                    text, new, sent = "".join(plan.tokens[sent:due]), due - sent, due
-                    ended = sent == len(plan.tokens)
-                    yield output(text, new, plan.status if ended else None)
+                self._steps.join()
+                try:
+                    while sent < len(plan.tokens):
+                        if aborted.is_set():
+                            yield output("", 0, RequestStatus.FINISHED_ABORTED)
+                            return
+                        due = min(len(plan.tokens), self._tokens_due(start, loop.time()))
+                        if due == sent:
+                            if sent == 0:  # the first token: as soon as the prompt is read
+                                await _wait(aborted, start)
+                            else:
+                                await self._steps.next()
+                            continue
+                        text, new, sent = "".join(plan.tokens[sent:due]), due - sent, due
+                        ended = sent == len(plan.tokens)
+                        yield output(text, new, plan.status if ended else None)
+                finally:
+                    self._steps.leave()
                 if not ended:  # nothing (left) to say
                     yield output("", 0, plan.status)
             finally:
@@ -176,6 +188,7 @@ class SimEngine:
         for event in events:
             event.set()
         if events:
+            self._steps.wake()  # a step now: the aborted stream ends, the others wait on
             async with self._slot_freed:
                 self._slot_freed.notify_all()
 
@@ -205,6 +218,50 @@ class SimEngine:
         async with self._slot_freed:
             self._running -= 1
             self._slot_freed.notify_all()
+
+
+class StepClock:
+    """One timer for every running request: `next()` returns at the next step, every
+    `period_s` while any request has joined. A step wakes all of them in one pass of
+    the event loop, so their outputs reach the bus together."""
+
+    def __init__(self, period_s: float) -> None:
+        self.period_s = period_s
+        self._members = 0
+        self._step: asyncio.Future[None] | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._next_at = 0.0
+
+    def join(self) -> None:
+        self._members += 1
+
+    def leave(self) -> None:
+        self._members -= 1
+        if self._members == 0 and self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    async def next(self) -> None:
+        if self._step is None or self._step.done():
+            self._step = asyncio.get_running_loop().create_future()
+        if self._timer is None:
+            loop = asyncio.get_running_loop()
+            self._next_at = max(self._next_at + self.period_s, loop.time())
+            self._timer = loop.call_at(self._next_at, self._tick)
+        await self._step
+
+    def wake(self) -> None:
+        """A step now, between the timer's steps (an abort)."""
+        if self._step is not None and not self._step.done():
+            self._step.set_result(None)
+
+    def _tick(self) -> None:
+        self._timer = None
+        self.wake()
+        if self._members > 0:
+            loop = asyncio.get_running_loop()
+            self._next_at = max(self._next_at + self.period_s, loop.time())
+            self._timer = loop.call_at(self._next_at, self._tick)
 
 
 async def _wait(aborted: asyncio.Event, deadline: float) -> None:
