@@ -5,6 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 
+SLACK_S = 0.005
+"""An output this much before the interval is over is in time: the engine's steps come
+a little early or late, and waiting for the next one would add a whole step."""
+
+
 @dataclass(slots=True)
 class Pending:
     text: str = ""
@@ -17,21 +22,24 @@ class Coalescer:
 
     The first output goes out at once (time to first token); later ones are
     held until `interval_s` has passed since the last send, so one Kafka event
-    carries several tokens.
+    carries several tokens. Sends keep to a schedule, one every `interval_s`: a send
+    that had to wait for the engine's next output (a step after the interval) does not
+    push the ones after it back, so chunks average one per interval.
     """
 
     def __init__(self, interval_s: float) -> None:
         self.interval_s = interval_s
         """May change between outputs (the worker widens it under load)."""
         self._pending = Pending()
-        self._last_sent: float | None = None
+        self._sent_at: float | None = None
+        """When the last send was due (at most half an interval before it went)."""
 
     def add(self, text: str, tokens: int, now: float,
             token_ids: tuple[int, ...] = ()) -> Pending | None:
         self._pending.text += text
         self._pending.tokens += tokens
         self._pending.token_ids += token_ids
-        if self._last_sent is not None and now - self._last_sent < self.interval_s:
+        if self._sent_at is not None and now - self._sent_at < self.interval_s - SLACK_S:
             return None
         return self._take(now)
 
@@ -45,7 +53,11 @@ class Coalescer:
         if not self._pending.text and not self._pending.tokens:
             return None
         taken, self._pending = self._pending, Pending()
-        self._last_sent = now
+        if self._sent_at is None:
+            self._sent_at = now
+        else:
+            self._sent_at = min(now, max(self._sent_at + self.interval_s,
+                                         now - self.interval_s / 2))
         return taken
 
 
