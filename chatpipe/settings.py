@@ -6,7 +6,7 @@ import json
 import os
 import uuid
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import AliasChoices, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -65,9 +65,18 @@ class Settings(BaseSettings):
     )
     model: Path = Field(DEFAULT_MODEL_DIR, description="local HF model directory")
     model_name: str = Field("tiny", description="name clients ask for")
-    max_model_len: int = Field(2048, description="engine context length (prompt + answer)")
-    max_slots: int = Field(32, ge=1, description="requests one engine runs at once")
-    kv_cache_gib: float = Field(1.0, description="KV cache size of the vLLM CPU engine")
+    max_model_len: int = Field(
+        2048, description="context length (prompt + answer) conversations are fitted into for a"
+        " model not in context_window_tokens; at most the engine's (vLLM: the model's own)"
+    )
+    vllm_args: dict[str, Any] = Field(
+        default_factory=dict, description='vllm engine: AsyncEngineArgs fields over vLLM\'s'
+        ' defaults, e.g. {"max_num_seqs": 64} (README: Engine configuration)'
+    )
+    max_slots: int = Field(
+        32, ge=1, description="sim engine: requests it runs at once (vllm: vLLM's max_num_seqs,"
+        " set in vllm_args)"
+    )
     sim_tokens_per_s: float = Field(
         50.0, gt=0,
         description="sim engine: tokens per second per stream",
@@ -296,6 +305,13 @@ class Settings(BaseSettings):
     def _check_store(self) -> Settings:
         if self.store == "cassandra" and not self.cassandra_hosts:
             raise ValueError("store=cassandra needs CHATPIPE_CASSANDRA_HOSTS")
+        return self
+
+    @model_validator(mode="after")
+    def _check_engine_slots(self) -> Settings:
+        if self.engine == "vllm" and "max_slots" in self.model_fields_set:
+            raise ValueError("max_slots is the sim engine's: the vllm engine runs vLLM's"
+                             """ max_num_seqs, e.g. CHATPIPE_VLLM_ARGS='{"max_num_seqs": 64}'""")
         return self
 
     @property

@@ -70,8 +70,7 @@ def build_engine(settings: Settings) -> Engine:
                          settings.sim_prompt_tokens_per_s)
     from workers.vllm_engine import VllmEngine
 
-    return VllmEngine(settings.model, settings.model_name, settings.max_model_len,
-                      settings.max_slots, settings.kv_cache_gib)
+    return VllmEngine(settings.model, settings.model_name, settings.vllm_args)
 
 
 def build_store(settings: Settings) -> ConversationStore:

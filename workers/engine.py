@@ -55,6 +55,7 @@ class EngineStats:
 class Engine(Protocol):
     model: str
     max_slots: int
+    """Requests it runs at once (the scheduler's slots for it); known once started."""
 
     async def start(self) -> None:
         """Load the model; returns when the engine accepts requests."""

@@ -4,6 +4,11 @@ vLLM runs its scheduler and model in a child process (EngineCore) and streams
 outputs back; this adapter renders the chat prompt, maps sampling options and
 tiers onto vLLM's, and turns `RequestOutput`s into `EngineOutput`s.
 
+Engine arguments are vLLM's own defaults, as `vllm serve MODEL` has them, except
+the few in `CHATPIPE_ENGINE_ARGS` (and the KV cache's size on the CPU);
+`vllm_args` (CHATPIPE_VLLM_ARGS) overrides any `AsyncEngineArgs` field. The
+engine's slot count is what vLLM resolved.
+
 Requests are submitted under their plain `request_id`: vLLM appends a random
 suffix internally, so a redelivered attempt never clashes with a stale one, and
 `abort(request_id)` ends every attempt of that request still in this engine.
@@ -12,8 +17,10 @@ suffix internally, so a redelivered attempt never clashes with a stale one, and
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import difflib
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Collection, Mapping
 from contextlib import aclosing
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -24,9 +31,28 @@ from workers.engine import Continuation, EngineOutput, EngineStats
 
 if TYPE_CHECKING:
     from vllm import SamplingParams
+    from vllm.config import VllmConfig
     from vllm.v1.metrics.stats import SchedulerStats
 
-GIB = 1 << 30
+CHATPIPE_ENGINE_ARGS: dict[str, Any] = {
+    # Tiers are vLLM priorities (`Tier.rank`): vLLM's "fcfs" default would ignore them.
+    "scheduling_policy": "priority",
+    # The worker reads the scheduler's stats through its own stat logger; vLLM's
+    # loggers would record every step into metrics nothing serves.
+    "disable_log_stats": True,
+}
+"""What chatpipe sets over vLLM's defaults; `vllm_args` may override each."""
+
+CPU_KV_CACHE_BYTES = 1 << 30
+"""The KV cache on the CPU backend unless `vllm_args` sizes it. vLLM's own default
+there is 92 % of the host's memory (`gpu_memory_utilization` read as a share of
+RAM), which must be free at start: beside the broker and chatpipe's stages it
+seldom is (the 13 GiB development machine refused it with 11.5 GiB free). A GPU
+keeps vLLM's sizing."""
+
+SET_BY_SETTINGS = {"model": "CHATPIPE_MODEL", "served_model_name": "CHATPIPE_MODEL_NAME"}
+"""Engine args chatpipe takes from its own settings (the gateway and the worker's
+tokenizer read them too), never from `vllm_args`."""
 
 _STATUS_BY_FINISH_REASON = {
     "stop": RequestStatus.FINISHED_STOPPED,
@@ -46,18 +72,14 @@ class VllmEngine:
     """
 
     def __init__(
-        self,
-        model_path: Path,
-        model_name: str,
-        max_model_len: int,
-        max_slots: int,
-        kv_cache_gib: float,
+        self, model_path: Path, model_name: str, vllm_args: Mapping[str, Any] | None = None
     ) -> None:
         self.model = model_name
-        self.max_slots = max_slots
         self.model_path = Path(model_path)
-        self.max_model_len = max_model_len
-        self.kv_cache_gib = kv_cache_gib
+        self._engine_args = resolve_engine_args(
+            self.model_path, model_name, vllm_args or {}, on_cpu=_vllm_runs_on_cpu()
+        )
+        self._max_slots: int | None = None
         self.peak_running = 0
         self._llm: Any = None
         self._tokenizer: Any = None
@@ -66,36 +88,44 @@ class VllmEngine:
         self._scheduler_stats: SchedulerStats | None = None
 
     def engine_args(self) -> dict[str, Any]:
-        """The `AsyncEngineArgs` this engine starts with."""
-        return {
-            "model": str(self.model_path),
-            "served_model_name": [self.model],
-            "max_model_len": self.max_model_len,
-            "max_num_seqs": self.max_slots,
-            "enable_prefix_caching": True,
-            "scheduling_policy": "priority",
-            "kv_cache_memory_bytes": int(self.kv_cache_gib * GIB),
-            # CPU: skip torch.compile (minutes on 2 cores) and CUDA graphs.
-            "enforce_eager": True,
-            "disable_log_stats": True,
-            "enable_log_requests": False,
-        }
+        """The `AsyncEngineArgs` fields this engine starts with (every other field at
+        vLLM's default); `vllm serve` given the same runs the same engine."""
+        return dict(self._engine_args)
+
+    @property
+    def max_slots(self) -> int:
+        """Requests the engine runs at once: vLLM's resolved `max_num_seqs`."""
+        if self._max_slots is None:
+            raise RuntimeError("max_slots is known once the engine has started")
+        return self._max_slots
+
+    @property
+    def vllm_config(self) -> VllmConfig:
+        """Every setting vLLM resolved from the engine args (once started)."""
+        if self._llm is None:
+            raise RuntimeError("the engine is not running")
+        return self._llm.vllm_config
 
     async def start(self) -> None:
         from transformers import AutoTokenizer
         from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.usage.usage_lib import UsageContext
         from vllm.v1.engine.async_llm import AsyncLLM
 
         tokenizer = AutoTokenizer.from_pretrained(self.model_path)
         if not tokenizer.chat_template:
             raise ValueError(f"{self.model_path} has no chat template")
-        args = AsyncEngineArgs(**self.engine_args())
+        args = AsyncEngineArgs(**self._engine_args)
         stats_tap = _scheduler_stats_tap(self._on_scheduler_stats)
         # Construction blocks until the EngineCore process has loaded the model
         # and sized the KV cache; AsyncLLM supports building outside the loop.
+        # vLLM's defaults (max_num_seqs, batched tokens) depend on the usage
+        # context: chatpipe serves an API, as `vllm serve` does.
         self._llm = await asyncio.to_thread(
-            AsyncLLM.from_engine_args, args, stat_loggers=[stats_tap]
+            AsyncLLM.from_engine_args, args,
+            usage_context=UsageContext.OPENAI_API_SERVER, stat_loggers=[stats_tap],
         )
+        self._max_slots = self._llm.vllm_config.scheduler_config.max_num_seqs
         self._tokenizer = tokenizer
 
     async def stop(self) -> None:
@@ -195,6 +225,46 @@ class VllmEngine:
     def _on_scheduler_stats(self, stats: SchedulerStats) -> None:
         self._scheduler_stats = stats
         self.peak_running = max(self.peak_running, stats.num_running_reqs)
+
+
+def resolve_engine_args(
+    model_path: Path, model_name: str, vllm_args: Mapping[str, Any], *, on_cpu: bool,
+    known: Collection[str] | None = None,
+) -> dict[str, Any]:
+    """The `AsyncEngineArgs` fields an engine starts with: the model, chatpipe's
+    `CHATPIPE_ENGINE_ARGS` (on the CPU also `CPU_KV_CACHE_BYTES`, unless `vllm_args`
+    sizes the cache), then `vllm_args` over them; every other field stays at vLLM's
+    default. `known` is the field names (default: `AsyncEngineArgs`'s).
+
+    Raises `ValueError` naming each `vllm_args` key that is no field, or that
+    chatpipe's own settings set (`SET_BY_SETTINGS`)."""
+    known = engine_arg_names() if known is None else known
+    problems = [f"{name!r} is set by {SET_BY_SETTINGS[name]}"
+                for name in vllm_args if name in SET_BY_SETTINGS]
+    for name in vllm_args:
+        if name not in known and name not in SET_BY_SETTINGS:
+            close = difflib.get_close_matches(name.replace("-", "_"), known, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            problems.append(f"{name!r} is not an AsyncEngineArgs field{hint}")
+    if problems:
+        raise ValueError("CHATPIPE_VLLM_ARGS: " + "; ".join(problems))
+    args = {"model": str(model_path), "served_model_name": [model_name],
+            **CHATPIPE_ENGINE_ARGS}
+    if on_cpu and not {"kv_cache_memory_bytes", "gpu_memory_utilization"} & set(vllm_args):
+        args["kv_cache_memory_bytes"] = CPU_KV_CACHE_BYTES
+    return {**args, **vllm_args}
+
+
+def engine_arg_names() -> frozenset[str]:
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    return frozenset(f.name for f in dataclasses.fields(AsyncEngineArgs))
+
+
+def _vllm_runs_on_cpu() -> bool:
+    from vllm.platforms import current_platform
+
+    return current_platform.is_cpu()
 
 
 def _scheduler_stats_tap(on_stats: Callable[[SchedulerStats], None]) -> type:

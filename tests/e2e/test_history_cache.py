@@ -45,8 +45,7 @@ async def long_prompt_stack(vllm_engine, tiny_model_dir, tmp_path_factory
                             ) -> AsyncIterator[Stack]:  # fmt: skip
     """A pipeline on the session's vLLM engine whose system prompt passes a cache block."""
     settings = stack_settings(tmp_path_factory.mktemp("history-stack"), engine="vllm",
-                              model=tiny_model_dir, max_slots=vllm_engine.max_slots,
-                              system_prompt=LONG_SYSTEM_PROMPT)  # fmt: skip
+                              model=tiny_model_dir, system_prompt=LONG_SYSTEM_PROMPT)
     async with running_stack(settings, vllm_engine) as stack:
         yield stack
 
