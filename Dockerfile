@@ -11,11 +11,15 @@ ENV PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     # The model is a local directory (CHATPIPE_MODEL): never reach for the Hub at start-up.
-    HF_HUB_OFFLINE=1
+    HF_HUB_OFFLINE=1 \
+    # vLLM's compile cache (torch.compile output): the worker mounts a volume here
+    # (docker-compose.yml, k8s/worker.yaml) so only its first start compiles.
+    VLLM_CACHE_ROOT=/home/chatpipe/.cache/vllm
 
 RUN useradd --create-home --uid 1000 chatpipe \
     # Owned by the runtime user so a fresh named volume mounted here is writable.
-    && mkdir /models && chown chatpipe:chatpipe /models
+    && mkdir /models && chown chatpipe:chatpipe /models \
+    && mkdir -p "$VLLM_CACHE_ROOT" && chown -R chatpipe:chatpipe /home/chatpipe/.cache
 
 WORKDIR /src
 
@@ -50,7 +54,7 @@ COPY billing/ billing/
 RUN pip install --no-deps . && cd / && rm -rf /src
 
 USER chatpipe
-# Writable for vLLM's compile caches and a SQLite file if store=sqlite.
+# Writable for a SQLite file if store=sqlite.
 WORKDIR /home/chatpipe
 EXPOSE 8000
 ENTRYPOINT ["chatpipe"]
