@@ -150,6 +150,10 @@ def vllm_server_argv(cfg: EngineConfig, port: int, api_key: str,
     if same_args:
         for name, value in chatpipe_engine_args(cfg).items():
             argv += _flag(name, value)
+    elif "kv_cache_memory_bytes" in (cpu_cache := chatpipe_engine_args(EngineConfig(cfg.model))):
+        # On the CPU vLLM's default reserves 92 % of the memory, which must be free at
+        # start (it seldom is beside other work); both sides get chatpipe's cache size.
+        argv += _flag("kv_cache_memory_bytes", cpu_cache["kv_cache_memory_bytes"])
     return [*argv, "--host", "127.0.0.1", "--port", str(port), "--api-key", api_key]
 
 

@@ -119,7 +119,9 @@ def _engine(run: BenchRun) -> str:
     chatpipe = (f"`CHATPIPE_VLLM_ARGS='{json.dumps(e.vllm_args)}'`" if e.vllm_args
                 else "its default engine args")
     described = {
-        VLLM: "vLLM's OpenAI server as `vllm serve MODEL` runs it, at its own defaults: "
+        VLLM: "vLLM's OpenAI server as `vllm serve MODEL` runs it, at its own defaults "
+              "(on the CPU with chatpipe's KV cache size: vLLM's default there reserves 92 % "
+              "of the memory, which must be free at start): "
               f"`{_server_command(e, same_args=False)}`",
         CHATPIPE: "`chatpipe up` (gateway, every stage and the engine's front end in one "
                   f"process, the embedded broker beside it) with {chatpipe}; the engine args "
