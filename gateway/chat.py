@@ -8,14 +8,14 @@ from contextlib import aclosing
 from typing import Annotated
 
 from fastapi import APIRouter, Header, Query
-from sse_starlette import EventSourceResponse, ServerSentEvent
 
 from conversations.store import ApiKey, RequestRecord
 from gateway.auth import OwnedConversation, Owner
 from gateway.background import start_title
 from gateway.deps import Deps, GatewayDeps
 from gateway.errors import ApiError
-from gateway.generation import Generation, event_stream
+from gateway.event_stream import EventStreamResponse
+from gateway.generation import Generation, event_stream, merged_deltas
 from gateway.stream_relay import StreamRelay
 from gateway.turns import (
     Turn,
@@ -37,41 +37,41 @@ _SSE = {200: {"content": {"text/event-stream": {}}, "description": "the answer"}
 
 
 @router.post("/conversations/{conversation_id}/messages",
-             response_class=EventSourceResponse, responses=_SSE)  # fmt: skip
+             response_class=EventStreamResponse, responses=_SSE)  # fmt: skip
 async def post_message(
     post: PostMessage, conversation: OwnedConversation, owner: Owner, deps: Deps
-) -> EventSourceResponse:
+) -> EventStreamResponse:
     """A user message after the selected thread, answered as SSE."""
     return await answer(deps, await start_turn(deps, owner, conversation, post))
 
 
 @router.post("/conversations/{conversation_id}/messages/{message_id}/edit",
-             response_class=EventSourceResponse, responses=_SSE)  # fmt: skip
+             response_class=EventStreamResponse, responses=_SSE)  # fmt: skip
 async def edit_message(
     message_id: str, post: PostMessage, conversation: OwnedConversation, owner: Owner, deps: Deps
-) -> EventSourceResponse:
+) -> EventStreamResponse:
     """A new version of a user message (a fork beside it), answered as SSE."""
     return await answer(deps, await start_edit(deps, owner, conversation, message_id, post))
 
 
 @router.post("/conversations/{conversation_id}/messages/{message_id}/regenerate",
-             response_class=EventSourceResponse, responses=_SSE)  # fmt: skip
+             response_class=EventStreamResponse, responses=_SSE)  # fmt: skip
 async def regenerate_message(
     message_id: str, options: TurnOptions, conversation: OwnedConversation, owner: Owner,
     deps: Deps,
-) -> EventSourceResponse:  # fmt: skip
+) -> EventStreamResponse:  # fmt: skip
     """Another answer beside an assistant message (or to a user message), as SSE."""
     turn = await start_regenerate(deps, owner, conversation, message_id, options)
     return await answer(deps, turn)
 
 
-@router.get("/requests/{request_id}/events", response_class=EventSourceResponse, responses=_SSE)
+@router.get("/requests/{request_id}/events", response_class=EventStreamResponse, responses=_SSE)
 async def resume_events(
     request_id: str, owner: Owner, deps: Deps,
     last_event_id_header: Annotated[str | None, Header(alias="Last-Event-ID")] = None,
     last_event_id: Annotated[str | None, Query(
         description="as the Last-Event-ID header: the last `id:` the client received")] = None,
-) -> EventSourceResponse:  # fmt: skip
+) -> EventStreamResponse:  # fmt: skip
     """A stored answer's stream, on any gateway: the events after `Last-Event-ID` (all of
     them without it), live until the end; an answer that has ended is replayed."""
     record = await _owned_request(deps, owner, request_id)
@@ -125,7 +125,7 @@ def _event_id(raw: str | None) -> int | None:
                        "(an integer) this stream sent", param="last_event_id") from None
 
 
-async def answer(deps: GatewayDeps, turn: Turn) -> EventSourceResponse:
+async def answer(deps: GatewayDeps, turn: Turn) -> EventStreamResponse:
     generation = await send_turn(deps, turn)
     payload = sse.RequestPayload(request_id=turn.request.request_id,
                                  message_id=turn.request.message_id,
@@ -137,15 +137,17 @@ async def answer(deps: GatewayDeps, turn: Turn) -> EventSourceResponse:
 async def native_events(
     payload: sse.RequestPayload, generation: Generation,
     on_answered: Callable[[str], None] | None = None,
-) -> AsyncIterator[ServerSentEvent]:  # fmt: skip
-    """The request event, every event to show, then `[DONE]` (DESIGN §4)."""
+) -> AsyncIterator[bytes]:  # fmt: skip
+    """The request event, every event to show, then `[DONE]` (DESIGN §4); what arrived
+    together is written together."""
     yield sse.request_event(payload)
-    async with aclosing(generation.events()) as events:
-        async for event in events:
-            if isinstance(event, DeliveryDone) and event.status.is_answered and on_answered:
+    async with aclosing(generation.batches()) as batches:
+        async for batch in batches:
+            end = batch[-1]
+            if isinstance(end, DeliveryDone) and end.status.is_answered and on_answered:
                 answer = generation.relay.answer()
                 on_answered(answer.content if answer is not None else "")
-            yield sse.native_event(event)
+            yield b"".join(map(sse.native_event, merged_deltas(batch)))
     if not generation.finished:
         yield sse.error_event("stream_interrupted", "the answer stopped before its end")
     yield sse.done_marker()

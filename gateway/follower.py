@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 
 from aiokafka import AIOKafkaConsumer
 from aiokafka.structs import ConsumerRecord, TopicPartition
 
 from bus.clients import KafkaConfig
+from gateway.pipeline import Inbox
 from schemas import topics
 from schemas.codec import ANSWER_EVENT, EventDecodeError, decode
 from schemas.events import AnswerEvent
@@ -28,20 +27,17 @@ from schemas.events import AnswerEvent
 log = logging.getLogger(__name__)
 
 
-@dataclass(eq=False)
-class FollowedAnswer:
+class FollowedAnswer(Inbox[AnswerEvent]):
     """Events of one answer from its marker on, as they are read (duplicates included:
     the reader applies the one answer rule)."""
 
-    request_id: str
-    key: bytes
-    partition: int
-    queue: asyncio.Queue[AnswerEvent] = field(default_factory=asyncio.Queue)
-    _follower: AnswerFollower | None = None
-
-    async def __aiter__(self) -> AsyncIterator[AnswerEvent]:
-        while True:
-            yield await self.queue.get()
+    def __init__(self, request_id: str, key: bytes, partition: int,
+                 follower: AnswerFollower) -> None:
+        super().__init__()
+        self.request_id = request_id
+        self.key = key
+        self.partition = partition
+        self._follower: AnswerFollower | None = follower
 
     async def aclose(self) -> None:
         if self._follower is not None:
@@ -61,8 +57,7 @@ class AnswerFollower:
     async def follow(self, request_id: str, conversation_id: str, partition: int,
                      offset: int) -> FollowedAnswer:
         """Events of `request_id` on `chat.answers` partition `partition` from `offset`."""
-        followed = FollowedAnswer(request_id, conversation_id.encode(), partition,
-                                  _follower=self)
+        followed = FollowedAnswer(request_id, conversation_id.encode(), partition, self)
         async with self._lock:
             consumer = await self._started()
             self._follows.setdefault(partition, set()).add(followed)
@@ -140,4 +135,4 @@ class AnswerFollower:
             return
         for followed in matching:
             if followed.request_id == event.request_id:
-                followed.queue.put_nowait(event)
+                followed.put(event)

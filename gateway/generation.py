@@ -3,12 +3,16 @@ stream core (`gateway.stream_relay`), the answer stored before its end is shown,
 what happens when the listener goes away first.
 
 The client going away is an event the response listens for (STYLE 6):
-`EventSourceResponse` cancels the stream when `http.disconnect` arrives, and
+`EventStreamResponse` cancels the stream when `http.disconnect` arrives, and
 `until_disconnected` does the same for a plain JSON answer. Either way
 `Generation.close` runs, shielded: with a resume grace (native streams) the
 generation is held that long for the client to come back, else it is cancelled at
 once, so no GPU time is spent on output nobody reads. A stream that gets no event
 for `stall_s` ends with error `stalled` and its generation is cancelled.
+
+Events are relayed in batches: all that arrived since the relay last looked, so a
+relay that falls behind (a busy gateway) catches up in one write, its deltas merged
+(`merged_deltas`), rather than falling further behind one event at a time.
 """
 
 from __future__ import annotations
@@ -16,18 +20,19 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import aclosing
 from dataclasses import dataclass
+from typing import TypeVar
 
 import anyio
 from fastapi import Request
-from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.background import BackgroundTask
 
 from gateway.errors import ApiError
+from gateway.event_stream import EventStreamResponse
 from gateway.pipeline import Pipeline, RequestStream
 from gateway.stream_relay import StreamRelay
-from schemas import sse
-from schemas.events import DeliverEvent, GenerationRequest
+from schemas.events import DeliverEvent, Delta, GenerationRequest
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +42,7 @@ SEND_TIMEOUT_S = 30.0
 """A client that reads nothing for this long is treated as gone."""
 
 OnEnd = Callable[[StreamRelay], Awaitable[None]]
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,29 +93,37 @@ class Generation:
         """A terminal event (done or error) was received."""
         return self.relay.ended
 
-    async def events(self) -> AsyncIterator[DeliverEvent]:
-        """Events to show, up to and including the terminal one; closes on exit."""
-        events = aiter(self._stream)
+    async def batches(self) -> AsyncIterator[list[DeliverEvent]]:
+        """Events to show, all that have arrived at once, up to and including the
+        terminal one; closes on exit."""
+        stall = _StallTimer(self._timers.stall_s)
         try:
             while not self.relay.ended:
                 try:
-                    async with asyncio.timeout(self._timers.stall_s):
-                        event = await anext(events)
-                except StopAsyncIteration:
-                    return  # the stream went away without an end
+                    arrived = await stall.wait(self._stream.take())
                 except TimeoutError:
                     log.warning("request %s stalled: no event for %.0f s", self.request_id,
                                 self._timers.stall_s)
-                    shown = self.relay.stall(self.request_id)
+                    shown = [self.relay.stall(self.request_id)]
                     await self._cancel("stalled")
                 else:
-                    shown = self.relay.add(event)
+                    if not arrived:
+                        return  # the stream went away without an end
+                    shown = [e for event in arrived if (e := self.relay.add(event)) is not None]
                 if self.relay.ended:
                     await self._ended()
-                if shown is not None:
+                if shown:
                     yield shown
         finally:
+            stall.cancel()
             await self.close()
+
+    async def events(self) -> AsyncIterator[DeliverEvent]:
+        """Events to show one at a time, up to and including the terminal one."""
+        async with aclosing(self.batches()) as batches:
+            async for batch in batches:
+                for event in batch:
+                    yield event
 
     async def _ended(self) -> None:
         """Store the answer before its end is shown (read your writes)."""
@@ -168,18 +182,82 @@ def unavailable() -> ApiError:
                     headers={"Retry-After": "5"})
 
 
-def event_stream(
-    events: AsyncIterator[ServerSentEvent], generation: Generation
-) -> EventSourceResponse:
+def event_stream(frames: AsyncIterator[bytes], generation: Generation) -> EventStreamResponse:
     """The SSE response; closing the generation also covers a stream that never started."""
-    return EventSourceResponse(
-        events,
-        sep=sse.SEP,
-        ping=PING_INTERVAL_S,
-        send_timeout=SEND_TIMEOUT_S,
+    return EventStreamResponse(
+        frames,
         headers={"X-Request-Id": generation.request_id},
         background=BackgroundTask(generation.close),
+        ping_s=PING_INTERVAL_S,
+        send_timeout_s=SEND_TIMEOUT_S,
     )
+
+
+def merged_deltas(events: list[DeliverEvent]) -> list[DeliverEvent]:
+    """Consecutive deltas as one, with the position (SSE id) of the last: a client that
+    resumes after it has all of their text."""
+    if len(events) < 2:
+        return events
+    merged: list[DeliverEvent] = []
+    run: list[Delta] = []
+    for event in [*events, None]:
+        if isinstance(event, Delta):
+            run.append(event)
+            continue
+        if len(run) == 1:
+            merged.append(run[0])
+        elif run:
+            merged.append(run[-1].model_copy(update={"text": "".join(d.text for d in run)}))
+        run = []
+        if event is not None:
+            merged.append(event)
+    return merged
+
+
+class _StallTimer:
+    """`wait` raises TimeoutError once nothing has arrived for `stall_s`. One timer per
+    stream, moved on lazily when it fires, where `asyncio.timeout` around every wait
+    would add and cancel a timer per event (thousands of streams, ~10 events/s each)."""
+
+    def __init__(self, stall_s: float) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._stall_s = stall_s
+        self._last = self._loop.time()
+        self._waiting: asyncio.Task[object] | None = None
+        self._expired = False
+        self._handle = self._loop.call_at(self._last + stall_s, self._check)
+
+    def _check(self) -> None:
+        now, due = self._loop.time(), self._last + self._stall_s
+        if self._waiting is not None and now >= due:
+            self._expired = True
+            self._waiting.cancel()
+            return
+        # Not due yet, or not waiting (a relay busy writing is no stall): look again.
+        self._handle = self._loop.call_at(due if due > now else now + self._stall_s,
+                                          self._check)
+
+    async def wait(self, arrival: Awaitable[T]) -> T:
+        """Await `arrival`, for at most `stall_s` (counted from now)."""
+        task = asyncio.current_task()
+        assert task is not None
+        cancelling = task.cancelling()
+        self._waiting, self._last = task, self._loop.time()
+        try:
+            return await arrival
+        except asyncio.CancelledError:
+            if self._expired and task.uncancel() <= cancelling:
+                self._expired = False
+                self._handle = self._loop.call_at(self._loop.time() + self._stall_s,
+                                                  self._check)
+                raise TimeoutError from None
+            raise
+        finally:
+            self._waiting = None
+            self._last = self._loop.time()
+
+    def cancel(self) -> None:
+        self._handle.cancel()
 
 
 async def until_disconnected(request: Request) -> None:

@@ -14,18 +14,20 @@ from contextlib import aclosing
 from dataclasses import dataclass
 
 import anyio
+import orjson
 from fastapi import APIRouter, Request
-from sse_starlette import EventSourceResponse, ServerSentEvent
 
 from conversations.store import ApiKey
 from gateway.admission import admit
 from gateway.auth import Owner
 from gateway.deps import Deps, GatewayDeps, SettingsDep
 from gateway.errors import ApiError, error_type, from_delivery_error
+from gateway.event_stream import EventStreamResponse
 from gateway.generation import (
     Generation,
     StreamTimers,
     event_stream,
+    merged_deltas,
     start_generation,
     until_disconnected,
 )
@@ -66,7 +68,7 @@ async def list_models(settings: SettingsDep) -> ModelList:
 @router.post("/chat/completions", response_model=ChatCompletion)
 async def chat_completions(
     completion: ChatCompletionRequest, owner: Owner, deps: Deps, request: Request
-) -> ChatCompletion | EventSourceResponse:
+) -> ChatCompletion | EventStreamResponse:
     generation_request = to_generation_request(completion, owner, deps)
     await admit(deps, owner, generation_request.messages, generation_request.sampling.max_tokens)
     generation = await start_generation(deps.pipeline, generation_request, deps.live,
@@ -113,6 +115,9 @@ def to_generation_request(
     )
 
 
+_CONTENT_MARK = "\x00content\x00"
+
+
 @dataclass(frozen=True, slots=True)
 class _Answer:
     """What every chunk of one completion repeats."""
@@ -121,18 +126,29 @@ class _Answer:
     model: str
     created: int
     include_usage: bool
+    content_frame: tuple[bytes, bytes] = (b"", b"")
+    """A content chunk's frame around its JSON-encoded text (the stream's hot path)."""
 
     @classmethod
     def of(cls, request: GenerationRequest, include_usage: bool) -> _Answer:
-        return cls(f"chatcmpl-{request.request_id}", request.model, int(now()), include_usage)
+        answer = cls(f"chatcmpl-{request.request_id}", request.model, int(now()), include_usage)
+        marked = answer.chunk(ChunkDelta(content=_CONTENT_MARK))
+        head, found, tail = marked.partition(orjson.dumps(_CONTENT_MARK))
+        assert found, "a chunk's JSON must hold its content as orjson writes it"
+        return cls(answer.id, answer.model, answer.created, include_usage, (head, tail))
 
-    def chunk(self, delta: ChunkDelta | None, finish_reason: str | None = None) -> ServerSentEvent:
+    def chunk(self, delta: ChunkDelta | None, finish_reason: str | None = None) -> bytes:
         choices = [] if delta is None else [ChunkChoice(delta=delta, finish_reason=finish_reason)]
         return sse.openai_chunk(
             ChatCompletionChunk(id=self.id, created=self.created, model=self.model, choices=choices)
         )
 
-    def usage_chunk(self, usage: CompletionUsage) -> ServerSentEvent:
+    def content_chunk(self, text: str) -> bytes:
+        """`chunk(ChunkDelta(content=text))`, without building the models."""
+        head, tail = self.content_frame
+        return head + orjson.dumps(text) + tail
+
+    def usage_chunk(self, usage: CompletionUsage) -> bytes:
         return sse.openai_chunk(
             ChatCompletionChunk(
                 id=self.id, created=self.created, model=self.model, choices=[], usage=usage
@@ -140,23 +156,29 @@ class _Answer:
         )
 
 
-async def chunk_events(answer: _Answer, generation: Generation) -> AsyncIterator[ServerSentEvent]:
+async def chunk_events(answer: _Answer, generation: Generation) -> AsyncIterator[bytes]:
+    """The completion's chunks; what arrived together is written together."""
     yield answer.chunk(ChunkDelta(role="assistant", content=""))
     retracted = False
-    async with aclosing(generation.events()) as events:
-        async for event in events:
-            match event:
-                case Delta() if not retracted:
-                    yield answer.chunk(ChunkDelta(content=event.text))
-                case Retract():
-                    retracted = True  # text already sent cannot be taken back here
-                case DeliveryDone():
-                    reason = "content_filter" if retracted else event.status.openai_finish_reason
-                    yield answer.chunk(ChunkDelta(), reason)
-                    if answer.include_usage:
-                        yield answer.usage_chunk(CompletionUsage.of(event.usage))
-                case DeliveryError():
-                    yield sse.openai_error(_error_detail(event.code, event.message))
+    async with aclosing(generation.batches()) as batches:
+        async for batch in batches:
+            frames: list[bytes] = []
+            for event in merged_deltas(batch):
+                match event:
+                    case Delta() if not retracted:
+                        frames.append(answer.content_chunk(event.text))
+                    case Retract():
+                        retracted = True  # text already sent cannot be taken back here
+                    case DeliveryDone():
+                        reason = ("content_filter" if retracted
+                                  else event.status.openai_finish_reason)
+                        frames.append(answer.chunk(ChunkDelta(), reason))
+                        if answer.include_usage:
+                            frames.append(answer.usage_chunk(CompletionUsage.of(event.usage)))
+                    case DeliveryError():
+                        frames.append(sse.openai_error(_error_detail(event.code, event.message)))
+            if frames:
+                yield b"".join(frames)
     if not generation.finished:
         yield sse.openai_error(_error_detail("stream_interrupted", _INTERRUPTED))
     yield sse.done_marker()

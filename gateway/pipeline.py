@@ -8,17 +8,23 @@ answer's events from `chat.answers`, for a stream resumed on any gateway.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
-from typing import Protocol
+from typing import Generic, Protocol, TypeVar
 
 from schemas.events import Event, GenerationRequest, ModerationEvent
 from schemas.topics import Tier
+
+E = TypeVar("E", bound=Event)
 
 
 class RequestStream(Protocol):
     """Events of one request as they arrive (the reader applies the one answer rule)."""
 
     def __aiter__(self) -> AsyncIterator[Event]: ...
+
+    async def take(self) -> list[Event]:
+        """Every event that has arrived and not been taken, waiting for the first."""
 
     async def aclose(self) -> None:
         """Stop listening (does not cancel the generation)."""
@@ -55,3 +61,35 @@ class Pipeline(Protocol):
 
     def overloaded(self, tier: Tier) -> float | None:
         """Retry-After seconds while the scheduler sheds `tier`'s new requests, else None."""
+
+
+class Inbox(Generic[E]):
+    """Where a reader puts one stream's events and its relay takes them: all that have
+    arrived at once, so a relay that falls behind catches up in one step, not one
+    wake-up per event."""
+
+    __slots__ = ("_events", "_waiter")
+
+    def __init__(self) -> None:
+        self._events: list[E] = []
+        self._waiter: asyncio.Future[None] | None = None
+
+    def put(self, event: E) -> None:
+        self._events.append(event)
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    async def take(self) -> list[E]:
+        while not self._events:
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        events, self._events = self._events, []
+        return events
+
+    async def __aiter__(self) -> AsyncIterator[E]:
+        while True:
+            for event in await self.take():
+                yield event

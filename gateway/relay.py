@@ -19,17 +19,18 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import Callable
 
 from aiokafka import AIOKafkaConsumer
 from aiokafka.structs import ConsumerRecord, TopicPartition
+from pydantic import TypeAdapter
 
 from bus.clients import KafkaConfig, Publisher
-from bus.subscriber import consume, decode_record
+from bus.subscriber import decode_record, failed
 from bus.topics import create_topics
 from conversations.answers import answer_started
 from gateway.follower import AnswerFollower, FollowedAnswer
-from gateway.pipeline import RequestStream
+from gateway.pipeline import Inbox, RequestStream
 from schemas import topics
 from schemas.codec import GATEWAY_EVENT, SCHEDULER_EVENT
 from schemas.events import (
@@ -37,6 +38,8 @@ from schemas.events import (
     DeliverEvent,
     DeliveryDone,
     DeliveryError,
+    Event,
+    GatewayEvent,
     GatewayHeartbeat,
     GenerationRequest,
     ModerationEvent,
@@ -52,20 +55,13 @@ STATUS_FRESH_S = 5.0  # an older scheduler status says nothing about now
 TERMINAL = (DeliveryDone, DeliveryError)
 
 
-class DeliveryStream:
+class DeliveryStream(Inbox[DeliverEvent]):
     """Delivery events of one request as they arrive on this gateway's topic."""
 
     def __init__(self, pipeline: KafkaPipeline, request_id: str) -> None:
+        super().__init__()
         self._pipeline = pipeline
         self.request_id = request_id
-        self._queue: asyncio.Queue[DeliverEvent] = asyncio.Queue()
-
-    def put(self, event: DeliverEvent) -> None:
-        self._queue.put_nowait(event)
-
-    async def __aiter__(self) -> AsyncIterator[DeliverEvent]:
-        while True:
-            yield await self._queue.get()
 
     async def aclose(self) -> None:
         self._pipeline.forget(self.request_id)
@@ -99,9 +95,7 @@ class KafkaPipeline:
         await self._consumer.start()
         self._consumer.assign([TopicPartition(self.reply_to, p) for p in range(self.partitions)]
                               + [TopicPartition(topics.SCHEDULER, 0)])
-        self._task = asyncio.create_task(
-            consume(self._consumer, STAGE, self.publisher, self._route, poll_ms=100)
-        )
+        self._task = asyncio.create_task(self._read(), name="gateway-delivery")
         self._heartbeats = asyncio.create_task(self._beat(), name="gateway-heartbeats")
 
     async def stop(self) -> None:
@@ -235,16 +229,55 @@ class KafkaPipeline:
             return None
         return tier_status.retry_after_s or 1.0
 
-    async def _route(self, record: ConsumerRecord) -> None:
-        if record.topic == topics.SCHEDULER:
-            event = decode_record(SCHEDULER_EVENT, record)
-            if isinstance(event, SchedulerStatus):
-                self._status = event
-            return
-        event = decode_record(GATEWAY_EVENT, record)
+    async def _read(self) -> None:
+        """This gateway's topics a fetch at a time, each partition's records decoded in
+        one step; a record that fails is dead-lettered and the rest go on."""
+        while True:
+            batch = await self._consumer.getmany(timeout_ms=100, max_records=10_000)
+            for tp, records in batch.items():
+                if tp.topic == topics.SCHEDULER:
+                    await self._each(records, self._scheduler_status)
+                    continue
+                events = _decoded(records)
+                if events is None:
+                    await self._each(records, self._route)
+                    continue
+                for event in events:
+                    self._deliver(event)
+
+    async def _each(self, records: list[ConsumerRecord],
+                    handle: Callable[[ConsumerRecord], None]) -> None:
+        for record in records:
+            try:
+                handle(record)
+            except Exception as exc:  # noqa: BLE001 - any failure is dead-lettered
+                await failed(STAGE, self.publisher, record, exc)
+
+    def _scheduler_status(self, record: ConsumerRecord) -> None:
+        status = decode_record(SCHEDULER_EVENT, record)
+        if isinstance(status, SchedulerStatus):
+            self._status = status
+
+    def _route(self, record: ConsumerRecord) -> None:
+        self._deliver(decode_record(GATEWAY_EVENT, record))
+
+    def _deliver(self, event: Event) -> None:
         if isinstance(event, Reroute):
             self.taken(event.request_id)
             return
         stream = self._streams.get(event.request_id)
         if stream is not None:
             stream.put(event)
+
+
+GATEWAY_EVENTS = TypeAdapter(list[GatewayEvent])
+
+
+def _decoded(records: list[ConsumerRecord]) -> list[Event] | None:
+    """The events of `records` validated in one call (what a gateway does per token chunk,
+    so per record costs count); None if any record is not a gateway event."""
+    try:
+        events = GATEWAY_EVENTS.validate_json(b"[" + b",".join(r.value for r in records) + b"]")
+    except (TypeError, ValueError):
+        return None
+    return events if len(events) == len(records) else None  # one record, one event

@@ -20,8 +20,8 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 
+import orjson
 from pydantic import BaseModel, Field
-from sse_starlette import ServerSentEvent
 
 from schemas.api import ChatCompletionChunk, ErrorBody, ErrorDetail
 from schemas.events import (
@@ -81,22 +81,33 @@ class DonePayload(BaseModel):
     usage: Usage
 
 
-def _event(
-    payload: BaseModel | str, event: str | None = None, seq: int | None = None
-) -> ServerSentEvent:
+def frame(data: str | bytes, event: str | None = None, seq: int | None = None) -> bytes:
+    """One SSE message on the wire (`data` is one line: JSON never holds a raw newline)."""
+    head = b"" if seq is None else b"id: %d\n" % seq
+    if event is not None:
+        head += b"event: " + event.encode() + b"\n"
+    return head + b"data: " + (data if isinstance(data, bytes) else data.encode()) + b"\n\n"
+
+
+def _event(payload: BaseModel | str, event: str | None = None, seq: int | None = None) -> bytes:
     data = payload if isinstance(payload, str) else payload.model_dump_json()
-    return ServerSentEvent(data, event=event, id=None if seq is None else str(seq), sep=SEP)
+    return frame(data, event, seq)
 
 
-def request_event(payload: RequestPayload) -> ServerSentEvent:
+def request_event(payload: RequestPayload) -> bytes:
     return _event(payload, "request")
 
 
-def native_event(event: DeliverEvent) -> ServerSentEvent:
+def delta_event(text: str, seq: int) -> bytes:
+    """`event: delta` (`DeltaPayload`), built without a model: the stream's hot path."""
+    return b"id: %d\nevent: delta\ndata: {\"delta\":%b}\n\n" % (seq, orjson.dumps(text))
+
+
+def native_event(event: DeliverEvent) -> bytes:
     """A delivery event as the native stream sends it (`event:` = the event type)."""
     match event:
         case Delta():
-            return _event(DeltaPayload(delta=event.text), event.type, event.seq)
+            return delta_event(event.text, event.seq)
         case Queued():
             # Queue updates come before any output: no id, so resuming never skips text.
             return _event(QueuedPayload(position=event.position, eta_ms=event.eta_ms), "queued")
@@ -124,20 +135,24 @@ def native_event(event: DeliverEvent) -> ServerSentEvent:
     raise TypeError(f"not a delivery event: {event!r}")
 
 
-def error_event(code: str, message: str, retry_after: float | None = None) -> ServerSentEvent:
+def error_event(code: str, message: str, retry_after: float | None = None) -> bytes:
     """An error the gateway itself raises in a native stream (no delivery seq)."""
     return _event(ErrorPayload(code=code, message=message, retry_after=retry_after), "error")
 
 
-def done_marker() -> ServerSentEvent:
+def done_marker() -> bytes:
     return _event(DONE_MARKER)
 
 
-def openai_chunk(chunk: ChatCompletionChunk) -> ServerSentEvent:
+PING = b": ping\n\n"
+"""A comment line: keeps idle connections open through proxies; readers skip it."""
+
+
+def openai_chunk(chunk: ChatCompletionChunk) -> bytes:
     return _event(chunk)
 
 
-def openai_error(detail: ErrorDetail) -> ServerSentEvent:
+def openai_error(detail: ErrorDetail) -> bytes:
     return _event(ErrorBody(error=detail))
 
 

@@ -64,6 +64,7 @@ class ScriptedStream:
         self.closed = False
         self.events: list[DeliverEvent] = []
         """What it has played so far."""
+        self._taking: AsyncIterator[DeliverEvent] | None = None
 
     @property
     def ended(self) -> bool:
@@ -80,6 +81,15 @@ class ScriptedStream:
 
     def __aiter__(self) -> AsyncIterator[DeliverEvent]:
         return self._play()
+
+    async def take(self) -> list[DeliverEvent]:
+        """The next event; [] once the script has played (unless it holds)."""
+        if self._taking is None:
+            self._taking = self._play()
+        try:
+            return [await anext(self._taking)]
+        except StopAsyncIteration:
+            return []
 
     async def aclose(self) -> None:
         self.closed = True
