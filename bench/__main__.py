@@ -4,6 +4,7 @@
     python -m bench smoke --out D   # seconds: chatpipe with the sim engine, tiny load
     python -m bench profile --streams 100   # stages under pyinstrument; bench/PROFILE.md
     python -m bench faults          # ~2 min: fault scenarios (tests/faults), bench/RESULTS.md
+    python -m bench gateway         # streams one gateway process holds (--help), RESULTS.md
     python -m bench capacity --streams 100,300 --out D   # the capacity phase alone, idle cost
 """
 
@@ -164,6 +165,11 @@ def main(argv: list[str] | None = None) -> None:
     logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # thousands of sockets
+    if argv[:1] == ["gateway"]:
+        from bench.gateway_streams import cli as gateway_streams
+
+        gateway_streams(argv[1:], BENCH_DIR)
+        return
     args = parse_args(argv)
     if args.mode == "profile":
         print(f"profile summary in {asyncio.run(profile_run(args))}")

@@ -159,3 +159,93 @@ def _on_chunk(record: StreamRecord, chunk: dict[str, Any], now: float) -> None:
         record.texts.append(content)
         if usage:
             record.reported_tokens.append(int(usage["completion_tokens"]))
+
+
+# --- the native API (`POST /v1/conversations/{id}/messages`) -------------------------
+
+
+async def native_turn(target: Target, content: str, max_tokens: int,
+                      timeout_s: float = 300) -> StreamRecord:
+    """Create a conversation, post one message and stream its answer (native SSE:
+    `event: delta` … `event: done`, then `data: [DONE]`). `times`/`texts` hold the
+    deltas; `usage` comes from the done event."""
+    record = StreamRecord(started=time.perf_counter(), wall_started=time.time())
+    try:
+        async with asyncio.timeout(timeout_s):
+            status, reply = await _post_json(target, "/v1/conversations", b"{}")
+            if status != 201:
+                record.status, record.error = status, f"HTTP {status}: {reply[:300]!r}"
+                return record
+            path = f"/v1/conversations/{orjson.loads(reply)['conversation_id']}/messages"
+            body = orjson.dumps({"content": content, "max_tokens": max_tokens,
+                                 "ignore_eos": True})
+            record.started, record.wall_started = time.perf_counter(), time.time()
+            await _native_exchange(target, path, body, record)
+    except (OSError, TimeoutError, asyncio.IncompleteReadError) as exc:
+        record.error = f"{type(exc).__name__}: {exc}"
+    record.ended = time.perf_counter()
+    return record
+
+
+async def _post_json(target: Target, path: str, body: bytes) -> tuple[int, bytes]:
+    reader, writer = await asyncio.open_connection(target.host, target.port)
+    try:
+        writer.write(_head(target, path, len(body), "application/json") + body)
+        head = await reader.readuntil(b"\r\n\r\n")
+        return int(head.split(b" ", 2)[1]), await reader.read()
+    finally:
+        writer.close()
+
+
+def _head(target: Target, path: str, length: int, accept: str) -> bytes:
+    return (
+        f"POST {path} HTTP/1.0\r\nHost: {target.host}:{target.port}\r\n"
+        f"Authorization: Bearer {target.api_key}\r\nContent-Type: application/json\r\n"
+        f"Accept: {accept}\r\nContent-Length: {length}\r\n\r\n"
+    ).encode()
+
+
+async def _native_exchange(target: Target, path: str, body: bytes,
+                           record: StreamRecord) -> None:
+    reader, writer = await asyncio.open_connection(target.host, target.port)
+    try:
+        writer.write(_head(target, path, len(body), "text/event-stream") + body)
+        head = await reader.readuntil(b"\r\n\r\n")
+        record.status = int(head.split(b" ", 2)[1])
+        if record.status != 200:
+            record.error = f"HTTP {record.status}: {(await reader.read())[:300]!r}"
+            return
+        pending = b""
+        while not record.done:
+            data = await reader.read(1 << 16)
+            if not data:
+                break
+            now = time.perf_counter()
+            *events, pending = (pending + data).replace(b"\r\n", b"\n").split(b"\n\n")
+            for event in events:
+                _on_native_event(record, event, now)
+        if not record.done and record.error is None:
+            record.error = "stream ended without [DONE]"
+    finally:
+        writer.close()
+
+
+def _on_native_event(record: StreamRecord, event: bytes, now: float) -> None:
+    name, data = b"", b""
+    for line in event.split(b"\n"):
+        if line.startswith(b"event:"):
+            name = line[6:].strip()
+        elif line.startswith(b"data:"):
+            data = line[5:].strip()
+    if data == b"[DONE]":
+        record.done = True
+    elif name == b"delta":
+        record.times.append(now)
+        record.texts.append(orjson.loads(data)["delta"])
+    elif name == b"done":
+        done = orjson.loads(data)
+        record.usage, record.finish_reason = done["usage"], done["finish_reason"]
+    elif name == b"request":
+        record.request_id = orjson.loads(data)["request_id"]
+    elif name == b"error":
+        record.error = data.decode(errors="replace")
