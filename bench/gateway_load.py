@@ -27,6 +27,9 @@ from aiokafka.producer.message_accumulator import BatchBuilder
 from bench.sse_client import StreamRecord
 
 API_KEY = "bench-key"
+TICK_S = 0.02
+"""The feeder sends what is due this often: one produce request per partition and tick
+(the broker is not under test), each delta at most this late."""
 
 
 # --- the feeder: scheduler, worker and safety in one ---------------------------------
@@ -121,7 +124,7 @@ async def feed(bootstrap: str, tokens_per_s: float, chunk_ms: float) -> None:
                 stats.update(at=time.time(), streams=len(heap))
                 print("feeder " + json.dumps(stats), flush=True)
                 stats.update(late_ms=0.0, events=0)
-            await asyncio.sleep(0.005)
+            await asyncio.sleep(TICK_S)
 
     try:
         await asyncio.gather(take_requests(), send_due())

@@ -74,6 +74,8 @@ class GatewayPlan:
     """How long every stream of a level is open at once."""
     readers: int = 2
     profile_dir: Path | None = None
+    settings: dict[str, str] = field(default_factory=dict)
+    """chatpipe settings for the gateway (`--set NAME=VALUE`)."""
 
     @property
     def tokens_per_chunk(self) -> int:
@@ -111,13 +113,26 @@ class GatewayLevel:
 
 
 async def run(plan: GatewayPlan, work: Path) -> list[GatewayLevel]:
+    """Each level on a fresh broker and gateway: the embedded broker keeps every record
+    (retention is never applied), and a level should not pay for the ones before it."""
+    levels: list[GatewayLevel] = []
+    for streams in plan.levels:
+        level = await _fresh_level(plan, streams, work / f"level-{streams}")
+        levels.append(level)
+        log.info("gateway %d streams: %s", streams, level)
+        if not level.holds:
+            break
+    return levels
+
+
+async def _fresh_level(plan: GatewayPlan, streams: int, work: Path) -> GatewayLevel:
     broker, bootstrap = start_broker(work)
     services: list[Service] = [broker]
     try:
         await broker_ready(broker, bootstrap)
         port = free_port()
         env = chatpipe_env(API_KEY, work, bootstrap, auto_titles=False, max_model_len=1 << 20,
-                           max_tokens_limit=1 << 20, port=port)
+                           max_tokens_limit=1 << 20, port=port, **plan.settings)
         subprocess.run([CHATPIPE, "topics", "create"], env=child_env(env),  # noqa: ASYNC221
                        check=True, capture_output=True, timeout=60)
         feeder = Service("feeder", [PYTHON, "-m", "bench.gateway_load", "feed", bootstrap,
@@ -129,14 +144,7 @@ async def run(plan: GatewayPlan, work: Path) -> list[GatewayLevel]:
         warm = await _read(plan, port, 8, 2, work / "warm-up", services)
         if warm["completed"] != 8:
             raise RuntimeError(f"warm-up streams failed: {warm['errors'][:3]}")
-        levels: list[GatewayLevel] = []
-        for streams in plan.levels:
-            level = await _level(plan, port, streams, work, services)
-            levels.append(level)
-            log.info("gateway %d streams: %s", streams, level)
-            if not level.holds:
-                break
-        return levels
+        return await _level(plan, port, streams, work, services)
     finally:
         for service in reversed(services):
             service.stop()
@@ -153,7 +161,7 @@ async def _level(plan: GatewayPlan, port: int, streams: int, work: Path,
     spy = asyncio.create_task(_py_spy(plan, gateway.pid, streams))
     steady = asyncio.create_task(_steady_cores(plan, streams, services))
     result = await _read(plan, port, streams, plan.max_tokens(streams),
-                         work / f"level-{streams}", services)
+                         work / "streams", services)
     wall = time.time() - started
     sampler.cancel()
     await asyncio.gather(spy, return_exceptions=True)
@@ -326,7 +334,8 @@ def markdown(plan: GatewayPlan, levels: list[GatewayLevel], command: str,
          f"{plan.readers} reader processes that open the streams through the native API "
          f"({plan.ramp_per_s:g} new streams/s: create a conversation, post, read the SSE "
          f"answer; the gateway stores each answer before it shows its end). Every stream "
-         f"lasts the ramp plus {plan.steady_s:g} s, so all are open together for that long. "
+         f"lasts the ramp plus {plan.steady_s:g} s, so all are open together for that long; "
+         "each level runs on a fresh broker and gateway. "
          f"A level holds when every stream completes, the slowest reads ≥ "
          f"{MIN_STREAM_RATE:g} tokens/s and the slowest tenth ≥ 90 % of the fed rate, and "
          f"the p99 gap between deltas is ≤ {MAX_GAP_P99_MS:g} ms. Tokens/s and events/s "
@@ -414,11 +423,14 @@ def cli(argv: list[str], out: Path) -> None:
     parser.add_argument("--readers", type=int, default=GatewayPlan.readers)
     parser.add_argument("--py-spy", type=Path, default=None, metavar="DIR",
                         help="record the gateway's stacks at each level into DIR")
+    parser.add_argument("--set", dest="settings", action="append", default=[],
+                        metavar="NAME=VALUE", help="a chatpipe setting for the gateway")
     parser.add_argument("--out", type=Path, default=out, help="where RESULTS.md is")
     parser.add_argument("--no-write", action="store_true", help="print the section only")
     args = parser.parse_args(argv)
     plan = GatewayPlan(tuple(int(n) for n in args.levels.split(",") if n), args.rate,
-                       args.chunk_ms, args.ramp_per_s, args.steady, args.readers, args.py_spy)
+                       args.chunk_ms, args.ramp_per_s, args.steady, args.readers, args.py_spy,
+                       dict(setting.split("=", 1) for setting in args.settings))
     host = machine()
     work = Path(tempfile.mkdtemp(prefix="chatpipe-gateway-bench-"))
     log.info("logs in %s", work)
