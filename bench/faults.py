@@ -56,12 +56,13 @@ def markdown(results: list[FaultResult], when: str) -> str:
     return "\n".join(lines)
 
 
-def write(report: str, path: Path) -> None:
-    """Replace this section of `path` (or add it at the end), keeping the rest."""
+def write(report: str, path: Path, begin: str = BEGIN, end: str = END) -> None:
+    """Replace the section between `begin` and `end` (this benchmark's markers unless
+    told) of `path`, or add it at the end, keeping the rest."""
     text = path.read_text() if path.exists() else ""
-    if BEGIN in text and END in text:
-        before, _, rest = text.partition(BEGIN)
-        _, _, after = rest.partition(END)
+    if begin in text and end in text:
+        before, _, rest = text.partition(begin)
+        _, _, after = rest.partition(end)
         text = before + report + after
     else:
         text = text.rstrip("\n") + "\n\n" + report + "\n"

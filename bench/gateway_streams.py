@@ -439,5 +439,5 @@ def cli(argv: list[str], out: Path) -> None:
     report = markdown(plan, levels, shlex.join([".venv/bin/python", "-m", "bench", "gateway",
                                                 *argv]), host)
     if not args.no_write:
-        write(report, args.out / "RESULTS.md")
+        write(report, args.out / "RESULTS.md", BEGIN, END)
     print(report)
