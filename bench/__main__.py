@@ -1,6 +1,7 @@
 """`python -m bench [run|smoke|profile] …`: chatpipe beside vLLM's server, and its capacity.
 
-    python -m bench                 # the full run (~8-10 min): vLLM server, chatpipe up, capacity
+    python -m bench                 # the full run (~15 min): vLLM server at its defaults,
+                                    # chatpipe up, vLLM server with chatpipe's engine args, capacity
     python -m bench smoke --out D   # seconds: chatpipe with the sim engine, tiny load
     python -m bench profile --streams 100   # stages under pyinstrument; bench/PROFILE.md
     python -m bench faults          # ~2 min: fault scenarios (tests/faults), bench/RESULTS.md
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import resource
 import shlex
@@ -39,6 +41,13 @@ def _ints(text: str) -> tuple[int, ...]:
     return tuple(int(part) for part in text.split(",") if part)
 
 
+def _json_object(text: str) -> dict:
+    value = json.loads(text)
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("expected a JSON object")
+    return value
+
+
 def _setting(text: str) -> tuple[str, str]:
     name, sep, value = text.partition("=")
     if not sep:
@@ -53,14 +62,18 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         choices=("run", "smoke", "profile", "faults", "capacity"))
     parser.add_argument("--out", type=Path, default=BENCH_DIR, help="where results go")
     parser.add_argument("--model", type=Path, default=DEFAULT_MODEL_DIR)
-    parser.add_argument("--max-slots", type=int, default=64)
+    parser.add_argument("--vllm-args", type=_json_object, default={},
+                        help="engine args (JSON) for chatpipe (CHATPIPE_VLLM_ARGS) and the "
+                             "same-args vLLM side; the default side always runs vLLM's defaults")
     parser.add_argument("--levels", type=_ints, default=(1, 8, 32, 64))
     parser.add_argument("--rounds", type=int, default=4, help="requests per client per level")
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--disconnects", type=int, default=48)
     parser.add_argument("--engine", choices=("vllm", "sim"), default="vllm",
                         help="chatpipe's engine; sim skips vLLM's server")
-    parser.add_argument("--skip-vllm", action="store_true")
+    parser.add_argument("--skip-vllm", action="store_true", help="no vLLM server side")
+    parser.add_argument("--skip-same-args", action="store_true",
+                        help="no vLLM server side with chatpipe's engine args")
     parser.add_argument("--skip-capacity", action="store_true")
     parser.add_argument("--streams", type=_ints, default=(25, 50, 100, 200, 400),
                         help="capacity levels (concurrent SSE streams)")
@@ -71,11 +84,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--quiet-wait", type=float, default=60.0,
                         help="seconds to wait at most for other processes to go quiet "
                              "before each phase (0: do not wait)")
-    parser.add_argument("--patience", type=float, default=8.0,
+    parser.add_argument("--patience", type=float, default=14.0,
                         help="minutes into the run after which nothing waits for quiet or "
-                             "measures again (keeps the run under 15 minutes)")
-    parser.add_argument("--retries", type=int, default=1,
-                        help="measure a level again when other processes were busy during it")
+                             "runs a level again (bounds the run's time)")
+    parser.add_argument("--runs", type=int, default=2,
+                        help="runs per level on every side; the one with the most tokens/s is kept")
     parser.add_argument("--set", dest="settings", type=_setting, action="append", default=[],
                         metavar="NAME=VALUE", help="a chatpipe setting for the chatpipe side")
     return parser.parse_args(argv)
@@ -83,17 +96,18 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 async def full_run(args: argparse.Namespace, command: str) -> BenchRun:
     started = time.monotonic()
-    cfg = EngineConfig(model=args.model, max_slots=args.max_slots)
+    cfg = EngineConfig(model=args.model, vllm_args=args.vllm_args)
     patient_until = started + args.patience * 60
     workload = Workload(levels=args.levels, rounds=args.rounds, max_tokens=args.max_tokens,
-                        disconnects=args.disconnects, retries=args.retries,
+                        disconnects=args.disconnects, runs=args.runs,
                         quiet_wait_s=min(args.quiet_wait, 15.0), patient_until=patient_until)
     host = machine()
     run = BenchRun(command, host["date"], host, cfg, workload)
     logs = Path(tempfile.mkdtemp(prefix="chatpipe-bench-"))
     log.info("logs in %s", logs)
     settings = dict(args.settings)
-    if args.engine == "vllm" and not args.skip_vllm:
+    vllm = args.engine == "vllm" and not args.skip_vllm
+    if vllm:
         await _quiet(args, patient_until)
         side = await _phase(run, "vLLM server", vllm_side(cfg, workload, logs / "vllm"))
         run.sides += [side] if side else []
@@ -101,6 +115,11 @@ async def full_run(args: argparse.Namespace, command: str) -> BenchRun:
     side = await _phase(run, "chatpipe up", chatpipe_side(cfg, workload, logs / "chatpipe",
                                                           args.engine, **settings))
     run.sides += [side] if side else []
+    if vllm and not args.skip_same_args:
+        await _quiet(args, patient_until)
+        side = await _phase(run, "vLLM server, chatpipe's engine args",
+                            vllm_side(cfg, workload, logs / "vllm-same-args", same_args=True))
+        run.sides += [side] if side else []
     if not args.skip_capacity:
         plan = CapacityPlan(streams=args.streams, tokens_per_s=args.stream_rate,
                             hold_s=args.hold, quiet_wait_s=min(args.quiet_wait, 15.0),
@@ -134,7 +153,7 @@ def smoke_args(args: argparse.Namespace) -> argparse.Namespace:
     """A run of seconds: sim engine, two small levels, a few disconnects, one capacity level."""
     args.engine, args.levels, args.rounds, args.max_tokens = "sim", (1, 4), 2, 16
     args.disconnects, args.streams, args.stream_rate, args.hold = 6, (20,), 20.0, 2.0
-    args.quiet_wait, args.retries = 0.0, 0
+    args.quiet_wait, args.runs = 0.0, 1
     args.settings = [("sim_tokens_per_s", "200"), *args.settings]
     return args
 
