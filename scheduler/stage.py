@@ -54,6 +54,7 @@ from schemas.events import (
     SchedulerClaim,
     SchedulerStatus,
     StreamPosition,
+    TierStatus,
     Unserved,
     WorkAssignment,
     WorkerHeartbeat,
@@ -67,6 +68,9 @@ GROUP = "chatpipe-scheduler"
 REPLAY_TIMEOUT_S = 60.0
 READ_BACK_TIMEOUT_S = 3.0
 READ_BACK_TRIES = 3
+STATUS_UNCHANGED_S = 10.0
+BEATS_COMMIT_S = 5.0
+BEAT_TOPICS = frozenset({topics.WORKERS, topics.CONTROL})
 
 
 class SchedulerStage:
@@ -81,6 +85,8 @@ class SchedulerStage:
         self.tracker = OffsetTracker()
         self._sources: dict[str, tuple[TopicPartition, int]] = {}
         self._status_sent_at = 0.0
+        self._status_sent: dict[Tier, TierStatus] = {}
+        self._beats_committed_at = 0.0
         self._shedding: set[Tier] = set()
         self._read_back_failures = 0
         self.gateways = GatewayWatch(core.policy.gateway_grace_s)
@@ -91,6 +97,9 @@ class SchedulerStage:
         producer = self.kafka.producer()
         await producer.start()
         self.consumer = self.kafka.consumer(group_id=GROUP)
+        # Heartbeats and status come all the time: only requests are work.
+        self.consumer.busy_while(self._busy, wakes=lambda topic: topic.startswith(
+            topics.REQUESTS_PREFIX))
         await self.consumer.start()
         self.publisher = Publisher(producer)
         self.claim = Claim(self.publisher, self.consumer, self.kafka.bootstrap_servers,
@@ -116,6 +125,10 @@ class SchedulerStage:
             await asyncio.gather(loop, fenced, return_exceptions=True)
         if not self.fenced.is_set():
             loop.result()
+
+    def _busy(self) -> bool:
+        return self.core.waiting_count > 0 or any(
+            worker.in_flight for worker in self.core.registry.workers.values())
 
     # --- start: claim and replay ------------------------------------------------------
 
@@ -379,14 +392,16 @@ class SchedulerStage:
             await self.publisher.send(topics.ANSWERS, event, key=request.conversation_id)
 
     async def _publish_status(self) -> None:
-        """Every `status_interval_s`, and at once when a tier starts or stops
-        shedding, so gateways refuse (or admit again) without waiting."""
+        """Every `status_interval_s` while it changes (every STATUS_UNCHANGED_S when it
+        does not: an idle stack), and at once when a tier starts or stops shedding, so
+        gateways refuse (or admit again) without waiting."""
         now = time.monotonic()
         tiers = self.core.status()
         shedding = {tier for tier, status in tiers.items() if status.shedding}
-        if now - self._status_sent_at < self.status_interval_s and shedding == self._shedding:
+        if shedding == self._shedding and now - self._status_sent_at < (
+                self.status_interval_s if tiers != self._status_sent else STATUS_UNCHANGED_S):
             return
-        self._status_sent_at, self._shedding = now, shedding
+        self._status_sent_at, self._shedding, self._status_sent = now, shedding, tiers
         await self.publisher.send(topics.SCHEDULER, SchedulerStatus(tiers=tiers), key=STAGE)
 
     async def _commit(self) -> None:
@@ -397,7 +412,10 @@ class SchedulerStage:
             if end is not None:
                 self.journal.end_at_start(tp, end)
         offsets = self.tracker.to_commit()
+        if offsets and not self._commit_due(offsets):
+            offsets = {}
         if offsets:
+            self._beats_committed_at = time.monotonic()
             await self.publisher.flush()  # the ends and events of what is committed
             await self.consumer.commit(offsets)
             self.tracker.committed(offsets)
@@ -407,6 +425,13 @@ class SchedulerStage:
             await self.consumer.commit({TopicPartition(topics.WORK, p): offset
                                         for p, offset in floors.items()})
             self.journal.committed(floors)
+
+
+    def _commit_due(self, offsets: dict[TopicPartition, int]) -> bool:
+        """Requests are committed as soon as they are decided; heartbeats and control
+        events, read again harmlessly after a restart, every BEATS_COMMIT_S."""
+        return (time.monotonic() - self._beats_committed_at >= BEATS_COMMIT_S
+                or any(tp.topic not in BEAT_TOPICS for tp in offsets))
 
 
 def _unsent(topic: str, partition: int, key: str, event: Event) -> ConsumerRecord:

@@ -336,7 +336,8 @@ class TierStatus(BaseModel):
 
 
 class SchedulerStatus(Event):
-    """The scheduler's view of each tier, published every second for the gateways."""
+    """The scheduler's view of each tier for the gateways: every second while it changes,
+    every 10 s while it does not, at once when a tier starts or stops shedding."""
 
     type: Literal["scheduler_status"] = "scheduler_status"
     tiers: dict[Tier, TierStatus]
