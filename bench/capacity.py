@@ -38,6 +38,7 @@ from bench.processes import (
 )
 from bench.sse_client import StreamRecord, Target, chat_body, stream_chat
 from chatpipe import cli
+from chatpipe.settings import Settings
 
 log = logging.getLogger("bench")
 
@@ -59,8 +60,9 @@ class CapacityPlan:
     """Before each level, wait this long at most for other processes to go quiet."""
     patient_until: float = float("inf")
     """time.monotonic() after which no level waits for quiet (time budget)."""
-    idle_s: float = 10.0
-    """Before the levels: CPU of every process with no traffic for this long (0: skip)."""
+    idle_s: float = 20.0
+    """Before the levels: CPU of every process with no traffic for this long (0: skip),
+    once its consumers have gone idle (`kafka_idle_after_s`)."""
     probes: int = 10
     """Before the levels: one request after the idle wait, then this many one at a time
     (time to first token at concurrency 1; 0: skip)."""
@@ -129,7 +131,9 @@ async def capacity(plan: CapacityPlan, log_dir: Path,
         await wait_until(lambda: http_ok(port, "/healthz"), stages[-1], 240, "/healthz")
         await _first_answer(target, stages[-1])
         run = CapacityRun(plan)
-        await _idle_and_probes(run, target, [*stages, broker])
+        idle_after_s = float(settings.get("kafka_idle_after_s",
+                                          Settings.model_fields["kafka_idle_after_s"].default))
+        await _idle_and_probes(run, target, [*stages, broker], idle_after_s)
         for streams in plan.streams:
             level = await _level(target, plan, streams, [*stages, broker])
             run.levels.append(level)
@@ -145,12 +149,13 @@ async def capacity(plan: CapacityPlan, log_dir: Path,
         broker.stop()
 
 
-async def _idle_and_probes(run: CapacityRun, target: Target, services: list[Service]) -> None:
+async def _idle_and_probes(run: CapacityRun, target: Target, services: list[Service],
+                           idle_after_s: float) -> None:
     """Cores each process burns with no traffic, then what a request after that idle time
     and requests one at a time wait for their first token."""
     plan = run.plan
     if plan.idle_s > 0:
-        await asyncio.sleep(3.0)  # the warm-up request's stragglers (commits, heartbeats)
+        await asyncio.sleep(idle_after_s + 2.0)  # until the consumers have backed off
         before = cpu.snapshot(services)
         await asyncio.sleep(plan.idle_s)
         run.idle = cpu.between(before, cpu.snapshot(services))

@@ -7,10 +7,11 @@ import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import AIOKafkaProducer
 from aiokafka.partitioner import DefaultPartitioner, murmur2
 from aiokafka.structs import RecordMetadata
 
+from bus.fetch_pace import FetchPace, PacedConsumer
 from chatpipe.settings import Settings
 from schemas.codec import encode, headers
 from schemas.events import Event
@@ -27,6 +28,9 @@ class KafkaConfig:
     heartbeat_interval_ms: int = 1000
     fetch_max_wait_ms: int = 20
     bulk_fetch_max_wait_ms: int = 100
+    idle_fetch_wait_ms: int = 0
+    """The fetch wait of a consumer idle for `idle_after_s` (bus.fetch_pace); 0: none."""
+    idle_after_s: float = 10.0
     linger_ms: int = 0
 
     @classmethod
@@ -39,6 +43,8 @@ class KafkaConfig:
             heartbeat_interval_ms=settings.kafka_heartbeat_interval_ms,
             fetch_max_wait_ms=settings.kafka_fetch_max_wait_ms,
             bulk_fetch_max_wait_ms=settings.kafka_bulk_fetch_max_wait_ms,
+            idle_fetch_wait_ms=settings.kafka_idle_fetch_wait_ms,
+            idle_after_s=settings.kafka_idle_after_s,
             linger_ms=settings.kafka_linger_ms,
         )
 
@@ -55,21 +61,33 @@ class KafkaConfig:
         )
 
     def consumer(self, *topics: str, group_id: str | None = None, bulk: bool = False,
-                 ) -> AIOKafkaConsumer:
+                 quiet: bool = False) -> PacedConsumer:
         """A consumer that never auto-commits: each stage decides when an event is done.
 
-        `bulk`: off a stream's path (recorder, billing), so it fetches less often."""
-        return AIOKafkaConsumer(
+        `bulk`: off a stream's path (recorder, billing), so it fetches less often. Once
+        idle (`consumer.busy_while` says when it is not) it fetches every
+        `idle_fetch_wait_ms`, or QUIET_FACTOR times that when nobody waits on it while
+        it is idle (`quiet`: a worker's cancels; bulk consumers too)."""
+        wait_ms = self.bulk_fetch_max_wait_ms if bulk else self.fetch_max_wait_ms
+        idle_ms = self.idle_fetch_wait_ms * (QUIET_FACTOR if bulk or quiet else 1)
+        pace = None
+        if idle_ms > wait_ms:
+            pace = FetchPace(wait_ms, idle_ms, self.idle_after_s)
+        return PacedConsumer(
             *topics,
+            pace=pace,
             bootstrap_servers=self.bootstrap_servers,
             group_id=group_id,
             enable_auto_commit=False,
             auto_offset_reset="earliest",
             session_timeout_ms=self.session_timeout_ms,
             heartbeat_interval_ms=self.heartbeat_interval_ms,
-            fetch_max_wait_ms=self.bulk_fetch_max_wait_ms if bulk else self.fetch_max_wait_ms,
+            fetch_max_wait_ms=wait_ms,
             max_partition_fetch_bytes=8 * 1024 * 1024,
         )
+
+
+QUIET_FACTOR = 4
 
 
 def keyed_partition(key: bytes | None, all_partitions: Sequence[int],

@@ -13,6 +13,7 @@ from pydantic import BaseModel, TypeAdapter
 
 from bus.clients import Publisher
 from bus.dead_letters import dead_letter
+from bus.fetch_pace import FetchPace
 from bus.offsets import OffsetTracker
 from schemas.codec import decode
 
@@ -44,8 +45,10 @@ async def consume(
     `after_batch` (commits, decisions) that raises is logged and run again after a
     backoff: the records it had not finished stay uncommitted, nothing is skipped."""
     failures = 0
+    pace: FetchPace | None = getattr(consumer, "pace", None)
     while True:
-        batch = await consumer.getmany(timeout_ms=poll_ms, max_records=500)
+        timeout_ms = pace.poll_ms(poll_ms) if pace is not None else poll_ms
+        batch = await consumer.getmany(timeout_ms=timeout_ms, max_records=500)
         for records in batch.values():
             for record in records:
                 try:

@@ -49,6 +49,16 @@ class Settings(BaseSettings):
         100, ge=1, description="fetch wait of the stages off the stream's path "
         "(recorder, billing): fewer, larger fetches"
     )
+    kafka_idle_fetch_wait_ms: int = Field(
+        500, ge=0, description="fetch wait of a consumer with nothing to do for "
+        "kafka_idle_after_s (4x for consumers nobody waits on; 0 = never longer): an idle "
+        "stack fetches less, and the first request after a quiet spell waits up to this long "
+        "once per hop (Apache Kafka answers a fetch when data comes: there it costs nothing)"
+    )
+    kafka_idle_after_s: float = Field(
+        10.0, ge=0, description="a consumer with no work this long fetches every "
+        "kafka_idle_fetch_wait_ms"
+    )
     kafka_linger_ms: int = Field(
         0, ge=0, description="producer linger: waiting this long lets more events share a request"
     )
@@ -93,11 +103,11 @@ class Settings(BaseSettings):
     )
     coalesce_ms: float = Field(50.0, ge=0, description="token chunk interval after the first")
     coalesce_max_chunks_per_s: float = Field(
-        0.0, ge=0, description="chunk events per second one worker aims to stay under: with "
+        1000.0, ge=0, description="chunk events per second one worker aims to stay under: with "
         "many streams the chunk interval widens (up to coalesce_max_ms); 0 = never widen. "
         "Fewer events, less pipeline CPU, longer pauses between chunks"
     )
-    coalesce_max_ms: float = Field(150.0, ge=0, description="widest chunk interval under load")
+    coalesce_max_ms: float = Field(200.0, ge=0, description="widest chunk interval under load")
     heartbeat_interval_s: float = Field(1.0, description="worker heartbeat period on chat.workers")
     worker_lost_after_s: float = Field(
         5.0, description="a worker silent this long is lost; its requests are dispatched again"

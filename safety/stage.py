@@ -44,6 +44,7 @@ class SafetyStage:
     async def run(self) -> None:
         producer = self.kafka.producer()
         self.consumer = self.kafka.consumer(group_id=GROUP)
+        self.consumer.busy_while(lambda: self.core.open_count > 0)
         self.consumer.subscribe([topics.TOKENS],
                                 listener=ForgetRevoked(self.tracker, self.core.forget_partition))
         await producer.start()

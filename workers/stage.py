@@ -30,6 +30,7 @@ from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener
 from aiokafka.structs import ConsumerRecord, TopicPartition
 
 from bus.clients import KafkaConfig, Publisher
+from bus.fetch_pace import NO_RECORDS
 from bus.offsets import OffsetTracker
 from bus.subscriber import consume, decode_record
 from schemas import topics
@@ -112,7 +113,10 @@ class WorkerStage:
         self.publisher = Publisher(producer)
         self.work = self.kafka.consumer(group_id=GROUP)
         self.work.subscribe([topics.WORK], listener=_Rebalance(self))
-        control = self.kafka.consumer()
+        control = self.kafka.consumer(quiet=True)
+        # Cancels matter only while answers run; new work wakes the work consumer too.
+        self.work.busy_while(lambda: bool(self._running))
+        control.busy_while(lambda: bool(self._running), wakes=NO_RECORDS)
         await self.work.start()
         await control.start()
         control.assign(await _all_partitions(control, topics.CONTROL))

@@ -1,0 +1,99 @@
+"""How long a consumer's fetches wait at the broker: short while it has work, long once idle.
+
+Tansu answers a fetch only when its wait (`fetch_max_wait_ms`) is over, records or not
+(DESIGN §11), so an idle consumer costs the broker and its own process one fetch per
+wait: 50 a second at 20 ms, for every consumer of every stage. A consumer that has seen
+nothing to do for `idle_after_s` fetches with `idle_ms` instead; the first record that
+matters (or the stage saying it is busy) brings the short wait back for the next fetch.
+What that costs: a record that arrives while an idle fetch waits is read up to
+`idle_ms` later, once per hop, for the first request after a quiet spell. Apache Kafka
+answers a fetch as soon as a record is there, so there a long wait costs nothing.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from aiokafka import AIOKafkaConsumer
+from aiokafka.structs import ConsumerRecord, TopicPartition
+
+from schemas import topics
+
+BEATS = frozenset({topics.SCHEDULER, topics.WORKERS, topics.CONTROL})
+"""Topics that carry periodic status and heartbeats: their records alone are no work."""
+
+
+def never() -> bool:
+    return False
+
+
+def NO_RECORDS(topic: str) -> bool:  # noqa: N802 - a constant predicate
+    return False
+
+
+@dataclass
+class FetchPace:
+    """The fetch wait of one consumer; `polled` after every poll applies it."""
+
+    busy_ms: int
+    idle_ms: int
+    idle_after_s: float
+    busy: Callable[[], bool] = never
+    """The stage has work in hand (streams open): keep the short wait."""
+    wakes: Callable[[str], bool] = lambda topic: topic not in BEATS
+    """Topics whose records are work; by default any but status and heartbeats."""
+    long_polls: bool = True
+    """While idle a poll may wait as long as a fetch (only records end idleness)."""
+    clock: Callable[[], float] = time.monotonic
+    idle: bool = False
+    _active_at: float = field(default=-1.0)
+
+    def polled(self, batch: Mapping[TopicPartition, list[ConsumerRecord]]) -> int:
+        """Take a poll's records; returns the wait the next fetch should use."""
+        now = self.clock()
+        if self._active_at < 0 or self.busy() or any(self.wakes(tp.topic) for tp in batch):
+            self._active_at = now
+            self.idle = False
+        elif now - self._active_at >= self.idle_after_s:
+            self.idle = True
+        return self.idle_ms if self.idle else self.busy_ms
+
+    def poll_ms(self, poll_ms: int) -> int:
+        """How long a poll may wait for records."""
+        return max(poll_ms, self.idle_ms) if self.idle and self.long_polls else poll_ms
+
+
+class PacedConsumer(AIOKafkaConsumer):
+    """An AIOKafkaConsumer whose fetch wait follows its `pace` (when one is set)."""
+
+    def __init__(self, *topics: str, pace: FetchPace | None = None, **config: object) -> None:
+        super().__init__(*topics, **config)
+        self.pace = pace
+
+    def busy_while(self, busy: Callable[[], bool],
+                   wakes: Callable[[str], bool] | None = None) -> None:
+        """The stage's own word on when it has work (and which topics' records are work;
+        with none, a poll keeps its own timeout to see `busy` turn true)."""
+        if self.pace is not None:
+            self.pace.busy = busy
+            if wakes is not None:
+                self.pace.wakes = wakes
+                self.pace.long_polls = wakes is not NO_RECORDS
+
+    async def getmany(self, *partitions: TopicPartition, timeout_ms: int = 0,
+                      max_records: int | None = None) -> dict[TopicPartition, list[ConsumerRecord]]:
+        batch = await super().getmany(*partitions, timeout_ms=timeout_ms,
+                                      max_records=max_records)
+        if self.pace is not None:
+            set_fetch_wait(self, self.pace.polled(batch))
+        return batch
+
+
+def set_fetch_wait(consumer: AIOKafkaConsumer, wait_ms: int) -> None:
+    """The wait of the consumer's next fetch requests. aiokafka (0.14) reads it from its
+    fetcher for every request it builds and has no public setter."""
+    fetcher = getattr(consumer, "_fetcher", None)  # None until the consumer has started
+    if fetcher is not None:
+        fetcher._fetch_max_wait_ms = wait_ms

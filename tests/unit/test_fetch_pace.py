@@ -1,0 +1,82 @@
+"""FetchPace: a consumer with nothing to do fetches with the long wait; work brings the short one back."""
+
+import asyncio
+
+from aiokafka.structs import ConsumerRecord, TopicPartition
+
+from bus.clients import KafkaConfig
+from bus.fetch_pace import FetchPace, set_fetch_wait
+from schemas import topics
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def batch(topic: str) -> dict[TopicPartition, list[ConsumerRecord]]:
+    record = ConsumerRecord(topic, 0, 0, 0, 0, None, b"{}", None, 0, 2, [])
+    return {TopicPartition(topic, 0): [record]}
+
+
+def test_idle_after_a_quiet_spell_and_short_again_at_the_first_record():
+    clock = Clock()
+    pace = FetchPace(20, 250, idle_after_s=2.0, clock=clock)
+    assert pace.polled({}) == 20
+    clock.now = 1.9
+    assert pace.polled({}) == 20
+    clock.now = 2.0
+    assert pace.polled({}) == 250
+    assert pace.polled(batch(topics.TOKENS)) == 20
+    clock.now = 3.9
+    assert pace.polled({}) == 20
+
+
+def test_heartbeats_and_status_are_no_work_but_a_busy_stage_is():
+    clock = Clock()
+    busy = False
+    pace = FetchPace(20, 250, idle_after_s=1.0, busy=lambda: busy, clock=clock)
+    pace.polled({})
+    clock.now = 5.0
+    for topic in (topics.WORKERS, topics.SCHEDULER, topics.CONTROL):
+        assert pace.polled(batch(topic)) == 250
+    busy = True
+    assert pace.polled({}) == 20
+    busy = False
+    clock.now = 5.5
+    assert pace.polled({}) == 20
+    clock.now = 6.0
+    assert pace.polled({}) == 250
+
+
+def test_a_stage_says_which_topics_are_work():
+    clock = Clock()
+    pace = FetchPace(20, 250, idle_after_s=1.0, clock=clock,
+                     wakes=lambda topic: topic.startswith(topics.REQUESTS_PREFIX))
+    pace.polled({})
+    clock.now = 2.0
+    assert pace.polled(batch(topics.TOKENS)) == 250
+    assert pace.polled(batch(topics.requests_topic(topics.Tier.FREE))) == 20
+
+
+async def test_the_wait_reaches_the_fetch_requests_aiokafka_builds():
+    kafka = KafkaConfig("127.0.0.1:1", idle_fetch_wait_ms=250)
+    consumer = kafka.consumer()
+    assert consumer.pace is not None and consumer.pace.idle_ms == 250
+    consumer._fetcher = type("Fetcher", (), {"_fetch_max_wait_ms": 20})()
+    set_fetch_wait(consumer, 250)
+    assert consumer._fetcher._fetch_max_wait_ms == 250
+    assert KafkaConfig("127.0.0.1:1").consumer().pace is None  # 0: never longer
+    await asyncio.sleep(0)
+
+
+def test_aiokafka_builds_fetch_requests_from_the_attribute_set_here():
+    # set_fetch_wait relies on aiokafka's Fetcher reading _fetch_max_wait_ms per request.
+    import inspect
+
+    from aiokafka.consumer.fetcher import Fetcher
+
+    assert "self._fetch_max_wait_ms" in inspect.getsource(Fetcher._get_actions_per_node)
