@@ -75,7 +75,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--skip-same-args", action="store_true",
                         help="no vLLM server side with chatpipe's engine args")
     parser.add_argument("--skip-capacity", action="store_true")
-    parser.add_argument("--streams", type=_ints, default=(25, 50, 100, 200, 400),
+    parser.add_argument("--streams", type=_ints, default=(100, 200, 300, 400, 500),
                         help="capacity levels (concurrent SSE streams)")
     parser.add_argument("--stream-rate", type=float, default=20.0,
                         help="capacity: tokens/s per stream")

@@ -49,7 +49,7 @@ STAGES = tuple(sorted(cli.STAGES, key=lambda stage: stage == "gateway"))
 
 @dataclass(frozen=True)
 class CapacityPlan:
-    streams: tuple[int, ...] = (25, 50, 100, 200, 400)
+    streams: tuple[int, ...] = (100, 200, 300, 400, 500)
     tokens_per_s: float = 20.0
     """Per stream, as the sim engine emits them."""
     hold_s: float = 6.0
