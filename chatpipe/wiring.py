@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import secrets
 import signal
@@ -264,14 +265,24 @@ async def running_stack(settings: Settings, engine: Engine | None) -> AsyncItera
             await supervisor.stop()
 
 
-async def _until_ready(server: uvicorn.Server, scheduler: SchedulerStage,
+def _freeze_startup_objects() -> None:
+    """Once a process has started: what start-up loaded (libraries, tokenizers, the
+    engine's front end) lives as long as the process, so the collector skips it, and runs
+    a tenth as often (streamed events make few reference cycles). At 1,500 streams a
+    gateway's collections over all of it were the p99 pause between events."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(7_000, 10, 10)
+
+
+async def _until_ready(server: uvicorn.Server, scheduler: SchedulerStage | None,
                        tasks: dict[str, asyncio.Task[None]], expect_worker: bool,
                        timeout_s: float = 180.0) -> None:
     """The gateway listens and, with an in-process worker, the scheduler has seen it
     take its chat.work partitions (a consumer-group join takes seconds)."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
-    while not server.started or (expect_worker and not any(
+    while not server.started or (expect_worker and scheduler is not None and not any(
             w.partitions for w in scheduler.core.workers.values())):
         for task in tasks.values():
             if task.done():
@@ -289,6 +300,7 @@ async def run_all(settings: Settings) -> None:
     await engine.start()
     try:
         async with running_stack(settings, engine) as stack:
+            _freeze_startup_objects()
             print(f"chatpipe is up: {stack.base_url}/  API key: {stack.api_key}", flush=True)
             await _until_stopped(stack.tasks)
     finally:
@@ -305,6 +317,7 @@ async def run_stage(stage: str, settings: Settings) -> None:
         runners: dict[str, Callable[[], Awaitable[None]]] = {
             "scheduler": lambda: scheduler_stage(kafka, settings).run(),
         }
+        server: uvicorn.Server | None = None
         if stage == "safety":
             judge_pipeline = None
             if settings.safety_judge_model:
@@ -336,6 +349,9 @@ async def run_stage(stage: str, settings: Settings) -> None:
             worker = worker_stage(kafka, engine, settings)
             runners["worker"] = worker.run
         task = asyncio.create_task(runners[stage](), name=stage)
+        if server is not None:
+            await _until_ready(server, None, {stage: task}, expect_worker=False)
+        _freeze_startup_objects()
         try:
             await _until_stopped({stage: task})
             if worker is not None and not task.done():

@@ -8,7 +8,6 @@ shutdown cancels the titles and summaries still being generated.
 
 from __future__ import annotations
 
-import gc
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -28,11 +27,6 @@ def create_app(deps: GatewayDeps) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         models = deps.settings.models
         await deps.context.warm_up(models)
-        # What start-up loaded (libraries, tokenizers) lives as long as the process: the
-        # collector, run often by the objects each streamed event makes, skips it, and
-        # runs a tenth as often (streamed events make few reference cycles).
-        gc.freeze()
-        gc.set_threshold(7_000, 10, 10)
         if any(deps.context.policy(model, 1).strategy == "retrieve" for model in models):
             deps.background.start(("warm_up", "embedder"),
                                   deps.context.warm_up([], embedder=True))  # fmt: skip

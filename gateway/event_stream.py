@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator, Mapping
 
 from starlette.background import BackgroundTask
 from starlette.responses import Response
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from schemas.sse import PING
 
@@ -40,20 +40,18 @@ class EventStreamResponse(Response):
         self._sending_since: float | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        loop = asyncio.get_running_loop()
         writer = asyncio.current_task()
         assert writer is not None
         helpers = [asyncio.create_task(self._listen(receive, writer)),
                    asyncio.create_task(self._keep_alive(send, writer))]
         try:
-            await send({"type": "http.response.start", "status": self.status_code,
-                        "headers": self.raw_headers})
-            self._last_sent = loop.time()
+            await self._send(send, {"type": "http.response.start", "status": self.status_code,
+                                    "headers": self.raw_headers})
             async for frame in self.frames:
-                self._sending_since = self._last_sent = loop.time()
-                await send({"type": "http.response.body", "body": frame, "more_body": True})
-                self._sending_since = None
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
+                await self._send(send, {"type": "http.response.body", "body": frame,
+                                        "more_body": True})
+            await self._send(send, {"type": "http.response.body", "body": b"",
+                                    "more_body": False})
         except asyncio.CancelledError:
             if not self._gone or writer.uncancel() > 0:
                 raise  # cancelled from outside (shutdown), not by the client leaving
@@ -72,6 +70,14 @@ class EventStreamResponse(Response):
             pass
         self._leave(writer)
 
+    async def _send(self, send: Send, message: Message) -> None:
+        """Every send of the response: the keep-alive watches how long one has waited."""
+        self._sending_since = self._last_sent = asyncio.get_running_loop().time()
+        try:
+            await send(message)
+        finally:
+            self._sending_since = None
+
     async def _keep_alive(self, send: Send, writer: asyncio.Task[object]) -> None:
         loop = asyncio.get_running_loop()
         while True:
@@ -83,9 +89,16 @@ class EventStreamResponse(Response):
                     return
                 await asyncio.sleep(min(self.ping_s, self.send_timeout_s))
             elif loop.time() - self._last_sent >= self.ping_s:
-                self._last_sent = loop.time()
-                await send({"type": "http.response.body", "body": PING, "more_body": True})
+                try:  # a ping waits for the same full buffer a frame would
+                    async with asyncio.timeout(self.send_timeout_s):
+                        await self._send(send, {"type": "http.response.body", "body": PING,
+                                                "more_body": True})
+                except (TimeoutError, OSError):
+                    self._leave(writer)
+                    return
 
     def _leave(self, writer: asyncio.Task[object]) -> None:
-        self._gone = True
-        writer.cancel()
+        """The client is gone (once, whichever of the listener and the keep-alive saw it)."""
+        if not self._gone:
+            self._gone = True
+            writer.cancel()

@@ -105,7 +105,8 @@ class Generation:
                     log.warning("request %s stalled: no event for %.0f s", self.request_id,
                                 self._timers.stall_s)
                     shown = [self.relay.stall(self.request_id)]
-                    await self._cancel("stalled")
+                    with anyio.move_on_after(CLOSE_TIMEOUT_S, shield=True):
+                        await self._cancel("stalled")  # close() will not: the relay ended
                 else:
                     if not arrived:
                         return  # the stream went away without an end

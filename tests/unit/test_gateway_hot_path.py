@@ -152,3 +152,21 @@ async def test_a_client_that_stops_reading_is_treated_as_gone():
     client = Client(blocked=True)
     await asyncio.wait_for(response({}, client.receive, client.send), 1)
     assert client.sent == [b"data: 1\n\n"] and closed.is_set()
+
+
+async def frames(*chunks: bytes) -> AsyncIterator[bytes]:
+    for chunk in chunks:
+        yield chunk
+
+
+@pytest.mark.parametrize("stream", [frames_then_wait, frames], ids=["goes quiet", "ends"])
+async def test_a_client_that_stops_reading_after_the_last_frame_is_gone_too(stream):
+    """The ping of a quiet stream and the final send wait for the same full buffer as a
+    frame: neither may keep the response (and the generation behind it) forever."""
+    closed = asyncio.Event()
+    response = EventStreamResponse(stream(b"data: 1\n\n"), ping_s=0.02, send_timeout_s=0.05,
+                                   background=BackgroundTask(closed.set))
+    client = Client(blocked=True)
+    await asyncio.wait_for(response({}, client.receive, client.send), 1)
+    assert client.sent == [b"data: 1\n\n"] and closed.is_set()
+
