@@ -154,7 +154,7 @@ def smoke_args(args: argparse.Namespace) -> argparse.Namespace:
     args.engine, args.levels, args.rounds, args.max_tokens = "sim", (1, 4), 2, 16
     args.disconnects, args.streams, args.stream_rate, args.hold = 6, (20,), 20.0, 2.0
     args.quiet_wait, args.runs = 0.0, 1
-    args.settings = [("sim_tokens_per_s", "200"), *args.settings]
+    args.settings = [("sim_tokens_per_s", "200"), ("kafka_idle_after_s", "1"), *args.settings]
     return args
 
 

@@ -60,7 +60,7 @@ class CapacityPlan:
     """Before each level, wait this long at most for other processes to go quiet."""
     patient_until: float = float("inf")
     """time.monotonic() after which no level waits for quiet (time budget)."""
-    idle_s: float = 20.0
+    idle_s: float = 10.0
     """Before the levels: CPU of every process with no traffic for this long (0: skip),
     once its consumers have gone idle (`kafka_idle_after_s`)."""
     probes: int = 10
