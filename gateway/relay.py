@@ -21,7 +21,6 @@ import logging
 import time
 from collections.abc import Callable
 
-from aiokafka import AIOKafkaConsumer
 from aiokafka.structs import ConsumerRecord, TopicPartition
 from pydantic import TypeAdapter
 
@@ -91,7 +90,9 @@ class KafkaPipeline:
         self._producer = self.kafka.producer()
         await self._producer.start()
         self.publisher = Publisher(self._producer)
-        self._consumer: AIOKafkaConsumer = self.kafka.consumer()
+        self._consumer = self.kafka.consumer()
+        # A gateway with open streams keeps fetching often even while a request queues.
+        self._consumer.busy_while(lambda: bool(self._streams))
         await self._consumer.start()
         self._consumer.assign([TopicPartition(self.reply_to, p) for p in range(self.partitions)]
                               + [TopicPartition(topics.SCHEDULER, 0)])
