@@ -336,9 +336,10 @@ def _capacity(cap: CapacityRun) -> str:
         f"({plan.max_tokens} tokens), streams opened over {plan.ramp_s:g} s; coalescing "
         f"{plan.coalesce_ms:g} ms. A level holds when all streams complete, the slowest tenth "
         "still get ≥ 90% of the set rate and TTFT p99 < 1 s. "
-        f"**One gateway process held {cap.max_held} concurrent streams.**\n",
+        f"**The whole pipeline held {cap.max_held} concurrent streams.**\n",
         "Tokens/s and SSE events/s are counted while every stream of the level was "
         "streaming (steady state); offered = streams × rate.\n",
+        _capacity_targets(cap),
         "| streams | done | offered tokens/s | delivered tokens/s | SSE events/s | "
         "TTFT p50 / p99 ms | chunk gap p99 ms | slowest-10% stream tok/s | holds | "
         "foreign cores |",
@@ -359,8 +360,42 @@ def _capacity(cap: CapacityRun) -> str:
         lines.append(f"| {lv.streams} | " + " | ".join(cells) +
                      f" | {lv.cpu_per_1k_tokens(lv.cpu.tested):.3f} | "
                      f"{lv.cpu_per_1k_tokens(lv.cpu.client):.3f} |")
+    if cap.idle is not None:
+        idle = cap.idle
+        lines += ["", f"The stack with no traffic ({idle.wall_s:.0f} s, once its consumers "
+                  "backed off), cores per process: " + ", ".join(
+                      f"{name} {idle.cores(sec):.3f}" for name, sec in sorted(idle.by_process.items()))
+                  + f"; all {idle.cores(idle.tested):.3f} (other processes meanwhile: "
+                  f"{idle.cores(idle.foreign):.2f})."]
+    if cap.ttft_c1_ms is not None:
+        lines.append(f"\nThe first request after that idle spell: TTFT "
+                     f"{_fmt(cap.ttft_after_idle_ms)} ms; then one at a time p50 / p90 "
+                     f"{cap.ttft_c1_ms[0]:.0f} / {cap.ttft_c1_ms[1]:.0f} ms (each idle "
+                     "consumer's in-flight fetch waits out its long wait once per hop).")
     lines.append("\n![capacity](capacity.png)\n")
     return "\n".join(lines)
+
+
+PIPELINE_CPU_AT_100 = 0.35
+IDLE_CORES = 0.05
+STREAMS_HELD = 300
+
+
+def _capacity_targets(cap: CapacityRun) -> str:
+    rows = ["| target | measured | met |", "|---|---|---|"]
+    at_100 = next((lv for lv in cap.levels if lv.streams == 100), None)
+    if at_100 is not None:
+        per_1k = at_100.cpu_per_1k_tokens(at_100.cpu.tested)
+        rows.append(f"| CPU per 1,000 delivered tokens, all stages + broker, 100 streams ≤ "
+                    f"{PIPELINE_CPU_AT_100} s | {per_1k:.3f} s | "
+                    f"{_met(per_1k <= PIPELINE_CPU_AT_100)} |")
+    if cap.idle is not None:
+        cores = cap.idle.cores(cap.idle.tested)
+        rows.append(f"| idle stack ≤ {IDLE_CORES} cores | {cores:.3f} | "
+                    f"{_met(cores <= IDLE_CORES)} |")
+    rows.append(f"| concurrent streams held ≥ {STREAMS_HELD} | {cap.max_held} | "
+                f"{_met(cap.max_held >= STREAMS_HELD)} |")
+    return "\n".join(rows) + "\n"
 
 
 METHOD = """## How it is measured

@@ -61,15 +61,15 @@ class KafkaConfig:
         )
 
     def consumer(self, *topics: str, group_id: str | None = None, bulk: bool = False,
-                 quiet: bool = False) -> PacedConsumer:
+                 ) -> PacedConsumer:
         """A consumer that never auto-commits: each stage decides when an event is done.
 
         `bulk`: off a stream's path (recorder, billing), so it fetches less often. Once
         idle (`consumer.busy_while` says when it is not) it fetches every
-        `idle_fetch_wait_ms`, or QUIET_FACTOR times that when nobody waits on it while
-        it is idle (`quiet`: a worker's cancels; bulk consumers too)."""
+        `idle_fetch_wait_ms`, or QUIET_FACTOR times that for bulk consumers (nobody
+        waits on them)."""
         wait_ms = self.bulk_fetch_max_wait_ms if bulk else self.fetch_max_wait_ms
-        idle_ms = self.idle_fetch_wait_ms * (QUIET_FACTOR if bulk or quiet else 1)
+        idle_ms = self.idle_fetch_wait_ms * (QUIET_FACTOR if bulk else 1)
         pace = None
         if idle_ms > wait_ms:
             pace = FetchPace(wait_ms, idle_ms, self.idle_after_s)

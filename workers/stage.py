@@ -113,7 +113,9 @@ class WorkerStage:
         self.publisher = Publisher(producer)
         self.work = self.kafka.consumer(group_id=GROUP)
         self.work.subscribe([topics.WORK], listener=_Rebalance(self))
-        control = self.kafka.consumer(quiet=True)
+        # Not a quiet consumer: when work comes after a quiet spell, this consumer's
+        # fetch in flight is an idle one, and a cancel waits it out (GPU time wasted).
+        control = self.kafka.consumer()
         # Cancels matter only while answers run; new work wakes the work consumer too.
         self.work.busy_while(lambda: bool(self._running))
         control.busy_while(lambda: bool(self._running), wakes=NO_RECORDS)
