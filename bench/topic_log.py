@@ -28,21 +28,22 @@ class LoggedChunk:
     has_text: bool
 
 
-async def read_events(bootstrap: str, topic: str, kind: Any,
-                      complete: Callable[[list[Any]], bool],
-                      timeout_s: float = 30) -> list[tuple[int, Any]]:
-    """(record timestamp ms, event) of every decodable event of `topic`, read until
-    `complete(events)` or the timeout."""
+async def read_events(bootstrap: str, topic: str, kind: Any, wanted: set[str],
+                      ends: Callable[[Any], bool], timeout_s: float = 30,
+                      ) -> list[tuple[int, Any]]:
+    """(record timestamp ms, event) of every decodable event of `topic`, read until every
+    request in `wanted` has had an event that `ends` it, or the timeout."""
     found: list[tuple[int, Any]] = []
-    events: list[Any] = []
-    if complete(events):
+    waiting = set(wanted)
+    if not waiting:
         return found
     async with aclosing(replay(bootstrap, topic, kind, timeout_s)) as replayed:
         async for at_ms, event in replayed:
             found.append((at_ms, event))
-            events.append(event)
-            if complete(events):
-                break
+            if ends(event):
+                waiting.discard(event.request_id)
+                if not waiting:
+                    break
     return found
 
 
@@ -50,12 +51,8 @@ async def token_chunks(bootstrap: str, request_ids: Iterable[str],
                        timeout_s: float = 30) -> dict[str, list[LoggedChunk]]:
     """Per request, its token chunks in stream order (duplicates dropped)."""
     wanted = set(request_ids)
-
-    def all_ended(events: list[Any]) -> bool:
-        ended = {e.request_id for e in events if isinstance(e, GenerationDone | GenerationError)}
-        return wanted <= ended
-
-    found = await read_events(bootstrap, topics.TOKENS, TOKEN_EVENT, all_ended, timeout_s)
+    found = await read_events(bootstrap, topics.TOKENS, TOKEN_EVENT, wanted,
+                              lambda e: isinstance(e, GenerationDone | GenerationError), timeout_s)
     chunks: dict[str, dict[tuple[int, int], LoggedChunk]] = {rid: {} for rid in wanted}
     for at_ms, event in found:
         if isinstance(event, TokenChunk) and event.request_id in wanted:
@@ -86,11 +83,8 @@ async def cancels(bootstrap: str, request_ids: Iterable[str],
                   timeout_s: float = 5) -> dict[str, float]:
     """When the gateway published a Cancel on `chat.control`, per request (epoch seconds)."""
     wanted = set(request_ids)
-
-    def all_found(events: list[Any]) -> bool:
-        return wanted <= {e.request_id for e in events if isinstance(e, Cancel)}
-
-    found = await read_events(bootstrap, topics.CONTROL, CONTROL_EVENT, all_found, timeout_s)
+    found = await read_events(bootstrap, topics.CONTROL, CONTROL_EVENT, wanted,
+                              lambda e: isinstance(e, Cancel), timeout_s)
     return {e.request_id: at_ms / 1000 for at_ms, e in found
             if isinstance(e, Cancel) and e.request_id in wanted}
 
@@ -98,9 +92,6 @@ async def cancels(bootstrap: str, request_ids: Iterable[str],
 async def usage_events(bootstrap: str, request_ids: Iterable[str],
                        timeout_s: float = 30) -> dict[str, UsageEvent]:
     wanted = set(request_ids)
-
-    def all_found(events: list[Any]) -> bool:
-        return wanted <= {e.request_id for e in events}
-
-    found = await read_events(bootstrap, topics.USAGE, UsageEvent, all_found, timeout_s)
+    found = await read_events(bootstrap, topics.USAGE, UsageEvent, wanted, lambda e: True,
+                              timeout_s)
     return {e.request_id: e for _, e in found if e.request_id in wanted}
