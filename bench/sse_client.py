@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -86,18 +87,22 @@ async def stream_chat(target: Target, body: bytes, disconnect_after: int | None 
     record = StreamRecord(started=time.perf_counter(), wall_started=time.time())
     try:
         async with asyncio.timeout(timeout_s):
-            await _exchange(target, body, record, disconnect_after)
+            await _exchange(target, "/v1/chat/completions", body, record, _on_event,
+                            disconnect_after)
     except (OSError, TimeoutError, asyncio.IncompleteReadError) as exc:
         record.error = f"{type(exc).__name__}: {exc}"
     record.ended = time.perf_counter()
     return record
 
 
-async def _exchange(target: Target, body: bytes, record: StreamRecord,
-                    disconnect_after: int | None) -> None:
+async def _exchange(target: Target, path: str, body: bytes, record: StreamRecord,
+                    on_event: Callable[[StreamRecord, bytes, float], None],
+                    disconnect_after: int | None = None) -> None:
+    """One streamed request: every SSE event to `on_event` with the time its read
+    returned; hangs up after `disconnect_after` content chunks."""
     reader, writer = await asyncio.open_connection(target.host, target.port)
     try:
-        writer.write(_request_head(target, len(body)) + body)
+        writer.write(_head(target, path, len(body), "text/event-stream") + body)
         head = await reader.readuntil(b"\r\n\r\n")
         record.status = int(head.split(b" ", 2)[1])
         if record.status != 200:
@@ -111,7 +116,7 @@ async def _exchange(target: Target, body: bytes, record: StreamRecord,
             now = time.perf_counter()
             *events, pending = (pending + data).replace(b"\r\n", b"\n").split(b"\n\n")
             for event in events:
-                _on_event(record, event, now)
+                on_event(record, event, now)
             if disconnect_after is not None and len(record.times) >= disconnect_after:
                 record.disconnected = True
                 return
@@ -119,14 +124,6 @@ async def _exchange(target: Target, body: bytes, record: StreamRecord,
             record.error = "stream ended without [DONE]"
     finally:
         writer.close()
-
-
-def _request_head(target: Target, length: int) -> bytes:
-    return (
-        f"POST /v1/chat/completions HTTP/1.0\r\nHost: {target.host}:{target.port}\r\n"
-        f"Authorization: Bearer {target.api_key}\r\nContent-Type: application/json\r\n"
-        f"Accept: text/event-stream\r\nContent-Length: {length}\r\n\r\n"
-    ).encode()
 
 
 def _on_event(record: StreamRecord, event: bytes, now: float) -> None:
@@ -180,7 +177,7 @@ async def native_turn(target: Target, content: str, max_tokens: int,
             body = orjson.dumps({"content": content, "max_tokens": max_tokens,
                                  "ignore_eos": True})
             record.started, record.wall_started = time.perf_counter(), time.time()
-            await _native_exchange(target, path, body, record)
+            await _exchange(target, path, body, record, _on_native_event)
     except (OSError, TimeoutError, asyncio.IncompleteReadError) as exc:
         record.error = f"{type(exc).__name__}: {exc}"
     record.ended = time.perf_counter()
@@ -203,31 +200,6 @@ def _head(target: Target, path: str, length: int, accept: str) -> bytes:
         f"Authorization: Bearer {target.api_key}\r\nContent-Type: application/json\r\n"
         f"Accept: {accept}\r\nContent-Length: {length}\r\n\r\n"
     ).encode()
-
-
-async def _native_exchange(target: Target, path: str, body: bytes,
-                           record: StreamRecord) -> None:
-    reader, writer = await asyncio.open_connection(target.host, target.port)
-    try:
-        writer.write(_head(target, path, len(body), "text/event-stream") + body)
-        head = await reader.readuntil(b"\r\n\r\n")
-        record.status = int(head.split(b" ", 2)[1])
-        if record.status != 200:
-            record.error = f"HTTP {record.status}: {(await reader.read())[:300]!r}"
-            return
-        pending = b""
-        while not record.done:
-            data = await reader.read(1 << 16)
-            if not data:
-                break
-            now = time.perf_counter()
-            *events, pending = (pending + data).replace(b"\r\n", b"\n").split(b"\n\n")
-            for event in events:
-                _on_native_event(record, event, now)
-        if not record.done and record.error is None:
-            record.error = "stream ended without [DONE]"
-    finally:
-        writer.close()
 
 
 def _on_native_event(record: StreamRecord, event: bytes, now: float) -> None:

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
-from chatpipe.wiring import Stack, build_engine, running_stack
+from chatpipe.wiring import Stack, build_engine
 from schemas import topics
 from schemas.events import WorkerHeartbeat
-from tests.fixtures.stack import client_for, stack_settings
+from tests.fixtures.stack import client_for, running_engine_stack, stack_settings
 from tests.support import find_events, post_message
 
 pytestmark = pytest.mark.vllm
@@ -44,13 +44,8 @@ async def few_slots_stack(tiny_model_dir: Path, tmp_path: Path,
     monkeypatch.setenv("CHATPIPE_VLLM_ARGS", f'{{"max_num_seqs": {FEW_SLOTS}, "enforce_eager":'
                                              f' true, "kv_cache_memory_bytes": {256 << 20}}}')
     settings = stack_settings(tmp_path, engine="vllm", model=tiny_model_dir)
-    engine = build_engine(settings)
-    await engine.start()
-    try:
-        async with running_stack(settings, engine) as stack:
-            yield stack
-    finally:
-        await engine.stop()
+    async with running_engine_stack(settings, build_engine(settings)) as stack:
+        yield stack
 
 
 async def test_vllm_args_set_the_slots_the_scheduler_fills(few_slots_stack: Stack) -> None:
