@@ -48,7 +48,9 @@ def test_bench_smoke_produces_sane_numbers(tmp_path: Path) -> None:
     assert level["tokens"] > 0 and level["chunks"] >= level["streams"]
     stages = {"gateway", "scheduler", "worker", "safety", "recorder", "broker"}
     assert stages <= set(level["cpu"]["by_process"])
-    assert all(level["cpu"]["by_process"][stage] > 0 for stage in stages)
+    # The recorder, which nobody waits on, may store the level's answers after it.
+    on_the_path = stages - {"recorder"}
+    assert all(level["cpu"]["by_process"][stage] > 0 for stage in on_the_path)
 
     report = (tmp_path / "RESULTS.md").read_text()
     assert "python -m bench smoke" in report and "| 4 | chatpipe | 8/8 |" in report
