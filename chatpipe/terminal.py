@@ -9,6 +9,7 @@ followed again from the last event printed (`Last-Event-ID`), on any gateway.
 
 from __future__ import annotations
 
+import signal
 import sys
 import threading
 import time
@@ -318,6 +319,9 @@ class TerminalChat:
             answer.thread.join(STOP_GRACE_S)
 
     def _stream(self, answer: Answer) -> None:
+        # Ctrl-C must reach the main thread, which waits in input(): a SIGINT the kernel
+        # hands to this thread only sets Python's flag, and input() goes on waiting.
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
         try:
             ending = self._follow(answer)
         except ApiFailure as error:
