@@ -193,6 +193,10 @@ class TerminalChat:
     # --- the loop -----------------------------------------------------------------
 
     def run(self) -> int:
+        # Ctrl-C stops an answer even when this process was started with SIGINT ignored
+        # or blocked (a parent's disposition and mask are inherited across exec).
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
         try:
             models = self.api.models()
         except (ApiFailure, httpx.HTTPError) as error:
