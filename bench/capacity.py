@@ -176,16 +176,19 @@ async def _idle_and_probes(run: CapacityRun, target: Target, services: list[Serv
                  *run.ttft_c1_ms)
 
 
+def idle_cores(idle: cpu.CpuUse) -> str:
+    """Cores each process of an idle stack used, and all of them together."""
+    each = (f"{name} {idle.cores(sec):.3f}" for name, sec in sorted(idle.by_process.items()))
+    return ", ".join(each) + f"; all {idle.cores(idle.tested):.3f}"
+
+
 def summary(run: CapacityRun) -> str:
     """A compact report of a capacity run (`python -m bench capacity`)."""
     lines = []
     if run.idle is not None:
         idle = run.idle
-        lines += ["Idle cores per process (no traffic, "
-                  f"{idle.wall_s:.0f} s): " + ", ".join(
-                      f"{name} {idle.cores(s):.3f}" for name, s in sorted(idle.by_process.items()))
-                  + f"; all {idle.cores(idle.tested):.3f}; foreign {idle.cores(idle.foreign):.2f}",
-                  ""]
+        lines += [f"Idle cores per process (no traffic, {idle.wall_s:.0f} s): "
+                  f"{idle_cores(idle)}; foreign {idle.cores(idle.foreign):.2f}", ""]
     if run.ttft_c1_ms is not None:
         after = run.ttft_after_idle_ms
         lines += [f"TTFT of the first request after idle: "

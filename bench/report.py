@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench import plots
-from bench.capacity import CapacityRun
+from bench.capacity import CapacityRun, idle_cores
 from bench.compare import CHATPIPE, VLLM, VLLM_SAME_ARGS, SideRun, Workload
 from bench.hops import HOPS
 from bench.processes import EngineConfig, chatpipe_engine_args, vllm_server_argv
@@ -363,10 +363,8 @@ def _capacity(cap: CapacityRun) -> str:
     if cap.idle is not None:
         idle = cap.idle
         lines += ["", f"The stack with no traffic ({idle.wall_s:.0f} s, once its consumers "
-                  "backed off), cores per process: " + ", ".join(
-                      f"{name} {idle.cores(sec):.3f}" for name, sec in sorted(idle.by_process.items()))
-                  + f"; all {idle.cores(idle.tested):.3f} (other processes meanwhile: "
-                  f"{idle.cores(idle.foreign):.2f})."]
+                  f"backed off), cores per process: {idle_cores(idle)} (other processes "
+                  f"meanwhile: {idle.cores(idle.foreign):.2f})."]
     if cap.ttft_c1_ms is not None:
         lines.append(f"\nThe first request after that idle spell: TTFT "
                      f"{_fmt(cap.ttft_after_idle_ms)} ms; then one at a time p50 / p90 "
