@@ -8,7 +8,7 @@ import uuid
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import AliasChoices, Field, model_validator
+from pydantic import AliasChoices, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from schemas.topics import Tier
@@ -58,6 +58,18 @@ class Settings(BaseSettings):
     kafka_idle_after_s: float = Field(
         10.0, ge=0, description="a consumer with no work this long fetches every "
         "kafka_idle_fetch_wait_ms"
+    )
+    kafka_security_protocol: Literal["PLAINTEXT", "SASL_PLAINTEXT", "SASL_SSL", "SSL"] = Field(
+        "PLAINTEXT", description="how the stages reach Kafka; compose and k8s use SASL_PLAINTEXT "
+        "with one SCRAM credential per stage (the embedded broker: PLAINTEXT on loopback)"
+    )
+    kafka_sasl_mechanism: Literal["SCRAM-SHA-256", "SCRAM-SHA-512", "PLAIN"] = Field(
+        "SCRAM-SHA-512", description="SASL mechanism with a SASL_* security protocol"
+    )
+    kafka_sasl_username: str | None = Field(None, description="this stage's Kafka user")
+    kafka_sasl_password: SecretStr | None = Field(None, description="this stage's Kafka password")
+    kafka_ssl_cafile: Path | None = Field(
+        None, description="CA bundle for SSL / SASL_SSL; unset = the system's"
     )
     kafka_linger_ms: int = Field(
         0, ge=0, description="producer linger: waiting this long lets more events share a request"
@@ -129,9 +141,33 @@ class Settings(BaseSettings):
     )
     dev_api_key: str | None = Field(
         None,
-        description="API key created at start for the development user (printed); "
-        "unset = random",
+        description="API key of the development user: `chatpipe up` creates the user (with a "
+        "random key when unset) and prints the key; a gateway run alone creates it only when "
+        "this is set",
     )
+    key_secret: SecretStr | None = Field(
+        None, description="HMAC secret API keys are stored under; required outside `chatpipe up` "
+        "(which keeps a generated one beside its database); changing it invalidates every key"
+    )
+    api_docs: bool | None = Field(
+        None, description="serve /docs and /openapi.json; unset = on under `chatpipe up`, off "
+        "for a gateway run alone"
+    )
+    max_body_bytes: int = Field(
+        1 << 20, ge=1024, description="largest request body; a larger one gets 413 before it "
+        "is read or its key checked"
+    )
+    header_read_timeout_s: float = Field(
+        10.0, gt=0, description="a client must send a request's headers within this long"
+    )
+    body_read_timeout_s: float = Field(
+        30.0, gt=0, description="a client must send a request's body within this long (408)"
+    )
+    max_messages: int = Field(
+        256, ge=1, description="most messages one OpenAI-API request may carry"
+    )
+    max_stop_sequences: int = Field(4, ge=0, description="most stop sequences per request")
+    max_stop_chars: int = Field(64, ge=1, description="longest stop sequence, in characters")
     default_tier: Tier = Field(Tier.FREE, description="tier of the development user")
     default_max_tokens: int = Field(256, description="answer length when a request names none")
     max_tokens_limit: int = Field(
