@@ -28,9 +28,11 @@ class EventStreamResponse(Response):
 
     def __init__(self, frames: AsyncIterator[bytes], headers: Mapping[str, str] | None = None,
                  background: BackgroundTask | None = None, ping_s: float = 15.0,
-                 send_timeout_s: float = 30.0) -> None:
+                 send_timeout_s: float = 30.0, status_code: int = 200) -> None:
+        # `status_code` with an int default: FastAPI reads a response class's default
+        # status from its signature when it writes the OpenAPI document.
         self.frames = frames
-        self.status_code = 200
+        self.status_code = status_code
         self.background = background
         self.ping_s = ping_s
         self.send_timeout_s = send_timeout_s
