@@ -5,9 +5,12 @@ from __future__ import annotations
 import asyncio
 import functools
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from aiokafka import AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.helpers import create_ssl_context
 from aiokafka.partitioner import DefaultPartitioner, murmur2
 from aiokafka.structs import RecordMetadata
 
@@ -32,9 +35,21 @@ class KafkaConfig:
     """The fetch wait of a consumer idle for `idle_after_s` (bus.fetch_pace); 0: none."""
     idle_after_s: float = 10.0
     linger_ms: int = 0
+    security_protocol: str = "PLAINTEXT"
+    sasl_mechanism: str = "SCRAM-SHA-512"
+    sasl_username: str | None = None
+    sasl_password: str | None = field(default=None, repr=False)
+    ssl_cafile: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.security_protocol.startswith("SASL_") and not (
+                self.sasl_username and self.sasl_password):
+            raise ValueError(f"{self.security_protocol} needs CHATPIPE_KAFKA_SASL_USERNAME and "
+                             "CHATPIPE_KAFKA_SASL_PASSWORD (this stage's Kafka credential)")
 
     @classmethod
     def from_settings(cls, settings: Settings, bootstrap_servers: str) -> KafkaConfig:
+        password = settings.kafka_sasl_password
         return cls(
             bootstrap_servers=bootstrap_servers,
             compression=None if settings.kafka_compression == "none" else settings.kafka_compression,
@@ -46,12 +61,33 @@ class KafkaConfig:
             idle_fetch_wait_ms=settings.kafka_idle_fetch_wait_ms,
             idle_after_s=settings.kafka_idle_after_s,
             linger_ms=settings.kafka_linger_ms,
+            security_protocol=settings.kafka_security_protocol,
+            sasl_mechanism=settings.kafka_sasl_mechanism,
+            sasl_username=settings.kafka_sasl_username,
+            sasl_password=password.get_secret_value() if password is not None else None,
+            ssl_cafile=str(settings.kafka_ssl_cafile) if settings.kafka_ssl_cafile else None,
         )
+
+    def connection(self) -> dict[str, Any]:
+        """aiokafka's keywords for reaching the broker, the same for every producer,
+        consumer and admin client: its address and this process's credential."""
+        kwargs: dict[str, Any] = {"bootstrap_servers": self.bootstrap_servers,
+                                  "security_protocol": self.security_protocol}
+        if self.security_protocol.startswith("SASL_"):
+            kwargs |= {"sasl_mechanism": self.sasl_mechanism,
+                       "sasl_plain_username": self.sasl_username,
+                       "sasl_plain_password": self.sasl_password}
+        if self.security_protocol in ("SSL", "SASL_SSL"):
+            kwargs["ssl_context"] = create_ssl_context(cafile=self.ssl_cafile)
+        return kwargs
+
+    def admin(self) -> AIOKafkaAdminClient:
+        return AIOKafkaAdminClient(**self.connection())
 
     def producer(self) -> AIOKafkaProducer:
         # Idempotence only where the broker supports it: Tansu answers UnknownError.
         return AIOKafkaProducer(
-            bootstrap_servers=self.bootstrap_servers,
+            **self.connection(),
             compression_type=self.compression,
             enable_idempotence=self.idempotence,
             acks="all" if self.idempotence else 1,
@@ -76,7 +112,7 @@ class KafkaConfig:
         return PacedConsumer(
             *topics,
             pace=pace,
-            bootstrap_servers=self.bootstrap_servers,
+            **self.connection(),
             group_id=group_id,
             enable_auto_commit=False,
             auto_offset_reset="earliest",
@@ -88,6 +124,12 @@ class KafkaConfig:
 
 
 QUIET_FACTOR = 4
+
+
+def kafka_config(kafka: KafkaConfig | str) -> KafkaConfig:
+    """`kafka` itself, or a plain connection to the broker at that address (the embedded
+    broker, tests and benchmarks)."""
+    return kafka if isinstance(kafka, KafkaConfig) else KafkaConfig(bootstrap_servers=kafka)
 
 
 def keyed_partition(key: bytes | None, all_partitions: Sequence[int],

@@ -13,17 +13,17 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer
 from aiokafka.structs import TopicPartition
 
+from bus.clients import KafkaConfig, kafka_config
 from schemas.codec import EventDecodeError, decode
 
 
-async def replay(bootstrap_servers: str, topic: str, kind: Any,
+async def replay(kafka: KafkaConfig | str, topic: str, kind: Any,
                  timeout_s: float) -> AsyncIterator[tuple[int, Any]]:
     """(record timestamp ms, event) for every decodable event of `topic`, from offset 0
     of every partition, as records arrive, until `timeout_s` has passed; records that
     do not decode as `kind` are skipped; LookupError if the topic does not exist. Stop
     early by leaving the loop inside `aclosing`."""
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap_servers, enable_auto_commit=False,
-                                fetch_max_wait_ms=20, max_partition_fetch_bytes=8 << 20)
+    consumer = _reader(kafka)
     await consumer.start()
     try:
         partitions = await _partitions(consumer, topic)
@@ -44,6 +44,12 @@ async def replay(bootstrap_servers: str, topic: str, kind: Any,
         await consumer.stop()
 
 
+def _reader(kafka: KafkaConfig | str) -> AIOKafkaConsumer:
+    """A consumer outside any group, reading where it is told to."""
+    return AIOKafkaConsumer(**kafka_config(kafka).connection(), enable_auto_commit=False,
+                            fetch_max_wait_ms=20, max_partition_fetch_bytes=8 << 20)
+
+
 async def _partitions(consumer: AIOKafkaConsumer, topic: str) -> list[TopicPartition]:
     """The topic's partitions, waiting up to 5 s for a topic just created."""
     for _ in range(50):
@@ -55,7 +61,7 @@ async def _partitions(consumer: AIOKafkaConsumer, topic: str) -> list[TopicParti
     raise LookupError(f"topic {topic} not found")
 
 
-async def read_between(bootstrap_servers: str, topic: str, bounds: dict[int, tuple[int, int]],
+async def read_between(kafka: KafkaConfig | str, topic: str, bounds: dict[int, tuple[int, int]],
                        kind: Any, timeout_s: float = 10.0,
                        key: bytes | None = None) -> list[tuple[int, int, Any]]:
     """(partition, offset, event) for every record of `topic` in `[start, end)` of each
@@ -66,23 +72,22 @@ async def read_between(bootstrap_servers: str, topic: str, bounds: dict[int, tup
     wanted = {p: (start, end) for p, (start, end) in bounds.items() if end > start}
     if not wanted:
         return []
-    return await _read(bootstrap_servers, topic, wanted, kind, timeout_s, key)
+    return await _read(kafka, topic, wanted, kind, timeout_s, key)
 
 
-async def read_to_end(bootstrap_servers: str, topic: str, kind: Any,
+async def read_to_end(kafka: KafkaConfig | str, topic: str, kind: Any,
                       timeout_s: float = 10.0) -> list[tuple[int, int, Any]]:
     """(partition, offset, event) for every record of `topic` from offset 0 up to where
     each partition ends when it is first fetched (the high watermark a fetch reports,
     which Tansu gets right), in partition order; records not of `kind` are skipped."""
-    return await _read(bootstrap_servers, topic, None, kind, timeout_s)
+    return await _read(kafka, topic, None, kind, timeout_s)
 
 
-async def _read(bootstrap_servers: str, topic: str, bounds: dict[int, tuple[int, int]] | None,
+async def _read(kafka: KafkaConfig | str, topic: str, bounds: dict[int, tuple[int, int]] | None,
                 kind: Any, timeout_s: float, key: bytes | None = None,
                 ) -> list[tuple[int, int, Any]]:
     """`bounds` None: every partition from 0 to its first reported end."""
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap_servers, enable_auto_commit=False,
-                                fetch_max_wait_ms=20, max_partition_fetch_bytes=8 << 20)
+    consumer = _reader(kafka)
     await consumer.start()
     found: list[tuple[int, int, Any]] = []
     try:

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import logging
 
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.admin import NewTopic
 from aiokafka.errors import TopicAlreadyExistsError
 
+from bus.clients import KafkaConfig, kafka_config
 from chatpipe.settings import Settings
 from schemas import topics
 
@@ -22,10 +23,10 @@ def topic_partitions(settings: Settings) -> dict[str, int]:
 
 
 async def create_topics(
-    bootstrap_servers: str, partitions: dict[str, int], replication_factor: int = 1
+    kafka: KafkaConfig | str, partitions: dict[str, int], replication_factor: int = 1
 ) -> list[str]:
     """Create the missing topics; returns the names created."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap_servers)
+    admin = kafka_config(kafka).admin()
     await admin.start()
     try:
         existing = set(await admin.list_topics())
@@ -44,7 +45,10 @@ async def create_topics(
         await admin.close()
 
 
-async def ensure_topics(bootstrap_servers: str, settings: Settings) -> list[str]:
+async def ensure_topics(kafka: KafkaConfig | str, settings: Settings) -> list[str]:
+    """The shared topics; a bare address gets this process's credential from `settings`."""
+    if isinstance(kafka, str):
+        kafka = KafkaConfig.from_settings(settings, kafka)
     return await create_topics(
-        bootstrap_servers, topic_partitions(settings), settings.kafka_replication_factor
+        kafka, topic_partitions(settings), settings.kafka_replication_factor
     )

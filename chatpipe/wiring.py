@@ -53,14 +53,18 @@ async def open_kafka(settings: Settings, stack: contextlib.AsyncExitStack,
     started again on its port whenever it exits, empty (DESIGN §11), with the shared
     topics and `own_topics` (read then) created again; `pause()` is held meanwhile."""
     bootstrap = settings.kafka_bootstrap_servers
-    if not bootstrap:
+    if bootstrap:
+        kafka = KafkaConfig.from_settings(settings, bootstrap)
+    else:
         broker = await stack.enter_async_context(EmbeddedBroker())
-        bootstrap = broker.bootstrap_servers
+        # The embedded broker has no users: it listens on loopback only (bus.broker).
+        kafka = KafkaConfig.from_settings(settings.model_copy(update={
+            "kafka_security_protocol": "PLAINTEXT"}), broker.bootstrap_servers)
         await stack.enter_async_context(broker_kept_up(broker, lambda: create_topics(
-            broker.bootstrap_servers, {**topic_partitions(settings), **(own_topics or {})},
+            kafka, {**topic_partitions(settings), **(own_topics or {})},
             settings.kafka_replication_factor), pause))
-    await ensure_topics(bootstrap, settings)
-    return KafkaConfig.from_settings(settings, bootstrap)
+    await ensure_topics(kafka, settings)
+    return kafka
 
 
 def build_engine(settings: Settings) -> Engine:

@@ -86,7 +86,7 @@ class KafkaPipeline:
         return topics.deliver_topic(self.gateway_id)
 
     async def start(self) -> None:
-        await create_topics(self.kafka.bootstrap_servers, {self.reply_to: self.partitions})
+        await create_topics(self.kafka, {self.reply_to: self.partitions})
         self._producer = self.kafka.producer()
         await self._producer.start()
         self.publisher = Publisher(self._producer)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from aiokafka import AIOKafkaConsumer
 from aiokafka.structs import RecordMetadata, TopicPartition
 
-from bus.clients import Publisher
+from bus.clients import KafkaConfig, Publisher
 from bus.replay import read_between
 from schemas import topics
 from schemas.codec import SCHEDULER_EVENT
@@ -37,7 +37,7 @@ class Claim:
 
     publisher: Publisher
     consumer: AIOKafkaConsumer
-    bootstrap_servers: str
+    kafka: KafkaConfig | str
     scheduler_id: str
     epoch: int = 0
     _sent_at: float = 0.0
@@ -51,7 +51,7 @@ class Claim:
         claim's offset: every claim after it is read as it comes."""
         self.epoch = int(time.time() * 1000)
         first = await self._send()
-        earlier = await read_between(self.bootstrap_servers, topics.SCHEDULER,
+        earlier = await read_between(self.kafka, topics.SCHEDULER,
                                      {first.partition: (committed, first.offset)},
                                      SCHEDULER_EVENT)
         highest = max((e.epoch for _, _, e in earlier if isinstance(e, SchedulerClaim)),

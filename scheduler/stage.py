@@ -102,7 +102,7 @@ class SchedulerStage:
             topics.REQUESTS_PREFIX))
         await self.consumer.start()
         self.publisher = Publisher(producer)
-        self.claim = Claim(self.publisher, self.consumer, self.kafka.bootstrap_servers,
+        self.claim = Claim(self.publisher, self.consumer, self.kafka,
                            self.scheduler_id)
         try:
             await self._start()
@@ -148,7 +148,7 @@ class SchedulerStage:
         claimed = await self.claim.on_journal(work)
         replay_from = {tp.partition: committed[tp] or 0 for tp in work}
         records = await read_between(
-            self.kafka.bootstrap_servers, topics.WORK,
+            self.kafka, topics.WORK,
             {p: (replay_from[p], offset) for p, offset in claimed.items()},
             WORK_EVENT, timeout_s=REPLAY_TIMEOUT_S)
         for partition, offset, event in records:
@@ -319,7 +319,7 @@ class SchedulerStage:
             start, end = bounds.get(flight.partition, (flight.offset, flight.offset + 1))
             bounds[flight.partition] = (min(start, flight.offset), max(end, flight.offset + 1))
         try:
-            records = await read_between(self.kafka.bootstrap_servers, topics.WORK, bounds,
+            records = await read_between(self.kafka, topics.WORK, bounds,
                                          WORK_EVENT, timeout_s=READ_BACK_TIMEOUT_S)
         except Exception:  # noqa: BLE001 - retried with the next decisions
             self._read_back_failures += 1
