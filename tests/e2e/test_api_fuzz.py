@@ -1,0 +1,111 @@
+"""The API that fuzzing cannot break: schemathesis, run as its CLI against a live gateway
+(sim engine, real broker, real HTTP), generates requests from the gateway's own OpenAPI
+document, valid and invalid, and checks every answer against it.
+
+Bounded (a fixed seed, a few examples per operation) so it fits `make test`; the same
+command with a larger `--max-examples` is the long run:
+
+    schemathesis run http://127.0.0.1:8000/openapi.json -H 'Authorization: Bearer KEY' \
+        -c not_a_server_error,status_code_conformance,positive_data_acceptance,...
+
+Found nothing means: no server error, no status code the document does not list, no
+request valid by the document refused, no answer outside its documented schema.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+from collections import Counter
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+
+from chatpipe.wiring import Stack
+from tests.fixtures.stack import API_KEY, running_sim_stack, stack_settings
+
+pytestmark = pytest.mark.timeout(600)
+
+CHECKS = (
+    "not_a_server_error",
+    "status_code_conformance",
+    "positive_data_acceptance",
+    "content_type_conformance",
+    "response_schema_conformance",
+)
+MAX_EXAMPLES = 12
+SEED = 20261130
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def fuzz_stack(tiny_model_dir, tmp_path_factory) -> AsyncIterator[Stack]:
+    """A stack of its own: no rate limits (a fuzzer's burst is not what they are for), a
+    fast sim engine, docs served."""
+    settings = stack_settings(
+        tmp_path_factory.mktemp("fuzz-stack"), engine="sim", model=tiny_model_dir,
+        sim_tokens_per_s=20_000.0, sim_prompt_tokens_per_s=1e6, max_slots=32,
+        user_requests_per_minute=1_000_000, org_requests_per_minute=1_000_000,
+        user_tokens_per_minute=1_000_000_000, org_tokens_per_minute=1_000_000_000,
+        auto_titles=False, api_docs=True)
+    async with running_sim_stack(settings) as stack:
+        yield stack
+
+
+async def test_schemathesis_finds_nothing(fuzz_stack, tmp_path):
+    report = tmp_path / "report"
+    command = [
+        str(Path(sys.executable).with_name("schemathesis")), "run",
+        f"{fuzz_stack.base_url}/openapi.json",
+        "--checks", ",".join(CHECKS),
+        "--max-examples", str(MAX_EXAMPLES), "--seed", str(SEED),
+        "--phases", "examples,coverage,fuzzing",
+        "--header", f"Authorization: Bearer {API_KEY}",
+        "--workers", "2", "--request-timeout", "60", "--no-shrink",
+        "--suppress-health-check", "all",
+        "--report", "ndjson", "--report-ndjson-path", str(report / "events.ndjson"),
+        "--output-truncate", "true",
+    ]
+    process = await asyncio.create_subprocess_exec(
+        *command, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+        env={**os.environ, "SCHEMATHESIS_HOOKS": "", "NO_COLOR": "1"}, cwd=tmp_path)
+    output, _ = await asyncio.wait_for(process.communicate(), timeout=540)
+    text = output.decode(errors="replace")
+    found = _failures(report / "events.ndjson")
+    assert process.returncode == 0 and not found, (
+        f"schemathesis found {sum(found.values())} failure(s): {dict(found)}\n{text[-12000:]}")
+    requests = _requests_made(report / "events.ndjson")
+    assert requests >= 200, f"only {requests} requests were generated:\n{text[-4000:]}"
+
+
+def _failures(events: Path) -> Counter[str]:
+    """Failures by check name, from schemathesis's ndjson event log."""
+    found: Counter[str] = Counter()
+    for line in events.read_text().splitlines():
+        for check in _checks_in(json.loads(line)):
+            if check.get("status") == "FAILURE":
+                found[check.get("name", "?")] += 1
+    return found
+
+
+def _requests_made(events: Path) -> int:
+    return sum(1 for line in events.read_text().splitlines()
+               for check in _checks_in(json.loads(line))
+               if check.get("name") == "not_a_server_error")
+
+
+def _checks_in(node: object) -> list[dict]:
+    """Every check result anywhere in an event (the layout varies by event type)."""
+    found: list[dict] = []
+    if isinstance(node, dict):
+        if "name" in node and "status" in node and isinstance(node.get("name"), str):
+            found.append(node)
+        for value in node.values():
+            found.extend(_checks_in(value))
+    elif isinstance(node, list):
+        for value in node:
+            found.extend(_checks_in(value))
+    return found
