@@ -9,6 +9,7 @@ followed again from the last event printed (`Last-Event-ID`), on any gateway.
 
 from __future__ import annotations
 
+import re
 import signal
 import sys
 import threading
@@ -41,6 +42,25 @@ without a new event."""
 RECONNECTING = "[reconnecting…]"
 
 Stream = AbstractContextManager[tuple[httpx.Response, Iterator[SSEMessage]]]
+
+_ESCAPE_SEQUENCE = re.compile(
+    r"\x1b\[[0-?]*[ -/]*[@-~]"  # CSI: cursor moves, clearing the screen, colours
+    r"|\x1b[]PX^_].*?(?:\x07|\x1b\\|\Z)"  # OSC (titles, clipboard, links), DCS, SOS, PM, APC
+    r"|\x9b[0-?]*[ -/]*[@-~]"  # the same as C1 controls
+    r"|[\x90\x98\x9d\x9e\x9f].*?(?:\x07|\x9c|\x1b\\|\Z)"
+    r"|\x1b[ -/]*[0-~]",  # the rest: reset (ESC c), charsets, keypad modes
+    re.DOTALL)
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+"""C0 controls but newline and tab, DEL, C1 controls, and the bidi overrides and isolates
+that make a line read differently from what it holds."""
+
+
+def printable(text: str) -> str:
+    """`text` from the model (or anyone but this client) made safe to print: escape
+    sequences removed whole, any other control character dropped; the rest of Unicode
+    is kept. A sequence split across two deltas loses its ESC here, so what is left of
+    it prints as plain text and does nothing."""
+    return _CONTROL.sub("", _ESCAPE_SEQUENCE.sub("", text.replace("\r\n", "\n")))
 
 
 class ApiFailure(Exception):
@@ -175,7 +195,7 @@ class TerminalChat:
             if self._passing_line:
                 self.out.write("\r\x1b[2K")
                 self._passing_line = False
-            self.out.write(text + end)
+            self.out.write(printable(text) + end)
             self.out.flush()
 
     def _say_in_passing(self, text: str) -> None:

@@ -25,11 +25,14 @@ _MEDIA_TYPES = {
 _ASSETS = {p.name: p for p in STATIC_DIR.iterdir() if p.suffix in _MEDIA_TYPES}
 
 # The page runs only its own scripts and talks only to this origin; answers are
-# sanitised before rendering, and the policy is the second line of defence.
+# sanitised before rendering, and the policy is the second line of defence. The page's
+# forms never submit (their scripts send with fetch), so no form may: one slipped into
+# an answer cannot post anywhere.
 _PAGE_HEADERS = {
     "Content-Security-Policy": (
         "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
-        "connect-src 'self'; object-src 'none'; base-uri 'none'; frame-ancestors 'none'"
+        "connect-src 'self'; object-src 'none'; frame-src 'none'; base-uri 'none'; "
+        "form-action 'none'; frame-ancestors 'none'"
     ),
     "X-Content-Type-Options": "nosniff",
     "Referrer-Policy": "no-referrer",

@@ -13,7 +13,17 @@ purify.addHook("afterSanitizeAttributes", (node) => {
   }
 });
 
+// An answer is text to read: nothing in it takes input, submits, embeds another page or
+// restyles this one (DOMPurify drops `on*` handlers by itself).
+const ANSWER_PROFILE = {
+  USE_PROFILE: { html: true },
+  FORBID_TAGS: ["form", "input", "button", "textarea", "select", "option", "optgroup",
+                "datalist", "fieldset", "label", "output", "iframe", "frame", "object",
+                "embed", "style", "link", "meta", "base", "dialog"],
+  FORBID_ATTR: ["action", "formaction", "form", "style", "srcdoc"],
+};
+
 /** Safe HTML for `text`. */
 export function renderMarkdown(text) {
-  return purify.sanitize(marked.parse(text), { USE_PROFILE: { html: true } });
+  return purify.sanitize(marked.parse(text), ANSWER_PROFILE);
 }

