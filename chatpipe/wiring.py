@@ -25,6 +25,7 @@ from conversations.recorder_stage import RecorderStage
 from conversations.sqlite_store import SQLiteStore
 from conversations.store import ApiKey, ConversationStore
 from gateway.app import GatewayDeps, create_app
+from gateway.header_timeout import header_timeout_protocol
 from gateway.quotas import QuotaGate
 from gateway.rate_limits import RateLimiter
 from gateway.relay import KafkaPipeline
@@ -174,9 +175,15 @@ class _EmbeddedServer(uvicorn.Server):
         yield
 
 
-def gateway_server(deps: GatewayDeps, settings: Settings) -> uvicorn.Server:
-    config = uvicorn.Config(create_app(deps), host=settings.host, port=settings.port,
-                            log_level="warning", lifespan="on")
+def gateway_server(deps: GatewayDeps, settings: Settings, *,
+                   docs_by_default: bool = True) -> uvicorn.Server:
+    """The gateway's HTTP server: headers bounded in time (`header_read_timeout_s`),
+    bodies by the app; /docs and /openapi.json with `api_docs` (unset: `docs_by_default`,
+    on under `chatpipe up`, off for a gateway run alone)."""
+    api_docs = docs_by_default if settings.api_docs is None else settings.api_docs
+    config = uvicorn.Config(create_app(deps, api_docs=api_docs), host=settings.host,
+                            port=settings.port, log_level="warning", lifespan="on",
+                            http=header_timeout_protocol(settings.header_read_timeout_s))
     return _EmbeddedServer(config)
 
 
@@ -343,7 +350,7 @@ async def run_stage(stage: str, settings: Settings) -> None:
                 await ensure_dev_key(store, settings)
                 pipeline = await stack.enter_async_context(gateway_pipeline(kafka, settings))
                 server = gateway_server(build_gateway_deps(settings, store, pipeline, ledger),
-                                        settings)
+                                        settings, docs_by_default=False)
                 runners["gateway"] = server.serve
         worker: WorkerStage | None = None
         if stage == "worker":
