@@ -1,14 +1,16 @@
-"""Admission of a generation request: load shedding, token budgets, then rate limits
-(DESIGN §5).
+"""Admission of a generation request (DESIGN §5): cheap gates first, then the
+expensive input safety check.
 
-Shedding comes first, then the input safety check: while the scheduler reports that the caller's tier waits
-longer than its bound, the request is refused with 503 and Retry-After before
-anything is stored or charged.
+`admit` runs before any expensive work (store polling, the prompt's build, the
+classifiers): shedding (in memory), then token budgets (a ledger read, charging
+nothing, so a request refused for its budget is not charged to the rate limits),
+then the rate limits, charged at once from an estimate of the request's tokens.
+A request refused after that (its prompt does not fit, its input is blocked, it is
+too large for the bus) stays charged: it cost the work that refused it.
 
-The quota check only reads the ledger and comes first, so a request refused
-for its budget is not charged to the rate limits. The rate-limit headers of an
-admitted request are noted for its response, whatever response that turns out
-to be (an SSE stream, a JSON answer, a later error): `ResponseHeaders` adds them.
+The rate-limit headers of an admitted request are noted for its response, whatever
+response that turns out to be (an SSE stream, a JSON answer, a later error):
+`ResponseHeaders` adds them.
 """
 
 from __future__ import annotations
@@ -23,26 +25,21 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from conversations.store import ApiKey
 from gateway.deps import GatewayDeps
 from gateway.errors import ApiError
-from gateway.rate_limits import admission_tokens
 from safety.classifiers import first_verdict
-from schemas.events import ChatMessage, ModerationEvent, Role
+from schemas.events import ModerationEvent
 
 _noted_headers: ContextVar[dict[str, str] | None] = ContextVar("noted_headers", default=None)
 
 
-async def admit(
-    deps: GatewayDeps, owner: ApiKey, messages: Sequence[ChatMessage], max_tokens: int
-) -> None:
-    """Return if the request may run (its rate-limit charge made); else raise 503
-    `overloaded`, or 429 `quota_exceeded` or `rate_limited`, with Retry-After and the
-    rate-limit headers."""
+async def admit(deps: GatewayDeps, owner: ApiKey, tokens: int) -> None:
+    """Return if the request may run (charged `tokens` against the token limits); else
+    raise 503 `overloaded`, or 429 `quota_exceeded` or `rate_limited`, with Retry-After
+    and the rate-limit headers."""
     retry_after = deps.pipeline.overloaded(owner.tier)
     if retry_after is not None:
         raise ApiError(503, "overloaded",
                        f"the {owner.tier} tier is overloaded; retry in {retry_after:.0f} s",
                        headers={"Retry-After": str(math.ceil(retry_after))})
-    if deps.safety is not None:
-        await check_input(deps, owner, messages)
     limiter = deps.rate_limiter
     if deps.quotas is not None:
         try:
@@ -52,22 +49,41 @@ async def admit(
                 refused.headers = {**await limiter.headers(owner), **(refused.headers or {})}
             raise
     if limiter is not None:
-        note_response_headers(await limiter.acquire(owner, admission_tokens(messages, max_tokens)))
+        note_response_headers(await limiter.acquire(owner, tokens))
 
 
-async def check_input(deps: GatewayDeps, owner: ApiKey, messages: Sequence[ChatMessage]) -> None:
-    """Classify the new user message before anything is queued: a blocked one gets 400
-    `content_blocked` naming the category, and the decision goes to chat.moderation."""
-    assert deps.safety is not None
-    text = next((m.content for m in reversed(messages) if m.role == Role.USER), "")
-    verdict = await first_verdict(deps.safety.input_classifiers(owner.tier, "*"), text)
-    if verdict is None:
+async def charge_rest(deps: GatewayDeps, owner: ApiKey, estimated: int, actual: int) -> None:
+    """Charge what an admitted request costs beyond the estimate it was admitted with."""
+    if deps.rate_limiter is not None and actual > estimated:
+        await deps.rate_limiter.charge_tokens(owner, actual - estimated)
+
+
+async def check_input(
+    deps: GatewayDeps, owner: ApiKey, model: str, texts: Sequence[str]
+) -> None:
+    """Classify every message the caller wrote, with the classifiers for its tier and
+    model, before anything is queued or stored: a blocked one gets 400 `content_blocked`
+    naming the category, and the decision goes to chat.moderation.
+
+    Each distinct text is classified on its own, newest first (a blocked phrase hidden
+    among long harmless messages must not be diluted); the first verdict stops it."""
+    if deps.safety is None:
         return
-    await deps.pipeline.moderate(ModerationEvent(
-        user_id=owner.user_id, action="block_input", category=verdict.category,
-        reason=f"{verdict.classifier}: {verdict.reason}"))
-    raise ApiError(400, "content_blocked",
-                   f"the message was blocked by the {verdict.category} policy", param="content")
+    classifiers = deps.safety.input_classifiers(owner.tier, model)
+    if not classifiers:
+        return
+    for text in dict.fromkeys(reversed(texts)):
+        if not text.strip():
+            continue
+        verdict = await first_verdict(classifiers, text)
+        if verdict is None:
+            continue
+        await deps.pipeline.moderate(ModerationEvent(
+            user_id=owner.user_id, action="block_input", category=verdict.category,
+            reason=f"{verdict.classifier}: {verdict.reason}"))
+        raise ApiError(400, "content_blocked",
+                       f"the message was blocked by the {verdict.category} policy",
+                       param="content")
 
 
 def note_response_headers(headers: dict[str, str]) -> None:

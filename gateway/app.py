@@ -1,6 +1,8 @@
 """The gateway's HTTP app: `create_app(deps)` is all the wiring calls.
 
 The store and the pipeline are opened and closed by the wiring, outside the app.
+Every request's body is bounded (`BodyLimits`) before anything else, the key check
+included; /docs, /redoc and /openapi.json are served only with `api_docs`.
 The app's lifespan loads the served models' tokenizers before it takes requests
 (the embedding model, slower, in the background when a model retrieves), and on
 shutdown cancels the titles and summaries still being generated.
@@ -15,14 +17,16 @@ from fastapi import APIRouter, Depends, FastAPI
 
 from gateway import chat, conversations, openai_compat, web
 from gateway.admission import ResponseHeaders
+from gateway.api_document import api_document
 from gateway.auth import current_owner
+from gateway.body_limits import BodyLimits
 from gateway.deps import GatewayDeps
-from gateway.errors import install_error_handlers
+from gateway.errors import error_responses, install_error_handlers
 
 __all__ = ["GatewayDeps", "create_app"]
 
 
-def create_app(deps: GatewayDeps) -> FastAPI:
+def create_app(deps: GatewayDeps, *, api_docs: bool = True) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         models = deps.settings.models
@@ -35,20 +39,33 @@ def create_app(deps: GatewayDeps) -> FastAPI:
         finally:
             await deps.background.close()
 
+    settings = deps.settings
+    docs = {} if api_docs else {"openapi_url": None, "docs_url": None, "redoc_url": None}
     app = FastAPI(title="chatpipe", summary="ChatGPT-style chat over a Kafka pipeline",
-                  lifespan=lifespan)
+                  lifespan=lifespan, **docs)  # fmt: skip
     app.state.deps = deps
     install_error_handlers(app)
     app.add_middleware(ResponseHeaders)
+    # Added last, so it runs first.
+    app.add_middleware(BodyLimits, max_bytes=settings.max_body_bytes,
+                       read_timeout_s=settings.body_read_timeout_s)  # fmt: skip
 
     @app.get("/healthz", tags=["ops"])
     async def healthz() -> dict[str, str]:
         return {"status": "ok"}
 
-    v1 = APIRouter(prefix="/v1", dependencies=[Depends(current_owner)])
+    v1 = APIRouter(prefix="/v1", dependencies=[Depends(current_owner)],
+                   responses=error_responses(401))  # fmt: skip
     v1.include_router(conversations.router)
     v1.include_router(chat.router)
     v1.include_router(openai_compat.router)
     app.include_router(v1)
     app.include_router(web.router)
+    app.openapi = lambda: _cached_document(app)  # type: ignore[method-assign]
     return app
+
+
+def _cached_document(app: FastAPI) -> dict:
+    if app.openapi_schema is None:
+        app.openapi_schema = api_document(app, app.state.deps.settings)
+    return app.openapi_schema

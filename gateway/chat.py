@@ -13,7 +13,7 @@ from conversations.store import ApiKey, RequestRecord
 from gateway.auth import OwnedConversation, Owner
 from gateway.background import start_title
 from gateway.deps import Deps, GatewayDeps
-from gateway.errors import ApiError
+from gateway.errors import ApiError, error_responses
 from gateway.event_stream import EventStreamResponse
 from gateway.generation import Generation, event_stream, merged_deltas
 from gateway.stream_relay import StreamRelay
@@ -34,10 +34,14 @@ from schemas.lifecycle import RequestStatus
 router = APIRouter(tags=["conversations"])
 
 _SSE = {200: {"content": {"text/event-stream": {}}, "description": "the answer"}}
+_TURN = {**_SSE, **error_responses(400, 403, 404, 413, 429, 503)}
+"""What a turn can answer: refused input, a model not allowed or not served, a prompt or
+request too large, a rate limit or budget, a pipeline that cannot take it."""
 
 
 @router.post("/conversations/{conversation_id}/messages",
-             response_class=EventStreamResponse, responses=_SSE)  # fmt: skip
+             response_class=EventStreamResponse,
+             responses={**_TURN, **error_responses(409)})  # fmt: skip
 async def post_message(
     post: PostMessage, conversation: OwnedConversation, owner: Owner, deps: Deps
 ) -> EventStreamResponse:
@@ -46,7 +50,7 @@ async def post_message(
 
 
 @router.post("/conversations/{conversation_id}/messages/{message_id}/edit",
-             response_class=EventStreamResponse, responses=_SSE)  # fmt: skip
+             response_class=EventStreamResponse, responses=_TURN)  # fmt: skip
 async def edit_message(
     message_id: str, post: PostMessage, conversation: OwnedConversation, owner: Owner, deps: Deps
 ) -> EventStreamResponse:
@@ -55,7 +59,7 @@ async def edit_message(
 
 
 @router.post("/conversations/{conversation_id}/messages/{message_id}/regenerate",
-             response_class=EventStreamResponse, responses=_SSE)  # fmt: skip
+             response_class=EventStreamResponse, responses=_TURN)  # fmt: skip
 async def regenerate_message(
     message_id: str, options: TurnOptions, conversation: OwnedConversation, owner: Owner,
     deps: Deps,
@@ -65,7 +69,8 @@ async def regenerate_message(
     return await answer(deps, turn)
 
 
-@router.get("/requests/{request_id}/events", response_class=EventStreamResponse, responses=_SSE)
+@router.get("/requests/{request_id}/events", response_class=EventStreamResponse,
+            responses={**_SSE, **error_responses(400, 404)})  # fmt: skip
 async def resume_events(
     request_id: str, owner: Owner, deps: Deps,
     last_event_id_header: Annotated[str | None, Header(alias="Last-Event-ID")] = None,
@@ -89,7 +94,7 @@ async def resume_events(
     return event_stream(native_events(payload, generation), generation)
 
 
-@router.post("/requests/{request_id}/cancel", status_code=202)
+@router.post("/requests/{request_id}/cancel", status_code=202, responses=error_responses(404))
 async def cancel_request(request_id: str, owner: Owner, deps: Deps) -> CancelledRequest:
     """Stop a running answer of the caller's, on any gateway; its stream ends with
     `finished_aborted`."""
@@ -100,7 +105,7 @@ async def cancel_request(request_id: str, owner: Owner, deps: Deps) -> Cancelled
 async def stop(deps: GatewayDeps, owner: ApiKey, request_id: str) -> None:
     """Cancel `owner`'s running request (a stored answer still in progress, or one this
     gateway relays); 404 for any other."""
-    if deps.live.owned(request_id, owner.user_id) is None:
+    if deps.live.owned(request_id, owner.org_id, owner.user_id) is None:
         record = await _owned_request(deps, owner, request_id)
         answer = await deps.store.get_message(record.message_id)
         if answer is None or answer.status != RequestStatus.IN_PROGRESS:
@@ -109,8 +114,9 @@ async def stop(deps: GatewayDeps, owner: ApiKey, request_id: str) -> None:
 
 
 async def _owned_request(deps: GatewayDeps, owner: ApiKey, request_id: str) -> RequestRecord:
+    """The stored request, if the caller (org and user) owns it; else 404."""
     record = await deps.store.get_request(request_id)
-    if record is None or record.user_id != owner.user_id:
+    if record is None or not record.owned_by(owner):
         raise ApiError(404, "request_not_found", f"no request {request_id!r}")
     return record
 

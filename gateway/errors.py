@@ -3,6 +3,8 @@
 Bad input is always a 4xx: malformed JSON → 400, a field that fails validation
 → 422, a limit → its own status (413, 404 model_not_found, …). Over a rate limit
 or a token budget → 429 `rate_limited` / `quota_exceeded`, with Retry-After.
+A message is written here or by a stage for the client: no exception's own text
+ever reaches one (an unexpected error is 500 `internal_error`, logged).
 """
 
 from __future__ import annotations
@@ -18,6 +20,28 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from schemas.api import ErrorBody, ErrorDetail
 from schemas.events import DeliveryError
+
+_MEANING = {
+    400: "malformed JSON, or a request this route refuses (the code says why)",
+    401: "missing or unknown API key",
+    403: "the caller's tier may not use this model",
+    404: "no such resource of the caller's, or model not served",
+    408: "the request's body did not arrive in time",
+    409: "the previous answer is still streaming",
+    413: "the body, a message, the prompt or the request is too large",
+    422: "a field fails validation",
+    429: "over a rate limit or token budget (Retry-After)",
+    500: "the answer failed in the pipeline",
+    502: "the answer stopped before its end",
+    503: "overloaded or the pipeline is unavailable (Retry-After)",
+}
+
+
+def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI `responses=` for the error statuses a route can answer, each an ErrorBody."""
+    return {status: {"model": ErrorBody, "description": _MEANING[status]}
+            for status in statuses}
+
 
 _TYPE_BY_STATUS = {
     401: "authentication_error",

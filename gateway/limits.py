@@ -1,22 +1,51 @@
-"""Checks of one request against what this deployment serves and allows."""
+"""Checks of one request against what this deployment serves and allows.
+
+All of them are pure and cheap (no store, no tokenizer): the routes run them before
+a request is charged to the rate limits or anything is stored.
+"""
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 from pydantic import ValidationError
 
 from chatpipe.settings import Settings
 from gateway.errors import ApiError
-from schemas.events import SamplingOptions
+from schemas.codec import encode
+from schemas.events import GenerationRequest, SamplingOptions, StreamPosition, WorkAssignment
+from schemas.topics import Tier
+
+BUS_MESSAGE_BYTES = 1 << 20
+"""The largest record every hop of the bus takes: Kafka's default `message.max.bytes`
+(1,048,588) rounded down; Tansu takes more."""
+
+BUS_HEADROOM_BYTES = 64 << 10
+"""Kept free below `BUS_MESSAGE_BYTES`: record and batch overhead, headers, and lz4's
+growth on text it cannot compress (about 0.4 %)."""
+
+_LARGEST = 1 << 63
+"""A stand-in for the numbers later hops write (offsets, epochs): their longest form."""
 
 
-def served_model(settings: Settings, requested: str | None) -> str:
-    """The model to run: the one asked for, or the default; 404 if not served here."""
+def served_model(settings: Settings, requested: str | None, tier: Tier) -> str:
+    """The model to run: the one asked for, or the default; 404 if it is not served
+    here, 403 `model_not_allowed` if the caller's tier may not use it
+    (`CHATPIPE_TIER_MODELS`)."""
+    allowed = settings.tier_models.get(tier)
     if requested is None:
-        return settings.model_name
+        default = settings.model_name
+        if allowed is None or default in allowed:
+            return default
+        # The tier's first allowed model stands in for a default it may not use.
+        requested = next((m for m in allowed if m in settings.models), default)
     if requested not in settings.models:
         raise ApiError(
             404, "model_not_found", f"model {requested!r} is not served here", param="model"
         )
+    if allowed is not None and requested not in allowed:
+        raise ApiError(403, "model_not_allowed",
+                       f"the {tier} tier may not use model {requested!r}", param="model")
     return requested
 
 
@@ -30,6 +59,24 @@ def check_message(settings: Settings, content: str, *, allow_empty: bool = False
             f"a message holds at most {settings.max_message_chars} characters",
             param="content",
         )
+
+
+def check_message_count(settings: Settings, count: int) -> None:
+    if count > settings.max_messages:
+        raise ApiError(422, "too_many_messages",
+                       f"a request carries at most {settings.max_messages} messages",
+                       param="messages")
+
+
+def check_stop(settings: Settings, stop: Sequence[str]) -> None:
+    """Stop sequences are matched against every chunk of the answer: few and short."""
+    if len(stop) > settings.max_stop_sequences:
+        raise ApiError(422, "too_many_stop_sequences",
+                       f"at most {settings.max_stop_sequences} stop sequences", param="stop")
+    if any(len(sequence) > settings.max_stop_chars for sequence in stop):
+        raise ApiError(422, "stop_too_long",
+                       f"a stop sequence holds at most {settings.max_stop_chars} characters",
+                       param="stop")
 
 
 def sampling_options(
@@ -50,6 +97,7 @@ def sampling_options(
             f"max_tokens is at most {settings.max_tokens_limit}",
             param="max_tokens",
         )
+    check_stop(settings, stop)
     given = {"temperature": temperature, "top_p": top_p, "seed": seed}
     try:
         return SamplingOptions(
@@ -62,3 +110,29 @@ def sampling_options(
         error = exc.errors()[0]
         param = ".".join(str(part) for part in error["loc"])
         raise ApiError(422, "invalid_request", f"{param}: {error['msg']}", param=param) from exc
+
+
+def bus_bytes(request: GenerationRequest, served: Sequence[str]) -> int:
+    """The request's size at its largest hop: wrapped in the scheduler's `WorkAssignment`
+    with every field a later hop sets at its longest (a routed model, stream offsets,
+    worker ids)."""
+    routed_to = max(served, key=len, default=request.model)
+    dispatched = request.model_copy(update={
+        "attempt": _LARGEST, "model": max(routed_to, request.model, key=len),
+        "requested_model": request.model,
+        "stream": StreamPosition(partition=_LARGEST, start_offset=_LARGEST,
+                                 attempt_offset=_LARGEST)})  # fmt: skip
+    assignment = WorkAssignment(worker_id="w" * 128, incarnation="i" * 64, request=dispatched,
+                                epoch=_LARGEST)  # fmt: skip
+    return len(encode(assignment))
+
+
+def check_bus_size(settings: Settings, request: GenerationRequest) -> None:
+    """413 `request_too_large` unless the request fits every hop of the bus: one that did
+    not would fail at a later hop, after it was admitted and charged."""
+    room = BUS_MESSAGE_BYTES - BUS_HEADROOM_BYTES
+    size = bus_bytes(request, settings.models)
+    if size > room:
+        raise ApiError(413, "request_too_large",
+                       f"the request takes {size} bytes on the bus, which carries at most "
+                       f"{room}; send fewer or shorter messages")

@@ -4,6 +4,10 @@ Requests run through the same pipeline as native turns but are not stored
 (`store=False`, a fresh conversation id each). Queue updates have no OpenAI
 form and are skipped; a retraction replaces the collected text of a
 non-streamed answer and ends a streamed one with `content_filter`.
+
+A completion is checked in full (fields, tier, size on the bus) before it is
+charged to the rate limits, and every message the client sent, whatever its role,
+is classified by the input safety check before it is queued.
 """
 
 from __future__ import annotations
@@ -18,10 +22,10 @@ import orjson
 from fastapi import APIRouter, Request
 
 from conversations.store import ApiKey
-from gateway.admission import admit
+from gateway.admission import admit, check_input
 from gateway.auth import Owner
 from gateway.deps import Deps, GatewayDeps, SettingsDep
-from gateway.errors import ApiError, error_type, from_delivery_error
+from gateway.errors import ApiError, error_responses, error_type, from_delivery_error
 from gateway.event_stream import EventStreamResponse
 from gateway.generation import (
     Generation,
@@ -31,7 +35,14 @@ from gateway.generation import (
     start_generation,
     until_disconnected,
 )
-from gateway.limits import check_message, sampling_options, served_model
+from gateway.limits import (
+    check_bus_size,
+    check_message,
+    check_message_count,
+    sampling_options,
+    served_model,
+)
+from gateway.rate_limits import admission_tokens
 from schemas import sse
 from schemas.answer import AnswerText
 from schemas.api import (
@@ -65,12 +76,19 @@ async def list_models(settings: SettingsDep) -> ModelList:
     return ModelList(data=[ModelCard(id=name) for name in settings.models])
 
 
-@router.post("/chat/completions", response_model=ChatCompletion)
+@router.post("/chat/completions", response_model=ChatCompletion, responses={
+    200: {"content": {"text/event-stream": {}},
+          "description": "the completion; with `stream`, its chunks as SSE"},
+    **error_responses(400, 403, 404, 413, 429, 500, 502, 503)})  # fmt: skip
 async def chat_completions(
     completion: ChatCompletionRequest, owner: Owner, deps: Deps, request: Request
 ) -> ChatCompletion | EventStreamResponse:
     generation_request = to_generation_request(completion, owner, deps)
-    await admit(deps, owner, generation_request.messages, generation_request.sampling.max_tokens)
+    check_bus_size(deps.settings, generation_request)
+    await admit(deps, owner, admission_tokens(generation_request.messages,
+                                              generation_request.sampling.max_tokens))
+    await check_input(deps, owner, generation_request.model,
+                      [message.content for message in generation_request.messages])
     generation = await start_generation(deps.pipeline, generation_request, deps.live,
                                         timers=StreamTimers(deps.settings.stream_stall_s))
     answer = _Answer.of(generation_request, completion.include_usage)
@@ -83,9 +101,11 @@ def to_generation_request(
     completion: ChatCompletionRequest, owner: ApiKey, deps: GatewayDeps
 ) -> GenerationRequest:
     settings = deps.settings
-    model = served_model(settings, completion.model)
+    model = served_model(settings, completion.model, owner.tier)
+    check_message_count(settings, len(completion.messages))
     for message in completion.messages:
-        check_message(settings, message.text, allow_empty=True)
+        for text in message.texts:
+            check_message(settings, text, allow_empty=True)
     sampling = sampling_options(
         settings,
         max_tokens=completion.output_limit,

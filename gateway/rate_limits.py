@@ -9,14 +9,17 @@ request costs thousands. In Redis every read and charge is one Lua call, so
 gateway replicas sharing `rate_limit_storage` share the limits.
 
 A request costs 1 against the request limits and, against the token limits, an
-estimate made before it runs: prompt characters / 4 + max_tokens.
+estimate made before it runs: prompt characters / 4 + max_tokens. The gateway
+charges before any expensive work (DESIGN §5): an OpenAI request's prompt is all in
+the request; a native turn is charged for its new message first and, once its
+prompt is built from the history, for the rest (`charge_tokens`, never refused).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from math import ceil, floor, inf
 from typing import Literal, cast
@@ -36,13 +39,20 @@ from schemas.events import ChatMessage
 log = logging.getLogger(__name__)
 
 CHARS_PER_TOKEN = 4
+UNBOUNDED = 1 << 62
+"""The limit a charge that must not be refused is made under."""
 Quantity = Literal["requests", "tokens"]
 
 
 def admission_tokens(messages: Sequence[ChatMessage], max_tokens: int) -> int:
     """What a request counts against the token limits: the prompt estimated at
     4 characters a token (no tokenizer in the gateway), plus all it may generate."""
-    return ceil(sum(len(m.content) for m in messages) / CHARS_PER_TOKEN) + max_tokens
+    return text_tokens([m.content for m in messages], max_tokens)
+
+
+def text_tokens(texts: Iterable[str], max_tokens: int) -> int:
+    """`admission_tokens` of a prompt made of `texts`."""
+    return ceil(sum(len(text) for text in texts) / CHARS_PER_TOKEN) + max_tokens
 
 
 @dataclass(frozen=True, slots=True)
@@ -233,6 +243,22 @@ class RateLimiter:
             log.warning("rate limit storage unavailable, admitting without limits: %s", exc)
             return {}
         return ratelimit_headers([replace(c, window=c.window.charged(c.cost)) for c in checks])
+
+    async def charge_tokens(self, owner: ApiKey, tokens: int) -> None:
+        """Add `tokens` to the owner's token limits whatever room they have: the rest of
+        an admitted request's cost, known only once its prompt is built. It may take a
+        window past its limit; the next request then waits for it."""
+        if tokens <= 0:
+            return
+        storage = cast(SlidingWindowCounterSupport, self.storage)
+        try:
+            for limit in limits_for(self.settings, owner):
+                if limit.quantity == "tokens":
+                    item = limit.item
+                    await storage.acquire_sliding_window_entry(
+                        item.key_for(*limit.identifiers), UNBOUNDED, item.get_expiry(), tokens)
+        except StorageError as exc:
+            log.warning("rate limit storage unavailable, tokens not charged: %s", exc)
 
     async def headers(self, owner: ApiKey) -> dict[str, str]:
         """The owner's rate-limit headers now, charging nothing."""

@@ -1,9 +1,12 @@
 """Native chat turns: a posted, edited or regenerated message in, the GenerationRequest
 that answers it out.
 
-Each turn reads the conversation's message tree, builds the prompt with the
-context builder from the thread it continues (DESIGN §8), is admitted, stores
-its user message (a regeneration has none) and makes the request (not yet sent):
+Each turn is checked and admitted first (its fields, the caller's tier, budgets and
+rate limits: nothing expensive yet), then reads the conversation's message tree,
+builds the prompt with the context builder from the thread it continues (DESIGN §8),
+checks that the request fits the bus and that its input passes the safety
+classifiers, and only then stores its user message (a regeneration has none) and
+makes the request (not yet sent):
 
 * post — a new user message after the selected thread's last message;
 * edit — a new user message beside the edited one (same parent): a fork;
@@ -33,13 +36,14 @@ from conversations.store import (
 )
 from conversations.summaries import fallback_title
 from conversations.tree import ConversationTree
-from gateway.admission import admit
+from gateway.admission import admit, charge_rest, check_input
 from gateway.background import start_summary
 from gateway.deps import GatewayDeps
 from gateway.errors import ApiError
 from gateway.generation import Generation, OnEnd, StreamTimers, start_generation, unavailable
 from gateway.stream_relay import StreamRelay
-from gateway.limits import check_message, sampling_options, served_model
+from gateway.limits import check_bus_size, check_message, sampling_options, served_model
+from gateway.rate_limits import admission_tokens, text_tokens
 from schemas.api import PostMessage, TurnOptions
 from schemas.events import GenerationRequest, Role, SamplingOptions, now
 from schemas.lifecycle import RequestStatus
@@ -60,12 +64,14 @@ async def start_turn(
 ) -> Turn:
     """A new user message at the end of the selected thread."""
     check_message(deps.settings, post.content)
-    model, sampling = _answer_options(deps, post)
+    model, sampling = _answer_options(deps, owner, post)
+    charged = text_tokens([post.content], sampling.max_tokens)
+    await admit(deps, owner, charged)
     tree = await _settled_tree(
         deps.store, conversation.conversation_id, deps.reply_wait_s, deps.settings.request_timeout_s
     )
     return await _new_user_turn(deps, owner, conversation, tree.thread(), post.content,
-                                model, sampling, first=not tree.messages)  # fmt: skip
+                                model, sampling, charged, first=not tree.messages)  # fmt: skip
 
 
 async def start_edit(
@@ -75,13 +81,16 @@ async def start_edit(
     """A new version of user message `message_id`: its sibling, answered after the
     thread up to their parent."""
     check_message(deps.settings, post.content)
-    model, sampling = _answer_options(deps, post)
+    model, sampling = _answer_options(deps, owner, post)
+    charged = text_tokens([post.content], sampling.max_tokens)
+    await admit(deps, owner, charged)
     tree = await deps.store.get_tree(conversation.conversation_id)
     edited = _message_in(tree, message_id)
     if edited.role != Role.USER:
         raise ApiError(400, "not_a_user_message", "only a user message can be edited")
     thread = tree.path_to(edited.parent_id) if edited.parent_id is not None else []
-    return await _new_user_turn(deps, owner, conversation, thread, post.content, model, sampling)
+    return await _new_user_turn(deps, owner, conversation, thread, post.content, model,
+                                sampling, charged)  # fmt: skip
 
 
 async def start_regenerate(
@@ -89,8 +98,11 @@ async def start_regenerate(
     options: TurnOptions,
 ) -> Turn:  # fmt: skip
     """Another answer to the user message that `message_id` answers (or to
-    `message_id` itself, a user message): a sibling of the earlier answers."""
-    model, sampling = _answer_options(deps, options)
+    `message_id` itself, a user message): a sibling of the earlier answers. The question
+    is classified again: the model asked for now may have stricter rules."""
+    model, sampling = _answer_options(deps, owner, options)
+    charged = text_tokens([], sampling.max_tokens)
+    await admit(deps, owner, charged)
     tree = await deps.store.get_tree(conversation.conversation_id)
     target = _message_in(tree, message_id)
     question = target
@@ -100,9 +112,11 @@ async def start_regenerate(
         raise ApiError(400, "nothing_to_regenerate", "this message answers no user message")
     thread = tree.path_to(question.message_id)
     built = await _build(deps, conversation.conversation_id, thread, None, model, sampling)
-    await admit(deps, owner, built.messages, sampling.max_tokens)
+    await charge_rest(deps, owner, charged, admission_tokens(built.messages, sampling.max_tokens))
+    request = _request(deps, owner, conversation, question.message_id, model, sampling, built)
+    check_bus_size(deps.settings, request)
+    await check_input(deps, owner, model, [question.content])
     _ask_for_summary(deps, owner, model, built)
-    request = _request(deps, owner, conversation, question, model, sampling, built)
     return Turn(request=request, user_message=question, owner=owner)
 
 
@@ -121,6 +135,7 @@ async def send_turn(deps: GatewayDeps, turn: Turn) -> Generation:
                    request_id=request.request_id),
         RequestRecord(request_id=request.request_id, conversation_id=request.conversation_id,
                       message_id=request.message_id, user_id=request.user_id,
+                      org_id=request.org_id,
                       answers_partition=partition, answers_offset=offset,
                       reply_to=request.reply_to),
     )  # fmt: skip
@@ -159,16 +174,22 @@ def store_answer(deps: GatewayDeps) -> OnEnd:
 
 async def _new_user_turn(
     deps: GatewayDeps, owner: ApiKey, conversation: Conversation, thread: list[StoredMessage],
-    content: str, model: str, sampling: SamplingOptions, *, first: bool = False,
+    content: str, model: str, sampling: SamplingOptions, charged: int, *,
+    first: bool = False,
 ) -> Turn:  # fmt: skip
-    """Store `content` as a user message after `thread` and answer it."""
+    """Store `content` as a user message after `thread` and answer it (the turn was
+    admitted, `charged` tokens)."""
     cid = conversation.conversation_id
     built = await _build(deps, cid, thread, content, model, sampling)
+    await charge_rest(deps, owner, charged, admission_tokens(built.messages, sampling.max_tokens))
+    user_message_id = _new_id()
+    request = _request(deps, owner, conversation, user_message_id, model, sampling, built)
     # Before the message is stored: a refused turn leaves no unanswered message behind.
-    await admit(deps, owner, built.messages, sampling.max_tokens)
+    check_bus_size(deps.settings, request)
+    await check_input(deps, owner, model, [content])
     user_message = await deps.store.add_message(
         NewMessage(
-            message_id=_new_id(),
+            message_id=user_message_id,
             conversation_id=cid,
             role=Role.USER,
             content=content,
@@ -178,12 +199,13 @@ async def _new_user_turn(
     if first:
         await deps.store.set_auto_title(cid, fallback_title(content))
     _ask_for_summary(deps, owner, model, built)
-    request = _request(deps, owner, conversation, user_message, model, sampling, built)
     return Turn(request=request, user_message=user_message, owner=owner, first=first)
 
 
-def _answer_options(deps: GatewayDeps, options: TurnOptions) -> tuple[str, SamplingOptions]:
-    model = served_model(deps.settings, options.model)
+def _answer_options(
+    deps: GatewayDeps, owner: ApiKey, options: TurnOptions
+) -> tuple[str, SamplingOptions]:
+    model = served_model(deps.settings, options.model, owner.tier)
     sampling = sampling_options(
         deps.settings,
         max_tokens=options.max_tokens,
@@ -219,14 +241,14 @@ def _ask_for_summary(deps: GatewayDeps, owner: ApiKey, model: str, built: BuiltC
 
 
 def _request(
-    deps: GatewayDeps, owner: ApiKey, conversation: Conversation, question: StoredMessage,
+    deps: GatewayDeps, owner: ApiKey, conversation: Conversation, question_id: str,
     model: str, sampling: SamplingOptions, built: BuiltContext,
 ) -> GenerationRequest:  # fmt: skip
     return GenerationRequest(
         request_id=_new_id(),
         conversation_id=conversation.conversation_id,
         message_id=_new_id(),
-        parent_id=question.message_id,
+        parent_id=question_id,
         user_id=owner.user_id,
         org_id=owner.org_id,
         tier=owner.tier,

@@ -8,12 +8,37 @@ Every error, on either API, is one `ErrorBody`.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from schemas.events import Role, Usage
 from schemas.lifecycle import RequestStatus
+
+# --- request text and bounds ----------------------------------------------------------
+
+
+def _encodable(text: str) -> str:
+    """JSON may carry lone surrogates (`"\\ud800"`) that no store or bus can encode:
+    refused here, a 422 before anything is stored, charged or queued."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("must be valid Unicode: lone surrogates cannot be stored") from None
+    return text
+
+
+Text = Annotated[str, AfterValidator(_encodable)]
+"""Any string a request carries."""
+
+SEED_LIMIT = 1 << 64
+"""A seed is an unsigned 64-bit integer, as the engines take it."""
+
+Seed = Annotated[int, Field(ge=0, lt=SEED_LIMIT, description="0 <= seed < 2**64")]
+Temperature = Annotated[float, Field(ge=0.0, le=2.0)]
+TopP = Annotated[float, Field(gt=0.0, le=1.0)]
+MaxTokens = Annotated[int, Field(ge=1, description="at most CHATPIPE_MAX_TOKENS_LIMIT")]
+
 
 # --- errors ---------------------------------------------------------------------------
 
@@ -37,13 +62,13 @@ class ErrorBody(BaseModel):
 class CreateConversation(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    title: str = Field("", max_length=200)
+    title: Text = Field("", max_length=200)
 
 
 class RenameConversation(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    title: str = Field(max_length=200, description="the user's title; empty: the generated one")
+    title: Text = Field(max_length=200, description="the user's title; empty: the generated one")
 
 
 class ConversationPublic(BaseModel):
@@ -90,18 +115,18 @@ class TurnOptions(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    model: str | None = None
-    max_tokens: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    seed: int | None = None
+    model: Text | None = Field(None, description="one of GET /v1/models; unset: the default")
+    max_tokens: MaxTokens | None = None
+    temperature: Temperature | None = None
+    top_p: TopP | None = None
+    seed: Seed | None = None
     ignore_eos: bool = False
 
 
 class PostMessage(TurnOptions):
     """A user turn (also the body of an edit: the new text of the message)."""
 
-    content: str
+    content: Text = Field(description="not blank; at most CHATPIPE_MAX_MESSAGE_CHARS")
 
 
 class CancelledRequest(BaseModel):
@@ -139,7 +164,7 @@ class TextPart(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     type: Literal["text"]
-    text: str
+    text: Text
 
 
 class InputMessage(BaseModel):
@@ -148,14 +173,19 @@ class InputMessage(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[TextPart] | None = None
-    name: str | None = None
+    content: Text | list[TextPart] | None = None
+    name: Text | None = None
 
     @property
     def text(self) -> str:
+        return "".join(self.texts)
+
+    @property
+    def texts(self) -> list[str]:
+        """The content's text parts (one for plain text); each is bounded on its own."""
         if isinstance(self.content, list):
-            return "".join(part.text for part in self.content)
-        return self.content or ""
+            return [part.text for part in self.content]
+        return [self.content or ""]
 
     @property
     def chat_role(self) -> Role:
@@ -171,18 +201,20 @@ class StreamOptions(BaseModel):
 class ChatCompletionRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
-    messages: list[InputMessage] = Field(min_length=1)
-    model: str
+    messages: list[InputMessage] = Field(
+        min_length=1, description="at most CHATPIPE_MAX_MESSAGES")
+    model: Text
     stream: bool = False
     stream_options: StreamOptions | None = None
-    max_tokens: int | None = None
-    max_completion_tokens: int | None = Field(None, description="newer name of max_tokens")
-    temperature: float | None = None
-    top_p: float | None = None
-    seed: int | None = None
-    stop: str | list[str] | None = None
+    max_tokens: MaxTokens | None = None
+    max_completion_tokens: MaxTokens | None = Field(None, description="newer name of max_tokens")
+    temperature: Temperature | None = None
+    top_p: TopP | None = None
+    seed: Seed | None = None
+    stop: Text | list[Text] | None = Field(None, description=(
+        "at most CHATPIPE_MAX_STOP_SEQUENCES, each at most CHATPIPE_MAX_STOP_CHARS long"))
     n: int = Field(1, ge=1, le=1, description="one choice per request")
-    user: str | None = None
+    user: Text | None = None
     ignore_eos: bool = Field(False, description="vLLM extension, for benchmarks")
 
     @property

@@ -1,0 +1,100 @@
+"""The OpenAPI document as the gateway enforces it (served at /openapi.json when on).
+
+FastAPI writes what the routes and models declare; this adds what it cannot know:
+* the answers every route of a kind can give, whatever its own declaration: a route
+  with a body can answer 400 (malformed JSON), 408 and 413 (the body's limits), 422;
+  a route with an id in its path can answer 404; every 422 is an `ErrorBody`, not
+  FastAPI's own validation shape;
+* the limits set by this deployment's settings: message count and length, stop
+  sequences, max_tokens, the models served.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.openapi.utils import get_openapi
+
+from chatpipe.settings import Settings
+from gateway.errors import error_responses
+from schemas.api import SEED_LIMIT
+
+Schema = dict[str, Any]
+
+_ERROR_BODY = {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}}}
+_BODY_ERRORS = (400, 408, 413, 422)
+
+
+def api_document(app: FastAPI, settings: Settings) -> Schema:
+    document = get_openapi(title=app.title, version=app.version, summary=app.summary,
+                           routes=app.routes)  # fmt: skip
+    for path, operations in document.get("paths", {}).items():
+        for operation in operations.values():
+            _declare_shared_errors(path, operation)
+    schemas = document.setdefault("components", {}).setdefault("schemas", {})
+    for unused in ("HTTPValidationError", "ValidationError"):
+        schemas.pop(unused, None)
+    _declare_limits(schemas, settings)
+    return document
+
+
+def _declare_shared_errors(path: str, operation: Schema) -> None:
+    responses = operation.setdefault("responses", {})
+    statuses = [*(_BODY_ERRORS if "requestBody" in operation else ()),
+                *((404,) if "{" in path else ())]  # fmt: skip
+    for status, response in error_responses(*statuses).items():
+        responses.setdefault(str(status), {"description": response["description"]})
+    for status, response in responses.items():
+        if status == "422" or status in map(str, statuses):
+            response["content"] = _ERROR_BODY
+
+
+def _declare_limits(schemas: dict[str, Schema], settings: Settings) -> None:
+    for name in ("PostMessage", "TurnOptions", "ChatCompletionRequest"):
+        if name in schemas:
+            # As integers: written as floats, 2**64 - 1 would round up to 2**64.
+            _seed_range(schemas[name])
+    chars = {"maxLength": settings.max_message_chars}
+    models = {"enum": list(settings.models)}
+    max_tokens = {"maximum": settings.max_tokens_limit}
+    for name in ("PostMessage", "TurnOptions"):
+        if name in schemas:
+            _constrain(schemas[name], "model", models)
+            _constrain(schemas[name], "max_tokens", max_tokens)
+    if "PostMessage" in schemas:
+        # Blank messages are refused (400 empty_message): at least one non-space character.
+        _constrain(schemas["PostMessage"], "content", {**chars, "pattern": r"\S"})
+    if "TextPart" in schemas:
+        _constrain(schemas["TextPart"], "text", chars)
+    if "InputMessage" in schemas:
+        _constrain(schemas["InputMessage"], "content", chars)
+    completion = schemas.get("ChatCompletionRequest")
+    if completion is not None:
+        _constrain(completion, "model", models)
+        _constrain(completion, "max_tokens", max_tokens)
+        _constrain(completion, "max_completion_tokens", max_tokens)
+        _constrain(completion, "messages", {"maxItems": settings.max_messages}, "array")
+        stop_chars = {"maxLength": settings.max_stop_chars}
+        _constrain(completion, "stop", stop_chars)
+        _constrain(completion, "stop", {"maxItems": settings.max_stop_sequences,
+                                        "items": {"type": "string", **stop_chars}}, "array")
+
+
+def _seed_range(model: Schema) -> None:
+    for branch in model.get("properties", {}).get("seed", {}).get("anyOf", []):
+        if branch.get("type") == "integer":
+            branch.pop("exclusiveMaximum", None)
+            branch.update(minimum=0, maximum=SEED_LIMIT - 1)
+
+
+def _constrain(model: Schema, field: str, constraints: Schema, kind: str | None = None) -> None:
+    """Add `constraints` to the `kind` branch of `field` (the string one by default, or
+    the field itself when it has no branches of that type)."""
+    prop = model.get("properties", {}).get(field)
+    if prop is None:
+        return
+    kind = kind or ("integer" if "maximum" in constraints else "string")
+    for branch in prop.get("anyOf", [prop]):
+        if branch.get("type") == kind:
+            branch.update(constraints)
