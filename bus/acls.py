@@ -1,0 +1,205 @@
+"""Who may do what on the bus: one Kafka user per stage, and what each one may touch.
+
+`GRANTS` is the one table: the topics each stage reads, writes and creates and the
+consumer group it joins, taken from the stages' producers and consumers
+(tests/integration/test_kafka_acls.py runs the stages and checks every topic they
+really use against it). `python -m bus.acls > k8s/kafka-acls.sh` writes the script the
+deployments run as the Kafka admin once the broker is up (compose: `kafka-init`; k8s: the
+topics Job's init container): it sets each stage's SCRAM password and adds its ACLs. The
+broker denies everything else (`allow.everyone.if.no.acl.found=false`); only the admin
+(the broker itself, topic creation) is a super user.
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from collections import defaultdict
+from dataclasses import dataclass
+from enum import StrEnum
+
+from billing.stage import GROUP as BILLING_GROUP
+from conversations.recorder_stage import GROUP as RECORDER_GROUP
+from safety.stage import GROUP as SAFETY_GROUP
+from scheduler.stage import GROUP as SCHEDULER_GROUP
+from schemas import topics
+from workers.stage import GROUP as WORKER_GROUP
+
+ADMIN = "admin"
+"""The super user: the broker's own connections, topic creation, this script."""
+MECHANISM = "SCRAM-SHA-512"
+TOPICS_PREFIX = "chat."
+
+
+class Operation(StrEnum):
+    READ = "Read"
+    WRITE = "Write"
+    CREATE = "Create"
+    DESCRIBE = "Describe"
+
+
+class Resource(StrEnum):
+    TOPIC = "topic"
+    GROUP = "group"
+
+
+@dataclass(frozen=True)
+class Grant:
+    """One ACL: `operation` on the topic or group `name` (every name starting with it
+    when `prefixed`)."""
+
+    operation: Operation
+    resource: Resource
+    name: str
+    prefixed: bool = False
+
+    def covers(self, operation: Operation, resource: Resource, name: str) -> bool:
+        if (operation, resource) != (self.operation, self.resource):
+            return False
+        return name.startswith(self.name) if self.prefixed else name == self.name
+
+
+def reads(*names: str) -> tuple[Grant, ...]:
+    return tuple(Grant(Operation.READ, Resource.TOPIC, name) for name in names)
+
+
+def writes(*names: str) -> tuple[Grant, ...]:
+    return tuple(Grant(Operation.WRITE, Resource.TOPIC, name) for name in names)
+
+
+def on_prefix(prefix: str, *operations: Operation) -> tuple[Grant, ...]:
+    return tuple(Grant(op, Resource.TOPIC, prefix, prefixed=True) for op in operations)
+
+
+def joins(group: str) -> Grant:
+    return Grant(Operation.READ, Resource.GROUP, group)
+
+
+R, W, C = Operation.READ, Operation.WRITE, Operation.CREATE
+
+EVERY_STAGE = on_prefix(TOPICS_PREFIX, Operation.DESCRIBE)
+"""Topic metadata only (names, partitions): each stage lists the topics at start and
+creates none when all are there."""
+
+GRANTS: dict[str, tuple[Grant, ...]] = {
+    "gateway": (
+        *on_prefix(topics.REQUESTS_PREFIX, W),  # the only writer of requests
+        # Its own delivery topic, made at start and named after the pod; a stream resumed
+        # here tells the gateway that held it (on that one's delivery topic).
+        *on_prefix(topics.DELIVER_PREFIX, R, W, C),
+        *reads(topics.SCHEDULER, topics.ANSWERS),
+        *writes(topics.ANSWERS, topics.CONTROL, topics.MODERATION, topics.DLQ),
+    ),
+    "scheduler": (
+        *on_prefix(topics.REQUESTS_PREFIX, R),
+        *reads(topics.CONTROL, topics.WORKERS, topics.SCHEDULER, topics.WORK),
+        # Queue positions and routes go to the gateway holding the stream; an unserved
+        # request's end and each attempt's start marker go on chat.tokens.
+        *on_prefix(topics.DELIVER_PREFIX, W),
+        *writes(topics.SCHEDULER, topics.WORK, topics.TOKENS, topics.CONTROL, topics.ANSWERS,
+                topics.DLQ),
+        joins(SCHEDULER_GROUP),
+    ),
+    "worker": (
+        *reads(topics.WORK, topics.CONTROL, topics.TOKENS),  # chat.tokens: a resumed attempt
+        *writes(topics.TOKENS, topics.USAGE, topics.WORKERS, topics.DLQ),
+        joins(WORKER_GROUP),
+    ),
+    "safety": (
+        *reads(topics.TOKENS),
+        *on_prefix(topics.DELIVER_PREFIX, W),  # what clients see, once checked
+        *writes(topics.ANSWERS, topics.CONTROL, topics.MODERATION, topics.DLQ),
+        joins(SAFETY_GROUP),
+    ),
+    "recorder": (*reads(topics.ANSWERS), *writes(topics.DLQ), joins(RECORDER_GROUP)),
+    "billing": (*reads(topics.USAGE), *writes(topics.DLQ), joins(BILLING_GROUP)),
+}
+
+JUDGE_PREFIX = topics.deliver_topic("safety-")
+JUDGE_GRANTS: tuple[Grant, ...] = (
+    *writes(topics.requests_topic(topics.Tier.FREE)),
+    *on_prefix(JUDGE_PREFIX, R, C),
+    *reads(topics.SCHEDULER),
+)
+"""The safety stage's extra grants when it asks a judge model (CHATPIPE_SAFETY_JUDGE_MODEL):
+it then asks like a gateway, as the free tier, through a delivery topic of its own."""
+
+
+def allowed(user: str, operation: Operation, resource: Resource, name: str,
+            judge: bool = False) -> bool:
+    """Whether the table lets `user` do `operation` on `name`."""
+    grants = (*GRANTS.get(user, ()), *EVERY_STAGE, *(JUDGE_GRANTS if judge else ()))
+    return user == ADMIN or any(g.covers(operation, resource, name) for g in grants)
+
+
+def password_variable(user: str) -> str:
+    """Where the deployments keep `user`'s password (compose `.env`, the init container)."""
+    return f"KAFKA_{user.upper()}_PASSWORD"
+
+
+def _acl_lines(user: str, grants: tuple[Grant, ...]) -> list[str]:
+    """One kafka-acls call per resource, with every operation granted on it."""
+    operations: dict[tuple[Resource, str, bool], list[Operation]] = defaultdict(list)
+    for grant in grants:
+        operations[grant.resource, grant.name, grant.prefixed].append(grant.operation)
+    lines = []
+    for (resource, name, prefixed), ops in operations.items():
+        args = [user, *(a for op in ops for a in ("--operation", op.value)),
+                f"--{resource.value}", name]
+        if prefixed:
+            args += ["--resource-pattern-type", "prefixed"]
+        lines.append("allow " + shlex.join(args))
+    return lines
+
+
+SCRIPT_HEAD = f"""\
+#!/bin/sh
+# Generated from bus/acls.py by `python -m bus.acls > k8s/kafka-acls.sh`: change the
+# table there, not this file (tests/unit/test_kafka_acls.py checks they agree).
+#
+# Run as the Kafka admin once the broker is up, in the apache/kafka image: sets each
+# stage's SCRAM password (creating the user, or rotating it) and adds its ACLs. Safe to
+# run again. Needs KAFKA_ADMIN_PASSWORD and {password_variable("<stage>")} for every stage;
+# KAFKA_BOOTSTRAP (default kafka:9092); with CHATPIPE_SAFETY_JUDGE_MODEL set, the safety
+# stage also gets its judge's grants. ACLs the table no longer has are not removed.
+set -eu
+bin=/opt/kafka/bin
+server="${{KAFKA_BOOTSTRAP:-kafka:9092}}"
+admin=$(mktemp)
+trap 'rm -f "$admin"' EXIT
+cat > "$admin" <<EOF
+security.protocol=SASL_PLAINTEXT
+sasl.mechanism={MECHANISM}
+sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required username="{ADMIN}" password="$KAFKA_ADMIN_PASSWORD";
+EOF
+
+user() {{  # user NAME PASSWORD
+  "$bin/kafka-configs.sh" --bootstrap-server "$server" --command-config "$admin" --alter \\
+    --entity-type users --entity-name "$1" --add-config "{MECHANISM}=[password=$2]"
+}}
+
+allow() {{  # allow USER ACL-OPTIONS...
+  principal="User:$1"; shift
+  "$bin/kafka-acls.sh" --bootstrap-server "$server" --command-config "$admin" --add \\
+    --allow-principal "$principal" "$@" > /dev/null
+}}
+"""
+
+
+def script() -> str:
+    """The shell script that provisions every stage's user and ACLs (see SCRIPT_HEAD)."""
+    lines = [SCRIPT_HEAD]
+    for user in GRANTS:
+        lines.append(f'user {user} "${password_variable(user)}"')
+    for user, grants in GRANTS.items():
+        lines.append(f"\n# {user}")
+        lines += _acl_lines(user, (*EVERY_STAGE, *grants))
+    lines.append('\nif [ -n "${CHATPIPE_SAFETY_JUDGE_MODEL:-}" ]; then')
+    lines += [f"  {line}" for line in _acl_lines("safety", JUDGE_GRANTS)]
+    lines.append("fi")
+    lines.append('echo "kafka users and ACLs of ' + ", ".join(GRANTS) + ' are in place"')
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    sys.stdout.write(script())
