@@ -3,8 +3,8 @@
 FastAPI writes what the routes and models declare; this adds what it cannot know:
 * the answers every route of a kind can give, whatever its own declaration: a route
   with a body can answer 400 (malformed JSON), 408 and 413 (the body's limits), 422;
-  a route with an id in its path can answer 404; every 422 is an `ErrorBody`, not
-  FastAPI's own validation shape;
+  a route with an id in its path can answer 404; every error is a JSON `ErrorBody`
+  (not FastAPI's own validation shape, nor a stream route's media type);
 * the limits set by this deployment's settings: message count and length, stop
   sequences, max_tokens, the models served.
 """
@@ -46,7 +46,7 @@ def _declare_shared_errors(path: str, operation: Schema) -> None:
     for status, response in error_responses(*statuses).items():
         responses.setdefault(str(status), {"description": response["description"]})
     for status, response in responses.items():
-        if status == "422" or status in map(str, statuses):
+        if int(status) >= 400:  # JSON, also from a route whose answer is a stream
             response["content"] = _ERROR_BODY
 
 
