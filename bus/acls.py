@@ -115,6 +115,7 @@ GRANTS: dict[str, tuple[Grant, ...]] = {
     "billing": (*reads(topics.USAGE), *writes(topics.DLQ), joins(BILLING_GROUP)),
 }
 
+JUDGE_USER = "safety"
 JUDGE_PREFIX = topics.deliver_topic("safety-")
 JUDGE_GRANTS: tuple[Grant, ...] = (
     *writes(topics.requests_topic(topics.Tier.FREE)),
@@ -128,7 +129,8 @@ it then asks like a gateway, as the free tier, through a delivery topic of its o
 def allowed(user: str, operation: Operation, resource: Resource, name: str,
             judge: bool = False) -> bool:
     """Whether the table lets `user` do `operation` on `name`."""
-    grants = (*GRANTS.get(user, ()), *EVERY_STAGE, *(JUDGE_GRANTS if judge else ()))
+    grants = (*GRANTS.get(user, ()), *EVERY_STAGE,
+              *(JUDGE_GRANTS if judge and user == JUDGE_USER else ()))
     return user == ADMIN or any(g.covers(operation, resource, name) for g in grants)
 
 
@@ -195,7 +197,7 @@ def script() -> str:
         lines.append(f"\n# {user}")
         lines += _acl_lines(user, (*EVERY_STAGE, *grants))
     lines.append('\nif [ -n "${CHATPIPE_SAFETY_JUDGE_MODEL:-}" ]; then')
-    lines += [f"  {line}" for line in _acl_lines("safety", JUDGE_GRANTS)]
+    lines += [f"  {line}" for line in _acl_lines(JUDGE_USER, JUDGE_GRANTS)]
     lines.append("fi")
     lines.append('echo "kafka users and ACLs of ' + ", ".join(GRANTS) + ' are in place"')
     return "\n".join(lines) + "\n"

@@ -523,3 +523,170 @@ def test_readme_settings_table_matches_the_code():
     end = readme.index("\n<!-- end of settings-table -->")
     table = readme[start:end].split("\n", 1)[1]
     assert table == settings_table(), "README settings table is stale: paste `chatpipe settings`"
+
+
+# --- Kafka: every stage its own user, ACLs, nothing published (issue 12) -----------------
+
+KAFKA_SERVER_SCRIPT = K8S_DIR / "kafka-server.sh"
+KAFKA_ACLS_SCRIPT = K8S_DIR / "kafka-acls.sh"
+SCRIPTS_MOUNT = "/opt/chatpipe"
+
+
+def kafka_clients() -> list[Container]:
+    return [c for c in all_containers() if c.command in STAGES or c.args[:1] == ("topics",)]
+
+
+def kafka_user(container: Container) -> str:
+    """Each stage connects as itself; topic creation as the admin."""
+    from bus.acls import ADMIN
+
+    return container.command if container.command in STAGES else ADMIN
+
+
+def secret_ref(spec: dict[str, Any], name: str) -> dict[str, Any]:
+    (item,) = [item for item in spec.get("env", []) if item["name"] == name]
+    return item["valueFrom"]["secretKeyRef"]
+
+
+def required_from_env_file(value: str | None, variable: str) -> bool:
+    """A compose value taken from `.env`/the shell, refusing to start without it."""
+    return bool(value) and re.fullmatch(rf"\$\{{{variable}:\?[^}}]+\}}", value) is not None
+
+
+@by_where(kafka_clients())
+def test_every_kafka_client_has_its_own_user_and_a_password_from_a_secret(
+    container: Container, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from bus.acls import MECHANISM, password_variable
+
+    settings = container_settings(container, monkeypatch)
+    user = kafka_user(container)
+    assert settings.kafka_security_protocol in ("SASL_PLAINTEXT", "SASL_SSL")
+    assert settings.kafka_sasl_mechanism == MECHANISM
+    assert settings.kafka_sasl_username == user
+    password = env_field("kafka_sasl_password")
+    if container.kind == "service":
+        assert required_from_env_file(container.env[password], password_variable(user))
+    else:
+        assert secret_ref(container.spec, password) == {"name": f"chatpipe-kafka-{user}",
+                                                        "key": "password"}
+
+
+def test_stage_users_are_the_acl_tables_and_all_are_provisioned() -> None:
+    """kafka-init (compose) and the topics Job's init container (k8s) get every user's
+    password, from the same place the user's own container does, and run the script."""
+    from bus.acls import ADMIN, GRANTS, password_variable
+
+    users = [ADMIN, *GRANTS]
+    assert set(GRANTS) == set(STAGES)
+    services = compose()["services"]
+    init = services["kafka-init"]
+    assert init["entrypoint"] == ["sh", f"{SCRIPTS_MOUNT}/kafka-acls.sh"]
+    assert f"./k8s/kafka-acls.sh:{SCRIPTS_MOUNT}/kafka-acls.sh:ro" in init["volumes"]
+    for user in users:
+        variable = password_variable(user)
+        assert required_from_env_file(init["environment"][variable], variable)
+    assert services["topics"]["depends_on"] == {
+        "kafka-init": {"condition": "service_completed_successfully"}}
+
+    (job,) = [j for j in k8s_objects("Job") if j["metadata"]["name"] == "topics"]
+    (acls,) = job["spec"]["template"]["spec"]["initContainers"]
+    assert acls["command"] == ["sh", f"{SCRIPTS_MOUNT}/kafka-acls.sh"]
+    for user in users:
+        assert secret_ref(acls, password_variable(user)) == {"name": f"chatpipe-kafka-{user}",
+                                                             "key": "password"}
+
+
+def broker_config() -> dict[str, str]:
+    """The server.properties kafka-server.sh writes (both deployments run it)."""
+    text = KAFKA_SERVER_SCRIPT.read_text()
+    body = re.search(r'cat > "\$config" <<EOF\n(.*?)\nEOF\n', text, re.DOTALL)
+    assert body, "kafka-server.sh no longer writes $config from a heredoc"
+    lines = [line for line in body.group(1).splitlines() if line and not line.startswith("#")]
+    return dict(line.split("=", 1) for line in lines)
+
+
+def test_the_broker_requires_scram_and_denies_what_no_acl_allows() -> None:
+    from bus.acls import ADMIN, MECHANISM
+
+    config = broker_config()
+    assert config["authorizer.class.name"] == (
+        "org.apache.kafka.metadata.authorizer.StandardAuthorizer")
+    assert config["allow.everyone.if.no.acl.found"] == "false"
+    assert config["super.users"] == f"User:{ADMIN}"
+    protocols = dict(p.split(":") for p in config["listener.security.protocol.map"].split(","))
+    listeners = dict(re.fullmatch(r"(\w+)://(.*)", listener).groups()
+                     for listener in config["listeners"].split(","))
+    assert set(listeners) == set(protocols)
+    assert set(protocols.values()) <= {"SASL_PLAINTEXT", "SASL_SSL"}, "a listener without auth"
+    controller = config["controller.listener.names"]
+    assert listeners[controller].startswith("localhost:"), "the controller is reachable"
+    (broker,) = set(listeners) - {controller}
+    assert config["inter.broker.listener.name"] == broker
+    assert config[f"listener.name.{broker.lower()}.sasl.enabled.mechanisms"] == MECHANISM
+    assert config["auto.create.topics.enable"] == "false"
+    # The admin's SCRAM credential exists before the broker takes its first connection.
+    assert f'--add-scram "{MECHANISM}=[name={ADMIN},password=$KAFKA_ADMIN_PASSWORD]"' in (
+        KAFKA_SERVER_SCRIPT.read_text())
+
+
+def test_both_deployments_run_the_secured_broker_from_its_script(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    command = ["sh", f"{SCRIPTS_MOUNT}/kafka-server.sh"]
+    kafka = compose()["services"]["kafka"]
+    assert kafka["entrypoint"] == command
+    assert f"./k8s/kafka-server.sh:{SCRIPTS_MOUNT}/kafka-server.sh:ro" in kafka["volumes"]
+    assert required_from_env_file(kafka["environment"]["KAFKA_ADMIN_PASSWORD"],
+                                  "KAFKA_ADMIN_PASSWORD")
+    (statefulset,) = [s for s in k8s_objects("StatefulSet") if s["metadata"]["name"] == "kafka"]
+    pod = statefulset["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["command"] == command
+    assert secret_ref(container, "KAFKA_ADMIN_PASSWORD") == {"name": "chatpipe-kafka-admin",
+                                                             "key": "password"}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    (mount,) = [m for m in container["volumeMounts"] if m["mountPath"] == SCRIPTS_MOUNT]
+    generated = volumes[mount["name"]]["configMap"]["name"]
+    kustomization = yaml.safe_load((K8S_DIR / "kustomization.yaml").read_text())
+    (scripts,) = [g for g in kustomization["configMapGenerator"] if g["name"] == generated]
+    assert set(scripts["files"]) == {KAFKA_SERVER_SCRIPT.name, KAFKA_ACLS_SCRIPT.name}
+    # Clients reach the broker where it advertises itself.
+    advertised = broker_config()["advertised.listeners"]
+    port = advertised.rsplit(":", 1)[1]
+    (configmap,) = k8s_objects("ConfigMap")
+    assert settings_from(configmap["data"], monkeypatch).kafka_bootstrap_servers == (
+        f"kafka:{port}")
+
+
+@pytest.mark.parametrize("script", [KAFKA_SERVER_SCRIPT, KAFKA_ACLS_SCRIPT], ids=lambda p: p.name)
+def test_the_kafka_scripts_are_valid_shell(script: Path) -> None:
+    import subprocess
+
+    result = subprocess.run(["sh", "-n", str(script)], capture_output=True, text=True,
+                            check=False)
+    assert result.returncode == 0, result.stderr
+
+
+def test_kafka_is_not_published_outside_the_deployment() -> None:
+    services = compose()["services"]
+    assert "ports" not in services["kafka"], "Kafka must not have a host port"
+    published = [str(p) for s in services.values() for p in s.get("ports") or []]
+    assert not [p for p in published if re.search(r"\b909\d\b", p)], published
+    (service,) = [s for s in k8s_objects("Service") if s["metadata"]["name"] == "kafka"]
+    assert service["spec"].get("type", "ClusterIP") == "ClusterIP"
+    assert [p["port"] for p in service["spec"]["ports"]] == [9092], "only the SASL listener"
+
+
+def test_no_development_user_and_gateways_get_the_key_secret() -> None:
+    for path in [COMPOSE_FILE, *sorted(K8S_DIR.iterdir())]:
+        assert "DEV_API_KEY" not in path.read_text(), f"{path.name} creates the dev user"
+    gateways = [c for c in all_containers() if c.command == "gateway"]
+    assert {c.kind for c in gateways} == {"service", "Deployment"}
+    variable = env_field("key_secret")
+    for gateway in gateways:
+        if gateway.kind == "service":
+            assert required_from_env_file(gateway.env[variable], variable)
+        else:
+            assert secret_ref(gateway.spec, variable) == {"name": "chatpipe-key-secret",
+                                                          "key": "secret"}

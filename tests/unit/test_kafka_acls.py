@@ -1,0 +1,90 @@
+"""The bus's access table (bus/acls.py): who may write requests, token chunks and
+deliveries, and the script the deployments run is the table's."""
+
+from pathlib import Path
+
+import pytest
+
+from bus.acls import ADMIN, GRANTS, Operation, Resource, allowed, password_variable, script
+from chatpipe.cli import STAGES
+from schemas import topics
+
+ROOT = Path(__file__).resolve().parents[2]
+R, W, C = Operation.READ, Operation.WRITE, Operation.CREATE
+TOPIC = Resource.TOPIC
+STAGE_USERS = tuple(GRANTS)
+
+
+def who(operation: Operation, topic: str, judge: bool = False) -> set[str]:
+    return {user for user in STAGE_USERS if allowed(user, operation, TOPIC, topic, judge)}
+
+
+def test_one_user_per_deployed_stage_and_none_is_the_admin():
+    assert set(STAGE_USERS) == set(STAGES)
+    assert ADMIN not in STAGE_USERS
+
+
+@pytest.mark.parametrize("tier", list(topics.Tier))
+def test_only_gateways_write_requests(tier):
+    assert who(W, topics.requests_topic(tier)) == {"gateway"}
+    assert who(R, topics.requests_topic(tier)) == {"scheduler"}
+
+
+def test_the_safety_judge_asks_as_the_free_tier_only():
+    assert who(W, topics.requests_topic(topics.Tier.FREE), judge=True) == {"gateway", "safety"}
+    for tier in (topics.Tier.PRO, topics.Tier.ENTERPRISE):
+        assert who(W, topics.requests_topic(tier), judge=True) == {"gateway"}
+    assert allowed("safety", C, TOPIC, topics.deliver_topic("safety-gw1"), judge=True)
+    assert not allowed("safety", C, TOPIC, topics.deliver_topic("gw1"), judge=True)
+
+
+def test_token_chunks_come_from_workers_and_the_scheduler_only():
+    """Workers write the chunks; the scheduler an attempt's start marker and the end of
+    a request no worker served."""
+    assert who(W, topics.TOKENS) == {"worker", "scheduler"}
+    assert who(R, topics.TOKENS) == {"safety", "worker"}
+
+
+def test_deliveries_are_written_by_safety_and_only_read_by_gateways():
+    """Clients see text only after the safety stage; the scheduler's queue positions and
+    a resuming gateway's reroute notice carry none."""
+    delivery = topics.deliver_topic("gateway-7d4b9c-x2x5q")
+    assert who(W, delivery) == {"safety", "scheduler", "gateway"}
+    assert who(R, delivery) == {"gateway"}
+    assert who(C, delivery) == {"gateway"}
+
+
+@pytest.mark.parametrize(("topic", "writers", "readers"), [
+    (topics.WORK, {"scheduler"}, {"scheduler", "worker"}),
+    (topics.WORKERS, {"worker"}, {"scheduler"}),
+    (topics.USAGE, {"worker"}, {"billing"}),
+    (topics.ANSWERS, {"gateway", "scheduler", "safety"}, {"gateway", "recorder"}),
+    (topics.CONTROL, {"gateway", "scheduler", "safety"}, {"scheduler", "worker"}),
+    (topics.SCHEDULER, {"scheduler"}, {"scheduler", "gateway"}),
+    (topics.MODERATION, {"gateway", "safety"}, set()),
+    (topics.DLQ, set(STAGES), set()),
+])
+def test_who_writes_and_reads_each_shared_topic(topic, writers, readers):
+    assert who(W, topic) == writers
+    assert who(R, topic) == readers
+
+
+def test_no_stage_creates_shared_topics_but_every_stage_can_list_them():
+    for topic in topics.shared_topics():
+        assert who(C, topic) == set(), topic
+        assert who(Operation.DESCRIBE, topic) == set(STAGES), topic
+
+
+def test_consumer_groups_are_the_stages_own():
+    from scheduler.stage import GROUP
+
+    assert {u for u in STAGE_USERS if allowed(u, R, Resource.GROUP, GROUP)} == {"scheduler"}
+    assert not allowed("worker", R, Resource.GROUP, "chatpipe-anything")
+
+
+def test_the_deployed_script_is_generated_from_the_table():
+    deployed = (ROOT / "k8s" / "kafka-acls.sh").read_text()
+    assert deployed == script(), "k8s/kafka-acls.sh is stale: python -m bus.acls > k8s/kafka-acls.sh"
+    for user in STAGE_USERS:
+        assert f'user {user} "${password_variable(user)}"' in deployed
+    assert "--allow-principal" in deployed and "--deny-principal" not in deployed
