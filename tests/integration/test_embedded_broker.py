@@ -1,0 +1,60 @@
+"""The embedded broker (Tansu, `chatpipe up` and the tests) has no users or ACLs, so it
+must be reachable from this machine only: every socket it listens on is on loopback."""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+
+import pytest
+
+from bus.broker import EmbeddedBroker
+
+LISTEN = "0A"  # TCP state in /proc/net/tcp*
+
+
+def listening_addresses(pid: int) -> set[tuple[str, int]]:
+    """(address, port) of every TCP socket process `pid` listens on, from /proc."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        target = os.readlink(fd)
+        if target.startswith("socket:["):
+            inodes.add(target[len("socket:["):-1])
+    found = set()
+    for table, family in (("tcp", socket.AF_INET), ("tcp6", socket.AF_INET6)):
+        for line in Path(f"/proc/net/{table}").read_text().splitlines()[1:]:
+            fields = line.split()
+            local, state, inode = fields[1], fields[3], fields[9]
+            if state != LISTEN or inode not in inodes:
+                continue
+            address, port = local.split(":")
+            raw = bytes.fromhex(address)
+            # /proc prints the address as 32-bit words in host (little-endian) order.
+            raw = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
+            found.add((socket.inet_ntop(family, raw), int(port, 16)))
+    return found
+
+
+def other_addresses() -> list[str]:
+    """This machine's non-loopback IPv4 addresses."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(("192.0.2.1", 9))  # no packet is sent: only picks the route
+        except OSError:
+            return []
+        address = probe.getsockname()[0]
+    return [] if address.startswith("127.") else [address]
+
+
+@pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="needs Linux /proc")
+async def test_the_embedded_broker_listens_on_loopback_only(monkeypatch):
+    # Tansu reads its listener from the environment too: the broker's own flag must win.
+    monkeypatch.setenv("LISTENER_URL", "tcp://0.0.0.0:19092")
+    async with EmbeddedBroker() as broker:
+        assert broker.host == "127.0.0.1"
+        listening = listening_addresses(broker._process.pid)
+        assert listening == {("127.0.0.1", broker.port)}, listening
+        for address in other_addresses():
+            with pytest.raises(OSError):
+                socket.create_connection((address, broker.port), timeout=2).close()
