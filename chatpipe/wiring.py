@@ -25,7 +25,7 @@ from conversations.recorder_stage import RecorderStage
 from conversations.sqlite_store import SQLiteStore
 from conversations.store import ApiKey, ConversationStore
 from gateway.app import GatewayDeps, create_app
-from gateway.header_timeout import header_timeout_protocol
+from gateway.slow_clients import guarded_protocol
 from gateway.quotas import QuotaGate
 from gateway.rate_limits import RateLimiter
 from gateway.relay import KafkaPipeline
@@ -183,7 +183,7 @@ def gateway_server(deps: GatewayDeps, settings: Settings, *,
     api_docs = docs_by_default if settings.api_docs is None else settings.api_docs
     config = uvicorn.Config(create_app(deps, api_docs=api_docs), host=settings.host,
                             port=settings.port, log_level="warning", lifespan="on",
-                            http=header_timeout_protocol(settings.header_read_timeout_s))
+                            http=guarded_protocol(settings.header_read_timeout_s))
     return _EmbeddedServer(config)
 
 
