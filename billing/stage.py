@@ -15,8 +15,9 @@ from aiokafka.structs import ConsumerRecord, TopicPartition
 
 from billing.core import charges_for, usage_key
 from billing.ledger import UsageLedger
-from bus.clients import KafkaConfig, Publisher
+from bus.clients import KafkaConfig
 from bus.offsets import ForgetRevoked, OffsetTracker
+from bus.produce_failures import RetryingPublisher
 from bus.subscriber import consume, decode_record
 from conversations.durable import retried
 from schemas import topics
@@ -39,7 +40,7 @@ class BillingStage:
         await producer.start()
         await self.consumer.start()
         try:
-            await consume(self.consumer, STAGE, Publisher(producer), self._handle,
+            await consume(self.consumer, STAGE, RetryingPublisher(producer), self._handle,
                           self._commit, tracker=self.tracker)
         finally:
             await self.consumer.stop()

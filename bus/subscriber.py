@@ -21,7 +21,9 @@ log = logging.getLogger(__name__)
 
 E = TypeVar("E", bound=BaseModel)
 RecordHandler = Callable[[ConsumerRecord], Awaitable[None]]
-FailureHandler = Callable[[ConsumerRecord, str], Awaitable[None]]
+FailureHandler = Callable[[ConsumerRecord, Exception], Awaitable[None]]
+"""Ends what a failed record belonged to; given the exception (a `RecordRejected` when
+the bus refused one of its outputs), never to be shown to a client as it is."""
 AFTER_BATCH_BACKOFF_S = (0.1, 0.5, 1.0, 2.0, 5.0)
 
 
@@ -84,7 +86,7 @@ async def failed(stage: str, publisher: Publisher, record: ConsumerRecord, exc: 
     if on_failure is None:
         return
     try:
-        await on_failure(record, error)
+        await on_failure(record, exc)
     except Exception:  # noqa: BLE001
         log.exception("%s: could not end what %s@%d belonged to", stage, record.topic,
                       record.offset)

@@ -14,8 +14,9 @@ import time
 
 from aiokafka.structs import ConsumerRecord, TopicPartition
 
-from bus.clients import KafkaConfig, Publisher
+from bus.clients import KafkaConfig
 from bus.offsets import ForgetRevoked, OffsetTracker
+from bus.produce_failures import RetryingPublisher
 from bus.subscriber import consume, decode_record
 from conversations.durable import retried
 from conversations.recorder import Recorder
@@ -43,7 +44,7 @@ class RecorderStage:
         await producer.start()
         await self.consumer.start()
         try:
-            await consume(self.consumer, STAGE, Publisher(producer), self._handle,
+            await consume(self.consumer, STAGE, RetryingPublisher(producer), self._handle,
                           self._after_batch, poll_ms=200, tracker=self.tracker)
         finally:
             await self.consumer.stop()

@@ -26,6 +26,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from bus.produce_failures import PIPELINE_REJECTED, PIPELINE_REJECTED_MESSAGE
 from safety.classifiers import Verdict
 from safety.output_gate import OutputGate
 from schemas.answer import AnswerLog
@@ -45,6 +46,11 @@ from schemas.events import (
 from schemas.lifecycle import RequestStatus
 
 RECENTLY_FINISHED = 10_000
+SAFETY_ERROR = "safety_error"
+_FAILURE_MESSAGES = {
+    SAFETY_ERROR: "the answer could not be checked",
+    PIPELINE_REJECTED: PIPELINE_REJECTED_MESSAGE,
+}
 StreamEnd = GenerationDone | GenerationError
 
 
@@ -125,15 +131,16 @@ class SafetyCore:
         return [_deliver(chunk, Delta(request_id=chunk.request_id, attempt=chunk.attempt,
                                       seq=chunk.seq, text=released))]
 
-    def fail(self, event: StreamEvent, error: str) -> list[Output]:
-        """Processing `event` raised: end its stream with an error and stop its generation."""
+    def fail(self, event: StreamEvent, error: str, code: str = SAFETY_ERROR) -> list[Output]:
+        """Processing `event` raised `error` (kept for the log, never for the client):
+        end its stream with `code` and a fixed message, and stop its generation."""
         if event.request_id in self._finished:
             return []
         self._forget(event.request_id)
         end = DeliveryError(request_id=event.request_id, attempt=event.attempt,
-                            seq=event.seq + 1, code="safety_error",
-                            message="the answer could not be checked")
-        return [Cancel(request_id=event.request_id, reason="safety_error"), _deliver(event, end)]
+                            seq=event.seq + 1, code=code,
+                            message=_FAILURE_MESSAGES.get(code, _FAILURE_MESSAGES[SAFETY_ERROR]))
+        return [Cancel(request_id=event.request_id, reason=code), _deliver(event, end)]
 
     def expire(self, now: float) -> list[str]:
         """Give up generations idle for `idle_timeout_s`; returns their request ids."""

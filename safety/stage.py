@@ -16,15 +16,16 @@ from collections import deque
 
 from aiokafka.structs import ConsumerRecord, TopicPartition
 
-from bus.clients import KafkaConfig, Publisher
+from bus.clients import KafkaConfig
 from bus.offsets import ForgetRevoked, OffsetTracker
+from bus.produce_failures import PIPELINE_REJECTED, RecordRejected, RetryingPublisher
 from bus.subscriber import consume, decode_record
 from safety.classifiers import Verdict, first_verdict
-from safety.core import Check, Deliver, Output, SafetyCore
+from safety.core import SAFETY_ERROR, Check, Deliver, Output, SafetyCore
 from safety.policy import SafetyPolicy
 from schemas import topics
 from schemas.codec import TOKEN_EVENT, EventDecodeError
-from schemas.events import Cancel, ModerationEvent, StreamEvent
+from schemas.events import Cancel, Event, ModerationEvent, StreamEvent
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +50,7 @@ class SafetyStage:
                                 listener=ForgetRevoked(self.tracker, self.core.forget_partition))
         await producer.start()
         await self.consumer.start()
-        self.publisher = Publisher(producer)
+        self.publisher = RetryingPublisher(producer)
         try:
             await consume(self.consumer, STAGE, self.publisher, self._handle, self._after_batch,
                           poll_ms=100, tracker=self.tracker, on_failure=self._on_failure)
@@ -76,28 +77,26 @@ class SafetyStage:
             self.check_seconds.append(time.perf_counter() - started)
 
     async def _send(self, outputs: list[Output]) -> None:
-        for output in outputs:
-            match output:
-                case Deliver():
-                    await self.publisher.send(output.reply_to, output.event,
-                                              key=output.conversation_id)
-                    if output.store:
-                        await self.publisher.send(topics.ANSWERS, output.event,
-                                                  key=output.conversation_id)
-                case Cancel():
-                    await self.publisher.send(topics.CONTROL, output, key=output.request_id)
-                case ModerationEvent():
-                    log.info("retracting %s: %s", output.message_id, output.reason)
-                    await self.publisher.send(topics.MODERATION, output,
-                                              key=output.conversation_id)
+        """Send every output; one the bus refuses (`RecordRejected`) is raised once the
+        others are sent, so a stored answer still reaches `chat.answers` when its
+        gateway's topic refuses it, and the stream then ends (`_on_failure`)."""
+        rejected: RecordRejected | None = None
+        for topic, event, key in _records(outputs):
+            try:
+                await self.publisher.send(topic, event, key=key)
+            except RecordRejected as exc:
+                rejected = rejected or exc
+        if rejected is not None:
+            raise rejected
 
-    async def _on_failure(self, record: ConsumerRecord, error: str) -> None:
+    async def _on_failure(self, record: ConsumerRecord, exc: Exception) -> None:
         try:
             event = decode_record(TOKEN_EVENT, record)
         except EventDecodeError:
             return  # nothing says which stream it belonged to
         if isinstance(event, StreamEvent):
-            await self._send(self.core.fail(event, error))
+            code = PIPELINE_REJECTED if isinstance(exc, RecordRejected) else SAFETY_ERROR
+            await self._send(self.core.fail(event, f"{type(exc).__name__}: {exc}", code))
 
     async def _after_batch(self) -> None:
         for request_id in self.core.expire(time.monotonic()):
@@ -108,3 +107,20 @@ class SafetyStage:
             await self.publisher.flush()
             await self.consumer.commit(offsets)
             self.tracker.committed(offsets)
+
+
+def _records(outputs: list[Output]) -> list[tuple[str, Event, str]]:
+    """(topic, event, key) of each record the outputs make, in order."""
+    records: list[tuple[str, Event, str]] = []
+    for output in outputs:
+        match output:
+            case Deliver():
+                records.append((output.reply_to, output.event, output.conversation_id))
+                if output.store:
+                    records.append((topics.ANSWERS, output.event, output.conversation_id))
+            case Cancel():
+                records.append((topics.CONTROL, output, output.request_id))
+            case ModerationEvent():
+                log.info("retracting %s: %s", output.message_id, output.reason)
+                records.append((topics.MODERATION, output, output.conversation_id))
+    return records

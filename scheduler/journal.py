@@ -13,6 +13,7 @@ import zlib
 from collections import deque
 from collections.abc import Hashable
 
+from bus.produce_failures import PIPELINE_REJECTED, PIPELINE_REJECTED_MESSAGE
 from schemas.answer import UNKNOWN_END_SEQ
 from schemas.events import (
     GenerationDone,
@@ -31,6 +32,7 @@ DISPATCH_FAILED = "dispatch_failed"
 _MESSAGES = {
     DEADLINE_EXCEEDED: "the request waited past its deadline",
     DISPATCH_FAILED: "the request could not be handed to a worker",
+    PIPELINE_REJECTED: PIPELINE_REJECTED_MESSAGE,
 }
 
 

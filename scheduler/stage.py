@@ -23,11 +23,13 @@ import asyncio
 import logging
 import time
 import uuid
+from collections.abc import Awaitable
 
 from aiokafka.structs import ConsumerRecord, TopicPartition
 
-from bus.clients import KafkaConfig, Publisher
+from bus.clients import KafkaConfig
 from bus.offsets import OffsetTracker
+from bus.produce_failures import PIPELINE_REJECTED, RecordRejected, RetryingPublisher
 from bus.replay import read_between
 from bus.subscriber import consume, decode_record, failed
 from scheduler.claims import Claim
@@ -101,7 +103,7 @@ class SchedulerStage:
         self.consumer.busy_while(self._busy, wakes=lambda topic: topic.startswith(
             topics.REQUESTS_PREFIX))
         await self.consumer.start()
-        self.publisher = Publisher(producer)
+        self.publisher = RetryingPublisher(producer)
         self.claim = Claim(self.publisher, self.consumer, self.kafka,
                            self.scheduler_id)
         try:
@@ -238,13 +240,13 @@ class SchedulerStage:
         if admission.routed_reason:
             await self._announce_route(request, admission.routed_reason)
 
-    async def _on_failure(self, record: ConsumerRecord, error: str) -> None:
+    async def _on_failure(self, record: ConsumerRecord, exc: Exception) -> None:
         """A request whose handling failed ends its stream (it may have been queued)."""
         if not record.topic.startswith(topics.REQUESTS_PREFIX):
             return
         request = decode_record(GenerationRequest, record)
         self.core.cancel(request.request_id)
-        await self._end_unserved(request, DISPATCH_FAILED)
+        await self._end_unserved(request, _end_code(exc))
 
     async def _end_unserved(self, request: GenerationRequest, code: str,
                             retry_after: float | None = None, recorded: bool = False) -> None:
@@ -262,6 +264,19 @@ class SchedulerStage:
                                   key=request.conversation_id)
         self._release(request.request_id)
 
+    async def _rejected(self, request: GenerationRequest, exc: RecordRejected) -> None:
+        """The bus refused an event of `request` (e.g. a `reply_to` that cannot be
+        written): a waiting request ends `pipeline_rejected`, a running one goes on (its
+        worker and the safety stage meet the same refusal and end it). Sending it again
+        would fail the same way and hold up every other decision."""
+        log.error("request %s: the bus refused its event: %s", request.request_id, exc)
+        if self.core.cancel(request.request_id) is None:
+            return
+        try:
+            await self._end_unserved(request, PIPELINE_REJECTED)
+        except RecordRejected:  # its offset stays uncommitted until a restart ends it
+            log.exception("could not end %s", request.request_id)
+
     def _release(self, request_id: str) -> None:
         """The request is decided: its offset may be committed."""
         source = self._sources.pop(request_id, None)
@@ -278,19 +293,27 @@ class SchedulerStage:
                         self.worker_lost_after_s)
         await self._read_back_unknown()
         for request in self.core.expire():
-            await self._end_unserved(request, DEADLINE_EXCEEDED)
+            await self._per_request(request, self._end_unserved(request, DEADLINE_EXCEEDED))
         await self._cancel_abandoned()
         dispatches = self.core.schedule()
         if dispatches:
             await asyncio.gather(*(self._dispatch(d) for d in dispatches))
         for update in self.core.queue_updates():
             request = update.request
-            await self._tell(request, Queued(
+            await self._per_request(request, self._tell(request, Queued(
                 request_id=request.request_id, attempt=request.attempt,
-                position=update.position, eta_ms=update.eta_ms))
+                position=update.position, eta_ms=update.eta_ms)))
         await self._publish_status()
         await self.claim.refresh()
         await self._commit()
+
+    async def _per_request(self, request: GenerationRequest, step: Awaitable[None]) -> None:
+        """Run one request's step of the decisions; an event of it the bus refuses ends
+        that request (`_rejected`), never the decisions of every other one."""
+        try:
+            await step
+        except RecordRejected as exc:
+            await self._rejected(request, exc)
 
     async def _cancel_abandoned(self) -> None:
         """Streams whose gateway died and that nobody resumed within the grace: a queued
@@ -365,7 +388,8 @@ class SchedulerStage:
         self.core.on_dispatched(request, dispatch.worker_id, sent.offset)
         self._release(request.request_id)
         if dispatch.routed_reason:
-            await self._announce_route(request, dispatch.routed_reason)
+            await self._per_request(request, self._announce_route(request,
+                                                                  dispatch.routed_reason))
         log.debug("dispatched %s#%d to %s[%d]", request.request_id, request.attempt,
                   dispatch.worker_id, dispatch.partition)
 
@@ -375,7 +399,7 @@ class SchedulerStage:
         await failed(STAGE, self.publisher, _unsent(topics.WORK, partition,
                                                     request.conversation_id, assignment), exc)
         try:
-            await self._end_unserved(request, DISPATCH_FAILED)
+            await self._end_unserved(request, _end_code(exc))
         except Exception:  # noqa: BLE001 - its offset stays uncommitted: a restart retries
             log.exception("could not end %s after its dispatch failed", request.request_id)
 
@@ -432,6 +456,12 @@ class SchedulerStage:
         events, read again harmlessly after a restart, every BEATS_COMMIT_S."""
         return (time.monotonic() - self._beats_committed_at >= BEATS_COMMIT_S
                 or any(tp.topic not in BEAT_TOPICS for tp in offsets))
+
+
+def _end_code(exc: Exception) -> str:
+    """A request's end code when handling it failed: the client learns that the bus
+    refused it, or that it could not be handed on, never the exception."""
+    return PIPELINE_REJECTED if isinstance(exc, RecordRejected) else DISPATCH_FAILED
 
 
 def _unsent(topic: str, partition: int, key: str, event: Event) -> ConsumerRecord:

@@ -29,9 +29,10 @@ from pathlib import Path
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener
 from aiokafka.structs import ConsumerRecord, TopicPartition
 
-from bus.clients import KafkaConfig, Publisher
+from bus.clients import KafkaConfig
 from bus.fetch_pace import NO_RECORDS
 from bus.offsets import OffsetTracker
+from bus.produce_failures import RecordRejected, RetryingPublisher
 from bus.subscriber import consume, decode_record
 from schemas import topics
 from schemas.answer import UNKNOWN_END_SEQ
@@ -47,6 +48,7 @@ from schemas.events import (
 from schemas.lifecycle import RequestStatus
 from workers.coalesce import ChunkPacing, Coalescer
 from workers.engine import Continuation, Engine, EngineOutput
+from workers.failures import client_error
 from workers.resume import PriorOutput, read_prior_output
 from workers.streams import StreamWriter, usage_of
 
@@ -110,7 +112,7 @@ class WorkerStage:
     async def run(self) -> None:
         producer = self.kafka.producer()
         await producer.start()
-        self.publisher = Publisher(producer)
+        self.publisher = RetryingPublisher(producer)
         self.work = self.kafka.consumer(group_id=GROUP)
         self.work.subscribe([topics.WORK], listener=_Rebalance(self))
         # Not a quiet consumer: when work comes after a quiet spell, this consumer's
@@ -239,11 +241,25 @@ class WorkerStage:
                 self.tracker.done(tp, offset)
             raise
         except Exception as exc:  # noqa: BLE001 - reported on the stream, the worker goes on
-            log.exception("request %s failed", request.request_id)
             status = RequestStatus.FINISHED_ERROR
-            await stream.error("engine_error", str(exc))
+            await self._failed(request, stream, exc)
         self._end(request, tp, offset)
-        await self._report_usage(request, last, prior, status, started)
+        try:
+            await self._report_usage(request, last, prior, status, started)
+        except RecordRejected:
+            log.exception("usage of %s not reported", request.request_id)
+
+    async def _failed(self, request: GenerationRequest, stream: StreamWriter,
+                      exc: Exception) -> None:
+        """End a generation that raised: the engine stops it, the client gets a code
+        and a fixed message (`client_error`), the log gets the exception."""
+        log.error("request %s failed", request.request_id, exc_info=exc)
+        await self.engine.abort(request.request_id)
+        error = client_error(exc)
+        try:
+            await stream.error(error.code, error.message)
+        except RecordRejected:
+            log.exception("could not end %s", request.request_id)
 
     async def _stream_engine(self, request: GenerationRequest, prior: PriorOutput,
                              stream: StreamWriter) -> tuple[EngineOutput | None, RequestStatus]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from bus.clients import Publisher
 from schemas import topics
 from schemas.events import (
@@ -24,24 +26,25 @@ class StreamWriter:
         self.request = request
         self.seq = first_seq  # gapless; the done/error event takes the next one
 
-    def _fields(self) -> dict[str, object]:
-        seq, self.seq = self.seq, self.seq + 1
-        return stream_fields(self.request, seq)
-
-    async def _send(self, event: TokenChunk | GenerationDone | GenerationError) -> None:
-        await self.publisher.send(topics.TOKENS, event, key=self.request.conversation_id)
+    async def _send(self, event: Callable[..., TokenChunk | GenerationDone | GenerationError],
+                    **fields: object) -> None:
+        """Send the next event; its position is taken only once the bus has it, so an
+        event the bus refuses leaves no gap before the error that ends the stream."""
+        await self.publisher.send(topics.TOKENS, event(**stream_fields(self.request, self.seq),
+                                                       **fields),
+                                  key=self.request.conversation_id)
+        self.seq += 1
 
     async def chunk(self, text: str, tokens: int, completion_tokens: int,
                     token_ids: list[int] | tuple[int, ...] = ()) -> None:
-        await self._send(TokenChunk(**self._fields(), text=text, token_count=tokens,
-                                    completion_tokens=completion_tokens,
-                                    token_ids=tuple(token_ids)))
+        await self._send(TokenChunk, text=text, token_count=tokens,
+                         completion_tokens=completion_tokens, token_ids=tuple(token_ids))
 
     async def done(self, status: RequestStatus, usage: Usage) -> None:
-        await self._send(GenerationDone(**self._fields(), status=status, usage=usage))
+        await self._send(GenerationDone, status=status, usage=usage)
 
     async def error(self, code: str, message: str) -> None:
-        await self._send(GenerationError(**self._fields(), code=code, message=message))
+        await self._send(GenerationError, code=code, message=message)
 
 
 def usage_of(last: EngineOutput | None, prior_tokens: int = 0) -> Usage:

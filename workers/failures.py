@@ -1,0 +1,31 @@
+"""What a client learns when its generation fails in a worker (issue 12, point 7).
+
+An engine's exception text names files, arguments, internal state and sometimes other
+requests; a client gets a stable code and a fixed message instead, and the exception
+goes to the worker's log with its traceback. The same holds for an output the bus
+refused (`RecordRejected`): the client learns that the pipeline could not carry it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from bus.produce_failures import PIPELINE_REJECTED, PIPELINE_REJECTED_MESSAGE, RecordRejected
+
+ENGINE_ERROR = "engine_error"
+ENGINE_ERROR_MESSAGE = "the engine failed on this request"
+
+
+@dataclass(frozen=True, slots=True)
+class ClientError:
+    """The `GenerationError` fields a failed generation ends with."""
+
+    code: str
+    message: str
+
+
+def client_error(exc: BaseException) -> ClientError:
+    """The code and message for a generation that raised `exc`: never its text."""
+    if isinstance(exc, RecordRejected):
+        return ClientError(PIPELINE_REJECTED, PIPELINE_REJECTED_MESSAGE)
+    return ClientError(ENGINE_ERROR, ENGINE_ERROR_MESSAGE)
