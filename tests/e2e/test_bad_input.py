@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import uuid
 
+import httpx
 import pytest
 from aiokafka import AIOKafkaProducer
 
@@ -75,3 +76,51 @@ async def test_malformed_event_is_dead_lettered_and_stage_keeps_going(sim_stack,
         result = await post_message(client, conversation_id, {"content": "still there?",
                                                               "max_tokens": 5})
     assert result.ended_with_done and result.text
+
+
+async def _no_messages(client, conversation_id: str) -> None:
+    detail = (await client.get(f"/v1/conversations/{conversation_id}")).json()
+    assert detail["messages"] == [], detail
+
+
+@pytest.mark.parametrize("body", [
+    b'{"content": "hi", "seed": 18446744073709551616}',
+    b'{"content": "hi", "seed": -1}',
+    b'{"content": "a lone \\ud800 surrogate"}',
+])
+async def test_values_the_bus_cannot_carry_are_422_before_anything_is_stored(sim_stack, body):
+    """The fuzzer's one server error: a seed over 2^64 or a lone surrogate was a 503
+    after the user message was stored and the rate limit charged."""
+    async with client_for(sim_stack) as client:
+        conversation_id = (await client.post("/v1/conversations", json={})).json()[
+            "conversation_id"]
+        before = await client.post("/v1/chat/completions", json={
+            "model": sim_stack.settings.model_name, "max_tokens": 1,
+            "messages": [{"role": "user", "content": "count me"}]})
+        remaining = int(before.headers["x-ratelimit-remaining-requests"])
+        response = await client.post(f"/v1/conversations/{conversation_id}/messages",
+                                     content=body,
+                                     headers={"content-type": "application/json"})
+        _assert_error(response, 422, "invalid_request")
+        completion = body.replace(b'{"content": "hi",', b'{"messages": [{"role": "user", '
+                                  b'"content": "hi"}], "model": "m",')
+        if b"seed" in body:
+            _assert_error(await client.post("/v1/chat/completions", content=completion,
+                                            headers={"content-type": "application/json"}),
+                          422, "invalid_request")
+        await _no_messages(client, conversation_id)
+        after = await client.post("/v1/chat/completions", json={
+            "model": sim_stack.settings.model_name, "max_tokens": 1,
+            "messages": [{"role": "user", "content": "count me"}]})
+        # Only the two counted completions were charged (the window may have slid).
+        assert int(after.headers["x-ratelimit-remaining-requests"]) >= remaining - 1
+
+
+async def test_a_10mb_body_without_a_key_is_413(sim_stack):
+    async with client_for(sim_stack, api_key=None) as client:
+        try:
+            response = await client.post("/v1/chat/completions", content=b"x" * (10 << 20),
+                                         headers={"content-type": "application/json"})
+        except httpx.TransportError:
+            pytest.fail("the gateway closed the connection without its 413")
+    _assert_error(response, 413, "body_too_large")
