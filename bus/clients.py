@@ -40,6 +40,8 @@ class KafkaConfig:
     sasl_username: str | None = None
     sasl_password: str | None = field(default=None, repr=False)
     ssl_cafile: str | None = None
+    client_id: str = "chatpipe"
+    """How this process's clients name themselves to the broker (its logs, quotas)."""
 
     def __post_init__(self) -> None:
         if self.security_protocol.startswith("SASL_") and not (
@@ -72,6 +74,7 @@ class KafkaConfig:
         """aiokafka's keywords for reaching the broker, the same for every producer,
         consumer and admin client: its address and this process's credential."""
         kwargs: dict[str, Any] = {"bootstrap_servers": self.bootstrap_servers,
+                                  "client_id": self.client_id,
                                   "security_protocol": self.security_protocol}
         if self.security_protocol.startswith("SASL_"):
             kwargs |= {"sasl_mechanism": self.sasl_mechanism,

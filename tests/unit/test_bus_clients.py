@@ -45,7 +45,8 @@ def sasl_config(monkeypatch, **env: str) -> KafkaConfig:
 def test_settings_carry_the_sasl_credential_to_the_connection(monkeypatch):
     kafka = sasl_config(monkeypatch)
     assert kafka.connection() == {
-        "bootstrap_servers": "kafka:9092", "security_protocol": "SASL_PLAINTEXT",
+        "bootstrap_servers": "kafka:9092", "client_id": "chatpipe",
+        "security_protocol": "SASL_PLAINTEXT",
         "sasl_mechanism": "SCRAM-SHA-512", "sasl_plain_username": "scheduler",
         "sasl_plain_password": "s3cret-hex"}
     assert "s3cret-hex" not in repr(kafka), "the password would reach the logs"
@@ -60,7 +61,8 @@ def test_sasl_ssl_adds_a_verifying_tls_context(monkeypatch):
 
 def test_plaintext_sends_no_credential():
     assert KafkaConfig("localhost:9092").connection() == {
-        "bootstrap_servers": "localhost:9092", "security_protocol": "PLAINTEXT"}
+        "bootstrap_servers": "localhost:9092", "client_id": "chatpipe",
+        "security_protocol": "PLAINTEXT"}
     assert kafka_config("127.0.0.1:1").connection()["security_protocol"] == "PLAINTEXT"
 
 
