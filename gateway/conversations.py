@@ -16,7 +16,7 @@ from conversations.store import ApiKey, Conversation, ConversationStore, StoredM
 from conversations.tree import ConversationTree
 from gateway.auth import OwnedConversation, Owner
 from gateway.deps import Deps, GatewayDeps, StoreDep
-from gateway.errors import ApiError
+from gateway.errors import ApiError, error_responses
 from schemas.api import (
     ConversationDetail,
     ConversationList,
@@ -39,7 +39,7 @@ async def create_conversation(
     return public(conversation)
 
 
-@router.get("/conversations")
+@router.get("/conversations", responses=error_responses(404))
 async def list_conversations(
     owner: Owner,
     store: StoreDep,
@@ -50,7 +50,8 @@ async def list_conversations(
     try:
         page = await store.list_conversations(owner.user_id, limit=limit, cursor=cursor)
     except ValueError as error:
-        raise ApiError(400, "invalid_cursor", str(error), param="cursor") from error
+        raise ApiError(404, "cursor_not_found", "no page at this cursor: pass back a "
+                       "next_cursor as it came", param="cursor") from error
     return ConversationList(data=[public(c) for c in page.conversations],
                             next_cursor=page.next_cursor)  # fmt: skip
 
