@@ -6,7 +6,9 @@ FastAPI writes what the routes and models declare; this adds what it cannot know
   a route with an id in its path can answer 404; every error is a JSON `ErrorBody`
   (not FastAPI's own validation shape, nor a stream route's media type);
 * the limits set by this deployment's settings: message count and length, stop
-  sequences, max_tokens, the models served.
+  sequences, max_tokens, the models served;
+* what a stream carries: in OpenAPI 3.1 the `schema` of `text/event-stream` is one
+  event (FastAPI writes a string there).
 """
 
 from __future__ import annotations
@@ -24,6 +26,13 @@ Schema = dict[str, Any]
 
 _ERROR_BODY = {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}}}
 _BODY_ERRORS = (400, 408, 413, 422)
+_SSE_EVENT: Schema = {
+    "type": "object",
+    "description": "one server-sent event; `data` is JSON, or `[DONE]` on the last",
+    "properties": {"event": {"type": "string"}, "data": {"type": "string"},
+                   "id": {"type": "string"}, "retry": {"type": "integer"}},
+    "required": ["data"],
+}
 
 
 def api_document(app: FastAPI, settings: Settings) -> Schema:
@@ -48,6 +57,9 @@ def _declare_shared_errors(path: str, operation: Schema) -> None:
     for status, response in responses.items():
         if int(status) >= 400:  # JSON, also from a route whose answer is a stream
             response["content"] = _ERROR_BODY
+        stream = response.get("content", {}).get("text/event-stream")
+        if stream is not None:
+            stream["schema"] = _SSE_EVENT
 
 
 def _declare_limits(schemas: dict[str, Schema], settings: Settings) -> None:
