@@ -103,7 +103,7 @@ class GuardedProtocol(HttpToolsProtocol):
         """Close now if the client has sent all it meant to; else linger."""
         if self._raw.is_closing() or self.lingering:
             return
-        if self._message_complete and self._header_timer is None:
+        if self._message_complete:  # nothing of a request is still on its way
             self._raw.close()
             return
         self.lingering = True

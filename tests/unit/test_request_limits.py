@@ -462,6 +462,16 @@ def test_the_document_declares_every_error_as_error_body_and_the_limits(deps, se
     assert schemas["PostMessage"]["properties"]["content"]["maxLength"] == (
         settings.max_message_chars)
     assert "HTTPValidationError" not in schemas
+    stream = turn["responses"]["200"]["content"]["text/event-stream"]["schema"]
+    assert stream["type"] == "object" and stream["required"] == ["data"]
+    assert "404" in document["paths"]["/v1/conversations"]["get"]["responses"]
+
+
+async def test_a_cursor_the_server_did_not_issue_is_404_without_the_stores_text(client):
+    response = await client.get("/v1/conversations", params={"cursor": "\x11YL"},
+                                headers=ALICE)
+    error = assert_error(response, 404, "cursor_not_found")
+    assert error["param"] == "cursor" and "YL" not in error["message"]
 
 
 # --- the body middleware, at the ASGI level --------------------------------------------
