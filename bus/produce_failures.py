@@ -61,7 +61,7 @@ def produce_failure(exc: BaseException) -> ProduceFailure:
     gives no reason for — is the record's."""
     if isinstance(exc, errors.UnknownTopicOrPartitionError):
         return ProduceFailure.RECORD
-    if isinstance(exc, _WAITED_OUT) or isinstance(exc, TimeoutError | ConnectionError):
+    if isinstance(exc, (*_WAITED_OUT, TimeoutError, ConnectionError)):
         return ProduceFailure.BUS
     if isinstance(exc, errors.KafkaError) and exc.retriable:
         return ProduceFailure.BUS
@@ -108,7 +108,7 @@ class RetryingPublisher(Publisher):
                 return await send(topic, event, key=key, partition=partition)
             except (asyncio.CancelledError, errors.ProducerClosed):
                 raise  # the stage is stopping: nothing to retry, nothing to end
-            except Exception as exc:  # noqa: BLE001 - sorted by produce_failure
+            except Exception as exc:  # sorted by produce_failure
                 if produce_failure(exc) is ProduceFailure.RECORD:
                     raise RecordRejected(topic, exc) from exc
                 failures += 1

@@ -1,8 +1,8 @@
 """Token counts of prompts as the engine will see them: rendered with the chat template.
 
-The exact count (`count_prompt`) renders the whole message list with the
-model's chat template and generation prompt and tokenizes the text as vLLM
-does (the template supplies the special tokens). Choosing which turns fit
+The exact count (`count_prompt`) builds the whole message list's prompt as the
+worker does (`workers.prompt`): the template's special tokens, each content as
+plain text, never as control tokens. Choosing which turns fit
 needs a cost per message without rendering every candidate list, so
 `estimate` adds a per-message template overhead, measured once, to the
 tokens of the content; the context builder checks its final choice with
@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from schemas.events import ChatMessage, Role
+from workers.prompt import prompt_token_ids, template_ids, text_ids
 
 _PROBE = "probe"
 
@@ -51,12 +52,24 @@ class TokenCounter:
         return "".join(f"{m['role']}: {m['content']}\n" for m in dicts) + "assistant: "
 
     def count_prompt(self, messages: list[ChatMessage]) -> int:
-        """Tokens of the rendered prompt: what the engine reports as prompt_tokens."""
-        return self.count_text(self.render(messages))
+        """Tokens of the prompt: what the engine reports as prompt_tokens."""
+        if not self._templated:
+            with self._lock:
+                return len(template_ids(self._tokenizer, self.render(messages)))
+        dicts = [{"role": m.role.value, "content": m.content} for m in messages]
+        with self._lock:
+            return len(prompt_token_ids(self._tokenizer, dicts))
 
     def count_text(self, text: str) -> int:
+        """Tokens of a message's content: plain text, its control strings included."""
         with self._lock:
-            return len(self._tokenizer.encode(text, add_special_tokens=False))
+            if not self._templated:  # no template, no control tokens to guard against
+                return len(template_ids(self._tokenizer, text))
+            return len(text_ids(self._tokenizer, text))
+
+    @property
+    def _templated(self) -> bool:
+        return bool(getattr(self._tokenizer, "chat_template", None))
 
     def estimate(self, message: ChatMessage) -> int:
         """Tokens one message adds to a prompt: its content plus the template's

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 from schemas.events import GenerationRequest, SamplingOptions
 from schemas.lifecycle import RequestStatus
 from workers.engine import Continuation, EngineOutput, EngineStats
+from workers.prompt import prompt_token_ids, text_ids
 
 if TYPE_CHECKING:
     from vllm import SamplingParams
@@ -198,18 +199,16 @@ class VllmEngine:
         self, request: GenerationRequest, continuation: Continuation | None
     ) -> tuple[dict[str, Any], int]:
         """The engine's prompt, and how many of its tokens are the request's own prompt
-        (a continuation's answer so far is completion, counted once as such)."""
+        (a continuation's answer so far is completion, counted once as such). No
+        message's content, nor the answer so far, can become a special token
+        (`workers.prompt`)."""
         messages = [{"role": m.role.value, "content": m.content} for m in request.messages]
-        text = self._tokenizer.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=True
-        )
-        # The template already holds the bos token: add no other special tokens.
-        token_ids = self._tokenizer.encode(text, add_special_tokens=False)
+        token_ids = prompt_token_ids(self._tokenizer, messages)
         prompt_tokens = len(token_ids)
         if continuation is not None and continuation.token_ids:
             token_ids = token_ids + list(continuation.token_ids)  # the answer so far, exactly
         elif continuation is not None:
-            token_ids = self._tokenizer.encode(text + continuation.text, add_special_tokens=False)
+            token_ids = token_ids + text_ids(self._tokenizer, continuation.text)
         prompt: dict[str, Any] = {"prompt_token_ids": token_ids}
         if request.cache_salt:
             prompt["cache_salt"] = request.cache_salt
