@@ -8,6 +8,7 @@ client and the gateway (`tests/dropped_connections.py`).
 from __future__ import annotations
 
 import asyncio
+import io
 import shutil
 import sys
 from pathlib import Path
@@ -157,16 +158,18 @@ async def test_escape_sequences_from_the_model_never_reach_the_terminal(slow_sta
         cid = (await client.post("/v1/conversations", json={})).json()["conversation_id"]
         first = await post_message(client, cid, {"content": hostile})
     assert first.text == "first\x1b[2J\x1b[Hwords \x1bcreset done", "the model said it"
+    printed = io.StringIO()
     with Terminal(slow_stack.base_url, "--conversation", cid) as terminal:
+        terminal.child.logfile_read = printed  # everything the client writes, from the start
         await terminal.expect("chatpipe: firstwords reset done")
         await terminal.expect("> ")
-        shown = terminal.child.before
         await terminal.send("/regen")  # the same words, streamed delta by delta
         await terminal.expect("firstwords reset done")
         await terminal.expect("> ")
-        shown += terminal.child.before
         assert await terminal.close() == 0
-    assert "you: [[sim:reply=firstwords reset done]] tail" in shown, shown
+    shown = printed.getvalue()
+    assert "you: [[sim:reply=firstwords reset done]] tail" in shown, repr(shown)
+    assert shown.count("firstwords reset done") == 3, repr(shown)
     assert "\x1b" not in shown and "\x07" not in shown, repr(shown)
 
 
