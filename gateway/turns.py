@@ -221,15 +221,17 @@ async def _build(
     deps: GatewayDeps, conversation_id: str, thread: list[StoredMessage],
     new_message: str | None, model: str, sampling: SamplingOptions,
 ) -> BuiltContext:  # fmt: skip
-    """The prompt; 413 if the system prompt, summary and new message alone pass the window."""
+    """The prompt; 413 if the system prompt, summary and new message alone pass the window
+    less max_tokens."""
     built = await deps.context.build(deps.store, conversation_id, thread, new_message,
                                      model=model, max_tokens=sampling.max_tokens)  # fmt: skip
     if not built.fits:
+        window = built.max_prompt_tokens + sampling.max_tokens
         raise ApiError(
             413,
             "context_too_long",
-            f"the prompt needs {built.prompt_tokens} tokens; {model} takes at most "
-            f"{built.max_prompt_tokens} with max_tokens={sampling.max_tokens}",
+            f"the prompt needs {built.prompt_tokens} tokens and the answer max_tokens="
+            f"{sampling.max_tokens}; {model} takes {window} in all",
             param="content",
         )
     return built

@@ -94,7 +94,7 @@ async def test_list_pages_newest_first_then_read_rename_and_delete(sim_stack: St
         assert [c["conversation_id"] for c in second["data"]] == [cids[0]]
         assert second["next_cursor"] is None
         bad = await client.get("/v1/conversations", params={"cursor": "not-a-cursor"})
-        assert error_code(bad, 400) == "invalid_cursor"
+        assert error_code(bad, 404) == "cursor_not_found"
         assert error_code(await client.get("/v1/conversations", params={"limit": 0}), 422)
 
         answered = await say(client, cids[1], "hello there")

@@ -63,7 +63,7 @@ async def test_list_is_the_callers_only_and_pages(client):
     assert [c["conversation_id"] for c in rest["data"]] == mine[:1]
     assert rest["next_cursor"] is None
     assert_error(await client.get("/v1/conversations?cursor=%%%", headers=ALICE),
-                 400, "invalid_cursor")
+                 404, "cursor_not_found")
     assert_error(await client.get("/v1/conversations?limit=101", headers=ALICE),
                  422, "invalid_request")
 
