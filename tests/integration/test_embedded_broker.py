@@ -58,3 +58,25 @@ async def test_the_embedded_broker_listens_on_loopback_only(monkeypatch):
         for address in other_addresses():
             with pytest.raises(OSError):
                 socket.create_connection((address, broker.port), timeout=2).close()
+
+
+async def test_chatpipe_up_reaches_its_embedded_broker_plaintext_whatever_is_configured():
+    """A SASL setting meant for a real Kafka does not break `chatpipe up`: Tansu has no
+    users, so the stages reach it PLAINTEXT (on loopback)."""
+    import contextlib
+
+    from chatpipe.settings import Settings
+    from chatpipe.wiring import open_kafka
+
+    settings = Settings(kafka_bootstrap_servers=None, kafka_security_protocol="SASL_PLAINTEXT",
+                        kafka_sasl_username="gateway", kafka_sasl_password="x")
+    async with contextlib.AsyncExitStack() as stack:
+        kafka = await open_kafka(settings, stack)
+        assert kafka.security_protocol == "PLAINTEXT"
+        assert kafka.bootstrap_servers.startswith("127.0.0.1:")
+        admin = kafka.admin()
+        await admin.start()
+        try:
+            assert "chat.work" in await admin.list_topics()
+        finally:
+            await admin.close()
