@@ -24,8 +24,8 @@ from dataclasses import dataclass
 import anyio
 
 from conversations.answers import answer_started
-from conversations.durable import retried
 from conversations.context import BuiltContext
+from conversations.durable import retried
 from conversations.store import (
     ApiKey,
     Conversation,
@@ -41,9 +41,9 @@ from gateway.background import start_summary
 from gateway.deps import GatewayDeps
 from gateway.errors import ApiError
 from gateway.generation import Generation, OnEnd, StreamTimers, start_generation, unavailable
-from gateway.stream_relay import StreamRelay
 from gateway.limits import check_bus_size, check_message, sampling_options, served_model
 from gateway.rate_limits import admission_tokens, text_tokens
+from gateway.stream_relay import StreamRelay
 from schemas.api import PostMessage, TurnOptions
 from schemas.events import GenerationRequest, Role, SamplingOptions, now
 from schemas.lifecycle import RequestStatus

@@ -200,8 +200,8 @@ async def test_a_lone_surrogate_in_a_turn_is_422_and_costs_nothing(client, store
 
 @pytest.mark.parametrize("body", [
     '{"model": "tiny", "messages": [{"role": "user", "content": "\\ud83d"}]}',
-    '{"model": "tiny", "messages": [{"role": "user", "content": '
-    '[{"type": "text", "text": "\\udc00"}]}]}',
+    ('{"model": "tiny", "messages": [{"role": "user", "content": '
+     '[{"type": "text", "text": "\\udc00"}]}]}'),
     '{"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "stop": ["\\ud800"]}',
 ])
 async def test_a_lone_surrogate_in_a_completion_is_422(client, pipeline, body):
@@ -518,7 +518,7 @@ async def test_a_declared_length_over_the_limit_is_refused_unread():
 
 async def test_a_chunked_body_is_refused_as_it_passes_the_limit():
     app = BodyLimits(_echo_length, max_bytes=1024, read_timeout_s=5)
-    status, body, handed = await _call(app, [], [b"x" * 400] * 100)
+    status, _, handed = await _call(app, [], [b"x" * 400] * 100)
     assert status == 413 and handed == 3
 
 
