@@ -531,3 +531,9 @@ async def test_a_body_that_stops_coming_is_408():
 async def test_a_body_within_the_limits_reaches_the_app_whole():
     app = BodyLimits(_echo_length, max_bytes=1024, read_timeout_s=5)
     assert await _call(app, [], [b"x" * 300] * 3) == (200, b"900", 3)
+
+
+async def test_a_deeply_nested_body_is_400_not_a_crash(client):
+    response = await client.post("/v1/chat/completions", **raw_json("[" * 200_000))
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["message"]
