@@ -349,7 +349,10 @@ class WorkerStage:
 
     async def _heartbeats(self) -> None:
         while True:
-            await self._send_heartbeat()
+            try:
+                await self._send_heartbeat()
+            except RecordRejected:  # the next one may fit (fewer answers running)
+                log.exception("heartbeat not sent")
             self.heartbeat_now.clear()
             try:
                 await asyncio.wait_for(self.heartbeat_now.wait(), self.heartbeat_interval_s)
