@@ -1,0 +1,68 @@
+"""A bus that stops answering for a while is waited out, not turned into an error
+(issue 12, point 2): the broker is frozen (SIGSTOP) past the producer's request
+timeout, so aiokafka gives up on the record, and the stages' publisher sends it again
+until the broker is back. A record the bus refuses is not retried."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+from collections.abc import AsyncIterator
+
+import pytest
+import pytest_asyncio
+from aiokafka import AIOKafkaProducer
+
+from bus.broker import EmbeddedBroker
+from bus.produce_failures import RecordRejected, RetryingPublisher
+from bus.topics import ensure_topics
+from chatpipe.settings import Settings
+from schemas import topics
+from schemas.events import Cancel
+
+pytestmark = pytest.mark.timeout(120)
+
+REQUEST_TIMEOUT_MS = 1500
+FROZEN_S = 5.0
+
+
+@pytest_asyncio.fixture
+async def broker() -> AsyncIterator[EmbeddedBroker]:
+    async with EmbeddedBroker() as broker:
+        await ensure_topics(broker.bootstrap_servers, Settings(kafka_bootstrap_servers=None))
+        yield broker
+
+
+@pytest_asyncio.fixture
+async def publisher(broker: EmbeddedBroker) -> AsyncIterator[RetryingPublisher]:
+    producer = AIOKafkaProducer(bootstrap_servers=broker.bootstrap_servers, acks=1,
+                                request_timeout_ms=REQUEST_TIMEOUT_MS,
+                                max_request_size=64 * 1024)
+    await producer.start()
+    yield RetryingPublisher(producer)
+    await producer.stop()
+
+
+async def test_a_frozen_broker_is_waited_out_and_the_record_goes_through(
+        broker, publisher, caplog):
+    await publisher.send_and_wait(topics.CONTROL, Cancel(request_id="warm-up"), key="w")
+    pid = broker._process.pid
+    os.kill(pid, signal.SIGSTOP)
+    thawed = asyncio.get_running_loop().call_later(FROZEN_S, os.kill, pid, signal.SIGCONT)
+    try:
+        with caplog.at_level(logging.WARNING, logger="bus.produce_failures"):
+            sent = await asyncio.wait_for(publisher.send_and_wait(
+                topics.CONTROL, Cancel(request_id="through-the-outage"), key="r"), 60)
+    finally:
+        thawed.cancel()
+        os.kill(pid, signal.SIGCONT)
+    assert sent.offset >= 0
+    assert "retrying" in caplog.text, "the bus failed at least once and was waited out"
+
+
+async def test_a_record_over_the_limit_is_refused_at_once(publisher):
+    with pytest.raises(RecordRejected):
+        await asyncio.wait_for(publisher.send_and_wait(
+            topics.CONTROL, Cancel(request_id="x" * 100_000), key="r"), 5)
