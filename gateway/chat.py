@@ -34,6 +34,8 @@ from schemas.lifecycle import RequestStatus
 router = APIRouter(tags=["conversations"])
 
 _SSE = {200: {"content": {"text/event-stream": {}}, "description": "the answer"}}
+_EVENT_ID = {"pattern": "^[0-9]{0,18}$"}
+"""An `id:` the stream sent (or empty: from the start); anything else is 400."""
 _TURN = {**_SSE, **error_responses(400, 403, 404, 413, 429, 503)}
 """What a turn can answer: refused input, a model not allowed or not served, a prompt or
 request too large, a rate limit or budget, a pipeline that cannot take it."""
@@ -73,9 +75,11 @@ async def regenerate_message(
             responses={**_SSE, **error_responses(400, 404)})  # fmt: skip
 async def resume_events(
     request_id: str, owner: Owner, deps: Deps,
-    last_event_id_header: Annotated[str | None, Header(alias="Last-Event-ID")] = None,
+    last_event_id_header: Annotated[str | None, Header(
+        alias="Last-Event-ID", json_schema_extra=_EVENT_ID)] = None,
     last_event_id: Annotated[str | None, Query(
-        description="as the Last-Event-ID header: the last `id:` the client received")] = None,
+        description="as the Last-Event-ID header: the last `id:` the client received",
+        json_schema_extra=_EVENT_ID)] = None,
 ) -> EventStreamResponse:  # fmt: skip
     """A stored answer's stream, on any gateway: the events after `Last-Event-ID` (all of
     them without it), live until the end; an answer that has ended is replayed."""
