@@ -25,7 +25,7 @@ from conversations.embeddings import Embedder, from_bytes, similarities, to_byte
 from conversations.history import prompt_turns
 from conversations.store import ConversationStore, StoredMessage, Summary
 from conversations.tokens import TokenCounter
-from schemas.events import Role
+from schemas.events import ChatMessage, Role
 
 if TYPE_CHECKING:
     from chatpipe.settings import Settings
@@ -95,6 +95,11 @@ class ContextBuilder:
             await self._counter(model)
         if embedder:
             await self._embedding_model()
+
+    async def prompt_tokens(self, model: str, messages: Sequence[ChatMessage]) -> int:
+        """Tokens of `messages` as `model`'s prompt (its tokenizer and chat template)."""
+        counter = await self._counter(model)
+        return await asyncio.to_thread(counter.count_prompt, list(messages))
 
     async def build(
         self,

@@ -6,8 +6,9 @@ form and are skipped; a retraction replaces the collected text of a
 non-streamed answer and ends a streamed one with `content_filter`.
 
 A completion is checked in full (fields, tier, size on the bus) before it is
-charged to the rate limits, and every message the client sent, whatever its role,
-is classified by the input safety check before it is queued.
+charged to the rate limits; then its prompt is fitted to the model's window, and
+every message the client sent, whatever its role, is classified by the input safety
+check before it is queued.
 """
 
 from __future__ import annotations
@@ -87,6 +88,7 @@ async def chat_completions(
     check_bus_size(deps.settings, generation_request)
     await admit(deps, owner, admission_tokens(generation_request.messages,
                                               generation_request.sampling.max_tokens))
+    await check_window(deps, generation_request)
     await check_input(deps, owner, generation_request.model,
                       [message.content for message in generation_request.messages])
     generation = await start_generation(deps.pipeline, generation_request, deps.live,
@@ -133,6 +135,26 @@ def to_generation_request(
         cache_salt=owner.org_id,
         store=False,
     )
+
+
+TEMPLATE_TOKENS = 256
+"""More than a chat template adds to a prompt's text (role markers, a default system turn)."""
+TOKENS_PER_MESSAGE = 16
+
+
+async def check_window(deps: GatewayDeps, request: GenerationRequest) -> None:
+    """413 `context_too_long` unless the prompt leaves the model's window room for an
+    answer (the engine ends the answer at the window, `length`). The prompt is tokenized
+    only when it might not fit: no token is shorter than a byte."""
+    window = deps.context.policy(request.model, 0).max_prompt_tokens
+    most = TEMPLATE_TOKENS + sum(len(m.content.encode()) + TOKENS_PER_MESSAGE
+                                 for m in request.messages)  # fmt: skip
+    if most < window:
+        return
+    tokens = await deps.context.prompt_tokens(request.model, request.messages)
+    if tokens >= window:
+        raise ApiError(413, "context_too_long", f"the prompt needs {tokens} tokens; "
+                       f"{request.model} takes {window} in all", param="messages")
 
 
 _CONTENT_MARK = "\x00content\x00"

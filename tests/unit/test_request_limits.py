@@ -65,6 +65,7 @@ class CountingContext:
     def __init__(self, inner) -> None:
         self.inner = inner
         self.builds = 0
+        self.tokenized = 0
 
     def __getattr__(self, name):
         return getattr(self.inner, name)
@@ -72,6 +73,10 @@ class CountingContext:
     async def build(self, *args, **kwargs):
         self.builds += 1
         return await self.inner.build(*args, **kwargs)
+
+    async def prompt_tokens(self, *args, **kwargs):
+        self.tokenized += 1
+        return await self.inner.prompt_tokens(*args, **kwargs)
 
 
 @pytest.fixture
@@ -537,3 +542,27 @@ async def test_a_deeply_nested_body_is_400_not_a_crash(client):
     response = await client.post("/v1/chat/completions", **raw_json("[" * 200_000))
     assert response.status_code == 400, response.text
     assert response.json()["error"]["message"]
+
+
+async def test_a_completion_over_the_models_window_is_413_not_an_engine_error(
+    settings, store, pipeline
+):
+    small = settings.model_copy(update={"max_model_len": 300})
+    context = CountingContext(word_context(small))
+    app = create_app(GatewayDeps(small, store, pipeline, context))
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app),
+                                 base_url="http://test") as client:
+        pipeline.script(delta("a", 0), done(1))
+        response = await client.post("/v1/chat/completions", json=completion("a few words"),
+                                     headers=ALICE)
+        assert response.status_code == 200
+        assert context.tokenized == 0  # too short to need counting
+        pipeline.script(delta("a", 0), done(1))
+        response = await client.post("/v1/chat/completions", json=completion("w " * 290),
+                                     headers=ALICE)
+        assert context.tokenized == 1
+        assert response.status_code == 200  # 290 words fit 300 tokens
+        response = await client.post("/v1/chat/completions", json=completion("w " * 300),
+                                     headers=ALICE)
+        assert_error(response, 413, "context_too_long")
+    assert len(pipeline.submitted) == 2
