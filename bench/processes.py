@@ -211,6 +211,8 @@ def chatpipe_env(api_key: str, work_dir: Path, bootstrap: str, **settings: objec
     env = {
         "KAFKA_BOOTSTRAP_SERVERS": bootstrap,
         "CHATPIPE_DEV_API_KEY": api_key,
+        # A gateway run alone refuses to start without one (chatpipe up would make one).
+        "CHATPIPE_KEY_SECRET": "bench-key-secret",
         "CHATPIPE_DATABASE_PATH": str(work_dir / "chatpipe.db"),
     }
     unknown = set(settings) - set(Settings.model_fields)

@@ -3,18 +3,31 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, TypeVar
 
 import typer
 
 from chatpipe.settings import Settings
+from conversations.store import ApiKey, ConversationStore
+from schemas.topics import Tier
+
+T = TypeVar("T")
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
 topics_app = typer.Typer(no_args_is_help=True, help="Kafka topic provisioning.")
 app.add_typer(topics_app, name="topics")
 store_app = typer.Typer(no_args_is_help=True, help="Conversation store provisioning.")
 app.add_typer(store_app, name="store")
+keys_app = typer.Typer(
+    no_args_is_help=True,
+    help="Tenant provisioning: API keys of (org, user), in the configured store "
+    "(CHATPIPE_STORE, CHATPIPE_DATABASE_PATH or CHATPIPE_CASSANDRA_HOSTS).",
+)
+app.add_typer(keys_app, name="keys")
 
 # Every stage a deployment runs as its own process (docker-compose.yml, k8s/).
 STAGES = ("gateway", "scheduler", "worker", "safety", "recorder", "billing")
@@ -130,6 +143,115 @@ def store_create_schema() -> None:
 
     asyncio.run(create())
     typer.echo(f"schema ready in {settings.database_path}")
+
+
+KEY_FIELDS = ("id", "user", "org", "tier", "name", "created", "expires", "revoked")
+"""What `chatpipe keys list` shows of a key (never the key: only its hash is stored)."""
+
+
+def _with_store(settings: Settings, work: Callable[[ConversationStore], Awaitable[T]]) -> T:
+    """`work` on the configured store, opened for it and closed after."""
+    from chatpipe.wiring import build_store
+
+    async def run() -> T:
+        store = build_store(settings)
+        await store.open()
+        try:
+            return await work(store)
+        finally:
+            await store.close()
+
+    return asyncio.run(run())
+
+
+@keys_app.command("create")
+def keys_create(
+    user: Annotated[str, typer.Option(help="the user id the key acts as")],
+    org: Annotated[str, typer.Option(help="the user's org (tenant)")],
+    tier: Annotated[Tier, typer.Option(help="the key's tier", case_sensitive=False)],
+    name: Annotated[str, typer.Option(help="a label for `keys list`")] = "",
+    expires_in: Annotated[float | None, typer.Option(
+        "--expires-in", metavar="DAYS", help="expire after this many days; default: never")] = None,
+) -> None:
+    """Create an API key for a user of an org; it is printed once, on the last line.
+
+    Only its HMAC under CHATPIPE_KEY_SECRET is stored (on a `chatpipe up` SQLite
+    database without it: the secret `chatpipe up` keeps beside the database).
+    """
+    from chatpipe.api_keys import NO_SECRET, cli_settings, iso_time, key_secret, new_key
+
+    if not user.strip() or not org.strip():
+        raise typer.BadParameter("--user and --org must not be empty")
+    if expires_in is not None and not expires_in > 0:
+        raise typer.BadParameter("--expires-in must be a positive number of days")
+    settings = cli_settings(Settings())
+    if key_secret(settings) is None:
+        typer.echo(f"chatpipe keys create: {NO_SECRET}", err=True)
+        raise typer.Exit(1)
+    key_id, key = new_key()
+    now = time.time()
+    expires_at = now + expires_in * 86_400 if expires_in is not None else None
+    row = ApiKey(user_id=user, org_id=org, tier=tier, created_at=now, key_id=key_id, name=name,
+                 expires_at=expires_at)
+
+    async def create(store: ConversationStore) -> ApiKey | None:
+        await store.add_api_key(key, row)
+        return await store.find_api_key(key)
+
+    stored = _with_store(settings, create)
+    if stored is None or stored.key_id != key_id:
+        typer.echo("chatpipe keys create: the key was not stored; try again", err=True)
+        raise typer.Exit(1)
+    expiry = f"expires {iso_time(expires_at)}" if expires_at is not None else "never expires"
+    typer.echo(f"API key {key_id} for user {user!r} of org {org!r}, tier {tier.value}, {expiry}.")
+    typer.echo(f"It is shown only now; `chatpipe keys revoke {key_id}` revokes it.")
+    typer.echo(key)
+
+
+@keys_app.command("list")
+def keys_list(
+    as_json: Annotated[bool, typer.Option("--json", help="a JSON array of objects")] = False,
+) -> None:
+    """Every API key: id, user, org, tier, name, created, expires, revoked.
+
+    No secrets: only a key's hash is stored. Times are UTC, ISO 8601.
+    """
+    from chatpipe.api_keys import iso_time
+
+    async def list_keys(store: ConversationStore) -> list[ApiKey]:
+        return await store.list_api_keys()
+
+    rows = [
+        {"id": k.key_id, "user": k.user_id, "org": k.org_id, "tier": k.tier.value,
+         "name": k.name, "created": iso_time(k.created_at), "expires": iso_time(k.expires_at),
+         "revoked": k.revoked_at is not None}
+        for k in _with_store(Settings(), list_keys)
+    ]  # fmt: skip
+    if as_json:
+        typer.echo(json.dumps(rows, indent=2))
+        return
+    table = [list(KEY_FIELDS)] + [
+        [str(row[f]) if row[f] is not None else "-" for f in KEY_FIELDS[:-1]]
+        + ["yes" if row["revoked"] else "no"]
+        for row in rows
+    ]
+    widths = [max(len(line[i]) for line in table) for i in range(len(KEY_FIELDS))]
+    for line in table:
+        typer.echo("  ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip())
+
+
+@keys_app.command("revoke")
+def keys_revoke(key_id: Annotated[str, typer.Argument(metavar="KEY_ID")]) -> None:
+    """Revoke a key now: every gateway answers it 401 from its next request."""
+
+    async def revoke(store: ConversationStore) -> bool:
+        return await store.revoke_api_key(key_id)
+
+    if not _with_store(Settings(), revoke):
+        typer.echo(f"chatpipe keys revoke: no API key {key_id!r} (see `chatpipe keys list`)",
+                   err=True)  # fmt: skip
+        raise typer.Exit(1)
+    typer.echo(f"revoked API key {key_id}")
 
 
 @app.command("make-tiny-model")

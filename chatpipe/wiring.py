@@ -18,6 +18,7 @@ from billing.stage import BillingStage
 from bus.broker import EmbeddedBroker, free_port
 from bus.clients import KafkaConfig
 from bus.topics import create_topics, ensure_topics, topic_partitions
+from chatpipe.api_keys import development_settings, key_secret, require_key_secret
 from chatpipe.settings import Settings
 from chatpipe.supervise import Pause, Supervisor, broker_kept_up
 from conversations.context_builder import ContextBuilder
@@ -85,8 +86,9 @@ def build_store(settings: Settings) -> ConversationStore:
 
         return CassandraStore(settings.cassandra_hosts, settings.cassandra_keyspace,
                               create_schema=settings.cassandra_create_schema,
-                              replication_factor=settings.cassandra_replication_factor)
-    return SQLiteStore(settings.database_path)
+                              replication_factor=settings.cassandra_replication_factor,
+                              key_secret=key_secret(settings))
+    return SQLiteStore(settings.database_path, key_secret=key_secret(settings))
 
 
 def build_ledger(settings: Settings) -> UsageLedger:
@@ -116,11 +118,27 @@ def build_gateway_deps(settings: Settings, store: ConversationStore, pipeline: K
                        safety=build_policy(settings, ask))
 
 
+DEV_KEY_NAME = "development key"
+
+
 async def ensure_dev_key(store: ConversationStore, settings: Settings) -> str:
-    """The development API key: CHATPIPE_DEV_API_KEY, or a new random one."""
+    """The development API key of user `dev` in org `dev`: CHATPIPE_DEV_API_KEY, or a
+    new random one. Run by `chatpipe up` always, by a gateway run alone only when
+    CHATPIPE_DEV_API_KEY is set: nothing else creates the dev user.
+
+    The development keys stored before (an earlier start's random key, or an earlier
+    CHATPIPE_DEV_API_KEY) are revoked: only the key printed last opens."""
     key = settings.dev_api_key or f"cp-dev-{secrets.token_urlsafe(18)}"
     await store.add_api_key(key, ApiKey(user_id=DEV_USER, org_id=DEV_USER,
-                                        tier=settings.default_tier))
+                                        tier=settings.default_tier, name=DEV_KEY_NAME))
+    current = await store.find_api_key(key)
+    if current is not None and current.revoked_at is not None:
+        log.warning("the development key (CHATPIPE_DEV_API_KEY) was revoked: choose another")
+    for old in await store.list_api_keys():
+        if (old.name == DEV_KEY_NAME and (old.user_id, old.org_id) == (DEV_USER, DEV_USER)
+                and old.revoked_at is None and current is not None
+                and old.key_id != current.key_id):  # fmt: skip
+            await store.revoke_api_key(old.key_id)
     return key
 
 
@@ -229,6 +247,7 @@ async def running_stack(settings: Settings, engine: Engine | None) -> AsyncItera
     With `engine=None` no worker runs in this process (workers run elsewhere)."""
     if settings.port == 0:
         settings = settings.model_copy(update={"port": free_port(settings.host)})
+    settings = development_settings(settings)  # the key secret (chatpipe.api_keys)
     async with contextlib.AsyncExitStack() as stack:
         supervisor = Supervisor()
         delivery_topic: dict[str, int] = {}  # once the pipeline has one
@@ -307,6 +326,7 @@ async def _until_ready(server: uvicorn.Server, scheduler: SchedulerStage | None,
 async def run_all(settings: Settings) -> None:
     """`chatpipe up`: broker (unless external), every stage and the gateway, one process."""
     _configure_logging()
+    settings = development_settings(settings)  # before the engine loads: may refuse
     engine = build_engine(settings)
     await engine.start()
     try:
@@ -323,6 +343,8 @@ async def run_stage(stage: str, settings: Settings) -> None:
     _configure_logging()
     if not settings.kafka_bootstrap_servers:
         raise SystemExit("set KAFKA_BOOTSTRAP_SERVERS to run a single stage")
+    if stage == "gateway":  # it checks API keys; no development secret outside chatpipe up
+        require_key_secret(settings, "chatpipe gateway")
     async with contextlib.AsyncExitStack() as stack:
         kafka = await open_kafka(settings, stack)
         runners: dict[str, Callable[[], Awaitable[None]]] = {
@@ -347,7 +369,8 @@ async def run_stage(stage: str, settings: Settings) -> None:
             if stage == "recorder":
                 runners["recorder"] = lambda: recorder_stage(kafka, store, settings).run()
             else:
-                await ensure_dev_key(store, settings)
+                if settings.dev_api_key:  # the dev user only when asked for
+                    await ensure_dev_key(store, settings)
                 pipeline = await stack.enter_async_context(gateway_pipeline(kafka, settings))
                 server = gateway_server(build_gateway_deps(settings, store, pipeline, ledger),
                                         settings, docs_by_default=False)

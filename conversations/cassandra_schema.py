@@ -2,9 +2,12 @@
 
 A table per query (DESIGN §8):
 
-* `conversations` by conversation_id: get, ownership checks (LWT `IF user_id = ?`).
-* `conversations_by_user`: a user's list, clustered newest first; a copy of
-  the title fields, written with the conversation.
+* `conversations` by conversation_id: get, ownership checks (LWT `IF org_id = ?
+  AND user_id = ?`: the same user id may exist in two orgs).
+* `conversations_by_owner`: one owner's list, partitioned by (org_id, user_id),
+  clustered newest first; a copy of the title fields, written with the
+  conversation. (It replaces `conversations_by_user`, keyed by user alone, which a
+  keyspace of an earlier chatpipe keeps, unused.)
 * `messages`: one partition per conversation, clustered by `seq`. Two static
   (per-partition) columns: `last_seq`, the seq counter that message inserts
   claim with a conditional batch (see `CassandraStore.add_message`), and
@@ -15,7 +18,14 @@ A table per query (DESIGN §8):
 * `summaries`, `embeddings`: one partition per conversation.
 * `requests` by request_id: the request behind an answer (`start_answer`); a
   conversation's are found through its messages' `request_id` when it is deleted.
-* `api_keys` by key hash.
+* `api_keys` by key hash (HMAC-SHA256, see `store.hash_api_key`): the lookup of
+  every authenticated request; `chatpipe keys list` reads the whole table.
+  `api_key_ids`: key_id -> key hash, for `chatpipe keys revoke KEY_ID`.
+
+A keyspace made by an earlier chatpipe gains the newer columns (`UPGRADES`, `ALTER
+TABLE … ADD IF NOT EXISTS`, Cassandra 4.1 or later). Its rows have no org: such
+conversations and requests are nobody's, and its API keys (a plain sha256 with no
+key_id) never open again; they are listed as revoked.
 
 `created_at` is a `double` (epoch seconds, as in the records) so cursors and
 records round-trip exactly.
@@ -26,36 +36,47 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from conversations.store import Conversation, MessageUsage, StoredMessage, Summary
+from conversations.store import (
+    ApiKey,
+    Conversation,
+    MessageUsage,
+    StoredMessage,
+    Summary,
+    derived_key_id,
+)
 from schemas.events import Role
 from schemas.lifecycle import RequestStatus
+from schemas.topics import Tier
 
 Row = Mapping[str, Any]
 
-CONVERSATION_COLUMNS = "conversation_id, user_id, title, auto_title, created_at"
+CONVERSATION_COLUMNS = "conversation_id, user_id, title, auto_title, created_at, org_id"
 MESSAGE_COLUMNS = (
     "conversation_id, seq, message_id, role, content, parent_id, model, tokens, status,"
     " request_id, created_at, prompt_tokens, cached_tokens"
 )
 REQUEST_COLUMNS = (
     "request_id, conversation_id, message_id, user_id, answers_partition, answers_offset,"
-    " reply_to, created_at"
+    " reply_to, created_at, org_id"
 )
+API_KEY_COLUMNS = "key_id, user_id, org_id, tier, name, created_at, expires_at, revoked_at"
 
 TABLES = (
     """CREATE TABLE IF NOT EXISTS {ks}.conversations (
     conversation_id text PRIMARY KEY,
+    org_id text,
     user_id text,
     title text,
     auto_title text,
     created_at double)""",
-    """CREATE TABLE IF NOT EXISTS {ks}.conversations_by_user (
+    """CREATE TABLE IF NOT EXISTS {ks}.conversations_by_owner (
+    org_id text,
     user_id text,
     created_at double,
     conversation_id text,
     title text,
     auto_title text,
-    PRIMARY KEY (user_id, created_at, conversation_id)
+    PRIMARY KEY ((org_id, user_id), created_at, conversation_id)
 ) WITH CLUSTERING ORDER BY (created_at DESC, conversation_id ASC)""",
     """CREATE TABLE IF NOT EXISTS {ks}.messages (
     conversation_id text,
@@ -95,6 +116,7 @@ TABLES = (
     request_id text PRIMARY KEY,
     conversation_id text,
     message_id text,
+    org_id text,
     user_id text,
     answers_partition int,
     answers_offset bigint,
@@ -102,36 +124,57 @@ TABLES = (
     created_at double)""",
     """CREATE TABLE IF NOT EXISTS {ks}.api_keys (
     key_hash text PRIMARY KEY,
+    key_id text,
     user_id text,
     org_id text,
     tier text,
-    created_at double)""",
+    name text,
+    created_at double,
+    expires_at double,
+    revoked_at double)""",
+    """CREATE TABLE IF NOT EXISTS {ks}.api_key_ids (
+    key_id text PRIMARY KEY,
+    key_hash text)""",
 )
 
-_PAGE = f"SELECT {CONVERSATION_COLUMNS} FROM {{ks}}.conversations_by_user WHERE user_id = ?"
+# Columns a keyspace made by an earlier chatpipe lacks (no-ops on a new one).
+UPGRADES = (
+    "ALTER TABLE {ks}.conversations ADD IF NOT EXISTS org_id text",
+    "ALTER TABLE {ks}.requests ADD IF NOT EXISTS org_id text",
+    "ALTER TABLE {ks}.api_keys ADD IF NOT EXISTS key_id text",
+    "ALTER TABLE {ks}.api_keys ADD IF NOT EXISTS name text",
+    "ALTER TABLE {ks}.api_keys ADD IF NOT EXISTS expires_at double",
+    "ALTER TABLE {ks}.api_keys ADD IF NOT EXISTS revoked_at double",
+)
+
+_PAGE = (
+    f"SELECT {CONVERSATION_COLUMNS} FROM {{ks}}.conversations_by_owner"
+    " WHERE org_id = ? AND user_id = ?"
+)
 
 STATEMENTS = {
     # conversations
     "insert_conversation": f"INSERT INTO {{ks}}.conversations ({CONVERSATION_COLUMNS})"
-    " VALUES (?, ?, ?, ?, ?) IF NOT EXISTS",
-    "insert_conversation_by_user": f"INSERT INTO {{ks}}.conversations_by_user"
-    f" ({CONVERSATION_COLUMNS}) VALUES (?, ?, ?, ?, ?)",
+    " VALUES (?, ?, ?, ?, ?, ?) IF NOT EXISTS",
+    "insert_conversation_by_owner": f"INSERT INTO {{ks}}.conversations_by_owner"
+    f" ({CONVERSATION_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?)",
     "select_conversation": f"SELECT {CONVERSATION_COLUMNS} FROM {{ks}}.conversations"
     " WHERE conversation_id = ?",
     "page_first": _PAGE + " LIMIT ?",
     "page_ties": _PAGE + " AND created_at = ? AND conversation_id > ? LIMIT ?",
     "page_older": _PAGE + " AND created_at < ? LIMIT ?",
-    "rename": "UPDATE {ks}.conversations SET title = ? WHERE conversation_id = ? IF user_id = ?",
-    "rename_by_user": "UPDATE {ks}.conversations_by_user SET title = ?"
-    " WHERE user_id = ? AND created_at = ? AND conversation_id = ? IF EXISTS",
+    "rename": "UPDATE {ks}.conversations SET title = ? WHERE conversation_id = ?"
+    " IF org_id = ? AND user_id = ?",
+    "rename_by_owner": "UPDATE {ks}.conversations_by_owner SET title = ?"
+    " WHERE org_id = ? AND user_id = ? AND created_at = ? AND conversation_id = ? IF EXISTS",
     "auto_title": "UPDATE {ks}.conversations SET auto_title = ? WHERE conversation_id = ?"
     " IF EXISTS",
-    "auto_title_by_user": "UPDATE {ks}.conversations_by_user SET auto_title = ?"
-    " WHERE user_id = ? AND created_at = ? AND conversation_id = ? IF EXISTS",
+    "auto_title_by_owner": "UPDATE {ks}.conversations_by_owner SET auto_title = ?"
+    " WHERE org_id = ? AND user_id = ? AND created_at = ? AND conversation_id = ? IF EXISTS",
     "delete_conversation": "DELETE FROM {ks}.conversations WHERE conversation_id = ?"
-    " IF user_id = ?",
-    "delete_conversation_by_user": "DELETE FROM {ks}.conversations_by_user"
-    " WHERE user_id = ? AND created_at = ? AND conversation_id = ?",
+    " IF org_id = ? AND user_id = ?",
+    "delete_conversation_by_owner": "DELETE FROM {ks}.conversations_by_owner"
+    " WHERE org_id = ? AND user_id = ? AND created_at = ? AND conversation_id = ?",
     "delete_messages": "DELETE FROM {ks}.messages WHERE conversation_id = ?",
     "delete_message_id": "DELETE FROM {ks}.message_ids WHERE message_id = ?",
     "delete_summaries": "DELETE FROM {ks}.summaries WHERE conversation_id = ?",
@@ -160,7 +203,7 @@ STATEMENTS = {
     " IF last_seq > 0",
     # requests
     "insert_request": f"INSERT INTO {{ks}}.requests ({REQUEST_COLUMNS})"
-    " VALUES (?, ?, ?, ?, ?, ?, ?, ?) IF NOT EXISTS",
+    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) IF NOT EXISTS",
     "select_request": f"SELECT {REQUEST_COLUMNS} FROM {{ks}}.requests WHERE request_id = ?",
     # context
     "insert_summary": "INSERT INTO {ks}.summaries"
@@ -172,10 +215,16 @@ STATEMENTS = {
     "select_embeddings": "SELECT message_id, vector FROM {ks}.embeddings"
     " WHERE conversation_id = ? AND model = ?",
     # API keys
-    "insert_api_key": "INSERT INTO {ks}.api_keys (key_hash, user_id, org_id, tier, created_at)"
-    " VALUES (?, ?, ?, ?, ?) IF NOT EXISTS",
-    "select_api_key": "SELECT user_id, org_id, tier, created_at FROM {ks}.api_keys"
+    "insert_api_key": f"INSERT INTO {{ks}}.api_keys (key_hash, {API_KEY_COLUMNS})"
+    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) IF NOT EXISTS",
+    "insert_api_key_id": "INSERT INTO {ks}.api_key_ids (key_id, key_hash) VALUES (?, ?)"
+    " IF NOT EXISTS",
+    "select_api_key": f"SELECT key_hash, {API_KEY_COLUMNS} FROM {{ks}}.api_keys"
     " WHERE key_hash = ?",
+    "select_api_keys": f"SELECT key_hash, {API_KEY_COLUMNS} FROM {{ks}}.api_keys",
+    "select_api_key_id": "SELECT key_hash FROM {ks}.api_key_ids WHERE key_id = ?",
+    # a condition, so a key row deleted meanwhile is not brought back as a stub
+    "revoke_api_key": "UPDATE {ks}.api_keys SET revoked_at = ? WHERE key_hash = ? IF EXISTS",
 }
 
 
@@ -189,9 +238,12 @@ def keyspace_cql(keyspace: str, replication_factor: int = 1) -> str:
 
 
 def schema_cql(keyspace: str, replication_factor: int = 1) -> list[str]:
-    """Every statement that creates the keyspace and its tables, in order (idempotent)."""
+    """Every statement that creates the keyspace and its tables, then adds the columns an
+    older keyspace lacks, in order (idempotent)."""
     _check_name(keyspace)
-    return [keyspace_cql(keyspace, replication_factor)] + [t.format(ks=keyspace) for t in TABLES]
+    return [keyspace_cql(keyspace, replication_factor)] + [
+        t.format(ks=keyspace) for t in (*TABLES, *UPGRADES)
+    ]
 
 
 def statements(keyspace: str) -> dict[str, str]:
@@ -220,13 +272,38 @@ def conversation_of(row: Row) -> Conversation:
         title=row["title"] or "",
         created_at=row["created_at"],
         auto_title=row["auto_title"] or "",
+        org_id=row.get("org_id") or "",
     )
 
 
 def conversation_values(conversation: Conversation) -> tuple:
     """The values of `CONVERSATION_COLUMNS`, in order."""
     c = conversation
-    return (c.conversation_id, c.user_id, c.title, c.auto_title, c.created_at)
+    return (c.conversation_id, c.user_id, c.title, c.auto_title, c.created_at, c.org_id)
+
+
+def api_key_values(key_hash: str, key: ApiKey) -> tuple:
+    """The values of `insert_api_key`: the hash, then `API_KEY_COLUMNS` in order."""
+    k = key
+    return (key_hash, k.key_id, k.user_id, k.org_id, k.tier.value, k.name, k.created_at,
+            k.expires_at, k.revoked_at)  # fmt: skip
+
+
+def api_key_of(row: Row) -> ApiKey:
+    """A key's row. One from an earlier chatpipe (no key_id: a sha256 no HMAC equals)
+    shows as revoked, under an id taken from its hash."""
+    old = not row.get("key_id")
+    revoked_at = row.get("revoked_at")
+    return ApiKey(
+        user_id=row["user_id"],
+        org_id=row["org_id"],
+        tier=Tier(row["tier"]),
+        created_at=row["created_at"],
+        key_id=derived_key_id(row["key_hash"]) if old else row["key_id"],
+        name=row.get("name") or "",
+        expires_at=row.get("expires_at"),
+        revoked_at=row["created_at"] if old and revoked_at is None else revoked_at,
+    )
 
 
 def message_values(message: StoredMessage) -> tuple:

@@ -19,6 +19,12 @@ A streaming answer (`start_answer`) is finished with `UPDATE … IF status =
 'in_progress'`: Paxos lets one writer finish it, and a row deleted meanwhile
 is not written again.
 
+API keys: hashed under the `key_secret` the store is given (without one it can
+list and revoke keys, not add or find one). A key's id row (`api_key_ids`) is
+written before its key row, so a key never lists without an id to revoke it by;
+should a writer die in between, the id row points at no key and the key was not
+added (adding it again completes it).
+
 Create the schema with `python -m conversations.cassandra_store create-schema`
 (reads the CHATPIPE_ settings), or let `open()` do it (`create_schema=True`).
 """
@@ -39,17 +45,18 @@ from conversations.store import (
     ConversationPage,
     MessageUsage,
     NewMessage,
+    NoKeySecret,
     RequestRecord,
     StoredMessage,
     Summary,
     check_answer_start,
     decode_cursor,
+    derived_key_id,
     encode_cursor,
     hash_api_key,
 )
 from conversations.tree import ConversationTree, parent_key
 from schemas.lifecycle import RequestStatus
-from schemas.topics import Tier
 
 MAX_SEQ_CLAIMS = 1000
 
@@ -84,10 +91,12 @@ class CassandraStore:
         *,
         create_schema: bool = True,
         replication_factor: int = 1,
+        key_secret: bytes | None = None,
         clock: Callable[[], float] = time.time,
         connect: Callable[[], Awaitable[CqlSession]] | None = None,
     ) -> None:
         """`connect` replaces the driver (tests); by default `DriverSession.connect`."""
+        self._key_secret = key_secret
         self._connect = connect or (
             lambda: DriverSession.connect(
                 hosts, keyspace, create_schema=create_schema,
@@ -109,13 +118,13 @@ class CassandraStore:
     # --- conversations ------------------------------------------------------------
 
     async def create_conversation(
-        self, conversation_id: str, user_id: str, title: str = ""
+        self, conversation_id: str, user_id: str, title: str = "", *, org_id: str
     ) -> Conversation:
-        new = Conversation(conversation_id, user_id, title, self._clock())
+        new = Conversation(conversation_id, user_id, title, self._clock(), org_id=org_id)
         rows = await self._run("insert_conversation", cql.conversation_values(new))
         stored = new if cql.applied(rows) else cql.conversation_of(rows[0])
         # also on a repeat: repairs the list entry if the first try died in between
-        await self._run("insert_conversation_by_user", cql.conversation_values(stored))
+        await self._run("insert_conversation_by_owner", cql.conversation_values(stored))
         return stored
 
     async def get_conversation(self, conversation_id: str) -> Conversation | None:
@@ -123,48 +132,52 @@ class CassandraStore:
         return cql.conversation_of(rows[0]) if rows else None
 
     async def list_conversations(
-        self, user_id: str, *, limit: int = 50, cursor: str | None = None
+        self, user_id: str, *, org_id: str, limit: int = 50, cursor: str | None = None
     ) -> ConversationPage:
         if limit < 1:
             raise ValueError("limit must be at least 1")
+        owner = (org_id, user_id)
         if cursor is None:
-            rows = await self._run("page_first", (user_id, limit + 1))
+            rows = await self._run("page_first", (*owner, limit + 1))
         else:
             created_at, conversation_id = decode_cursor(cursor)
-            rows = await self._run("page_ties", (user_id, created_at, conversation_id, limit + 1))
+            rows = await self._run("page_ties", (*owner, created_at, conversation_id, limit + 1))
             if len(rows) <= limit:
                 older = limit + 1 - len(rows)
-                rows += await self._run("page_older", (user_id, created_at, older))
+                rows += await self._run("page_older", (*owner, created_at, older))
         page = [cql.conversation_of(row) for row in rows[:limit]]
         return ConversationPage(page, encode_cursor(page[-1]) if len(rows) > limit else None)
 
     async def rename_conversation(
-        self, conversation_id: str, user_id: str, title: str
+        self, conversation_id: str, user_id: str, title: str, *, org_id: str
     ) -> Conversation | None:
-        found = await self.get_conversation(conversation_id)
-        if found is None or found.user_id != user_id:
+        found = await self._owned(conversation_id, org_id, user_id)
+        if found is None:
             return None
-        if not cql.applied(await self._run("rename", (title, conversation_id, user_id))):
+        owner = (org_id, user_id)
+        if not cql.applied(await self._run("rename", (title, conversation_id, *owner))):
             return None  # deleted meanwhile
-        await self._run("rename_by_user", (title, user_id, found.created_at, conversation_id))
-        return Conversation(conversation_id, user_id, title, found.created_at, found.auto_title)
+        await self._run("rename_by_owner", (title, *owner, found.created_at, conversation_id))
+        return replace(found, title=title)
 
     async def set_auto_title(self, conversation_id: str, title: str) -> None:
         found = await self.get_conversation(conversation_id)
         if found is None:
             return
         await self._run("auto_title", (title, conversation_id))
-        await self._run(
-            "auto_title_by_user", (title, found.user_id, found.created_at, conversation_id)
-        )
+        await self._run("auto_title_by_owner",
+                        (title, found.org_id, found.user_id, found.created_at, conversation_id))
 
-    async def delete_conversation(self, conversation_id: str, user_id: str) -> bool:
-        found = await self.get_conversation(conversation_id)
-        if found is None or found.user_id != user_id:
+    async def delete_conversation(self, conversation_id: str, user_id: str, *,
+                                  org_id: str) -> bool:
+        found = await self._owned(conversation_id, org_id, user_id)
+        if found is None:
             return False
-        if not cql.applied(await self._run("delete_conversation", (conversation_id, user_id))):
+        owner = (org_id, user_id)
+        if not cql.applied(await self._run("delete_conversation", (conversation_id, *owner))):
             return False
-        await self._run("delete_conversation_by_user", (user_id, found.created_at, conversation_id))
+        await self._run("delete_conversation_by_owner",
+                        (*owner, found.created_at, conversation_id))
         messages = await self.list_messages(conversation_id)
         await asyncio.gather(
             *(self._run("delete_message_id", (m.message_id,)) for m in messages),
@@ -253,7 +266,9 @@ class CassandraStore:
 
     async def get_request(self, request_id: str) -> RequestRecord | None:
         rows = await self._run("select_request", (request_id,))
-        return RequestRecord(**rows[0]) if rows else None
+        if not rows:
+            return None
+        return RequestRecord(**{**rows[0], "org_id": rows[0].get("org_id") or ""})
 
     async def in_progress_requests(self, conversation_id: str) -> list[str]:
         return [
@@ -268,9 +283,9 @@ class CassandraStore:
         rows = await self._run("select_messages", (conversation_id,))
         return ConversationTree.of(cql.messages_of(rows), cql.choices_of(rows))
 
-    async def select_message(self, conversation_id: str, user_id: str, message_id: str) -> bool:
-        found = await self.get_conversation(conversation_id)
-        if found is None or found.user_id != user_id:
+    async def select_message(self, conversation_id: str, user_id: str, message_id: str, *,
+                             org_id: str) -> bool:
+        if await self._owned(conversation_id, org_id, user_id) is None:
             return False
         path = ConversationTree(await self.list_messages(conversation_id)).path_to(message_id)
         if not path:
@@ -311,18 +326,51 @@ class CassandraStore:
     # --- API keys -----------------------------------------------------------------
 
     async def add_api_key(self, key: str, owner: ApiKey) -> None:
-        created_at = owner.created_at or self._clock()
-        values = (hash_api_key(key), owner.user_id, owner.org_id, owner.tier.value, created_at)
-        await self._run("insert_api_key", values)
+        key_hash = self._hash(key)
+        row = replace(owner, key_id=owner.key_id or derived_key_id(key_hash),
+                      created_at=owner.created_at or self._clock())  # fmt: skip
+        taken = await self._run("insert_api_key_id", (row.key_id, key_hash))
+        if not cql.applied(taken) and taken[0].get("key_hash") != key_hash:
+            return  # the id is another key's: the first one keeps it
+        await self._run("insert_api_key", cql.api_key_values(key_hash, row))
 
     async def find_api_key(self, key: str) -> ApiKey | None:
-        rows = await self._run("select_api_key", (hash_api_key(key),))
-        if not rows:
-            return None
-        row = rows[0]
-        return ApiKey(row["user_id"], row["org_id"], Tier(row["tier"]), row["created_at"])
+        rows = await self._run("select_api_key", (self._hash(key),))
+        return cql.api_key_of(rows[0]) if rows and rows[0].get("user_id") else None
+
+    async def list_api_keys(self) -> list[ApiKey]:
+        rows = await self._run("select_api_keys", ())
+        keys = [cql.api_key_of(row) for row in rows if row.get("user_id")]
+        return sorted(keys, key=lambda k: (k.created_at, k.key_id))
+
+    async def revoke_api_key(self, key_id: str) -> bool:
+        ids = await self._run("select_api_key_id", (key_id,))
+        if not ids:
+            return False
+        key_hash = ids[0]["key_hash"]
+        rows = await self._run("select_api_key", (key_hash,))
+        # the id row of a key whose own row was never written, or another key's row
+        # (an id taken by a second add of the same key): not this key
+        if not rows or rows[0].get("key_id") != key_id:
+            return False
+        if rows[0].get("revoked_at") is None:
+            await self._run("revoke_api_key", (self._clock(), key_hash))
+        return True
 
     # --- plumbing -----------------------------------------------------------------
+
+    async def _owned(self, conversation_id: str, org_id: str, user_id: str
+                     ) -> Conversation | None:  # fmt: skip
+        """The conversation, if it is (`org_id`, `user_id`)'s."""
+        found = await self.get_conversation(conversation_id)
+        if found is None or not org_id or (found.org_id, found.user_id) != (org_id, user_id):
+            return None
+        return found
+
+    def _hash(self, key: str) -> str:
+        if self._key_secret is None:
+            raise NoKeySecret()
+        return hash_api_key(key, self._key_secret)
 
     async def _run(self, name: str, values: tuple) -> Rows:
         if self._session is None:

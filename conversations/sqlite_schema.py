@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import sqlite3
 
-from conversations.store import Conversation, StoredMessage
+from conversations.store import KEY_ID_CHARS, ApiKey, Conversation, StoredMessage
 from schemas.events import Role
 from schemas.lifecycle import RequestStatus
+from schemas.topics import Tier
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS conversations (
@@ -14,9 +15,12 @@ CREATE TABLE IF NOT EXISTS conversations (
     user_id TEXT NOT NULL,
     title TEXT NOT NULL,
     created_at REAL NOT NULL,
-    auto_title TEXT NOT NULL DEFAULT ''
+    auto_title TEXT NOT NULL DEFAULT '',
+    org_id TEXT NOT NULL DEFAULT ''
 );
-CREATE INDEX IF NOT EXISTS conversations_by_user ON conversations (user_id, created_at);
+DROP INDEX IF EXISTS conversations_by_user;
+CREATE INDEX IF NOT EXISTS conversations_by_owner
+    ON conversations (org_id, user_id, created_at);
 CREATE TABLE IF NOT EXISTS messages (
     conversation_id TEXT NOT NULL,
     seq INTEGER NOT NULL,
@@ -61,7 +65,8 @@ CREATE TABLE IF NOT EXISTS requests (
     answers_partition INTEGER NOT NULL,
     answers_offset INTEGER NOT NULL,
     reply_to TEXT NOT NULL,
-    created_at REAL NOT NULL
+    created_at REAL NOT NULL,
+    org_id TEXT NOT NULL DEFAULT ''
 );
 CREATE INDEX IF NOT EXISTS requests_by_conversation ON requests (conversation_id);
 CREATE TABLE IF NOT EXISTS api_keys (
@@ -69,18 +74,48 @@ CREATE TABLE IF NOT EXISTS api_keys (
     user_id TEXT NOT NULL,
     org_id TEXT NOT NULL,
     tier TEXT NOT NULL,
-    created_at REAL NOT NULL
+    created_at REAL NOT NULL,
+    name TEXT NOT NULL DEFAULT '',
+    expires_at REAL,
+    revoked_at REAL,
+    key_id TEXT NOT NULL DEFAULT ''
 );
+CREATE UNIQUE INDEX IF NOT EXISTS api_keys_by_id ON api_keys (key_id);
 """
 
-# Columns added since the first release: (table, column, definition).
-ADDED_COLUMNS = (
-    ("conversations", "auto_title", "TEXT NOT NULL DEFAULT ''"),
-    ("messages", "prompt_tokens", "INTEGER NOT NULL DEFAULT 0"),
-    ("messages", "cached_tokens", "INTEGER NOT NULL DEFAULT 0"),
+# The owner's org of a row from before orgs were kept: the one org its user had keys
+# in; a user with keys in several orgs (or none) leaves it '' — nobody's.
+_ORG_OF_USER = (
+    "UPDATE {table} SET org_id = (SELECT MIN(k.org_id) FROM api_keys k"
+    " WHERE k.user_id = {table}.user_id) WHERE org_id = '' AND (SELECT COUNT(DISTINCT"
+    " k.org_id) FROM api_keys k WHERE k.user_id = {table}.user_id) = 1"
 )
 
-CONVERSATION_COLUMNS = "conversation_id, user_id, title, created_at, auto_title"
+# Key rows of an earlier chatpipe hold a plain sha256 of the key, which no HMAC equals:
+# they can never open again. They are kept, listed as revoked under an id taken from
+# the hash, so `chatpipe keys list` still shows whom to give a new key.
+_OLD_KEYS = (
+    f"UPDATE api_keys SET key_id = substr(key_hash, 1, {KEY_ID_CHARS}),"
+    " revoked_at = COALESCE(revoked_at, CAST(strftime('%s', 'now') AS REAL))"
+    " WHERE key_id = ''"
+)
+
+# Columns added since the first release: (table, column, definition, what then fills
+# them in on the rows already there, or None).
+ADDED_COLUMNS = (
+    ("conversations", "auto_title", "TEXT NOT NULL DEFAULT ''", None),
+    ("messages", "prompt_tokens", "INTEGER NOT NULL DEFAULT 0", None),
+    ("messages", "cached_tokens", "INTEGER NOT NULL DEFAULT 0", None),
+    ("conversations", "org_id", "TEXT NOT NULL DEFAULT ''",
+     _ORG_OF_USER.format(table="conversations")),
+    ("requests", "org_id", "TEXT NOT NULL DEFAULT ''", _ORG_OF_USER.format(table="requests")),
+    ("api_keys", "name", "TEXT NOT NULL DEFAULT ''", None),
+    ("api_keys", "expires_at", "REAL", None),
+    ("api_keys", "revoked_at", "REAL", None),
+    ("api_keys", "key_id", "TEXT NOT NULL DEFAULT ''", _OLD_KEYS),
+)  # fmt: skip
+
+CONVERSATION_COLUMNS = "conversation_id, user_id, title, created_at, auto_title, org_id"
 
 MESSAGE_COLUMNS = (
     "message_id, conversation_id, seq, role, content, parent_id, model, tokens,"
@@ -89,22 +124,38 @@ MESSAGE_COLUMNS = (
 
 REQUEST_COLUMNS = (
     "request_id, conversation_id, message_id, user_id, answers_partition, answers_offset,"
-    " reply_to, created_at"
+    " reply_to, created_at, org_id"
 )
+
+API_KEY_COLUMNS = "key_id, user_id, org_id, tier, name, created_at, expires_at, revoked_at"
 
 
 def create_schema(conn: sqlite3.Connection) -> None:
-    """Create missing tables, then add columns a file from an older release lacks."""
-    for table, column, definition in ADDED_COLUMNS:
-        existing = {row[1] for row in conn.execute(f"PRAGMA table_info({table})")}
+    """Add the columns a file from an older release lacks (filling them in on its rows),
+    then create missing tables and indexes."""
+    has_keys = bool(_columns(conn, "api_keys"))
+    for table, column, definition, fill in ADDED_COLUMNS:
+        existing = _columns(conn, table)
         if existing and column not in existing:
             conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {definition}")
+            if fill is not None and has_keys:
+                conn.execute(fill)
     conn.executescript(SCHEMA)
 
 
+def _columns(conn: sqlite3.Connection, table: str) -> set[str]:
+    return {row[1] for row in conn.execute(f"PRAGMA table_info({table})")}
+
+
 def conversation_row(row: tuple) -> Conversation:
-    conversation_id, user_id, title, created_at, auto_title = row
-    return Conversation(conversation_id, user_id, title, created_at, auto_title)
+    conversation_id, user_id, title, created_at, auto_title, org_id = row
+    return Conversation(conversation_id, user_id, title, created_at, auto_title, org_id)
+
+
+def api_key_row(row: tuple) -> ApiKey:
+    """A row of `API_KEY_COLUMNS`."""
+    key_id, user_id, org_id, tier, name, created_at, expires_at, revoked_at = row
+    return ApiKey(user_id, org_id, Tier(tier), created_at, key_id, name, expires_at, revoked_at)
 
 
 def message_values(message: StoredMessage) -> tuple:

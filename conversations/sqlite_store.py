@@ -7,19 +7,27 @@ WAL mode and a busy timeout let a gateway process and a recorder process
 share one file: readers never block the writer, and a writer waits for the
 other process's write instead of failing. Files made by an older chatpipe
 gain the newer columns on open.
+
+API keys are hashed under the key secret the store is opened with (`key_secret`);
+a store opened without one (a recorder, `chatpipe keys list`) can list and revoke
+keys but not add or find one.
 """
 
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import astuple, replace
+from pathlib import Path
 
 from conversations.sqlite_file import SQLiteFile, transaction
 from conversations.sqlite_schema import (
+    API_KEY_COLUMNS,
     CONVERSATION_COLUMNS,
     MESSAGE_COLUMNS,
     REQUEST_COLUMNS,
+    api_key_row,
     conversation_row,
     create_schema,
     message_row,
@@ -31,17 +39,18 @@ from conversations.store import (
     ConversationPage,
     MessageUsage,
     NewMessage,
+    NoKeySecret,
     RequestRecord,
     StoredMessage,
     Summary,
     check_answer_start,
     decode_cursor,
+    derived_key_id,
     encode_cursor,
     hash_api_key,
 )
 from conversations.tree import ConversationTree, parent_key
 from schemas.lifecycle import RequestStatus
-from schemas.topics import Tier
 
 __all__ = ["SQLiteStore", "hash_api_key"]
 
@@ -53,16 +62,27 @@ class SQLiteStore(SQLiteFile):
     transaction, so two processes appending to one conversation never collide.
     """
 
+    def __init__(
+        self,
+        path: Path | str,
+        *,
+        key_secret: bytes | None = None,
+        busy_timeout_s: float = 10.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        super().__init__(path, busy_timeout_s=busy_timeout_s, clock=clock)
+        self._key_secret = key_secret
+
     # --- conversations ------------------------------------------------------------
 
     async def create_conversation(
-        self, conversation_id: str, user_id: str, title: str = ""
+        self, conversation_id: str, user_id: str, title: str = "", *, org_id: str
     ) -> Conversation:
         def create(conn: sqlite3.Connection) -> Conversation:
             conn.execute(
                 f"INSERT OR IGNORE INTO conversations ({CONVERSATION_COLUMNS})"
-                " VALUES (?, ?, ?, ?, '')",
-                (conversation_id, user_id, title, self._clock()),
+                " VALUES (?, ?, ?, ?, '', ?)",
+                (conversation_id, user_id, title, self._clock(), org_id),
             )
             found = _get_conversation(conn, conversation_id)
             assert found is not None
@@ -74,7 +94,7 @@ class SQLiteStore(SQLiteFile):
         return await self._run(lambda conn: _get_conversation(conn, conversation_id))
 
     async def list_conversations(
-        self, user_id: str, *, limit: int = 50, cursor: str | None = None
+        self, user_id: str, *, org_id: str, limit: int = 50, cursor: str | None = None
     ) -> ConversationPage:
         if limit < 1:
             raise ValueError("limit must be at least 1")
@@ -82,10 +102,11 @@ class SQLiteStore(SQLiteFile):
 
         def select(conn: sqlite3.Connection) -> ConversationPage:
             rows = conn.execute(
-                f"SELECT {CONVERSATION_COLUMNS} FROM conversations WHERE user_id = ?"
+                f"SELECT {CONVERSATION_COLUMNS} FROM conversations WHERE org_id = ?"
+                " AND user_id = ?"
                 " AND (created_at < ? OR (created_at = ? AND conversation_id > ?))"
                 " ORDER BY created_at DESC, conversation_id LIMIT ?",
-                (user_id, after[0], after[0], after[1], limit + 1),
+                (org_id, user_id, after[0], after[0], after[1], limit + 1),
             ).fetchall()
             page = [conversation_row(row) for row in rows[:limit]]
             more = len(rows) > limit
@@ -94,15 +115,19 @@ class SQLiteStore(SQLiteFile):
         return await self._run(select)
 
     async def rename_conversation(
-        self, conversation_id: str, user_id: str, title: str
+        self, conversation_id: str, user_id: str, title: str, *, org_id: str
     ) -> Conversation | None:
+        if not org_id:
+            return None
+
         def rename(conn: sqlite3.Connection) -> Conversation | None:
             conn.execute(
-                "UPDATE conversations SET title = ? WHERE conversation_id = ? AND user_id = ?",
-                (title, conversation_id, user_id),
+                "UPDATE conversations SET title = ?"
+                " WHERE conversation_id = ? AND org_id = ? AND user_id = ?",
+                (title, conversation_id, org_id, user_id),
             )
             found = _get_conversation(conn, conversation_id)
-            return found if found is not None and found.user_id == user_id else None
+            return found if _owned(found, org_id, user_id) else None
 
         return await self._run(rename)
 
@@ -114,12 +139,17 @@ class SQLiteStore(SQLiteFile):
             )
         )
 
-    async def delete_conversation(self, conversation_id: str, user_id: str) -> bool:
+    async def delete_conversation(self, conversation_id: str, user_id: str, *,
+                                  org_id: str) -> bool:
+        if not org_id:
+            return False
+
         def delete(conn: sqlite3.Connection) -> bool:
             with transaction(conn):
                 gone = conn.execute(
-                    "DELETE FROM conversations WHERE conversation_id = ? AND user_id = ?",
-                    (conversation_id, user_id),
+                    "DELETE FROM conversations"
+                    " WHERE conversation_id = ? AND org_id = ? AND user_id = ?",
+                    (conversation_id, org_id, user_id),
                 ).rowcount
                 if gone:
                     for table in (
@@ -187,11 +217,11 @@ class SQLiteStore(SQLiteFile):
 
         return await self._run(select)
 
-    async def select_message(self, conversation_id: str, user_id: str, message_id: str) -> bool:
+    async def select_message(self, conversation_id: str, user_id: str, message_id: str, *,
+                             org_id: str) -> bool:
         def select(conn: sqlite3.Connection) -> bool:
             with transaction(conn):
-                owner = _get_conversation(conn, conversation_id)
-                if owner is None or owner.user_id != user_id:
+                if not _owned(_get_conversation(conn, conversation_id), org_id, user_id):
                     return False
                 tree = ConversationTree.of(_list_messages(conn, conversation_id), {})
                 path = tree.path_to(message_id)
@@ -260,25 +290,56 @@ class SQLiteStore(SQLiteFile):
     # --- API keys -----------------------------------------------------------------
 
     async def add_api_key(self, key: str, owner: ApiKey) -> None:
-        created_at = owner.created_at or self._clock()
+        key_hash = self._hash(key)
+        o = owner
+        values = (key_hash, o.key_id or derived_key_id(key_hash), o.user_id, o.org_id,
+                  o.tier.value, o.name, o.created_at or self._clock(), o.expires_at,
+                  o.revoked_at)  # fmt: skip
         await self._run(
             lambda conn: conn.execute(
-                "INSERT OR IGNORE INTO api_keys VALUES (?, ?, ?, ?, ?)",
-                (hash_api_key(key), owner.user_id, owner.org_id, owner.tier.value, created_at),
+                f"INSERT OR IGNORE INTO api_keys (key_hash, {API_KEY_COLUMNS})"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                values,
             )
         )
 
     async def find_api_key(self, key: str) -> ApiKey | None:
+        key_hash = self._hash(key)
+
         def select(conn: sqlite3.Connection) -> ApiKey | None:
             row = conn.execute(
-                "SELECT user_id, org_id, tier, created_at FROM api_keys WHERE key_hash = ?",
-                (hash_api_key(key),),
+                f"SELECT {API_KEY_COLUMNS} FROM api_keys WHERE key_hash = ?", (key_hash,)
             ).fetchone()
-            return ApiKey(row[0], row[1], Tier(row[2]), row[3]) if row else None
+            return api_key_row(row) if row else None
 
         return await self._run(select)
 
+    async def list_api_keys(self) -> list[ApiKey]:
+        def select(conn: sqlite3.Connection) -> list[ApiKey]:
+            rows = conn.execute(
+                f"SELECT {API_KEY_COLUMNS} FROM api_keys ORDER BY created_at, key_id"
+            )
+            return [api_key_row(row) for row in rows]
+
+        return await self._run(select)
+
+    async def revoke_api_key(self, key_id: str) -> bool:
+        def revoke(conn: sqlite3.Connection) -> bool:
+            conn.execute(
+                "UPDATE api_keys SET revoked_at = ? WHERE key_id = ? AND revoked_at IS NULL",
+                (self._clock(), key_id),
+            )
+            found = conn.execute("SELECT 1 FROM api_keys WHERE key_id = ?", (key_id,))
+            return found.fetchone() is not None
+
+        return await self._run(revoke)
+
     # --- plumbing -----------------------------------------------------------------
+
+    def _hash(self, key: str) -> str:
+        if self._key_secret is None:
+            raise NoKeySecret()
+        return hash_api_key(key, self._key_secret)
 
     def _create_schema(self, conn: sqlite3.Connection) -> None:
         create_schema(conn)
@@ -323,10 +384,15 @@ class SQLiteStore(SQLiteFile):
             if request is not None:
                 conn.execute(
                     f"INSERT OR IGNORE INTO requests ({REQUEST_COLUMNS})"
-                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     astuple(replace(request, created_at=stored.created_at)),
                 )
             return stored
+
+
+def _owned(conversation: Conversation | None, org_id: str, user_id: str) -> bool:
+    return (conversation is not None and bool(org_id)
+            and (conversation.org_id, conversation.user_id) == (org_id, user_id))  # fmt: skip
 
 
 def _get_conversation(conn: sqlite3.Connection, conversation_id: str) -> Conversation | None:

@@ -8,15 +8,17 @@ Contracts every store keeps:
 
 * Every write is idempotent on its id, so redelivered events never store a
   message twice.
-* Ownership: reads keyed by a conversation or message id (`get_conversation`,
-  `list_messages`, `get_tree`, `message_usage`, `list_summaries`, …) do not
-  check who asks — the caller checks first, as the gateway's
+* Ownership is by (org_id, user_id): two orgs may each have a user with the
+  same id, and neither sees the other's conversations. Reads keyed by a
+  conversation or message id (`get_conversation`, `list_messages`, `get_tree`,
+  `message_usage`, `list_summaries`, …) do not check who asks — the caller
+  compares the record's (org_id, user_id) with its own first, as the gateway's
   `owned_conversation` dependency does. Writes that change an existing
   conversation on a user's behalf (`rename_conversation`,
-  `delete_conversation`, `select_message`) take the `user_id` and do nothing
-  (None / False, as for an unknown id) unless that user owns it. Pipeline
-  writes (`add_message`, `start_answer`, `finish_answer`, `set_auto_title`,
-  `save_summary`, `save_embeddings`) are trusted and unchecked.
+  `delete_conversation`, `select_message`) take the `user_id` and `org_id`
+  and do nothing (None / False, as for an unknown id) unless that user of that
+  org owns it. Pipeline writes (`add_message`, `start_answer`, `finish_answer`,
+  `set_auto_title`, `save_summary`, `save_embeddings`) are trusted and unchecked.
 * Branches: a message's `parent_id` links it to the message it follows;
   regenerations (assistant) and edits (user) are siblings under one parent.
   The store remembers, per parent, which child is selected: `add_message`
@@ -25,6 +27,12 @@ Contracts every store keeps:
   (`start_answer`: status IN_PROGRESS, empty content, with its `RequestRecord`);
   whoever sees the answer end first gives it its final text (`finish_answer`),
   and only that one writer succeeds.
+* API keys: only a keyed hash of a key is stored (`hash_api_key`: HMAC-SHA256
+  under the deployment's key secret, which the store is opened with), with a
+  public `key_id`, the owner and its tier, a name, an expiry and a revocation
+  time. `find_api_key` returns the row as stored, revoked or expired alike:
+  whoever authenticates decides with `ApiKey.refusal(now)`. Nothing caches a
+  key, so a revocation holds on every gateway from its next request.
 """
 
 from __future__ import annotations
@@ -32,6 +40,7 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
+import hmac
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
@@ -49,18 +58,23 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True, slots=True)
 class Conversation:
-    """`title` is the user's (set on create or by rename); `auto_title` the generated one."""
+    """`title` is the user's (set on create or by rename); `auto_title` the generated one.
+    Its owner is (`org_id`, `user_id`)."""
 
     conversation_id: str
     user_id: str
     title: str
     created_at: float
     auto_title: str = ""
+    org_id: str = ""
 
     @property
     def display_title(self) -> str:
         """What a conversation list shows: the user's title, else the generated one."""
         return self.title or self.auto_title
+
+    def owned_by(self, owner: ApiKey) -> bool:
+        return owns(self.org_id, self.user_id, owner)
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,8 +128,9 @@ class StoredMessage:
 
 @dataclass(frozen=True, slots=True)
 class RequestRecord:
-    """The request behind a stored answer: who may resume or cancel it, and where its
-    events start on `chat.answers` (partition, offset of its AnswerStarted marker)."""
+    """The request behind a stored answer: who may resume or cancel it ((`org_id`,
+    `user_id`)), and where its events start on `chat.answers` (partition, offset of its
+    AnswerStarted marker)."""
 
     request_id: str
     conversation_id: str
@@ -125,6 +140,10 @@ class RequestRecord:
     answers_offset: int
     reply_to: str  # the delivery topic of the gateway that queued it
     created_at: float = 0.0  # set by the store on write (store clock), like a message's
+    org_id: str = ""  # "" (a record from before orgs were kept) is nobody's
+
+    def owned_by(self, owner: ApiKey) -> bool:
+        return owns(self.org_id, self.user_id, owner)
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,12 +170,29 @@ class Summary:
 
 @dataclass(frozen=True, slots=True)
 class ApiKey:
-    """Who an API key belongs to. Only a hash of the key is stored."""
+    """An API key's row: who it belongs to (user, org, tier) and whether it still opens.
+
+    Only a keyed hash of the key itself is stored. `key_id` is public (`chatpipe keys
+    list`, `chatpipe keys revoke KEY_ID`); a store given none derives it from the hash.
+    Times are epoch seconds; `expires_at` None never expires, `revoked_at` None is not
+    revoked."""
 
     user_id: str
     org_id: str
     tier: Tier
     created_at: float = field(default=0.0)
+    key_id: str = ""
+    name: str = ""
+    expires_at: float | None = None
+    revoked_at: float | None = None
+
+    def refusal(self, now: float) -> str | None:
+        """Why the key no longer opens at `now`, or None while it does."""
+        if self.revoked_at is not None:
+            return "this API key has been revoked"
+        if self.expires_at is not None and now >= self.expires_at:
+            return "this API key has expired"
+        return None
 
 
 class ConversationStore(Protocol):
@@ -168,30 +204,33 @@ class ConversationStore(Protocol):
     # --- conversations ------------------------------------------------------------
 
     async def create_conversation(
-        self, conversation_id: str, user_id: str, title: str = ""
+        self, conversation_id: str, user_id: str, title: str = "", *, org_id: str
     ) -> Conversation:
-        """Create it, or return the one already stored under this id unchanged."""
+        """Create it for (`org_id`, `user_id`), or return the one already stored under this
+        id unchanged."""
 
     async def get_conversation(self, conversation_id: str) -> Conversation | None: ...
 
     async def list_conversations(
-        self, user_id: str, *, limit: int = 50, cursor: str | None = None
+        self, user_id: str, *, org_id: str, limit: int = 50, cursor: str | None = None
     ) -> ConversationPage:
-        """A page of `user_id`'s conversations, newest `created_at` first."""
+        """A page of the conversations of (`org_id`, `user_id`), newest `created_at` first."""
 
     async def rename_conversation(
-        self, conversation_id: str, user_id: str, title: str
+        self, conversation_id: str, user_id: str, title: str, *, org_id: str
     ) -> Conversation | None:
-        """Set the user's title; None if there is no such conversation of `user_id`."""
+        """Set the user's title; None if there is no such conversation of (`org_id`,
+        `user_id`)."""
 
     async def set_auto_title(self, conversation_id: str, title: str) -> None:
         """Store the generated title (shown while the user has set none)."""
 
-    async def delete_conversation(self, conversation_id: str, user_id: str) -> bool:
+    async def delete_conversation(self, conversation_id: str, user_id: str, *,
+                                  org_id: str) -> bool:
         """Delete it with its messages, branch choices, summaries, embeddings and
         request records.
 
-        False if there is no such conversation of `user_id`."""
+        False if there is no such conversation of (`org_id`, `user_id`)."""
 
     # --- messages -----------------------------------------------------------------
 
@@ -230,12 +269,13 @@ class ConversationStore(Protocol):
     async def get_tree(self, conversation_id: str) -> ConversationTree:
         """Every message with the selected child at each branch point."""
 
-    async def select_message(self, conversation_id: str, user_id: str, message_id: str) -> bool:
+    async def select_message(self, conversation_id: str, user_id: str, message_id: str, *,
+                             org_id: str) -> bool:
         """Put `message_id` on the current thread: select it and each of its ancestors.
 
         The thread then continues below it through the children selected
-        there before. False if the conversation is not `user_id`'s or the
-        message is not in it."""
+        there before. False if the conversation is not (`org_id`, `user_id`)'s or
+        the message is not in it."""
 
     async def message_usage(self, conversation_id: str) -> list[MessageUsage]:
         """Prompt, cached and completion tokens of every answer, in seq order."""
@@ -261,9 +301,30 @@ class ConversationStore(Protocol):
     # --- API keys -----------------------------------------------------------------
 
     async def add_api_key(self, key: str, owner: ApiKey) -> None:
-        """Store (idempotently) a hash of `key` with its owner."""
+        """Store the keyed hash of `key` with its row (`owner`: its key_id, or one derived
+        from the hash when empty; its created_at, or the store clock's when 0).
 
-    async def find_api_key(self, key: str) -> ApiKey | None: ...
+        Idempotent: a key already stored, or a key_id already taken, keeps the row stored
+        first. Needs the key secret (RuntimeError without one)."""
+
+    async def find_api_key(self, key: str) -> ApiKey | None:
+        """The row of `key` as stored, revoked or expired too (`ApiKey.refusal` decides);
+        None if no such key. Needs the key secret."""
+
+    async def list_api_keys(self) -> list[ApiKey]:
+        """Every key's row (no secrets), oldest first."""
+
+    async def revoke_api_key(self, key_id: str) -> bool:
+        """Revoke the key at once (store clock); revoking it again keeps the first time.
+
+        False if there is no key `key_id`."""
+
+
+def owns(org_id: str, user_id: str, owner: ApiKey) -> bool:
+    """Whether `owner` (a key's row) is the user `user_id` of org `org_id`: both must
+    match, as the same user id may exist in two orgs. No org ("", a row from before
+    orgs were kept) is nobody's."""
+    return bool(org_id) and (org_id, user_id) == (owner.org_id, owner.user_id)
 
 
 def check_answer_start(message: NewMessage, request: RequestRecord) -> None:
@@ -277,9 +338,33 @@ def check_answer_start(message: NewMessage, request: RequestRecord) -> None:
         raise ValueError(f"answer {message.message_id} is not the answer of {request}")
 
 
-def hash_api_key(key: str) -> str:
-    """The stored form of an API key: hex sha256, so a leaked table leaks no keys."""
-    return hashlib.sha256(key.encode()).hexdigest()
+def hash_api_key(key: str, secret: bytes) -> str:
+    """The stored form of an API key: hex HMAC-SHA256 under the deployment's key secret
+    (CHATPIPE_KEY_SECRET), so a leaked table leaks no keys and, without the secret, lets
+    no one test guesses against it. Another secret gives other hashes: rotating the
+    secret invalidates every key.
+
+    Rows stored by an earlier chatpipe hold a plain sha256 of the key: no HMAC ever
+    equals one, so those keys no longer open (the stores show them revoked; the
+    development key is stored again on every `chatpipe up`)."""
+    return hmac.new(secret, key.encode(), hashlib.sha256).hexdigest()
+
+
+KEY_ID_CHARS = 12
+"""Length of a key_id a store derives from a key's hash (keys it did not name)."""
+
+
+def derived_key_id(key_hash: str) -> str:
+    """The key_id of a key stored without one: the start of its hash. A row from an
+    earlier chatpipe (a sha256, no key_id) gets its id the same way."""
+    return key_hash[:KEY_ID_CHARS]
+
+
+class NoKeySecret(RuntimeError):
+    """A store opened without the key secret was asked to hash a key."""
+
+    def __init__(self) -> None:
+        super().__init__("API keys need the key secret: set CHATPIPE_KEY_SECRET")
 
 
 def encode_cursor(conversation: Conversation) -> str:

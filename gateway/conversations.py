@@ -1,7 +1,8 @@
 """Native API routes over the caller's conversations: create, list, read as a message
 tree, rename, delete, choose a branch, and what each answer cost.
 
-A user only ever sees their own conversations: any other id is 404, as an
+A user only ever sees their own conversations — their own by (org, user): a user
+with the same id in another org is someone else — any other id is 404, as an
 unknown one is (`OwnedConversation`).
 """
 
@@ -35,7 +36,8 @@ router = APIRouter(tags=["conversations"])
 async def create_conversation(
     create: CreateConversation, owner: Owner, store: StoreDep
 ) -> ConversationPublic:
-    conversation = await store.create_conversation(uuid.uuid4().hex, owner.user_id, create.title)
+    conversation = await store.create_conversation(uuid.uuid4().hex, owner.user_id, create.title,
+                                                   org_id=owner.org_id)  # fmt: skip
     return public(conversation)
 
 
@@ -48,7 +50,8 @@ async def list_conversations(
 ) -> ConversationList:
     """The caller's conversations, newest first, a page at a time."""
     try:
-        page = await store.list_conversations(owner.user_id, limit=limit, cursor=cursor)
+        page = await store.list_conversations(owner.user_id, org_id=owner.org_id, limit=limit,
+                                              cursor=cursor)  # fmt: skip
     except ValueError as error:
         raise ApiError(404, "cursor_not_found", "no page at this cursor: pass back a "
                        "next_cursor as it came", param="cursor") from error
@@ -67,7 +70,7 @@ async def rename_conversation(
     rename: RenameConversation, conversation: OwnedConversation, owner: Owner, store: StoreDep
 ) -> ConversationPublic:
     renamed = await store.rename_conversation(
-        conversation.conversation_id, owner.user_id, rename.title
+        conversation.conversation_id, owner.user_id, rename.title, org_id=owner.org_id
     )
     if renamed is None:  # deleted meanwhile
         raise _not_found(conversation.conversation_id)
@@ -89,7 +92,7 @@ async def select_message(
 ) -> ConversationDetail:
     """Put a message (a regeneration, an edit) on the thread; the next turn continues it."""
     cid = conversation.conversation_id
-    if not await store.select_message(cid, owner.user_id, message_id):
+    if not await store.select_message(cid, owner.user_id, message_id, org_id=owner.org_id):
         raise ApiError(404, "message_not_found", f"no message {message_id!r} in this conversation")
     return await detail(store, conversation)
 
@@ -122,7 +125,8 @@ async def delete(deps: GatewayDeps, owner: ApiKey, conversation_id: str) -> None
     for request_id in await deps.store.in_progress_requests(conversation_id):
         await deps.pipeline.cancel(request_id, reason="conversation_deleted")
     await deps.background.cancel(conversation_id)
-    if not await deps.store.delete_conversation(conversation_id, owner.user_id):
+    if not await deps.store.delete_conversation(conversation_id, owner.user_id,
+                                                org_id=owner.org_id):
         raise _not_found(conversation_id)  # deleted meanwhile
 
 

@@ -55,7 +55,9 @@ class StreamTimers:
 
 class LiveRequests:
     """The requests this gateway relays right now, by id, for cancels of requests the
-    store does not know (OpenAI-compatible ones). Dropped when their stream closes."""
+    store does not know (OpenAI-compatible ones). Dropped when their stream closes.
+    A request is its owner's by (org_id, user_id): the same user id in another org is
+    someone else."""
 
     def __init__(self) -> None:
         self._requests: dict[str, GenerationRequest] = {}
@@ -66,10 +68,12 @@ class LiveRequests:
     def discard(self, request_id: str) -> None:
         self._requests.pop(request_id, None)
 
-    def owned(self, request_id: str, user_id: str) -> GenerationRequest | None:
-        """The running request, if it is `user_id`'s."""
+    def owned(self, request_id: str, org_id: str, user_id: str) -> GenerationRequest | None:
+        """The running request, if it is the user `user_id`'s of org `org_id`."""
         request = self._requests.get(request_id)
-        return request if request is not None and request.user_id == user_id else None
+        if request is None or (request.org_id, request.user_id) != (org_id, user_id):
+            return None
+        return request
 
     def __len__(self) -> int:
         return len(self._requests)

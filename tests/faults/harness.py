@@ -43,6 +43,8 @@ from schemas.events import Event, WorkerHeartbeat
 from tests.support import find_events
 
 API_KEY = "faults-dev-key"
+KEY_SECRET = "faults-key-secret"
+"""CHATPIPE_KEY_SECRET of every stage: a gateway run alone refuses to start without one."""
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -75,6 +77,7 @@ class Pipeline:
     def env(self, **settings: object) -> dict[str, str]:
         values: dict[str, object] = {
             "engine": "sim", "model": DEFAULT_MODEL_DIR, "dev_api_key": API_KEY,
+            "key_secret": KEY_SECRET,
             "database_path": self.tmp_path / "chatpipe.db", "auto_titles": False,
             "heartbeat_interval_s": 0.5, "worker_lost_after_s": 3.0,
             **self.settings, **settings,

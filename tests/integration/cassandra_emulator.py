@@ -25,6 +25,8 @@ Row = dict[str, Any]
 MESSAGE_COLUMNS = [c.strip() for c in cql.MESSAGE_COLUMNS.split(",")]
 CONVERSATION_COLUMNS = [c.strip() for c in cql.CONVERSATION_COLUMNS.split(",")]
 REQUEST_COLUMNS = [c.strip() for c in cql.REQUEST_COLUMNS.split(",")]
+API_KEY_COLUMNS = [c.strip() for c in cql.API_KEY_COLUMNS.split(",")]
+Owner = tuple[str, str]  # (org_id, user_id): the partition key of conversations_by_owner
 
 
 class _Partition:
@@ -39,13 +41,14 @@ class EmulatedCql:
 
     def __init__(self) -> None:
         self.conversations: dict[str, Row] = {}
-        self.by_user: dict[str, dict[tuple[float, str], Row]] = defaultdict(dict)
+        self.by_owner: dict[Owner, dict[tuple[float, str], Row]] = defaultdict(dict)
         self.messages: dict[str, _Partition] = {}
         self.message_ids: dict[str, Row] = {}
         self.summaries: dict[str, dict[str, Row]] = defaultdict(dict)
         self.embeddings: dict[str, dict[tuple[str, str], bytes]] = defaultdict(dict)
         self.requests: dict[str, Row] = {}
         self.api_keys: dict[str, Row] = {}
+        self.api_key_ids: dict[str, Row] = {}
         self.calls: list[str] = []
         self.closed = False
 
@@ -84,45 +87,57 @@ class EmulatedCql:
         row = dict(zip(CONVERSATION_COLUMNS, values, strict=True))
         return _insert_if_not_exists(self.conversations, row["conversation_id"], row)
 
-    def _insert_conversation_by_user(self, *values: Any) -> list[Row]:
+    def _insert_conversation_by_owner(self, *values: Any) -> list[Row]:
         row = dict(zip(CONVERSATION_COLUMNS, values, strict=True))
-        self.by_user[row["user_id"]][(row["created_at"], row["conversation_id"])] = row
+        owner = (row["org_id"], row["user_id"])
+        self.by_owner[owner][(row["created_at"], row["conversation_id"])] = row
         return []
 
     def _select_conversation(self, conversation_id: str) -> list[Row]:
         found = self.conversations.get(conversation_id)
         return [dict(found)] if found else []
 
-    def _listed(self, user_id: str) -> list[Row]:
-        rows = self.by_user.get(user_id, {}).values()
+    def _listed(self, org_id: str, user_id: str) -> list[Row]:
+        rows = self.by_owner.get((org_id, user_id), {}).values()
         return [
             dict(r) for r in sorted(rows, key=lambda r: (-r["created_at"], r["conversation_id"]))
         ]
 
-    def _page_first(self, user_id: str, limit: int) -> list[Row]:
-        return self._listed(user_id)[:limit]
+    def _page_first(self, org_id: str, user_id: str, limit: int) -> list[Row]:
+        return self._listed(org_id, user_id)[:limit]
 
-    def _page_ties(self, user_id: str, created_at: float, after: str, limit: int) -> list[Row]:
-        rows = self._listed(user_id)
+    def _page_ties(
+        self, org_id: str, user_id: str, created_at: float, after: str, limit: int
+    ) -> list[Row]:
+        rows = self._listed(org_id, user_id)
         return [r for r in rows if r["created_at"] == created_at and r["conversation_id"] > after][
             :limit
         ]
 
-    def _page_older(self, user_id: str, created_at: float, limit: int) -> list[Row]:
-        return [r for r in self._listed(user_id) if r["created_at"] < created_at][:limit]
+    def _page_older(self, org_id: str, user_id: str, created_at: float, limit: int) -> list[Row]:
+        return [r for r in self._listed(org_id, user_id) if r["created_at"] < created_at][:limit]
 
-    def _rename(self, title: str, conversation_id: str, user_id: str) -> list[Row]:
+    def _owned(self, conversation_id: str, org_id: str, user_id: str) -> tuple[Row | None, bool]:
+        """The row, and whether `IF org_id = ? AND user_id = ?` holds on it."""
         found = self.conversations.get(conversation_id)
-        if found is None or found["user_id"] != user_id:
-            return [{"[applied]": False, "user_id": found["user_id"] if found else None}]
+        return found, found is not None and (found["org_id"], found["user_id"]) == (
+            org_id, user_id)  # fmt: skip
+
+    def _rename(self, title: str, conversation_id: str, org_id: str, user_id: str) -> list[Row]:
+        found, owned = self._owned(conversation_id, org_id, user_id)
+        if not owned:
+            return [_refused_owner(found)]
+        assert found is not None
         found["title"] = title
         return [{"[applied]": True}]
 
-    def _by_user_row(self, user_id: str, created_at: float, conversation_id: str) -> Row | None:
-        return self.by_user.get(user_id, {}).get((created_at, conversation_id))
+    def _by_owner_row(
+        self, org_id: str, user_id: str, created_at: float, conversation_id: str
+    ) -> Row | None:
+        return self.by_owner.get((org_id, user_id), {}).get((created_at, conversation_id))
 
-    def _rename_by_user(self, title: str, *key: Any) -> list[Row]:
-        found = self._by_user_row(*key)
+    def _rename_by_owner(self, title: str, *key: Any) -> list[Row]:
+        found = self._by_owner_row(*key)
         if found is not None:
             found["title"] = title
         return [{"[applied]": found is not None}]
@@ -133,21 +148,23 @@ class EmulatedCql:
             found["auto_title"] = title
         return [{"[applied]": found is not None}]
 
-    def _auto_title_by_user(self, title: str, *key: Any) -> list[Row]:
-        found = self._by_user_row(*key)
+    def _auto_title_by_owner(self, title: str, *key: Any) -> list[Row]:
+        found = self._by_owner_row(*key)
         if found is not None:
             found["auto_title"] = title
         return [{"[applied]": found is not None}]
 
-    def _delete_conversation(self, conversation_id: str, user_id: str) -> list[Row]:
-        found = self.conversations.get(conversation_id)
-        if found is None or found["user_id"] != user_id:
-            return [{"[applied]": False, "user_id": found["user_id"] if found else None}]
+    def _delete_conversation(self, conversation_id: str, org_id: str, user_id: str) -> list[Row]:
+        found, owned = self._owned(conversation_id, org_id, user_id)
+        if not owned:
+            return [_refused_owner(found)]
         del self.conversations[conversation_id]
         return [{"[applied]": True}]
 
-    def _delete_conversation_by_user(self, user_id: str, created_at: float, cid: str) -> list[Row]:
-        self.by_user.get(user_id, {}).pop((created_at, cid), None)
+    def _delete_conversation_by_owner(
+        self, org_id: str, user_id: str, created_at: float, cid: str
+    ) -> list[Row]:
+        self.by_owner.get((org_id, user_id), {}).pop((created_at, cid), None)
         return []
 
     def _delete_messages(self, conversation_id: str) -> list[Row]:
@@ -265,16 +282,35 @@ class EmulatedCql:
         return [{"message_id": mid, "vector": v} for (m, mid), v in stored.items() if m == model]
 
     def _insert_api_key(self, key_hash: str, *values: Any) -> list[Row]:
-        if key_hash in self.api_keys:
-            return [{"[applied]": False, "key_hash": key_hash, **self.api_keys[key_hash]}]
-        user_id, org_id, tier, created_at = values
-        self.api_keys[key_hash] = {"user_id": user_id, "org_id": org_id, "tier": tier,
-                                   "created_at": created_at}  # fmt: skip
-        return [{"[applied]": True}]
+        row = {"key_hash": key_hash, **dict(zip(API_KEY_COLUMNS, values, strict=True))}
+        return _insert_if_not_exists(self.api_keys, key_hash, row)
+
+    def _insert_api_key_id(self, key_id: str, key_hash: str) -> list[Row]:
+        row = {"key_id": key_id, "key_hash": key_hash}
+        return _insert_if_not_exists(self.api_key_ids, key_id, row)
 
     def _select_api_key(self, key_hash: str) -> list[Row]:
         found = self.api_keys.get(key_hash)
         return [dict(found)] if found else []
+
+    def _select_api_keys(self) -> list[Row]:
+        return [dict(row) for row in self.api_keys.values()]
+
+    def _select_api_key_id(self, key_id: str) -> list[Row]:
+        found = self.api_key_ids.get(key_id)
+        return [{"key_hash": found["key_hash"]}] if found else []
+
+    def _revoke_api_key(self, revoked_at: float, key_hash: str) -> list[Row]:
+        found = self.api_keys.get(key_hash)
+        if found is not None:
+            found["revoked_at"] = revoked_at
+        return [{"[applied]": found is not None}]
+
+
+def _refused_owner(found: Row | None) -> Row:
+    """A refused `IF org_id = ? AND user_id = ?`: the current values of both."""
+    return {"[applied]": False, "org_id": found["org_id"] if found else None,
+            "user_id": found["user_id"] if found else None}  # fmt: skip
 
 
 def _insert_if_not_exists(table: dict[str, Row], key: str, row: Row) -> list[Row]:

@@ -86,7 +86,7 @@ def sentence_embedder() -> SentenceEmbedder:
 async def store() -> AsyncIterator[SQLiteStore]:
     store = SQLiteStore(":memory:")
     await store.open()
-    await store.create_conversation("c1", "alice")
+    await store.create_conversation("c1", "alice", org_id="acme")
     yield store
     await store.close()
 
@@ -123,7 +123,7 @@ async def play(policy: ContextPolicy, counter: TokenCounter, turns: int) -> list
     """The prompts of a `turns`-long conversation on a fresh store."""
     store = SQLiteStore(":memory:")
     await store.open()
-    await store.create_conversation("c1", "alice")
+    await store.create_conversation("c1", "alice", org_id="acme")
     builder = make_builder(counter, policy)
     prompts = []
     for n in range(turns):

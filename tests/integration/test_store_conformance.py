@@ -16,6 +16,7 @@ Ids are unique per test (`Names`), so tests can share a real keyspace.
 from __future__ import annotations
 
 import asyncio
+import copy
 import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -31,6 +32,7 @@ from conversations.store import (
     ApiKey,
     ConversationStore,
     NewMessage,
+    NoKeySecret,
     RequestRecord,
     StoredMessage,
 )
@@ -40,6 +42,7 @@ from schemas.topics import Tier
 from tests.integration.cassandra_emulator import EmulatedCql
 
 CASSANDRA_HOSTS = [h.strip() for h in os.environ.get("CASSANDRA_HOSTS", "").split(",") if h.strip()]
+KEY_SECRET = b"conformance-key-secret"
 NO_SERVER = (
     "CASSANDRA_HOSTS is not set: no Cassandra server to run the store against"
     " (e.g. CASSANDRA_HOSTS=127.0.0.1:9042); the emulated run still covers its logic"
@@ -92,17 +95,17 @@ async def store(request: pytest.FixtureRequest, clock: Clock) -> AsyncIterator[C
     kind = request.param
     made: ConversationStore
     if kind == "sqlite":
-        made = SQLiteStore(":memory:", clock=clock)
+        made = SQLiteStore(":memory:", clock=clock, key_secret=KEY_SECRET)
     elif kind == "cassandra-emulated":
         emulator = EmulatedCql()
 
         async def connect() -> EmulatedCql:
             return emulator
 
-        made = CassandraStore([], clock=clock, connect=connect)
+        made = CassandraStore([], clock=clock, connect=connect, key_secret=KEY_SECRET)
     else:
         keyspace = request.getfixturevalue("cassandra_keyspace")
-        made = CassandraStore(CASSANDRA_HOSTS, keyspace, clock=clock)
+        made = CassandraStore(CASSANDRA_HOSTS, keyspace, clock=clock, key_secret=KEY_SECRET)
     await made.open()
     yield made
     await made.close()
@@ -131,7 +134,7 @@ def request_of(message: NewMessage, **fields) -> RequestRecord:
     assert message.request_id is not None
     request = RequestRecord(message.request_id, message.conversation_id, message.message_id,
                             "alice", answers_partition=3, answers_offset=42,
-                            reply_to="chat.deliver.gw-1")  # fmt: skip
+                            reply_to="chat.deliver.gw-1", org_id="acme")  # fmt: skip
     return replace(request, **fields)
 
 
@@ -244,7 +247,7 @@ async def test_a_started_answer_is_stored_in_progress_and_selected(
     assert ids((await store.get_tree(n.c1)).thread()) == [n.u1, n.a2]
     assert await store.get_request(f"r-{n.a2}") == RequestRecord(
         f"r-{n.a2}", n.c1, n.a2, "alice", answers_partition=3, answers_offset=42,
-        reply_to="chat.deliver.gw-1", created_at=1_700_000_500.5,
+        reply_to="chat.deliver.gw-1", created_at=1_700_000_500.5, org_id="acme",
     )  # fmt: skip
     assert await store.get_request(n.unknown) is None
 
@@ -317,11 +320,11 @@ async def test_of_two_concurrent_finishes_one_wins(store: ConversationStore, n: 
 async def test_a_deleted_conversation_keeps_no_answer_to_finish(
     store: ConversationStore, n: Names
 ) -> None:
-    await store.create_conversation(n.c1, n.alice)
+    await store.create_conversation(n.c1, n.alice, org_id=n.org)
     await store.add_message(user_message(n.u1, n.c1))
     await start(store, n.a1, n.c1, n.u1)
 
-    assert await store.delete_conversation(n.c1, n.alice)
+    assert await store.delete_conversation(n.c1, n.alice, org_id=n.org)
     assert not await store.finish_answer(answer(n.a1, n.c1, n.u1))
 
     assert await store.get_message(n.a1) is None and await store.list_messages(n.c1) == []
@@ -349,7 +352,7 @@ async def test_in_progress_requests_lists_only_unfinished_answers(
 async def test_a_new_message_is_selected_under_its_parent(
     store: ConversationStore, n: Names
 ) -> None:
-    await store.create_conversation(n.c1, n.alice)
+    await store.create_conversation(n.c1, n.alice, org_id=n.org)
     await store.add_message(user_message(n.u1, n.c1))
     await store.add_message(answer(n.a1, n.c1, n.u1))
     await store.add_message(answer(n.a2, n.c1, n.u1))  # regenerate: a sibling, now shown
@@ -364,7 +367,7 @@ async def test_a_new_message_is_selected_under_its_parent(
 async def test_select_an_older_branch_and_fork_by_editing(
     store: ConversationStore, n: Names
 ) -> None:
-    await store.create_conversation(n.c1, n.alice)
+    await store.create_conversation(n.c1, n.alice, org_id=n.org)
     for message in [
         user_message(n.u1, n.c1), answer(n.a1, n.c1, n.u1),
         user_message(n.u2, n.c1, n.a1), answer(n.a2, n.c1, n.u2),
@@ -373,7 +376,7 @@ async def test_select_an_older_branch_and_fork_by_editing(
         await store.add_message(message)
     assert ids((await store.get_tree(n.c1)).thread()) == [n.u1, n.a1, n.u2_edit, n.a3]
 
-    assert await store.select_message(n.c1, n.alice, n.u2)
+    assert await store.select_message(n.c1, n.alice, n.u2, org_id=n.org)
 
     tree = await store.get_tree(n.c1)
     assert ids(tree.thread()) == [n.u1, n.a1, n.u2, n.a2]  # continues below the chosen one
@@ -384,7 +387,7 @@ async def test_select_an_older_branch_and_fork_by_editing(
 async def test_selecting_a_deep_message_selects_its_ancestors(
     store: ConversationStore, n: Names
 ) -> None:
-    await store.create_conversation(n.c1, n.alice)
+    await store.create_conversation(n.c1, n.alice, org_id=n.org)
     for message in [
         user_message(n.u1, n.c1), answer(n.a1, n.c1, n.u1), user_message(n.u2, n.c1, n.a1),
         user_message(n.v1, n.c1), answer(n.b1, n.c1, n.v1),  # an edit of the first message
@@ -392,23 +395,23 @@ async def test_selecting_a_deep_message_selects_its_ancestors(
         await store.add_message(message)
     assert (await store.get_tree(n.c1)).leaf_id == n.b1
 
-    assert await store.select_message(n.c1, n.alice, n.u2)
+    assert await store.select_message(n.c1, n.alice, n.u2, org_id=n.org)
     assert ids((await store.get_tree(n.c1)).thread()) == [n.u1, n.a1, n.u2]
 
 
 async def test_only_the_owner_selects_and_only_messages_of_the_conversation(
     store: ConversationStore, n: Names
 ) -> None:
-    await store.create_conversation(n.c1, n.alice)
-    await store.create_conversation(n.c2, n.alice)
+    await store.create_conversation(n.c1, n.alice, org_id=n.org)
+    await store.create_conversation(n.c2, n.alice, org_id=n.org)
     await store.add_message(user_message(n.u1, n.c1))
     await store.add_message(user_message(n.u1b, n.c1))
     await store.add_message(user_message(n.x1, n.c2))
 
-    assert not await store.select_message(n.c1, n.mallory, n.u1)
-    assert not await store.select_message(n.c1, n.alice, n.x1)
-    assert not await store.select_message(n.c1, n.alice, n.unknown)
-    assert not await store.select_message(n.unknown, n.alice, n.u1)
+    assert not await store.select_message(n.c1, n.mallory, n.u1, org_id=n.org)
+    assert not await store.select_message(n.c1, n.alice, n.x1, org_id=n.org)
+    assert not await store.select_message(n.c1, n.alice, n.unknown, org_id=n.org)
+    assert not await store.select_message(n.unknown, n.alice, n.u1, org_id=n.org)
     assert (await store.get_tree(n.c1)).leaf_id == n.u1b
 
 
@@ -416,8 +419,8 @@ async def test_only_the_owner_selects_and_only_messages_of_the_conversation(
 
 
 async def test_conversations_are_idempotent(store: ConversationStore, n: Names) -> None:
-    first = await store.create_conversation(n.c1, n.alice, "first")
-    again = await store.create_conversation(n.c1, n.bob, "other title")
+    first = await store.create_conversation(n.c1, n.alice, "first", org_id=n.org)
+    again = await store.create_conversation(n.c1, n.bob, "other title", org_id=n.org)
 
     assert again == first and first.user_id == n.alice and first.title == "first"
     assert await store.get_conversation(n.c1) == first
@@ -430,18 +433,18 @@ async def test_conversations_list_newest_first_in_pages(
     stamps = [10.0, 20.0, 20.0, 20.0, 30.0, 40.0, 40.0]  # ties must not lose or repeat any
     for i, stamp in enumerate(stamps):
         clock.now = stamp
-        await store.create_conversation(f"{n.c}{i}", n.alice)
-    await store.create_conversation(n.other, n.bob)
+        await store.create_conversation(f"{n.c}{i}", n.alice, org_id=n.org)
+    await store.create_conversation(n.other, n.bob, org_id=n.org)
 
     pages, cursor = [], None
     while True:
-        page = await store.list_conversations(n.alice, limit=3, cursor=cursor)
+        page = await store.list_conversations(n.alice, limit=3, cursor=cursor, org_id=n.org)
         pages.append([c.conversation_id for c in page.conversations])
         if page.next_cursor is None:
             break
         cursor = page.next_cursor
         clock.now = 99.0  # a conversation started meanwhile does not shift the next pages
-        await store.create_conversation(f"{n.late}{len(pages)}", n.alice)
+        await store.create_conversation(f"{n.late}{len(pages)}", n.alice, org_id=n.org)
 
     listed = [cid for page in pages for cid in page]
     assert [len(p) for p in pages] == [3, 3, 1]
@@ -449,43 +452,43 @@ async def test_conversations_list_newest_first_in_pages(
 
 
 async def test_listing_edges(store: ConversationStore, n: Names) -> None:
-    empty = await store.list_conversations(n.nobody)
-    await store.create_conversation(n.c1, n.alice)
-    exact = await store.list_conversations(n.alice, limit=1)
+    empty = await store.list_conversations(n.nobody, org_id=n.org)
+    await store.create_conversation(n.c1, n.alice, org_id=n.org)
+    exact = await store.list_conversations(n.alice, limit=1, org_id=n.org)
 
     assert (empty.conversations, empty.next_cursor) == ([], None)
     assert len(exact.conversations) == 1 and exact.next_cursor is None
     with pytest.raises(ValueError):
-        await store.list_conversations(n.alice, cursor="not a cursor")
+        await store.list_conversations(n.alice, cursor="not a cursor", org_id=n.org)
     with pytest.raises(ValueError):
-        await store.list_conversations(n.alice, limit=0)
+        await store.list_conversations(n.alice, limit=0, org_id=n.org)
 
 
 async def test_rename_only_by_the_owner(store: ConversationStore, n: Names) -> None:
-    await store.create_conversation(n.c1, n.alice, "old")
+    await store.create_conversation(n.c1, n.alice, "old", org_id=n.org)
 
-    renamed = await store.rename_conversation(n.c1, n.alice, "new")
-    refused = await store.rename_conversation(n.c1, n.mallory, "pwned")
-    missing = await store.rename_conversation(n.unknown, n.alice, "x")
+    renamed = await store.rename_conversation(n.c1, n.alice, "new", org_id=n.org)
+    refused = await store.rename_conversation(n.c1, n.mallory, "pwned", org_id=n.org)
+    missing = await store.rename_conversation(n.unknown, n.alice, "x", org_id=n.org)
 
     assert renamed is not None and renamed.title == "new"
     assert (refused, missing) == (None, None)
     assert (await store.get_conversation(n.c1)).title == "new"  # type: ignore[union-attr]
-    [listed] = (await store.list_conversations(n.alice)).conversations
+    [listed] = (await store.list_conversations(n.alice, org_id=n.org)).conversations
     assert listed == renamed
 
 
 async def test_auto_title_shows_until_the_user_names_it(store: ConversationStore, n: Names) -> None:
-    await store.create_conversation(n.c1, n.alice)
+    await store.create_conversation(n.c1, n.alice, org_id=n.org)
     await store.set_auto_title(n.c1, "Cat names")
     await store.set_auto_title(n.unknown, "ignored")
 
     titled = await store.get_conversation(n.c1)
     assert titled is not None and (titled.title, titled.display_title) == ("", "Cat names")
-    [listed] = (await store.list_conversations(n.alice)).conversations
+    [listed] = (await store.list_conversations(n.alice, org_id=n.org)).conversations
     assert listed.display_title == "Cat names"
 
-    await store.rename_conversation(n.c1, n.alice, "Mine")
+    await store.rename_conversation(n.c1, n.alice, "Mine", org_id=n.org)
     named = await store.get_conversation(n.c1)
     assert named is not None and named.display_title == "Mine" and named.auto_title == "Cat names"
 
@@ -493,25 +496,25 @@ async def test_auto_title_shows_until_the_user_names_it(store: ConversationStore
 async def test_delete_removes_everything_and_only_for_the_owner(
     store: ConversationStore, n: Names
 ) -> None:
-    await store.create_conversation(n.c1, n.alice)
-    await store.create_conversation(n.keep, n.alice)
+    await store.create_conversation(n.c1, n.alice, org_id=n.org)
+    await store.create_conversation(n.keep, n.alice, org_id=n.org)
     await store.add_message(user_message(n.u1, n.c1))
     await store.add_message(answer(n.a1, n.c1, n.u1))
     await store.add_message(user_message(n.k1, n.keep))
     await store.save_summary(n.c1, n.a1, "a summary")
     await store.save_embeddings(n.c1, "mini", {n.u1: b"\x00" * 8})
 
-    assert not await store.delete_conversation(n.c1, n.mallory)
+    assert not await store.delete_conversation(n.c1, n.mallory, org_id=n.org)
     assert await store.get_conversation(n.c1) is not None
-    assert await store.delete_conversation(n.c1, n.alice)
-    assert not await store.delete_conversation(n.c1, n.alice)
+    assert await store.delete_conversation(n.c1, n.alice, org_id=n.org)
+    assert not await store.delete_conversation(n.c1, n.alice, org_id=n.org)
 
     assert await store.get_conversation(n.c1) is None
     assert await store.list_messages(n.c1) == [] and await store.get_message(n.u1) is None
     assert (await store.get_tree(n.c1)).thread() == []
     assert await store.list_summaries(n.c1) == []
     assert await store.load_embeddings(n.c1, "mini") == {}
-    listed = (await store.list_conversations(n.alice)).conversations
+    listed = (await store.list_conversations(n.alice, org_id=n.org)).conversations
     assert [c.conversation_id for c in listed] == [n.keep]
     assert ids(await store.list_messages(n.keep)) == [n.k1]
 
@@ -553,5 +556,161 @@ async def test_api_keys_are_idempotent(store: ConversationStore, n: Names) -> No
     await store.add_api_key(n.secret, ApiKey(n.u1, n.o1, Tier.PRO, created_at=5.0))
     await store.add_api_key(n.secret, ApiKey(n.u2, n.o2, Tier.FREE))  # keeps the first
 
-    assert await store.find_api_key(n.secret) == ApiKey(n.u1, n.o1, Tier.PRO, 5.0)
+    found = await store.find_api_key(n.secret)
+    assert found is not None
+    assert (found.user_id, found.org_id, found.tier, found.created_at) == (
+        n.u1, n.o1, Tier.PRO, 5.0)  # fmt: skip
     assert await store.find_api_key(n.other) is None
+
+
+# --- API keys: ids, listing, expiry, revocation -----------------------------------------
+
+
+async def test_an_api_key_round_trips_every_field(
+    store: ConversationStore, n: Names, clock: Clock
+) -> None:
+    row = ApiKey(n.u1, n.o1, Tier.ENTERPRISE, created_at=10.0, key_id=n.k1, name="ci",
+                 expires_at=99.5)  # fmt: skip
+    await store.add_api_key(n.secret, row)
+    clock.now = 20.0
+    await store.add_api_key(n.other, ApiKey(n.u2, n.o2, Tier.FREE))  # no id, no time
+
+    assert await store.find_api_key(n.secret) == row
+    derived = await store.find_api_key(n.other)
+    assert derived is not None and derived.created_at == 20.0 and derived.name == ""
+    assert len(derived.key_id) == 12 and derived.key_id not in n.other
+    assert (derived.expires_at, derived.revoked_at) == (None, None)
+    await store.add_api_key(n.other, ApiKey(n.u2, n.o2, Tier.FREE))
+    assert await store.find_api_key(n.other) == derived  # the same id again
+
+
+async def test_a_key_id_already_taken_keeps_the_first_key(
+    store: ConversationStore, n: Names
+) -> None:
+    await store.add_api_key(n.first, ApiKey(n.u1, n.o1, Tier.PRO, key_id=n.k1))
+    await store.add_api_key(n.second, ApiKey(n.u2, n.o2, Tier.PRO, key_id=n.k1))
+
+    assert await store.find_api_key(n.second) is None
+    found = await store.find_api_key(n.first)
+    assert found is not None and found.user_id == n.u1
+    assert await store.revoke_api_key(n.k1)
+    revoked = await store.find_api_key(n.first)
+    assert revoked is not None and revoked.revoked_at is not None
+
+
+async def test_keys_are_listed_oldest_first_without_secrets(
+    store: ConversationStore, n: Names
+) -> None:
+    await store.add_api_key(n.newer, ApiKey(n.u2, n.o1, Tier.FREE, 20.0, n.k2))
+    await store.add_api_key(n.older, ApiKey(n.u1, n.o1, Tier.PRO, 10.0, n.k1, "mine"))
+
+    listed = [k for k in await store.list_api_keys() if k.key_id in (n.k1, n.k2)]
+
+    assert listed == [ApiKey(n.u1, n.o1, Tier.PRO, 10.0, n.k1, "mine"),
+                      ApiKey(n.u2, n.o1, Tier.FREE, 20.0, n.k2)]  # fmt: skip
+    assert not any(n.older in repr(k) or n.newer in repr(k) for k in listed)
+
+
+async def test_revoking_a_key_holds_at_once_and_keeps_its_first_time(
+    store: ConversationStore, n: Names, clock: Clock
+) -> None:
+    await store.add_api_key(n.secret, ApiKey(n.u1, n.o1, Tier.PRO, key_id=n.k1))
+    await store.add_api_key(n.other, ApiKey(n.u1, n.o1, Tier.PRO, key_id=n.k2))
+    clock.now = 1_700_000_777.0
+
+    assert await store.revoke_api_key(n.k1)
+    clock.now += 60
+    assert await store.revoke_api_key(n.k1)  # again: still revoked, same time
+    assert not await store.revoke_api_key(n.unknown)
+
+    revoked = await store.find_api_key(n.secret)
+    assert revoked is not None and revoked.revoked_at == 1_700_000_777.0
+    assert revoked.refusal(now=0.0) is not None  # revoked is revoked, whatever the time
+    kept = await store.find_api_key(n.other)
+    assert kept is not None and kept.revoked_at is None and kept.refusal(now=0.0) is None
+    [listed] = [k for k in await store.list_api_keys() if k.key_id == n.k1]
+    assert listed.revoked_at == 1_700_000_777.0
+
+
+async def test_an_expired_key_is_found_and_refused_by_the_check(
+    store: ConversationStore, n: Names
+) -> None:
+    await store.add_api_key(n.secret, ApiKey(n.u1, n.o1, Tier.PRO, 100.0, n.k1,
+                                             expires_at=200.0))  # fmt: skip
+
+    found = await store.find_api_key(n.secret)
+
+    assert found is not None and found.expires_at == 200.0
+    assert found.refusal(now=199.9) is None
+    assert found.refusal(now=200.0) is not None
+
+
+# --- ownership is (org, user) -----------------------------------------------------------
+
+
+async def test_the_same_user_id_in_two_orgs_are_two_owners(
+    store: ConversationStore, n: Names
+) -> None:
+    mine = await store.create_conversation(n.c1, n.alice, "acme's", org_id=n.acme)
+    theirs = await store.create_conversation(n.c2, n.alice, "globex's", org_id=n.globex)
+    await store.add_message(user_message(n.u1, n.c1))
+    await store.add_message(user_message(n.u2, n.c1))
+
+    assert (mine.org_id, theirs.org_id) == (n.acme, n.globex)
+    assert await store.get_conversation(n.c1) == mine
+    listed = await store.list_conversations(n.alice, org_id=n.acme)
+    assert [c.conversation_id for c in listed.conversations] == [n.c1]
+    listed = await store.list_conversations(n.alice, org_id=n.globex)
+    assert [c.conversation_id for c in listed.conversations] == [n.c2]
+    assert await store.list_conversations(n.alice, org_id="") == (
+        await store.list_conversations(n.nobody, org_id=n.acme))  # fmt: skip
+
+    assert await store.rename_conversation(n.c1, n.alice, "pwned", org_id=n.globex) is None
+    assert not await store.select_message(n.c1, n.alice, n.u1, org_id=n.globex)
+    assert not await store.delete_conversation(n.c1, n.alice, org_id=n.globex)
+    assert not await store.delete_conversation(n.c1, n.alice, org_id="")
+    assert await store.get_conversation(n.c1) == mine
+    assert (await store.get_tree(n.c1)).leaf_id == n.u2
+
+    renamed = await store.rename_conversation(n.c1, n.alice, "ours", org_id=n.acme)
+    assert renamed is not None and (renamed.title, renamed.org_id) == ("ours", n.acme)
+    assert await store.select_message(n.c1, n.alice, n.u1, org_id=n.acme)
+    assert await store.delete_conversation(n.c1, n.alice, org_id=n.acme)
+    assert await store.get_conversation(n.c2) == theirs
+
+
+async def test_a_request_record_keeps_its_owners_org(store: ConversationStore, n: Names) -> None:
+    await store.add_message(user_message(n.u1, n.c1))
+    await start(store, n.a1, n.c1, n.u1, org_id=n.globex)
+
+    request = await store.get_request(f"r-{n.a1}")
+
+    assert request is not None and (request.org_id, request.user_id) == (n.globex, "alice")
+    owner = ApiKey("alice", n.globex, Tier.FREE)
+    assert request.owned_by(owner)
+    assert not request.owned_by(replace(owner, org_id=n.acme))
+    assert not request.owned_by(replace(owner, user_id="mallory"))
+
+
+async def test_a_store_without_the_key_secret_lists_and_revokes_but_cannot_hash(
+    store: ConversationStore, n: Names
+) -> None:
+    """The same data through a store opened without a secret (the CLI's list/revoke)."""
+    await store.add_api_key(n.secret, ApiKey(n.u1, n.o1, Tier.PRO, key_id=n.k1))
+    blind = _without_secret(store)
+
+    with pytest.raises(NoKeySecret):
+        await blind.find_api_key(n.secret)
+    with pytest.raises(NoKeySecret):
+        await blind.add_api_key(n.other, ApiKey(n.u1, n.o1, Tier.PRO))
+    assert n.k1 in [k.key_id for k in await blind.list_api_keys()]
+    assert await blind.revoke_api_key(n.k1)
+    found = await store.find_api_key(n.secret)
+    assert found is not None and found.revoked_at is not None
+
+
+def _without_secret(store: ConversationStore) -> ConversationStore:
+    """The fixture's store, its key secret taken away (same connection, same data)."""
+    blind = copy.copy(store)
+    blind._key_secret = None  # type: ignore[attr-defined]
+    return blind

@@ -14,9 +14,10 @@ import pytest
 from conversations import cassandra_schema as cql
 from conversations.cassandra_session import bind_values, bridge, parse_hosts
 from conversations.cassandra_store import claim_seq
-from conversations.store import Conversation, RequestRecord, StoredMessage
+from conversations.store import ApiKey, Conversation, RequestRecord, StoredMessage
 from schemas.events import Role
 from schemas.lifecycle import RequestStatus
+from schemas.topics import Tier
 
 UNSET = object()
 
@@ -47,24 +48,41 @@ def test_schema_creates_keyspace_then_every_table_idempotently() -> None:
         "CREATE KEYSPACE IF NOT EXISTS chat_ks WITH replication ="
         " {'class': 'SimpleStrategy', 'replication_factor': 3}"
     )
-    tables = [re.search(r"TABLE IF NOT EXISTS (\S+) \(", s).group(1) for s in statements[1:]]
+    created = statements[1:1 + len(cql.TABLES)]
+    tables = [re.search(r"TABLE IF NOT EXISTS (\S+) \(", s).group(1) for s in created]
     assert tables == [
-        "chat_ks.conversations", "chat_ks.conversations_by_user", "chat_ks.messages",
+        "chat_ks.conversations", "chat_ks.conversations_by_owner", "chat_ks.messages",
         "chat_ks.message_ids", "chat_ks.summaries", "chat_ks.embeddings", "chat_ks.requests",
-        "chat_ks.api_keys",
+        "chat_ks.api_keys", "chat_ks.api_key_ids",
     ]  # fmt: skip
+    upgrades = statements[1 + len(cql.TABLES):]
+    assert upgrades and all(
+        re.fullmatch(r"ALTER TABLE chat_ks\.\w+ ADD IF NOT EXISTS \w+ \w+", s) for s in upgrades
+    ), upgrades
+
+
+def test_upgrades_add_only_columns_the_tables_have() -> None:
+    """An older keyspace ends up with the columns a new one is created with."""
+    ddl = {re.search(r"chat\.(\w+)", s).group(1): s for s in cql.schema_cql("chat")[1:]
+           if s.startswith("CREATE")}  # fmt: skip
+    for upgrade in cql.UPGRADES:
+        table, column, kind = re.fullmatch(
+            r"ALTER TABLE \{ks\}\.(\w+) ADD IF NOT EXISTS (\w+) (\w+)", upgrade).groups()
+        assert f"\n    {column} {kind}" in ddl[table], upgrade
 
 
 def test_tables_are_keyed_for_their_queries() -> None:
-    ddl = {re.search(r"chat\.(\w+)", s).group(1): s for s in cql.schema_cql("chat")[1:]}
+    ddl = {re.search(r"chat\.(\w+)", s).group(1): s for s in cql.schema_cql("chat")[1:]
+           if s.startswith("CREATE")}  # fmt: skip
 
     assert "PRIMARY KEY (conversation_id, seq)" in ddl["messages"]
     assert "last_seq int STATIC" in ddl["messages"]
     assert "selected map<text, text> STATIC" in ddl["messages"]
-    assert "PRIMARY KEY (user_id, created_at, conversation_id)" in ddl["conversations_by_user"]
-    assert (
-        "CLUSTERING ORDER BY (created_at DESC, conversation_id ASC)" in ddl["conversations_by_user"]
-    )
+    by_owner = ddl["conversations_by_owner"]
+    assert "PRIMARY KEY ((org_id, user_id), created_at, conversation_id)" in by_owner
+    assert "CLUSTERING ORDER BY (created_at DESC, conversation_id ASC)" in by_owner
+    assert "key_hash text PRIMARY KEY" in ddl["api_keys"]
+    assert "key_id text PRIMARY KEY" in ddl["api_key_ids"]
     assert "created_at double" in ddl["conversations"]
     assert "request_id text PRIMARY KEY" in ddl["requests"]
     assert "answers_offset bigint" in ddl["requests"]  # a Kafka offset is 64-bit
@@ -94,24 +112,27 @@ def test_writes_that_need_a_condition_have_one() -> None:
 
     assert conditions == {
         "insert_conversation": "NOT EXISTS",
-        "rename": "user_id = ?",
-        "rename_by_user": "EXISTS",
+        "rename": "org_id = ? AND user_id = ?",
+        "rename_by_owner": "EXISTS",
         "auto_title": "EXISTS",
-        "auto_title_by_user": "EXISTS",
-        "delete_conversation": "user_id = ?",
+        "auto_title_by_owner": "EXISTS",
+        "delete_conversation": "org_id = ? AND user_id = ?",
         "claim_seq": "last_seq = ?",
         "finish_answer": "status = ?",
         "insert_request": "NOT EXISTS",
         "insert_message_id": "NOT EXISTS",
         "add_choices": "last_seq > 0",
         "insert_api_key": "NOT EXISTS",
+        "insert_api_key_id": "NOT EXISTS",
+        "revoke_api_key": "EXISTS",
     }
 
 
 def test_record_values_match_their_insert_markers() -> None:
     statements = cql.statements("chat")
-    conversation = Conversation("c1", "u1", "t", 1.0, "auto")
-    request = RequestRecord("r1", "c1", "m1", "u1", 3, 42, "chat.deliver.gw-1", 1.0)
+    conversation = Conversation("c1", "u1", "t", 1.0, "auto", "o1")
+    request = RequestRecord("r1", "c1", "m1", "u1", 3, 42, "chat.deliver.gw-1", 1.0, "o1")
+    key = ApiKey("u1", "o1", Tier.PRO, 1.0, "k1", "ci", 2.0)
 
     assert len(cql.message_values(message())) == statements["insert_message"].count("?")
     assert len(astuple(request)) == statements["insert_request"].count("?")
@@ -119,6 +140,7 @@ def test_record_values_match_their_insert_markers() -> None:
     assert len(cql.conversation_values(conversation)) == statements["insert_conversation"].count(
         "?"
     )
+    assert len(cql.api_key_values("h", key)) == statements["insert_api_key"].count("?")
 
 
 # --- binding and hosts ----------------------------------------------------------------
@@ -175,14 +197,28 @@ def test_applied_reads_the_lwt_flag() -> None:
 
 def test_conversation_and_summary_rows() -> None:
     row = {"conversation_id": "c1", "user_id": "u1", "title": None, "auto_title": None,
-           "created_at": 5.0}  # fmt: skip
+           "created_at": 5.0, "org_id": "o1"}  # fmt: skip
+    older = {**row, "org_id": None}  # a row from before orgs: nobody's
     summaries = [
         {"conversation_id": "c1", "through_message_id": "b", "content": "x", "created_at": 2.0},
         {"conversation_id": "c1", "through_message_id": "a", "content": "y", "created_at": 1.0},
     ]
 
-    assert cql.conversation_of(row) == Conversation("c1", "u1", "", 5.0, "")
+    assert cql.conversation_of(row) == Conversation("c1", "u1", "", 5.0, "", "o1")
+    assert cql.conversation_of(older).org_id == ""
     assert [s.through_message_id for s in cql.summaries_of(summaries)] == ["a", "b"]
+
+
+def test_api_key_rows_round_trip_and_old_rows_read_revoked() -> None:
+    key = ApiKey("u1", "o1", Tier.PRO, 5.0, "k1", "ci", expires_at=9.0)
+    columns = ["key_hash", *cql.API_KEY_COLUMNS.split(", ")]
+    row = dict(zip(columns, cql.api_key_values("a" * 64, key), strict=True))
+    old = {"key_hash": "b" * 64, "user_id": "u2", "org_id": "o2", "tier": "free",
+           "created_at": 3.0}  # an earlier chatpipe's sha256 row: none of the newer columns
+
+    assert cql.api_key_of(row) == key
+    assert cql.api_key_of(old) == ApiKey("u2", "o2", Tier.FREE, 3.0, "b" * 12,
+                                         revoked_at=3.0)  # fmt: skip
 
 
 def test_usage_lists_answers_only() -> None:

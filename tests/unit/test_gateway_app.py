@@ -182,7 +182,7 @@ def settings(tmp_path: Path) -> Settings:
 
 @pytest.fixture
 async def store(settings: Settings) -> AsyncIterator[SQLiteStore]:
-    store = SQLiteStore(settings.database_path)
+    store = SQLiteStore(settings.database_path, key_secret=b"test-key-secret")
     await store.open()
     await store.add_api_key("key-alice", ApiKey("alice", "org-a", Tier.PRO))
     await store.add_api_key("key-bob", ApiKey("bob", "org-b", Tier.FREE))
