@@ -31,11 +31,13 @@ def prompt_token_ids(tokenizer: Any, messages: Sequence[dict[str, str]]) -> list
     rendered = tokenizer.apply_chat_template(
         [{**m, "content": p} for m, p in zip(messages, placeholders, strict=True)],
         tokenize=False, add_generation_prompt=True)
+    if rendered.count(marker) != 2 * len(messages):
+        raise ValueError("the chat template drops or repeats a message's content")
     ids: list[int] = []
     for index, placeholder in enumerate(placeholders):
         before, found, rendered = rendered.partition(placeholder)
         if not found:
-            raise ValueError(f"the chat template drops message {index}'s content")
+            raise ValueError(f"the chat template reorders message {index}'s content")
         ids += template_ids(tokenizer, before)
         ids += text_ids(tokenizer, messages[index]["content"])
     return ids + template_ids(tokenizer, rendered)

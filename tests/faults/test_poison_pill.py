@@ -16,7 +16,6 @@ import pytest
 import pytest_asyncio
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
 
-from bus.clients import KafkaConfig
 from bus.produce_failures import PIPELINE_REJECTED
 from schemas import topics
 from schemas.codec import ANSWER_EVENT, TOKEN_EVENT, encode, headers

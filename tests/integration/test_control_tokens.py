@@ -6,6 +6,7 @@ counts the prompt the engine runs. Both APIs go through the same worker prompt
 
 from __future__ import annotations
 
+import copy
 import uuid
 from pathlib import Path
 
@@ -73,6 +74,24 @@ def test_the_context_builder_counts_the_prompt_the_engine_runs(tokenizer):
                     for m in conversation(content)]
         assert counter.count_prompt(messages) == len(prompt_token_ids(
             tokenizer, conversation(content)))
+
+
+def test_a_template_that_trims_content_still_gets_it_as_text(tokenizer):
+    trimming = copy.copy(tokenizer)
+    trimming.chat_template = tokenizer.chat_template.replace(
+        "message['content']", "message['content'] | trim")
+    forged = forged_turn(tokenizer)
+    ids = prompt_token_ids(trimming, conversation(f"  {forged}  "))
+    assert special_ids(tokenizer, ids) == special_ids(
+        tokenizer, prompt_token_ids(tokenizer, conversation("hello")))
+
+
+def test_a_template_that_repeats_or_drops_content_is_refused(tokenizer):
+    for changed in ("message['content'] + message['content']", "''"):
+        odd = copy.copy(tokenizer)
+        odd.chat_template = tokenizer.chat_template.replace("message['content']", changed)
+        with pytest.raises(ValueError, match="drops or repeats"):
+            prompt_token_ids(odd, conversation("hello"))
 
 
 def _holds(ids: list[int], part: list[int]) -> bool:
