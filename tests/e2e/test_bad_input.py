@@ -124,3 +124,22 @@ async def test_a_10mb_body_without_a_key_is_413(sim_stack):
         except httpx.TransportError:
             pytest.fail("the gateway closed the connection without its 413")
     _assert_error(response, 413, "body_too_large")
+
+
+@pytest.mark.vllm
+async def test_a_prompt_over_the_window_is_413_on_both_apis_with_the_real_engine(vllm_stack):
+    """Not the engine's error as a 500: the gateway counts the prompt with the model's
+    tokenizer and refuses it first."""
+    window = vllm_stack.settings.max_model_len
+    long = "lorem ipsum " * window  # two or more tokens a repetition
+    async with client_for(vllm_stack) as client:
+        response = await client.post("/v1/chat/completions", json={
+            "model": vllm_stack.settings.model_name, "max_tokens": 4,
+            "messages": [{"role": "user", "content": long}]})
+        _assert_error(response, 413, "context_too_long")
+        conversation_id = (await client.post("/v1/conversations", json={})).json()[
+            "conversation_id"]
+        response = await client.post(f"/v1/conversations/{conversation_id}/messages",
+                                     json={"content": long[:30_000], "max_tokens": 4})
+        _assert_error(response, 413, "context_too_long")
+        await _no_messages(client, conversation_id)
