@@ -116,9 +116,8 @@ def bus_bytes(request: GenerationRequest, served: Sequence[str]) -> int:
     """The request's size at its largest hop: wrapped in the scheduler's `WorkAssignment`
     with every field a later hop sets at its longest (a routed model, stream offsets,
     worker ids)."""
-    routed_to = max(served, key=len, default=request.model)
     dispatched = request.model_copy(update={
-        "attempt": _LARGEST, "model": max(routed_to, request.model, key=len),
+        "attempt": _LARGEST, "model": max([*served, request.model], key=len),
         "requested_model": request.model,
         "stream": StreamPosition(partition=_LARGEST, start_offset=_LARGEST,
                                  attempt_offset=_LARGEST)})  # fmt: skip
