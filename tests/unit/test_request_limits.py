@@ -566,3 +566,21 @@ async def test_a_completion_over_the_models_window_is_413_not_an_engine_error(
                                      headers=ALICE)
         assert_error(response, 413, "context_too_long")
     assert len(pipeline.submitted) == 2
+
+
+def test_a_gateway_run_alone_serves_no_docs_unless_asked(deps, settings):
+    from chatpipe.wiring import gateway_server
+    from gateway.slow_clients import GuardedProtocol
+
+    def docs_url(server) -> str | None:
+        return server.config.app.openapi_url
+
+    assert docs_url(gateway_server(deps, settings, docs_by_default=False)) is None
+    asked = settings.model_copy(update={"api_docs": True})
+    assert docs_url(gateway_server(deps, asked, docs_by_default=False)) == "/openapi.json"
+    up = gateway_server(deps, settings)  # chatpipe up
+    assert docs_url(up) == "/openapi.json"
+    refused = settings.model_copy(update={"api_docs": False})
+    assert docs_url(gateway_server(deps, refused)) is None
+    assert issubclass(up.config.http, GuardedProtocol)
+    assert up.config.http.header_timeout_s == settings.header_read_timeout_s
