@@ -135,6 +135,11 @@ class Settings(BaseSettings):
     # --- gateway -----------------------------------------------------------------
     host: str = Field("127.0.0.1", description="gateway listen address")
     port: int = Field(8000, description="gateway listen port")
+    metrics_port: int | None = Field(
+        None, ge=1, le=65535, description="a stage run alone serves its Prometheus metrics at "
+        "/metrics on this port, on every interface; unset = not served (the gateway serves "
+        "/metrics on its own port too, `chatpipe up` every stage's there)"
+    )
     gateway_id: str = Field(
         default_factory=lambda: f"gw-{uuid.uuid4().hex[:8]}",
         description="names this gateway's chat.deliver.<id> topic",
