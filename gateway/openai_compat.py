@@ -73,8 +73,11 @@ router = APIRouter(tags=["openai"])
 
 
 @router.get("/models")
-async def list_models(settings: SettingsDep) -> ModelList:
-    return ModelList(data=[ModelCard(id=name) for name in settings.models])
+async def list_models(settings: SettingsDep, owner: Owner) -> ModelList:
+    """The models served here that the caller's tier may use."""
+    allowed = settings.tier_models.get(owner.tier)
+    return ModelList(data=[ModelCard(id=name) for name in settings.models
+                           if allowed is None or name in allowed])  # fmt: skip
 
 
 @router.post("/chat/completions", response_model=ChatCompletion, responses={

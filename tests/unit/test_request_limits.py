@@ -584,3 +584,12 @@ def test_a_gateway_run_alone_serves_no_docs_unless_asked(deps, settings):
     assert docs_url(gateway_server(deps, refused)) is None
     assert issubclass(up.config.http, GuardedProtocol)
     assert up.config.http.header_timeout_s == settings.header_read_timeout_s
+
+
+async def test_the_model_list_shows_what_the_callers_tier_may_use(client):
+    async def listed(headers) -> list[str]:
+        response = await client.get("/v1/models", headers=headers)
+        return [card["id"] for card in response.json()["data"]]
+
+    assert await listed(BOB) == ["tiny"]  # free: tiny only
+    assert await listed(ALICE) == ["tiny", "big"]
