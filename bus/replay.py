@@ -1,17 +1,21 @@
 """Reading a topic from its first offset: what the pipeline recorded, for tests,
-benchmarks and debugging. (Tansu cannot seek to the end, DESIGN §11, so every
-reader starts at offset 0.)"""
+benchmarks and debugging (`chatpipe replay`, `chatpipe dlq`: `ops/`). Tansu cannot
+seek to the end nor find an offset by time (DESIGN §11), so every reader starts at
+an offset it knows (0, or one it was given) and ends where a partition ends when it
+is first fetched; `offsets_at` finds offsets by time only where the broker's answer
+can be believed."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Collection, Mapping
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer
-from aiokafka.structs import TopicPartition
+from aiokafka.errors import KafkaError, OffsetOutOfRangeError
+from aiokafka.structs import ConsumerRecord, TopicPartition
 
 from bus.clients import KafkaConfig, kafka_config
 from schemas.codec import EventDecodeError, decode
@@ -44,10 +48,11 @@ async def replay(kafka: KafkaConfig | str, topic: str, kind: Any,
         await consumer.stop()
 
 
-def _reader(kafka: KafkaConfig | str) -> AIOKafkaConsumer:
+def _reader(kafka: KafkaConfig | str, **options: Any) -> AIOKafkaConsumer:
     """A consumer outside any group, reading where it is told to."""
     return AIOKafkaConsumer(**kafka_config(kafka).connection(), enable_auto_commit=False,
-                            fetch_max_wait_ms=20, max_partition_fetch_bytes=8 << 20)
+                            fetch_max_wait_ms=20, max_partition_fetch_bytes=8 << 20,
+                            **options)
 
 
 async def _partitions(consumer: AIOKafkaConsumer, topic: str) -> list[TopicPartition]:
@@ -118,3 +123,87 @@ async def _read(kafka: KafkaConfig | str, topic: str, bounds: dict[int, tuple[in
     finally:
         await consumer.stop()
     return sorted(found, key=lambda item: (item[0], item[1]))
+
+
+async def existing_partitions(kafka: KafkaConfig | str, topics: Collection[str] | None = None,
+                              ) -> dict[str, list[TopicPartition]]:
+    """The partitions of each of `topics` the broker has (of every topic without)."""
+    consumer = _reader(kafka)
+    await consumer.start()
+    try:
+        names = await consumer.topics()
+        wanted = sorted(names if topics is None else set(topics) & set(names))
+        return {topic: [TopicPartition(topic, p)
+                        for p in sorted(consumer.partitions_for_topic(topic) or ())]
+                for topic in wanted}
+    finally:
+        await consumer.stop()
+
+
+async def read_records(kafka: KafkaConfig | str, starts: Mapping[TopicPartition, int],
+                       keep: Callable[[ConsumerRecord], bool] | None = None,
+                       idle_timeout_s: float = 30.0) -> list[ConsumerRecord]:
+    """Every record of each partition from its start offset up to where the partition
+    ended when first fetched (the high watermark a fetch reports), kept by `keep`, in
+    partition order: what the bus holds now, of any number of topics, with one client.
+    A start past the end reads nothing. TimeoutError if a fetch brings nothing new for
+    `idle_timeout_s`."""
+    if not starts:
+        return []
+    consumer = _reader(kafka, auto_offset_reset="none")
+    await consumer.start()
+    found: list[ConsumerRecord] = []
+    try:
+        open_ = dict(starts)
+        consumer.assign(list(open_))
+        for tp, start in open_.items():
+            consumer.seek(tp, start)
+        ends: dict[TopicPartition, int] = {}
+        deadline = time.monotonic() + idle_timeout_s
+        while open_:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{sorted(map(str, open_))} not read within {idle_timeout_s}s")
+            try:
+                batch = await consumer.getmany(*open_, timeout_ms=200)
+            except OffsetOutOfRangeError as exc:  # started past the end: nothing to read
+                for tp in exc.args[0] if exc.args and isinstance(exc.args[0], dict) else open_:
+                    open_.pop(tp, None)
+                    consumer.pause(tp)
+                continue
+            if any(batch.values()):
+                deadline = time.monotonic() + idle_timeout_s
+            for tp in list(open_):
+                if tp not in ends:
+                    if consumer.highwater(tp) is None:
+                        continue  # not fetched yet: its end comes with its first fetch
+                    ends[tp] = consumer.highwater(tp)
+                found.extend(record for record in batch.get(tp, [])
+                             if record.offset < ends[tp] and (keep is None or keep(record)))
+                if await consumer.position(tp) >= ends[tp]:
+                    del open_[tp]
+                    consumer.pause(tp)
+    finally:
+        await consumer.stop()
+    return sorted(found, key=lambda r: (r.topic, r.partition, r.offset))
+
+
+async def offsets_at(kafka: KafkaConfig | str, partitions: Collection[TopicPartition],
+                     time_ms: int,
+                     believable: Callable[[list[tuple[int, int] | None], int], bool],
+                     ) -> dict[TopicPartition, int | None] | None:
+    """The first offset of each partition whose record is at or after `time_ms` (None:
+    no record that late), from the broker's `offsets_for_times`; None when the broker
+    cannot say, or says what `believable` rejects (Tansu: DESIGN §11)."""
+    consumer = _reader(kafka)
+    await consumer.start()
+    try:
+        answers = await consumer.offsets_for_times({tp: time_ms for tp in partitions})
+    except (KafkaError, ValueError):
+        return None
+    finally:
+        await consumer.stop()
+    by_partition = {tp: (a.offset, a.timestamp) if a is not None else None
+                    for tp, a in answers.items()}
+    if not believable(list(by_partition.values()), time_ms):
+        return None
+    return {tp: answer[0] if answer is not None else None for tp, answer in by_partition.items()}

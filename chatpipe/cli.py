@@ -13,6 +13,7 @@ import typer
 
 from chatpipe.settings import Settings
 from conversations.store import ApiKey, ConversationStore
+from ops.commands import dlq_app, replay_app
 from schemas.topics import Tier
 
 T = TypeVar("T")
@@ -28,6 +29,10 @@ keys_app = typer.Typer(
     "(CHATPIPE_STORE, CHATPIPE_DATABASE_PATH or CHATPIPE_CASSANDRA_HOSTS).",
 )
 app.add_typer(keys_app, name="keys")
+schemas_app = typer.Typer(no_args_is_help=True, help="Event contracts: JSON Schema, AsyncAPI.")
+app.add_typer(schemas_app, name="schemas")
+app.add_typer(replay_app, name="replay")
+app.add_typer(dlq_app, name="dlq")
 
 # Every stage a deployment runs as its own process (docker-compose.yml, k8s/).
 STAGES = ("gateway", "scheduler", "worker", "safety", "recorder", "billing")
@@ -252,6 +257,30 @@ def keys_revoke(key_id: Annotated[str, typer.Argument(metavar="KEY_ID")]) -> Non
                    err=True)  # fmt: skip
         raise typer.Exit(1)
     typer.echo(f"revoked API key {key_id}")
+
+
+@schemas_app.command("export")
+def schemas_export(
+    directory: Annotated[Path, typer.Argument(metavar="DIR")],
+    check: Annotated[bool, typer.Option(help="write nothing; exit 1 if DIR is out of date")
+                     ] = False,
+) -> None:
+    """Write a JSON Schema per event version and an AsyncAPI 3 document into DIR."""
+    from schemas.contracts import IncompatibleChange, check_compatible, export, stale
+
+    if check:
+        problems = [f"out of date: {path}" for path in stale(directory)]
+        problems += check_compatible(directory)
+        for problem in problems:
+            typer.echo(problem, err=True)
+        raise typer.Exit(1 if problems else 0)
+    try:
+        written = export(directory)
+    except IncompatibleChange as exc:
+        typer.echo(f"chatpipe schemas export: {exc}", err=True)
+        raise typer.Exit(1) from None
+    typer.echo(f"{len(written)} contract files written to {directory}"
+               + "".join(f"\n  {path}" for path in written))
 
 
 @app.command("make-tiny-model")

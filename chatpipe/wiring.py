@@ -30,6 +30,7 @@ from gateway.slow_clients import guarded_protocol
 from gateway.quotas import QuotaGate
 from gateway.rate_limits import RateLimiter
 from gateway.relay import KafkaPipeline
+from ops.runtime_file import published_run
 from safety.policy import build_policy
 from safety.stage import SafetyStage
 from scheduler.core import Policy, Scheduler
@@ -333,7 +334,9 @@ async def run_all(settings: Settings) -> None:
         async with running_stack(settings, engine) as stack:
             _freeze_startup_objects()
             print(f"chatpipe is up: {stack.base_url}/  API key: {stack.api_key}", flush=True)
-            await _until_stopped(stack.tasks)
+            with published_run(settings.database_path, stack.kafka.bootstrap_servers,
+                               stack.base_url, not settings.kafka_bootstrap_servers):
+                await _until_stopped(stack.tasks)
     finally:
         await engine.stop()
 

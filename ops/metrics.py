@@ -103,8 +103,8 @@ LIVE_GAUGES: dict[str, tuple[str, tuple[str, ...]]] = {
     "chatpipe:num_requests_waiting": (
         "Requests waiting in the scheduler for a worker, by tier.", ("tier",)),
     "chatpipe:scheduler_expected_wait_seconds": (
-        "The scheduler's expected wait of a new request, by tier (shed above the tier's "
-        "bound).", ("tier",)),
+        "The scheduler's expected wait of a new request, by tier (shed above its bound).",
+        ("tier",)),
     "chatpipe:worker_slots_used": (
         "Requests a worker's engine holds (running or waiting inside it).", ("model",)),
     "chatpipe:worker_slots_total": ("Requests a worker's engine runs at once.", ("model",)),
@@ -112,8 +112,8 @@ LIVE_GAUGES: dict[str, tuple[str, tuple[str, ...]]] = {
         "Share of the KV cache in use (1 = full), from the engine's scheduler stats.",
         ("model",)),
     "chatpipe:consumer_lag": (
-        "Records not yet read by a stage's consumer: high watermark - position, summed over "
-        "its partitions, sampled every few seconds.", ("stage", "group", "topic")),
+        "Records not yet read by a stage's consumer (high watermark - position), per topic.",
+        ("stage", "group", "topic")),
 }
 Sample = tuple[str, tuple[str, ...], float]
 """(metric name in LIVE_GAUGES, its label values, value)"""
@@ -188,7 +188,7 @@ class StreamTiming:
     since the request was created, then the gap between frames with deltas, and its end.
     Per frame it costs a clock read and one histogram observe."""
 
-    __slots__ = ("_created_at", "_last", "_ttft", "_itl", "_labels", "_ended")
+    __slots__ = ("_created_at", "_ended", "_itl", "_labels", "_last", "_ttft")
 
     def __init__(self, request: GenerationRequest) -> None:
         self._labels = (request.tier.value, request.model)
@@ -294,7 +294,7 @@ async def _lag_by_topic(consumer: Any) -> dict[str, int]:
             if end is None:
                 continue  # nothing fetched from it yet
             position = await asyncio.wait_for(consumer.position(tp), 1.0)
-        except Exception:  # noqa: BLE001 - revoked meanwhile, or no position yet
+        except Exception:  # noqa: BLE001, S112 - revoked meanwhile, or no position yet
             continue
         topic = "chat.deliver" if tp.topic.startswith(DELIVER_PREFIX) else tp.topic
         lag[topic] = lag.get(topic, 0) + max(0, end - position)

@@ -438,3 +438,9 @@ class DeadLetter(Event):
     truncated: bool = Field(False, description="value keeps only the first MiB of the original")
     error: str
     failed_at: float = Field(default_factory=now)
+    value_base64: str | None = Field(
+        None, description="the original bytes, base64, when they are not UTF-8 (value "
+        "replaced what it could not decode); unset: value is the original exactly")
+    headers: tuple[tuple[str, str], ...] = Field(
+        (), description="the original record's headers: (name, value as base64)")
+    timestamp_ms: int | None = Field(None, description="the original record's timestamp")

@@ -1,0 +1,1 @@
+"""Operating chatpipe: replaying what the bus recorded and the dead-letter queue."""
