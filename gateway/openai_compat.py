@@ -87,19 +87,27 @@ async def list_models(settings: SettingsDep, owner: Owner) -> ModelList:
 async def chat_completions(
     completion: ChatCompletionRequest, owner: Owner, deps: Deps, request: Request
 ) -> ChatCompletion | EventStreamResponse:
-    generation_request = to_generation_request(completion, owner, deps)
-    check_bus_size(deps.settings, generation_request)
-    await admit(deps, owner, admission_tokens(generation_request.messages,
-                                              generation_request.sampling.max_tokens))
-    await check_window(deps, generation_request)
-    await check_input(deps, owner, generation_request.model,
-                      [message.content for message in generation_request.messages])
+    generation_request = await admitted_request(completion, owner, deps)
     generation = await start_generation(deps.pipeline, generation_request, deps.live,
                                         timers=StreamTimers(deps.settings.stream_stall_s))
     answer = _Answer.of(generation_request, completion.include_usage)
     if completion.stream:
         return event_stream(chunk_events(answer, generation), generation)
     return await collect(answer, generation, request)
+
+
+async def admitted_request(
+    completion: ChatCompletionRequest, owner: ApiKey, deps: GatewayDeps
+) -> GenerationRequest:
+    """The request to queue, once every check has passed: its fields and size (cheap,
+    charging nothing), the caller's budgets and rate limits (charged), then its prompt
+    in the model's window and every message through the input classifiers."""
+    request = to_generation_request(completion, owner, deps)
+    check_bus_size(deps.settings, request)
+    await admit(deps, owner, admission_tokens(request.messages, request.sampling.max_tokens))
+    await check_window(deps, request)
+    await check_input(deps, owner, request.model, [m.content for m in request.messages])
+    return request
 
 
 def to_generation_request(
