@@ -23,6 +23,7 @@ from conversations.store import ApiKey
 from conversations.summaries import SummaryJob, clean_title, title_request
 from gateway.errors import ApiError
 from gateway.generation import StreamTimers, start_generation
+from gateway.limits import check_bus_size
 from schemas.answer import AnswerText
 from schemas.events import (
     ChatMessage,
@@ -148,10 +149,11 @@ async def generate_text(deps: GatewayDeps, request: GenerationRequest) -> str | 
     if deps.pipeline.overloaded(request.tier) is not None:
         return None
     try:
+        check_bus_size(deps.settings, request)
         generation = await start_generation(deps.pipeline, request,
                                             timers=StreamTimers(deps.settings.stream_stall_s))
     except ApiError:
-        log.warning("could not queue background request %s", request.request_id)
+        log.warning("background request %s not queued (too large for the bus, or the bus refused it)", request.request_id)
         return None
     text = AnswerText()
     async with aclosing(generation.events()) as events:

@@ -19,6 +19,7 @@ from chatpipe.settings import Settings
 from conversations.sqlite_store import SQLiteStore
 from conversations.store import ApiKey
 from gateway.app import create_app
+from gateway.background import generate_text, own_request
 from gateway.body_limits import BodyLimits
 from gateway.deps import GatewayDeps
 from gateway.limits import BUS_HEADROOM_BYTES, BUS_MESSAGE_BYTES, bus_bytes
@@ -385,6 +386,16 @@ async def test_a_request_the_bus_cannot_carry_is_413_before_anything_is_stored(
     response = await client.post("/v1/chat/completions", json=completion("x" * (room // 2)),
                                  headers=ALICE)
     assert response.status_code == 200
+
+
+async def test_a_background_job_the_bus_cannot_carry_is_dropped_not_sent(deps, pipeline):
+    """Titles and summaries are built from history: one too large for the bus is given up
+    (no title or summary), never queued to fail at a later hop."""
+    owner = ApiKey(user_id="alice", org_id="acme", tier=Tier.FREE)
+    huge = (ChatMessage(role=Role.USER, content="x" * BUS_MESSAGE_BYTES),)
+    request = own_request(deps, owner, "c1", deps.settings.model_name, huge, 16)
+    assert await generate_text(deps, request) is None
+    assert pipeline.submitted == []
 
 
 def test_bus_bytes_bounds_the_assignment_the_scheduler_sends():
