@@ -15,6 +15,7 @@ from bus.clients import Publisher
 from bus.dead_letters import dead_letter
 from bus.fetch_pace import FetchPace
 from bus.offsets import OffsetTracker
+from ops.metrics import dead_lettered, watch_lag
 from schemas.codec import decode
 
 log = logging.getLogger(__name__)
@@ -48,6 +49,7 @@ async def consume(
     backoff: the records it had not finished stay uncommitted, nothing is skipped."""
     failures = 0
     pace: FetchPace | None = getattr(consumer, "pace", None)
+    watch_lag(consumer, stage)
     while True:
         timeout_ms = pace.poll_ms(poll_ms) if pace is not None else poll_ms
         batch = await consumer.getmany(timeout_ms=timeout_ms, max_records=500)
@@ -81,6 +83,7 @@ async def failed(stage: str, publisher: Publisher, record: ConsumerRecord, exc: 
                   exc_info=(type(exc), exc, exc.__traceback__))
     try:
         await dead_letter(publisher, stage, record, error)
+        dead_lettered(stage, exc)
     except Exception:  # noqa: BLE001
         log.exception("%s: could not dead-letter %s@%d", stage, record.topic, record.offset)
     if on_failure is None:

@@ -30,6 +30,7 @@ from gateway.slow_clients import guarded_protocol
 from gateway.quotas import QuotaGate
 from gateway.rate_limits import RateLimiter
 from gateway.relay import KafkaPipeline
+from ops.metrics import metrics_app
 from ops.runtime_file import published_run
 from safety.policy import build_policy
 from safety.stage import SafetyStage
@@ -206,6 +207,20 @@ def gateway_server(deps: GatewayDeps, settings: Settings, *,
     return _EmbeddedServer(config)
 
 
+@contextlib.asynccontextmanager
+async def serving_metrics(port: int) -> AsyncIterator[None]:
+    """This process's Prometheus metrics (ops.metrics) at /metrics on `port`, on every
+    interface, while the context lasts: a stage run alone, for a scraper to reach."""
+    server = _EmbeddedServer(uvicorn.Config(metrics_app(), host="0.0.0.0", port=port,
+                                            log_level="warning", lifespan="off"))
+    task = asyncio.create_task(server.serve(), name="metrics")
+    try:
+        yield
+    finally:
+        server.should_exit = True
+        await asyncio.wait([task], timeout=5)
+
+
 async def _until_stopped(tasks: dict[str, asyncio.Task[None]]) -> None:
     """Wait for Ctrl-C/SIGTERM, or for a stage to end (it failed: say why)."""
     loop = asyncio.get_running_loop()
@@ -350,6 +365,8 @@ async def run_stage(stage: str, settings: Settings) -> None:
         require_key_secret(settings, "chatpipe gateway")
     async with contextlib.AsyncExitStack() as stack:
         kafka = await open_kafka(settings, stack)
+        if settings.metrics_port is not None:
+            await stack.enter_async_context(serving_metrics(settings.metrics_port))
         runners: dict[str, Callable[[], Awaitable[None]]] = {
             "scheduler": lambda: scheduler_stage(kafka, settings).run(),
         }

@@ -25,6 +25,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from conversations.store import ApiKey
 from gateway.deps import GatewayDeps
 from gateway.errors import ApiError
+from ops.metrics import admission_rejected
 from safety.classifiers import first_verdict
 from schemas.events import ModerationEvent
 
@@ -37,6 +38,7 @@ async def admit(deps: GatewayDeps, owner: ApiKey, tokens: int) -> None:
     and the rate-limit headers."""
     retry_after = deps.pipeline.overloaded(owner.tier)
     if retry_after is not None:
+        admission_rejected(owner.tier, "overloaded")
         raise ApiError(503, "overloaded",
                        f"the {owner.tier} tier is overloaded; retry in {retry_after:.0f} s",
                        headers={"Retry-After": str(math.ceil(retry_after))})
@@ -45,11 +47,17 @@ async def admit(deps: GatewayDeps, owner: ApiKey, tokens: int) -> None:
         try:
             await deps.quotas.check(owner)
         except ApiError as refused:
+            admission_rejected(owner.tier, refused.code)
             if limiter is not None:
                 refused.headers = {**await limiter.headers(owner), **(refused.headers or {})}
             raise
     if limiter is not None:
-        note_response_headers(await limiter.acquire(owner, tokens))
+        try:
+            headers = await limiter.acquire(owner, tokens)
+        except ApiError as refused:
+            admission_rejected(owner.tier, refused.code)
+            raise
+        note_response_headers(headers)
 
 
 async def charge_rest(deps: GatewayDeps, owner: ApiKey, estimated: int, actual: int) -> None:

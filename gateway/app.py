@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from fastapi import APIRouter, Depends, FastAPI
+from fastapi import APIRouter, Depends, FastAPI, Request, Response
 
 from gateway import chat, conversations, openai_compat, web
 from gateway.admission import ResponseHeaders
@@ -22,6 +22,7 @@ from gateway.auth import current_owner
 from gateway.body_limits import BodyLimits
 from gateway.deps import GatewayDeps
 from gateway.errors import error_responses, install_error_handlers
+from ops.metrics import exposition
 
 __all__ = ["GatewayDeps", "create_app"]
 
@@ -53,6 +54,12 @@ def create_app(deps: GatewayDeps, *, api_docs: bool = True) -> FastAPI:
     @app.get("/healthz", tags=["ops"])
     async def healthz() -> dict[str, str]:
         return {"status": "ok"}
+
+    @app.get("/metrics", tags=["ops"], include_in_schema=False)
+    async def metrics(request: Request) -> Response:
+        """Prometheus metrics of every stage in this process (ops.metrics)."""
+        body, content_type = exposition(request.headers.get("accept"))
+        return Response(body, media_type=content_type)
 
     v1 = APIRouter(prefix="/v1", dependencies=[Depends(current_owner)],
                    responses=error_responses(401))  # fmt: skip

@@ -32,6 +32,7 @@ from gateway.errors import ApiError
 from gateway.event_stream import EventStreamResponse
 from gateway.pipeline import Pipeline, RequestStream
 from gateway.stream_relay import StreamRelay
+from ops.metrics import OPEN_STREAMS, StreamTiming
 from schemas.events import DeliverEvent, Delta, GenerationRequest
 
 log = logging.getLogger(__name__)
@@ -82,7 +83,8 @@ class LiveRequests:
 class Generation:
     def __init__(self, pipeline: Pipeline, request_id: str, stream: RequestStream,
                  relay: StreamRelay | None = None, timers: StreamTimers = StreamTimers(),
-                 live: LiveRequests | None = None, on_end: OnEnd | None = None) -> None:
+                 live: LiveRequests | None = None, on_end: OnEnd | None = None,
+                 timing: StreamTiming | None = None) -> None:
         self.request_id = request_id
         self.relay = relay or StreamRelay()
         self._pipeline = pipeline
@@ -91,6 +93,8 @@ class Generation:
         self._live = live
         self._on_end = on_end
         self._closed = False
+        self._timing = timing
+        OPEN_STREAMS.inc()
 
     @property
     def finished(self) -> bool:
@@ -115,6 +119,8 @@ class Generation:
                     if not arrived:
                         return  # the stream went away without an end
                     shown = [e for event in arrived if (e := self.relay.add(event)) is not None]
+                if shown and self._timing is not None:
+                    self._timing.shown(shown, self.relay.ended)
                 if self.relay.ended:
                     await self._ended()
                 if shown:
@@ -144,6 +150,9 @@ class Generation:
         if self._closed:
             return
         self._closed = True
+        OPEN_STREAMS.dec()
+        if self._timing is not None and not self.relay.ended:
+            self._timing.ended("abort")
         if self._live is not None:
             self._live.discard(self.request_id)
         if not self.relay.ended and self._timers.grace_s > 0:
@@ -179,7 +188,8 @@ async def start_generation(
         raise unavailable() from exc
     if live is not None:
         live.add(request)
-    return Generation(pipeline, request.request_id, stream, relay, timers, live, on_end)
+    return Generation(pipeline, request.request_id, stream, relay, timers, live, on_end,
+                      StreamTiming(request))
 
 
 def unavailable() -> ApiError:

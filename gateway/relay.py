@@ -30,6 +30,7 @@ from bus.topics import create_topics
 from conversations.answers import answer_started
 from gateway.follower import AnswerFollower, FollowedAnswer
 from gateway.pipeline import Inbox, RequestStream
+from ops.metrics import watch_lag
 from schemas import topics
 from schemas.codec import GATEWAY_EVENT, SCHEDULER_EVENT
 from schemas.events import (
@@ -233,6 +234,7 @@ class KafkaPipeline:
     async def _read(self) -> None:
         """This gateway's topics a fetch at a time, each partition's records decoded in
         one step; a record that fails is dead-lettered and the rest go on."""
+        watch_lag(self._consumer, STAGE)
         while True:
             batch = await self._consumer.getmany(timeout_ms=100, max_records=10_000)
             for tp, records in batch.items():

@@ -20,6 +20,7 @@ from bus.clients import KafkaConfig
 from bus.offsets import ForgetRevoked, OffsetTracker
 from bus.produce_failures import PIPELINE_REJECTED, RecordRejected, RetryingPublisher
 from bus.subscriber import consume, decode_record
+from ops.metrics import RETRACTIONS, SAFETY_CHECK_TIME
 from safety.classifiers import Verdict, first_verdict
 from safety.core import SAFETY_ERROR, Check, Deliver, Output, SafetyCore
 from safety.policy import SafetyPolicy
@@ -75,6 +76,7 @@ class SafetyStage:
             return await first_verdict(classifiers, check.text)
         finally:
             self.check_seconds.append(time.perf_counter() - started)
+            SAFETY_CHECK_TIME.observe(self.check_seconds[-1])
 
     async def _send(self, outputs: list[Output]) -> None:
         """Send every output; one the bus refuses (`RecordRejected`) is raised once the
@@ -122,5 +124,6 @@ def _records(outputs: list[Output]) -> list[tuple[str, Event, str]]:
                 records.append((topics.CONTROL, output, output.request_id))
             case ModerationEvent():
                 log.info("retracting %s: %s", output.message_id, output.reason)
+                RETRACTIONS.labels(output.category).inc()
                 records.append((topics.MODERATION, output, output.conversation_id))
     return records

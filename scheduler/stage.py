@@ -32,6 +32,7 @@ from bus.offsets import OffsetTracker
 from bus.produce_failures import PIPELINE_REJECTED, RecordRejected, RetryingPublisher
 from bus.replay import read_between
 from bus.subscriber import consume, decode_record, failed
+from ops import metrics
 from scheduler.claims import Claim
 from scheduler.core import Dispatch, Scheduler
 from scheduler.gateways import GatewayWatch
@@ -106,6 +107,7 @@ class SchedulerStage:
         self.publisher = RetryingPublisher(producer)
         self.claim = Claim(self.publisher, self.consumer, self.kafka,
                            self.scheduler_id)
+        metrics.watch_scheduler(self)
         try:
             await self._start()
             await self._schedule_until_fenced()
@@ -252,6 +254,7 @@ class SchedulerStage:
                             retry_after: float | None = None, recorded: bool = False) -> None:
         """End a request without a worker: its `Unserved` record goes to the journal
         first (unless it is there already), then its stream's end."""
+        metrics.REQUESTS_UNSERVED.labels(request.tier.value, code).inc()
         if not recorded:
             self.core.ended_unserved(request, code)
             sent = await self.publisher.send_and_wait(
@@ -386,6 +389,7 @@ class SchedulerStage:
             return
         self.journal.wrote(sent.partition, sent.offset)
         self.core.on_dispatched(request, dispatch.worker_id, sent.offset)
+        metrics.dispatched(request)
         self._release(request.request_id)
         if dispatch.routed_reason:
             await self._per_request(request, self._announce_route(request,

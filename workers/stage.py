@@ -34,6 +34,7 @@ from bus.fetch_pace import NO_RECORDS
 from bus.offsets import OffsetTracker
 from bus.produce_failures import RecordRejected, RetryingPublisher
 from bus.subscriber import consume, decode_record
+from ops.metrics import watch_worker
 from schemas import topics
 from schemas.answer import UNKNOWN_END_SEQ
 from schemas.codec import CONTROL_EVENT, WORK_EVENT
@@ -125,6 +126,7 @@ class WorkerStage:
         await control.start()
         control.assign(await _all_partitions(control, topics.CONTROL))
         self.started.set()
+        watch_worker(self.engine)
         loops = [
             asyncio.create_task(consume(self.work, STAGE, self.publisher, self._on_work,
                                         self._commit, poll_ms=100, tracker=self.tracker)),

@@ -38,8 +38,9 @@ if TYPE_CHECKING:
 CHATPIPE_ENGINE_ARGS: dict[str, Any] = {
     # Tiers are vLLM priorities (`Tier.rank`): vLLM's "fcfs" default would ignore them.
     "scheduling_policy": "priority",
-    # The worker reads the scheduler's stats through its own stat logger; vLLM's
-    # loggers would record every step into metrics nothing serves.
+    # No periodic stats lines in the log. vLLM's Prometheus logger still records every
+    # step (the worker's own stat logger turns stats on, and vLLM always adds it):
+    # its `vllm:` metrics are served beside chatpipe's (ops.metrics).
     "disable_log_stats": True,
 }
 """What chatpipe sets over vLLM's defaults; `vllm_args` may override each."""
@@ -184,6 +185,11 @@ class VllmEngine:
         if request_id in self._active:
             self._abort_requested.add(request_id)
         await self._llm.abort(request_id)
+
+    @property
+    def kv_cache_usage(self) -> float | None:
+        """Share of the KV cache in use at the scheduler's latest step (1 = full)."""
+        return self._scheduler_stats.kv_cache_usage if self._scheduler_stats else None
 
     def stats(self) -> EngineStats:
         in_flight = self._active.total()
