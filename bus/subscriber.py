@@ -15,6 +15,7 @@ from bus.clients import Publisher
 from bus.dead_letters import dead_letter
 from bus.fetch_pace import FetchPace
 from bus.offsets import OffsetTracker
+from ops import tracing
 from ops.metrics import dead_lettered, watch_lag
 from schemas.codec import decode
 
@@ -29,7 +30,9 @@ AFTER_BATCH_BACKOFF_S = (0.1, 0.5, 1.0, 2.0, 5.0)
 
 
 def decode_record(kind: type[E] | TypeAdapter[Any], record: ConsumerRecord) -> E:
-    return decode(kind, record.value)
+    event = decode(kind, record.value)
+    tracing.decoded(event)
+    return event
 
 
 async def consume(
@@ -55,12 +58,14 @@ async def consume(
         batch = await consumer.getmany(timeout_ms=timeout_ms, max_records=500)
         for records in batch.values():
             for record in records:
-                try:
-                    await handle(record)
-                except Exception as exc:  # noqa: BLE001 - any failure is dead-lettered
-                    await failed(stage, publisher, record, exc, on_failure)
-                    if tracker is not None:
-                        tracker.seen(TopicPartition(record.topic, record.partition), record.offset)
+                with tracing.consuming(stage, record):  # its hop's span, from its headers
+                    try:
+                        await handle(record)
+                    except Exception as exc:  # noqa: BLE001 - any failure is dead-lettered
+                        await failed(stage, publisher, record, exc, on_failure)
+                        if tracker is not None:
+                            tracker.seen(TopicPartition(record.topic, record.partition),
+                                         record.offset)
         if after_batch is None:
             continue
         try:
@@ -78,6 +83,7 @@ async def failed(stage: str, publisher: Publisher, record: ConsumerRecord, exc: 
     """Dead-letter `record` with the error, then let the stage end what it belonged to.
     Neither step may stop the stage: their own failures are only logged."""
     error = f"{type(exc).__name__}: {exc}"
+    tracing.failed(exc)
     if not isinstance(exc, ValueError):
         log.error("%s: failed on %s@%d", stage, record.topic, record.offset,
                   exc_info=(type(exc), exc, exc.__traceback__))

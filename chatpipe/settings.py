@@ -279,6 +279,14 @@ class Settings(BaseSettings):
     )
     safety_judge_model: str | None = Field(None, description="model asked by the judge")
 
+    # --- traces (ops.tracing) ------------------------------------------------------
+    otlp_endpoint: str | None = Field(
+        None,
+        validation_alias=AliasChoices("CHATPIPE_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT"),
+        description="OTLP/HTTP collector (e.g. http://localhost:4318): each stage's spans go to "
+        "its /v1/traces; unset = no tracing. The SDK reads its other OTEL_* variables itself",
+    )
+
     # --- store -------------------------------------------------------------------
     store: Literal["sqlite", "cassandra"] = Field(
         "sqlite", description="conversation store: sqlite or cassandra"
@@ -375,11 +383,11 @@ def settings_table() -> str:
     """Every setting as a Markdown table: environment variable, default, meaning."""
     rows = ["| environment variable | default | meaning |", "|---|---|---|"]
     for name, field in Settings.model_fields.items():
-        env = f"CHATPIPE_{name.upper()}"
-        if name == "kafka_bootstrap_servers":
-            env = f"`KAFKA_BOOTSTRAP_SERVERS` or `{env}`"
-        else:
-            env = f"`{env}`"
+        env = f"`CHATPIPE_{name.upper()}`"
+        if isinstance(field.validation_alias, AliasChoices):  # the standard name first
+            names = sorted(map(str, field.validation_alias.choices),
+                           key=lambda alias: alias.startswith("CHATPIPE_"))
+            env = " or ".join(f"`{alias}`" for alias in names)
         if field.default_factory is not None and name.endswith("_id"):
             default = "random per process"
         else:

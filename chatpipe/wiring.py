@@ -32,6 +32,7 @@ from gateway.rate_limits import RateLimiter
 from gateway.relay import KafkaPipeline
 from ops.metrics import metrics_app
 from ops.runtime_file import published_run
+from ops.tracing import setup_tracing, shutdown_tracing
 from safety.policy import build_policy
 from safety.stage import SafetyStage
 from scheduler.core import Policy, Scheduler
@@ -343,6 +344,7 @@ async def run_all(settings: Settings) -> None:
     """`chatpipe up`: broker (unless external), every stage and the gateway, one process."""
     _configure_logging()
     settings = development_settings(settings)  # before the engine loads: may refuse
+    setup_tracing(settings)
     engine = build_engine(settings)
     await engine.start()
     try:
@@ -354,6 +356,7 @@ async def run_all(settings: Settings) -> None:
                 await _until_stopped(stack.tasks)
     finally:
         await engine.stop()
+        shutdown_tracing()  # exports the spans still buffered
 
 
 async def run_stage(stage: str, settings: Settings) -> None:
@@ -364,6 +367,8 @@ async def run_stage(stage: str, settings: Settings) -> None:
     if stage == "gateway":  # it checks API keys; no development secret outside chatpipe up
         require_key_secret(settings, "chatpipe gateway")
     async with contextlib.AsyncExitStack() as stack:
+        if setup_tracing(settings):
+            stack.callback(shutdown_tracing)
         kafka = await open_kafka(settings, stack)
         if settings.metrics_port is not None:
             await stack.enter_async_context(serving_metrics(settings.metrics_port))

@@ -23,6 +23,7 @@ from gateway.body_limits import BodyLimits
 from gateway.deps import GatewayDeps
 from gateway.errors import error_responses, install_error_handlers
 from ops.metrics import exposition
+from ops.tracing import HttpSpans
 
 __all__ = ["GatewayDeps", "create_app"]
 
@@ -46,6 +47,7 @@ def create_app(deps: GatewayDeps, *, api_docs: bool = True) -> FastAPI:
                   lifespan=lifespan, **docs)  # fmt: skip
     app.state.deps = deps
     install_error_handlers(app)
+    app.add_middleware(HttpSpans)  # a span per request while tracing is on (ops.tracing)
     app.add_middleware(ResponseHeaders)
     # Added last, so it runs first.
     app.add_middleware(BodyLimits, max_bytes=settings.max_body_bytes,

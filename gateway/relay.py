@@ -30,6 +30,7 @@ from bus.topics import create_topics
 from conversations.answers import answer_started
 from gateway.follower import AnswerFollower, FollowedAnswer
 from gateway.pipeline import Inbox, RequestStream
+from ops import tracing
 from ops.metrics import watch_lag
 from schemas import topics
 from schemas.codec import GATEWAY_EVENT, SCHEDULER_EVENT
@@ -245,6 +246,7 @@ class KafkaPipeline:
                 if events is None:
                     await self._each(records, self._route)
                     continue
+                tracing.consumed(STAGE, records, events)
                 for event in events:
                     self._deliver(event)
 

@@ -25,6 +25,7 @@ share one batch processor and exporter.
 from __future__ import annotations
 
 import contextvars
+import functools
 import logging
 import time
 from collections import OrderedDict
@@ -148,12 +149,16 @@ def trace_headers() -> tuple[tuple[str, bytes], ...]:
 
 
 def _headers_of(span_context: SpanContext) -> tuple[tuple[str, bytes], ...]:
-    traceparent = (f"00-{span_context.trace_id:032x}-{span_context.span_id:016x}-"
-                   f"{span_context.trace_flags:02x}").encode()
+    traceparent = _traceparent(span_context.trace_id, span_context.span_id,
+                               span_context.trace_flags)
     if not span_context.trace_state:
-        return ((TRACEPARENT, traceparent),)
-    return ((TRACEPARENT, traceparent),
-            (TRACESTATE, span_context.trace_state.to_header().encode()))
+        return traceparent
+    return (*traceparent, (TRACESTATE, span_context.trace_state.to_header().encode()))
+
+
+@functools.lru_cache(maxsize=4096)  # a stream sends many records in one span
+def _traceparent(trace_id: int, span_id: int, flags: int) -> tuple[tuple[str, bytes]]:
+    return ((TRACEPARENT, f"00-{trace_id:032x}-{span_id:016x}-{flags:02x}".encode()),)
 
 
 def extract(headers: Iterable[tuple[str, bytes]]) -> otel_context.Context:
@@ -417,12 +422,14 @@ class HttpSpans:
     when it sends a `traceparent` header; named by the route (`POST /v1/...`), with the
     status and the request id the response names (`X-Request-Id`)."""
 
-    def __init__(self, app: Any, stage: str = "gateway") -> None:
+    def __init__(self, app: Any, stage: str = "gateway",
+                 untraced: frozenset[str] = frozenset({"/healthz", "/metrics"})) -> None:
         self.app = app
         self.stage = stage
+        self.untraced = untraced
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if _state is None or scope["type"] != "http":
+        if _state is None or scope["type"] != "http" or scope["path"] in self.untraced:
             await self.app(scope, receive, send)
             return
         parent = extract((key.decode("latin-1"), value) for key, value in scope["headers"])

@@ -32,7 +32,7 @@ from bus.offsets import OffsetTracker
 from bus.produce_failures import PIPELINE_REJECTED, RecordRejected, RetryingPublisher
 from bus.replay import read_between
 from bus.subscriber import consume, decode_record, failed
-from ops import metrics
+from ops import metrics, tracing
 from scheduler.claims import Claim
 from scheduler.core import Dispatch, Scheduler
 from scheduler.gateways import GatewayWatch
@@ -93,6 +93,7 @@ class SchedulerStage:
         self._shedding: set[Tier] = set()
         self._read_back_failures = 0
         self.gateways = GatewayWatch(core.policy.gateway_grace_s)
+        self.traces = tracing.HeldContexts()  # a request is dispatched after its span
 
     async def run(self) -> None:
         """Claim, replay the journal, then schedule until cancelled or fenced; a fenced
@@ -239,6 +240,7 @@ class SchedulerStage:
             return
         self.tracker.started(tp, offset)
         self._sources[request.request_id] = (tp, offset)
+        self.traces.hold(request.request_id)
         if admission.routed_reason:
             await self._announce_route(request, admission.routed_reason)
 
@@ -300,7 +302,8 @@ class SchedulerStage:
         await self._cancel_abandoned()
         dispatches = self.core.schedule()
         if dispatches:
-            await asyncio.gather(*(self._dispatch(d) for d in dispatches))
+            await asyncio.gather(*(self.traces.within(d.request.request_id, self._dispatch(d))
+                                   for d in dispatches))
         for update in self.core.queue_updates():
             request = update.request
             await self._per_request(request, self._tell(request, Queued(

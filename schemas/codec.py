@@ -7,6 +7,7 @@ from typing import Any, TypeVar
 import orjson
 from pydantic import BaseModel, TypeAdapter
 
+from ops.tracing import trace_headers
 from schemas.events import (
     AnswerEvent,
     ControlEvent,
@@ -33,9 +34,11 @@ def encode(event: Event) -> bytes:
 
 
 def headers(event: Event) -> list[tuple[str, bytes]]:
+    """The event's type and version, and the trace context it is sent in (if traced)."""
     return [
         (EVENT_TYPE_HEADER, str(getattr(event, "type", type(event).__name__)).encode()),
         (SCHEMA_VERSION_HEADER, str(event.schema_version).encode()),
+        *trace_headers(),
     ]
 
 

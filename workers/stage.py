@@ -34,6 +34,7 @@ from bus.fetch_pace import NO_RECORDS
 from bus.offsets import OffsetTracker
 from bus.produce_failures import RecordRejected, RetryingPublisher
 from bus.subscriber import consume, decode_record
+from ops import tracing
 from ops.metrics import watch_worker
 from schemas import topics
 from schemas.answer import UNKNOWN_END_SEQ
@@ -202,7 +203,9 @@ class WorkerStage:
             self.tracker.done(tp, record.offset)
             self.heartbeat_now.set()
             return
-        task = asyncio.create_task(self._generate(request, tp, record.offset))
+        task = asyncio.create_task(tracing.in_span(
+            STAGE, "generate", self._generate(request, tp, record.offset),
+            request_id=request.request_id, attempt=request.attempt, model=request.model))
         self._running[request.request_id] = _Running(task, tp, record.offset)
 
     def _takes(self, assignment: WorkAssignment, tp: TopicPartition) -> bool:
@@ -245,6 +248,7 @@ class WorkerStage:
         except Exception as exc:  # noqa: BLE001 - reported on the stream, the worker goes on
             status = RequestStatus.FINISHED_ERROR
             await self._failed(request, stream, exc)
+        tracing.add_event("finish", status=status.value)
         self._end(request, tp, offset)
         try:
             await self._report_usage(request, last, prior, status, started)
@@ -270,7 +274,9 @@ class WorkerStage:
         coalescer = Coalescer(self.pacing.interval_s)
         last: EngineOutput | None = None
         status = RequestStatus.FINISHED_ABORTED
+        first_output = tracing.event_once("first_token")
         async for output in self.engine.generate(request, continuation):
+            first_output()
             last = output
             coalescer.interval_s = self.pacing.interval(len(self._running))
             chunk = coalescer.add(output.text, output.new_tokens, time.monotonic(),
