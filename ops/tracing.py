@@ -224,7 +224,7 @@ def decoded(event: Any) -> None:
 
 
 class _Handling:
-    __slots__ = ("spans", "record", "traceparent", "span", "tokens")
+    __slots__ = ("record", "span", "spans", "tokens", "traceparent")
 
     def __init__(self, spans: _StreamSpans, record: ConsumerRecord, traceparent: bytes) -> None:
         self.spans, self.record, self.traceparent = spans, record, traceparent

@@ -298,7 +298,8 @@ class SchedulerStage:
                         self.worker_lost_after_s)
         await self._read_back_unknown()
         for request in self.core.expire():
-            await self._per_request(request, self._end_unserved(request, DEADLINE_EXCEEDED))
+            await self._per_request(request, self.traces.within(
+                request.request_id, self._end_unserved(request, DEADLINE_EXCEEDED)))
         await self._cancel_abandoned()
         dispatches = self.core.schedule()
         if dispatches:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from itertools import pairwise
 
 import pytest_asyncio
 from opentelemetry.sdk.trace import ReadableSpan
@@ -85,7 +86,7 @@ async def test_one_trace_from_the_http_call_to_the_last_token(traced_stack):
     http = spans[chain[0]]
     assert http.kind is SpanKind.SERVER
     assert (http.context.trace_id, _parent_of(http)) == (CALLER_TRACE, CALLER_SPAN)
-    for parent, child in zip(chain, chain[1:]):
+    for parent, child in pairwise(chain):
         assert spans[child].context.trace_id == CALLER_TRACE, child
         assert _parent_of(spans[child]) == spans[parent].context.span_id, (parent, child)
     assert {spans[hop].kind for hop in chain[1:]} == {SpanKind.CONSUMER, SpanKind.INTERNAL}

@@ -66,7 +66,9 @@ def done(request_id: str) -> DeliveryDone:
 # --- off ------------------------------------------------------------------------------
 
 
-def test_off_no_headers_no_spans_no_wrapping():
+def test_off_no_headers_no_spans_no_wrapping(monkeypatch):
+    monkeypatch.delenv("OTEL_EXPORTER_OTLP_ENDPOINT", raising=False)
+    monkeypatch.delenv("CHATPIPE_OTLP_ENDPOINT", raising=False)
     assert not tracing.enabled()
     assert not tracing.setup_tracing(Settings())  # no endpoint, no exporter: stays off
     event = Cancel(request_id="r1")
@@ -281,12 +283,13 @@ async def test_http_span_continues_the_callers_traceparent(spans):
 # --- OTLP export ----------------------------------------------------------------------
 
 
-class _Collector(BaseHTTPRequestHandler):
-    received: list[tuple[str, str, bytes]] = []
+RECEIVED: list[tuple[str, str, bytes]] = []
 
-    def do_POST(self) -> None:  # noqa: N802 - http.server's name
+
+class _Collector(BaseHTTPRequestHandler):
+    def do_POST(self) -> None:
         body = self.rfile.read(int(self.headers["Content-Length"]))
-        self.received.append((self.path, self.headers["Content-Type"], body))
+        RECEIVED.append((self.path, self.headers["Content-Type"], body))
         self.send_response(200)
         self.send_header("Content-Type", "application/x-protobuf")
         self.send_header("Content-Length", "0")
@@ -308,6 +311,6 @@ def test_spans_are_posted_to_the_otlp_endpoint(monkeypatch):
     finally:
         tracing.shutdown_tracing()
         server.shutdown()
-    [(path, content_type, body)] = _Collector.received
+    [(path, content_type, body)] = RECEIVED
     assert (path, content_type) == ("/v1/traces", "application/x-protobuf")
     assert b"chat.requests.pro process" in body and b"chatpipe-scheduler" in body
