@@ -11,6 +11,7 @@ from typing import Annotated, TypeVar
 
 import typer
 
+from chatpipe.analytics_commands import analytics_app
 from chatpipe.settings import Settings
 from conversations.store import ApiKey, ConversationStore
 from ops.commands import dlq_app, replay_app
@@ -31,6 +32,7 @@ keys_app = typer.Typer(
 app.add_typer(keys_app, name="keys")
 schemas_app = typer.Typer(no_args_is_help=True, help="Event contracts: JSON Schema, AsyncAPI.")
 app.add_typer(schemas_app, name="schemas")
+app.add_typer(analytics_app, name="analytics")
 app.add_typer(replay_app, name="replay")
 app.add_typer(dlq_app, name="dlq")
 
