@@ -142,12 +142,14 @@ async def existing_partitions(kafka: KafkaConfig | str, topics: Collection[str] 
 
 async def read_records(kafka: KafkaConfig | str, starts: Mapping[TopicPartition, int],
                        keep: Callable[[ConsumerRecord], bool] | None = None,
-                       idle_timeout_s: float = 30.0) -> list[ConsumerRecord]:
+                       idle_timeout_s: float = 30.0,
+                       stops: Mapping[TopicPartition, int] | None = None,
+                       ) -> list[ConsumerRecord]:
     """Every record of each partition from its start offset up to where the partition
-    ended when first fetched (the high watermark a fetch reports), kept by `keep`, in
-    partition order: what the bus holds now, of any number of topics, with one client.
-    A start past the end reads nothing. TimeoutError if a fetch brings nothing new for
-    `idle_timeout_s`."""
+    ended when first fetched (the high watermark a fetch reports), or its `stops` offset
+    if that is sooner, kept by `keep`, in partition order: what the bus holds now, of
+    any number of topics, with one client. A start past the end reads nothing.
+    TimeoutError if a fetch brings nothing new for `idle_timeout_s`."""
     if not starts:
         return []
     consumer = _reader(kafka, auto_offset_reset="none")
@@ -176,7 +178,7 @@ async def read_records(kafka: KafkaConfig | str, starts: Mapping[TopicPartition,
                 if tp not in ends:
                     if consumer.highwater(tp) is None:
                         continue  # not fetched yet: its end comes with its first fetch
-                    ends[tp] = consumer.highwater(tp)
+                    ends[tp] = min(consumer.highwater(tp), (stops or {}).get(tp, 1 << 62))
                 found.extend(record for record in batch.get(tp, [])
                              if record.offset < ends[tp] and (keep is None or keep(record)))
                 if await consumer.position(tp) >= ends[tp]:
@@ -188,12 +190,12 @@ async def read_records(kafka: KafkaConfig | str, starts: Mapping[TopicPartition,
 
 
 async def offsets_at(kafka: KafkaConfig | str, partitions: Collection[TopicPartition],
-                     time_ms: int,
-                     believable: Callable[[list[tuple[int, int] | None], int], bool],
+                     time_ms: int, believable: Callable[[list[Any], int], bool],
                      ) -> dict[TopicPartition, int | None] | None:
     """The first offset of each partition whose record is at or after `time_ms` (None:
     no record that late), from the broker's `offsets_for_times`; None when the broker
-    cannot say, or says what `believable` rejects (Tansu: DESIGN §11)."""
+    cannot say, or says what `believable` rejects once the records at and before each
+    offset are read (`ops.time_bounds.TimeAnswer`; Tansu: DESIGN §11)."""
     consumer = _reader(kafka)
     await consumer.start()
     try:
@@ -202,8 +204,15 @@ async def offsets_at(kafka: KafkaConfig | str, partitions: Collection[TopicParti
         return None
     finally:
         await consumer.stop()
-    by_partition = {tp: (a.offset, a.timestamp) if a is not None else None
-                    for tp, a in answers.items()}
-    if not believable(list(by_partition.values()), time_ms):
+    said = {tp: (a.offset, a.timestamp) for tp, a in answers.items() if a is not None}
+    if any(offset < 0 or stamp < time_ms for offset, stamp in said.values()):
         return None
-    return {tp: answer[0] if answer is not None else None for tp, answer in by_partition.items()}
+    around = await read_records(kafka, {tp: max(offset - 1, 0) for tp, (offset, _) in said.items()},
+                                stops={tp: offset + 1 for tp, (offset, _) in said.items()})
+    stamps = {(r.topic, r.partition, r.offset): r.timestamp for r in around}
+    checked = [None if tp not in said else (
+        said[tp][0], said[tp][1], stamps.get((tp.topic, tp.partition, said[tp][0])),
+        stamps.get((tp.topic, tp.partition, said[tp][0] - 1))) for tp in answers]
+    if not believable(checked, time_ms):
+        return None
+    return {tp: said[tp][0] if tp in said else None for tp in answers}

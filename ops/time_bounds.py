@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 from datetime import UTC, datetime
+from typing import NamedTuple
 
 _RELATIVE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)\s*$")
 _UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000,
@@ -31,10 +32,28 @@ def parse_time(text: str, now_ms: int) -> int:
     return round(moment.timestamp() * 1000)
 
 
-def time_offsets_believable(answers: Iterable[tuple[int, int] | None], target_ms: int) -> bool:
-    """A broker's `offsets_for_times` answer (per partition (offset, record timestamp),
-    or None: no record that late) is right only if every timestamp it reports is at or
-    after the target. Tansu answers offset 0 with timestamp -1 whatever is asked
-    (DESIGN §11): such an answer sends the reader back to scanning from the start."""
-    return all(answer is None or (answer[0] >= 0 and answer[1] >= target_ms)
-               for answer in answers)
+class TimeAnswer(NamedTuple):
+    """A broker's answer for one partition to "the first offset at or after a time", and
+    what reading the partition there found."""
+
+    offset: int
+    timestamp: int
+    """The record timestamp the broker reported."""
+    found_ms: int | None
+    """The timestamp of the record at `offset`, as read (None: no record there)."""
+    before_ms: int | None
+    """The timestamp of the record before it (None: it is the first)."""
+
+
+def time_offsets_believable(answers: Iterable[TimeAnswer | None], target_ms: int) -> bool:
+    """A broker's `offsets_for_times` answer (per partition, None: no record that late)
+    is right only if each offset's record has the reported timestamp, at or after the
+    target, and the record before it is earlier than the target. Tansu answers offset 0
+    with its own clock's time (or -1) whatever is asked (DESIGN §11): such an answer
+    sends the reader back to scanning from the start."""
+    return all(answer is None or _right(TimeAnswer(*answer), target_ms) for answer in answers)
+
+
+def _right(a: TimeAnswer, target_ms: int) -> bool:
+    return (a.offset >= 0 and a.timestamp >= target_ms and a.found_ms == a.timestamp
+            and (a.before_ms is None or a.before_ms < target_ms))
