@@ -51,6 +51,7 @@ COPY conversations/ conversations/
 COPY chatpipe/ chatpipe/
 COPY bench/ bench/
 COPY billing/ billing/
+COPY ops/ ops/
 RUN pip install --no-deps . && cd / && rm -rf /src
 
 USER chatpipe
