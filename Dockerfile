@@ -52,6 +52,7 @@ COPY chatpipe/ chatpipe/
 COPY bench/ bench/
 COPY billing/ billing/
 COPY ops/ ops/
+COPY analytics/ analytics/
 RUN pip install --no-deps . && cd / && rm -rf /src
 
 USER chatpipe
