@@ -107,7 +107,7 @@ LIVE_GAUGES: dict[str, tuple[str, tuple[str, ...]]] = {
         ("tier",)),
     "chatpipe:worker_slots_used": (
         "Requests a worker's engine holds (running or waiting inside it).", ("model",)),
-    "chatpipe:worker_slots_total": ("Requests a worker's engine runs at once.", ("model",)),
+    "chatpipe:worker_slots_max": ("Requests a worker's engine runs at once.", ("model",)),
     "chatpipe:kv_cache_usage_perc": (
         "Share of the KV cache in use (1 = full), from the engine's scheduler stats.",
         ("model",)),
@@ -200,13 +200,15 @@ class StreamTiming:
 
     def shown(self, events: Sequence[object], ended: bool) -> None:
         """`events` are written to the client now; with `ended`, the last is its end."""
-        if any(type(event) is Delta for event in events):
-            now = time.time()
-            if self._last is None:
-                self._ttft.observe(max(0.0, now - self._created_at))
-            else:
-                self._itl.observe(now - self._last)
-            self._last = now
+        for event in events:
+            if type(event) is Delta:
+                now = time.time()
+                if self._last is None:
+                    self._ttft.observe(max(0.0, now - self._created_at))
+                else:
+                    self._itl.observe(now - self._last)
+                self._last = now
+                break
         if ended:
             end = events[-1]
             self.ended(_FINISHED_REASON.get(end.status, "error")
@@ -257,7 +259,7 @@ def watch_worker(engine: Any) -> None:
         with contextlib.suppress(RuntimeError):  # not started, or stopped
             stats = engine.stats()
             yield "chatpipe:worker_slots_used", (engine.model,), stats.running + stats.waiting
-            yield "chatpipe:worker_slots_total", (engine.model,), engine.max_slots
+            yield "chatpipe:worker_slots_max", (engine.model,), engine.max_slots
             usage = getattr(engine, "kv_cache_usage", None)
             if usage is not None:
                 yield "chatpipe:kv_cache_usage_perc", (engine.model,), usage
