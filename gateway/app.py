@@ -22,8 +22,8 @@ from gateway.auth import current_owner
 from gateway.body_limits import BodyLimits
 from gateway.deps import GatewayDeps
 from gateway.errors import error_responses, install_error_handlers
+from ops.http_spans import HttpSpans
 from ops.metrics import exposition
-from ops.tracing import HttpSpans
 
 __all__ = ["GatewayDeps", "create_app"]
 
@@ -47,7 +47,7 @@ def create_app(deps: GatewayDeps, *, api_docs: bool = True) -> FastAPI:
                   lifespan=lifespan, **docs)  # fmt: skip
     app.state.deps = deps
     install_error_handlers(app)
-    app.add_middleware(HttpSpans)  # a span per request while tracing is on (ops.tracing)
+    app.add_middleware(HttpSpans)  # a span per request while tracing is on
     app.add_middleware(ResponseHeaders)
     # Added last, so it runs first.
     app.add_middleware(BodyLimits, max_bytes=settings.max_body_bytes,

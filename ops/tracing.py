@@ -9,7 +9,8 @@ by its last (any event that is not a `chunk` or a `delta`): a stream costs one s
 a dict lookup per record, never a span per token.
 
 The spans of a request, each the parent of the next:
-  gateway  `POST /v1/...` (SERVER; its parent: the caller's `traceparent`, if sent)
+  gateway  `POST /v1/...` (SERVER, `ops.http_spans`; its parent: the caller's
+           `traceparent`, if sent)
   scheduler  `chat.requests.<tier> process`  (dispatched later under it: `HeldContexts`)
   worker  `chat.work process`, then `generate` (events `first_token`, `finish`)
   safety  `chat.tokens process`, one per attempt's chunks
@@ -412,50 +413,3 @@ def event_once(name: str) -> Callable[[], None]:
             span.add_event(name)
 
     return once
-
-
-# --- HTTP -----------------------------------------------------------------------------
-
-
-class HttpSpans:
-    """ASGI middleware: a SERVER span per HTTP request, continuing the caller's trace
-    when it sends a `traceparent` header; named by the route (`POST /v1/...`), with the
-    status and the request id the response names (`X-Request-Id`)."""
-
-    def __init__(self, app: Any, stage: str = "gateway",
-                 untraced: frozenset[str] = frozenset({"/healthz", "/metrics"})) -> None:
-        self.app = app
-        self.stage = stage
-        self.untraced = untraced
-
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if _state is None or scope["type"] != "http" or scope["path"] in self.untraced:
-            await self.app(scope, receive, send)
-            return
-        parent = extract((key.decode("latin-1"), value) for key, value in scope["headers"])
-        method = scope["method"]
-        attributes = {"http.request.method": method, "url.path": scope["path"]}
-        with _state.tracer(self.stage).start_as_current_span(
-                method, context=parent, kind=SpanKind.SERVER, attributes=attributes) as span:
-            async def send_traced(message: dict[str, Any]) -> None:
-                if message["type"] == "http.response.start":
-                    _response_started(span, message)
-                await send(message)
-
-            try:
-                await self.app(scope, receive, send_traced)
-            finally:
-                route = getattr(scope.get("route"), "path", None)
-                if route is not None:
-                    span.update_name(f"{method} {route}")
-                    span.set_attribute("http.route", route)
-
-
-def _response_started(span: trace.Span, message: dict[str, Any]) -> None:
-    status = message["status"]
-    span.set_attribute("http.response.status_code", status)
-    if status >= 500:
-        span.set_status(Status(StatusCode.ERROR))
-    for key, value in message.get("headers", ()):
-        if key.lower() == b"x-request-id":
-            span.set_attribute("chatpipe.request_id", value.decode("latin-1"))

@@ -22,6 +22,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 from bus.subscriber import decode_record
 from chatpipe.settings import Settings
 from ops import tracing
+from ops.http_spans import HttpSpans
 from schemas import codec
 from schemas.codec import CONTROL_EVENT, DELIVER_EVENT
 from schemas.events import Cancel, DeliveryDone, Delta, Event, Usage
@@ -251,7 +252,7 @@ async def test_in_span_covers_the_work_with_events(spans):
 
 def _app() -> FastAPI:
     app = FastAPI()
-    app.add_middleware(tracing.HttpSpans)
+    app.add_middleware(HttpSpans)
 
     @app.post("/v1/conversations/{conversation_id}/messages")
     async def message(conversation_id: str) -> Response:
