@@ -63,6 +63,9 @@ def replay_request(
     request_id: Annotated[str, typer.Argument(metavar="REQUEST_ID")],
     as_client: Annotated[bool, typer.Option(
         "--as-client", help="the native SSE stream the client was sent, rebuilt")] = False,
+    since: Annotated[str | None, typer.Option(
+        help=f"read records from TIME on (less to read on a large cluster): {TIME_HELP}",
+        metavar="TIME")] = None,
 ) -> None:
     """A request's whole life across the topics, in order.
 
@@ -72,7 +75,8 @@ def replay_request(
     from ops.replay import request_records
     from ops.request_life import life_lines
 
-    reads = asyncio.run(request_records(operator_kafka(Settings()), [request_id]))
+    since_ms = _time(since, "--since")
+    reads = asyncio.run(request_records(operator_kafka(Settings()), [request_id], since_ms))
     if as_client:
         _print_client_stream(reads, request_id)
         return
@@ -98,6 +102,8 @@ def _print_client_stream(reads: list[Any], request_id: str) -> None:
 @replay_app.command("conversation")
 def replay_conversation(
     conversation_id: Annotated[str, typer.Argument(metavar="ID")],
+    since: Annotated[str | None, typer.Option(
+        help=f"its requests from TIME on: {TIME_HELP}", metavar="TIME")] = None,
 ) -> None:
     """Every request of a conversation, in order, as `replay request` shows one.
 
@@ -106,12 +112,13 @@ def replay_conversation(
     from ops.request_life import life_lines
 
     kafka = operator_kafka(Settings())
+    since_ms = _time(since, "--since")
 
     async def read() -> list[dict[str, Any]]:
-        request_ids = await conversation_request_ids(kafka, conversation_id)
+        request_ids = await conversation_request_ids(kafka, conversation_id, since_ms)
         if not request_ids:
             return []
-        return life_lines(await request_records(kafka, request_ids), request_ids)
+        return life_lines(await request_records(kafka, request_ids, since_ms), request_ids)
 
     lines = asyncio.run(read())
     if not lines:

@@ -22,42 +22,56 @@ def _decoded(records: list[ConsumerRecord]) -> list[ReadRecord]:
     return [decoded(BusRecord.of(record)) for record in records]
 
 
-async def request_records(kafka: KafkaConfig, request_ids: list[str]) -> list[ReadRecord]:
-    """Every record of the topics a request crosses that may belong to one of
-    `request_ids` (its bytes carry the id; `request_life.owner` decides)."""
+async def starts_at(kafka: KafkaConfig, partitions: list[TopicPartition],
+                    since_ms: int | None) -> dict[TopicPartition, int]:
+    """Where to start reading each partition for records from `since_ms` on: the broker's
+    `offsets_for_times` where it answers right (a partition with nothing that late is
+    left out), else the first offset (the caller filters by time)."""
+    if since_ms is not None:
+        found = await offsets_at(kafka, partitions, since_ms, time_offsets_believable)
+        if found is not None:
+            return {tp: offset for tp, offset in found.items() if offset is not None}
+    return {tp: 0 for tp in partitions}
+
+
+async def request_records(kafka: KafkaConfig, request_ids: list[str],
+                          since_ms: int | None = None) -> list[ReadRecord]:
+    """Every record of the topics a request crosses (from `since_ms` on) that may belong
+    to one of `request_ids` (its bytes carry the id; `request_life.owner` decides)."""
     partitions = await existing_partitions(kafka)
-    starts = {tp: 0 for topic in life_topics(partitions) for tp in partitions[topic]}
+    wanted = [tp for topic in life_topics(partitions) for tp in partitions[topic]]
     ids = [rid.encode() for rid in request_ids]
 
     def carries(record: ConsumerRecord) -> bool:
         return any(rid in (record.value or b"") or rid == record.key for rid in ids)
 
-    return _decoded(await read_records(kafka, starts, carries))
+    records = await read_records(kafka, await starts_at(kafka, wanted, since_ms), carries)
+    return window(_decoded(records), since_ms)
 
 
-async def conversation_request_ids(kafka: KafkaConfig, conversation_id: str) -> list[str]:
-    """The conversation's requests, in the order they were queued."""
+async def conversation_request_ids(kafka: KafkaConfig, conversation_id: str,
+                                   since_ms: int | None = None) -> list[str]:
+    """The conversation's requests (queued from `since_ms` on), in the order queued."""
     partitions = await existing_partitions(kafka, topics.request_topics())
-    starts = {tp: 0 for tps in partitions.values() for tp in tps}
+    wanted = [tp for tps in partitions.values() for tp in tps]
     needle = conversation_id.encode()
-    records = await read_records(kafka, starts, lambda r: needle in (r.value or b""))
-    return conversation_requests(_decoded(records), conversation_id)
+    records = await read_records(kafka, await starts_at(kafka, wanted, since_ms),
+                                 lambda r: needle in (r.value or b""))
+    return conversation_requests(window(_decoded(records), since_ms), conversation_id)
 
 
 async def topic_records(kafka: KafkaConfig, topic: str, from_offset: int | None = None,
                         since_ms: int | None = None, until_ms: int | None = None,
                         key: str | None = None, limit: int | None = None) -> list[ReadRecord]:
     """`topic`'s records from `from_offset` (each partition) or `since_ms`, up to
-    `until_ms`, of key `key`, the first `limit`. A time is found with the broker's
-    `offsets_for_times` where it answers right, else by reading from the start."""
+    `until_ms`, of key `key`, the first `limit`."""
     partitions = (await existing_partitions(kafka, [topic])).get(topic)
     if not partitions:
         raise LookupError(f"no topic {topic}")
-    starts = {tp: from_offset or 0 for tp in partitions}
-    if since_ms is not None and from_offset is None:
-        found = await offsets_at(kafka, partitions, since_ms, time_offsets_believable)
-        if found is not None:
-            starts = {tp: offset for tp, offset in found.items() if offset is not None}
+    if from_offset is not None:
+        starts = {tp: from_offset for tp in partitions}
+    else:
+        starts = await starts_at(kafka, partitions, since_ms)
     wanted = key.encode() if key is not None else None
     records = await read_records(kafka, starts,
                                  None if wanted is None else lambda r: r.key == wanted)
@@ -86,11 +100,8 @@ async def retry_dead_letter(kafka: KafkaConfig, letter_id: str, force: bool = Fa
     """Send the dead letter's original record (value, key, headers) to its topic and
     partition again, marked as a retry of `letter_id`. LookupError: no such dead letter
     or its topic is gone; ValueError: it cannot be sent as it was; AlreadyRetried."""
-    partition, offset = parse_dead_letter_id(letter_id)
-    dlq = TopicPartition(topics.DLQ, partition)
-    found = await read_records(kafka, {dlq: offset}, lambda r: r.offset == offset)
-    letter = decoded(BusRecord.of(found[0])).event if found else None
-    if not isinstance(letter, DeadLetter):
+    letter = await _dead_letter_at(kafka, *parse_dead_letter_id(letter_id))
+    if letter is None:
         raise LookupError(f"no dead letter {letter_id} (see `chatpipe dlq list`)")
     record = original_record(letter, letter_id)
     source = TopicPartition(record.topic, record.partition)
@@ -111,3 +122,11 @@ async def retry_dead_letter(kafka: KafkaConfig, letter_id: str, force: bool = Fa
     finally:
         await producer.stop()
     return Retried(letter_id, sent.topic, sent.partition, sent.offset)
+
+
+async def _dead_letter_at(kafka: KafkaConfig, partition: int, offset: int) -> DeadLetter | None:
+    dlq = TopicPartition(topics.DLQ, partition)
+    found = await read_records(kafka, {dlq: offset}, lambda r: r.offset == offset,
+                               stops={dlq: offset + 1})
+    letter = decoded(BusRecord.of(found[0])).event if found else None
+    return letter if isinstance(letter, DeadLetter) else None

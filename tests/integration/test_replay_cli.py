@@ -154,6 +154,11 @@ async def test_a_requests_life_in_order_and_its_stream_as_the_client_got_it(sim_
     assert "".join(e["text"] for e in deliveries if e["type"] == "delta") == result.text
 
     await assert_as_client_is_what_was_received(sim_stack, request_id, result.events)
+    assert await json_lines(sim_stack, "replay", "request", request_id, "--since",
+                            "10m") == lines
+    code, _, err = await cli("replay", "request", request_id, "--since", "2099-01-01",
+                             kafka=sim_stack.kafka.bootstrap_servers)
+    assert code == 1 and "no record of request" in err
 
     # The conversation: both turns in order (and its title's request, of the same
     # conversation), each request's records together with their request.
@@ -354,8 +359,8 @@ async def test_a_dead_letter_whose_cause_is_fixed_is_processed_when_retried(sim_
     finally:
         await producer.stop()
     row = await until_row(sim_stack, lambda r: r["key"] == user)
-    code, out, err = await cli("dlq", "retry", row["id"],
-                               kafka=sim_stack.kafka.bootstrap_servers)
+    code, _, err = await cli("dlq", "retry", row["id"],
+                             kafka=sim_stack.kafka.bootstrap_servers)
     assert code == 0, err
     ledger = SQLiteLedger(sim_stack.settings.database_path)
     await ledger.open()

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import pytest
-from pathlib import Path
 
 from ops.runtime_file import (
     NoRunningStack,
@@ -40,9 +40,9 @@ def test_a_file_another_process_wrote_since_is_left_alone(tmp_path):
 
 def test_a_stale_file_is_refused_with_its_pid(tmp_path):
     database = tmp_path / "chatpipe.db"
-    with published_run(database, "a:1", "http://a", True):
-        with pytest.raises(NoRunningStack, match=rf"stale .*pid {os.getpid()}"):
-            running_stack_info(database, alive=lambda pid: False)
+    with (published_run(database, "a:1", "http://a", True),
+          pytest.raises(NoRunningStack, match=rf"stale .*pid {os.getpid()}")):
+        running_stack_info(database, alive=lambda pid: False)
 
 
 def test_an_unreadable_file_is_refused(tmp_path):
