@@ -94,16 +94,36 @@ def test_a_stream_counts_its_end_by_finished_reason(end, reason) -> None:
     assert value("chatpipe:time_to_first_token_seconds_count", tier="pro", model=model) == 0
 
 
-async def test_admission_counts_a_shed_request_by_tier() -> None:
-    before = value("chatpipe:admission_rejections_total", tier="enterprise", reason="overloaded")
-    deps = SimpleNamespace(pipeline=SimpleNamespace(overloaded=lambda tier: 3.0),
-                           rate_limiter=None, quotas=None)
-    owner = SimpleNamespace(tier=Tier.ENTERPRISE)
+class Refusing:
+    """A quota gate or rate limiter that refuses with `code`."""
+
+    def __init__(self, code: str) -> None:
+        self.code = code
+
+    async def check(self, owner: object) -> None:
+        raise ApiError(429, self.code, "no")
+
+    async def acquire(self, owner: object, tokens: int) -> dict[str, str]:
+        raise ApiError(429, self.code, "no")
+
+    async def headers(self, owner: object) -> dict[str, str]:
+        return {}
+
+
+@pytest.mark.parametrize(("gate", "reason"), [
+    ({"pipeline": SimpleNamespace(overloaded=lambda tier: 3.0)}, "overloaded"),
+    ({"quotas": Refusing("quota_exceeded")}, "quota_exceeded"),
+    ({"rate_limiter": Refusing("rate_limited")}, "rate_limited"),
+])
+async def test_admission_counts_each_refusal_by_tier_and_reason(gate, reason) -> None:
+    before = value("chatpipe:admission_rejections_total", tier="enterprise", reason=reason)
+    deps = SimpleNamespace(**{"pipeline": SimpleNamespace(overloaded=lambda tier: None),
+                              "rate_limiter": None, "quotas": None, **gate})
     with pytest.raises(ApiError) as refused:
-        await admit(deps, owner, 10)  # type: ignore[arg-type]
-    assert refused.value.code == "overloaded"
+        await admit(deps, SimpleNamespace(tier=Tier.ENTERPRISE), 10)  # type: ignore[arg-type]
+    assert refused.value.code == reason
     assert value("chatpipe:admission_rejections_total", tier="enterprise",
-                 reason="overloaded") == before + 1
+                 reason=reason) == before + 1
 
 
 def test_queue_time_is_observed_for_first_attempts_only() -> None:
@@ -127,14 +147,14 @@ async def test_state_gauges_are_read_while_their_stage_runs_and_dropped_after() 
 
     task = asyncio.create_task(run())
     await asyncio.sleep(0)
-    assert value("chatpipe:worker_slots_total", model=engine.model) == 7
+    assert value("chatpipe:worker_slots_max", model=engine.model) == 7
     assert value("chatpipe:worker_slots_used", model=engine.model) == 0
     assert REGISTRY.get_sample_value("chatpipe:num_requests_waiting", {"tier": "free"}) == 0
     stage.fenced.set()  # a fenced scheduler decides nothing: its queue is not reported
     assert REGISTRY.get_sample_value("chatpipe:num_requests_waiting", {"tier": "free"}) is None
     stop.set()
     await task
-    assert REGISTRY.get_sample_value("chatpipe:worker_slots_total",
+    assert REGISTRY.get_sample_value("chatpipe:worker_slots_max",
                                      {"model": engine.model}) is None
     await engine.stop()
 
