@@ -22,7 +22,9 @@ from schemas.topics import DLQ
 
 RETRY_HEADER = "chatpipe-retry-of"
 _ID = re.compile(r"^(?:" + re.escape(DLQ) + r"-)?(\d+)-(\d+)$")
-LIST_FIELDS = ("id", "when", "topic", "partition", "offset", "stage", "key", "error")
+LIST_FIELDS = ("id", "when", "topic", "partition", "offset", "stage", "key", "retry_of",
+               "error")
+"""The columns of `dlq list` (its --json gives `truncated` too)."""
 
 
 def dead_letter_id(partition: int, offset: int) -> str:

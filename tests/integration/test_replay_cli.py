@@ -315,7 +315,7 @@ async def test_a_malformed_record_is_listed_and_retried_onto_its_topic(sim_stack
     assert row not in await dlq_rows(sim_stack, "--since", "2099-01-01T00:00:00Z")
     code, table, _ = await cli("dlq", "list", kafka=kafka)
     assert code == 0 and table.splitlines()[0].split() == [
-        "id", "when", "topic", "partition", "offset", "stage", "key", "error"]
+        "id", "when", "topic", "partition", "offset", "stage", "key", "retry_of", "error"]
     assert any(line.startswith(row["id"] + " ") for line in table.splitlines())
 
     code, out, err = await cli("dlq", "retry", row["id"], kafka=kafka)
