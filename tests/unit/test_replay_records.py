@@ -10,8 +10,8 @@ from ops.request_life import conversation_requests, life_lines, life_topics, own
 from schemas import topics
 from schemas.codec import encode
 from schemas.events import (
-    ChatMessage,
     Cancel,
+    ChatMessage,
     DeadLetter,
     Delta,
     Event,
