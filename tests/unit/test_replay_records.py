@@ -139,3 +139,28 @@ def test_life_topics_are_the_fixed_ones_the_broker_has_and_every_delivery_topic(
             topics.WORKERS, topics.DLQ]
     assert life_topics(have) == ["chat.requests.free", topics.TOKENS, topics.DLQ,
                                  "chat.deliver.a", "chat.deliver.b"]
+
+
+def test_every_attempt_is_shown_even_the_fenced_one():
+    """A worker lost mid-answer: the scheduler dispatches attempt 1. The replay shows both
+    assignments and both attempts' chunks (a late chunk of attempt 0 too): what the bus
+    holds, not what the answer rule keeps."""
+    retry = request().model_copy(update={"attempt": 1})
+    reads = [decoded(r) for r in [
+        rec("chat.requests.free", 0, 1000, request()),
+        rec(topics.WORK, 0, 1001, WorkAssignment(worker_id="w1", request=request()), key=None),
+        rec(topics.TOKENS, 0, 1010, chunk(0)),
+        rec(topics.WORK, 1, 1500, WorkAssignment(worker_id="w2", request=retry), key=None),
+        rec(topics.TOKENS, 1, 1510, chunk(1, attempt=1)),
+        rec(topics.TOKENS, 2, 1520, chunk(1, attempt=0)),
+    ]]
+    lines = life_lines(reads, ["r1"])
+    def attempt(line):
+        event = line["event"]
+        return event["request"]["attempt"] if event["type"] == "work" else event["attempt"]
+
+    assert [(line["topic"], attempt(line)) for line in lines] == [
+        ("chat.requests.free", 0), (topics.WORK, 0), (topics.TOKENS, 0), (topics.WORK, 1),
+        (topics.TOKENS, 1), (topics.TOKENS, 0)]
+    assert [line["event"].get("worker_id") for line in lines if line["topic"] == topics.WORK] == [
+        "w1", "w2"]
