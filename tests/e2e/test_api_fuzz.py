@@ -44,12 +44,16 @@ SEED = 20261130
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def fuzz_stack(tiny_model_dir, tmp_path_factory) -> AsyncIterator[Stack]:
     """A stack of its own: no rate limits (a fuzzer's burst is not what they are for), a
-    fast sim engine, docs served."""
+    fast sim engine, docs served, and request limits that fit the tiny model's 2,048-token
+    window — every request the document allows fits (the defaults allow a 32,000-character
+    message, which a 2,048-token model refuses with a documented 413 `context_too_long`: a
+    window in tokens is not something a JSON schema can say)."""
     settings = stack_settings(
         tmp_path_factory.mktemp("fuzz-stack"), engine="sim", model=tiny_model_dir,
         sim_tokens_per_s=20_000.0, sim_prompt_tokens_per_s=1e6, max_slots=32,
         user_requests_per_minute=1_000_000, org_requests_per_minute=1_000_000,
         user_tokens_per_minute=1_000_000_000, org_tokens_per_minute=1_000_000_000,
+        max_message_chars=200, max_tokens_limit=1024, max_messages=8,
         auto_titles=False, api_docs=True)
     async with running_sim_stack(settings) as stack:
         yield stack
@@ -76,7 +80,8 @@ async def test_schemathesis_finds_nothing(fuzz_stack, tmp_path):
     text = output.decode(errors="replace")
     found = _failures(report / "events.ndjson")
     assert process.returncode == 0 and not found, (
-        f"schemathesis found {sum(found.values())} failure(s): {dict(found)}\n{text[-12000:]}")
+        f"schemathesis found {sum(found.values())} failure(s): {dict(found)}\n"
+        f"errors: {_errors(report / 'events.ndjson')}\n{text[-12000:]}")
     requests = _requests_made(report / "events.ndjson")
     assert requests >= 200, f"only {requests} requests were generated:\n{text[-4000:]}"
 
@@ -89,6 +94,12 @@ def _failures(events: Path) -> Counter[str]:
             if check.get("status") == "FAILURE":
                 found[check.get("name", "?")] += 1
     return found
+
+
+def _errors(events: Path) -> list[str]:
+    """What went wrong outside the checks (a connection reset, a timeout), as logged."""
+    return [line[:2000] for line in events.read_text().splitlines()
+            if line.startswith('{"NonFatalError"')]
 
 
 def _requests_made(events: Path) -> int:
