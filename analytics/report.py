@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -182,6 +182,9 @@ def plot_tokens_per_minute(answer: dict[str, Any], path: Path) -> None:
     axes.set_title(f"Generated tokens per minute, {answer['since']} .. {answer['until']}")
     axes.set_xlabel("minute (UTC)")
     axes.set_ylim(bottom=0)
+    if minutes:  # a single point would otherwise span years of minute ticks
+        axes.set_xlim(datetime.fromisoformat(minutes[0]) - timedelta(seconds=30),
+                      datetime.fromisoformat(minutes[-1]) + timedelta(seconds=30))
     axes.xaxis.set_major_locator(matplotlib.dates.MinuteLocator(
         interval=max(1, -(-len(minutes) // 10)), tz=UTC))
     axes.xaxis.set_major_formatter(matplotlib.dates.DateFormatter(

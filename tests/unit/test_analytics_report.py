@@ -181,3 +181,14 @@ def test_the_plot_is_a_png(warehouse: Warehouse, tmp_path: Path) -> None:
     path = tmp_path / "plots" / "tokens.png"
     plot_tokens_per_minute(answer, path)
     assert path.read_bytes().startswith(b"\x89PNG\r\n\x1a\n") and path.stat().st_size > 5000
+
+
+@pytest.mark.timeout(60)
+def test_one_minute_of_usage_plots_at_once(warehouse: Warehouse, tmp_path: Path) -> None:
+    ingest(warehouse, RECORDS[:5])  # request A only: one point per tier
+    with warehouse.connect() as con:
+        answer = report(con, PERIOD)
+    assert len(answer["tokens_per_minute"]) == 1
+    path = tmp_path / "one.png"
+    plot_tokens_per_minute(answer, path)  # a lone point once asked for years of minute ticks
+    assert path.read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
