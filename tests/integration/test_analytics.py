@@ -1,7 +1,8 @@
 """`chatpipe analytics` against the real broker: a stack of its own serves requests of two
-orgs on two tiers, one of them cancelled; `ingest --until-idle` reads the topics into
-Parquet, and `report` answers what the usage events say. Read again — the same group
-(nothing new) and a new group (every record a second time) — the answers stay the same.
+orgs on two tiers, one of them cancelled, and a record nobody can read sits on chat.usage;
+`ingest --until-idle` reads the topics into Parquet, and `report` answers what the usage
+events say. Read again — the same group (nothing new) and a new group (every record a
+second time) — the answers stay the same.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from chatpipe.cli import app
 from chatpipe.wiring import Stack
 from conversations.store import ApiKey
 from schemas import topics
-from schemas.events import UsageEvent
+from schemas.events import DeadLetter, UsageEvent
 from schemas.topics import Tier
 from tests.fixtures.stack import client_for, running_sim_stack, stack_settings
 from tests.support import find_events, post_message, read_sse_lines
@@ -99,8 +100,18 @@ async def test_analytics_counts_what_the_bus_carried_once(analytics_stack: Stack
                                      count=5)
     assert cancelled in {e.request_id for e in usage_events}
 
+    producer = stack.kafka.producer()
+    await producer.start()
+    try:  # a usage record nobody can read: dead-lettered, and the rest is counted
+        await producer.send_and_wait(topics.USAGE, b"{not json", key=b"user-acme",
+                                     headers=[("event-type", b"usage")])
+    finally:
+        await producer.stop()
+
     where = ["--db", str(tmp_path / "analytics.duckdb"), "--data", str(tmp_path / "parquet")]
     ingested = await _ingest(stack, where)
+    assert await find_events(stack.kafka, topics.DLQ, DeadLetter,
+                             lambda e: e.stage == "analytics" and e.value == "{not json")
     assert "usage 5" in ingested and "requests 5" in ingested, ingested
     answer = await _report(stack, where, tmp_path / "tokens.png")
 
