@@ -13,7 +13,6 @@ import uuid
 from collections.abc import AsyncIterator, Callable
 
 import httpx
-import pytest
 import pytest_asyncio
 from aiokafka import AIOKafkaProducer
 from prometheus_client.parser import text_string_to_metric_families
@@ -197,25 +196,3 @@ async def test_stages_run_alone_serve_metrics_on_the_metrics_port(tmp_path):
         for url in (served(ports["gateway"]), f"{pipe.base_url()}/metrics"):
             gateway = await scrape(url)
             assert ("chatpipe:open_streams", frozenset()) in gateway, url
-
-
-@pytest.mark.vllm
-async def test_the_real_engine_serves_vllm_metrics_beside_chatpipes(vllm_stack):
-    """`chatpipe up` with vLLM: vLLM's own engine metrics (its Prometheus stat logger) on
-    the same /metrics, and the engine's KV cache use in chatpipe's gauge."""
-    url = f"{vllm_stack.base_url}/metrics"
-    model = vllm_stack.settings.model_name
-    before = await scrape(url)
-    async with client_for(vllm_stack) as client:
-        answer = await client.post("/v1/chat/completions", json={
-            "model": model, "max_tokens": 8, "ignore_eos": True,
-            "messages": [{"role": "user", "content": "count to eight"}]})
-    assert answer.status_code == 200, answer.text
-    after = await scrape(url)
-    generated = "vllm:generation_tokens_total"
-    assert (total(after, generated, model_name=model)
-            - total(before, generated, model_name=model)) >= 8
-    assert any(name == "vllm:kv_cache_usage_perc" for name, _ in after)
-    assert 0 <= at(after, "chatpipe:kv_cache_usage_perc", model=model) <= 1
-    assert ("chatpipe:kv_cache_usage_perc", frozenset({("model", model)})) in after
-    assert at(after, "chatpipe:worker_slots_max", model=model) >= 1
