@@ -16,6 +16,8 @@ reporting.
 
 from __future__ import annotations
 
+import json
+
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal, NamedTuple
@@ -35,8 +37,10 @@ class Account:
     account_id: str
 
     @classmethod
-    def user(cls, user_id: str) -> Account:
-        return cls("user", user_id)
+    def user(cls, org_id: str, user_id: str) -> Account:
+        """A user is one of an org's: the same user id in two orgs is two accounts (the
+        id is a JSON pair, so no choice of ids makes two accounts one)."""
+        return cls("user", json.dumps([org_id, user_id], ensure_ascii=False))
 
     @classmethod
     def org(cls, org_id: str) -> Account:
@@ -101,7 +105,7 @@ def charges_for(event: UsageEvent, periods: Sequence[Period] = PERIODS) -> Bill:
                       event.cached_tokens)
     return Bill(reported, tuple(
         (account, period, period_of(event.created_at, period).key)
-        for account in (Account.user(event.user_id), Account.org(event.org_id))
+        for account in (Account.user(event.org_id, event.user_id), Account.org(event.org_id))
         for period in periods
     ))
 

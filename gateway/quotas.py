@@ -31,7 +31,8 @@ class Budget:
 
 def budgets_for(owner: ApiKey, user_budget: int | None, org_budget: int | None) -> list[Budget]:
     """The budgets that apply to `owner`, user first; a None budget is off."""
-    budgets = [(Account.user(owner.user_id), user_budget), (Account.org(owner.org_id), org_budget)]
+    budgets = [(Account.user(owner.org_id, owner.user_id), user_budget),
+               (Account.org(owner.org_id), org_budget)]
     return [Budget(account, tokens) for account, tokens in budgets if tokens is not None]
 
 

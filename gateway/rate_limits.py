@@ -31,6 +31,7 @@ from limits.aio.strategies import SlidingWindowCounterRateLimiter
 from limits.errors import StorageError
 from limits.storage import storage_from_string
 
+from billing.core import Account
 from chatpipe.settings import Settings
 from conversations.store import ApiKey
 from gateway.errors import ApiError
@@ -126,7 +127,9 @@ class Limit:
 
 
 def limits_for(settings: Settings, owner: ApiKey) -> list[Limit]:
-    user, org = ("user", owner.user_id), ("org", owner.org_id)
+    # A user is one of an org's (the same id in two orgs is two users): one account id.
+    user = ("user", Account.user(owner.org_id, owner.user_id).account_id)
+    org = ("org", owner.org_id)
     return [
         Limit("user_requests_per_minute", "requests", settings.user_requests_per_minute,
               ("requests", *user)),

@@ -200,7 +200,7 @@ async def test_budgets_run_out_on_completed_usage_per_user_and_per_org(
             a, {"content": "count to three", "max_tokens": 320, "ignore_eos": True},
             conversation)
         assert answered.status_code == 200 and events[-1].data == "[DONE]"
-        used = await until_used(ledger, Account.user("quota-a"), 300)
+        used = await until_used(ledger, Account.user(quota_org, "quota-a"), 300)
         system_words = len(limited_stack.settings.system_prompt.split())
         assert used == system_words + 3 + 320  # the sim engine counts prompt words
 
@@ -255,7 +255,7 @@ async def test_billing_counts_a_redelivered_event_once_and_dead_letters_garbage(
 
     # One key, one partition: once attempt 1 is counted, everything before it was read.
     # The prompt is paid once and each generated token once: 10 + 5 + 4.
-    assert await until_used(ledger, Account.user(user), 19) == 19
+    assert await until_used(ledger, Account.user("dup-org", user), 19) == 19
     dead = await find_events(limited_stack.kafka, topics.DLQ, DeadLetter,
                              lambda e: e.stage == "billing" and e.key == user)
     assert dead and dead[0].value == "{not json"

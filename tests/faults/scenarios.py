@@ -176,7 +176,8 @@ async def tokens_billed(pipe: Pipeline, user: str = DEV_USER) -> int:
     await ledger.open()
     try:
         key = period_of(time.time(), "day").key
-        return (await ledger.used([Account.user(user)], "day", key))[Account.user(user)]
+        account = Account.user(DEV_USER, user)
+        return (await ledger.used([account], "day", key))[account]
     finally:
         await ledger.close()
 

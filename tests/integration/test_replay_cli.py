@@ -367,8 +367,8 @@ async def test_a_dead_letter_whose_cause_is_fixed_is_processed_when_retried(sim_
     try:
         window = period_of(time.time(), "day")
         deadline = time.monotonic() + 20
-        while (used := (await ledger.used([Account.user(user)], "day", window.key))[
-                Account.user(user)]) < 11 and time.monotonic() < deadline:
+        while (used := (await ledger.used([Account.user("retry-org", user)], "day", window.key))[
+                Account.user("retry-org", user)]) < 11 and time.monotonic() < deadline:
             await asyncio.sleep(0.2)
         assert used == 11
     finally:

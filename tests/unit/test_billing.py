@@ -57,8 +57,8 @@ def test_periods_are_utc_days_and_months(moment: str, period: str, key: str, sta
 def test_an_event_charges_its_user_and_org_in_its_own_day_and_month() -> None:
     bill = charges_for(usage(created_at="2025-03-31T23:59:00"))
     assert set(bill.totals) == {
-        (Account.user("alice"), "day", "2025-03-31"),
-        (Account.user("alice"), "month", "2025-03"),
+        (Account.user("acme", "alice"), "day", "2025-03-31"),
+        (Account.user("acme", "alice"), "month", "2025-03"),
         (Account.org("acme"), "day", "2025-03-31"),
         (Account.org("acme"), "month", "2025-03"),
     }
@@ -90,12 +90,12 @@ async def test_ledger_sums_per_account_and_period(ledger: UsageLedger) -> None:
     await record(ledger, usage("r1", user="alice"))
     await record(ledger, usage("r2", user="bob"))
     await record(ledger, usage("r3", user="alice", created_at="2025-03-08T01:00:00"))
-    alice, bob, acme = Account.user("alice"), Account.user("bob"), Account.org("acme")
+    alice, bob, acme = Account.user("acme", "alice"), Account.user("acme", "bob"), Account.org("acme")
     assert await ledger.used([alice, bob, acme], "day", "2025-03-07") == {
         alice: 15, bob: 15, acme: 30}
     assert await ledger.used([alice, acme], "month", "2025-03") == {alice: 30, acme: 45}
-    assert await ledger.used([Account.user("carol")], "day", "2025-03-07") == {
-        Account.user("carol"): 0}
+    assert await ledger.used([Account.user("acme", "carol")], "day", "2025-03-07") == {
+        Account.user("acme", "carol"): 0}
 
 
 def a0(completion: int, prompt: int = 10) -> UsageEvent:
@@ -123,7 +123,7 @@ ATTEMPTS = [
 async def test_a_request_is_charged_the_most_any_attempt_reports(
     ledger: UsageLedger, case: str, steps: list[tuple[UsageEvent, int]]
 ) -> None:
-    alice = Account.user("alice")
+    alice = Account.user("acme", "alice")
     for event, added in steps:
         before = (await ledger.used([alice], "day", "2025-03-07"))[alice]
         assert await record(ledger, event) == (added > 0), case
@@ -183,3 +183,16 @@ async def test_what_billing_writes_a_gateway_reads_from_the_same_file(tmp_path: 
     finally:
         await billing.close()
         await gateway.close()
+
+
+async def test_the_same_user_id_in_two_orgs_is_charged_as_two_users(ledger: UsageLedger) -> None:
+    await record(ledger, usage("r1", user="alice", org="acme"))
+    await record(ledger, usage("r2", user="alice", org="globex"))
+    acme_alice, globex_alice = Account.user("acme", "alice"), Account.user("globex", "alice")
+    assert await ledger.used([acme_alice, globex_alice], "day", "2025-03-07") == {
+        acme_alice: 15, globex_alice: 15}
+
+
+def test_no_choice_of_ids_makes_two_user_accounts_one() -> None:
+    assert Account.user("a/b", "c") != Account.user("a", "b/c")
+    assert Account.user('a", "b', "c") != Account.user("a", 'b", "c')

@@ -21,12 +21,12 @@ NOW = datetime(2025, 3, 7, 21, 0, tzinfo=UTC).timestamp()  # 3 h before the day 
 
 def test_budgets_that_are_off_do_not_apply() -> None:
     assert budgets_for(ALICE, None, None) == []
-    assert budgets_for(ALICE, 100, None) == [Budget(Account.user("alice"), 100)]
+    assert budgets_for(ALICE, 100, None) == [Budget(Account.user("acme", "alice"), 100)]
     assert [b.account for b in budgets_for(ALICE, 100, 1000)] == [
-        Account.user("alice"), Account.org("acme")]
+        Account.user("acme", "alice"), Account.org("acme")]
 
 
-USER, ORG = Budget(Account.user("alice"), 100), Budget(Account.org("acme"), 1000)
+USER, ORG = Budget(Account.user("acme", "alice"), 100), Budget(Account.org("acme"), 1000)
 
 
 @pytest.mark.parametrize(

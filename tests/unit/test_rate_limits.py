@@ -210,3 +210,15 @@ async def test_retry_after_is_when_the_request_fits_again(
     await refused(limiter, ALICE, tokens)
     clock.now += 1
     await limiter.acquire(ALICE, tokens)
+
+
+async def test_the_same_user_id_in_another_org_has_limits_of_its_own(
+    limiter: RateLimiter,
+) -> None:
+    """A user is one of an org's: another tenant's `alice` cannot use up this one's."""
+    other_alice = ApiKey("alice", "globex", Tier.FREE)
+    for _ in range(3):
+        await limiter.acquire(other_alice, 1)
+    assert "user_requests_per_minute" in (await refused(limiter, other_alice, 1)).detail
+    headers = await limiter.acquire(ALICE, 1)
+    assert headers["x-ratelimit-remaining-requests"] == "2"
