@@ -87,7 +87,7 @@ def _declare_limits(schemas: dict[str, Schema], settings: Settings) -> None:
         _constrain(completion, "max_tokens", max_tokens)
         _constrain(completion, "max_completion_tokens", max_tokens)
         _constrain(completion, "messages", {"maxItems": settings.max_messages}, "array")
-        stop_chars = {"maxLength": settings.max_stop_chars}
+        stop_chars = {"minLength": 1, "maxLength": settings.max_stop_chars}
         _constrain(completion, "stop", stop_chars)
         _constrain(completion, "stop", {"maxItems": settings.max_stop_sequences,
                                         "items": {"type": "string", **stop_chars}}, "array")

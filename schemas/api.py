@@ -34,6 +34,8 @@ Text = Annotated[str, AfterValidator(_encodable)]
 SEED_LIMIT = 1 << 64
 """A seed is an unsigned 64-bit integer, as the engines take it."""
 
+StopText = Annotated[Text, Field(min_length=1)]
+"""A stop sequence: an empty one would match everywhere (vLLM refuses it)."""
 Seed = Annotated[int, Field(ge=0, lt=SEED_LIMIT, description="0 <= seed < 2**64")]
 Temperature = Annotated[float, Field(ge=0.0, le=2.0)]
 TopP = Annotated[float, Field(gt=0.0, le=1.0)]
@@ -211,7 +213,7 @@ class ChatCompletionRequest(BaseModel):
     temperature: Temperature | None = None
     top_p: TopP | None = None
     seed: Seed | None = None
-    stop: Text | list[Text] | None = Field(None, description=(
+    stop: StopText | list[StopText] | None = Field(None, description=(
         "at most CHATPIPE_MAX_STOP_SEQUENCES, each at most CHATPIPE_MAX_STOP_CHARS long"))
     n: int = Field(1, ge=1, le=1, description="one choice per request")
     user: Text | None = None

@@ -225,6 +225,8 @@ async def test_a_lone_surrogate_in_a_title_is_422(client):
     ({"stop": ["a", "b", "c"]}, "too_many_stop_sequences"),
     ({"stop": "123456789"}, "stop_too_long"),
     ({"stop": ["ok", "123456789"]}, "stop_too_long"),
+    ({"stop": ""}, "invalid_request"),  # vLLM refuses an empty stop: never queue one
+    ({"stop": ["ok", ""]}, "invalid_request"),
     ({"temperature": 2.5}, "invalid_request"),
     ({"top_p": 0}, "invalid_request"),
     ({"max_tokens": 0}, "invalid_request"),
