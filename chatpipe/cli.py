@@ -153,6 +153,8 @@ def store_create_schema() -> None:
 
 
 KEY_FIELDS = ("id", "user", "org", "tier", "name", "created", "expires", "revoked")
+MAX_EXPIRES_IN_DAYS = 36_500
+"""A hundred years: a later expiry is not a date `keys list` can show."""
 """What `chatpipe keys list` shows of a key (never the key: only its hash is stored)."""
 
 
@@ -189,8 +191,9 @@ def keys_create(
 
     if not user.strip() or not org.strip():
         raise typer.BadParameter("--user and --org must not be empty")
-    if expires_in is not None and not expires_in > 0:
-        raise typer.BadParameter("--expires-in must be a positive number of days")
+    if expires_in is not None and not 0 < expires_in <= MAX_EXPIRES_IN_DAYS:
+        raise typer.BadParameter(
+            f"--expires-in must be a number of days above 0, at most {MAX_EXPIRES_IN_DAYS}")
     settings = cli_settings(Settings())
     if key_secret(settings) is None:
         typer.echo(f"chatpipe keys create: {NO_SECRET}", err=True)

@@ -16,7 +16,7 @@ purify.addHook("afterSanitizeAttributes", (node) => {
 // An answer is text to read: nothing in it takes input, submits, embeds another page or
 // restyles this one (DOMPurify drops `on*` handlers by itself).
 const ANSWER_PROFILE = {
-  USE_PROFILE: { html: true },
+  USE_PROFILES: { html: true },
   FORBID_TAGS: ["form", "input", "button", "textarea", "select", "option", "optgroup",
                 "datalist", "fieldset", "label", "output", "iframe", "frame", "object",
                 "embed", "style", "link", "meta", "base", "dialog"],

@@ -161,6 +161,9 @@ def test_a_key_created_to_expire_expires(database: Path) -> None:
     ["--user", "u", "--org", "acme", "--tier", "gold"],
     ["--user", "u", "--org", "acme", "--tier", "pro", "--expires-in", "0"],
     ["--user", "u", "--org", "acme", "--tier", "pro", "--expires-in", "-1"],
+    ["--user", "u", "--org", "acme", "--tier", "pro", "--expires-in", "1e8"],  # year 275817
+    ["--user", "u", "--org", "acme", "--tier", "pro", "--expires-in", "inf"],
+    ["--user", "u", "--org", "acme", "--tier", "pro", "--expires-in", "nan"],
     ["--user", "u", "--tier", "pro"],
 ])  # fmt: skip
 def test_create_refuses_bad_arguments(database: Path, args: list[str]) -> None:
