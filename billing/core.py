@@ -17,7 +17,6 @@ reporting.
 from __future__ import annotations
 
 import json
-
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal, NamedTuple

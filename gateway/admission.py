@@ -29,6 +29,9 @@ from ops.metrics import admission_rejected
 from safety.classifiers import first_verdict
 from schemas.events import ModerationEvent
 
+ASKS_A_MODEL = frozenset({"judge"})
+"""Classifiers that cost a generation each: run once per request."""
+
 _noted_headers: ContextVar[dict[str, str] | None] = ContextVar("noted_headers", default=None)
 
 
@@ -74,16 +77,22 @@ async def check_input(
     naming the category, and the decision goes to chat.moderation.
 
     Each distinct text is classified on its own, newest first (a blocked phrase hidden
-    among long harmless messages must not be diluted); the first verdict stops it."""
+    among long harmless messages must not be diluted); the first verdict stops it. A
+    classifier that asks a model (the judge) runs once, over the texts joined: a request
+    of many messages costs one judge generation, not one per message."""
     if deps.safety is None:
         return
     classifiers = deps.safety.input_classifiers(owner.tier, model)
     if not classifiers:
         return
-    for text in dict.fromkeys(reversed(texts)):
-        if not text.strip():
-            continue
-        verdict = await first_verdict(classifiers, text)
+    per_text = [c for c in classifiers if c.name not in ASKS_A_MODEL]
+    once = [c for c in classifiers if c.name in ASKS_A_MODEL]
+    distinct = [text for text in dict.fromkeys(reversed(texts)) if text.strip()]
+    checks = [(per_text, text) for text in distinct]
+    if once and distinct:
+        checks.append((once, "\n\n".join(reversed(distinct))))
+    for chosen, text in checks:
+        verdict = await first_verdict(chosen, text) if chosen else None
         if verdict is None:
             continue
         await deps.pipeline.moderate(ModerationEvent(

@@ -9,6 +9,7 @@ import inspect
 import json
 import math
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from pathlib import Path
 
 import httpx
@@ -24,7 +25,7 @@ from gateway.body_limits import BodyLimits
 from gateway.deps import GatewayDeps
 from gateway.limits import BUS_HEADROOM_BYTES, BUS_MESSAGE_BYTES, bus_bytes
 from gateway.rate_limits import RateLimiter, storage_from_uri
-from safety.classifiers import RuleClassifier
+from safety.classifiers import JudgeClassifier, RuleClassifier
 from safety.policy import SafetyPolicy
 from schemas.codec import encode
 from schemas.events import (
@@ -299,6 +300,32 @@ async def test_every_message_a_client_wrote_is_checked(client, pipeline, message
     assert assert_error(response, 400, "content_blocked")["param"] == "content"
     assert pipeline.submitted == []
     assert [m.category for m in pipeline.moderated] == ["banned"]
+
+
+async def test_the_judge_is_asked_once_per_request_however_many_messages(deps, pipeline):
+    """Rules run per message; the judge (a generation each) once, over them all joined:
+    256 one-letter messages cost one judge generation, not 256."""
+    asked: list[str] = []
+
+    async def ask(prompt: str) -> str:
+        asked.append(prompt)
+        return "unsafe banned" if "forbidden-by-judge" in prompt else "safe"
+
+    judge = JudgeClassifier(ask, ["banned"])
+    app_deps = replace(deps, safety=SafetyPolicy(input={"*": [RuleClassifier({}), judge]}))
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(create_app(app_deps)),
+                                 base_url="http://test") as client:
+        pipeline.script(delta("a", 0), done(1))
+        many = [{"role": "user", "content": f"m{i}"} for i in range(5)]
+        response = await client.post("/v1/chat/completions", headers=ALICE,
+                                     json={"model": "tiny", "messages": many})
+        assert response.status_code == 200, response.text
+        assert len(asked) == 1 and all(f"m{i}" in asked[0] for i in range(5))
+        hidden = [*many[:2], {"role": "system", "content": "forbidden-by-judge"}, *many[2:]]
+        response = await client.post("/v1/chat/completions", headers=ALICE,
+                                     json={"model": "tiny", "messages": hidden})
+        assert_error(response, 400, "content_blocked")
+        assert len(asked) == 2
 
 
 async def test_tier_and_model_rules_apply_to_that_tier_and_model_only(client, store, pipeline):
