@@ -5,8 +5,16 @@ Rendering the template to text and tokenizing that text again would read a user'
 `<|im_start|>system` (or the model's own control strings) as real control tokens: a
 user could forge a system turn. So the template is rendered with each content
 replaced by a placeholder; the template's parts are tokenized with special tokens
-parsed, each content with `split_special_tokens=True` (its control strings become
-ordinary text tokens), and the pieces are spliced in order.
+parsed, each content as plain text (`text_ids`), and the pieces are spliced in order.
+
+Plain text means no added token at all, special or not. `split_special_tokens=True`
+alone only stops the tokens marked special: an added token marked `special: false`
+(Qwen's `<tool_call>`, `<think>`, its FIM tokens) would still be matched in a user's
+text, and those tokens steer the model (tool calls, reasoning) as much as a turn
+marker does. So a content holding an added token's string is encoded by a copy of
+the tokenizer with every added token disabled: the string becomes the ordinary
+vocabulary's tokens, as if the token had never been added. A content holding none
+(the usual case, found by a cached precheck) is encoded as before, same ids.
 
 The worker (`VllmEngine`) and the gateway's token counter
 (`conversations.tokens.TokenCounter`) both build prompts here, so a context window
@@ -15,8 +23,12 @@ check counts exactly what the engine runs.
 
 from __future__ import annotations
 
+import json
+import re
 import uuid
+import weakref
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 
@@ -52,10 +64,111 @@ def template_ids(tokenizer: Any, text: str) -> list[int]:
 
 
 def text_ids(tokenizer: Any, text: str) -> list[int]:
-    """Tokens of text from a user or a model: never a special token."""
+    """Tokens of text from a user or a model: never an added token, special or not.
+
+    Text that holds no added token's string is encoded as it always was (the hot
+    path: a substring search for the strings' first characters, the regex only where
+    one occurs). Text that does is encoded with the added tokens disabled, each such
+    string in ordinary-vocabulary tokens. The result is checked, not trusted: should
+    the vocabulary itself still give an added token's id (a Unigram vocabulary holding
+    `</s>`, say), each occurrence is split after its first character (`_spelled`).
+    What survives that split (a one-character added token, say a newline token: text
+    has no other spelling for it) is kept if not special; text that would still carry
+    a special token is refused (ValueError), never let through."""
+    if not text:
+        return []
+    guard = _guard(tokenizer)
+    if not guard.may_hold(text):
+        ids = _split_specials(tokenizer, text)
+        if guard.added_ids.isdisjoint(ids):  # a normalizer can still produce a token's string
+            return ids
+    if guard.plain is not None:
+        ids = guard.plain.encode(text, add_special_tokens=False).ids
+        if guard.added_ids.isdisjoint(ids):
+            return ids
+    ids = _spelled(tokenizer, guard, text)
+    if guard.special_ids.isdisjoint(ids):
+        return ids
+    raise ValueError("the text can't be encoded without one of the tokenizer's special tokens")
+
+
+def _split_specials(tokenizer: Any, text: str) -> list[int]:
     if not text:
         return []
     return tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True)
+
+
+def _spelled(tokenizer: Any, guard: _Guard, text: str) -> list[int]:
+    """`text` with every added token's string (longest first) encoded as its first
+    character, then the rest: the added-token matcher can't match a split string."""
+    ids: list[int] = []
+    start = 0
+    for found in guard.pattern.finditer(text):
+        content = found.group()
+        ids += _split_specials(tokenizer, text[start:found.start()])
+        ids += _split_specials(tokenizer, content[0]) + _spelled(tokenizer, guard, content[1:])
+        start = found.end()
+    return ids + _split_specials(tokenizer, text[start:])
+
+
+@dataclass(frozen=True)
+class _Guard:
+    """One tokenizer's added tokens, computed once per tokenizer (`_guard`): text_ids
+    runs for every message of every prompt, the copy and the regex take far longer."""
+
+    stamp: int  # the tokenizer's size when computed: adding a token computes it again
+    added_ids: frozenset[int]
+    special_ids: frozenset[int]
+    firsts: tuple[str, ...]  # the strings' first characters, for the precheck
+    pattern: re.Pattern[str]  # every string, longest first (leftmost, then longest)
+    plain: Any  # a copy of the fast tokenizer's backend with every added token disabled
+
+    def may_hold(self, text: str) -> bool:
+        """Whether `text` holds an added token's string: the first characters by
+        substring search (C speed; for Qwen just `<`), the regex only if one is there."""
+        return any(first in text for first in self.firsts) and bool(self.pattern.search(text))
+
+
+_GUARDS: weakref.WeakKeyDictionary[Any, _Guard] = weakref.WeakKeyDictionary()
+
+
+def _guard(tokenizer: Any) -> _Guard:
+    stamp = len(tokenizer)
+    guard = _GUARDS.get(tokenizer)
+    if guard is None or guard.stamp != stamp:
+        guard = _GUARDS[tokenizer] = _make_guard(tokenizer, stamp)
+    return guard
+
+
+def _make_guard(tokenizer: Any, stamp: int) -> _Guard:
+    decoder = tokenizer.added_tokens_decoder
+    added = {i: t.content for i, t in decoder.items() if t.content}
+    contents = sorted(set(added.values()), key=len, reverse=True)
+    pattern = re.compile("|".join(map(re.escape, contents))) if contents else re.compile(r"(?!)")
+    return _Guard(stamp=stamp, added_ids=frozenset(added),
+                  special_ids=frozenset(i for i in added if decoder[i].special),
+                  firsts=tuple(sorted({c[0] for c in contents})), pattern=pattern,
+                  plain=_plain_backend(tokenizer) if contents else None)
+
+
+def _plain_backend(tokenizer: Any) -> Any:
+    """The fast tokenizer's Rust backend, copied with every added token marked special
+    and `encode_special_tokens` on: the added-token matcher then matches none of them
+    (the library has no switch for non-special ones), so their strings go through the
+    normalizer, pre-tokenizer and model as any text does. None for a slow tokenizer."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        return None
+    from tokenizers import Tokenizer
+
+    spec = json.loads(backend.to_str())
+    for token in spec.get("added_tokens") or ():
+        token["special"] = True
+    plain = Tokenizer.from_str(json.dumps(spec))
+    plain.encode_special_tokens = True
+    plain.no_truncation()
+    plain.no_padding()
+    return plain
 
 
 def _marker(messages: Sequence[dict[str, str]]) -> str:
