@@ -142,7 +142,10 @@ def _guard(tokenizer: Any) -> _Guard:
 
 def _make_guard(tokenizer: Any, stamp: int) -> _Guard:
     decoder = tokenizer.added_tokens_decoder
-    added = {i: t.content for i, t in decoder.items() if t.content}
+    # A non-special added token of whitespace only (Gemma adds runs of newlines and
+    # spaces) cannot forge a turn: it stays what the model was trained to see.
+    added = {i: t.content for i, t in decoder.items()
+             if t.content and (t.special or not t.content.isspace())}
     contents = sorted(set(added.values()), key=len, reverse=True)
     pattern = re.compile("|".join(map(re.escape, contents))) if contents else re.compile(r"(?!)")
     return _Guard(stamp=stamp, added_ids=frozenset(added),

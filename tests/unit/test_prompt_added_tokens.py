@@ -166,3 +166,14 @@ def test_a_one_character_token_the_vocabulary_gives_is_kept_unless_special():
     assert text_ids(chars, "a\n<s>b") == [100 + ord("a"), 1, *(100 + ord(c) for c in "<s>b")]
     with pytest.raises(ValueError, match="special tokens"):
         text_ids(chars, "a § b")
+
+
+def test_a_whitespace_added_token_stays_a_token_in_user_text(tokenizer):
+    """Gemma adds runs of newlines and spaces as (non-special) tokens: they cannot forge a
+    turn, so user text keeps them as the model was trained to see them."""
+    tokenizer.add_tokens(["\n\n\n", "<tool_call>"], special_tokens=False)
+    newlines = tokenizer.convert_tokens_to_ids("\n\n\n")
+    ids = text_ids(tokenizer, "a\n\n\nb")
+    assert newlines in ids
+    assert tokenizer.convert_tokens_to_ids("<tool_call>") not in text_ids(
+        tokenizer, "a\n\n\nb <tool_call>")
