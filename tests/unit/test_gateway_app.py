@@ -21,10 +21,10 @@ import orjson
 import pytest
 
 from chatpipe.settings import Settings
+from conversations.answers import answer_started
 from conversations.context_builder import ContextBuilder
 from conversations.sqlite_store import SQLiteStore
-from conversations.answers import answer_started
-from conversations.store import ApiKey, NewMessage, RequestRecord
+from conversations.store import NewMessage, RequestRecord
 from conversations.summaries import SUMMARY_INSTRUCTIONS, TITLE_INSTRUCTIONS
 from conversations.tokens import TokenCounter
 from gateway.app import create_app
@@ -178,16 +178,6 @@ def settings(tmp_path: Path) -> Settings:
         request_timeout_s=30.0,
         database_path=tmp_path / "chat.db",
     )
-
-
-@pytest.fixture
-async def store(settings: Settings) -> AsyncIterator[SQLiteStore]:
-    store = SQLiteStore(settings.database_path, key_secret=b"test-key-secret")
-    await store.open()
-    await store.add_api_key("key-alice", ApiKey("alice", "org-a", Tier.PRO))
-    await store.add_api_key("key-bob", ApiKey("bob", "org-b", Tier.FREE))
-    yield store
-    await store.close()
 
 
 @pytest.fixture

@@ -31,7 +31,6 @@ from tests.unit.test_gateway_app import (  # noqa: F401 - fixtures
     new_conversation,
     pipeline,
     settings,
-    store,
     word_context,
 )
 

@@ -23,7 +23,6 @@ from tests.unit.test_gateway_app import (  # noqa: F401 - fixtures
     new_conversation,
     pipeline,
     settings,
-    store,
 )
 from tests.unit.test_gateway_conversations import app_client
 

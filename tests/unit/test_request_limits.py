@@ -5,7 +5,6 @@ OpenAPI document says about all of it."""
 
 from __future__ import annotations
 
-import inspect
 import json
 import math
 from collections.abc import AsyncIterator
@@ -17,7 +16,6 @@ import pytest
 from limits.storage import MemoryStorage  # noqa: F401  (the storage the URI below makes)
 
 from chatpipe.settings import Settings
-from conversations.sqlite_store import SQLiteStore
 from conversations.store import ApiKey
 from gateway.app import create_app
 from gateway.background import generate_text, own_request
@@ -90,22 +88,6 @@ def settings(tmp_path: Path) -> Settings:
         max_model_len=10_000_000, user_requests_per_minute=3, org_requests_per_minute=100,
         user_tokens_per_minute=10_000_000, org_tokens_per_minute=10_000_000,
         database_path=tmp_path / "chat.db")  # fmt: skip
-
-
-def _store(path: Path) -> SQLiteStore:
-    if "key_secret" in inspect.signature(SQLiteStore).parameters:
-        return SQLiteStore(path, key_secret=b"unit-test-secret")
-    return SQLiteStore(path)
-
-
-@pytest.fixture
-async def store(settings: Settings) -> AsyncIterator[SQLiteStore]:
-    store = _store(settings.database_path)
-    await store.open()
-    await store.add_api_key("key-alice", ApiKey("alice", "org-a", Tier.PRO))
-    await store.add_api_key("key-bob", ApiKey("bob", "org-b", Tier.FREE))
-    yield store
-    await store.close()
 
 
 @pytest.fixture
