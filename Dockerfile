@@ -47,6 +47,9 @@ COPY gateway/ gateway/
 COPY scheduler/ scheduler/
 COPY workers/ workers/
 COPY safety/ safety/
+COPY moderation/ moderation/
+COPY recorder/ recorder/
+COPY common/ common/
 COPY conversations/ conversations/
 COPY chatpipe/ chatpipe/
 COPY bench/ bench/

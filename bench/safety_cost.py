@@ -17,7 +17,7 @@ import httpx
 from bench.overload import percentile
 from chatpipe.settings import Settings
 from chatpipe.wiring import running_stack
-from safety.classifiers import EmbeddingClassifier, RuleClassifier
+from moderation.classifiers import EmbeddingClassifier, RuleClassifier
 from tests.fixtures.stack import API_KEY, stack_settings
 from tests.support import read_sse
 from workers.sim_engine import WORDS, SimEngine
@@ -34,7 +34,7 @@ def chunk_texts() -> list[str]:
 
 async def classifier_latency() -> list[str]:
     settings = Settings()
-    from conversations.embeddings import SentenceEmbedder
+    from common.embeddings import SentenceEmbedder
 
     classifiers = {
         "rules (3 categories + PII)": RuleClassifier(settings.safety_rule_categories,

@@ -3,7 +3,7 @@ the gateway's quota check.
 
 `SQLiteLedger` lives in the conversation store's database file (one machine:
 `chatpipe up`, or a gateway and billing sharing a host). Its connection is the
-store's kind (`conversations.sqlite_file`): used from worker threads under a
+store's kind (`common.sqlite_file`): used from worker threads under a
 lock, WAL and a busy timeout so a gateway process and a billing process can
 share the file.
 
@@ -22,7 +22,7 @@ from typing import Protocol
 
 from billing.core import Account, Bill, Tokens, UsageKey, UsageTotals, settle
 from billing.periods import Period
-from conversations.sqlite_file import SQLiteFile, transaction
+from common.sqlite_file import SQLiteFile, transaction
 
 
 class UsageLedger(Protocol):

@@ -19,7 +19,7 @@ from bus.clients import KafkaConfig
 from bus.offsets import ForgetRevoked, OffsetTracker
 from bus.produce_failures import RetryingPublisher
 from bus.subscriber import consume, decode_record
-from conversations.durable import retried
+from common.durable import retried
 from schemas import topics
 from schemas.events import UsageEvent
 

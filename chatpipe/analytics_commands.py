@@ -42,7 +42,7 @@ def ingest(
     """Read chat.usage, chat.requests.*, chat.tokens and chat.moderation into Parquet."""
     from analytics.stage import GROUP, AnalyticsStage
     from analytics.warehouse import Warehouse
-    from ops.commands import operator_kafka
+    from chatpipe.ops_commands import operator_kafka
 
     _, data_dir = _locations(db, data)
     stage = AnalyticsStage(operator_kafka(Settings()), Warehouse(data_dir), group or GROUP,

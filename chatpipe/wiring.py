@@ -21,8 +21,8 @@ from bus.topics import create_topics, ensure_topics, topic_partitions
 from chatpipe.api_keys import development_settings, key_secret, require_key_secret
 from chatpipe.settings import Settings
 from chatpipe.supervise import Pause, Supervisor, broker_kept_up
-from conversations.context_builder import ContextBuilder
-from conversations.recorder_stage import RecorderStage
+from gateway.context_builder import ContextBuilder
+from recorder.stage import RecorderStage
 from conversations.sqlite_store import SQLiteStore
 from conversations.store import ApiKey, ConversationStore
 from gateway.app import GatewayDeps, create_app
@@ -33,7 +33,7 @@ from gateway.relay import KafkaPipeline
 from ops.metrics import metrics_app
 from ops.runtime_file import published_run
 from ops.tracing import setup_tracing, shutdown_tracing
-from safety.policy import build_policy
+from moderation.policy import build_policy
 from safety.stage import SafetyStage
 from scheduler.core import Policy, Scheduler
 from scheduler.stage import SchedulerStage

@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import astuple, replace
 from pathlib import Path
 
-from conversations.sqlite_file import SQLiteFile, transaction
+from common.sqlite_file import SQLiteFile, transaction
 from conversations.sqlite_schema import (
     API_KEY_COLUMNS,
     CONVERSATION_COLUMNS,

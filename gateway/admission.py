@@ -26,7 +26,7 @@ from conversations.store import ApiKey
 from gateway.deps import GatewayDeps
 from gateway.errors import ApiError
 from ops.metrics import admission_rejected
-from safety.classifiers import first_verdict
+from moderation.classifiers import first_verdict
 from schemas.events import ModerationEvent
 
 ASKS_A_MODEL = frozenset({"judge"})

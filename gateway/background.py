@@ -1,5 +1,5 @@
 """Generations the gateway asks for on its own behalf: conversation titles and
-rolling summaries (prompts in `conversations.summaries`).
+rolling summaries (prompts in `gateway.summaries`).
 
 They go through the pipeline like any request, but at the lowest priority
 (`Tier.FREE`), on the small model, unstored (`store=False`), and never hold
@@ -20,7 +20,7 @@ from contextlib import aclosing
 from typing import TYPE_CHECKING, Any
 
 from conversations.store import ApiKey
-from conversations.summaries import SummaryJob, clean_title, title_request
+from gateway.summaries import SummaryJob, clean_title, title_request
 from gateway.errors import ApiError
 from gateway.generation import StreamTimers, start_generation
 from gateway.limits import check_bus_size

@@ -9,14 +9,14 @@ from typing import Annotated
 from fastapi import Depends, Request
 
 from chatpipe.settings import Settings
-from conversations.context_builder import ContextBuilder
+from gateway.context_builder import ContextBuilder
 from conversations.store import ConversationStore
 from gateway.background import BackgroundJobs
 from gateway.generation import LiveRequests
 from gateway.pipeline import Pipeline
 from gateway.quotas import QuotaGate
 from gateway.rate_limits import RateLimiter
-from safety.policy import SafetyPolicy
+from moderation.policy import SafetyPolicy
 
 
 @dataclass(frozen=True, slots=True)

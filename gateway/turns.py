@@ -24,8 +24,8 @@ from dataclasses import dataclass
 import anyio
 
 from conversations.answers import answer_started
-from conversations.context import BuiltContext
-from conversations.durable import retried
+from gateway.context import BuiltContext
+from common.durable import retried
 from conversations.store import (
     ApiKey,
     Conversation,
@@ -34,7 +34,7 @@ from conversations.store import (
     RequestRecord,
     StoredMessage,
 )
-from conversations.summaries import fallback_title
+from gateway.summaries import fallback_title
 from conversations.tree import ConversationTree
 from gateway.admission import admit, charge_rest, check_input
 from gateway.background import start_summary

@@ -1,5 +1,5 @@
 #!/bin/sh
-# Generated from bus/acls.py by `python -m bus.acls > k8s/kafka-acls.sh`: change the
+# Generated from chatpipe/kafka_acls.py by `python -m chatpipe.kafka_acls > k8s/kafka-acls.sh`: change the
 # table there, not this file (tests/unit/test_kafka_acls.py checks they agree).
 #
 # Run as the Kafka admin once the broker is up, in the apache/kafka image: sets each

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from bus.produce_failures import PIPELINE_REJECTED, PIPELINE_REJECTED_MESSAGE
-from safety.classifiers import Verdict
+from moderation.classifiers import Verdict
 from safety.output_gate import OutputGate
 from schemas.answer import AnswerLog
 from schemas.events import (

@@ -5,7 +5,7 @@ from __future__ import annotations
 import uuid
 
 from gateway.relay import KafkaPipeline
-from safety.policy import Ask
+from moderation.policy import Ask
 from schemas.events import (
     ChatMessage,
     Delta,

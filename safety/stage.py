@@ -21,9 +21,9 @@ from bus.offsets import ForgetRevoked, OffsetTracker
 from bus.produce_failures import PIPELINE_REJECTED, RecordRejected, RetryingPublisher
 from bus.subscriber import consume, decode_record
 from ops.metrics import RETRACTIONS, SAFETY_CHECK_TIME
-from safety.classifiers import Verdict, first_verdict
+from moderation.classifiers import Verdict, first_verdict
 from safety.core import SAFETY_ERROR, Check, Deliver, Output, SafetyCore
-from safety.policy import SafetyPolicy
+from moderation.policy import SafetyPolicy
 from schemas import topics
 from schemas.codec import TOKEN_EVENT, EventDecodeError
 from schemas.events import Cancel, Event, ModerationEvent, StreamEvent

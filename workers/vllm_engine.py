@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 from schemas.events import GenerationRequest, SamplingOptions
 from schemas.lifecycle import RequestStatus
 from workers.engine import Continuation, EngineOutput, EngineStats
-from workers.prompt import prompt_token_ids, text_ids
+from common.prompt import prompt_token_ids, text_ids
 
 if TYPE_CHECKING:
     from vllm import SamplingParams
@@ -207,7 +207,7 @@ class VllmEngine:
         """The engine's prompt, and how many of its tokens are the request's own prompt
         (a continuation's answer so far is completion, counted once as such). No
         message's content, nor the answer so far, can become a special token
-        (`workers.prompt`)."""
+        (`common.prompt`)."""
         messages = [{"role": m.role.value, "content": m.content} for m in request.messages]
         token_ids = prompt_token_ids(self._tokenizer, messages)
         prompt_tokens = len(token_ids)

@@ -12,7 +12,7 @@ import httpx
 
 from chatpipe.wiring import Stack
 from conversations.store import ApiKey
-from conversations.summaries import TITLE_INSTRUCTIONS
+from gateway.summaries import TITLE_INSTRUCTIONS
 from gateway.background import BACKGROUND_ACCOUNT
 from schemas import topics
 from schemas.events import GenerationRequest, Role

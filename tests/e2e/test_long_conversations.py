@@ -18,8 +18,8 @@ import pytest
 import pytest_asyncio
 
 from chatpipe.wiring import Stack
-from conversations.summaries import SUMMARY_HEADING, SUMMARY_INSTRUCTIONS
-from conversations.tokens import TokenCounter
+from gateway.summaries import SUMMARY_HEADING, SUMMARY_INSTRUCTIONS
+from gateway.tokens import TokenCounter
 from schemas import topics
 from schemas.events import GenerationRequest, Role
 from schemas.topics import Tier

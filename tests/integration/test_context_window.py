@@ -15,13 +15,13 @@ import numpy as np
 import pytest
 import pytest_asyncio
 
-from conversations.context import BuiltContext, ContextPolicy
-from conversations.context_builder import ContextBuilder
-from conversations.embeddings import SentenceEmbedder
+from gateway.context import BuiltContext, ContextPolicy
+from gateway.context_builder import ContextBuilder
+from common.embeddings import SentenceEmbedder
 from conversations.sqlite_store import SQLiteStore
 from conversations.store import NewMessage
-from conversations.summaries import SUMMARY_HEADING
-from conversations.tokens import TokenCounter
+from gateway.summaries import SUMMARY_HEADING
+from gateway.tokens import TokenCounter
 from schemas.events import Role
 
 SYSTEM = "You are a helpful assistant. Answer briefly."

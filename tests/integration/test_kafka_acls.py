@@ -1,4 +1,4 @@
-"""The ACL table (bus/acls.py) against what the stages really do: the whole pipeline
+"""The ACL table (chatpipe/kafka_acls.py) against what the stages really do: the whole pipeline
 runs on the embedded broker with each stage's clients named after it, every topic a
 producer writes, a consumer reads or an admin client creates (and every consumer group
 joined) is noted, and each must be one the stage's Kafka user is granted. Tansu has no
@@ -17,7 +17,7 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
 
-from bus.acls import GRANTS, Operation, Resource, allowed
+from chatpipe.kafka_acls import GRANTS, Operation, Resource, allowed
 from bus.clients import KafkaConfig
 from chatpipe import wiring
 from schemas import topics
@@ -140,4 +140,4 @@ async def test_every_topic_a_stage_uses_is_granted_to_its_kafka_user(
 
     assert {use[0] for use in uses} == set(GRANTS), "a stage's clients were not followed"
     refused = sorted(use for use in uses if not allowed(*use))
-    assert not refused, f"a secured broker would refuse these (bus/acls.py): {refused}"
+    assert not refused, f"a secured broker would refuse these (chatpipe/kafka_acls.py): {refused}"

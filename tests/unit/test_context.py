@@ -1,4 +1,4 @@
-"""Context window core (`conversations.context`) and the builder around it, with a
+"""Context window core (`gateway.context`) and the builder around it, with a
 word-counting tokenizer: cut rule, prefix stability, summaries, retrieval."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from conversations.context import (
+from gateway.context import (
     BuiltContext,
     ContextPolicy,
     Counting,
@@ -15,11 +15,11 @@ from conversations.context import (
     exchanges,
     replay_cut,
 )
-from conversations.context_builder import ContextBuilder
+from gateway.context_builder import ContextBuilder
 from conversations.sqlite_store import SQLiteStore
 from conversations.store import StoredMessage
-from conversations.summaries import SUMMARY_HEADING, clean_title, fallback_title
-from conversations.tokens import TokenCounter
+from gateway.summaries import SUMMARY_HEADING, clean_title, fallback_title
+from gateway.tokens import TokenCounter
 from schemas.events import ChatMessage, Role
 from schemas.lifecycle import RequestStatus
 

@@ -20,7 +20,7 @@ import pytest
 import yaml
 from pydantic import Field, create_model
 
-from bus import acls
+from chatpipe import kafka_acls as acls
 from schemas import contracts, events, topics
 from schemas.codec import encode
 from schemas.compatibility import incompatibilities
@@ -262,7 +262,7 @@ def test_every_event_class_is_on_some_channel() -> None:
 
 
 def test_operations_agree_with_the_stages_kafka_grants() -> None:
-    """bus/acls.py is checked against what the stages really use (test_kafka_acls)."""
+    """chatpipe/kafka_acls.py is checked against what the stages really use (test_kafka_acls)."""
     action_of = {"send": acls.Operation.WRITE, "receive": acls.Operation.READ}
     for operation in OPERATIONS:
         if operation.stage not in acls.GRANTS:

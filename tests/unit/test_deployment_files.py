@@ -538,7 +538,7 @@ def kafka_clients() -> list[Container]:
 
 def kafka_user(container: Container) -> str:
     """Each stage connects as itself; topic creation as the admin."""
-    from bus.acls import ADMIN
+    from chatpipe.kafka_acls import ADMIN
 
     return container.command if container.command in STAGES else ADMIN
 
@@ -557,7 +557,7 @@ def required_from_env_file(value: str | None, variable: str) -> bool:
 def test_every_kafka_client_has_its_own_user_and_a_password_from_a_secret(
     container: Container, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from bus.acls import MECHANISM, password_variable
+    from chatpipe.kafka_acls import MECHANISM, password_variable
 
     settings = container_settings(container, monkeypatch)
     user = kafka_user(container)
@@ -575,7 +575,7 @@ def test_every_kafka_client_has_its_own_user_and_a_password_from_a_secret(
 def test_stage_users_are_the_acl_tables_and_all_are_provisioned() -> None:
     """kafka-init (compose) and the topics Job's init container (k8s) get every user's
     password, from the same place the user's own container does, and run the script."""
-    from bus.acls import ADMIN, GRANTS, password_variable
+    from chatpipe.kafka_acls import ADMIN, GRANTS, password_variable
 
     users = [ADMIN, *GRANTS]
     assert set(GRANTS) == set(STAGES)
@@ -607,7 +607,7 @@ def broker_config() -> dict[str, str]:
 
 
 def test_the_broker_requires_scram_and_denies_what_no_acl_allows() -> None:
-    from bus.acls import ADMIN, MECHANISM
+    from chatpipe.kafka_acls import ADMIN, MECHANISM
 
     config = broker_config()
     assert config["authorizer.class.name"] == (

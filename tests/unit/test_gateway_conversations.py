@@ -12,7 +12,7 @@ import orjson
 
 from chatpipe.settings import Settings
 from conversations.store import NewMessage
-from conversations.summaries import SUMMARY_HEADING, SUMMARY_INSTRUCTIONS, TITLE_INSTRUCTIONS
+from gateway.summaries import SUMMARY_HEADING, SUMMARY_INSTRUCTIONS, TITLE_INSTRUCTIONS
 from gateway.app import create_app
 from gateway.background import BACKGROUND_ACCOUNT
 from gateway.deps import GatewayDeps

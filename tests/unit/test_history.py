@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from conversations.history import build_prompt, thread
+from gateway.history import build_prompt, thread
 from conversations.store import StoredMessage
 from schemas.events import ChatMessage, Role
 from schemas.lifecycle import RequestStatus

@@ -1,11 +1,11 @@
-"""The bus's access table (bus/acls.py): who may write requests, token chunks and
+"""The bus's access table (chatpipe/kafka_acls.py): who may write requests, token chunks and
 deliveries, and the script the deployments run is the table's."""
 
 from pathlib import Path
 
 import pytest
 
-from bus.acls import ADMIN, GRANTS, Operation, Resource, allowed, password_variable, script
+from chatpipe.kafka_acls import ADMIN, GRANTS, Operation, Resource, allowed, password_variable, script
 from chatpipe.cli import STAGES
 from schemas import topics
 
@@ -84,7 +84,7 @@ def test_consumer_groups_are_the_stages_own():
 
 def test_the_deployed_script_is_generated_from_the_table():
     deployed = (ROOT / "k8s" / "kafka-acls.sh").read_text()
-    assert deployed == script(), "k8s/kafka-acls.sh is stale: python -m bus.acls > k8s/kafka-acls.sh"
+    assert deployed == script(), "k8s/kafka-acls.sh is stale: python -m chatpipe.kafka_acls > k8s/kafka-acls.sh"
     for user in STAGE_USERS:
         assert f'user {user} "${password_variable(user)}"' in deployed
     assert "--allow-principal" in deployed and "--deny-principal" not in deployed

@@ -1,4 +1,4 @@
-"""No added token, special or not, is matched in a message's content (workers.prompt).
+"""No added token, special or not, is matched in a message's content (common.prompt).
 
 `split_special_tokens=True` only stops added tokens marked special; Qwen's `<tool_call>`,
 `<think>` and FIM tokens are added with `special: false` and would still be matched in a
@@ -12,9 +12,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from conversations.tokens import TokenCounter
+from gateway.tokens import TokenCounter
 from schemas.events import ChatMessage, GenerationRequest, Role, SamplingOptions
-from workers.prompt import prompt_token_ids, text_ids
+from common.prompt import prompt_token_ids, text_ids
 from workers.vllm_engine import VllmEngine
 
 NON_SPECIAL = ["<tool_call>", "</tool_call>", "<think>"]

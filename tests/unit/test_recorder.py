@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from conversations.recorder import Recorder
+from recorder.core import Recorder
 from conversations.store import NewMessage
 from schemas.events import (
     AnswerStarted,

@@ -23,8 +23,8 @@ from gateway.body_limits import BodyLimits
 from gateway.deps import GatewayDeps
 from gateway.limits import BUS_HEADROOM_BYTES, BUS_MESSAGE_BYTES, bus_bytes
 from gateway.rate_limits import RateLimiter, storage_from_uri
-from safety.classifiers import JudgeClassifier, RuleClassifier
-from safety.policy import SafetyPolicy
+from moderation.classifiers import JudgeClassifier, RuleClassifier
+from moderation.policy import SafetyPolicy
 from schemas.codec import encode
 from schemas.events import (
     ChatMessage,

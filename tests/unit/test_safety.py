@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from aiokafka.structs import ConsumerRecord
 
-from safety.classifiers import (
+from moderation.classifiers import (
     EmbeddingClassifier,
     RuleClassifier,
     Verdict,
@@ -16,7 +16,7 @@ from safety.classifiers import (
 )
 from safety.core import Check, Deliver, SafetyCore
 from safety.output_gate import OutputGate
-from safety.policy import SafetyPolicy
+from moderation.policy import SafetyPolicy
 from safety.stage import SafetyStage
 from schemas import topics
 from schemas.codec import encode

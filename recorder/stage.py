@@ -18,8 +18,8 @@ from bus.clients import KafkaConfig
 from bus.offsets import ForgetRevoked, OffsetTracker
 from bus.produce_failures import RetryingPublisher
 from bus.subscriber import consume, decode_record
-from conversations.durable import retried
-from conversations.recorder import Recorder
+from common.durable import retried
+from recorder.core import Recorder
 from conversations.store import ConversationStore, NewMessage
 from schemas import topics
 from schemas.codec import ANSWER_EVENT

@@ -16,7 +16,7 @@ from typing import Protocol
 
 import numpy as np
 
-from conversations.embeddings import Embedder
+from common.embeddings import Embedder
 
 EMAIL = re.compile(r"\b[\w.+-]+@[\w-]+(?:\.[\w-]+)*\.[a-zA-Z]{2,}\b")
 PHONE = re.compile(

@@ -17,7 +17,7 @@ vocabulary's tokens, as if the token had never been added. A content holding non
 (the usual case, found by a cached precheck) is encoded as before, same ids.
 
 The worker (`VllmEngine`) and the gateway's token counter
-(`conversations.tokens.TokenCounter`) both build prompts here, so a context window
+(`gateway.tokens.TokenCounter`) both build prompts here, so a context window
 check counts exactly what the engine runs.
 """
 

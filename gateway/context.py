@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from conversations.store import StoredMessage
-from conversations.summaries import SummaryJob, summary_note, summary_request
+from gateway.summaries import SummaryJob, summary_note, summary_request
 from schemas.events import ChatMessage, Role
 
 Strategy = Literal["truncate", "summary", "retrieve"]

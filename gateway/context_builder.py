@@ -20,11 +20,11 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from conversations.context import BuiltContext, ContextPolicy, Counting, Strategy, assemble
-from conversations.embeddings import Embedder, from_bytes, similarities, to_bytes
-from conversations.history import prompt_turns
+from gateway.context import BuiltContext, ContextPolicy, Counting, Strategy, assemble
+from common.embeddings import Embedder, from_bytes, similarities, to_bytes
+from gateway.history import prompt_turns
 from conversations.store import ConversationStore, StoredMessage, Summary
-from conversations.tokens import TokenCounter
+from gateway.tokens import TokenCounter
 from schemas.events import ChatMessage, Role
 
 if TYPE_CHECKING:
@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 
 
 class ContextBuilder:
-    """Builds each turn's prompt under its model's policy (see `conversations.context`)."""
+    """Builds each turn's prompt under its model's policy (see `gateway.context`)."""
 
     def __init__(
         self,
@@ -79,7 +79,7 @@ class ContextBuilder:
             return TokenCounter.from_dir(settings.context_tokenizers.get(model, settings.model))
 
         def embedder() -> Embedder:
-            from conversations.embeddings import SentenceEmbedder
+            from common.embeddings import SentenceEmbedder
 
             return SentenceEmbedder(settings.embedding_model)
 

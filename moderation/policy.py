@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from chatpipe.settings import Settings
-from safety.classifiers import (
+from moderation.classifiers import (
     Classifier,
     EmbeddingClassifier,
     JudgeClassifier,
@@ -66,7 +66,7 @@ def build_policy(settings: Settings, ask: Ask | None = None) -> SafetyPolicy:
             pii = s.safety_input_pii if direction == "input" else s.safety_output_pii
             classifier: Classifier = RuleClassifier(s.safety_rule_categories, pii)
         elif name == "embedding":
-            from conversations.embeddings import SentenceEmbedder
+            from common.embeddings import SentenceEmbedder
 
             shared = made.get(("embedding", "any"))
             classifier = shared or EmbeddingClassifier(

@@ -1,7 +1,7 @@
 """Context building: stored turns to the messages a model is prompted with (DESIGN §8).
 
 `build_prompt` is the simple form (drop the oldest turns one by one);
-`conversations.context` manages the window per model (block cuts for a
+`gateway.context` manages the window per model (block cuts for a
 stable prefix, summaries, retrieval).
 
 The prompt of turn N+1 starts with the exact messages of turn N's prompt and

@@ -3,7 +3,7 @@
 `GRANTS` is the one table: the topics each stage reads, writes and creates and the
 consumer group it joins, taken from the stages' producers and consumers
 (tests/integration/test_kafka_acls.py runs the stages and checks every topic they
-really use against it). `python -m bus.acls > k8s/kafka-acls.sh` writes the script the
+really use against it). `python -m chatpipe.kafka_acls > k8s/kafka-acls.sh` writes the script the
 deployments run as the Kafka admin once the broker is up (compose: `kafka-init`; k8s: the
 topics Job's init container): it sets each stage's SCRAM password and adds its ACLs. The
 broker denies everything else (`allow.everyone.if.no.acl.found=false`); only the admin
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from billing.stage import GROUP as BILLING_GROUP
-from conversations.recorder_stage import GROUP as RECORDER_GROUP
+from recorder.stage import GROUP as RECORDER_GROUP
 from safety.stage import GROUP as SAFETY_GROUP
 from scheduler.stage import GROUP as SCHEDULER_GROUP
 from schemas import topics
@@ -156,7 +156,7 @@ def _acl_lines(user: str, grants: tuple[Grant, ...]) -> list[str]:
 
 SCRIPT_HEAD = f"""\
 #!/bin/sh
-# Generated from bus/acls.py by `python -m bus.acls > k8s/kafka-acls.sh`: change the
+# Generated from chatpipe/kafka_acls.py by `python -m chatpipe.kafka_acls > k8s/kafka-acls.sh`: change the
 # table there, not this file (tests/unit/test_kafka_acls.py checks they agree).
 #
 # Run as the Kafka admin once the broker is up, in the apache/kafka image: sets each

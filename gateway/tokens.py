@@ -1,7 +1,7 @@
 """Token counts of prompts as the engine will see them: rendered with the chat template.
 
 The exact count (`count_prompt`) builds the whole message list's prompt as the
-worker does (`workers.prompt`): the template's special tokens, each content as
+worker does (`common.prompt`): the template's special tokens, each content as
 plain text, never as control tokens. Choosing which turns fit
 needs a cost per message without rendering every candidate list, so
 `estimate` adds a per-message template overhead, measured once, to the
@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from schemas.events import ChatMessage, Role
-from workers.prompt import prompt_token_ids, template_ids, text_ids
+from common.prompt import prompt_token_ids, template_ids, text_ids
 
 _PROBE = "probe"
 
