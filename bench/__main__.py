@@ -135,7 +135,7 @@ async def _phase(run: BenchRun, name: str, phase: Awaitable[T]) -> T | None:
     """A phase that fails is reported, and the run goes on with the next one."""
     try:
         return await phase
-    except Exception as exc:  # noqa: BLE001 - recorded in RESULTS.md
+    except Exception as exc:
         log.exception("%s failed", name)
         run.failures.append(f"{name}: {type(exc).__name__}: {exc}")
         return None

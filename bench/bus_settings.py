@@ -26,11 +26,11 @@ from bench.processes import (
     Service,
     broker_ready,
     chatpipe_env,
-    start_chatpipe_up,
     chatpipe_up_ready,
     engine_settings,
     free_port,
     start_broker,
+    start_chatpipe_up,
 )
 from bench.sse_client import Target
 from chatpipe.settings import DEFAULT_MODEL_DIR

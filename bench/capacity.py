@@ -27,9 +27,9 @@ from bench.metrics import chunk_gaps, percentile
 from bench.processes import (
     CHATPIPE,
     Service,
-    child_env,
     broker_ready,
     chatpipe_env,
+    child_env,
     free_port,
     http_ok,
     start_broker,

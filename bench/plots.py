@@ -7,12 +7,12 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-from matplotlib.ticker import NullFormatter, ScalarFormatter  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
+from matplotlib.ticker import NullFormatter, ScalarFormatter
 
-from bench.capacity import CapacityRun  # noqa: E402
-from bench.compare import SideRun  # noqa: E402
+from bench.capacity import CapacityRun
+from bench.compare import SideRun
 
 COLORS = {"vllm": "tab:blue", "chatpipe": "tab:orange", "vllm-same-args": "tab:green"}
 

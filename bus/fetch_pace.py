@@ -29,7 +29,7 @@ def never() -> bool:
     return False
 
 
-def NO_RECORDS(topic: str) -> bool:  # noqa: N802 - a constant predicate
+def NO_RECORDS(topic: str) -> bool:
     return False
 
 

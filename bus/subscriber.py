@@ -71,7 +71,7 @@ async def consume(
         try:
             await after_batch()
             failures = 0
-        except Exception:  # noqa: BLE001 - a stage outlives a failing commit or produce
+        except Exception:
             log.exception("%s: after-batch step failed; retrying", stage)
             await asyncio.sleep(
                 AFTER_BATCH_BACKOFF_S[min(failures, len(AFTER_BATCH_BACKOFF_S) - 1)])
@@ -90,12 +90,12 @@ async def failed(stage: str, publisher: Publisher, record: ConsumerRecord, exc: 
     try:
         await dead_letter(publisher, stage, record, error)
         dead_lettered(stage, exc)
-    except Exception:  # noqa: BLE001
+    except Exception:
         log.exception("%s: could not dead-letter %s@%d", stage, record.topic, record.offset)
     if on_failure is None:
         return
     try:
         await on_failure(record, exc)
-    except Exception:  # noqa: BLE001
+    except Exception:
         log.exception("%s: could not end what %s@%d belonged to", stage, record.topic,
                       record.offset)

@@ -12,9 +12,9 @@ from typing import Annotated, TypeVar
 import typer
 
 from chatpipe.analytics_commands import analytics_app
+from chatpipe.ops_commands import dlq_app, replay_app
 from chatpipe.settings import Settings
 from conversations.store import ApiKey, ConversationStore
-from chatpipe.ops_commands import dlq_app, replay_app
 from schemas.topics import Tier
 
 T = TypeVar("T")

@@ -21,19 +21,19 @@ from bus.topics import create_topics, ensure_topics, topic_partitions
 from chatpipe.api_keys import development_settings, key_secret, require_key_secret
 from chatpipe.settings import Settings
 from chatpipe.supervise import Pause, Supervisor, broker_kept_up
-from gateway.context_builder import ContextBuilder
-from recorder.stage import RecorderStage
 from conversations.sqlite_store import SQLiteStore
 from conversations.store import ApiKey, ConversationStore
 from gateway.app import GatewayDeps, create_app
-from gateway.slow_clients import guarded_protocol
+from gateway.context_builder import ContextBuilder
 from gateway.quotas import QuotaGate
 from gateway.rate_limits import RateLimiter
 from gateway.relay import KafkaPipeline
+from gateway.slow_clients import guarded_protocol
+from moderation.policy import build_policy
 from ops.metrics import metrics_app
 from ops.runtime_file import published_run
 from ops.tracing import setup_tracing, shutdown_tracing
-from moderation.policy import build_policy
+from recorder.stage import RecorderStage
 from safety.stage import SafetyStage
 from scheduler.core import Policy, Scheduler
 from scheduler.stage import SchedulerStage

@@ -69,7 +69,7 @@ class SQLiteFile:
         return await asyncio.to_thread(locked)
 
 
-class transaction:  # noqa: N801 - used as a statement: `with transaction(conn):`
+class transaction:
     """BEGIN IMMEDIATE … COMMIT, or ROLLBACK on any exception."""
 
     def __init__(self, conn: sqlite3.Connection) -> None:

@@ -25,8 +25,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from conversations.store import ApiKey
 from gateway.deps import GatewayDeps
 from gateway.errors import ApiError
-from ops.metrics import admission_rejected
 from moderation.classifiers import first_verdict
+from ops.metrics import admission_rejected
 from schemas.events import ModerationEvent
 
 ASKS_A_MODEL = frozenset({"judge"})

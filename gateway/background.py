@@ -20,10 +20,10 @@ from contextlib import aclosing
 from typing import TYPE_CHECKING, Any
 
 from conversations.store import ApiKey
-from gateway.summaries import SummaryJob, clean_title, title_request
 from gateway.errors import ApiError
 from gateway.generation import StreamTimers, start_generation
 from gateway.limits import check_bus_size
+from gateway.summaries import SummaryJob, clean_title, title_request
 from schemas.answer import AnswerText
 from schemas.events import (
     ChatMessage,

@@ -20,10 +20,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from gateway.context import BuiltContext, ContextPolicy, Counting, Strategy, assemble
 from common.embeddings import Embedder, from_bytes, similarities, to_bytes
-from gateway.history import prompt_turns
 from conversations.store import ConversationStore, StoredMessage, Summary
+from gateway.context import BuiltContext, ContextPolicy, Counting, Strategy, assemble
+from gateway.history import prompt_turns
 from gateway.tokens import TokenCounter
 from schemas.events import ChatMessage, Role
 

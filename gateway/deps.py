@@ -9,9 +9,9 @@ from typing import Annotated
 from fastapi import Depends, Request
 
 from chatpipe.settings import Settings
-from gateway.context_builder import ContextBuilder
 from conversations.store import ConversationStore
 from gateway.background import BackgroundJobs
+from gateway.context_builder import ContextBuilder
 from gateway.generation import LiveRequests
 from gateway.pipeline import Pipeline
 from gateway.quotas import QuotaGate

@@ -114,7 +114,7 @@ class AnswerFollower:
                 continue
             try:
                 batch = await consumer.getmany(timeout_ms=200, max_records=2000)
-            except Exception:  # noqa: BLE001 - e.g. an assignment changed under the fetch
+            except Exception:
                 log.warning("reading chat.answers failed; retrying", exc_info=True)
                 await asyncio.sleep(0.2)
                 continue

@@ -142,7 +142,7 @@ class Generation:
             return
         try:
             await self._on_end(self.relay)
-        except Exception:  # noqa: BLE001 - the recorder stores it; the stream still ends
+        except Exception:
             log.warning("could not store the end of %s", self.request_id, exc_info=True)
 
     async def close(self) -> None:
@@ -169,7 +169,7 @@ class Generation:
     async def _cancel(self, reason: str) -> None:
         try:
             await self._pipeline.cancel(self.request_id, reason=reason)
-        except Exception:  # noqa: BLE001 - the stream ends anyway
+        except Exception:
             log.warning("could not cancel request %s", self.request_id, exc_info=True)
 
 

@@ -212,7 +212,7 @@ class KafkaPipeline:
             try:
                 await self.publisher.send(topics.CONTROL, heartbeat.model_copy(
                     update={"sent_at": time.time()}), key=self.reply_to)
-            except Exception:  # noqa: BLE001 - the next beat tries again
+            except Exception:
                 log.warning("gateway heartbeat failed", exc_info=True)
             await asyncio.sleep(self.heartbeat_interval_s)
 

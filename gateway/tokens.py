@@ -17,8 +17,8 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
-from schemas.events import ChatMessage, Role
 from common.prompt import prompt_token_ids, template_ids, text_ids
+from schemas.events import ChatMessage, Role
 
 _PROBE = "probe"
 

@@ -23,9 +23,8 @@ from dataclasses import dataclass
 
 import anyio
 
-from conversations.answers import answer_started
-from gateway.context import BuiltContext
 from common.durable import retried
+from conversations.answers import answer_started
 from conversations.store import (
     ApiKey,
     Conversation,
@@ -34,16 +33,17 @@ from conversations.store import (
     RequestRecord,
     StoredMessage,
 )
-from gateway.summaries import fallback_title
 from conversations.tree import ConversationTree
 from gateway.admission import admit, charge_rest, check_input
 from gateway.background import start_summary
+from gateway.context import BuiltContext
 from gateway.deps import GatewayDeps
 from gateway.errors import ApiError
 from gateway.generation import Generation, OnEnd, StreamTimers, start_generation, unavailable
 from gateway.limits import check_bus_size, check_message, sampling_options, served_model
 from gateway.rate_limits import admission_tokens, text_tokens
 from gateway.stream_relay import StreamRelay
+from gateway.summaries import fallback_title
 from schemas.api import PostMessage, TurnOptions
 from schemas.events import GenerationRequest, Role, SamplingOptions, now
 from schemas.lifecycle import RequestStatus

@@ -19,8 +19,8 @@ from bus.offsets import ForgetRevoked, OffsetTracker
 from bus.produce_failures import RetryingPublisher
 from bus.subscriber import consume, decode_record
 from common.durable import retried
-from recorder.core import Recorder
 from conversations.store import ConversationStore, NewMessage
+from recorder.core import Recorder
 from schemas import topics
 from schemas.codec import ANSWER_EVENT
 

@@ -8,8 +8,8 @@ from gateway.relay import KafkaPipeline
 from moderation.policy import Ask
 from schemas.events import (
     ChatMessage,
-    Delta,
     DeliveryError,
+    Delta,
     GenerationRequest,
     Role,
     SamplingOptions,

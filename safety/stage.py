@@ -20,10 +20,10 @@ from bus.clients import KafkaConfig
 from bus.offsets import ForgetRevoked, OffsetTracker
 from bus.produce_failures import PIPELINE_REJECTED, RecordRejected, RetryingPublisher
 from bus.subscriber import consume, decode_record
-from ops.metrics import RETRACTIONS, SAFETY_CHECK_TIME
 from moderation.classifiers import Verdict, first_verdict
-from safety.core import SAFETY_ERROR, Check, Deliver, Output, SafetyCore
 from moderation.policy import SafetyPolicy
+from ops.metrics import RETRACTIONS, SAFETY_CHECK_TIME
+from safety.core import SAFETY_ERROR, Check, Deliver, Output, SafetyCore
 from schemas import topics
 from schemas.codec import TOKEN_EVENT, EventDecodeError
 from schemas.events import Cancel, Event, ModerationEvent, StreamEvent

@@ -351,7 +351,7 @@ class SchedulerStage:
         try:
             records = await read_between(self.kafka, topics.WORK, bounds,
                                          WORK_EVENT, timeout_s=READ_BACK_TIMEOUT_S)
-        except Exception:  # noqa: BLE001 - retried with the next decisions
+        except Exception:
             self._read_back_failures += 1
             log.exception("reading back %d assignments failed (%d times)", len(unknown),
                           self._read_back_failures)
@@ -408,7 +408,7 @@ class SchedulerStage:
                                                     request.conversation_id, assignment), exc)
         try:
             await self._end_unserved(request, _end_code(exc))
-        except Exception:  # noqa: BLE001 - its offset stays uncommitted: a restart retries
+        except Exception:
             log.exception("could not end %s after its dispatch failed", request.request_id)
 
     async def _announce_route(self, request: GenerationRequest, reason: str) -> None:

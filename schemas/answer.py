@@ -53,7 +53,7 @@ _UNPOSITIONED = (AttemptStarted, AnswerStarted, Queued, Routed)
 class AnswerLog:
     """The rule above for one request's events, fed in partition order."""
 
-    __slots__ = ("attempt", "next_seq", "end")
+    __slots__ = ("attempt", "end", "next_seq")
 
     def __init__(self) -> None:
         self.attempt = -1

@@ -72,7 +72,7 @@ async def read_sse_lines(lines: AsyncIterator[str],
             continue
         else:
             name, _, value = line.partition(":")
-            value = value[1:] if value.startswith(" ") else value
+            value = value.removeprefix(" ")
             if name == "event":
                 kind = value
             elif name == "data":

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-
 SLACK_S = 0.005
 """An output this much before the interval is over is in time: the engine's steps come
 a little early or late, and waiting for the next one would add a whole step."""

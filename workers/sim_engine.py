@@ -33,12 +33,7 @@ from schemas.events import ChatMessage, GenerationRequest, Role
 from schemas.lifecycle import RequestStatus
 from workers.engine import Continuation, EngineOutput, EngineStats
 
-WORDS = (
-    "the a of and to in is it that for on with as was at by this be from or have an "
-    "they which one you were all we when there can more if out so what about up time "
-    "said would into them some could other then two its like now over only new way "
-    "model token stream kafka batch queue cache prompt reply tier slot worker engine"
-).split()
+WORDS = ["the", "a", "of", "and", "to", "in", "is", "it", "that", "for", "on", "with", "as", "was", "at", "by", "this", "be", "from", "or", "have", "an", "they", "which", "one", "you", "were", "all", "we", "when", "there", "can", "more", "if", "out", "so", "what", "about", "up", "time", "said", "would", "into", "them", "some", "could", "other", "then", "two", "its", "like", "now", "over", "only", "new", "way", "model", "token", "stream", "kafka", "batch", "queue", "cache", "prompt", "reply", "tier", "slot", "worker", "engine"]
 
 _DIRECTIVE = re.compile(r"\[\[sim:(\w+)(?:=([^\]]*))?\]\]")
 

@@ -351,7 +351,7 @@ class WorkerStage:
         this worker), and the scheduler learns their end from heartbeats."""
         try:
             await self._commit()
-        except Exception:  # noqa: BLE001 - the next owner re-reads and skips; nothing lost
+        except Exception:
             log.warning("commit before a rebalance failed", exc_info=True)
         self.tracker.forget(revoked)
 

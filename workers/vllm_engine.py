@@ -25,10 +25,10 @@ from contextlib import aclosing
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from common.prompt import prompt_token_ids, text_ids
 from schemas.events import GenerationRequest, SamplingOptions
 from schemas.lifecycle import RequestStatus
 from workers.engine import Continuation, EngineOutput, EngineStats
-from common.prompt import prompt_token_ids, text_ids
 
 if TYPE_CHECKING:
     from vllm import SamplingParams

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import pytest
 
+from common.prompt import prompt_token_ids
 from gateway.tokens import TokenCounter
 from schemas import topics
 from schemas.events import GenerationRequest
 from tests.fixtures.stack import client_for
 from tests.integration.test_control_tokens import forged_turn
 from tests.support import find_events, post_message
-from common.prompt import prompt_token_ids
 
 pytestmark = pytest.mark.vllm
 

@@ -12,8 +12,8 @@ import httpx
 
 from chatpipe.wiring import Stack
 from conversations.store import ApiKey
-from gateway.summaries import TITLE_INSTRUCTIONS
 from gateway.background import BACKGROUND_ACCOUNT
+from gateway.summaries import TITLE_INSTRUCTIONS
 from schemas import topics
 from schemas.events import GenerationRequest, Role
 from schemas.topics import Tier

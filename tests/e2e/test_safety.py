@@ -7,11 +7,11 @@ import uuid
 
 import openai
 
+from chatpipe.wiring import running_stack
 from schemas import topics
 from schemas.events import GenerationRequest, ModerationEvent, UsageEvent
-from schemas.topics import Tier
 from schemas.lifecycle import RequestStatus
-from chatpipe.wiring import running_stack
+from schemas.topics import Tier
 from tests.fixtures.stack import API_KEY, client_for, stack_settings
 from tests.support import find_events, post_message
 from workers.sim_engine import SimEngine

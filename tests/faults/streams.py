@@ -23,7 +23,6 @@ import orjson
 from schemas.sse import aiter_messages
 
 
-
 class Interrupted(Exception):
     """The gateway closed the stream before the answer's end (it is stopping)."""
 

@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 import pytest_asyncio
 
-from gateway.context import BuiltContext, ContextPolicy
-from gateway.context_builder import ContextBuilder
 from common.embeddings import SentenceEmbedder
 from conversations.sqlite_store import SQLiteStore
 from conversations.store import NewMessage
+from gateway.context import BuiltContext, ContextPolicy
+from gateway.context_builder import ContextBuilder
 from gateway.summaries import SUMMARY_HEADING
 from gateway.tokens import TokenCounter
 from schemas.events import Role

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from common.prompt import prompt_token_ids
 from gateway.tokens import TokenCounter
 from schemas.events import ChatMessage, GenerationRequest, Role, SamplingOptions
-from common.prompt import prompt_token_ids
 
 SYSTEM = "You are a helpful assistant."
 

@@ -17,9 +17,9 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
 
-from chatpipe.kafka_acls import GRANTS, Operation, Resource, allowed
 from bus.clients import KafkaConfig
 from chatpipe import wiring
+from chatpipe.kafka_acls import GRANTS, Operation, Resource, allowed
 from schemas import topics
 from tests.fixtures.stack import client_for, running_sim_stack, stack_settings
 from tests.support import post_message, read_sse_lines

@@ -4,11 +4,10 @@ SQLite."""
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from pathlib import Path
-
-import sqlite3
 
 import pytest
 

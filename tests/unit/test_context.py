@@ -7,6 +7,8 @@ from dataclasses import replace
 
 import pytest
 
+from conversations.sqlite_store import SQLiteStore
+from conversations.store import StoredMessage
 from gateway.context import (
     BuiltContext,
     ContextPolicy,
@@ -16,8 +18,6 @@ from gateway.context import (
     replay_cut,
 )
 from gateway.context_builder import ContextBuilder
-from conversations.sqlite_store import SQLiteStore
-from conversations.store import StoredMessage
 from gateway.summaries import SUMMARY_HEADING, clean_title, fallback_title
 from gateway.tokens import TokenCounter
 from schemas.events import ChatMessage, Role

@@ -22,13 +22,13 @@ import pytest
 
 from chatpipe.settings import Settings
 from conversations.answers import answer_started
-from gateway.context_builder import ContextBuilder
 from conversations.sqlite_store import SQLiteStore
 from conversations.store import NewMessage, RequestRecord
+from gateway.app import create_app
+from gateway.context_builder import ContextBuilder
+from gateway.deps import GatewayDeps
 from gateway.summaries import SUMMARY_INSTRUCTIONS, TITLE_INSTRUCTIONS
 from gateway.tokens import TokenCounter
-from gateway.app import create_app
-from gateway.deps import GatewayDeps
 from schemas import sse
 from schemas.events import (
     DeliverEvent,

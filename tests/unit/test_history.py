@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from gateway.history import build_prompt, thread
 from conversations.store import StoredMessage
+from gateway.history import build_prompt, thread
 from schemas.events import ChatMessage, Role
 from schemas.lifecycle import RequestStatus
 

@@ -5,8 +5,16 @@ from pathlib import Path
 
 import pytest
 
-from chatpipe.kafka_acls import ADMIN, GRANTS, Operation, Resource, allowed, password_variable, script
 from chatpipe.cli import STAGES
+from chatpipe.kafka_acls import (
+    ADMIN,
+    GRANTS,
+    Operation,
+    Resource,
+    allowed,
+    password_variable,
+    script,
+)
 from schemas import topics
 
 ROOT = Path(__file__).resolve().parents[2]

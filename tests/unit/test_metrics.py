@@ -19,7 +19,6 @@ from gateway.admission import admit
 from gateway.errors import ApiError
 from ops import metrics
 from scheduler.core import Scheduler
-from tests.unit.test_scheduler_core import make_request
 from schemas.events import (
     ChatMessage,
     DeliveryDone,
@@ -31,6 +30,7 @@ from schemas.events import (
 )
 from schemas.lifecycle import RequestStatus
 from schemas.topics import Tier
+from tests.unit.test_scheduler_core import make_request
 from workers.sim_engine import SimEngine
 
 

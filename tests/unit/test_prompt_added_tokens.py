@@ -12,9 +12,9 @@ from types import SimpleNamespace
 
 import pytest
 
+from common.prompt import prompt_token_ids, text_ids
 from gateway.tokens import TokenCounter
 from schemas.events import ChatMessage, GenerationRequest, Role, SamplingOptions
-from common.prompt import prompt_token_ids, text_ids
 from workers.vllm_engine import VllmEngine
 
 NON_SPECIAL = ["<tool_call>", "</tool_call>", "<think>"]

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from recorder.core import Recorder
 from conversations.store import NewMessage
+from recorder.core import Recorder
 from schemas.events import (
     AnswerStarted,
     DeliveryDone,

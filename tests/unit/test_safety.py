@@ -14,18 +14,18 @@ from moderation.classifiers import (
     judge_verdict,
     luhn_valid,
 )
+from moderation.policy import SafetyPolicy
 from safety.core import Check, Deliver, SafetyCore
 from safety.output_gate import OutputGate
-from moderation.policy import SafetyPolicy
 from safety.stage import SafetyStage
 from schemas import topics
 from schemas.codec import encode
 from schemas.events import (
     AttemptStarted,
     Cancel,
-    Delta,
     DeliveryDone,
     DeliveryError,
+    Delta,
     GenerationDone,
     ModerationEvent,
     Retract,
@@ -141,7 +141,6 @@ async def test_first_verdict_stops_at_first_hit():
 
         async def classify(self, text):
             calls.append("n")
-            return None
 
     assert (await first_verdict([Never(), Tripping(), Never()], "text")).category == "x"
     assert calls == ["n", "t"]
