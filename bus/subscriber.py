@@ -44,10 +44,13 @@ async def consume(
     poll_ms: int = 200,
     tracker: OffsetTracker | None = None,
     on_failure: FailureHandler | None = None,
+    max_records: int = 500,
+    until: Callable[[], bool] | None = None,
 ) -> None:
-    """Run until cancelled. A record whose handler raises goes to chat.dlq and
-    `on_failure` ends what it belonged to (a request's stream gets a terminal event);
-    the stage carries on with the next one, so one bad event never stops a stage.
+    """Run until cancelled, or until `until()` is true after a batch's `after_batch`.
+    A record whose handler raises goes to chat.dlq and `on_failure` ends what it
+    belonged to (a request's stream gets a terminal event); the stage carries on with
+    the next one, so one bad event never stops a stage.
     `after_batch` (commits, decisions) that raises is logged and run again after a
     backoff: the records it had not finished stay uncommitted, nothing is skipped."""
     failures = 0
@@ -55,7 +58,7 @@ async def consume(
     watch_lag(consumer, stage)
     while True:
         timeout_ms = pace.poll_ms(poll_ms) if pace is not None else poll_ms
-        batch = await consumer.getmany(timeout_ms=timeout_ms, max_records=500)
+        batch = await consumer.getmany(timeout_ms=timeout_ms, max_records=max_records)
         for records in batch.values():
             for record in records:
                 with tracing.consuming(stage, record):  # its hop's span, from its headers
@@ -71,6 +74,8 @@ async def consume(
         try:
             await after_batch()
             failures = 0
+            if until is not None and until():
+                return
         except Exception:
             log.exception("%s: after-batch step failed; retrying", stage)
             await asyncio.sleep(

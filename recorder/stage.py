@@ -12,12 +12,11 @@ from __future__ import annotations
 import logging
 import time
 
-from aiokafka.structs import ConsumerRecord, TopicPartition
+from aiokafka.structs import ConsumerRecord
 
 from bus.clients import KafkaConfig
-from bus.offsets import ForgetRevoked, OffsetTracker
-from bus.produce_failures import RetryingPublisher
-from bus.subscriber import consume, decode_record
+from bus.stage_runner import StageRunner
+from bus.subscriber import decode_record
 from common.durable import retried
 from conversations.store import ConversationStore, NewMessage
 from recorder.core import Recorder
@@ -28,27 +27,20 @@ log = logging.getLogger(__name__)
 
 STAGE = "recorder"
 GROUP = "chatpipe-recorder"
+
+
 class RecorderStage:
     def __init__(self, kafka: KafkaConfig, store: ConversationStore,
                  idle_timeout_s: float = 120.0) -> None:
-        self.kafka = kafka
         self.store = store
         self.recorder = Recorder(idle_timeout_s=idle_timeout_s)
-        self.tracker = OffsetTracker()
+        self.runner = StageRunner(
+            kafka, STAGE, GROUP, [topics.ANSWERS], bulk=True,
+            commit_floor=lambda tp: self.recorder.commit_floor(tp.partition),
+            on_revoke=self.recorder.forget_partition)
 
     async def run(self) -> None:
-        producer = self.kafka.producer()
-        self.consumer = self.kafka.consumer(group_id=GROUP, bulk=True)
-        self.consumer.subscribe([topics.ANSWERS], listener=ForgetRevoked(
-            self.tracker, self.recorder.forget_partition))
-        await producer.start()
-        await self.consumer.start()
-        try:
-            await consume(self.consumer, STAGE, RetryingPublisher(producer), self._handle,
-                          self._after_batch, poll_ms=200, tracker=self.tracker)
-        finally:
-            await self.consumer.stop()
-            await producer.stop()
+        await self.runner.run(self._handle, self._expire)
 
     async def _handle(self, record: ConsumerRecord) -> None:
         event = decode_record(ANSWER_EVENT, record)
@@ -56,20 +48,14 @@ class RecorderStage:
                                          offset=record.offset, now=time.monotonic())
         if message is not None:
             await self._store(message)
-        self.tracker.seen(TopicPartition(record.topic, record.partition), record.offset)
 
     async def _store(self, message: NewMessage) -> None:
         started = time.monotonic()
         await retried(lambda: self.store.finish_answer(message), f"storing {message.message_id}")
         self.recorder.waited(time.monotonic() - started)
 
-    async def _after_batch(self) -> None:
+    async def _expire(self) -> None:
         for message in self.recorder.expire(time.monotonic()):
             log.warning("answer %s stopped without an end; stored as it was",
                         message.message_id)
             await self._store(message)
-        offsets = self.tracker.to_commit(
-            lambda tp: self.recorder.commit_floor(tp.partition))
-        if offsets:
-            await self.consumer.commit(offsets)
-            self.tracker.committed(offsets)
