@@ -17,7 +17,8 @@ from billing.ledger import SQLiteLedger, UsageLedger
 from billing.stage import BillingStage
 from bus.broker import EmbeddedBroker, free_port
 from bus.clients import KafkaConfig
-from bus.topics import create_topics, ensure_topics, topic_partitions
+from bus.request_reply import RequestReplyClient
+from bus.topics import TopicLayout, create_topics, ensure_topics
 from chatpipe.api_keys import development_settings, key_secret, require_key_secret
 from chatpipe.settings import Settings
 from chatpipe.supervise import Pause, Supervisor, broker_kept_up
@@ -29,11 +30,12 @@ from gateway.quotas import QuotaGate
 from gateway.rate_limits import RateLimiter
 from gateway.relay import KafkaPipeline
 from gateway.slow_clients import guarded_protocol
-from moderation.policy import build_policy
+from moderation.policy import PolicyConfig, SafetyPolicy, build_policy
 from ops.metrics import metrics_app
 from ops.runtime_file import published_run
 from ops.tracing import setup_tracing, shutdown_tracing
 from recorder.stage import RecorderStage
+from safety.core import SafetyConfig
 from safety.stage import SafetyStage
 from scheduler.core import Policy, Scheduler
 from scheduler.stage import SchedulerStage
@@ -59,17 +61,44 @@ async def open_kafka(settings: Settings, stack: contextlib.AsyncExitStack,
     topics and `own_topics` (read then) created again; `pause()` is held meanwhile."""
     bootstrap = settings.kafka_bootstrap_servers
     if bootstrap:
-        kafka = KafkaConfig.from_settings(settings, bootstrap)
+        kafka = kafka_from_settings(settings, bootstrap)
     else:
         broker = await stack.enter_async_context(EmbeddedBroker())
         # The embedded broker has no users: it listens on loopback only (bus.broker).
-        kafka = KafkaConfig.from_settings(settings.model_copy(update={
+        kafka = kafka_from_settings(settings.model_copy(update={
             "kafka_security_protocol": "PLAINTEXT"}), broker.bootstrap_servers)
         await stack.enter_async_context(broker_kept_up(broker, lambda: create_topics(
-            kafka, {**topic_partitions(settings), **(own_topics or {})},
+            kafka, {**topic_layout(settings).partitions(), **(own_topics or {})},
             settings.kafka_replication_factor), pause))
-    await ensure_topics(kafka, settings)
+    await ensure_topics(kafka, topic_layout(settings))
     return kafka
+
+
+def kafka_from_settings(settings: Settings, bootstrap_servers: str) -> KafkaConfig:
+    """The broker at `bootstrap_servers`, with this process's credential and tuning."""
+    password = settings.kafka_sasl_password
+    return KafkaConfig(
+        bootstrap_servers=bootstrap_servers,
+        compression=None if settings.kafka_compression == "none" else settings.kafka_compression,
+        idempotence=settings.kafka_idempotence,
+        session_timeout_ms=settings.kafka_session_timeout_ms,
+        heartbeat_interval_ms=settings.kafka_heartbeat_interval_ms,
+        fetch_max_wait_ms=settings.kafka_fetch_max_wait_ms,
+        bulk_fetch_max_wait_ms=settings.kafka_bulk_fetch_max_wait_ms,
+        idle_fetch_wait_ms=settings.kafka_idle_fetch_wait_ms,
+        idle_after_s=settings.kafka_idle_after_s,
+        linger_ms=settings.kafka_linger_ms,
+        security_protocol=settings.kafka_security_protocol,
+        sasl_mechanism=settings.kafka_sasl_mechanism,
+        sasl_username=settings.kafka_sasl_username,
+        sasl_password=password.get_secret_value() if password is not None else None,
+        ssl_cafile=str(settings.kafka_ssl_cafile) if settings.kafka_ssl_cafile else None,
+    )
+
+
+def topic_layout(settings: Settings) -> TopicLayout:
+    return TopicLayout(settings.topic_partitions, settings.work_partitions,
+                       settings.kafka_replication_factor)
 
 
 def build_engine(settings: Settings) -> Engine:
@@ -101,24 +130,46 @@ def build_ledger(settings: Settings) -> UsageLedger:
     return SQLiteLedger(settings.database_path)
 
 
-def gateway_pipeline(kafka: KafkaConfig, settings: Settings,
-                     gateway_id: str | None = None) -> KafkaPipeline:
-    """A gateway's Kafka side (or the safety judge's, which asks like a gateway)."""
-    return KafkaPipeline(kafka, gateway_id or settings.gateway_id,
+def gateway_pipeline(kafka: KafkaConfig, settings: Settings) -> KafkaPipeline:
+    """A gateway's Kafka side."""
+    return KafkaPipeline(kafka, settings.gateway_id,
                          heartbeat_interval_s=settings.heartbeat_interval_s)
 
 
-def build_gateway_deps(settings: Settings, store: ConversationStore, pipeline: KafkaPipeline,
-                       ledger: UsageLedger) -> GatewayDeps:
+def judge_client(kafka: KafkaConfig, settings: Settings) -> RequestReplyClient:
+    """The safety judge's own request/reply client, for a safety stage run alone (under
+    `chatpipe up` the judge asks through the gateway's)."""
+    return RequestReplyClient(kafka, f"safety-{settings.gateway_id}",
+                              heartbeat_interval_s=settings.heartbeat_interval_s,
+                              stage="safety")
+
+
+def safety_policy(settings: Settings, client: RequestReplyClient | None) -> SafetyPolicy:
+    """The classifiers of the input and output checks, made once per process (the
+    embedding model loads once); the judge, when configured, asks through `client`
+    (a started one)."""
     ask = None
-    if settings.safety_judge_model:
+    if settings.safety_judge_model and client is not None:
         from safety.judge import judge_ask
 
-        ask = judge_ask(pipeline, settings.safety_judge_model)
+        ask = judge_ask(client, settings.safety_judge_model)
+    return build_policy(PolicyConfig(
+        input_classifiers=settings.safety_input_classifiers,
+        output_classifiers=settings.safety_output_classifiers,
+        rule_categories=settings.safety_rule_categories,
+        input_pii=settings.safety_input_pii,
+        output_pii=settings.safety_output_pii,
+        embedding_exemplars=settings.safety_embedding_exemplars,
+        embedding_threshold=settings.safety_embedding_threshold,
+    ), ask)
+
+
+def build_gateway_deps(settings: Settings, store: ConversationStore, pipeline: KafkaPipeline,
+                       ledger: UsageLedger, safety: SafetyPolicy) -> GatewayDeps:
     return GatewayDeps(settings, store, pipeline, ContextBuilder.from_settings(settings),
                        rate_limiter=RateLimiter.from_settings(settings),
                        quotas=QuotaGate.from_settings(settings, ledger),
-                       safety=build_policy(settings, ask))
+                       safety=safety)
 
 
 DEV_KEY_NAME = "development key"
@@ -152,15 +203,13 @@ def worker_stage(kafka: KafkaConfig, engine: Engine, settings: Settings) -> Work
                        settings.heartbeat_interval_s, settings.ready_file)
 
 
-def safety_stage(kafka: KafkaConfig, settings: Settings,
-                 pipeline: KafkaPipeline | None) -> SafetyStage:
-    """The judge classifier, when configured, asks through `pipeline` (a started one)."""
-    ask = None
-    if settings.safety_judge_model and pipeline is not None:
-        from safety.judge import judge_ask
-
-        ask = judge_ask(pipeline, settings.safety_judge_model)
-    return SafetyStage(kafka, build_policy(settings, ask), settings.generation_idle_timeout_s)
+def safety_stage(kafka: KafkaConfig, settings: Settings, policy: SafetyPolicy) -> SafetyStage:
+    return SafetyStage(kafka, policy, SafetyConfig(
+        window_chars=settings.safety_window_chars,
+        overlap_chars=settings.safety_overlap_chars,
+        sentences=settings.safety_sentence_window,
+        idle_timeout_s=settings.generation_idle_timeout_s,
+    ))
 
 
 def recorder_stage(kafka: KafkaConfig, store: ConversationStore,
@@ -291,11 +340,12 @@ async def running_stack(settings: Settings, engine: Engine | None) -> AsyncItera
         pipeline = await stack.enter_async_context(gateway_pipeline(kafka, settings))
         pipelines.append(pipeline)
         delivery_topic[pipeline.reply_to] = pipeline.partitions
-        deps = build_gateway_deps(settings, store, pipeline, ledger)
+        policy = safety_policy(settings, pipeline.requests)  # one for input and output
+        deps = build_gateway_deps(settings, store, pipeline, ledger, policy)
         server = supervisor.start("gateway", lambda: gateway_server(deps, settings),
                                   uvicorn.Server.serve)
         scheduler = supervisor.start("scheduler", lambda: scheduler_stage(kafka, settings))
-        supervisor.start("safety", lambda: safety_stage(kafka, settings, pipeline))
+        supervisor.start("safety", lambda: safety_stage(kafka, settings, policy))
         supervisor.start("recorder", lambda: recorder_stage(kafka, store, settings))
         supervisor.start("billing", lambda: BillingStage(kafka, ledger))
         if engine is not None:
@@ -344,7 +394,7 @@ async def run_all(settings: Settings) -> None:
     """`chatpipe up`: broker (unless external), every stage and the gateway, one process."""
     _configure_logging()
     settings = development_settings(settings)  # before the engine loads: may refuse
-    setup_tracing(settings)
+    setup_tracing(settings.otlp_endpoint)
     engine = build_engine(settings)
     await engine.start()
     try:
@@ -367,7 +417,7 @@ async def run_stage(stage: str, settings: Settings) -> None:
     if stage == "gateway":  # it checks API keys; no development secret outside chatpipe up
         require_key_secret(settings, "chatpipe gateway")
     async with contextlib.AsyncExitStack() as stack:
-        if setup_tracing(settings):
+        if setup_tracing(settings.otlp_endpoint):
             stack.callback(shutdown_tracing)
         kafka = await open_kafka(settings, stack)
         if settings.metrics_port is not None:
@@ -377,11 +427,11 @@ async def run_stage(stage: str, settings: Settings) -> None:
         }
         server: uvicorn.Server | None = None
         if stage == "safety":
-            judge_pipeline = None
+            judge = None
             if settings.safety_judge_model:
-                judge_pipeline = await stack.enter_async_context(
-                    gateway_pipeline(kafka, settings, f"safety-{settings.gateway_id}"))
-            runners["safety"] = lambda: safety_stage(kafka, settings, judge_pipeline).run()
+                judge = await stack.enter_async_context(judge_client(kafka, settings))
+            policy = safety_policy(settings, judge)
+            runners["safety"] = lambda: safety_stage(kafka, settings, policy).run()
         if stage in ("gateway", "billing"):
             ledger = build_ledger(settings)
             await ledger.open()
@@ -397,8 +447,9 @@ async def run_stage(stage: str, settings: Settings) -> None:
                 if settings.dev_api_key:  # the dev user only when asked for
                     await ensure_dev_key(store, settings)
                 pipeline = await stack.enter_async_context(gateway_pipeline(kafka, settings))
-                server = gateway_server(build_gateway_deps(settings, store, pipeline, ledger),
-                                        settings, docs_by_default=False)
+                deps = build_gateway_deps(settings, store, pipeline, ledger,
+                                          safety_policy(settings, pipeline.requests))
+                server = gateway_server(deps, settings, docs_by_default=False)
                 runners["gateway"] = server.serve
         worker: WorkerStage | None = None
         if stage == "worker":

@@ -3,8 +3,8 @@ the end of a stream and for the recorder that stores any answer no gateway finis
 
 The gateway stores an answer as `in_progress` before it queues the request and
 writes the `AnswerStarted` marker (what the answer is) on `chat.answers`. Delivery
-events then go through the one answer rule (`schemas.answer.AnswerLog`); the text
-is what the client saw (`AnswerText`: deltas, or a retraction's replacement), and
+events then make its text as every reader collects one (`schemas.answer.AnswerText`:
+the one answer rule; deltas, or a retraction's replacement: what the client saw), and
 the end event gives status and usage. Whoever stores it first wins: the store only
 finishes an answer still in progress.
 """
@@ -12,7 +12,7 @@ finishes an answer still in progress.
 from __future__ import annotations
 
 from conversations.store import NewMessage
-from schemas.answer import AnswerLog, AnswerText
+from schemas.answer import AnswerText
 from schemas.events import (
     AnswerStarted,
     DeliveryDone,
@@ -40,15 +40,14 @@ class AnswerBuilder:
 
     def __init__(self, started: AnswerStarted) -> None:
         self.started = started
-        self.log = AnswerLog()
         self.text = AnswerText()
+        self.log = self.text.log
         self.model = started.model
 
     def add(self, event: Event) -> bool:
         """Take one event of this answer; False if the rule drops it."""
-        if not self.log.take(event):
+        if not self.text.add(event):
             return False
-        self.text.add(event)
         if isinstance(event, Routed):
             self.model = event.model
         return True

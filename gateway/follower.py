@@ -19,7 +19,7 @@ from aiokafka import AIOKafkaConsumer
 from aiokafka.structs import ConsumerRecord, TopicPartition
 
 from bus.clients import KafkaConfig
-from gateway.pipeline import Inbox
+from bus.request_reply import Inbox
 from schemas import topics
 from schemas.codec import ANSWER_EVENT, EventDecodeError, decode
 from schemas.events import AnswerEvent

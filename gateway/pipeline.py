@@ -2,20 +2,18 @@
 
 `gateway.relay.KafkaPipeline` implements it over Kafka: `submit` produces the
 request on `chat.requests.<tier>` and returns the stream of delivery events read
-from this gateway's own `chat.deliver.<gateway_id>` topic; `follow` reads a stored
-answer's events from `chat.answers`, for a stream resumed on any gateway.
+from this gateway's own `chat.deliver.<gateway_id>` topic (`bus.request_reply`);
+`follow` reads a stored answer's events from `chat.answers`, for a stream resumed on
+any gateway.
 """
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
-from typing import Generic, Protocol, TypeVar
+from typing import Protocol
 
 from schemas.events import Event, GenerationRequest, ModerationEvent
 from schemas.topics import Tier
-
-E = TypeVar("E", bound=Event)
 
 
 class RequestStream(Protocol):
@@ -62,34 +60,3 @@ class Pipeline(Protocol):
     def overloaded(self, tier: Tier) -> float | None:
         """Retry-After seconds while the scheduler sheds `tier`'s new requests, else None."""
 
-
-class Inbox(Generic[E]):
-    """Where a reader puts one stream's events and its relay takes them: all that have
-    arrived at once, so a relay that falls behind catches up in one step, not one
-    wake-up per event."""
-
-    __slots__ = ("_events", "_waiter")
-
-    def __init__(self) -> None:
-        self._events: list[E] = []
-        self._waiter: asyncio.Future[None] | None = None
-
-    def put(self, event: E) -> None:
-        self._events.append(event)
-        if self._waiter is not None and not self._waiter.done():
-            self._waiter.set_result(None)
-
-    async def take(self) -> list[E]:
-        while not self._events:
-            self._waiter = asyncio.get_running_loop().create_future()
-            try:
-                await self._waiter
-            finally:
-                self._waiter = None
-        events, self._events = self._events, []
-        return events
-
-    async def __aiter__(self) -> AsyncIterator[E]:
-        while True:
-            for event in await self.take():
-                yield event

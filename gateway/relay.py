@@ -1,10 +1,6 @@
-"""The gateway's Kafka side: queue requests, read this gateway's delivery topic, follow
-answers it resumes, and hold a dropped stream for a while.
-
-Each gateway process owns a fresh `chat.deliver.<gateway_id>` topic and reads all its
-partitions from offset 0 with `assign()` (no consumer group, no rebalance; the embedded
-broker cannot seek to the end). Events are routed to the open stream of their request;
-the reader applies the one answer rule (duplicates, fenced attempts).
+"""The gateway's Kafka side: ask through the bus's request/reply client
+(`bus.request_reply`), follow answers it resumes, hold a dropped stream for a while,
+and read the scheduler's status.
 
 A stored answer starts with an `AnswerStarted` marker on `chat.answers` (`start_answer`),
 where any gateway can read it from (`follow`, `gateway.follower`). When a native
@@ -19,29 +15,20 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
 
 from aiokafka.structs import ConsumerRecord, TopicPartition
-from pydantic import TypeAdapter
 
-from bus.clients import KafkaConfig, Publisher
-from bus.subscriber import decode_record, failed
-from bus.topics import create_topics
+from bus.clients import KafkaConfig
+from bus.request_reply import DeliveryStream, RequestReplyClient
+from bus.subscriber import decode_record
 from conversations.answers import answer_started
 from gateway.follower import AnswerFollower, FollowedAnswer
-from gateway.pipeline import Inbox, RequestStream
-from ops import tracing
-from ops.metrics import watch_lag
+from gateway.pipeline import RequestStream
 from schemas import topics
-from schemas.codec import GATEWAY_EVENT, SCHEDULER_EVENT
+from schemas.codec import SCHEDULER_EVENT
 from schemas.events import (
-    Cancel,
-    DeliverEvent,
     DeliveryDone,
     DeliveryError,
-    Event,
-    GatewayEvent,
-    GatewayHeartbeat,
     GenerationRequest,
     ModerationEvent,
     Reroute,
@@ -51,21 +38,8 @@ from schemas.topics import Tier
 
 log = logging.getLogger(__name__)
 
-STAGE = "gateway"
 STATUS_FRESH_S = 5.0  # an older scheduler status says nothing about now
 TERMINAL = (DeliveryDone, DeliveryError)
-
-
-class DeliveryStream(Inbox[DeliverEvent]):
-    """Delivery events of one request as they arrive on this gateway's topic."""
-
-    def __init__(self, pipeline: KafkaPipeline, request_id: str) -> None:
-        super().__init__()
-        self._pipeline = pipeline
-        self.request_id = request_id
-
-    async def aclose(self) -> None:
-        self._pipeline.forget(self.request_id)
 
 
 class KafkaPipeline:
@@ -75,42 +49,31 @@ class KafkaPipeline:
                  heartbeat_interval_s: float = 1.0) -> None:
         self.kafka = kafka
         self.gateway_id = gateway_id
-        self.partitions = partitions
-        self.heartbeat_interval_s = heartbeat_interval_s
+        self.requests = RequestReplyClient(
+            kafka, gateway_id, partitions, heartbeat_interval_s,
+            also_read={TopicPartition(topics.SCHEDULER, 0): self._scheduler_status},
+            on_reroute=self.taken)
         self.follower = AnswerFollower(kafka)
-        self._streams: dict[str, DeliveryStream] = {}
         self._holds: dict[str, asyncio.Task[None]] = {}
-        self._task: asyncio.Task[None] | None = None
         self._status: SchedulerStatus | None = None
 
     @property
     def reply_to(self) -> str:
-        return topics.deliver_topic(self.gateway_id)
+        return self.requests.reply_to
+
+    @property
+    def partitions(self) -> int:
+        return self.requests.partitions
 
     async def start(self) -> None:
-        await create_topics(self.kafka, {self.reply_to: self.partitions})
-        self._producer = self.kafka.producer()
-        await self._producer.start()
-        self.publisher = Publisher(self._producer)
-        self._consumer = self.kafka.consumer()
-        # A gateway with open streams keeps fetching often even while a request queues.
-        self._consumer.busy_while(lambda: bool(self._streams))
-        await self._consumer.start()
-        self._consumer.assign([TopicPartition(self.reply_to, p) for p in range(self.partitions)]
-                              + [TopicPartition(topics.SCHEDULER, 0)])
-        self._task = asyncio.create_task(self._read(), name="gateway-delivery")
-        self._heartbeats = asyncio.create_task(self._beat(), name="gateway-heartbeats")
+        await self.requests.start()
 
     async def stop(self) -> None:
-        for task in (*self._holds.values(), self._heartbeats):
+        for task in self._holds.values():
             task.cancel()
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, self._heartbeats, *self._holds.values(),
-                                 return_exceptions=True)
+        await asyncio.gather(*self._holds.values(), return_exceptions=True)
+        await self.requests.stop()
         await self.follower.stop()
-        await self._consumer.stop()
-        await self._producer.stop()
 
     async def __aenter__(self) -> KafkaPipeline:
         await self.start()
@@ -122,21 +85,12 @@ class KafkaPipeline:
     async def start_answer(self, request: GenerationRequest) -> tuple[int, int]:
         """Write the stored answer's marker on `chat.answers`; returns its (partition,
         offset): where any gateway reads the answer from."""
-        metadata = await self.publisher.send_and_wait(
+        metadata = await self.requests.publisher.send_and_wait(
             topics.ANSWERS, answer_started(request), key=request.conversation_id)
         return metadata.partition, metadata.offset
 
     async def submit(self, request: GenerationRequest) -> DeliveryStream:
-        stream = DeliveryStream(self, request.request_id)
-        self._streams[request.request_id] = stream
-        try:
-            await self.publisher.send_and_wait(
-                topics.requests_topic(request.tier), request, key=request.conversation_id
-            )
-        except BaseException:
-            self.forget(request.request_id)
-            raise
-        return stream
+        return await self.requests.submit(request)
 
     async def follow(self, request_id: str, conversation_id: str, partition: int,
                      offset: int) -> FollowedAnswer:
@@ -145,17 +99,14 @@ class KafkaPipeline:
 
     async def cancel(self, request_id: str, reason: str = "client_disconnected",
                      held_by: str | None = None) -> None:
-        """Publish a cancel; with `held_by`, one the scheduler passes on only while that
-        gateway still relays the stream (nobody resumed it elsewhere)."""
-        await self.publisher.send_and_wait(
-            topics.CONTROL, Cancel(request_id=request_id, reason=reason, held_by=held_by),
-            key=request_id)
+        await self.requests.cancel(request_id, reason, held_by)
 
     async def moderate(self, event: ModerationEvent) -> None:
-        await self.publisher.send(topics.MODERATION, event, key=event.conversation_id)
+        await self.requests.publisher.send(topics.MODERATION, event,
+                                           key=event.conversation_id)
 
     def forget(self, request_id: str) -> None:
-        self._streams.pop(request_id, None)
+        self.requests.forget(request_id)
 
     # --- a dropped stream waiting to be resumed ----------------------------------------
 
@@ -194,33 +145,20 @@ class KafkaPipeline:
         if held_by == self.reply_to:
             self.taken(request_id)
         else:
-            await self.publisher.send(held_by, reroute, key=request_id)
-        await self.publisher.send(topics.CONTROL, reroute, key=request_id)
+            await self.requests.publisher.send(held_by, reroute, key=request_id)
+        await self.requests.publisher.send(topics.CONTROL, reroute, key=request_id)
 
     def rewind(self) -> None:
         """The broker lost every record (an embedded broker restarted): read this
         gateway's topics again from their new start."""
-        for tp in self._consumer.assignment():
-            self._consumer.seek(tp, 0)
+        self.requests.rewind()
         self.follower.rewind()
-
-    async def _beat(self) -> None:
-        """Say this gateway is alive: the scheduler cancels the streams of one that went
-        silent if nobody resumed them within the grace."""
-        heartbeat = GatewayHeartbeat(gateway_id=self.gateway_id, reply_to=self.reply_to)
-        while True:
-            try:
-                await self.publisher.send(topics.CONTROL, heartbeat.model_copy(
-                    update={"sent_at": time.time()}), key=self.reply_to)
-            except Exception:
-                log.warning("gateway heartbeat failed", exc_info=True)
-            await asyncio.sleep(self.heartbeat_interval_s)
 
     # --- status -----------------------------------------------------------------------
 
     @property
     def open_streams(self) -> int:
-        return len(self._streams)
+        return self.requests.open_streams
 
     def overloaded(self, tier: Tier) -> float | None:
         """Seconds to wait before retrying, while the scheduler sheds `tier`."""
@@ -232,57 +170,7 @@ class KafkaPipeline:
             return None
         return tier_status.retry_after_s or 1.0
 
-    async def _read(self) -> None:
-        """This gateway's topics a fetch at a time, each partition's records decoded in
-        one step; a record that fails is dead-lettered and the rest go on."""
-        watch_lag(self._consumer, STAGE)
-        while True:
-            batch = await self._consumer.getmany(timeout_ms=100, max_records=10_000)
-            for tp, records in batch.items():
-                if tp.topic == topics.SCHEDULER:
-                    await self._each(records, self._scheduler_status)
-                    continue
-                events = _decoded(records)
-                if events is None:
-                    await self._each(records, self._route)
-                    continue
-                tracing.consumed(STAGE, records, events)
-                for event in events:
-                    self._deliver(event)
-
-    async def _each(self, records: list[ConsumerRecord],
-                    handle: Callable[[ConsumerRecord], None]) -> None:
-        for record in records:
-            try:
-                handle(record)
-            except Exception as exc:  # noqa: BLE001 - any failure is dead-lettered
-                await failed(STAGE, self.publisher, record, exc)
-
     def _scheduler_status(self, record: ConsumerRecord) -> None:
         status = decode_record(SCHEDULER_EVENT, record)
         if isinstance(status, SchedulerStatus):
             self._status = status
-
-    def _route(self, record: ConsumerRecord) -> None:
-        self._deliver(decode_record(GATEWAY_EVENT, record))
-
-    def _deliver(self, event: Event) -> None:
-        if isinstance(event, Reroute):
-            self.taken(event.request_id)
-            return
-        stream = self._streams.get(event.request_id)
-        if stream is not None:
-            stream.put(event)
-
-
-GATEWAY_EVENTS = TypeAdapter(list[GatewayEvent])
-
-
-def _decoded(records: list[ConsumerRecord]) -> list[Event] | None:
-    """The events of `records` validated in one call (what a gateway does per token chunk,
-    so per record costs count); None if any record is not a gateway event."""
-    try:
-        events = GATEWAY_EVENTS.validate_json(b"[" + b",".join(r.value for r in records) + b"]")
-    except (TypeError, ValueError):
-        return None
-    return events if len(events) == len(records) else None  # one record, one event

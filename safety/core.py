@@ -23,18 +23,18 @@ moves on.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from bus.produce_failures import PIPELINE_REJECTED, PIPELINE_REJECTED_MESSAGE
 from moderation.classifiers import Verdict
 from safety.output_gate import OutputGate
+from schemas import topics
 from schemas.answer import AnswerLog
 from schemas.events import (
     Cancel,
     DeliveryDone,
     DeliveryError,
     Delta,
+    Event,
     GenerationDone,
     GenerationError,
     ModerationEvent,
@@ -47,11 +47,30 @@ from schemas.lifecycle import RequestStatus
 
 RECENTLY_FINISHED = 10_000
 SAFETY_ERROR = "safety_error"
-_FAILURE_MESSAGES = {
-    SAFETY_ERROR: "the answer could not be checked",
-    PIPELINE_REJECTED: PIPELINE_REJECTED_MESSAGE,
-}
+SAFETY_ERROR_MESSAGE = "the answer could not be checked"
 StreamEnd = GenerationDone | GenerationError
+
+
+@dataclass(frozen=True, slots=True)
+class SafetyConfig:
+    """The safety stage's own settings (built in `chatpipe/wiring.py`)."""
+
+    window_chars: int = 0
+    """Output held back until checked and this old (`OutputGate`)."""
+    overlap_chars: int = 64
+    """Checked text looked at again with each chunk (a phrase split in two)."""
+    sentences: bool = False
+    """Release whole sentences instead of a character window."""
+    idle_timeout_s: float = 120.0
+    """A generation with no event for this long is given up (`expire`)."""
+
+    def gate(self) -> OutputGate:
+        return OutputGate(self.window_chars, self.overlap_chars, self.sentences)
+
+
+def replacement(category: str) -> str:
+    """What a retracted answer shows, and is stored as, instead of its text."""
+    return f"[This answer was removed: {category}]"
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,11 +106,9 @@ class _Generation:
 
 
 class SafetyCore:
-    def __init__(self, gate: Callable[[], OutputGate], replacement: Callable[[str], str],
-                 idle_timeout_s: float = 120.0) -> None:
-        self._new_gate = gate
-        self._replacement = replacement
-        self.idle_timeout_s = idle_timeout_s
+    def __init__(self, config: SafetyConfig = SafetyConfig()) -> None:
+        self.config = config
+        self.idle_timeout_s = config.idle_timeout_s
         self._open: dict[str, _Generation] = {}
         self._finished: OrderedDict[str, None] = OrderedDict()
 
@@ -103,7 +120,7 @@ class SafetyCore:
             return []
         generation = self._open.get(request_id)
         if generation is None:
-            generation = _Generation(partition, offset, now, self._new_gate())
+            generation = _Generation(partition, offset, now, self.config.gate())
             self._open[request_id] = generation
         generation.last_seen = now
         if not generation.log.take(event):
@@ -131,15 +148,16 @@ class SafetyCore:
         return [_deliver(chunk, Delta(request_id=chunk.request_id, attempt=chunk.attempt,
                                       seq=chunk.seq, text=released))]
 
-    def fail(self, event: StreamEvent, error: str, code: str = SAFETY_ERROR) -> list[Output]:
-        """Processing `event` raised `error` (kept for the log, never for the client):
-        end its stream with `code` and a fixed message, and stop its generation."""
+    def fail(self, event: StreamEvent, code: str = SAFETY_ERROR,
+             message: str = SAFETY_ERROR_MESSAGE) -> list[Output]:
+        """Processing `event` failed: end its stream with `code` and a fixed `message`
+        (the cause stays in the adapter's log, never reaches the client), and stop its
+        generation."""
         if event.request_id in self._finished:
             return []
         self._forget(event.request_id)
         end = DeliveryError(request_id=event.request_id, attempt=event.attempt,
-                            seq=event.seq + 1, code=code,
-                            message=_FAILURE_MESSAGES.get(code, _FAILURE_MESSAGES[SAFETY_ERROR]))
+                            seq=event.seq + 1, code=code, message=message)
         return [Cancel(request_id=event.request_id, reason=code), _deliver(event, end)]
 
     def expire(self, now: float) -> list[str]:
@@ -187,17 +205,17 @@ class SafetyCore:
     def _retract(self, chunk: TokenChunk, generation: _Generation,
                  verdict: Verdict) -> list[Output]:
         generation.filtered = True
-        replacement = self._replacement(verdict.category)
+        shown = replacement(verdict.category)
         return [
             Cancel(request_id=chunk.request_id, reason="content_filter"),
             _deliver(chunk, Retract(request_id=chunk.request_id, attempt=chunk.attempt,
                                     seq=chunk.seq, message_id=chunk.message_id,
-                                    reason=verdict.category, replacement=replacement)),
+                                    reason=verdict.category, replacement=shown)),
             ModerationEvent(request_id=chunk.request_id, conversation_id=chunk.conversation_id,
                             message_id=chunk.message_id, action="retract",
                             category=verdict.category,
                             reason=f"{verdict.classifier}: {verdict.reason}",
-                            replacement=replacement),
+                            replacement=shown),
         ]
 
     def _forget(self, request_id: str) -> None:
@@ -210,3 +228,21 @@ class SafetyCore:
 def _deliver(source: StreamEvent, event: Delta | Retract | DeliveryDone | DeliveryError,
              ) -> Deliver:
     return Deliver(event, source.reply_to, source.conversation_id, source.store)
+
+
+def records(outputs: list[Output]) -> list[tuple[str, Event, str]]:
+    """(topic, event, key) of each record the outputs make, in order: a delivery goes to
+    its gateway and, for a stored answer, to `chat.answers`; a cancel to
+    `chat.control`; a moderation decision to `chat.moderation`."""
+    made: list[tuple[str, Event, str]] = []
+    for output in outputs:
+        match output:
+            case Deliver():
+                made.append((output.reply_to, output.event, output.conversation_id))
+                if output.store:
+                    made.append((topics.ANSWERS, output.event, output.conversation_id))
+            case Cancel():
+                made.append((topics.CONTROL, output, output.request_id))
+            case ModerationEvent():
+                made.append((topics.MODERATION, output, output.conversation_id))
+    return made

@@ -18,15 +18,20 @@ from aiokafka.structs import ConsumerRecord, TopicPartition
 
 from bus.clients import KafkaConfig
 from bus.offsets import ForgetRevoked, OffsetTracker
-from bus.produce_failures import PIPELINE_REJECTED, RecordRejected, RetryingPublisher
+from bus.produce_failures import (
+    PIPELINE_REJECTED,
+    PIPELINE_REJECTED_MESSAGE,
+    RecordRejected,
+    RetryingPublisher,
+)
 from bus.subscriber import consume, decode_record
 from moderation.classifiers import Verdict, first_verdict
 from moderation.policy import SafetyPolicy
 from ops.metrics import RETRACTIONS, SAFETY_CHECK_TIME
-from safety.core import SAFETY_ERROR, Check, Deliver, Output, SafetyCore
+from safety.core import Check, Output, SafetyConfig, SafetyCore, records
 from schemas import topics
 from schemas.codec import TOKEN_EVENT, EventDecodeError
-from schemas.events import Cancel, Event, ModerationEvent, StreamEvent
+from schemas.events import ModerationEvent, StreamEvent
 
 log = logging.getLogger(__name__)
 
@@ -35,11 +40,10 @@ GROUP = "chatpipe-safety"
 
 
 class SafetyStage:
-    def __init__(self, kafka: KafkaConfig, policy: SafetyPolicy | None = None,
-                 idle_timeout_s: float = 120.0) -> None:
+    def __init__(self, kafka: KafkaConfig, policy: SafetyPolicy, config: SafetyConfig) -> None:
         self.kafka = kafka
-        self.policy = policy or SafetyPolicy()
-        self.core = SafetyCore(self.policy.gate, self.policy.replacement, idle_timeout_s)
+        self.policy = policy
+        self.core = SafetyCore(config)
         self.tracker = OffsetTracker()
         self.check_seconds: deque[float] = deque(maxlen=100_000)
 
@@ -82,8 +86,12 @@ class SafetyStage:
         """Send every output; one the bus refuses (`RecordRejected`) is raised once the
         others are sent, so a stored answer still reaches `chat.answers` when its
         gateway's topic refuses it, and the stream then ends (`_on_failure`)."""
+        for output in outputs:
+            if isinstance(output, ModerationEvent):
+                log.info("retracting %s: %s", output.message_id, output.reason)
+                RETRACTIONS.labels(output.category).inc()
         rejected: RecordRejected | None = None
-        for topic, event, key in _records(outputs):
+        for topic, event, key in records(outputs):
             try:
                 await self.publisher.send(topic, event, key=key)
             except RecordRejected as exc:
@@ -97,8 +105,11 @@ class SafetyStage:
         except EventDecodeError:
             return  # nothing says which stream it belonged to
         if isinstance(event, StreamEvent):
-            code = PIPELINE_REJECTED if isinstance(exc, RecordRejected) else SAFETY_ERROR
-            await self._send(self.core.fail(event, f"{type(exc).__name__}: {exc}", code))
+            if isinstance(exc, RecordRejected):
+                await self._send(self.core.fail(event, PIPELINE_REJECTED,
+                                                PIPELINE_REJECTED_MESSAGE))
+            else:
+                await self._send(self.core.fail(event))
 
     async def _after_batch(self) -> None:
         for request_id in self.core.expire(time.monotonic()):
@@ -110,20 +121,3 @@ class SafetyStage:
             await self.consumer.commit(offsets)
             self.tracker.committed(offsets)
 
-
-def _records(outputs: list[Output]) -> list[tuple[str, Event, str]]:
-    """(topic, event, key) of each record the outputs make, in order."""
-    records: list[tuple[str, Event, str]] = []
-    for output in outputs:
-        match output:
-            case Deliver():
-                records.append((output.reply_to, output.event, output.conversation_id))
-                if output.store:
-                    records.append((topics.ANSWERS, output.event, output.conversation_id))
-            case Cancel():
-                records.append((topics.CONTROL, output, output.request_id))
-            case ModerationEvent():
-                log.info("retracting %s: %s", output.message_id, output.reason)
-                RETRACTIONS.labels(output.category).inc()
-                records.append((topics.MODERATION, output, output.conversation_id))
-    return records

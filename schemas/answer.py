@@ -24,6 +24,8 @@ is open; they never move `next_seq`.
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterable
+
 from schemas.events import (
     AnswerStarted,
     AttemptStarted,
@@ -90,19 +92,42 @@ class AnswerLog:
 
 
 class AnswerText:
-    """The answer's text as its delivery events build it: deltas add to it, and a
-    retraction replaces all of it with the policy's replacement."""
+    """The answer's text as its delivery events build it, under the one answer rule
+    (`AnswerLog`): deltas add to it, and a retraction replaces all of it, text already
+    taken included, with the policy's replacement. Wherever an answer is collected
+    (a stored answer, a whole completion, a background or judge generation), this
+    is the text."""
+
+    __slots__ = ("_parts", "log", "retracted")
 
     def __init__(self) -> None:
+        self.log = AnswerLog()
         self._parts: list[str] = []
         self.retracted = False
 
-    def add(self, event: Event) -> None:
+    @property
+    def end(self) -> Terminal | None:
+        """The terminal event taken, once the answer has ended."""
+        return self.log.end
+
+    def add(self, event: Event) -> bool:
+        """Take one event; False if the rule drops it."""
+        if not self.log.take(event):
+            return False
         match event:
             case Delta() if not self.retracted:
                 self._parts.append(event.text)
             case Retract():
                 self.retracted, self._parts = True, [event.replacement]
+        return True
+
+    async def read(self, events: AsyncIterable[Event]) -> AnswerText:
+        """Take `events` until the answer ends (or they stop coming); returns self."""
+        async for event in events:
+            self.add(event)
+            if self.log.ended:
+                break
+        return self
 
     def __str__(self) -> str:
         return "".join(self._parts)

@@ -12,10 +12,9 @@ import pytest
 from aiokafka.structs import ConsumerRecord
 from starlette.background import BackgroundTask
 
+from bus.request_reply import Inbox, decoded_batch
 from gateway.event_stream import EventStreamResponse
 from gateway.generation import Generation, StreamTimers, _StallTimer, merged_deltas
-from gateway.pipeline import Inbox
-from gateway.relay import _decoded
 from schemas import sse
 from schemas.events import DeliveryDone, DeliveryError, Delta, Queued, Reroute, Usage
 from schemas.lifecycle import RequestStatus
@@ -55,11 +54,11 @@ def record(value: bytes | None, offset: int = 0) -> ConsumerRecord:
 def test_a_fetched_batch_is_decoded_in_one_step_unless_a_record_is_bad():
     good = [record(orjson.dumps(delta("a", 0).model_dump())),
             record(Reroute(request_id="r", reply_to="chat.deliver.b").model_dump_json().encode())]
-    assert [type(e) for e in _decoded(good) or []] == [Delta, Reroute]
-    assert _decoded([*good, record(b"not json")]) is None
-    assert _decoded([*good, record(None)]) is None
+    assert [type(e) for e in decoded_batch(good) or []] == [Delta, Reroute]
+    assert decoded_batch([*good, record(b"not json")]) is None
+    assert decoded_batch([*good, record(None)]) is None
     two_in_one = b",".join(r.value for r in good)  # valid as two array items, not as one
-    assert _decoded([record(two_in_one)]) is None
+    assert decoded_batch([record(two_in_one)]) is None
 
 
 class NeverEnds:

@@ -19,10 +19,9 @@ from bus.produce_failures import (
     RetryingPublisher,
     produce_failure,
 )
-from safety.core import Deliver
 from scheduler.journal import unserved_end
 from schemas.events import DeliveryError, GenerationError, GenerationRequest
-from tests.unit.test_safety import chunk_of, core_with, run
+from tests.unit.test_safety import chunk_of, feed, record, stage_with, to_gateway
 from workers.failures import ENGINE_ERROR, ENGINE_ERROR_MESSAGE, client_error
 
 BUS = ProduceFailure.BUS
@@ -173,12 +172,12 @@ def test_the_scheduler_ends_a_refused_request_pipeline_rejected():
     assert end.message == produce_failures.PIPELINE_REJECTED_MESSAGE
 
 
-def test_safety_ends_a_refused_stream_pipeline_rejected_without_the_cause():
-    core = core_with()
-    run(core, [chunk_of(0, "a")])
-    cause = "RecordRejected: chat.deliver.x: MessageSizeTooLargeError: 9000000 bytes"
-    outputs = core.fail(chunk_of(1, "b"), cause, PIPELINE_REJECTED)
-    [end] = [o.event for o in outputs if isinstance(o, Deliver)]
+async def test_safety_ends_a_refused_stream_pipeline_rejected_without_the_cause():
+    stage, out = stage_with()
+    await feed(stage, ["a"], done=False)
+    cause = RecordRejected("chat.deliver.x", errors.MessageSizeTooLargeError("9000000 bytes"))
+    await stage._on_failure(record(chunk_of(1, "b"), 1), cause)
+    [end] = [e for e in to_gateway(out) if isinstance(e, DeliveryError)]
     assert isinstance(end, DeliveryError) and end.code == PIPELINE_REJECTED
     assert "9000000" not in end.message and "MessageSizeTooLarge" not in end.message
 

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import numpy as np
 import pytest
 from aiokafka.structs import ConsumerRecord
 
+from bus.request_reply import DeliveryStream
 from moderation.classifiers import (
     EmbeddingClassifier,
     RuleClassifier,
@@ -15,7 +18,8 @@ from moderation.classifiers import (
     luhn_valid,
 )
 from moderation.policy import SafetyPolicy
-from safety.core import Check, Deliver, SafetyCore
+from safety.core import Check, Deliver, SafetyConfig, SafetyCore
+from safety.judge import judge_ask
 from safety.output_gate import OutputGate
 from safety.stage import SafetyStage
 from schemas import topics
@@ -23,10 +27,12 @@ from schemas.codec import encode
 from schemas.events import (
     AttemptStarted,
     Cancel,
+    DeliverEvent,
     DeliveryDone,
     DeliveryError,
     Delta,
     GenerationDone,
+    GenerationRequest,
     ModerationEvent,
     Retract,
     TokenChunk,
@@ -126,6 +132,60 @@ def test_judge_answers(answer, expected):
     assert (verdict.category if verdict else None) == expected
 
 
+class AnsweringClient:
+    """The request/reply client's interface, its answers' delivery events already there."""
+
+    reply_to = "chat.deliver.safety-gw"
+
+    def __init__(self, *events: DeliverEvent) -> None:
+        self.events = events
+        self.requests: list[GenerationRequest] = []
+        self.forgotten: list[str] = []
+
+    async def submit(self, request: GenerationRequest) -> DeliveryStream:
+        self.requests.append(request)
+        stream = DeliveryStream(self, request.request_id)  # type: ignore[arg-type]
+        for event in self.events:
+            stream.put(event.model_copy(update={"request_id": request.request_id}))
+        return stream
+
+    def forget(self, request_id: str) -> None:
+        self.forgotten.append(request_id)
+
+
+def done_at(seq: int) -> DeliveryDone:
+    return DeliveryDone(request_id="-", seq=seq, status=RequestStatus.FINISHED_STOPPED,
+                        usage=Usage())
+
+
+async def test_the_judges_answer_drops_retracted_text():
+    client = AnsweringClient(
+        Delta(request_id="-", seq=0, text="unsafe "),
+        Retract(request_id="-", seq=1, message_id="m", reason="pii", replacement="[removed]"),
+        Delta(request_id="-", seq=2, text="weapons"), done_at(3))
+    async with asyncio.timeout(5):
+        answer = await judge_ask(client, "judge-model")("is this safe?")
+    assert answer == "[removed]" and judge_verdict(answer, ["weapons"]) is None
+    [request] = client.requests
+    assert request.tier == "free" and request.reply_to == client.reply_to
+    assert client.forgotten == [request.request_id], "the stream is closed"
+
+
+async def test_the_judge_takes_each_position_once_and_stops_at_the_end():
+    client = AnsweringClient(Delta(request_id="-", seq=0, text="unsafe "),
+                             Delta(request_id="-", seq=0, text="unsafe "),
+                             Delta(request_id="-", seq=1, text="weapons"), done_at(2))
+    async with asyncio.timeout(5):
+        assert await judge_ask(client, "judge-model")("?") == "unsafe weapons"
+
+
+async def test_a_judge_generation_that_fails_raises():
+    client = AnsweringClient(DeliveryError(request_id="-", seq=0, code="engine_error",
+                                           message="x"))
+    with pytest.raises(RuntimeError, match="engine_error"):
+        await judge_ask(client, "judge-model")("?")
+
+
 async def test_first_verdict_stops_at_first_hit():
     calls = []
 
@@ -166,8 +226,8 @@ def record(event, offset: int) -> ConsumerRecord:
 
 def stage_with(window: int = 0) -> tuple[SafetyStage, RecordingPublisher]:
     rules = RuleClassifier({}, pii=["email"])
-    stage = SafetyStage(kafka=None, policy=SafetyPolicy(output={"*": [rules]},
-                                                       window_chars=window, overlap_chars=16))
+    stage = SafetyStage(kafka=None, policy=SafetyPolicy(output={"*": [rules]}),
+                        config=SafetyConfig(window_chars=window, overlap_chars=16))
     stage.publisher = RecordingPublisher()
     return stage, stage.publisher
 
@@ -233,8 +293,8 @@ async def test_duplicates_are_dropped():
 
 
 def core_with(window: int = 0, idle_timeout_s: float = 10.0) -> SafetyCore:
-    policy = SafetyPolicy(window_chars=window, overlap_chars=16)
-    return SafetyCore(policy.gate, policy.replacement, idle_timeout_s)
+    return SafetyCore(SafetyConfig(window_chars=window, overlap_chars=16,
+                                   idle_timeout_s=idle_timeout_s))
 
 
 def run(core: SafetyCore, events: list[object], now: float = 0.0) -> list[object]:
@@ -294,7 +354,7 @@ def test_an_idle_generation_expires_and_frees_the_commit_floor():
 def test_a_failure_ends_the_stream_and_stops_the_generation():
     core = core_with()
     run(core, [chunk_of(0, "a")])
-    outputs = core.fail(chunk_of(1, "b"), "boom")
+    outputs = core.fail(chunk_of(1, "b"))
     assert any(isinstance(o, Cancel) for o in outputs)
     [end] = [o.event for o in outputs if isinstance(o, Deliver)]
     assert isinstance(end, DeliveryError) and end.code == "safety_error" and end.seq == 2

@@ -1,0 +1,236 @@
+"""Asking the pipeline over Kafka: submit a `GenerationRequest` to its tier's topic and
+read what comes back on this process's own delivery topic (DESIGN §7).
+
+Each client owns a fresh `chat.deliver.<client_id>` topic and reads all its partitions
+from offset 0 with `assign()` (no consumer group, no rebalance; the embedded broker
+cannot seek to the end). Events are routed to the open stream of their request; the
+reader applies the one answer rule (duplicates, fenced attempts). Heartbeats on
+`chat.control` say the client is alive: the scheduler cancels the streams of one that
+went silent. A gateway asks this way for its users, the safety judge for itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Callable, Mapping
+from typing import Generic, TypeVar
+
+from aiokafka.structs import ConsumerRecord, TopicPartition
+from pydantic import TypeAdapter
+
+from bus.clients import KafkaConfig, Publisher
+from bus.subscriber import decode_record, failed
+from bus.topics import create_topics
+from ops import tracing
+from ops.metrics import watch_lag
+from schemas import topics
+from schemas.codec import GATEWAY_EVENT
+from schemas.events import (
+    Cancel,
+    DeliverEvent,
+    Event,
+    GatewayEvent,
+    GatewayHeartbeat,
+    GenerationRequest,
+    Reroute,
+)
+
+log = logging.getLogger(__name__)
+
+E = TypeVar("E", bound=Event)
+RecordHandler = Callable[[ConsumerRecord], None]
+
+
+class Inbox(Generic[E]):
+    """Where a reader puts one stream's events and its relay takes them: all that have
+    arrived at once, so a relay that falls behind catches up in one step, not one
+    wake-up per event."""
+
+    __slots__ = ("_events", "_waiter")
+
+    def __init__(self) -> None:
+        self._events: list[E] = []
+        self._waiter: asyncio.Future[None] | None = None
+
+    def put(self, event: E) -> None:
+        self._events.append(event)
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    async def take(self) -> list[E]:
+        while not self._events:
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        events, self._events = self._events, []
+        return events
+
+    async def __aiter__(self) -> AsyncIterator[E]:
+        while True:
+            for event in await self.take():
+                yield event
+
+
+class DeliveryStream(Inbox[DeliverEvent]):
+    """Delivery events of one request as they arrive on the client's topic."""
+
+    def __init__(self, client: RequestReplyClient, request_id: str) -> None:
+        super().__init__()
+        self._client = client
+        self.request_id = request_id
+
+    async def aclose(self) -> None:
+        self._client.forget(self.request_id)
+
+
+class RequestReplyClient:
+    """Requests out, their deliveries back; `async with` starts and stops it.
+
+    `also_read`: more partitions its one consumer reads, each record handed to its
+    handler (a failing record is dead-lettered). `on_reroute(request_id)`: another
+    reader relays that stream now (a `Reroute` on the delivery topic)."""
+
+    def __init__(self, kafka: KafkaConfig, client_id: str, partitions: int = 4,
+                 heartbeat_interval_s: float = 1.0, *, stage: str = "gateway",
+                 also_read: Mapping[TopicPartition, RecordHandler] | None = None,
+                 on_reroute: Callable[[str], None] | None = None) -> None:
+        self.kafka = kafka
+        self.client_id = client_id
+        self.partitions = partitions
+        self.heartbeat_interval_s = heartbeat_interval_s
+        self.stage = stage
+        self._also_read = dict(also_read or {})
+        self._on_reroute = on_reroute
+        self._streams: dict[str, DeliveryStream] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+
+    @property
+    def reply_to(self) -> str:
+        return topics.deliver_topic(self.client_id)
+
+    @property
+    def open_streams(self) -> int:
+        return len(self._streams)
+
+    async def start(self) -> None:
+        await create_topics(self.kafka, {self.reply_to: self.partitions})
+        self._producer = self.kafka.producer()
+        await self._producer.start()
+        self.publisher = Publisher(self._producer)
+        self._consumer = self.kafka.consumer()
+        # A client with open streams keeps fetching often even while a request queues.
+        self._consumer.busy_while(lambda: bool(self._streams))
+        await self._consumer.start()
+        self._consumer.assign([TopicPartition(self.reply_to, p) for p in range(self.partitions)]
+                              + list(self._also_read))
+        self._tasks = [asyncio.create_task(self._read(), name=f"{self.stage}-delivery"),
+                       asyncio.create_task(self._beat(), name=f"{self.stage}-heartbeats")]
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._consumer.stop()
+        await self._producer.stop()
+
+    async def __aenter__(self) -> RequestReplyClient:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.stop()
+
+    async def submit(self, request: GenerationRequest) -> DeliveryStream:
+        """Queue `request`; its stream is registered before the request is sent."""
+        stream = DeliveryStream(self, request.request_id)
+        self._streams[request.request_id] = stream
+        try:
+            await self.publisher.send_and_wait(
+                topics.requests_topic(request.tier), request, key=request.conversation_id
+            )
+        except BaseException:
+            self.forget(request.request_id)
+            raise
+        return stream
+
+    async def cancel(self, request_id: str, reason: str = "client_disconnected",
+                     held_by: str | None = None) -> None:
+        """Publish a cancel; with `held_by`, one the scheduler passes on only while that
+        delivery topic still relays the stream (nobody resumed it elsewhere)."""
+        await self.publisher.send_and_wait(
+            topics.CONTROL, Cancel(request_id=request_id, reason=reason, held_by=held_by),
+            key=request_id)
+
+    def forget(self, request_id: str) -> None:
+        self._streams.pop(request_id, None)
+
+    def rewind(self) -> None:
+        """The broker lost every record (an embedded broker restarted): read every
+        partition again from its new start."""
+        for tp in self._consumer.assignment():
+            self._consumer.seek(tp, 0)
+
+    async def _beat(self) -> None:
+        heartbeat = GatewayHeartbeat(gateway_id=self.client_id, reply_to=self.reply_to)
+        while True:
+            try:
+                await self.publisher.send(topics.CONTROL, heartbeat.model_copy(
+                    update={"sent_at": time.time()}), key=self.reply_to)
+            except Exception:
+                log.warning("%s heartbeat failed", self.stage, exc_info=True)
+            await asyncio.sleep(self.heartbeat_interval_s)
+
+    async def _read(self) -> None:
+        """A fetch at a time, each partition's records decoded in one step; a record
+        that fails is dead-lettered and the rest go on."""
+        watch_lag(self._consumer, self.stage)
+        while True:
+            batch = await self._consumer.getmany(timeout_ms=100, max_records=10_000)
+            for tp, records in batch.items():
+                handler = self._also_read.get(tp)
+                if handler is not None:
+                    await self._each(records, handler)
+                    continue
+                events = decoded_batch(records)
+                if events is None:
+                    await self._each(records, self._route)
+                    continue
+                tracing.consumed(self.stage, records, events)
+                for event in events:
+                    self._deliver(event)
+
+    async def _each(self, records: list[ConsumerRecord], handle: RecordHandler) -> None:
+        for record in records:
+            try:
+                handle(record)
+            except Exception as exc:  # noqa: BLE001 - any failure is dead-lettered
+                await failed(self.stage, self.publisher, record, exc)
+
+    def _route(self, record: ConsumerRecord) -> None:
+        self._deliver(decode_record(GATEWAY_EVENT, record))
+
+    def _deliver(self, event: Event) -> None:
+        if isinstance(event, Reroute):
+            if self._on_reroute is not None:
+                self._on_reroute(event.request_id)
+            return
+        stream = self._streams.get(event.request_id)
+        if stream is not None:
+            stream.put(event)
+
+
+GATEWAY_EVENTS = TypeAdapter(list[GatewayEvent])
+
+
+def decoded_batch(records: list[ConsumerRecord]) -> list[Event] | None:
+    """The events of `records` validated in one call (what a client does per token chunk,
+    so per record costs count); None if any record is not a delivery event."""
+    try:
+        events = GATEWAY_EVENTS.validate_json(b"[" + b",".join(r.value for r in records) + b"]")
+    except (TypeError, ValueError):
+        return None
+    return events if len(events) == len(records) else None  # one record, one event
