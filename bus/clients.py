@@ -1,4 +1,4 @@
-"""Kafka clients built from settings, and the event publisher every stage uses."""
+"""Kafka clients built from one connection value, and the event publisher every stage uses."""
 
 from __future__ import annotations
 
@@ -15,14 +15,14 @@ from aiokafka.partitioner import DefaultPartitioner, murmur2
 from aiokafka.structs import RecordMetadata
 
 from bus.fetch_pace import FetchPace, PacedConsumer
-from chatpipe.settings import Settings
 from schemas.codec import encode, headers
 from schemas.events import Event
 
 
 @dataclass(frozen=True)
 class KafkaConfig:
-    """Connection and client tuning shared by every client of one process."""
+    """Connection and client tuning shared by every client of one process (built from
+    the settings in `chatpipe.wiring.kafka_from_settings`)."""
 
     bootstrap_servers: str
     compression: str | None = "lz4"
@@ -48,27 +48,6 @@ class KafkaConfig:
                 self.sasl_username and self.sasl_password):
             raise ValueError(f"{self.security_protocol} needs CHATPIPE_KAFKA_SASL_USERNAME and "
                              "CHATPIPE_KAFKA_SASL_PASSWORD (this stage's Kafka credential)")
-
-    @classmethod
-    def from_settings(cls, settings: Settings, bootstrap_servers: str) -> KafkaConfig:
-        password = settings.kafka_sasl_password
-        return cls(
-            bootstrap_servers=bootstrap_servers,
-            compression=None if settings.kafka_compression == "none" else settings.kafka_compression,
-            idempotence=settings.kafka_idempotence,
-            session_timeout_ms=settings.kafka_session_timeout_ms,
-            heartbeat_interval_ms=settings.kafka_heartbeat_interval_ms,
-            fetch_max_wait_ms=settings.kafka_fetch_max_wait_ms,
-            bulk_fetch_max_wait_ms=settings.kafka_bulk_fetch_max_wait_ms,
-            idle_fetch_wait_ms=settings.kafka_idle_fetch_wait_ms,
-            idle_after_s=settings.kafka_idle_after_s,
-            linger_ms=settings.kafka_linger_ms,
-            security_protocol=settings.kafka_security_protocol,
-            sasl_mechanism=settings.kafka_sasl_mechanism,
-            sasl_username=settings.kafka_sasl_username,
-            sasl_password=password.get_secret_value() if password is not None else None,
-            ssl_cafile=str(settings.kafka_ssl_cafile) if settings.kafka_ssl_cafile else None,
-        )
 
     def connection(self) -> dict[str, Any]:
         """aiokafka's keywords for reaching the broker, the same for every producer,

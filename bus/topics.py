@@ -3,23 +3,33 @@
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 from aiokafka.admin import NewTopic
 from aiokafka.errors import TopicAlreadyExistsError
 
 from bus.clients import KafkaConfig, kafka_config
-from chatpipe.settings import Settings
 from schemas import topics
 
 log = logging.getLogger(__name__)
 
 
-def topic_partitions(settings: Settings) -> dict[str, int]:
-    """Partition count of every shared topic."""
-    counts = {name: settings.topic_partitions for name in topics.shared_topics()}
-    counts[topics.WORK] = settings.work_partitions
-    counts[topics.SCHEDULER] = 1  # one writer; readers want its newest status
-    return counts
+@dataclass(frozen=True)
+class TopicLayout:
+    """How the shared topics are made: partitions and replication."""
+
+    topic_partitions: int = 2
+    """Of each shared topic but chat.work."""
+    work_partitions: int = 4
+    """Of chat.work: at most this many workers."""
+    replication_factor: int = 1
+
+    def partitions(self) -> dict[str, int]:
+        """Partition count of every shared topic."""
+        counts = {name: self.topic_partitions for name in topics.shared_topics()}
+        counts[topics.WORK] = self.work_partitions
+        counts[topics.SCHEDULER] = 1  # one writer; readers want its newest status
+        return counts
 
 
 async def create_topics(
@@ -45,10 +55,7 @@ async def create_topics(
         await admin.close()
 
 
-async def ensure_topics(kafka: KafkaConfig | str, settings: Settings) -> list[str]:
-    """The shared topics; a bare address gets this process's credential from `settings`."""
-    if isinstance(kafka, str):
-        kafka = KafkaConfig.from_settings(settings, kafka)
-    return await create_topics(
-        kafka, topic_partitions(settings), settings.kafka_replication_factor
-    )
+async def ensure_topics(kafka: KafkaConfig | str, layout: TopicLayout = TopicLayout(),
+                        ) -> list[str]:
+    """The shared topics, laid out as `layout` says; returns the names created."""
+    return await create_topics(kafka, layout.partitions(), layout.replication_factor)

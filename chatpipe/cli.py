@@ -118,11 +118,13 @@ def show_settings() -> None:
 def topics_create() -> None:
     """Create every shared topic (idempotent)."""
     from bus.topics import ensure_topics
+    from chatpipe.wiring import kafka_from_settings, topic_layout
 
     settings = Settings()
     if not settings.kafka_bootstrap_servers:
         raise typer.BadParameter("set KAFKA_BOOTSTRAP_SERVERS")
-    created = asyncio.run(ensure_topics(settings.kafka_bootstrap_servers, settings))
+    kafka = kafka_from_settings(settings, settings.kafka_bootstrap_servers)
+    created = asyncio.run(ensure_topics(kafka, topic_layout(settings)))
     typer.echo(f"created: {', '.join(created) or 'nothing (all exist)'}")
 
 

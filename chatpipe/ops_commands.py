@@ -24,17 +24,18 @@ def operator_kafka(settings: Settings) -> Any:
     """KAFKA_BOOTSTRAP_SERVERS with this process's credential, or a running `chatpipe up`'s
     broker; exits with the reason when there is neither."""
     from bus.clients import KafkaConfig
+    from chatpipe.wiring import kafka_from_settings
     from ops.runtime_file import NoRunningStack, running_stack_info
 
     if settings.kafka_bootstrap_servers:
-        return KafkaConfig.from_settings(settings, settings.kafka_bootstrap_servers)
+        return kafka_from_settings(settings, settings.kafka_bootstrap_servers)
     try:
         info = running_stack_info(settings.database_path)
     except NoRunningStack as exc:
         _fail(str(exc))
     if info.embedded_broker:
         return KafkaConfig(bootstrap_servers=info.bootstrap_servers)
-    return KafkaConfig.from_settings(settings, info.bootstrap_servers)
+    return kafka_from_settings(settings, info.bootstrap_servers)
 
 
 def _fail(message: str) -> Any:

@@ -25,14 +25,13 @@ written before its key row, so a key never lists without an id to revoke it by;
 should a writer die in between, the id row points at no key and the key was not
 added (adding it again completes it).
 
-Create the schema with `python -m conversations.cassandra_store create-schema`
-(reads the CHATPIPE_ settings), or let `open()` do it (`create_schema=True`).
+Create the schema with `chatpipe store create-schema` (`create_schema` here), or let
+`open()` do it (`create_schema=True`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import sys
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import astuple, replace
@@ -412,23 +411,3 @@ async def create_schema(hosts: list[str], keyspace: str, replication_factor: int
     )
     await session.close()
 
-
-def main(argv: list[str]) -> int:
-    """`python -m conversations.cassandra_store create-schema`, from the CHATPIPE_ settings."""
-    from chatpipe.settings import Settings
-
-    if argv != ["create-schema"]:
-        print("usage: python -m conversations.cassandra_store create-schema", file=sys.stderr)
-        return 2
-    settings = Settings()
-    if not settings.cassandra_hosts:
-        print("set CHATPIPE_CASSANDRA_HOSTS (a JSON list)", file=sys.stderr)
-        return 2
-    asyncio.run(create_schema(settings.cassandra_hosts, settings.cassandra_keyspace,
-                              settings.cassandra_replication_factor))  # fmt: skip
-    print(f"schema ready in keyspace {settings.cassandra_keyspace}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

@@ -43,8 +43,6 @@ if TYPE_CHECKING:
     from opentelemetry.sdk.trace import SpanProcessor
     from opentelemetry.sdk.trace.export import SpanExporter
 
-    from chatpipe.settings import Settings
-
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
@@ -88,24 +86,24 @@ _state: _Tracing | None = None
 _NO_OP_TRACER = trace.NoOpTracer()
 
 
-def setup_tracing(settings: Settings, exporter: SpanExporter | None = None) -> bool:
+def setup_tracing(otlp_endpoint: str | None, exporter: SpanExporter | None = None) -> bool:
     """Start tracing this process: spans go to `exporter`, else by OTLP/HTTP to
-    `settings.otlp_endpoint` (OTEL_EXPORTER_OTLP_ENDPOINT) + `/v1/traces`. Neither: tracing
+    `otlp_endpoint` (OTEL_EXPORTER_OTLP_ENDPOINT) + `/v1/traces`. Neither: tracing
     stays off and costs nothing. Returns whether it is on. The SDK still reads its own
     tuning variables (OTEL_EXPORTER_OTLP_HEADERS, OTEL_EXPORTER_OTLP_TIMEOUT, OTEL_BSP_*,
     OTEL_TRACES_SAMPLER, OTEL_RESOURCE_ATTRIBUTES)."""
     global _state
-    if exporter is None and settings.otlp_endpoint:
+    if exporter is None and otlp_endpoint:
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
-        exporter = OTLPSpanExporter(endpoint=settings.otlp_endpoint.rstrip("/") + "/v1/traces")
+        exporter = OTLPSpanExporter(endpoint=otlp_endpoint.rstrip("/") + "/v1/traces")
     if exporter is None:
         return False
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
     shutdown_tracing()
     _state = _Tracing(BatchSpanProcessor(exporter))
-    log.info("tracing on: spans to %s", settings.otlp_endpoint or type(exporter).__name__)
+    log.info("tracing on: spans to %s", otlp_endpoint or type(exporter).__name__)
     return True
 
 

@@ -28,7 +28,7 @@ async def traced_stack(tmp_path) -> AsyncIterator[tuple[Stack, InMemorySpanExpor
     exporter = InMemorySpanExporter()
     settings = stack_settings(tmp_path, engine="sim", sim_tokens_per_s=200.0,
                               auto_titles=False)
-    assert tracing.setup_tracing(settings, exporter)  # before the stack starts
+    assert tracing.setup_tracing(settings.otlp_endpoint, exporter)  # before the stack starts
     try:
         async with running_sim_stack(settings) as stack:
             yield stack, exporter

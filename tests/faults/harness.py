@@ -36,8 +36,8 @@ import orjson
 
 from bus.broker import EmbeddedBroker, free_port
 from bus.clients import KafkaConfig, Publisher
-from bus.topics import ensure_topics
-from chatpipe.settings import DEFAULT_MODEL_DIR, Settings
+from bus.topics import TopicLayout, ensure_topics
+from chatpipe.settings import DEFAULT_MODEL_DIR
 from schemas import topics
 from schemas.events import Event, WorkerHeartbeat
 from tests.support import find_events
@@ -236,9 +236,9 @@ def prints_logs_on_failure(test: Callable[..., Awaitable[None]]) -> Callable[...
 async def running_pipeline(tmp_path: Path, **settings: object) -> AsyncIterator[Pipeline]:
     """A fresh broker with every topic created; stages are started by the test."""
     async with EmbeddedBroker() as broker:
-        topic_settings = Settings(**{k: v for k, v in settings.items()
-                                     if k in ("topic_partitions", "work_partitions")})
-        await ensure_topics(broker.bootstrap_servers, topic_settings)
+        layout = TopicLayout(**{k: v for k, v in settings.items()
+                                if k in ("topic_partitions", "work_partitions")})
+        await ensure_topics(broker.bootstrap_servers, layout)
         pipeline = Pipeline(tmp_path, broker, settings)
         try:
             yield pipeline

@@ -18,7 +18,6 @@ from aiokafka import AIOKafkaProducer
 from bus.broker import EmbeddedBroker
 from bus.produce_failures import RecordRejected, RetryingPublisher
 from bus.topics import ensure_topics
-from chatpipe.settings import Settings
 from schemas import topics
 from schemas.events import Cancel
 
@@ -31,7 +30,7 @@ FROZEN_S = 5.0
 @pytest_asyncio.fixture
 async def broker() -> AsyncIterator[EmbeddedBroker]:
     async with EmbeddedBroker() as broker:
-        await ensure_topics(broker.bootstrap_servers, Settings(kafka_bootstrap_servers=None))
+        await ensure_topics(broker.bootstrap_servers)
         yield broker
 
 

@@ -20,7 +20,6 @@ from bus.broker import EmbeddedBroker
 from bus.clients import KafkaConfig, Publisher
 from bus.produce_failures import PIPELINE_REJECTED, PIPELINE_REJECTED_MESSAGE
 from bus.topics import ensure_topics
-from chatpipe.settings import Settings
 from schemas import topics
 from schemas.codec import TOKEN_EVENT
 from schemas.events import (
@@ -60,7 +59,7 @@ class SmallRecords(KafkaConfig):
 @pytest_asyncio.fixture(scope="module")
 async def broker() -> AsyncIterator[EmbeddedBroker]:
     async with EmbeddedBroker() as broker:
-        await ensure_topics(broker.bootstrap_servers, Settings(kafka_bootstrap_servers=None))
+        await ensure_topics(broker.bootstrap_servers)
         yield broker
 
 

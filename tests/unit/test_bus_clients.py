@@ -11,6 +11,7 @@ from aiokafka.partitioner import DefaultPartitioner
 
 from bus.clients import KafkaConfig, kafka_config, keyed_partition
 from chatpipe.settings import Settings
+from chatpipe.wiring import kafka_from_settings
 
 
 def test_keyed_partition_places_keys_as_kafkas_default_partitioner():
@@ -39,7 +40,7 @@ SASL_ENV = {"KAFKA_BOOTSTRAP_SERVERS": "kafka:9092",
 def sasl_config(monkeypatch, **env: str) -> KafkaConfig:
     for name, value in {**SASL_ENV, **env}.items():
         monkeypatch.setenv(name, value)
-    return KafkaConfig.from_settings(Settings(), "kafka:9092")
+    return kafka_from_settings(Settings(), "kafka:9092")
 
 
 def test_settings_carry_the_sasl_credential_to_the_connection(monkeypatch):
@@ -72,7 +73,7 @@ def test_sasl_without_a_password_refuses_to_start(monkeypatch):
         if name != "CHATPIPE_KAFKA_SASL_PASSWORD":
             monkeypatch.setenv(name, value)
     with pytest.raises(ValueError, match="CHATPIPE_KAFKA_SASL_PASSWORD"):
-        KafkaConfig.from_settings(Settings(), "kafka:9092")
+        kafka_from_settings(Settings(), "kafka:9092")
 
 
 def _client_settings(client) -> tuple[str, str | None, str | None]:

@@ -36,7 +36,7 @@ CALLER = f"00-{CALLER_TRACE:032x}-{CALLER_SPAN:016x}-01"
 @pytest.fixture
 def spans() -> Iterator[InMemorySpanExporter]:
     exporter = InMemorySpanExporter()
-    assert tracing.setup_tracing(Settings(), exporter)
+    assert tracing.setup_tracing(None, exporter)
     try:
         yield exporter
     finally:
@@ -71,7 +71,7 @@ def test_off_no_headers_no_spans_no_wrapping(monkeypatch):
     monkeypatch.delenv("OTEL_EXPORTER_OTLP_ENDPOINT", raising=False)
     monkeypatch.delenv("CHATPIPE_OTLP_ENDPOINT", raising=False)
     assert not tracing.enabled()
-    assert not tracing.setup_tracing(Settings())  # no endpoint, no exporter: stays off
+    assert not tracing.setup_tracing(Settings().otlp_endpoint)  # no endpoint, no exporter: stays off
     event = Cancel(request_id="r1")
     with trace.get_tracer("t").start_as_current_span("x"):  # even inside someone's span
         assert [name for name, _ in codec.headers(event)] == ["event-type", "schema-version"]
@@ -305,7 +305,7 @@ def test_spans_are_posted_to_the_otlp_endpoint(monkeypatch):
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{server.server_port}")
-        assert tracing.setup_tracing(Settings())
+        assert tracing.setup_tracing(Settings().otlp_endpoint)
         with tracing.tracer("scheduler").start_as_current_span("chat.requests.pro process"):
             pass
         tracing.shutdown_tracing()  # exports what is buffered
