@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import uuid
 from collections.abc import Coroutine
 from contextlib import aclosing
 from typing import TYPE_CHECKING, Any
@@ -28,11 +27,10 @@ from schemas.answer import AnswerText
 from schemas.events import (
     ChatMessage,
     DeliveryDone,
-    DeliveryError,
     GenerationRequest,
     SamplingOptions,
-    now,
 )
+from schemas.generation import generation_request
 from schemas.topics import Tier
 
 if TYPE_CHECKING:
@@ -126,20 +124,12 @@ def own_request(
     messages: tuple[ChatMessage, ...], max_tokens: int,
 ) -> GenerationRequest:  # fmt: skip
     """A lowest-priority, unstored request about `owner`'s conversation."""
-    return GenerationRequest(
-        request_id=uuid.uuid4().hex,
-        conversation_id=conversation_id,
-        message_id=uuid.uuid4().hex,
-        user_id=BACKGROUND_ACCOUNT,
-        org_id=BACKGROUND_ACCOUNT,
-        tier=Tier.FREE,
-        model=model,
-        messages=messages,
+    return generation_request(
+        user_id=BACKGROUND_ACCOUNT, org_id=BACKGROUND_ACCOUNT, tier=Tier.FREE,
+        cache_salt=owner.org_id, model=model, messages=messages,
         sampling=SamplingOptions(max_tokens=max_tokens, temperature=JOB_TEMPERATURE),
-        reply_to=deps.pipeline.reply_to,
-        deadline=now() + deps.settings.request_timeout_s,
-        cache_salt=owner.org_id,
-        store=False,
+        reply_to=deps.pipeline.reply_to, timeout_s=deps.settings.request_timeout_s,
+        conversation_id=conversation_id,
     )
 
 
@@ -155,13 +145,9 @@ async def generate_text(deps: GatewayDeps, request: GenerationRequest) -> str | 
     except ApiError:
         log.warning("background request %s not queued (too large for the bus, or the bus refused it)", request.request_id)
         return None
-    text = AnswerText()
     async with aclosing(generation.events()) as events:
-        async for event in events:
-            text.add(event)
-            match event:
-                case DeliveryDone() if event.status.is_answered:
-                    return str(text)
-                case DeliveryDone() | DeliveryError():
-                    return None
+        answer = await AnswerText().read(events)
+    match answer.end:
+        case DeliveryDone(status=status) if status.is_answered:
+            return str(answer)
     return None
