@@ -18,7 +18,6 @@ the newest branch until the user selects another.
 
 from __future__ import annotations
 
-import uuid
 from dataclasses import dataclass
 
 import anyio
@@ -37,6 +36,7 @@ from conversations.tree import ConversationTree
 from gateway.admission import admit, charge_rest, check_input
 from gateway.background import start_summary
 from gateway.context import BuiltContext
+from gateway.core import owner_request
 from gateway.deps import GatewayDeps
 from gateway.errors import ApiError
 from gateway.generation import Generation, OnEnd, StreamTimers, start_generation, unavailable
@@ -46,6 +46,7 @@ from gateway.stream_relay import StreamRelay
 from gateway.summaries import fallback_title
 from schemas.api import PostMessage, TurnOptions
 from schemas.events import GenerationRequest, Role, SamplingOptions, now
+from schemas.generation import new_id
 from schemas.lifecycle import RequestStatus
 
 
@@ -182,7 +183,7 @@ async def _new_user_turn(
     cid = conversation.conversation_id
     built = await _build(deps, cid, thread, content, model, sampling)
     await charge_rest(deps, owner, charged, admission_tokens(built.messages, sampling.max_tokens))
-    user_message_id = _new_id()
+    user_message_id = new_id()
     request = _request(deps, owner, conversation, user_message_id, model, sampling, built)
     # Before the message is stored: a refused turn leaves no unanswered message behind.
     check_bus_size(deps.settings, request)
@@ -246,22 +247,11 @@ def _request(
     deps: GatewayDeps, owner: ApiKey, conversation: Conversation, question_id: str,
     model: str, sampling: SamplingOptions, built: BuiltContext,
 ) -> GenerationRequest:  # fmt: skip
-    return GenerationRequest(
-        request_id=_new_id(),
-        conversation_id=conversation.conversation_id,
-        message_id=_new_id(),
-        parent_id=question_id,
-        user_id=owner.user_id,
-        org_id=owner.org_id,
-        tier=owner.tier,
-        model=model,
-        messages=built.messages,
-        sampling=sampling,
-        reply_to=deps.pipeline.reply_to,
-        deadline=now() + deps.settings.request_timeout_s,
-        cache_salt=owner.org_id,
-        store=True,
-    )
+    return owner_request(owner, model=model, messages=built.messages, sampling=sampling,
+                         reply_to=deps.pipeline.reply_to,
+                         timeout_s=deps.settings.request_timeout_s, sent_at=now(),
+                         conversation_id=conversation.conversation_id, parent_id=question_id,
+                         store=True)  # fmt: skip
 
 
 def _message_in(tree: ConversationTree, message_id: str) -> StoredMessage:
@@ -305,6 +295,3 @@ def _streaming(message: StoredMessage, stale_after_s: float) -> bool:
     return (message.role == Role.ASSISTANT and message.status == RequestStatus.IN_PROGRESS
             and message.created_at >= now() - stale_after_s)
 
-
-def _new_id() -> str:
-    return uuid.uuid4().hex
