@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import uuid
 from collections.abc import Coroutine
 from contextlib import aclosing
 from typing import TYPE_CHECKING, Any
@@ -30,8 +29,8 @@ from schemas.events import (
     DeliveryDone,
     GenerationRequest,
     SamplingOptions,
-    now,
 )
+from schemas.generation import generation_request
 from schemas.topics import Tier
 
 if TYPE_CHECKING:
@@ -125,20 +124,12 @@ def own_request(
     messages: tuple[ChatMessage, ...], max_tokens: int,
 ) -> GenerationRequest:  # fmt: skip
     """A lowest-priority, unstored request about `owner`'s conversation."""
-    return GenerationRequest(
-        request_id=uuid.uuid4().hex,
-        conversation_id=conversation_id,
-        message_id=uuid.uuid4().hex,
-        user_id=BACKGROUND_ACCOUNT,
-        org_id=BACKGROUND_ACCOUNT,
-        tier=Tier.FREE,
-        model=model,
-        messages=messages,
+    return generation_request(
+        user_id=BACKGROUND_ACCOUNT, org_id=BACKGROUND_ACCOUNT, tier=Tier.FREE,
+        cache_salt=owner.org_id, model=model, messages=messages,
         sampling=SamplingOptions(max_tokens=max_tokens, temperature=JOB_TEMPERATURE),
-        reply_to=deps.pipeline.reply_to,
-        deadline=now() + deps.settings.request_timeout_s,
-        cache_salt=owner.org_id,
-        store=False,
+        reply_to=deps.pipeline.reply_to, timeout_s=deps.settings.request_timeout_s,
+        conversation_id=conversation_id,
     )
 
 

@@ -13,7 +13,6 @@ check before it is queued.
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 from dataclasses import dataclass
@@ -25,6 +24,7 @@ from fastapi import APIRouter, Request
 from conversations.store import ApiKey
 from gateway.admission import admit, check_input
 from gateway.auth import Owner
+from gateway.core import owner_request
 from gateway.deps import Deps, GatewayDeps, SettingsDep
 from gateway.errors import ApiError, error_responses, error_type, from_delivery_error
 from gateway.event_stream import EventStreamResponse
@@ -128,24 +128,11 @@ def to_generation_request(
         stop=completion.stop_sequences,
         ignore_eos=completion.ignore_eos,
     )
-    return GenerationRequest(
-        request_id=uuid.uuid4().hex,
-        conversation_id=uuid.uuid4().hex,
-        message_id=uuid.uuid4().hex,
-        user_id=owner.user_id,
-        org_id=owner.org_id,
-        tier=owner.tier,
-        model=model,
-        messages=tuple(
-            ChatMessage(role=message.chat_role, content=message.text)
-            for message in completion.messages
-        ),
-        sampling=sampling,
-        reply_to=deps.pipeline.reply_to,
-        deadline=now() + settings.request_timeout_s,
-        cache_salt=owner.org_id,
-        store=False,
-    )
+    messages = tuple(ChatMessage(role=message.chat_role, content=message.text)
+                     for message in completion.messages)  # fmt: skip
+    return owner_request(owner, model=model, messages=messages, sampling=sampling,
+                         reply_to=deps.pipeline.reply_to,
+                         timeout_s=settings.request_timeout_s, sent_at=now())  # fmt: skip
 
 
 TEMPLATE_TOKENS = 256
