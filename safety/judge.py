@@ -3,23 +3,16 @@ sent with the bus's request/reply client (`bus.request_reply`); the wiring build
 
 from __future__ import annotations
 
-import uuid
-
 from bus.request_reply import RequestReplyClient
 from moderation.policy import Ask
 from schemas.answer import AnswerText
-from schemas.events import (
-    ChatMessage,
-    DeliveryError,
-    GenerationRequest,
-    Role,
-    SamplingOptions,
-    now,
-)
+from schemas.events import ChatMessage, DeliveryError, Role, SamplingOptions
+from schemas.generation import generation_request
 from schemas.topics import Tier
 
 JUDGE_MAX_TOKENS = 16
 JUDGE_TIMEOUT_S = 60.0
+JUDGE_USER, JUDGE_ORG = "safety-judge", "chatpipe"  # whom its generations are counted to
 
 
 def judge_ask(client: RequestReplyClient, model: str) -> Ask:
@@ -27,15 +20,11 @@ def judge_ask(client: RequestReplyClient, model: str) -> Ask:
     A retracted answer's text is dropped (the replacement stands in for it)."""
 
     async def ask(prompt: str) -> str:
-        request_id = uuid.uuid4().hex
-        request = GenerationRequest(
-            request_id=request_id, conversation_id=f"judge-{request_id}",
-            message_id=f"judge-{request_id}", user_id="safety-judge", org_id="chatpipe",
-            tier=Tier.FREE, model=model, store=False, reply_to=client.reply_to,
+        request = generation_request(
+            user_id=JUDGE_USER, org_id=JUDGE_ORG, tier=Tier.FREE, model=model,
             messages=(ChatMessage(role=Role.USER, content=prompt),),
             sampling=SamplingOptions(max_tokens=JUDGE_MAX_TOKENS, temperature=0.0),
-            deadline=now() + JUDGE_TIMEOUT_S,
-        )
+            reply_to=client.reply_to, timeout_s=JUDGE_TIMEOUT_S)
         stream = await client.submit(request)
         try:
             answer = await AnswerText().read(stream)
