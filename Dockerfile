@@ -54,6 +54,7 @@ COPY conversations/ conversations/
 COPY chatpipe/ chatpipe/
 COPY bench/ bench/
 COPY billing/ billing/
+COPY ledger/ ledger/
 COPY ops/ ops/
 COPY analytics/ analytics/
 RUN pip install --no-deps . && cd / && rm -rf /src

@@ -13,11 +13,11 @@ from __future__ import annotations
 from aiokafka.structs import ConsumerRecord
 
 from billing.core import charges_for, usage_key
-from billing.ledger import UsageLedger
 from bus.clients import KafkaConfig
 from bus.stage_runner import StageRunner
 from bus.subscriber import decode_record
 from common.durable import retried
+from ledger.store import UsageLedger
 from schemas import topics
 from schemas.events import UsageEvent
 

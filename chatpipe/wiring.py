@@ -13,7 +13,6 @@ from dataclasses import dataclass
 
 import uvicorn
 
-from billing.ledger import SQLiteLedger, UsageLedger
 from billing.stage import BillingStage
 from bus.broker import EmbeddedBroker, free_port
 from bus.clients import KafkaConfig
@@ -25,11 +24,19 @@ from chatpipe.supervise import Pause, Supervisor, broker_kept_up
 from conversations.sqlite_store import SQLiteStore
 from conversations.store import ApiKey, ConversationStore
 from gateway.app import GatewayDeps, create_app
+from gateway.config import (
+    ContextConfig,
+    GatewayConfig,
+    QuotaConfig,
+    RateLimitConfig,
+    RequestLimits,
+)
 from gateway.context_builder import ContextBuilder
 from gateway.quotas import QuotaGate
 from gateway.rate_limits import RateLimiter
 from gateway.relay import KafkaPipeline
 from gateway.slow_clients import guarded_protocol
+from ledger.store import SQLiteLedger, UsageLedger
 from moderation.policy import PolicyConfig, SafetyPolicy, build_policy
 from ops.metrics import metrics_app
 from ops.runtime_file import published_run
@@ -164,11 +171,62 @@ def safety_policy(settings: Settings, client: RequestReplyClient | None) -> Safe
     ), ask)
 
 
+def gateway_config(settings: Settings) -> GatewayConfig:
+    """What the gateway reads of the settings."""
+    return GatewayConfig(
+        limits=RequestLimits(
+            models=tuple(settings.models),
+            default_model=settings.model_name,
+            tier_models={tier: tuple(models) for tier, models in settings.tier_models.items()},
+            max_message_chars=settings.max_message_chars,
+            max_messages=settings.max_messages,
+            max_stop_sequences=settings.max_stop_sequences,
+            max_stop_chars=settings.max_stop_chars,
+            max_tokens_limit=settings.max_tokens_limit,
+            default_max_tokens=settings.default_max_tokens,
+        ),
+        context=ContextConfig(
+            system_prompt=settings.system_prompt,
+            window_tokens=dict(settings.context_window_tokens),
+            default_window_tokens=settings.max_model_len,
+            strategies=dict(settings.context_strategy),
+            default_strategy=settings.default_context_strategy,
+            keep_ratio=settings.context_keep_ratio,
+            summary_trigger_ratio=settings.summary_trigger_ratio,
+            retrieve_top_k=settings.retrieve_top_k,
+            retrieve_min_similarity=settings.retrieve_min_similarity,
+            retrieve_budget_ratio=settings.retrieve_budget_ratio,
+            tokenizers=dict(settings.context_tokenizers),
+            default_tokenizer=settings.model,
+            embedding_model=settings.embedding_model,
+            summary_model=settings.summary_model or settings.small_model,
+            summary_max_tokens=settings.summary_max_tokens,
+        ),
+        rate_limits=RateLimitConfig(
+            user_requests_per_minute=settings.user_requests_per_minute,
+            org_requests_per_minute=settings.org_requests_per_minute,
+            user_tokens_per_minute=settings.user_tokens_per_minute,
+            org_tokens_per_minute=settings.org_tokens_per_minute,
+            storage=settings.rate_limit_storage,
+        ),
+        quotas=QuotaConfig(user_token_budget=settings.user_token_budget,
+                           org_token_budget=settings.org_token_budget,
+                           period=settings.budget_period),
+        request_timeout_s=settings.request_timeout_s,
+        stream_stall_s=settings.stream_stall_s,
+        resume_grace_s=settings.resume_grace_s,
+        max_body_bytes=settings.max_body_bytes,
+        body_read_timeout_s=settings.body_read_timeout_s,
+        auto_titles=settings.auto_titles,
+    )
+
+
 def build_gateway_deps(settings: Settings, store: ConversationStore, pipeline: KafkaPipeline,
                        ledger: UsageLedger, safety: SafetyPolicy) -> GatewayDeps:
-    return GatewayDeps(settings, store, pipeline, ContextBuilder.from_settings(settings),
-                       rate_limiter=RateLimiter.from_settings(settings),
-                       quotas=QuotaGate.from_settings(settings, ledger),
+    config = gateway_config(settings)
+    return GatewayDeps(config, store, pipeline, ContextBuilder.from_config(config.context),
+                       rate_limiter=RateLimiter.from_config(config.rate_limits),
+                       quotas=QuotaGate.from_config(config.quotas, ledger),
                        safety=safety)
 
 

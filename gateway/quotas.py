@@ -14,12 +14,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from math import ceil
 
-from billing.core import Account
-from billing.ledger import UsageLedger
-from billing.periods import Period, PeriodWindow, period_of
-from chatpipe.settings import Settings
 from conversations.store import ApiKey
+from gateway.config import QuotaConfig
 from gateway.errors import ApiError
+from ledger.charges import Account
+from ledger.periods import Period, PeriodWindow, period_of
+from ledger.store import UsageLedger
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,9 +69,9 @@ class QuotaGate:
         self.clock = clock
 
     @classmethod
-    def from_settings(cls, settings: Settings, ledger: UsageLedger) -> QuotaGate:
-        return cls(ledger, user_budget=settings.user_token_budget,
-                   org_budget=settings.org_token_budget, period=settings.budget_period)
+    def from_config(cls, config: QuotaConfig, ledger: UsageLedger) -> QuotaGate:
+        return cls(ledger, user_budget=config.user_token_budget,
+                   org_budget=config.org_token_budget, period=config.period)
 
     async def check(self, owner: ApiKey) -> None:
         """Return if every budget of `owner` has tokens left; raise 429 quota_exceeded if not."""

@@ -31,10 +31,10 @@ from limits.aio.strategies import SlidingWindowCounterRateLimiter
 from limits.errors import StorageError
 from limits.storage import storage_from_string
 
-from billing.core import Account
-from chatpipe.settings import Settings
 from conversations.store import ApiKey
+from gateway.config import RateLimitConfig
 from gateway.errors import ApiError
+from ledger.charges import Account
 from schemas.events import ChatMessage
 
 log = logging.getLogger(__name__)
@@ -126,18 +126,18 @@ class Limit:
         return RateLimitItemPerMinute(self.per_minute, namespace="chatpipe")
 
 
-def limits_for(settings: Settings, owner: ApiKey) -> list[Limit]:
+def limits_for(config: RateLimitConfig, owner: ApiKey) -> list[Limit]:
     # A user is one of an org's (the same id in two orgs is two users): one account id.
     user = ("user", Account.user(owner.org_id, owner.user_id).account_id)
     org = ("org", owner.org_id)
     return [
-        Limit("user_requests_per_minute", "requests", settings.user_requests_per_minute,
+        Limit("user_requests_per_minute", "requests", config.user_requests_per_minute,
               ("requests", *user)),
-        Limit("org_requests_per_minute", "requests", settings.org_requests_per_minute,
+        Limit("org_requests_per_minute", "requests", config.org_requests_per_minute,
               ("requests", *org)),
-        Limit("user_tokens_per_minute", "tokens", settings.user_tokens_per_minute,
+        Limit("user_tokens_per_minute", "tokens", config.user_tokens_per_minute,
               ("tokens", *user)),
-        Limit("org_tokens_per_minute", "tokens", settings.org_tokens_per_minute,
+        Limit("org_tokens_per_minute", "tokens", config.org_tokens_per_minute,
               ("tokens", *org)),
     ]  # fmt: skip
 
@@ -221,14 +221,14 @@ class RateLimiter:
     shared Redis must not stop chat.
     """
 
-    def __init__(self, settings: Settings, storage: Storage) -> None:
-        self.settings = settings
+    def __init__(self, config: RateLimitConfig, storage: Storage) -> None:
+        self.config = config
         self.storage = storage
         self.strategy = SlidingWindowCounterRateLimiter(storage)
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> RateLimiter:
-        return cls(settings, storage_from_uri(settings.rate_limit_storage))
+    def from_config(cls, config: RateLimitConfig) -> RateLimiter:
+        return cls(config, storage_from_uri(config.storage))
 
     async def acquire(self, owner: ApiKey, tokens: int) -> dict[str, str]:
         """Charge one request of `tokens`; its rate-limit headers. 429 when over a limit."""
@@ -255,7 +255,7 @@ class RateLimiter:
             return
         storage = cast(SlidingWindowCounterSupport, self.storage)
         try:
-            for limit in limits_for(self.settings, owner):
+            for limit in limits_for(self.config, owner):
                 if limit.quantity == "tokens":
                     item = limit.item
                     await storage.acquire_sliding_window_entry(
@@ -271,7 +271,7 @@ class RateLimiter:
             return {}
 
     async def _checks(self, owner: ApiKey, tokens: int) -> list[Check]:
-        limits = limits_for(self.settings, owner)
+        limits = limits_for(self.config, owner)
         windows = await asyncio.gather(*(self._window(limit) for limit in limits))
         return [Check(limit, window, 1 if limit.quantity == "requests" else tokens)
                 for limit, window in zip(limits, windows, strict=True)]

@@ -16,13 +16,13 @@ import pytest_asyncio
 from aiokafka import AIOKafkaConsumer
 from aiokafka.structs import TopicPartition
 
-from billing.core import Account
-from billing.ledger import SQLiteLedger
-from billing.periods import period_of
 from billing.stage import GROUP as BILLING_GROUP
 from bus.clients import Publisher
 from chatpipe.wiring import Stack
 from conversations.store import ApiKey
+from ledger.charges import Account
+from ledger.periods import period_of
+from ledger.store import SQLiteLedger
 from schemas import topics
 from schemas.events import DeadLetter, UsageEvent
 from schemas.lifecycle import RequestStatus

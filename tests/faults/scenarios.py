@@ -19,10 +19,10 @@ from typing import Any
 
 import httpx
 
-from billing.core import Account
-from billing.ledger import SQLiteLedger
-from billing.periods import period_of
 from bus.replay import read_to_end
+from ledger.charges import Account
+from ledger.periods import period_of
+from ledger.store import SQLiteLedger
 from schemas import topics
 from schemas.codec import CONTROL_EVENT, WORK_EVENT
 from schemas.events import Cancel, GenerationRequest, UsageEvent, WorkAssignment, WorkerHeartbeat

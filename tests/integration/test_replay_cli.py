@@ -19,13 +19,13 @@ import pytest
 from aiokafka import AIOKafkaProducer
 from aiokafka.structs import ConsumerRecord
 
-from billing.core import Account
-from billing.ledger import SQLiteLedger
-from billing.periods import period_of
 from bus.clients import Publisher
 from bus.dead_letters import dead_letter
 from bus.replay import offsets_at
 from bus.topics import create_topics
+from ledger.charges import Account
+from ledger.periods import period_of
+from ledger.store import SQLiteLedger
 from ops.time_bounds import time_offsets_believable
 from schemas import topics
 from schemas.codec import encode

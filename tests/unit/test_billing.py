@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from billing.core import Account, Tokens, charges_for, settle, usage_key
-from billing.ledger import MemoryLedger, SQLiteLedger, UsageLedger
-from billing.periods import period_of
+from billing.core import charges_for, usage_key
+from ledger.charges import Account, Tokens, settle
+from ledger.periods import period_of
+from ledger.store import MemoryLedger, SQLiteLedger, UsageLedger
 from schemas.events import UsageEvent
 from schemas.lifecycle import RequestStatus
 from schemas.topics import Tier

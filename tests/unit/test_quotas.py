@@ -6,11 +6,12 @@ from datetime import UTC, datetime
 
 import pytest
 
-from billing.core import Account, charges_for, usage_key
-from billing.ledger import MemoryLedger
+from billing.core import charges_for, usage_key
 from conversations.store import ApiKey
 from gateway.errors import ApiError
 from gateway.quotas import Budget, QuotaGate, budgets_for, exhausted
+from ledger.charges import Account
+from ledger.store import MemoryLedger
 from schemas.events import UsageEvent
 from schemas.lifecycle import RequestStatus
 from schemas.topics import Tier

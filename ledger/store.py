@@ -20,9 +20,9 @@ import sqlite3
 from collections.abc import Sequence
 from typing import Protocol
 
-from billing.core import Account, Bill, Tokens, UsageKey, UsageTotals, settle
-from billing.periods import Period
 from common.sqlite_file import SQLiteFile, transaction
+from ledger.charges import Account, Bill, Tokens, UsageKey, UsageTotals, settle
+from ledger.periods import Period
 
 
 class UsageLedger(Protocol):
@@ -32,7 +32,7 @@ class UsageLedger(Protocol):
     async def close(self) -> None: ...
 
     async def record(self, key: UsageKey, bill: Bill) -> bool:
-        """Charge request `key` atomically what `bill` adds to it (`billing.core.settle`):
+        """Charge request `key` atomically what `bill` adds to it (`ledger.charges.settle`):
         the request counted once, its tokens up to the most any of its events reports.
         False if it adds nothing, so a redelivered or stale usage event is never
         counted twice."""

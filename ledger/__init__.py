@@ -1,0 +1,2 @@
+"""The usage ledger: token totals per account and period, written by billing, read by
+the gateway's quotas and rate limits."""
