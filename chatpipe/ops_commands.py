@@ -88,7 +88,7 @@ def replay_request(
 
 
 def _print_client_stream(reads: list[Any], request_id: str) -> None:
-    from ops.client_stream import client_stream
+    from chatpipe.client_stream import client_stream
 
     try:
         stream = client_stream(reads, request_id)

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from chatpipe.client_stream import client_stream
 from ops.bus_records import decoded
-from ops.client_stream import client_stream
 from schemas import topics
 from schemas.events import DeliveryDone, Delta, Queued, Retract, Usage
 from schemas.lifecycle import RequestStatus
