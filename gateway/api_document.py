@@ -18,7 +18,7 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
-from chatpipe.settings import Settings
+from gateway.config import RequestLimits
 from gateway.errors import error_responses
 from schemas.api import SEED_LIMIT
 
@@ -35,7 +35,7 @@ _SSE_EVENT: Schema = {
 }
 
 
-def api_document(app: FastAPI, settings: Settings) -> Schema:
+def api_document(app: FastAPI, limits: RequestLimits) -> Schema:
     document = get_openapi(title=app.title, version=app.version, summary=app.summary,
                            routes=app.routes)  # fmt: skip
     for path, operations in document.get("paths", {}).items():
@@ -44,7 +44,7 @@ def api_document(app: FastAPI, settings: Settings) -> Schema:
     schemas = document.setdefault("components", {}).setdefault("schemas", {})
     for unused in ("HTTPValidationError", "ValidationError"):
         schemas.pop(unused, None)
-    _declare_limits(schemas, settings)
+    _declare_limits(schemas, limits)
     return document
 
 
@@ -62,14 +62,14 @@ def _declare_shared_errors(path: str, operation: Schema) -> None:
             stream["schema"] = _SSE_EVENT
 
 
-def _declare_limits(schemas: dict[str, Schema], settings: Settings) -> None:
+def _declare_limits(schemas: dict[str, Schema], limits: RequestLimits) -> None:
     for name in ("PostMessage", "TurnOptions", "ChatCompletionRequest"):
         if name in schemas:
             # As integers: written as floats, 2**64 - 1 would round up to 2**64.
             _seed_range(schemas[name])
-    chars = {"maxLength": settings.max_message_chars}
-    models = {"enum": list(settings.models)}
-    max_tokens = {"maximum": settings.max_tokens_limit}
+    chars = {"maxLength": limits.max_message_chars}
+    models = {"enum": list(limits.models)}
+    max_tokens = {"maximum": limits.max_tokens_limit}
     for name in ("PostMessage", "TurnOptions"):
         if name in schemas:
             _constrain(schemas[name], "model", models)
@@ -86,10 +86,10 @@ def _declare_limits(schemas: dict[str, Schema], settings: Settings) -> None:
         _constrain(completion, "model", models)
         _constrain(completion, "max_tokens", max_tokens)
         _constrain(completion, "max_completion_tokens", max_tokens)
-        _constrain(completion, "messages", {"maxItems": settings.max_messages}, "array")
-        stop_chars = {"minLength": 1, "maxLength": settings.max_stop_chars}
+        _constrain(completion, "messages", {"maxItems": limits.max_messages}, "array")
+        stop_chars = {"minLength": 1, "maxLength": limits.max_stop_chars}
         _constrain(completion, "stop", stop_chars)
-        _constrain(completion, "stop", {"maxItems": settings.max_stop_sequences,
+        _constrain(completion, "stop", {"maxItems": limits.max_stop_sequences,
                                         "items": {"type": "string", **stop_chars}}, "array")
 
 

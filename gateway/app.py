@@ -31,7 +31,7 @@ __all__ = ["GatewayDeps", "create_app"]
 def create_app(deps: GatewayDeps, *, api_docs: bool = True) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        models = deps.settings.models
+        models = deps.config.limits.models
         await deps.context.warm_up(models)
         if any(deps.context.policy(model, 1).strategy == "retrieve" for model in models):
             deps.background.start(("warm_up", "embedder"),
@@ -41,7 +41,7 @@ def create_app(deps: GatewayDeps, *, api_docs: bool = True) -> FastAPI:
         finally:
             await deps.background.close()
 
-    settings = deps.settings
+    config = deps.config
     docs = {} if api_docs else {"openapi_url": None, "docs_url": None, "redoc_url": None}
     app = FastAPI(title="chatpipe", summary="ChatGPT-style chat over a Kafka pipeline",
                   lifespan=lifespan, **docs)  # fmt: skip
@@ -50,8 +50,8 @@ def create_app(deps: GatewayDeps, *, api_docs: bool = True) -> FastAPI:
     app.add_middleware(HttpSpans)  # a span per request while tracing is on
     app.add_middleware(ResponseHeaders)
     # Added last, so it runs first.
-    app.add_middleware(BodyLimits, max_bytes=settings.max_body_bytes,
-                       read_timeout_s=settings.body_read_timeout_s)  # fmt: skip
+    app.add_middleware(BodyLimits, max_bytes=config.max_body_bytes,
+                       read_timeout_s=config.body_read_timeout_s)  # fmt: skip
 
     @app.get("/healthz", tags=["ops"])
     async def healthz() -> dict[str, str]:
@@ -76,5 +76,5 @@ def create_app(deps: GatewayDeps, *, api_docs: bool = True) -> FastAPI:
 
 def _cached_document(app: FastAPI) -> dict:
     if app.openapi_schema is None:
-        app.openapi_schema = api_document(app, app.state.deps.settings)
+        app.openapi_schema = api_document(app, app.state.deps.config.limits)
     return app.openapi_schema

@@ -114,7 +114,7 @@ async def _write_summary(deps: GatewayDeps, owner: ApiKey, model: str, job: Summ
     summarizer = deps.context.summary_model(model)
     text = await generate_text(deps, own_request(
         deps, owner, job.conversation_id, summarizer, job.messages,
-        deps.settings.summary_max_tokens))  # fmt: skip
+        deps.config.context.summary_max_tokens))  # fmt: skip
     if text and text.strip():
         await deps.store.save_summary(job.conversation_id, job.through_message_id, text.strip())
 
@@ -128,7 +128,7 @@ def own_request(
         user_id=BACKGROUND_ACCOUNT, org_id=BACKGROUND_ACCOUNT, tier=Tier.FREE,
         cache_salt=owner.org_id, model=model, messages=messages,
         sampling=SamplingOptions(max_tokens=max_tokens, temperature=JOB_TEMPERATURE),
-        reply_to=deps.pipeline.reply_to, timeout_s=deps.settings.request_timeout_s,
+        reply_to=deps.pipeline.reply_to, timeout_s=deps.config.request_timeout_s,
         conversation_id=conversation_id,
     )
 
@@ -139,9 +139,9 @@ async def generate_text(deps: GatewayDeps, request: GenerationRequest) -> str | 
     if deps.pipeline.overloaded(request.tier) is not None:
         return None
     try:
-        check_bus_size(deps.settings, request)
+        check_bus_size(deps.config.limits, request)
         generation = await start_generation(deps.pipeline, request,
-                                            timers=StreamTimers(deps.settings.stream_stall_s))
+                                            timers=StreamTimers(deps.config.stream_stall_s))
     except ApiError:
         log.warning("background request %s not queued (too large for the bus, or the bus refused it)", request.request_id)
         return None

@@ -165,7 +165,7 @@ async def native_events(
 
 def _title_when_answered(deps: GatewayDeps, turn: Turn) -> Callable[[str], None] | None:
     """A first answer that ended well gets a generated title (unless they are off)."""
-    if not deps.settings.auto_titles:
+    if not deps.config.auto_titles:
         return None
     return lambda answer: start_title(deps, turn.owner, turn.request, turn.user_message.content,
                                       answer)

@@ -16,19 +16,16 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from common.embeddings import Embedder, from_bytes, similarities, to_bytes
 from conversations.store import ConversationStore, StoredMessage, Summary
-from gateway.context import BuiltContext, ContextPolicy, Counting, Strategy, assemble
+from gateway.config import ContextConfig
+from gateway.context import BuiltContext, ContextPolicy, Counting, assemble
 from gateway.history import prompt_turns
 from gateway.tokens import TokenCounter
 from schemas.events import ChatMessage, Role
-
-if TYPE_CHECKING:
-    from chatpipe.settings import Settings
 
 
 class ContextBuilder:
@@ -56,37 +53,33 @@ class ContextBuilder:
         self._loading = asyncio.Lock()
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> ContextBuilder:
-        """Per-model windows, strategies and tokenizers from the `conversations and
-        context` settings (a model not named there: `model`, `max_model_len`)."""
+    def from_config(cls, config: ContextConfig) -> ContextBuilder:
+        """Per-model windows, strategies and tokenizers (a model not named: the defaults)."""
 
         def policy(model: str, max_tokens: int) -> ContextPolicy:
-            window = settings.context_window_tokens.get(model, settings.max_model_len)
-            strategy: Strategy = settings.context_strategy.get(
-                model, settings.default_context_strategy
-            )
             return ContextPolicy(
-                strategy=strategy,
-                max_prompt_tokens=window - max_tokens,
-                keep_ratio=settings.context_keep_ratio,
-                summary_trigger_ratio=settings.summary_trigger_ratio,
-                retrieve_top_k=settings.retrieve_top_k,
-                retrieve_min_similarity=settings.retrieve_min_similarity,
-                retrieve_budget_ratio=settings.retrieve_budget_ratio,
+                strategy=config.strategies.get(model, config.default_strategy),
+                max_prompt_tokens=config.window_tokens.get(model, config.default_window_tokens)
+                - max_tokens,
+                keep_ratio=config.keep_ratio,
+                summary_trigger_ratio=config.summary_trigger_ratio,
+                retrieve_top_k=config.retrieve_top_k,
+                retrieve_min_similarity=config.retrieve_min_similarity,
+                retrieve_budget_ratio=config.retrieve_budget_ratio,
             )
 
         def counter(model: str) -> TokenCounter:
-            return TokenCounter.from_dir(settings.context_tokenizers.get(model, settings.model))
+            return TokenCounter.from_dir(config.tokenizers.get(model, config.default_tokenizer))
 
         def embedder() -> Embedder:
             from common.embeddings import SentenceEmbedder
 
-            return SentenceEmbedder(settings.embedding_model)
+            return SentenceEmbedder(config.embedding_model)
 
         def summary_model(model: str) -> str:
-            return settings.summary_model or settings.small_model or model
+            return config.summary_model or model
 
-        return cls(system_prompt=settings.system_prompt, policy=policy, counter=counter,
+        return cls(system_prompt=config.system_prompt, policy=policy, counter=counter,
                    embedder=embedder, summary_model=summary_model)  # fmt: skip
 
     async def warm_up(self, models: Sequence[str], *, embedder: bool = False) -> None:

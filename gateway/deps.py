@@ -8,9 +8,9 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
-from chatpipe.settings import Settings
 from conversations.store import ConversationStore
 from gateway.background import BackgroundJobs
+from gateway.config import GatewayConfig
 from gateway.context_builder import ContextBuilder
 from gateway.generation import LiveRequests
 from gateway.pipeline import Pipeline
@@ -21,7 +21,7 @@ from moderation.policy import SafetyPolicy
 
 @dataclass(frozen=True, slots=True)
 class GatewayDeps:
-    settings: Settings
+    config: GatewayConfig
     store: ConversationStore
     pipeline: Pipeline
     context: ContextBuilder
@@ -44,8 +44,8 @@ def gateway_deps(request: Request) -> GatewayDeps:
     return request.app.state.deps
 
 
-def _settings(deps: Annotated[GatewayDeps, Depends(gateway_deps)]) -> Settings:
-    return deps.settings
+def _config(deps: Annotated[GatewayDeps, Depends(gateway_deps)]) -> GatewayConfig:
+    return deps.config
 
 
 def _store(deps: Annotated[GatewayDeps, Depends(gateway_deps)]) -> ConversationStore:
@@ -57,6 +57,6 @@ def _pipeline(deps: Annotated[GatewayDeps, Depends(gateway_deps)]) -> Pipeline:
 
 
 Deps = Annotated[GatewayDeps, Depends(gateway_deps)]
-SettingsDep = Annotated[Settings, Depends(_settings)]
+ConfigDep = Annotated[GatewayConfig, Depends(_config)]
 StoreDep = Annotated[ConversationStore, Depends(_store)]
 PipelineDep = Annotated[Pipeline, Depends(_pipeline)]

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 from pydantic import ValidationError
 
-from chatpipe.settings import Settings
+from gateway.config import RequestLimits
 from gateway.errors import ApiError
 from schemas.codec import encode
 from schemas.events import GenerationRequest, SamplingOptions, StreamPosition, WorkAssignment
@@ -28,18 +28,18 @@ _LARGEST = 1 << 63
 """A stand-in for the numbers later hops write (offsets, epochs): their longest form."""
 
 
-def served_model(settings: Settings, requested: str | None, tier: Tier) -> str:
+def served_model(limits: RequestLimits, requested: str | None, tier: Tier) -> str:
     """The model to run: the one asked for, or the default; 404 if it is not served
     here, 403 `model_not_allowed` if the caller's tier may not use it
     (`CHATPIPE_TIER_MODELS`)."""
-    allowed = settings.tier_models.get(tier)
+    allowed = limits.tier_models.get(tier)
     if requested is None:
-        default = settings.model_name
+        default = limits.default_model
         if allowed is None or default in allowed:
             return default
         # The tier's first allowed model stands in for a default it may not use.
-        requested = next((m for m in allowed if m in settings.models), default)
-    if requested not in settings.models:
+        requested = next((m for m in allowed if m in limits.models), default)
+    if requested not in limits.models:
         raise ApiError(
             404, "model_not_found", f"model {requested!r} is not served here", param="model"
         )
@@ -49,38 +49,38 @@ def served_model(settings: Settings, requested: str | None, tier: Tier) -> str:
     return requested
 
 
-def check_message(settings: Settings, content: str, *, allow_empty: bool = False) -> None:
+def check_message(limits: RequestLimits, content: str, *, allow_empty: bool = False) -> None:
     if not allow_empty and not content.strip():
         raise ApiError(400, "empty_message", "the message is empty", param="content")
-    if len(content) > settings.max_message_chars:
+    if len(content) > limits.max_message_chars:
         raise ApiError(
             413,
             "message_too_long",
-            f"a message holds at most {settings.max_message_chars} characters",
+            f"a message holds at most {limits.max_message_chars} characters",
             param="content",
         )
 
 
-def check_message_count(settings: Settings, count: int) -> None:
-    if count > settings.max_messages:
+def check_message_count(limits: RequestLimits, count: int) -> None:
+    if count > limits.max_messages:
         raise ApiError(422, "too_many_messages",
-                       f"a request carries at most {settings.max_messages} messages",
+                       f"a request carries at most {limits.max_messages} messages",
                        param="messages")
 
 
-def check_stop(settings: Settings, stop: Sequence[str]) -> None:
+def check_stop(limits: RequestLimits, stop: Sequence[str]) -> None:
     """Stop sequences are matched against every chunk of the answer: few and short."""
-    if len(stop) > settings.max_stop_sequences:
+    if len(stop) > limits.max_stop_sequences:
         raise ApiError(422, "too_many_stop_sequences",
-                       f"at most {settings.max_stop_sequences} stop sequences", param="stop")
-    if any(len(sequence) > settings.max_stop_chars for sequence in stop):
+                       f"at most {limits.max_stop_sequences} stop sequences", param="stop")
+    if any(len(sequence) > limits.max_stop_chars for sequence in stop):
         raise ApiError(422, "stop_too_long",
-                       f"a stop sequence holds at most {settings.max_stop_chars} characters",
+                       f"a stop sequence holds at most {limits.max_stop_chars} characters",
                        param="stop")
 
 
 def sampling_options(
-    settings: Settings,
+    limits: RequestLimits,
     *,
     max_tokens: int | None,
     temperature: float | None = None,
@@ -90,18 +90,18 @@ def sampling_options(
     ignore_eos: bool = False,
 ) -> SamplingOptions:
     """SamplingOptions from request fields; unset fields take the defaults."""
-    if max_tokens is not None and max_tokens > settings.max_tokens_limit:
+    if max_tokens is not None and max_tokens > limits.max_tokens_limit:
         raise ApiError(
             422,
             "max_tokens_too_large",
-            f"max_tokens is at most {settings.max_tokens_limit}",
+            f"max_tokens is at most {limits.max_tokens_limit}",
             param="max_tokens",
         )
-    check_stop(settings, stop)
+    check_stop(limits, stop)
     given = {"temperature": temperature, "top_p": top_p, "seed": seed}
     try:
         return SamplingOptions(
-            max_tokens=settings.default_max_tokens if max_tokens is None else max_tokens,
+            max_tokens=limits.default_max_tokens if max_tokens is None else max_tokens,
             stop=stop,
             ignore_eos=ignore_eos,
             **{name: value for name, value in given.items() if value is not None},
@@ -126,11 +126,11 @@ def bus_bytes(request: GenerationRequest, served: Sequence[str]) -> int:
     return len(encode(assignment))
 
 
-def check_bus_size(settings: Settings, request: GenerationRequest) -> None:
+def check_bus_size(limits: RequestLimits, request: GenerationRequest) -> None:
     """413 `request_too_large` unless the request fits every hop of the bus: one that did
     not would fail at a later hop, after it was admitted and charged."""
     room = BUS_MESSAGE_BYTES - BUS_HEADROOM_BYTES
-    size = bus_bytes(request, settings.models)
+    size = bus_bytes(request, limits.models)
     if size > room:
         raise ApiError(413, "request_too_large",
                        f"the request takes {size} bytes on the bus, which carries at most "

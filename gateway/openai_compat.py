@@ -25,7 +25,7 @@ from conversations.store import ApiKey
 from gateway.admission import admit, check_input
 from gateway.auth import Owner
 from gateway.core import owner_request
-from gateway.deps import Deps, GatewayDeps, SettingsDep
+from gateway.deps import ConfigDep, Deps, GatewayDeps
 from gateway.errors import ApiError, error_responses, error_type, from_delivery_error
 from gateway.event_stream import EventStreamResponse
 from gateway.generation import (
@@ -73,10 +73,10 @@ router = APIRouter(tags=["openai"])
 
 
 @router.get("/models")
-async def list_models(settings: SettingsDep, owner: Owner) -> ModelList:
+async def list_models(config: ConfigDep, owner: Owner) -> ModelList:
     """The models served here that the caller's tier may use."""
-    allowed = settings.tier_models.get(owner.tier)
-    return ModelList(data=[ModelCard(id=name) for name in settings.models
+    allowed = config.limits.tier_models.get(owner.tier)
+    return ModelList(data=[ModelCard(id=name) for name in config.limits.models
                            if allowed is None or name in allowed])  # fmt: skip
 
 
@@ -89,7 +89,7 @@ async def chat_completions(
 ) -> ChatCompletion | EventStreamResponse:
     generation_request = await admitted_request(completion, owner, deps)
     generation = await start_generation(deps.pipeline, generation_request, deps.live,
-                                        timers=StreamTimers(deps.settings.stream_stall_s))
+                                        timers=StreamTimers(deps.config.stream_stall_s))
     answer = _Answer.of(generation_request, completion.include_usage)
     if completion.stream:
         return event_stream(chunk_events(answer, generation), generation)
@@ -103,7 +103,7 @@ async def admitted_request(
     charging nothing), the caller's budgets and rate limits (charged), then its prompt
     in the model's window and every message through the input classifiers."""
     request = to_generation_request(completion, owner, deps)
-    check_bus_size(deps.settings, request)
+    check_bus_size(deps.config.limits, request)
     await admit(deps, owner, admission_tokens(request.messages, request.sampling.max_tokens))
     await check_window(deps, request)
     await check_input(deps, owner, request.model, [m.content for m in request.messages])
@@ -113,14 +113,14 @@ async def admitted_request(
 def to_generation_request(
     completion: ChatCompletionRequest, owner: ApiKey, deps: GatewayDeps
 ) -> GenerationRequest:
-    settings = deps.settings
-    model = served_model(settings, completion.model, owner.tier)
-    check_message_count(settings, len(completion.messages))
+    limits = deps.config.limits
+    model = served_model(limits, completion.model, owner.tier)
+    check_message_count(limits, len(completion.messages))
     for message in completion.messages:
         for text in message.texts:
-            check_message(settings, text, allow_empty=True)
+            check_message(limits, text, allow_empty=True)
     sampling = sampling_options(
-        settings,
+        limits,
         max_tokens=completion.output_limit,
         temperature=completion.temperature,
         top_p=completion.top_p,
@@ -132,7 +132,7 @@ def to_generation_request(
                      for message in completion.messages)  # fmt: skip
     return owner_request(owner, model=model, messages=messages, sampling=sampling,
                          reply_to=deps.pipeline.reply_to,
-                         timeout_s=settings.request_timeout_s, sent_at=now())  # fmt: skip
+                         timeout_s=deps.config.request_timeout_s, sent_at=now())  # fmt: skip
 
 
 TEMPLATE_TOKENS = 256

@@ -64,12 +64,12 @@ async def start_turn(
     deps: GatewayDeps, owner: ApiKey, conversation: Conversation, post: PostMessage
 ) -> Turn:
     """A new user message at the end of the selected thread."""
-    check_message(deps.settings, post.content)
+    check_message(deps.config.limits, post.content)
     model, sampling = _answer_options(deps, owner, post)
     charged = text_tokens([post.content], sampling.max_tokens)
     await admit(deps, owner, charged)
     tree = await _settled_tree(
-        deps.store, conversation.conversation_id, deps.reply_wait_s, deps.settings.request_timeout_s
+        deps.store, conversation.conversation_id, deps.reply_wait_s, deps.config.request_timeout_s
     )
     return await _new_user_turn(deps, owner, conversation, tree.thread(), post.content,
                                 model, sampling, charged, first=not tree.messages)  # fmt: skip
@@ -81,7 +81,7 @@ async def start_edit(
 ) -> Turn:  # fmt: skip
     """A new version of user message `message_id`: its sibling, answered after the
     thread up to their parent."""
-    check_message(deps.settings, post.content)
+    check_message(deps.config.limits, post.content)
     model, sampling = _answer_options(deps, owner, post)
     charged = text_tokens([post.content], sampling.max_tokens)
     await admit(deps, owner, charged)
@@ -115,7 +115,7 @@ async def start_regenerate(
     built = await _build(deps, conversation.conversation_id, thread, None, model, sampling)
     await charge_rest(deps, owner, charged, admission_tokens(built.messages, sampling.max_tokens))
     request = _request(deps, owner, conversation, question.message_id, model, sampling, built)
-    check_bus_size(deps.settings, request)
+    check_bus_size(deps.config.limits, request)
     await check_input(deps, owner, model, [question.content])
     _ask_for_summary(deps, owner, model, built)
     return Turn(request=request, user_message=question, owner=owner)
@@ -153,7 +153,7 @@ async def send_turn(deps: GatewayDeps, turn: Turn) -> Generation:
 
 def native_timers(deps: GatewayDeps) -> StreamTimers:
     """Native streams are held for a resume when their client drops them."""
-    return StreamTimers(deps.settings.stream_stall_s, deps.settings.resume_grace_s)
+    return StreamTimers(deps.config.stream_stall_s, deps.config.resume_grace_s)
 
 
 STORE_END_FOR_S = 10.0
@@ -186,7 +186,7 @@ async def _new_user_turn(
     user_message_id = new_id()
     request = _request(deps, owner, conversation, user_message_id, model, sampling, built)
     # Before the message is stored: a refused turn leaves no unanswered message behind.
-    check_bus_size(deps.settings, request)
+    check_bus_size(deps.config.limits, request)
     await check_input(deps, owner, model, [content])
     user_message = await deps.store.add_message(
         NewMessage(
@@ -206,9 +206,9 @@ async def _new_user_turn(
 def _answer_options(
     deps: GatewayDeps, owner: ApiKey, options: TurnOptions
 ) -> tuple[str, SamplingOptions]:
-    model = served_model(deps.settings, options.model, owner.tier)
+    model = served_model(deps.config.limits, options.model, owner.tier)
     sampling = sampling_options(
-        deps.settings,
+        deps.config.limits,
         max_tokens=options.max_tokens,
         temperature=options.temperature,
         top_p=options.top_p,
@@ -249,7 +249,7 @@ def _request(
 ) -> GenerationRequest:  # fmt: skip
     return owner_request(owner, model=model, messages=built.messages, sampling=sampling,
                          reply_to=deps.pipeline.reply_to,
-                         timeout_s=deps.settings.request_timeout_s, sent_at=now(),
+                         timeout_s=deps.config.request_timeout_s, sent_at=now(),
                          conversation_id=conversation.conversation_id, parent_id=question_id,
                          store=True)  # fmt: skip
 

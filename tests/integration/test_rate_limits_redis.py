@@ -18,6 +18,7 @@ import redis
 
 from bus.broker import free_port
 from chatpipe.settings import Settings
+from chatpipe.wiring import gateway_config
 from conversations.store import ApiKey
 from gateway.errors import ApiError
 from gateway.rate_limits import RateLimiter
@@ -55,7 +56,7 @@ def gateway(storage: str) -> RateLimiter:
     settings = Settings(rate_limit_storage=storage, user_requests_per_minute=3,
                         org_requests_per_minute=100, user_tokens_per_minute=1000,
                         org_tokens_per_minute=100_000)
-    return RateLimiter.from_settings(settings)
+    return RateLimiter.from_config(gateway_config(settings).rate_limits)
 
 
 def new_owner() -> ApiKey:

@@ -14,6 +14,7 @@ import dataclasses
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import openai
@@ -21,6 +22,7 @@ import orjson
 import pytest
 
 from chatpipe.settings import Settings
+from chatpipe.wiring import gateway_config
 from conversations.answers import answer_started
 from conversations.sqlite_store import SQLiteStore
 from conversations.store import NewMessage, RequestRecord
@@ -196,14 +198,23 @@ class WordTokenizer:
 
 def word_context(settings: Settings) -> ContextBuilder:
     """The deployment's context policy, counting words instead of loading a tokenizer."""
-    built = ContextBuilder.from_settings(settings)
+    built = ContextBuilder.from_config(gateway_config(settings).context)
     return ContextBuilder(system_prompt=settings.system_prompt, policy=built.policy,
                           counter=lambda model: TokenCounter(WordTokenizer()))
 
 
+def gateway_deps(settings: Settings, store: SQLiteStore, pipeline: ScriptedPipeline,
+                 context: ContextBuilder | None = None, **options: Any) -> GatewayDeps:
+    """What the wiring gives the gateway under `settings`, around a test's store,
+    pipeline and (word-counting) context builder."""
+    return GatewayDeps(gateway_config(settings), store, pipeline,
+                       context if context is not None else word_context(settings),
+                       **options)  # fmt: skip
+
+
 @pytest.fixture
 def deps(settings: Settings, store: SQLiteStore, pipeline: ScriptedPipeline) -> GatewayDeps:
-    return GatewayDeps(settings, store, pipeline, word_context(settings), reply_wait_s=0.3)
+    return gateway_deps(settings, store, pipeline, reply_wait_s=0.3)
 
 
 @pytest.fixture

@@ -28,10 +28,10 @@ from tests.unit.test_gateway_app import (  # noqa: F401 - fixtures
     delta,
     deps,
     done,
+    gateway_deps,
     new_conversation,
     pipeline,
     settings,
-    word_context,
 )
 
 
@@ -189,7 +189,7 @@ async def test_a_prompt_over_the_window_is_413_before_anything_is_stored(
 async def app_client(settings: Settings, store, pipeline: ScriptedPipeline
                      ) -> AsyncIterator[tuple[httpx.AsyncClient, GatewayDeps]]:  # fmt: skip
     """A client of an app on other settings than the fixtures'."""
-    deps = GatewayDeps(settings, store, pipeline, word_context(settings), reply_wait_s=0.3)
+    deps = gateway_deps(settings, store, pipeline, reply_wait_s=0.3)
     transport = httpx.ASGITransport(create_app(deps))
     try:
         async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:

@@ -10,6 +10,7 @@ import limits.aio.storage.memory as limits_memory
 import pytest
 
 from chatpipe.settings import Settings
+from chatpipe.wiring import gateway_config
 from conversations.store import ApiKey
 from gateway.errors import ApiError
 from gateway.rate_limits import (
@@ -140,7 +141,7 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
 async def limiter(clock: Clock):
     settings = Settings(user_requests_per_minute=3, org_requests_per_minute=5,
                         user_tokens_per_minute=1000, org_tokens_per_minute=100_000)
-    limiter = RateLimiter(settings, storage_from_uri("memory://"))
+    limiter = RateLimiter(gateway_config(settings).rate_limits, storage_from_uri("memory://"))
     yield limiter
     await limiter.storage.reset()  # also stops the storage's expiry task
 

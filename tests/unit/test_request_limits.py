@@ -16,6 +16,7 @@ import pytest
 from limits.storage import MemoryStorage  # noqa: F401  (the storage the URI below makes)
 
 from chatpipe.settings import Settings
+from chatpipe.wiring import gateway_config
 from conversations.store import ApiKey
 from gateway.app import create_app
 from gateway.background import generate_text, own_request
@@ -43,6 +44,7 @@ from tests.unit.test_gateway_app import (
     assert_error,
     delta,
     done,
+    gateway_deps,
     new_conversation,
     word_context,
 )
@@ -97,7 +99,7 @@ def pipeline() -> ModeratedPipeline:
 
 @pytest.fixture
 def limiter(settings: Settings) -> RateLimiter:
-    return RateLimiter(settings, storage_from_uri("memory://"))
+    return RateLimiter(gateway_config(settings).rate_limits, storage_from_uri("memory://"))
 
 
 @pytest.fixture
@@ -115,8 +117,8 @@ def safety() -> SafetyPolicy:
 
 @pytest.fixture
 def deps(settings, store, pipeline, limiter, context, safety) -> GatewayDeps:
-    return GatewayDeps(settings, store, pipeline, context, reply_wait_s=0.3,
-                       rate_limiter=limiter, safety=safety)  # fmt: skip
+    return gateway_deps(settings, store, pipeline, context, reply_wait_s=0.3,
+                        rate_limiter=limiter, safety=safety)  # fmt: skip
 
 
 @pytest.fixture
@@ -258,7 +260,7 @@ async def test_a_tier_whose_default_model_is_not_allowed_gets_its_first_allowed(
     settings, store, pipeline, deps, tmp_path
 ):
     narrowed = settings.model_copy(update={"tier_models": {Tier.FREE: ["big"]}})
-    app = create_app(GatewayDeps(narrowed, store, pipeline, word_context(narrowed)))
+    app = create_app(gateway_deps(narrowed, store, pipeline))
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app),
                                  base_url="http://test") as client:
         cid = await new_conversation(client, BOB)
@@ -404,7 +406,7 @@ async def test_a_background_job_the_bus_cannot_carry_is_dropped_not_sent(deps, p
     (no title or summary), never queued to fail at a later hop."""
     owner = ApiKey(user_id="alice", org_id="acme", tier=Tier.FREE)
     huge = (ChatMessage(role=Role.USER, content="x" * BUS_MESSAGE_BYTES),)
-    request = own_request(deps, owner, "c1", deps.settings.model_name, huge, 16)
+    request = own_request(deps, owner, "c1", deps.config.limits.default_model, huge, 16)
     assert await generate_text(deps, request) is None
     assert pipeline.submitted == []
 
@@ -571,7 +573,7 @@ async def test_a_completion_over_the_models_window_is_413_not_an_engine_error(
 ):
     small = settings.model_copy(update={"max_model_len": 300})
     context = CountingContext(word_context(small))
-    app = create_app(GatewayDeps(small, store, pipeline, context))
+    app = create_app(gateway_deps(small, store, pipeline, context))
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app),
                                  base_url="http://test") as client:
         pipeline.script(delta("a", 0), done(1))
