@@ -183,7 +183,7 @@ class SafetyCore:
 
     def _end(self, end: StreamEnd, generation: _Generation) -> list[Output]:
         self._forget(end.request_id)
-        fields = dict(request_id=end.request_id, attempt=end.attempt, seq=end.seq + 1)
+        fields = {"request_id": end.request_id, "attempt": end.attempt, "seq": end.seq + 1}
         if generation.filtered:
             usage = end.usage if isinstance(end, GenerationDone) else Usage()
             return [_deliver(end, DeliveryDone(**fields, status=RequestStatus.FINISHED_FILTERED,

@@ -1,11 +1,13 @@
 """The safety stage's Kafka adapter: `chat.tokens` in; `chat.deliver.<gateway_id>` and,
-for stored answers, `chat.answers` out (DESIGN §7). The decisions are `safety.core`'s.
+for stored answers, `chat.answers` out (DESIGN §7). The decisions are `safety.core`'s;
+the consume/commit/rebalance loop is the stage runner's (`bus.stage_runner`).
 
 Commit policy: per partition, below the first event of any generation still open, so
 a restart reads every open stream again from its start; the core drops what it has
 seen (one answer rule) and its delivery ids are the stream's positions, so the
 gateway and the recorder drop what they already have. A record whose processing
-raises is dead-lettered and its stream ends with `error` (`safety_error`).
+raises is dead-lettered and its stream ends with `error` (`safety_error`, or
+`pipeline_rejected` when the bus refused one of its records).
 """
 
 from __future__ import annotations
@@ -14,17 +16,12 @@ import logging
 import time
 from collections import deque
 
-from aiokafka.structs import ConsumerRecord, TopicPartition
+from aiokafka.structs import ConsumerRecord
 
 from bus.clients import KafkaConfig
-from bus.offsets import ForgetRevoked, OffsetTracker
-from bus.produce_failures import (
-    PIPELINE_REJECTED,
-    PIPELINE_REJECTED_MESSAGE,
-    RecordRejected,
-    RetryingPublisher,
-)
-from bus.subscriber import consume, decode_record
+from bus.produce_failures import PIPELINE_REJECTED, PIPELINE_REJECTED_MESSAGE, RecordRejected
+from bus.stage_runner import StageRunner
+from bus.subscriber import decode_record
 from moderation.classifiers import Verdict, first_verdict
 from moderation.policy import SafetyPolicy
 from ops.metrics import RETRACTIONS, SAFETY_CHECK_TIME
@@ -41,32 +38,21 @@ GROUP = "chatpipe-safety"
 
 class SafetyStage:
     def __init__(self, kafka: KafkaConfig, policy: SafetyPolicy, config: SafetyConfig) -> None:
-        self.kafka = kafka
         self.policy = policy
         self.core = SafetyCore(config)
-        self.tracker = OffsetTracker()
         self.check_seconds: deque[float] = deque(maxlen=100_000)
+        self.runner = StageRunner(
+            kafka, STAGE, GROUP, [topics.TOKENS], poll_ms=100,
+            commit_floor=lambda tp: self.core.commit_floor(tp.partition),
+            on_revoke=self.core.forget_partition,
+            busy_while=lambda: self.core.open_count > 0)
 
     async def run(self) -> None:
-        producer = self.kafka.producer()
-        self.consumer = self.kafka.consumer(group_id=GROUP)
-        self.consumer.busy_while(lambda: self.core.open_count > 0)
-        self.consumer.subscribe([topics.TOKENS],
-                                listener=ForgetRevoked(self.tracker, self.core.forget_partition))
-        await producer.start()
-        await self.consumer.start()
-        self.publisher = RetryingPublisher(producer)
-        try:
-            await consume(self.consumer, STAGE, self.publisher, self._handle, self._after_batch,
-                          poll_ms=100, tracker=self.tracker, on_failure=self._on_failure)
-        finally:
-            await self.consumer.stop()
-            await producer.stop()
+        await self.runner.run(self._handle, self._expire, self._on_failure)
 
     async def _handle(self, record: ConsumerRecord) -> None:
         event = decode_record(TOKEN_EVENT, record)
         step = self.core.on_event(event, record.partition, record.offset, time.monotonic())
-        self.tracker.seen(TopicPartition(record.topic, record.partition), record.offset)
         if isinstance(step, Check):
             step = self.core.checked(step, await self._classify(step))
         await self._send(step)
@@ -93,7 +79,7 @@ class SafetyStage:
         rejected: RecordRejected | None = None
         for topic, event, key in records(outputs):
             try:
-                await self.publisher.send(topic, event, key=key)
+                await self.runner.publisher.send(topic, event, key=key)
             except RecordRejected as exc:
                 rejected = rejected or exc
         if rejected is not None:
@@ -104,20 +90,14 @@ class SafetyStage:
             event = decode_record(TOKEN_EVENT, record)
         except EventDecodeError:
             return  # nothing says which stream it belonged to
-        if isinstance(event, StreamEvent):
-            if isinstance(exc, RecordRejected):
-                await self._send(self.core.fail(event, PIPELINE_REJECTED,
-                                                PIPELINE_REJECTED_MESSAGE))
-            else:
-                await self._send(self.core.fail(event))
+        if not isinstance(event, StreamEvent):
+            return
+        if isinstance(exc, RecordRejected):
+            await self._send(self.core.fail(event, PIPELINE_REJECTED, PIPELINE_REJECTED_MESSAGE))
+        else:
+            await self._send(self.core.fail(event))
 
-    async def _after_batch(self) -> None:
+    async def _expire(self) -> None:
         for request_id in self.core.expire(time.monotonic()):
             log.warning("gave up on generation %s: no event for %.0f s", request_id,
                         self.core.idle_timeout_s)
-        offsets = self.tracker.to_commit(lambda tp: self.core.commit_floor(tp.partition))
-        if offsets:
-            await self.publisher.flush()
-            await self.consumer.commit(offsets)
-            self.tracker.committed(offsets)
-

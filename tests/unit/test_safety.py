@@ -6,7 +6,7 @@ import asyncio
 
 import numpy as np
 import pytest
-from aiokafka.structs import ConsumerRecord
+from aiokafka.structs import ConsumerRecord, TopicPartition
 
 from bus.request_reply import DeliveryStream
 from moderation.classifiers import (
@@ -39,6 +39,7 @@ from schemas.events import (
     Usage,
 )
 from schemas.lifecycle import RequestStatus
+from tests.unit.test_stage_runner import FakeConsumer
 
 # --- the gate -----------------------------------------------------------------------------
 
@@ -219,6 +220,9 @@ class RecordingPublisher:
     async def send(self, topic, event, key=None, partition=None):
         self.sent.append((topic, event))
 
+    async def flush(self) -> None:
+        pass
+
 
 def record(event, offset: int) -> ConsumerRecord:
     return ConsumerRecord(topics.TOKENS, 0, offset, 0, 0, None, encode(event), None, 0, 0, [])
@@ -228,18 +232,25 @@ def stage_with(window: int = 0) -> tuple[SafetyStage, RecordingPublisher]:
     rules = RuleClassifier({}, pii=["email"])
     stage = SafetyStage(kafka=None, policy=SafetyPolicy(output={"*": [rules]}),
                         config=SafetyConfig(window_chars=window, overlap_chars=16))
-    stage.publisher = RecordingPublisher()
-    return stage, stage.publisher
+    stage.runner.publisher = RecordingPublisher()  # type: ignore[assignment]
+    return stage, stage.runner.publisher  # type: ignore[return-value]
+
+
+def stream_records(texts: list[str], done: bool = True) -> list[ConsumerRecord]:
+    """A stream's `chat.tokens` records from offset 0: a chunk per text, then its end."""
+    events: list[object] = [TokenChunk(**STREAM, seq=seq, text=text, token_count=1,
+                                       completion_tokens=seq + 1)
+                            for seq, text in enumerate(texts)]
+    if done:
+        events.append(GenerationDone(**STREAM, seq=len(texts),
+                                     status=RequestStatus.FINISHED_STOPPED,
+                                     usage=Usage(completion_tokens=len(texts))))
+    return [record(event, offset) for offset, event in enumerate(events)]
 
 
 async def feed(stage: SafetyStage, texts: list[str], done: bool = True) -> None:
-    for seq, text in enumerate(texts):
-        await stage._handle(record(TokenChunk(**STREAM, seq=seq, text=text, token_count=1,
-                                              completion_tokens=seq + 1), seq))
-    if done:
-        await stage._handle(record(GenerationDone(
-            **STREAM, seq=len(texts), status=RequestStatus.FINISHED_STOPPED,
-            usage=Usage(completion_tokens=len(texts))), len(texts)))
+    for each in stream_records(texts, done):
+        await stage._handle(each)
 
 
 def to_gateway(out: RecordingPublisher) -> list[object]:
@@ -248,13 +259,16 @@ def to_gateway(out: RecordingPublisher) -> list[object]:
 
 async def test_clean_stream_is_released_and_ends_done():
     stage, out = stage_with()
-    await feed(stage, ["Hello ", "world"])
+    consumer = FakeConsumer(stream_records(["Hello ", "world"]))
+    stage.runner.consumer = consumer  # type: ignore[assignment]
+    await stage.runner.consume(stage._handle, stage._expire, stage._on_failure,
+                               until=lambda: not consumer.batches)
     deltas = [e.text for e in to_gateway(out) if isinstance(e, Delta)]
     assert deltas == ["Hello ", "world"]
     assert isinstance(to_gateway(out)[-1], DeliveryDone)
     answers = [e for topic, e in out.sent if topic == topics.ANSWERS]
     assert answers == to_gateway(out), "a stored answer's events go to chat.answers too"
-    assert stage.tracker.to_commit(lambda tp: stage.core.commit_floor(tp.partition))
+    assert consumer.commits == [{TopicPartition(topics.TOKENS, 0): 3}], "an ended stream"
 
 
 async def test_phrase_split_across_chunks_trips_and_retracts():
