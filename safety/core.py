@@ -17,7 +17,11 @@ ids increase, never repeat, and are the same after a restart replays the stream.
 
 Commit floor: per partition, the first offset of every generation still open; a
 generation with no event for `idle_timeout_s` is given up (`expire`) so the floor
-moves on.
+moves on. A record the adapter could not process ends its stream (`fail`).
+
+Time is only what the adapter passes in (`now`, monotonic seconds); configuration is
+a `SafetyConfig`. `records` says which topic each output goes to: the adapter
+(`safety.stage`) sends them in order and does nothing else.
 """
 
 from __future__ import annotations
