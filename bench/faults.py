@@ -1,4 +1,5 @@
-"""`python -m bench faults`: the fault scenarios of `tests/faults/` run once each on a
+"""`python -m bench faults`: the fault scenarios (`bench/fault_scenarios.py`, which
+`tests/faults/` asserts on) run once each on a
 pipeline of processes (sim engine, embedded broker), recorded in `bench/RESULTS.md`.
 
     .venv/bin/python -m bench faults          # ~2 min
@@ -14,8 +15,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from tests.faults import scenarios
-from tests.faults.scenarios import FaultResult
+from bench import fault_scenarios as scenarios
+from bench.fault_scenarios import FaultResult
 
 BEGIN = "<!-- written by python -m bench faults: begin -->"
 END = "<!-- written by python -m bench faults: end -->"

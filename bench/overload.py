@@ -18,12 +18,10 @@ from pathlib import Path
 
 import httpx
 
-from chatpipe.wiring import running_stack
+from chatpipe.dev_stack import running_sim_stack, stack_settings
 from conversations.store import ApiKey
+from schemas.sse import read_messages
 from schemas.topics import Tier
-from tests.fixtures.stack import stack_settings
-from tests.support import read_sse
-from workers.sim_engine import SimEngine
 
 SLOTS = 4
 TOKENS_PER_S = 50.0
@@ -55,7 +53,7 @@ async def one_request(client: httpx.AsyncClient, tier: Tier, user: str,
             await response.aread()
             results.append(dict(tier=tier, user=user, outcome=f"http {response.status_code}"))
             return
-        events = await read_sse(response)
+        events = await read_messages(response.aiter_lines())
     deltas = [e for e in events if e.event == "delta"]
     errors = [e.json()["code"] for e in events if e.event == "error"]
     outcome = "served" if deltas else (errors[0] if errors else "empty")
@@ -69,10 +67,10 @@ async def run() -> str:
         tmp, engine="sim", max_slots=SLOTS, sim_tokens_per_s=TOKENS_PER_S, auto_titles=False,
         tier_max_wait_s={"enterprise": 30.0, "pro": 10.0, "free": 4.0},
         user_requests_per_minute=100_000, org_requests_per_minute=100_000,
-        user_tokens_per_minute=100_000_000, org_tokens_per_minute=100_000_000)
-    engine = SimEngine(settings.model_name, SLOTS, TOKENS_PER_S, 1e6)
+        user_tokens_per_minute=100_000_000, org_tokens_per_minute=100_000_000,
+        sim_prompt_tokens_per_s=1e6)
     results: list[dict] = []
-    async with running_stack(settings, engine) as stack:
+    async with running_sim_stack(settings) as stack:
         users = [(tier, f"{tier}-{i}") for tier, n in USERS.items() for i in range(n)]
         for tier, user in users:
             await stack.store.add_api_key(user, ApiKey(user, f"org-{user}", tier))

@@ -15,12 +15,11 @@ from pathlib import Path
 import httpx
 
 from bench.overload import percentile
+from chatpipe.dev_stack import API_KEY, running_sim_stack, stack_settings
 from chatpipe.settings import Settings
-from chatpipe.wiring import running_stack
 from moderation.classifiers import EmbeddingClassifier, RuleClassifier
-from tests.fixtures.stack import API_KEY, stack_settings
-from tests.support import read_sse
-from workers.sim_engine import WORDS, SimEngine
+from schemas.sse import read_messages
+from workers.sim_engine import WORDS
 
 CHUNKS = 300
 REQUESTS = 20
@@ -58,10 +57,10 @@ async def classifier_latency() -> list[str]:
 async def ttft_with_window(window_chars: int) -> float:
     tmp = Path(tempfile.mkdtemp(prefix="safety-"))
     settings = stack_settings(tmp, engine="sim", sim_tokens_per_s=50.0, auto_titles=False,
-                              safety_window_chars=window_chars)
-    engine = SimEngine(settings.model_name, 4, settings.sim_tokens_per_s, 1e6)
+                              safety_window_chars=window_chars, max_slots=4,
+                              sim_prompt_tokens_per_s=1e6)
     ttfts = []
-    async with running_stack(settings, engine) as stack, httpx.AsyncClient(
+    async with running_sim_stack(settings) as stack, httpx.AsyncClient(
             base_url=stack.base_url, headers={"Authorization": f"Bearer {API_KEY}"},
             timeout=60) as client:
         for _ in range(REQUESTS):
@@ -69,7 +68,7 @@ async def ttft_with_window(window_chars: int) -> float:
             started = time.monotonic()
             async with client.stream("POST", f"/v1/conversations/{cid}/messages", json={
                     "content": "hi", "max_tokens": 40, "ignore_eos": True}) as response:
-                events = await read_sse(response)
+                events = await read_messages(response.aiter_lines())
             ttfts.append(next(e.at for e in events if e.event == "delta") - started)
     return percentile(ttfts, 0.5)
 

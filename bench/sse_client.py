@@ -6,7 +6,8 @@ connection, so the raw bytes are the SSE stream and parsing costs little. The
 client shares two cores with the server under test, so it must stay cheap, and
 it costs both sides the same per event.
 
-Every SSE event is stamped with the time the read that carried it returned.
+Every SSE event is stamped with the time the read that carried it returned; the events
+are parsed by the one client-side reader, `schemas.sse.SSEReader`.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
+
+from schemas.sse import SSEMessage, SSEReader
 
 
 @dataclass(frozen=True)
@@ -96,7 +99,7 @@ async def stream_chat(target: Target, body: bytes, disconnect_after: int | None 
 
 
 async def _exchange(target: Target, path: str, body: bytes, record: StreamRecord,
-                    on_event: Callable[[StreamRecord, bytes, float], None],
+                    on_event: Callable[[StreamRecord, SSEMessage, float], None],
                     disconnect_after: int | None = None) -> None:
     """One streamed request: every SSE event to `on_event` with the time its read
     returned; hangs up after `disconnect_after` content chunks."""
@@ -108,14 +111,13 @@ async def _exchange(target: Target, path: str, body: bytes, record: StreamRecord
         if record.status != 200:
             record.error = f"HTTP {record.status}: {(await reader.read())[:300]!r}"
             return
-        pending = b""
+        events = SSEReader()
         while not record.done:
             data = await reader.read(1 << 16)
             if not data:
                 break
             now = time.perf_counter()
-            *events, pending = (pending + data).replace(b"\r\n", b"\n").split(b"\n\n")
-            for event in events:
+            for event in events.feed_bytes(data):
                 on_event(record, event, now)
             if disconnect_after is not None and len(record.times) >= disconnect_after:
                 record.disconnected = True
@@ -126,15 +128,11 @@ async def _exchange(target: Target, path: str, body: bytes, record: StreamRecord
         writer.close()
 
 
-def _on_event(record: StreamRecord, event: bytes, now: float) -> None:
-    for line in event.split(b"\n"):
-        if not line.startswith(b"data:"):
-            continue  # comments (pings), event names
-        payload = line[5:].strip()
-        if payload == b"[DONE]":
-            record.done = True
-            return
-        _on_chunk(record, orjson.loads(payload), now)
+def _on_event(record: StreamRecord, event: SSEMessage, now: float) -> None:
+    if event.is_done:
+        record.done = True
+    else:
+        _on_chunk(record, event.json(), now)
 
 
 def _on_chunk(record: StreamRecord, chunk: dict[str, Any], now: float) -> None:
@@ -202,22 +200,16 @@ def _head(target: Target, path: str, length: int, accept: str) -> bytes:
     ).encode()
 
 
-def _on_native_event(record: StreamRecord, event: bytes, now: float) -> None:
-    name, data = b"", b""
-    for line in event.split(b"\n"):
-        if line.startswith(b"event:"):
-            name = line[6:].strip()
-        elif line.startswith(b"data:"):
-            data = line[5:].strip()
-    if data == b"[DONE]":
+def _on_native_event(record: StreamRecord, event: SSEMessage, now: float) -> None:
+    if event.is_done:
         record.done = True
-    elif name == b"delta":
+    elif event.event == "delta":
         record.times.append(now)
-        record.texts.append(orjson.loads(data)["delta"])
-    elif name == b"done":
-        done = orjson.loads(data)
+        record.texts.append(event.json()["delta"])
+    elif event.event == "done":
+        done = event.json()
         record.usage, record.finish_reason = done["usage"], done["finish_reason"]
-    elif name == b"request":
-        record.request_id = orjson.loads(data)["request_id"]
-    elif name == b"error":
-        record.error = data.decode(errors="replace")
+    elif event.event == "request":
+        record.request_id = event.json()["request_id"]
+    elif event.event == "error":
+        record.error = event.data

@@ -1,4 +1,5 @@
-"""What the pipeline itself recorded: token chunks on `chat.tokens`, usage on `chat.usage`.
+"""What the pipeline itself recorded: token chunks on `chat.tokens`, usage on `chat.usage`,
+and any events a test or benchmark looks for (`find_events`).
 
 Both topics are read from offset 0 (the embedded broker cannot seek to the
 end, DESIGN §11) until every request asked about has its terminal event.
@@ -11,6 +12,7 @@ from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
 
+from bus.clients import KafkaConfig
 from bus.replay import replay
 from schemas import topics
 from schemas.codec import CONTROL_EVENT, TOKEN_EVENT
@@ -46,6 +48,19 @@ async def read_events(bootstrap: str, topic: str, kind: Any, wanted: set[str],
                     break
     return found
 
+
+
+async def find_events(kafka: KafkaConfig, topic: str, kind: Any, match: Callable[[Any], bool],
+                      count: int = 1, timeout_s: float = 30.0) -> list[Any]:
+    """Read `topic` from the start until `count` decodable events satisfy `match`."""
+    found: list[Any] = []
+    async with aclosing(replay(kafka.bootstrap_servers, topic, kind, timeout_s)) as events:
+        async for _, event in events:
+            if match(event):
+                found.append(event)
+                if len(found) == count:
+                    break
+    return found
 
 async def token_chunks(bootstrap: str, request_ids: Iterable[str],
                        timeout_s: float = 30) -> dict[str, list[LoggedChunk]]:

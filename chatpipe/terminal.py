@@ -22,7 +22,7 @@ from typing import Any, TextIO
 import httpx
 import orjson
 
-from schemas.sse import SSEMessage, SSEReader
+from schemas.sse import SSEMessage, iter_messages
 
 HELP = """\
   /new            start a new conversation
@@ -141,14 +141,7 @@ class ChatApi:
             if response.is_error:
                 response.read()
                 raise ApiFailure.of(response)
-            yield response, _messages(response.iter_lines())
-
-
-def _messages(lines: Iterator[str]) -> Iterator[SSEMessage]:
-    reader = SSEReader()
-    for line in lines:
-        if (message := reader.feed(line)) is not None:
-            yield message
+            yield response, iter_messages(response.iter_lines())
 
 
 @dataclass

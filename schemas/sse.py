@@ -17,8 +17,12 @@ per chunk, `data: {"error": {...}}` on failure, then `data: [DONE]`.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterable
+import codecs
+import time
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+from contextlib import aclosing
 from dataclasses import dataclass
+from typing import Any
 
 import orjson
 from pydantic import BaseModel, Field
@@ -159,58 +163,104 @@ def openai_error(detail: ErrorDetail) -> bytes:
 # --- reading (clients, tests, benchmarks) ---------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class SSEMessage:
     event: str | None
+    """The `event:` field; None for a message that names none (every OpenAI chunk)."""
     data: str
     id: str | None = None
+    at: float = 0.0
+    """When the reader completed it, on the reader's clock (0 without one)."""
 
     @property
     def is_done(self) -> bool:
         return self.data == DONE_MARKER
 
+    def json(self) -> Any:
+        return orjson.loads(self.data)
+
 
 class SSEReader:
-    """Turns lines (without their line ending) into messages; comments are skipped."""
+    """The one client-side parser of an event stream (the SSE spec's rules): lines, or
+    pieces of the body cut anywhere, in; messages out. Comments are skipped, and a
+    blank line ends a message (one without `data:` is dropped, as browsers drop it).
+    With a `clock`, each message is stamped with its arrival time."""
 
-    def __init__(self) -> None:
-        self._event: str | None = None
-        self._id: str | None = None
-        self._data: list[str] = []
+    def __init__(self, clock: Callable[[], float] | None = None) -> None:
+        self._clock = clock
+        self._lines: list[str] = []
+        self._partial = ""
+        self._decoder = codecs.getincrementaldecoder("utf-8")()
 
     def feed(self, line: str) -> SSEMessage | None:
-        if not line:
-            return self._dispatch()
-        if line.startswith(":"):
+        """One line, without its line ending: the message it completes, if any."""
+        if line:
+            self._lines.append(line)
             return None
-        name, _, value = line.partition(":")
-        value = value.removeprefix(" ")
-        if name == "event":
-            self._event = value
-        elif name == "data":
-            self._data.append(value)
-        elif name == "id":
-            self._id = value
-        return None
+        lines, self._lines = self._lines, []
+        return self._message(lines)
 
-    def _dispatch(self) -> SSEMessage | None:
-        if not self._data and self._event is None:
+    def feed_bytes(self, piece: bytes) -> list[SSEMessage]:
+        """The messages `piece` completes: a read of the raw body, cut anywhere (a line
+        or a character split across two reads waits for the rest)."""
+        text = (self._partial + self._decoder.decode(piece)).replace("\r\n", "\n")
+        *blocks, self._partial = text.split("\n\n")
+        message = self._message
+        return [m for block in blocks if (m := message(block.split("\n"))) is not None]
+
+    def _message(self, lines: list[str]) -> SSEMessage | None:
+        """The message of one block of lines (a comment's field name is empty)."""
+        event = message_id = None
+        data: list[str] = []
+        for line in lines:
+            name, _, value = line.partition(":")
+            if value[:1] == " ":
+                value = value[1:]
+            if name == "data":
+                data.append(value)
+            elif name == "event":
+                event = value
+            elif name == "id":
+                message_id = value
+        if not data:
             return None
-        message = SSEMessage(event=self._event, data="\n".join(self._data), id=self._id)
-        self._event, self._id, self._data = None, None, []
-        return message
+        at = self._clock() if self._clock is not None else 0.0
+        return SSEMessage(event, "\n".join(data), message_id, at)
 
 
 def parse_messages(text: str | Iterable[str]) -> list[SSEMessage]:
     """All messages of a complete stream body (or of its lines)."""
     lines = text.splitlines() if isinstance(text, str) else text
-    reader = SSEReader()
-    return [m for line in [*lines, ""] if (m := reader.feed(line)) is not None]
+    return list(iter_messages([*lines, ""], clock=None))
+
+
+def iter_messages(lines: Iterable[str], clock: Callable[[], float] | None = time.monotonic,
+                  ) -> Iterator[SSEMessage]:
+    """Messages as they arrive, stamped with `clock`, e.g. from
+    `httpx.Response.iter_lines()`."""
+    reader = SSEReader(clock)
+    for line in lines:
+        if (message := reader.feed(line)) is not None:
+            yield message
 
 
 async def aiter_messages(lines: AsyncIterator[str]) -> AsyncIterator[SSEMessage]:
-    """Messages as they arrive, e.g. from `httpx.Response.aiter_lines()`."""
-    reader = SSEReader()
+    """Messages as they arrive, stamped with `time.monotonic()`, e.g. from
+    `httpx.Response.aiter_lines()`."""
+    reader = SSEReader(time.monotonic)
     async for line in lines:
         if (message := reader.feed(line)) is not None:
             yield message
+
+
+async def read_messages(lines: AsyncIterator[str],
+                        stop: Callable[[SSEMessage], bool] | None = None) -> list[SSEMessage]:
+    """The messages of `lines` (`aiter_messages`) to the stream's end, or up to and with
+    the first one `stop` accepts; `lines` can then be read on by another call."""
+    read: list[SSEMessage] = []
+    async with aclosing(aiter_messages(lines)) as messages:
+        async for message in messages:
+            read.append(message)
+            if stop is not None and stop(message):
+                break
+    return read

@@ -9,9 +9,11 @@ from collections.abc import AsyncIterator
 
 import pytest_asyncio
 
+from chatpipe.dev_stack import stack_settings
 from chatpipe.wiring import Stack, running_stack
-from tests.fixtures.stack import client_for, stack_settings
-from tests.support import post_message, read_sse_lines
+from schemas.sse import read_messages
+from tests.fixtures.stack import client_for
+from tests.support import post_message
 from workers.sim_engine import SimEngine
 
 SLOW_TOKENS_PER_S = 25.0
@@ -70,7 +72,7 @@ class BusySlot:
                                      json=body) as response:
                 assert response.status_code == 200, await response.aread()
                 lines = response.aiter_lines()
-                events = await read_sse_lines(lines, stop=lambda e: e.event == "delta")
+                events = await read_messages(lines, stop=lambda e: e.event == "delta")
                 assert events and events[-1].event == "delta", events
                 running.set()
                 async for _ in lines:  # keep reading: a client that stops reading is let go

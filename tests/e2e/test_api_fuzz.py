@@ -25,8 +25,8 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
+from chatpipe.dev_stack import API_KEY, running_sim_stack, stack_settings
 from chatpipe.wiring import Stack
-from tests.fixtures.stack import API_KEY, running_sim_stack, stack_settings
 
 pytestmark = pytest.mark.timeout(600)
 

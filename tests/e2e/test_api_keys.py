@@ -16,12 +16,12 @@ from pathlib import Path
 import httpx
 import pytest
 
+from bench.process_pipeline import KEY_SECRET, prints_logs_on_failure, running_pipeline
 from chatpipe.api_keys import secret_file
 from chatpipe.wiring import DEV_USER, Stack
 from conversations.sqlite_store import SQLiteStore
 from conversations.store import ApiKey
 from schemas.topics import Tier
-from tests.faults.harness import KEY_SECRET, prints_logs_on_failure, running_pipeline
 from tests.fixtures.stack import client_for
 from tests.support import post_message, read_sse
 

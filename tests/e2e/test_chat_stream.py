@@ -7,11 +7,13 @@ import asyncio
 import openai
 import pytest
 
+from bench.topic_log import find_events
+from chatpipe.dev_stack import API_KEY
 from schemas import topics
 from schemas.events import GenerationRequest, UsageEvent, WorkerHeartbeat
 from schemas.lifecycle import RequestStatus
-from tests.fixtures.stack import API_KEY, client_for
-from tests.support import find_events, post_message, read_sse
+from tests.fixtures.stack import client_for
+from tests.support import post_message, read_sse
 
 pytestmark = pytest.mark.vllm
 

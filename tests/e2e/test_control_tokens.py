@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import pytest
 
+from bench.topic_log import find_events
 from common.prompt import prompt_token_ids
 from gateway.tokens import TokenCounter
 from schemas import topics
 from schemas.events import GenerationRequest
 from tests.fixtures.stack import client_for
 from tests.integration.test_control_tokens import forged_turn
-from tests.support import find_events, post_message
+from tests.support import post_message
 
 pytestmark = pytest.mark.vllm
 

@@ -10,15 +10,17 @@ from typing import Any
 
 import httpx
 
+from bench.topic_log import find_events
 from chatpipe.wiring import Stack
 from conversations.store import ApiKey
 from gateway.background import BACKGROUND_ACCOUNT
 from gateway.summaries import TITLE_INSTRUCTIONS
 from schemas import topics
 from schemas.events import GenerationRequest, Role
+from schemas.sse import read_messages
 from schemas.topics import Tier
 from tests.fixtures.stack import client_for
-from tests.support import SseResult, find_events, read_sse, read_sse_lines
+from tests.support import SseResult, read_sse
 
 Client = httpx.AsyncClient
 
@@ -207,7 +209,7 @@ async def test_stop_ends_a_running_answer_and_only_its_owner_may(sim_stack: Stac
         body = {"content": "talk for a long time", "max_tokens": max_tokens, "ignore_eos": True}
         async with alice.stream("POST", f"/v1/conversations/{cid}/messages", json=body) as stream:
             lines = stream.aiter_lines()
-            started = await read_sse_lines(lines, stop=lambda e: e.event == "delta")
+            started = await read_messages(lines, stop=lambda e: e.event == "delta")
             ids = started[0].json()
             request_id, message_id = ids["request_id"], ids["message_id"]
 
@@ -216,7 +218,7 @@ async def test_stop_ends_a_running_answer_and_only_its_owner_may(sim_stack: Stac
             stopped = await alice.post(f"/v1/requests/{request_id}/cancel")
             assert stopped.status_code == 202, stopped.text
             assert stopped.json() == {"request_id": request_id, "status": "cancelling"}
-            rest = await read_sse_lines(lines)
+            rest = await read_messages(lines)
 
         [done] = [e.json() for e in rest if e.event == "done"]
         assert done["status"] == "finished_aborted"

@@ -10,11 +10,13 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
+from bench.topic_log import find_events
+from chatpipe.dev_stack import running_engine_stack, stack_settings
 from chatpipe.wiring import Stack, build_engine
 from schemas import topics
 from schemas.events import WorkerHeartbeat
-from tests.fixtures.stack import client_for, running_engine_stack, stack_settings
-from tests.support import find_events, post_message
+from tests.fixtures.stack import client_for
+from tests.support import post_message
 
 pytestmark = pytest.mark.vllm
 

@@ -17,9 +17,9 @@ from itertools import pairwise
 import pytest
 import pytest_asyncio
 
+from chatpipe.dev_stack import stack_settings
 from chatpipe.wiring import Stack, running_stack
 from tests.e2e.test_conversations import new_conversation, new_user, say
-from tests.fixtures.stack import stack_settings
 
 pytestmark = pytest.mark.vllm
 

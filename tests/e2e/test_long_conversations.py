@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
+from bench.topic_log import find_events
+from chatpipe.dev_stack import running_sim_stack, stack_settings
 from chatpipe.wiring import Stack
 from gateway.summaries import SUMMARY_HEADING, SUMMARY_INSTRUCTIONS
 from gateway.tokens import TokenCounter
@@ -24,8 +26,6 @@ from schemas import topics
 from schemas.events import GenerationRequest, Role
 from schemas.topics import Tier
 from tests.e2e.test_conversations import new_conversation, new_user, say
-from tests.fixtures.stack import running_sim_stack, stack_settings
-from tests.support import find_events
 
 WINDOW = 384
 MAX_TOKENS = 20

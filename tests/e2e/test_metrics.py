@@ -17,13 +17,14 @@ import pytest_asyncio
 from aiokafka import AIOKafkaProducer
 from prometheus_client.parser import text_string_to_metric_families
 
+from bench.process_pipeline import prints_logs_on_failure, running_pipeline
 from bus.broker import free_port
+from chatpipe.dev_stack import running_sim_stack, stack_settings
 from chatpipe.wiring import Stack
 from conversations.store import ApiKey
 from schemas import topics
 from schemas.topics import Tier
-from tests.faults.harness import prints_logs_on_failure, running_pipeline
-from tests.fixtures.stack import client_for, running_sim_stack, stack_settings
+from tests.fixtures.stack import client_for
 from tests.support import post_message
 
 MODEL = "metrics-sim"

@@ -16,8 +16,10 @@ import pytest_asyncio
 from aiokafka import AIOKafkaConsumer
 from aiokafka.structs import TopicPartition
 
+from bench.topic_log import find_events
 from billing.stage import GROUP as BILLING_GROUP
 from bus.clients import Publisher
+from chatpipe.dev_stack import running_sim_stack, stack_settings
 from chatpipe.wiring import Stack
 from conversations.store import ApiKey
 from ledger.charges import Account
@@ -27,8 +29,8 @@ from schemas import topics
 from schemas.events import DeadLetter, UsageEvent
 from schemas.lifecycle import RequestStatus
 from schemas.topics import Tier
-from tests.fixtures.stack import client_for, running_sim_stack, stack_settings
-from tests.support import find_events, read_sse
+from tests.fixtures.stack import client_for
+from tests.support import read_sse
 
 LIMITS = dict(
     user_requests_per_minute=3, org_requests_per_minute=5,

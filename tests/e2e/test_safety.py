@@ -7,13 +7,15 @@ import uuid
 
 import openai
 
+from bench.topic_log import find_events
+from chatpipe.dev_stack import API_KEY, stack_settings
 from chatpipe.wiring import running_stack
 from schemas import topics
 from schemas.events import GenerationRequest, ModerationEvent, UsageEvent
 from schemas.lifecycle import RequestStatus
 from schemas.topics import Tier
-from tests.fixtures.stack import API_KEY, client_for, stack_settings
-from tests.support import find_events, post_message
+from tests.fixtures.stack import client_for
+from tests.support import post_message
 from workers.sim_engine import SimEngine
 
 FILLER = " ".join(f"word{i}" for i in range(150))

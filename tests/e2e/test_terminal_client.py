@@ -16,10 +16,11 @@ from pathlib import Path
 import pexpect
 import pytest
 
+from chatpipe.dev_stack import API_KEY
 from chatpipe.terminal import RECONNECTING
 from schemas.lifecycle import RequestStatus
 from tests.dropped_connections import CuttingProxy, hold_dropped_answers
-from tests.fixtures.stack import API_KEY, client_for
+from tests.fixtures.stack import client_for
 from tests.support import post_message
 
 CHATPIPE = shutil.which("chatpipe", path=str(Path(sys.executable).parent)) or "chatpipe"

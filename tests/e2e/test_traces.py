@@ -13,9 +13,10 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 
+from chatpipe.dev_stack import running_sim_stack, stack_settings
 from chatpipe.wiring import Stack
 from ops import tracing
-from tests.fixtures.stack import client_for, running_sim_stack, stack_settings
+from tests.fixtures.stack import client_for
 from tests.support import read_sse
 
 CALLER_TRACE = 0x0AF7651916CD43DD8448EB211C80319C

@@ -24,12 +24,13 @@ import pytest
 import pytest_asyncio
 from playwright.async_api import Browser, Page, Route, async_playwright, expect
 
+from chatpipe.dev_stack import API_KEY
 from chatpipe.wiring import Stack
 from conversations.store import ApiKey
 from schemas.lifecycle import RequestStatus
 from schemas.topics import Tier
 from tests.dropped_connections import CuttingProxy, hold_dropped_answers
-from tests.fixtures.stack import API_KEY, client_for
+from tests.fixtures.stack import client_for
 from workers import sim_engine
 
 CHROMIUM = Path("/usr/bin/chromium")

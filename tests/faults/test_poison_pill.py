@@ -16,6 +16,8 @@ import pytest
 import pytest_asyncio
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
 
+from bench.fault_scenarios import PIPELINE_SETTINGS
+from bench.process_pipeline import Pipeline, running_pipeline
 from bus.produce_failures import PIPELINE_REJECTED
 from schemas import topics
 from schemas.codec import ANSWER_EVENT, TOKEN_EVENT, encode, headers
@@ -30,8 +32,6 @@ from schemas.events import (
     Role,
     SamplingOptions,
 )
-from tests.faults.harness import Pipeline, running_pipeline
-from tests.faults.scenarios import PIPELINE_SETTINGS
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -1,5 +1,5 @@
 """The scheduler survives SIGKILL and a rival (DESIGN §9): requests go straight onto
-the request topics and the stages run as processes (`tests/faults/harness.py`), so
+the request topics and the stages run as processes (`bench/process_pipeline.py`), so
 what is measured is the scheduler with real workers on a real broker.
 
 Pass criteria, read from the bus after each scenario:
@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 import pytest
 import pytest_asyncio
 
+from bench.process_pipeline import Pipeline, prints_logs_on_failure, running_pipeline
 from bus.clients import keyed_partition
 from bus.replay import read_to_end
 from bus.topics import create_topics
@@ -42,7 +43,6 @@ from schemas.events import (
 )
 from schemas.lifecycle import RequestStatus
 from schemas.topics import Tier
-from tests.faults.harness import Pipeline, prints_logs_on_failure, running_pipeline
 from workers.sim_engine import plan_reply
 
 pytestmark = pytest.mark.timeout(120)

@@ -16,12 +16,12 @@ import threading
 import pytest
 import pytest_asyncio
 
+from bench import fault_scenarios as scenarios
+from bench.fault_scenarios import PIPELINE_SETTINGS, stored_once_ended
+from bench.process_pipeline import Pipeline, running_pipeline
+from bench.watched_streams import Watched, reading, watch
 from schemas import topics
 from schemas.events import DeadLetter
-from tests.faults import scenarios
-from tests.faults.harness import Pipeline, running_pipeline
-from tests.faults.scenarios import PIPELINE_SETTINGS, stored_once_ended
-from tests.faults.streams import Watched, reading, watch
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -1,7 +1,7 @@
 """Every stream finishes, whatever fails underneath (DESIGN §9): workers killed or
 drained, a gateway killed, clients that drop and come back, a stage that freezes.
 
-One pipeline of processes (`tests/faults/scenarios.py`: scheduler, safety, recorder,
+One pipeline of processes (`bench/fault_scenarios.py`: scheduler, safety, recorder,
 billing, two sim workers, two gateways) serves the scenarios in order; each puts back
 what it broke. Pass criteria are what the users saw: answers finished, tokens missing
 or repeated against an uninterrupted run, the longest pause, the stored answer.
@@ -16,10 +16,8 @@ import time
 import pytest
 import pytest_asyncio
 
-from schemas.lifecycle import RequestStatus
-from tests.faults import scenarios
-from tests.faults.harness import Pipeline
-from tests.faults.scenarios import (
+from bench import fault_scenarios as scenarios
+from bench.fault_scenarios import (
     LOST_AFTER_S,
     RESUME_GRACE_S,
     STALL_S,
@@ -30,7 +28,9 @@ from tests.faults.scenarios import (
     stored_once_ended,
     usage_of,
 )
-from tests.faults.streams import Watched, reading, watch
+from bench.process_pipeline import Pipeline
+from bench.watched_streams import Watched, reading, watch
+from schemas.lifecycle import RequestStatus
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -16,15 +16,18 @@ import duckdb
 import pytest_asyncio
 from typer.testing import CliRunner
 
+from bench.topic_log import find_events
 from bus.replay import read_to_end
 from chatpipe.cli import app
+from chatpipe.dev_stack import running_sim_stack, stack_settings
 from chatpipe.wiring import Stack
 from conversations.store import ApiKey
 from schemas import topics
 from schemas.events import DeadLetter, UsageEvent
+from schemas.sse import read_messages
 from schemas.topics import Tier
-from tests.fixtures.stack import client_for, running_sim_stack, stack_settings
-from tests.support import find_events, post_message, read_sse_lines
+from tests.fixtures.stack import client_for
+from tests.support import post_message
 
 ORGS = {"acme": Tier.PRO, "globex": Tier.FREE}
 
@@ -60,11 +63,11 @@ async def _cancelled(stack: Stack, key: str) -> str:
         async with client.stream("POST", f"/v1/conversations/{cid}/messages",
                                  json=body) as stream:
             lines = stream.aiter_lines()
-            started = await read_sse_lines(lines, stop=lambda e: e.event == "delta")
+            started = await read_messages(lines, stop=lambda e: e.event == "delta")
             request_id = started[0].json()["request_id"]
             stopped = await client.post(f"/v1/requests/{request_id}/cancel")
             assert stopped.status_code == 202, stopped.text
-            rest = await read_sse_lines(lines)
+            rest = await read_messages(lines)
     [done] = [e.json() for e in rest if e.event == "done"]
     assert done["status"] == "finished_aborted"
     return request_id

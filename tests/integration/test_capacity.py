@@ -15,13 +15,15 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 
+from bench.topic_log import find_events
+from chatpipe.dev_stack import stack_settings
 from chatpipe.wiring import Stack, running_stack
 from conversations.store import ApiKey
 from schemas import topics
 from schemas.events import GenerationRequest, UsageEvent, WorkAssignment, WorkerHeartbeat
+from schemas.sse import SSEMessage, read_messages
 from schemas.topics import Tier
-from tests.fixtures.stack import stack_settings
-from tests.support import SseEvent, find_events, read_sse, read_sse_lines
+from tests.support import read_sse
 from workers.sim_engine import SimEngine, plan_reply
 
 TOKENS_PER_S = 40.0
@@ -50,7 +52,7 @@ class Chat:
                                         headers={"Authorization": f"Bearer {key}"})
 
     async def ask(self, content: str, max_tokens: int, until: str | None = None,
-                  ) -> tuple[float, list[SseEvent]]:
+                  ) -> tuple[float, list[SSEMessage]]:
         """Returns (seconds from sending to the first delta, events)."""
         conversation = (await self.client.post("/v1/conversations", json={})).json()
         started = time.monotonic()
@@ -67,7 +69,7 @@ class Chat:
         await self.client.aclose()
 
 
-def positions(events: list[SseEvent]) -> list[int]:
+def positions(events: list[SSEMessage]) -> list[int]:
     return [e.json()["position"] for e in events if e.event == "queued"]
 
 
@@ -185,14 +187,14 @@ async def test_killed_worker_requests_finish_on_another_without_gap_or_repeat(tm
                 "content": "a long answer please", "max_tokens": 120, "ignore_eos": True,
             }) as response:
                 lines = response.aiter_lines()
-                events = await read_sse_lines(lines, stop=lambda e: e.event == "delta"
+                events = await read_messages(lines, stop=lambda e: e.event == "delta"
                                               and e.id is not None and int(e.id) >= 3)
                 request_id = events[0].json()["request_id"]
                 [running] = await find_events(
                     stack.kafka, topics.WORKERS, WorkerHeartbeat,
                     lambda h: request_id in h.active, timeout_s=10)
                 os.killpg(workers[running.worker_id].pid, signal.SIGKILL)
-                events += await read_sse_lines(lines)
+                events += await read_messages(lines)
             await chat.aclose()
             [request] = await find_events(stack.kafka, topics.requests_topic(Tier.FREE),
                                           GenerationRequest,

@@ -19,10 +19,12 @@ from aiokafka.admin import AIOKafkaAdminClient
 
 from bus.clients import KafkaConfig
 from chatpipe import wiring
+from chatpipe.dev_stack import running_sim_stack, stack_settings
 from chatpipe.kafka_acls import GRANTS, Operation, Resource, allowed
 from schemas import topics
-from tests.fixtures.stack import client_for, running_sim_stack, stack_settings
-from tests.support import post_message, read_sse_lines
+from schemas.sse import read_messages
+from tests.fixtures.stack import client_for
+from tests.support import post_message
 
 TAG = "acl-check:"
 R, W, C = Operation.READ, Operation.WRITE, Operation.CREATE
@@ -98,7 +100,7 @@ async def test_every_topic_a_stage_uses_is_granted_to_its_kafka_user(
         long = {"content": "[[sim:length=2000]]", "max_tokens": 2000}
         async with client.stream("POST", f"/v1/conversations/{await conversation()}/messages",
                                  json=long) as response:
-            await read_sse_lines(response.aiter_lines(), stop=lambda e: e.event == "delta")
+            await read_messages(response.aiter_lines(), stop=lambda e: e.event == "delta")
             waiting = asyncio.create_task(post_message(
                 client, await conversation(), {"content": "[[sim:reply=hello there]]"}))
             await until(lambda: ("scheduler", W, Resource.TOPIC, stack.pipeline.reply_to)

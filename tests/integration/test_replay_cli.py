@@ -19,6 +19,7 @@ import pytest
 from aiokafka import AIOKafkaProducer
 from aiokafka.structs import ConsumerRecord
 
+from bench.topic_log import find_events
 from bus.clients import Publisher
 from bus.dead_letters import dead_letter
 from bus.replay import offsets_at
@@ -31,10 +32,10 @@ from schemas import topics
 from schemas.codec import encode
 from schemas.events import DeadLetter, UsageEvent
 from schemas.lifecycle import RequestStatus
-from schemas.sse import parse_messages
+from schemas.sse import SSEMessage, parse_messages, read_messages
 from schemas.topics import Tier
 from tests.fixtures.stack import client_for
-from tests.support import SseEvent, find_events, post_message, read_sse_lines
+from tests.support import post_message
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -97,7 +98,7 @@ def as_shown(events: list[tuple[str | None, str | None, str]]) -> list[tuple[str
 
 
 async def assert_as_client_is_what_was_received(stack, request_id: str,
-                                                received: list[SseEvent]) -> None:
+                                                received: list[SSEMessage]) -> None:
     code, out, err = await cli("replay", "request", request_id, "--as-client",
                                kafka=stack.kafka.bootstrap_servers)
     assert code == 0, err
@@ -179,10 +180,10 @@ async def test_a_cancelled_request(sim_stack):
         async with client.stream("POST", f"/v1/conversations/{cid}/messages",
                                  json=body) as response:
             lines = response.aiter_lines()
-            received = await read_sse_lines(lines, stop=lambda e: e.event == "delta")
+            received = await read_messages(lines, stop=lambda e: e.event == "delta")
             request_id = orjson.loads(received[0].data)["request_id"]
             assert (await client.post(f"/v1/requests/{request_id}/cancel")).status_code == 202
-            received += await read_sse_lines(lines)
+            received += await read_messages(lines)
     assert received[-1].data == "[DONE]"
     replayed = await life(sim_stack, request_id)
     cancel = first(replayed, topics.CONTROL, "cancel")

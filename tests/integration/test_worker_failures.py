@@ -16,6 +16,7 @@ import pytest
 import pytest_asyncio
 from aiokafka import AIOKafkaProducer
 
+from bench.topic_log import find_events
 from bus.broker import EmbeddedBroker
 from bus.clients import KafkaConfig, Publisher
 from bus.produce_failures import PIPELINE_REJECTED, PIPELINE_REJECTED_MESSAGE
@@ -31,7 +32,6 @@ from schemas.events import (
     SamplingOptions,
     WorkAssignment,
 )
-from tests.support import find_events
 from workers.engine import Engine
 from workers.failures import ENGINE_ERROR, ENGINE_ERROR_MESSAGE
 from workers.sim_engine import SimEngine

@@ -1,4 +1,4 @@
-"""Fault scenarios on a whole pipeline of processes (`tests/faults/harness.py`): each
+"""Fault scenarios on a whole pipeline of processes (`bench/process_pipeline.py`): each
 breaks something on purpose while answers stream and measures what the users saw.
 
 The tests (`tests/faults/test_*.py`) assert on the measures; `python -m bench faults`
@@ -19,6 +19,8 @@ from typing import Any
 
 import httpx
 
+from bench.process_pipeline import Pipeline, running_pipeline
+from bench.watched_streams import Watched, token_diff, watch
 from bus.replay import read_to_end
 from ledger.charges import Account
 from ledger.periods import period_of
@@ -27,8 +29,6 @@ from schemas import topics
 from schemas.codec import CONTROL_EVENT, WORK_EVENT
 from schemas.events import Cancel, GenerationRequest, UsageEvent, WorkAssignment, WorkerHeartbeat
 from schemas.topics import Tier
-from tests.faults.harness import Pipeline, running_pipeline
-from tests.faults.streams import Watched, token_diff, watch
 from workers.sim_engine import plan_reply
 
 TOKENS_PER_S = 20.0

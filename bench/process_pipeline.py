@@ -1,4 +1,5 @@
-"""Process-level fault tests: every stage is its own process (`python -m chatpipe.cli
+"""A pipeline of processes for the fault tests and `python -m bench faults`: every stage is
+its own process (`python -m chatpipe.cli
 <stage>`) on one embedded broker, so a test can SIGKILL, signal and restart any of
 them by name, as a crash or a deployment would.
 
@@ -34,13 +35,13 @@ from typing import Any
 import httpx
 import orjson
 
+from bench.topic_log import find_events
 from bus.broker import EmbeddedBroker, free_port
 from bus.clients import KafkaConfig, Publisher
 from bus.topics import TopicLayout, ensure_topics
 from chatpipe.settings import DEFAULT_MODEL_DIR
 from schemas import topics
 from schemas.events import Event, WorkerHeartbeat
-from tests.support import find_events
 
 API_KEY = "faults-dev-key"
 KEY_SECRET = "faults-key-secret"

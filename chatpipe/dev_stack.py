@@ -1,0 +1,55 @@
+"""A whole pipeline in this process on a throwaway broker and database, for the tests
+and the benchmarks (`chatpipe up` is the same stack, run until stopped).
+
+    settings = stack_settings(tmp_path, engine="sim", max_slots=4)
+    async with running_sim_stack(settings) as stack:
+        ...  # stack.base_url, with API_KEY as the bearer key
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+from chatpipe.settings import Settings
+from chatpipe.wiring import Stack, running_stack
+from workers.engine import Engine
+from workers.sim_engine import SimEngine
+
+API_KEY = "test-dev-key"
+"""The development key every stack of `stack_settings` accepts."""
+
+
+def stack_settings(tmp: Path, **overrides: object) -> Settings:
+    """Settings of a stack on its own embedded broker, free port and database under
+    `tmp`, quick to notice a dropped stream; `overrides` win."""
+    return Settings(**{
+        "kafka_bootstrap_servers": None,
+        "port": 0,
+        "dev_api_key": API_KEY,
+        "database_path": tmp / "chatpipe.db",
+        "coalesce_ms": 50,
+        "heartbeat_interval_s": 0.5,
+        # A dropped stream frees its slot soon (tests of the grace itself set their own).
+        "resume_grace_s": 0.5,
+        **overrides,
+    })
+
+
+def running_sim_stack(settings: Settings) -> contextlib.AbstractAsyncContextManager[Stack]:
+    """Every stage in process around a sim engine made from `settings`."""
+    return running_engine_stack(settings, SimEngine(
+        settings.model_name, settings.max_slots, settings.sim_tokens_per_s,
+        settings.sim_prompt_tokens_per_s))
+
+
+@contextlib.asynccontextmanager
+async def running_engine_stack(settings: Settings, engine: Engine) -> AsyncIterator[Stack]:
+    """Every stage in process around `engine`, started here and stopped after."""
+    await engine.start()
+    try:
+        async with running_stack(settings, engine) as stack:
+            yield stack
+    finally:
+        await engine.stop()
