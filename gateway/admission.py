@@ -23,6 +23,7 @@ from starlette.datastructures import MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from conversations.store import ApiKey
+from gateway.core import Unacceptable, Unavailable
 from gateway.deps import GatewayDeps
 from gateway.errors import ApiError
 from moderation.classifiers import first_verdict
@@ -37,14 +38,14 @@ _noted_headers: ContextVar[dict[str, str] | None] = ContextVar("noted_headers", 
 
 async def admit(deps: GatewayDeps, owner: ApiKey, tokens: int) -> None:
     """Return if the request may run (charged `tokens` against the token limits); else
-    raise 503 `overloaded`, or 429 `quota_exceeded` or `rate_limited`, with Retry-After
+    refuse it `overloaded`, or raise 429 `quota_exceeded` or `rate_limited`, with Retry-After
     and the rate-limit headers."""
     retry_after = deps.pipeline.overloaded(owner.tier)
     if retry_after is not None:
         admission_rejected(owner.tier, "overloaded")
-        raise ApiError(503, "overloaded",
-                       f"the {owner.tier} tier is overloaded; retry in {retry_after:.0f} s",
-                       headers={"Retry-After": str(math.ceil(retry_after))})
+        raise Unavailable("overloaded",
+                          f"the {owner.tier} tier is overloaded; retry in {retry_after:.0f} s",
+                          retry_after_s=math.ceil(retry_after))
     limiter = deps.rate_limiter
     if deps.quotas is not None:
         try:
@@ -73,7 +74,7 @@ async def check_input(
     deps: GatewayDeps, owner: ApiKey, model: str, texts: Sequence[str]
 ) -> None:
     """Classify every message the caller wrote, with the classifiers for its tier and
-    model, before anything is queued or stored: a blocked one gets 400 `content_blocked`
+    model, before anything is queued or stored: a blocked one is refused `content_blocked`
     naming the category, and the decision goes to chat.moderation.
 
     Each distinct text is classified on its own, newest first (a blocked phrase hidden
@@ -98,9 +99,9 @@ async def check_input(
         await deps.pipeline.moderate(ModerationEvent(
             user_id=owner.user_id, action="block_input", category=verdict.category,
             reason=f"{verdict.classifier}: {verdict.reason}"))
-        raise ApiError(400, "content_blocked",
-                       f"the message was blocked by the {verdict.category} policy",
-                       param="content")
+        raise Unacceptable("content_blocked",
+                           f"the message was blocked by the {verdict.category} policy",
+                           param="content")
 
 
 def note_response_headers(headers: dict[str, str]) -> None:

@@ -17,6 +17,7 @@ from fastapi import Depends
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from conversations.store import ApiKey, Conversation
+from gateway.core import NotFound
 from gateway.deps import StoreDep
 from gateway.errors import ApiError
 
@@ -49,10 +50,11 @@ Owner = Annotated[ApiKey, Depends(current_owner)]
 
 
 async def owned_conversation(conversation_id: str, owner: Owner, store: StoreDep) -> Conversation:
-    """The conversation named in the path; 404 unless the caller (org and user) owns it."""
+    """The conversation named in the path; `conversation_not_found` unless the caller
+    (org and user) owns it."""
     conversation = await store.get_conversation(conversation_id)
     if conversation is None or not conversation.owned_by(owner):
-        raise ApiError(404, "conversation_not_found", f"no conversation {conversation_id!r}")
+        raise NotFound("conversation_not_found", f"no conversation {conversation_id!r}")
     return conversation
 
 

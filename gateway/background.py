@@ -19,7 +19,7 @@ from contextlib import aclosing
 from typing import TYPE_CHECKING, Any
 
 from conversations.store import ApiKey
-from gateway.errors import ApiError
+from gateway.core import Refused
 from gateway.generation import StreamTimers, start_generation
 from gateway.limits import check_bus_size
 from gateway.summaries import SummaryJob, clean_title, title_request
@@ -142,7 +142,7 @@ async def generate_text(deps: GatewayDeps, request: GenerationRequest) -> str | 
         check_bus_size(deps.config.limits, request)
         generation = await start_generation(deps.pipeline, request,
                                             timers=StreamTimers(deps.config.stream_stall_s))
-    except ApiError:
+    except Refused:
         log.warning("background request %s not queued (too large for the bus, or the bus refused it)", request.request_id)
         return None
     async with aclosing(generation.events()) as events:

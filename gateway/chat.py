@@ -12,8 +12,9 @@ from fastapi import APIRouter, Header, Query
 from conversations.store import ApiKey, RequestRecord
 from gateway.auth import OwnedConversation, Owner
 from gateway.background import start_title
+from gateway.core import NotFound, Unacceptable
 from gateway.deps import Deps, GatewayDeps
-from gateway.errors import ApiError, error_responses
+from gateway.errors import error_responses
 from gateway.event_stream import EventStreamResponse
 from gateway.generation import Generation, event_stream, merged_deltas
 from gateway.stream_relay import StreamRelay
@@ -91,7 +92,7 @@ async def resume_events(
                                         record.answers_partition, record.answers_offset)
     await deps.pipeline.announce_resume(request_id, record.reply_to)
     generation = Generation(deps.pipeline, request_id, stream, StreamRelay(after_id=after),
-                            native_timers(deps), on_end=store_answer(deps))
+                            native_timers(deps.config), on_end=store_answer(deps.store))
     payload = sse.RequestPayload(
         request_id=request_id, message_id=record.message_id,
         user_message_id=(answer.parent_id or "") if answer is not None else "")
@@ -108,20 +109,20 @@ async def cancel_request(request_id: str, owner: Owner, deps: Deps) -> Cancelled
 
 async def stop(deps: GatewayDeps, owner: ApiKey, request_id: str) -> None:
     """Cancel `owner`'s running request (a stored answer still in progress, or one this
-    gateway relays); 404 for any other."""
+    gateway relays); `request_not_found` for any other."""
     if deps.live.owned(request_id, owner.org_id, owner.user_id) is None:
         record = await _owned_request(deps, owner, request_id)
         answer = await deps.store.get_message(record.message_id)
         if answer is None or answer.status != RequestStatus.IN_PROGRESS:
-            raise ApiError(404, "request_not_found", f"no running request {request_id!r}")
+            raise NotFound("request_not_found", f"no running request {request_id!r}")
     await deps.pipeline.cancel(request_id, reason="cancelled_by_user")
 
 
 async def _owned_request(deps: GatewayDeps, owner: ApiKey, request_id: str) -> RequestRecord:
-    """The stored request, if the caller (org and user) owns it; else 404."""
+    """The stored request, if the caller (org and user) owns it; else `request_not_found`."""
     record = await deps.store.get_request(request_id)
     if record is None or not record.owned_by(owner):
-        raise ApiError(404, "request_not_found", f"no request {request_id!r}")
+        raise NotFound("request_not_found", f"no request {request_id!r}")
     return record
 
 
@@ -131,8 +132,8 @@ def _event_id(raw: str | None) -> int | None:
     try:
         return int(raw)
     except ValueError:
-        raise ApiError(400, "invalid_last_event_id", "Last-Event-ID must be an event id "
-                       "(an integer) this stream sent", param="last_event_id") from None
+        raise Unacceptable("invalid_last_event_id", "Last-Event-ID must be an event id "
+                           "(an integer) this stream sent", param="last_event_id") from None
 
 
 async def answer(deps: GatewayDeps, turn: Turn) -> EventStreamResponse:

@@ -16,8 +16,9 @@ from fastapi import APIRouter, Query, Response
 from conversations.store import ApiKey, Conversation, ConversationStore, StoredMessage
 from conversations.tree import ConversationTree
 from gateway.auth import OwnedConversation, Owner
+from gateway.core import NotFound
 from gateway.deps import Deps, GatewayDeps, StoreDep
-from gateway.errors import ApiError, error_responses
+from gateway.errors import error_responses
 from schemas.api import (
     ConversationDetail,
     ConversationList,
@@ -53,7 +54,7 @@ async def list_conversations(
         page = await store.list_conversations(owner.user_id, org_id=owner.org_id, limit=limit,
                                               cursor=cursor)  # fmt: skip
     except ValueError as error:
-        raise ApiError(404, "cursor_not_found", "no page at this cursor: pass back a "
+        raise NotFound("cursor_not_found", "no page at this cursor: pass back a "
                        "next_cursor as it came", param="cursor") from error
     return ConversationList(data=[public(c) for c in page.conversations],
                             next_cursor=page.next_cursor)  # fmt: skip
@@ -93,7 +94,7 @@ async def select_message(
     """Put a message (a regeneration, an edit) on the thread; the next turn continues it."""
     cid = conversation.conversation_id
     if not await store.select_message(cid, owner.user_id, message_id, org_id=owner.org_id):
-        raise ApiError(404, "message_not_found", f"no message {message_id!r} in this conversation")
+        raise NotFound("message_not_found", f"no message {message_id!r} in this conversation")
     return await detail(store, conversation)
 
 
@@ -160,5 +161,5 @@ def _message(message: StoredMessage, tree: ConversationTree) -> MessagePublic:
     )
 
 
-def _not_found(conversation_id: str) -> ApiError:
-    return ApiError(404, "conversation_not_found", f"no conversation {conversation_id!r}")
+def _not_found(conversation_id: str) -> NotFound:
+    return NotFound("conversation_not_found", f"no conversation {conversation_id!r}")

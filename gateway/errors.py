@@ -5,6 +5,10 @@ Bad input is always a 4xx: malformed JSON → 400, a field that fails validation
 or a token budget → 429 `rate_limited` / `quota_exceeded`, with Retry-After.
 A message is written here or by a stage for the client: no exception's own text
 ever reaches one (an unexpected error is 500 `internal_error`, logged).
+
+The gateway's decisions refuse in the domain's words (`gateway.core.Refused`);
+`STATUS` is the one place that gives each kind of refusal its HTTP status. `ApiError`
+is for what speaks HTTP already: keys, rate limits and budgets, the routes' own checks.
 """
 
 from __future__ import annotations
@@ -18,6 +22,16 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from gateway.core import (
+    Invalid,
+    NotAllowed,
+    NotFound,
+    NotYet,
+    Refused,
+    TooLarge,
+    Unacceptable,
+    Unavailable,
+)
 from schemas.api import ErrorBody, ErrorDetail
 from schemas.events import DeliveryError
 
@@ -35,6 +49,18 @@ _MEANING = {
     502: "the answer stopped before its end",
     503: "overloaded or the pipeline is unavailable (Retry-After)",
 }
+
+
+STATUS: dict[type[Refused], int] = {
+    Unacceptable: 400,
+    NotAllowed: 403,
+    NotFound: 404,
+    NotYet: 409,
+    TooLarge: 413,
+    Invalid: 422,
+    Unavailable: 503,
+}
+"""The HTTP status of each kind of refusal."""
 
 
 def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
@@ -77,6 +103,16 @@ class ApiError(HTTPException):
         return ErrorDetail(
             code=self.code, message=self.detail, type=error_type(self.status_code), param=self.param
         )
+
+
+def refusal_response(refused: Refused) -> JSONResponse:
+    """The answer to a refused request: its kind's status, its code and message, and
+    Retry-After when waiting may help."""
+    status = STATUS[type(refused)]
+    detail = ErrorDetail(code=refused.code, message=refused.message, type=error_type(status),
+                         param=refused.param)  # fmt: skip
+    headers = None if refused.retry_after_s is None else {"Retry-After": str(refused.retry_after_s)}
+    return error_response(status, detail, headers)
 
 
 def error_response(
@@ -124,6 +160,10 @@ async def _on_http_error(request: Request, exc: StarletteHTTPException) -> JSONR
     return error_response(exc.status_code, detail, exc.headers)
 
 
+async def _on_refused(request: Request, exc: Refused) -> JSONResponse:
+    return refusal_response(exc)
+
+
 async def _on_unexpected_error(request: Request, exc: Exception) -> JSONResponse:
     # Starlette re-raises the exception after this answer, so the server still logs it.
     detail = ErrorDetail(code="internal_error", message="internal error", type=error_type(500))
@@ -133,4 +173,5 @@ async def _on_unexpected_error(request: Request, exc: Exception) -> JSONResponse
 def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(RequestValidationError, _on_validation_error)
     app.add_exception_handler(StarletteHTTPException, _on_http_error)
+    app.add_exception_handler(Refused, _on_refused)  # type: ignore[arg-type]
     app.add_exception_handler(Exception, _on_unexpected_error)

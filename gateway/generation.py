@@ -28,7 +28,7 @@ import anyio
 from fastapi import Request
 from starlette.background import BackgroundTask
 
-from gateway.errors import ApiError
+from gateway.core import Refused, pipeline_unavailable
 from gateway.event_stream import EventStreamResponse
 from gateway.pipeline import Pipeline, RequestStream
 from gateway.stream_relay import StreamRelay
@@ -178,23 +178,18 @@ async def start_generation(
     relay: StreamRelay | None = None, timers: StreamTimers = StreamTimers(),
     on_end: OnEnd | None = None,
 ) -> Generation:  # fmt: skip
-    """Submit the request (known to `live` until its stream closes); 503 if the
-    pipeline cannot take it."""
+    """Submit the request (known to `live` until its stream closes); refused
+    `pipeline_unavailable` if the pipeline cannot take it."""
     try:
         stream = await pipeline.submit(request)
-    except ApiError:
+    except Refused:
         raise
     except Exception as exc:
-        raise unavailable() from exc
+        raise pipeline_unavailable() from exc
     if live is not None:
         live.add(request)
     return Generation(pipeline, request.request_id, stream, relay, timers, live, on_end,
                       StreamTiming(request))
-
-
-def unavailable() -> ApiError:
-    return ApiError(503, "pipeline_unavailable", "the request could not be queued",
-                    headers={"Retry-After": "5"})
 
 
 def event_stream(frames: AsyncIterator[bytes], generation: Generation) -> EventStreamResponse:

@@ -1,7 +1,8 @@
 """Checks of one request against what this deployment serves and allows.
 
 All of them are pure and cheap (no store, no tokenizer): the routes run them before
-a request is charged to the rate limits or anything is stored.
+a request is charged to the rate limits or anything is stored. They refuse with
+`gateway.core`'s kinds of refusal.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from collections.abc import Sequence
 from pydantic import ValidationError
 
 from gateway.config import RequestLimits
-from gateway.errors import ApiError
+from gateway.core import Invalid, NotAllowed, NotFound, TooLarge, Unacceptable
 from schemas.codec import encode
 from schemas.events import GenerationRequest, SamplingOptions, StreamPosition, WorkAssignment
 from schemas.topics import Tier
@@ -29,8 +30,8 @@ _LARGEST = 1 << 63
 
 
 def served_model(limits: RequestLimits, requested: str | None, tier: Tier) -> str:
-    """The model to run: the one asked for, or the default; 404 if it is not served
-    here, 403 `model_not_allowed` if the caller's tier may not use it
+    """The model to run: the one asked for, or the default; `model_not_found` if it is not
+    served here, `model_not_allowed` if the caller's tier may not use it
     (`CHATPIPE_TIER_MODELS`)."""
     allowed = limits.tier_models.get(tier)
     if requested is None:
@@ -40,21 +41,19 @@ def served_model(limits: RequestLimits, requested: str | None, tier: Tier) -> st
         # The tier's first allowed model stands in for a default it may not use.
         requested = next((m for m in allowed if m in limits.models), default)
     if requested not in limits.models:
-        raise ApiError(
-            404, "model_not_found", f"model {requested!r} is not served here", param="model"
-        )
+        raise NotFound("model_not_found", f"model {requested!r} is not served here",
+                       param="model")
     if allowed is not None and requested not in allowed:
-        raise ApiError(403, "model_not_allowed",
-                       f"the {tier} tier may not use model {requested!r}", param="model")
+        raise NotAllowed("model_not_allowed", f"the {tier} tier may not use model {requested!r}",
+                         param="model")
     return requested
 
 
 def check_message(limits: RequestLimits, content: str, *, allow_empty: bool = False) -> None:
     if not allow_empty and not content.strip():
-        raise ApiError(400, "empty_message", "the message is empty", param="content")
+        raise Unacceptable("empty_message", "the message is empty", param="content")
     if len(content) > limits.max_message_chars:
-        raise ApiError(
-            413,
+        raise TooLarge(
             "message_too_long",
             f"a message holds at most {limits.max_message_chars} characters",
             param="content",
@@ -63,20 +62,20 @@ def check_message(limits: RequestLimits, content: str, *, allow_empty: bool = Fa
 
 def check_message_count(limits: RequestLimits, count: int) -> None:
     if count > limits.max_messages:
-        raise ApiError(422, "too_many_messages",
-                       f"a request carries at most {limits.max_messages} messages",
-                       param="messages")
+        raise Invalid("too_many_messages",
+                      f"a request carries at most {limits.max_messages} messages",
+                      param="messages")
 
 
 def check_stop(limits: RequestLimits, stop: Sequence[str]) -> None:
     """Stop sequences are matched against every chunk of the answer: few and short."""
     if len(stop) > limits.max_stop_sequences:
-        raise ApiError(422, "too_many_stop_sequences",
-                       f"at most {limits.max_stop_sequences} stop sequences", param="stop")
+        raise Invalid("too_many_stop_sequences",
+                      f"at most {limits.max_stop_sequences} stop sequences", param="stop")
     if any(len(sequence) > limits.max_stop_chars for sequence in stop):
-        raise ApiError(422, "stop_too_long",
-                       f"a stop sequence holds at most {limits.max_stop_chars} characters",
-                       param="stop")
+        raise Invalid("stop_too_long",
+                      f"a stop sequence holds at most {limits.max_stop_chars} characters",
+                      param="stop")
 
 
 def sampling_options(
@@ -91,8 +90,7 @@ def sampling_options(
 ) -> SamplingOptions:
     """SamplingOptions from request fields; unset fields take the defaults."""
     if max_tokens is not None and max_tokens > limits.max_tokens_limit:
-        raise ApiError(
-            422,
+        raise Invalid(
             "max_tokens_too_large",
             f"max_tokens is at most {limits.max_tokens_limit}",
             param="max_tokens",
@@ -109,7 +107,7 @@ def sampling_options(
     except ValidationError as exc:
         error = exc.errors()[0]
         param = ".".join(str(part) for part in error["loc"])
-        raise ApiError(422, "invalid_request", f"{param}: {error['msg']}", param=param) from exc
+        raise Invalid("invalid_request", f"{param}: {error['msg']}", param=param) from exc
 
 
 def bus_bytes(request: GenerationRequest, served: Sequence[str]) -> int:
@@ -127,11 +125,11 @@ def bus_bytes(request: GenerationRequest, served: Sequence[str]) -> int:
 
 
 def check_bus_size(limits: RequestLimits, request: GenerationRequest) -> None:
-    """413 `request_too_large` unless the request fits every hop of the bus: one that did
+    """`request_too_large` unless the request fits every hop of the bus: one that did
     not would fail at a later hop, after it was admitted and charged."""
     room = BUS_MESSAGE_BYTES - BUS_HEADROOM_BYTES
     size = bus_bytes(request, limits.models)
     if size > room:
-        raise ApiError(413, "request_too_large",
+        raise TooLarge("request_too_large",
                        f"the request takes {size} bytes on the bus, which carries at most "
                        f"{room}; send fewer or shorter messages")

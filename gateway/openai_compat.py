@@ -24,7 +24,7 @@ from fastapi import APIRouter, Request
 from conversations.store import ApiKey
 from gateway.admission import admit, check_input
 from gateway.auth import Owner
-from gateway.core import owner_request
+from gateway.core import TooLarge, owner_request
 from gateway.deps import ConfigDep, Deps, GatewayDeps
 from gateway.errors import ApiError, error_responses, error_type, from_delivery_error
 from gateway.event_stream import EventStreamResponse
@@ -141,7 +141,7 @@ TOKENS_PER_MESSAGE = 16
 
 
 async def check_window(deps: GatewayDeps, request: GenerationRequest) -> None:
-    """413 `context_too_long` unless the prompt leaves the model's window room for an
+    """Refused `context_too_long` unless the prompt leaves the model's window room for an
     answer (the engine ends the answer at the window, `length`). The prompt is tokenized
     only when it might not fit: no token is shorter than a byte."""
     window = deps.context.policy(request.model, 0).max_prompt_tokens
@@ -151,7 +151,7 @@ async def check_window(deps: GatewayDeps, request: GenerationRequest) -> None:
         return
     tokens = await deps.context.prompt_tokens(request.model, request.messages)
     if tokens >= window:
-        raise ApiError(413, "context_too_long", f"the prompt needs {tokens} tokens; "
+        raise TooLarge("context_too_long", f"the prompt needs {tokens} tokens; "
                        f"{request.model} takes {window} in all", param="messages")
 
 

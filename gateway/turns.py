@@ -35,11 +35,21 @@ from conversations.store import (
 from conversations.tree import ConversationTree
 from gateway.admission import admit, charge_rest, check_input
 from gateway.background import start_summary
+from gateway.config import GatewayConfig
 from gateway.context import BuiltContext
-from gateway.core import owner_request
+from gateway.context_builder import ContextBuilder
+from gateway.core import (
+    Refused,
+    check_room,
+    edit_thread,
+    owner_request,
+    pending_answer,
+    pipeline_unavailable,
+    regenerated_question,
+    reply_pending,
+)
 from gateway.deps import GatewayDeps
-from gateway.errors import ApiError
-from gateway.generation import Generation, OnEnd, StreamTimers, start_generation, unavailable
+from gateway.generation import Generation, OnEnd, StreamTimers, start_generation
 from gateway.limits import check_bus_size, check_message, sampling_options, served_model
 from gateway.rate_limits import admission_tokens, text_tokens
 from gateway.stream_relay import StreamRelay
@@ -85,11 +95,7 @@ async def start_edit(
     model, sampling = _answer_options(deps, owner, post)
     charged = text_tokens([post.content], sampling.max_tokens)
     await admit(deps, owner, charged)
-    tree = await deps.store.get_tree(conversation.conversation_id)
-    edited = _message_in(tree, message_id)
-    if edited.role != Role.USER:
-        raise ApiError(400, "not_a_user_message", "only a user message can be edited")
-    thread = tree.path_to(edited.parent_id) if edited.parent_id is not None else []
+    thread = edit_thread(await deps.store.get_tree(conversation.conversation_id), message_id)
     return await _new_user_turn(deps, owner, conversation, thread, post.content, model,
                                 sampling, charged)  # fmt: skip
 
@@ -105,14 +111,10 @@ async def start_regenerate(
     charged = text_tokens([], sampling.max_tokens)
     await admit(deps, owner, charged)
     tree = await deps.store.get_tree(conversation.conversation_id)
-    target = _message_in(tree, message_id)
-    question = target
-    if target.role == Role.ASSISTANT and target.parent_id is not None:
-        question = _message_in(tree, target.parent_id)
-    if question.role != Role.USER:
-        raise ApiError(400, "nothing_to_regenerate", "this message answers no user message")
+    question = regenerated_question(tree, message_id)
     thread = tree.path_to(question.message_id)
-    built = await _build(deps, conversation.conversation_id, thread, None, model, sampling)
+    built = await _build(deps.context, deps.store, conversation.conversation_id, thread, None,
+                         model, sampling)
     await charge_rest(deps, owner, charged, admission_tokens(built.messages, sampling.max_tokens))
     request = _request(deps, owner, conversation, question.message_id, model, sampling, built)
     check_bus_size(deps.config.limits, request)
@@ -128,7 +130,7 @@ async def send_turn(deps: GatewayDeps, turn: Turn) -> Generation:
     try:
         partition, offset = await deps.pipeline.start_answer(request)
     except Exception as exc:
-        raise unavailable() from exc
+        raise pipeline_unavailable() from exc
     await deps.store.start_answer(
         NewMessage(message_id=request.message_id, conversation_id=request.conversation_id,
                    role=Role.ASSISTANT, content="", parent_id=turn.user_message.message_id,
@@ -143,17 +145,17 @@ async def send_turn(deps: GatewayDeps, turn: Turn) -> Generation:
     relay = StreamRelay(answer_started(request))
     try:
         return await start_generation(deps.pipeline, request, deps.live, relay,
-                                      native_timers(deps), store_answer(deps))
-    except ApiError:
+                                      native_timers(deps.config), store_answer(deps.store))
+    except Refused:
         failed = relay.answer()
         assert failed is not None
         await deps.store.finish_answer(failed)
         raise
 
 
-def native_timers(deps: GatewayDeps) -> StreamTimers:
+def native_timers(config: GatewayConfig) -> StreamTimers:
     """Native streams are held for a resume when their client drops them."""
-    return StreamTimers(deps.config.stream_stall_s, deps.config.resume_grace_s)
+    return StreamTimers(config.stream_stall_s, config.resume_grace_s)
 
 
 STORE_END_FOR_S = 10.0
@@ -161,16 +163,16 @@ STORE_END_FOR_S = 10.0
 answer later if this gives up."""
 
 
-def store_answer(deps: GatewayDeps) -> OnEnd:
+def store_answer(store: ConversationStore) -> OnEnd:
     """Stores a stream's answer once it has ended, before the end is shown."""
 
-    async def store(relay: StreamRelay) -> None:
+    async def finish(relay: StreamRelay) -> None:
         answer = relay.answer()
         if answer is not None:
-            await retried(lambda: deps.store.finish_answer(answer),
+            await retried(lambda: store.finish_answer(answer),
                           f"storing the end of {answer.message_id}", STORE_END_FOR_S)
 
-    return store
+    return finish
 
 
 async def _new_user_turn(
@@ -181,7 +183,7 @@ async def _new_user_turn(
     """Store `content` as a user message after `thread` and answer it (the turn was
     admitted, `charged` tokens)."""
     cid = conversation.conversation_id
-    built = await _build(deps, cid, thread, content, model, sampling)
+    built = await _build(deps.context, deps.store, cid, thread, content, model, sampling)
     await charge_rest(deps, owner, charged, admission_tokens(built.messages, sampling.max_tokens))
     user_message_id = new_id()
     request = _request(deps, owner, conversation, user_message_id, model, sampling, built)
@@ -219,22 +221,15 @@ def _answer_options(
 
 
 async def _build(
-    deps: GatewayDeps, conversation_id: str, thread: list[StoredMessage],
-    new_message: str | None, model: str, sampling: SamplingOptions,
+    context: ContextBuilder, store: ConversationStore, conversation_id: str,
+    thread: list[StoredMessage], new_message: str | None, model: str,
+    sampling: SamplingOptions,
 ) -> BuiltContext:  # fmt: skip
-    """The prompt; 413 if the system prompt, summary and new message alone pass the window
-    less max_tokens."""
-    built = await deps.context.build(deps.store, conversation_id, thread, new_message,
-                                     model=model, max_tokens=sampling.max_tokens)  # fmt: skip
-    if not built.fits:
-        window = built.max_prompt_tokens + sampling.max_tokens
-        raise ApiError(
-            413,
-            "context_too_long",
-            f"the prompt needs {built.prompt_tokens} tokens and the answer max_tokens="
-            f"{sampling.max_tokens}; {model} takes {window} in all",
-            param="content",
-        )
+    """The prompt, refused if the system prompt, summary and new message alone pass the
+    window less max_tokens."""
+    built = await context.build(store, conversation_id, thread, new_message,
+                                model=model, max_tokens=sampling.max_tokens)  # fmt: skip
+    check_room(built, model, sampling.max_tokens)
     return built
 
 
@@ -254,27 +249,15 @@ def _request(
                          store=True)  # fmt: skip
 
 
-def _message_in(tree: ConversationTree, message_id: str) -> StoredMessage:
-    for message in tree.messages:
-        if message.message_id == message_id:
-            return message
-    raise ApiError(404, "message_not_found", f"no message {message_id!r} in this conversation")
-
-
 async def _settled_tree(
     store: ConversationStore, conversation_id: str, wait_s: float, stale_after_s: float
 ) -> ConversationTree:
-    """The conversation's tree once the thread's last answer has ended.
-
-    An answer is stored as in progress while it streams; a next turn that comes
-    quickly waits for it up to `wait_s`, then gets 409. An answer in progress for
-    longer than `stale_after_s` (nothing finished it) is given up on.
-    """
+    """The conversation's tree once the thread's last answer has ended: a next turn that
+    comes quickly waits for it up to `wait_s`, then is refused `reply_pending`."""
     tree = await store.get_tree(conversation_id)
-    thread = tree.thread()
-    if not thread or not _streaming(thread[-1], stale_after_s):
+    pending = pending_answer(tree.thread(), now(), stale_after_s)
+    if pending is None:
         return tree
-    pending = thread[-1].message_id
     delay = 0.02
     with anyio.move_on_after(wait_s):
         while True:
@@ -283,15 +266,4 @@ async def _settled_tree(
                 return await store.get_tree(conversation_id)
             await anyio.sleep(delay)
             delay = min(delay * 2, 0.25)
-    raise ApiError(
-        409,
-        "reply_pending",
-        "the previous message is still being answered; retry when it is done",
-        headers={"Retry-After": "1"},
-    )
-
-
-def _streaming(message: StoredMessage, stale_after_s: float) -> bool:
-    return (message.role == Role.ASSISTANT and message.status == RequestStatus.IN_PROGRESS
-            and message.created_at >= now() - stale_after_s)
-
+    raise reply_pending()
