@@ -94,35 +94,22 @@ async def _read(kafka: KafkaConfig | str, topic: str, bounds: dict[int, tuple[in
     """`bounds` None: every partition from 0 to its first reported end."""
     consumer = _reader(kafka)
     await consumer.start()
-    found: list[tuple[int, int, Any]] = []
     try:
         if bounds is None:
-            partitions = {tp.partition: tp for tp in await _partitions(consumer, topic)}
+            starts = {tp: 0 for tp in await _partitions(consumer, topic)}
         else:
-            partitions = {p: TopicPartition(topic, p) for p in bounds}
-        consumer.assign(list(partitions.values()))
-        ends = {p: end for p, (_, end) in (bounds or {}).items()}
-        for p, tp in partitions.items():
-            consumer.seek(tp, bounds[p][0] if bounds is not None else 0)
-        deadline = time.monotonic() + timeout_s
-        while partitions:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{topic}: {sorted(partitions)} not read within {timeout_s}s")
-            batch = await consumer.getmany(*partitions.values(), timeout_ms=200)
-            for p, tp in list(partitions.items()):
-                if p not in ends:
-                    if consumer.highwater(tp) is None:
-                        continue  # not fetched yet: its end comes with its first fetch
-                    ends[p] = consumer.highwater(tp)
-                for record in batch.get(tp, []):
-                    if record.offset < ends[p] and (key is None or record.key == key):
-                        with contextlib.suppress(EventDecodeError):
-                            found.append((p, record.offset, decode(kind, record.value)))
-                if await consumer.position(tp) >= ends[p]:
-                    del partitions[p]
+            starts = {TopicPartition(topic, p): start for p, (start, _) in bounds.items()}
+        records = await _read_partitions(
+            consumer, starts,
+            (lambda tp, _: bounds[tp.partition][1]) if bounds is not None else _first_end,
+            (lambda r: r.key == key) if key is not None else None, timeout_s, idle=False)
     finally:
         await consumer.stop()
-    return sorted(found, key=lambda item: (item[0], item[1]))
+    found: list[tuple[int, int, Any]] = []
+    for record in records:
+        with contextlib.suppress(EventDecodeError):
+            found.append((record.partition, record.offset, decode(kind, record.value)))
+    return found
 
 
 async def existing_partitions(kafka: KafkaConfig | str, topics: Collection[str] | None = None,
@@ -154,38 +141,56 @@ async def read_records(kafka: KafkaConfig | str, starts: Mapping[TopicPartition,
         return []
     consumer = _reader(kafka, auto_offset_reset="none")
     await consumer.start()
-    found: list[ConsumerRecord] = []
     try:
-        open_ = dict(starts)
-        consumer.assign(list(open_))
-        for tp, start in open_.items():
-            consumer.seek(tp, start)
-        ends: dict[TopicPartition, int] = {}
-        deadline = time.monotonic() + idle_timeout_s
-        while open_:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{sorted(map(str, open_))} not read within {idle_timeout_s}s")
-            try:
-                batch = await consumer.getmany(*open_, timeout_ms=200)
-            except OffsetOutOfRangeError as exc:  # started past the end: nothing to read
-                for tp in exc.args[0] if exc.args and isinstance(exc.args[0], dict) else open_:
-                    open_.pop(tp, None)
-                    consumer.pause(tp)
-                continue
-            if any(batch.values()):
-                deadline = time.monotonic() + idle_timeout_s
-            for tp in list(open_):
-                if tp not in ends:
-                    if consumer.highwater(tp) is None:
-                        continue  # not fetched yet: its end comes with its first fetch
-                    ends[tp] = min(consumer.highwater(tp), (stops or {}).get(tp, 1 << 62))
-                found.extend(record for record in batch.get(tp, [])
-                             if record.offset < ends[tp] and (keep is None or keep(record)))
-                if await consumer.position(tp) >= ends[tp]:
-                    del open_[tp]
-                    consumer.pause(tp)
+        return await _read_partitions(
+            consumer, starts, lambda tp, end: min(end, (stops or {}).get(tp, end)), keep,
+            idle_timeout_s, idle=True)
     finally:
         await consumer.stop()
+
+
+def _first_end(_: TopicPartition, end: int) -> int:
+    return end
+
+
+async def _read_partitions(
+    consumer: AIOKafkaConsumer, starts: Mapping[TopicPartition, int],
+    end_of: Callable[[TopicPartition, int], int],
+    keep: Callable[[ConsumerRecord], bool] | None, timeout_s: float, idle: bool,
+) -> list[ConsumerRecord]:
+    """The one reading loop: each partition from its start up to `end_of(partition, the
+    end its first fetch reports)`, records kept by `keep`, sorted by topic, partition and
+    offset. TimeoutError after `timeout_s`, counted from the start, or with `idle` from
+    the last fetch that brought records. A start past the end reads nothing."""
+    open_ = dict(starts)
+    consumer.assign(list(open_))
+    for tp, start in open_.items():
+        consumer.seek(tp, start)
+    ends: dict[TopicPartition, int] = {}
+    found: list[ConsumerRecord] = []
+    deadline = time.monotonic() + timeout_s
+    while open_:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{sorted(map(str, open_))} not read within {timeout_s}s")
+        try:
+            batch = await consumer.getmany(*open_, timeout_ms=200)
+        except OffsetOutOfRangeError as exc:  # started past the end: nothing to read
+            for tp in exc.args[0] if exc.args and isinstance(exc.args[0], dict) else open_:
+                open_.pop(tp, None)
+                consumer.pause(tp)
+            continue
+        if idle and any(batch.values()):
+            deadline = time.monotonic() + timeout_s
+        for tp in list(open_):
+            if tp not in ends:
+                if consumer.highwater(tp) is None:
+                    continue  # not fetched yet: its end comes with its first fetch
+                ends[tp] = end_of(tp, consumer.highwater(tp))
+            found.extend(record for record in batch.get(tp, [])
+                         if record.offset < ends[tp] and (keep is None or keep(record)))
+            if await consumer.position(tp) >= ends[tp]:
+                del open_[tp]
+                consumer.pause(tp)
     return sorted(found, key=lambda r: (r.topic, r.partition, r.offset))
 
 
