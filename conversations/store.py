@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import orjson
 
+from schemas.api import TurnUsage
 from schemas.events import Role
 from schemas.lifecycle import RequestStatus
 from schemas.topics import Tier
@@ -146,16 +147,8 @@ class RequestRecord:
         return owns(self.org_id, self.user_id, owner)
 
 
-@dataclass(frozen=True, slots=True)
-class MessageUsage:
-    """What one answer cost: the growing-history price of a conversation turn."""
-
-    message_id: str
-    seq: int
-    model: str | None
-    prompt_tokens: int
-    cached_tokens: int
-    completion_tokens: int
+MessageUsage = TurnUsage
+"""The old name of `schemas.api.TurnUsage`, kept until the stores import that."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -277,7 +270,7 @@ class ConversationStore(Protocol):
         there before. False if the conversation is not (`org_id`, `user_id`)'s or
         the message is not in it."""
 
-    async def message_usage(self, conversation_id: str) -> list[MessageUsage]:
+    async def message_usage(self, conversation_id: str) -> list[TurnUsage]:
         """Prompt, cached and completion tokens of every answer, in seq order."""
 
     # --- context ------------------------------------------------------------------

@@ -27,7 +27,6 @@ from schemas.api import (
     CreateConversation,
     MessagePublic,
     RenameConversation,
-    TurnUsage,
 )
 
 router = APIRouter(tags=["conversations"])
@@ -132,10 +131,7 @@ async def delete(deps: GatewayDeps, owner: ApiKey, conversation_id: str) -> None
 
 
 async def usage(store: ConversationStore, conversation_id: str) -> ConversationUsage:
-    turns = [TurnUsage(message_id=u.message_id, seq=u.seq, model=u.model,
-                       prompt_tokens=u.prompt_tokens, cached_tokens=u.cached_tokens,
-                       completion_tokens=u.completion_tokens)
-             for u in await store.message_usage(conversation_id)]  # fmt: skip
+    turns = await store.message_usage(conversation_id)
     return ConversationUsage(
         conversation_id=conversation_id,
         turns=turns,

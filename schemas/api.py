@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic.dataclasses import dataclass as pydantic_dataclass
 
 from schemas.events import Role, Usage
 from schemas.lifecycle import RequestStatus
@@ -138,7 +139,10 @@ class CancelledRequest(BaseModel):
     )
 
 
-class TurnUsage(BaseModel):
+# A dataclass, not a model: the stores build it from rows (`message_usage`) as the API
+# shows it.
+@pydantic_dataclass(frozen=True, slots=True)
+class TurnUsage:
     """What one answer cost; `cached_tokens` is the part of the prompt the prefix cache served."""
 
     message_id: str
