@@ -9,7 +9,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Header, Query
 
-from conversations.store import ApiKey, RequestRecord
+from conversations.store import ApiKey, ConversationStore, RequestRecord
 from gateway.auth import OwnedConversation, Owner
 from gateway.background import start_title
 from gateway.core import NotFound, Unacceptable
@@ -84,7 +84,7 @@ async def resume_events(
 ) -> EventStreamResponse:  # fmt: skip
     """A stored answer's stream, on any gateway: the events after `Last-Event-ID` (all of
     them without it), live until the end; an answer that has ended is replayed."""
-    record = await _owned_request(deps, owner, request_id)
+    record = await _owned_request(deps.store, owner, request_id)
     after = _event_id(last_event_id_header if last_event_id_header is not None
                       else last_event_id)  # fmt: skip
     answer = await deps.store.get_message(record.message_id)
@@ -111,16 +111,17 @@ async def stop(deps: GatewayDeps, owner: ApiKey, request_id: str) -> None:
     """Cancel `owner`'s running request (a stored answer still in progress, or one this
     gateway relays); `request_not_found` for any other."""
     if deps.live.owned(request_id, owner.org_id, owner.user_id) is None:
-        record = await _owned_request(deps, owner, request_id)
+        record = await _owned_request(deps.store, owner, request_id)
         answer = await deps.store.get_message(record.message_id)
         if answer is None or answer.status != RequestStatus.IN_PROGRESS:
             raise NotFound("request_not_found", f"no running request {request_id!r}")
     await deps.pipeline.cancel(request_id, reason="cancelled_by_user")
 
 
-async def _owned_request(deps: GatewayDeps, owner: ApiKey, request_id: str) -> RequestRecord:
+async def _owned_request(store: ConversationStore, owner: ApiKey, request_id: str
+                         ) -> RequestRecord:  # fmt: skip
     """The stored request, if the caller (org and user) owns it; else `request_not_found`."""
-    record = await deps.store.get_request(request_id)
+    record = await store.get_request(request_id)
     if record is None or not record.owned_by(owner):
         raise NotFound("request_not_found", f"no request {request_id!r}")
     return record

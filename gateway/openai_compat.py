@@ -24,6 +24,8 @@ from fastapi import APIRouter, Request
 from conversations.store import ApiKey
 from gateway.admission import admit, check_input
 from gateway.auth import Owner
+from gateway.config import GatewayConfig
+from gateway.context_builder import ContextBuilder
 from gateway.core import TooLarge, owner_request
 from gateway.deps import ConfigDep, Deps, GatewayDeps
 from gateway.errors import ApiError, error_responses, error_type, from_delivery_error
@@ -102,18 +104,18 @@ async def admitted_request(
     """The request to queue, once every check has passed: its fields and size (cheap,
     charging nothing), the caller's budgets and rate limits (charged), then its prompt
     in the model's window and every message through the input classifiers."""
-    request = to_generation_request(completion, owner, deps)
+    request = to_generation_request(completion, owner, deps.config, deps.pipeline.reply_to)
     check_bus_size(deps.config.limits, request)
     await admit(deps, owner, admission_tokens(request.messages, request.sampling.max_tokens))
-    await check_window(deps, request)
+    await check_window(deps.context, request)
     await check_input(deps, owner, request.model, [m.content for m in request.messages])
     return request
 
 
 def to_generation_request(
-    completion: ChatCompletionRequest, owner: ApiKey, deps: GatewayDeps
+    completion: ChatCompletionRequest, owner: ApiKey, config: GatewayConfig, reply_to: str
 ) -> GenerationRequest:
-    limits = deps.config.limits
+    limits = config.limits
     model = served_model(limits, completion.model, owner.tier)
     check_message_count(limits, len(completion.messages))
     for message in completion.messages:
@@ -131,8 +133,8 @@ def to_generation_request(
     messages = tuple(ChatMessage(role=message.chat_role, content=message.text)
                      for message in completion.messages)  # fmt: skip
     return owner_request(owner, model=model, messages=messages, sampling=sampling,
-                         reply_to=deps.pipeline.reply_to,
-                         timeout_s=deps.config.request_timeout_s, sent_at=now())  # fmt: skip
+                         reply_to=reply_to, timeout_s=config.request_timeout_s,
+                         sent_at=now())  # fmt: skip
 
 
 TEMPLATE_TOKENS = 256
@@ -140,16 +142,16 @@ TEMPLATE_TOKENS = 256
 TOKENS_PER_MESSAGE = 16
 
 
-async def check_window(deps: GatewayDeps, request: GenerationRequest) -> None:
+async def check_window(context: ContextBuilder, request: GenerationRequest) -> None:
     """Refused `context_too_long` unless the prompt leaves the model's window room for an
     answer (the engine ends the answer at the window, `length`). The prompt is tokenized
     only when it might not fit: no token is shorter than a byte."""
-    window = deps.context.policy(request.model, 0).max_prompt_tokens
+    window = context.policy(request.model, 0).max_prompt_tokens
     most = TEMPLATE_TOKENS + sum(len(m.content.encode()) + TOKENS_PER_MESSAGE
                                  for m in request.messages)  # fmt: skip
     if most < window:
         return
-    tokens = await deps.context.prompt_tokens(request.model, request.messages)
+    tokens = await context.prompt_tokens(request.model, request.messages)
     if tokens >= window:
         raise TooLarge("context_too_long", f"the prompt needs {tokens} tokens; "
                        f"{request.model} takes {window} in all", param="messages")

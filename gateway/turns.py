@@ -35,7 +35,7 @@ from conversations.store import (
 from conversations.tree import ConversationTree
 from gateway.admission import admit, charge_rest, check_input
 from gateway.background import start_summary
-from gateway.config import GatewayConfig
+from gateway.config import GatewayConfig, RequestLimits
 from gateway.context import BuiltContext
 from gateway.context_builder import ContextBuilder
 from gateway.core import (
@@ -75,7 +75,7 @@ async def start_turn(
 ) -> Turn:
     """A new user message at the end of the selected thread."""
     check_message(deps.config.limits, post.content)
-    model, sampling = _answer_options(deps, owner, post)
+    model, sampling = _answer_options(deps.config.limits, owner, post)
     charged = text_tokens([post.content], sampling.max_tokens)
     await admit(deps, owner, charged)
     tree = await _settled_tree(
@@ -92,7 +92,7 @@ async def start_edit(
     """A new version of user message `message_id`: its sibling, answered after the
     thread up to their parent."""
     check_message(deps.config.limits, post.content)
-    model, sampling = _answer_options(deps, owner, post)
+    model, sampling = _answer_options(deps.config.limits, owner, post)
     charged = text_tokens([post.content], sampling.max_tokens)
     await admit(deps, owner, charged)
     thread = edit_thread(await deps.store.get_tree(conversation.conversation_id), message_id)
@@ -107,7 +107,7 @@ async def start_regenerate(
     """Another answer to the user message that `message_id` answers (or to
     `message_id` itself, a user message): a sibling of the earlier answers. The question
     is classified again: the model asked for now may have stricter rules."""
-    model, sampling = _answer_options(deps, owner, options)
+    model, sampling = _answer_options(deps.config.limits, owner, options)
     charged = text_tokens([], sampling.max_tokens)
     await admit(deps, owner, charged)
     tree = await deps.store.get_tree(conversation.conversation_id)
@@ -206,11 +206,11 @@ async def _new_user_turn(
 
 
 def _answer_options(
-    deps: GatewayDeps, owner: ApiKey, options: TurnOptions
+    limits: RequestLimits, owner: ApiKey, options: TurnOptions
 ) -> tuple[str, SamplingOptions]:
-    model = served_model(deps.config.limits, options.model, owner.tier)
+    model = served_model(limits, options.model, owner.tier)
     sampling = sampling_options(
-        deps.config.limits,
+        limits,
         max_tokens=options.max_tokens,
         temperature=options.temperature,
         top_p=options.top_p,
