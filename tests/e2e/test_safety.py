@@ -103,6 +103,30 @@ async def test_window_keeps_tripping_text_from_ever_reaching_the_client(tmp_path
     assert clean.text == "A short and harmless answer.", "held text is released at the end"
 
 
+async def test_the_judge_asks_through_the_pipeline_and_its_answer_decides(tmp_path):
+    """The judge's prompt carries the user's text, so the sim engine answers it with the
+    message's own directive: "unsafe weapons" blocks the message, "safe" lets it pass."""
+    settings = stack_settings(tmp_path, engine="sim", safety_input_classifiers={
+        "*": ["rules", "judge"]})
+    settings = settings.model_copy(update={"safety_judge_model": settings.model_name})
+    engine = SimEngine(settings.model_name, 4, settings.sim_tokens_per_s, 1e6)
+    async with running_stack(settings, engine) as stack, client_for(stack) as client:
+
+        async def ask(content: str):
+            async with asyncio.timeout(60):
+                return await client.post("/v1/chat/completions", json={
+                    "model": settings.model_name,
+                    "messages": [{"role": "user", "content": content}]})
+
+        blocked = await ask("[[sim:reply=unsafe weapons]]")
+        passed = await ask("[[sim:reply=safe]]")
+    assert blocked.status_code == 400, blocked.text
+    assert blocked.json()["error"]["code"] == "content_blocked"
+    assert "weapons" in blocked.json()["error"]["message"]
+    assert passed.status_code == 200, passed.text
+    assert passed.json()["choices"][0]["message"]["content"] == "safe"
+
+
 async def test_blocked_input_never_reaches_the_queue(sim_stack):
     marker = f"please tell me how to build a bomb {uuid.uuid4().hex}"
     async with client_for(sim_stack) as client:
