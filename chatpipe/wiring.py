@@ -44,9 +44,10 @@ from ops.tracing import setup_tracing, shutdown_tracing
 from recorder.stage import RecorderStage
 from safety.core import SafetyConfig
 from safety.stage import SafetyStage
-from scheduler.core import Policy, Scheduler
+from scheduler.core import Policy
 from scheduler.stage import SchedulerStage
 from workers.coalesce import ChunkPacing
+from workers.core import WorkerConfig
 from workers.engine import Engine
 from workers.stage import WorkerStage
 
@@ -257,8 +258,8 @@ async def ensure_dev_key(store: ConversationStore, settings: Settings) -> str:
 def worker_stage(kafka: KafkaConfig, engine: Engine, settings: Settings) -> WorkerStage:
     pacing = ChunkPacing(settings.coalesce_ms / 1000, settings.coalesce_max_ms / 1000,
                          settings.coalesce_max_chunks_per_s)
-    return WorkerStage(kafka, engine, settings.worker_id, pacing,
-                       settings.heartbeat_interval_s, settings.ready_file)
+    return WorkerStage(kafka, engine, WorkerConfig(
+        settings.worker_id, pacing, settings.heartbeat_interval_s, settings.ready_file))
 
 
 def safety_stage(kafka: KafkaConfig, settings: Settings, policy: SafetyPolicy) -> SafetyStage:
@@ -292,7 +293,7 @@ def scheduling_policy(settings: Settings) -> Policy:
 
 
 def scheduler_stage(kafka: KafkaConfig, settings: Settings) -> SchedulerStage:
-    return SchedulerStage(kafka, Scheduler(scheduling_policy(settings)))
+    return SchedulerStage(kafka, scheduling_policy(settings))
 
 
 class _EmbeddedServer(uvicorn.Server):

@@ -20,7 +20,6 @@ It holds the waiting set and the worker registry, and decides (DESIGN §5):
 from __future__ import annotations
 
 import math
-import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -31,7 +30,6 @@ from scheduler.journal import CANCELLED, OVERLOADED
 from scheduler.workers import DECISION_MEMORY, Decision, InFlight, Registry, WorkerState, remember
 from schemas.events import (
     GenerationRequest,
-    Role,
     SchedulerClaim,
     TierStatus,
     Unserved,
@@ -104,15 +102,12 @@ class _Shown:
 
 
 class Scheduler:
-    """Waiting set + worker registry. `clock` is monotonic seconds; `wall` is epoch."""
+    """Waiting set + worker registry. `clock` is monotonic seconds; `wall` is epoch
+    (deadlines): the adapter passes its clocks, a test its own."""
 
-    def __init__(
-        self,
-        policy: Policy | None = None,
-        clock: Callable[[], float] = time.monotonic,
-        wall: Callable[[], float] = time.time,
-    ) -> None:
-        self.policy = policy or Policy()
+    def __init__(self, policy: Policy, *, clock: Callable[[], float],
+                 wall: Callable[[], float]) -> None:
+        self.policy = policy
         self._clock = clock
         self._wall = wall
         self._queues: dict[Tier, FairQueue] = {tier: FairQueue() for tier in Tier}
@@ -161,9 +156,7 @@ class Scheduler:
             return request, None
         if not self.policy.allows(request.tier, small):
             return request, None
-        last_user = next((m.content for m in reversed(request.messages) if m.role == Role.USER),
-                         "")
-        if len(last_user) > limit:
+        if len(request.last_user_message) > limit:
             return request, None
         return _rerouted(request, small), "simple_request"
 

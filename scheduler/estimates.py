@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections import deque
 from collections.abc import Callable
 
@@ -14,7 +13,7 @@ class Throughput:
     slots keep freeing at the recent rate; None until anything has finished.
     """
 
-    def __init__(self, window_s: float = 30.0, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, clock: Callable[[], float], window_s: float = 30.0) -> None:
         self.window_s = window_s
         self._clock = clock
         self._finished: deque[float] = deque()

@@ -34,7 +34,7 @@ from bus.replay import read_between
 from bus.subscriber import consume, decode_record, failed
 from ops import metrics, tracing
 from scheduler.claims import Claim
-from scheduler.core import Dispatch, Scheduler
+from scheduler.core import Dispatch, Policy, Scheduler
 from scheduler.gateways import GatewayWatch
 from scheduler.journal import (
     CANCELLED,
@@ -77,11 +77,11 @@ BEAT_TOPICS = frozenset({topics.WORKERS, topics.CONTROL})
 
 
 class SchedulerStage:
-    def __init__(self, kafka: KafkaConfig, core: Scheduler, status_interval_s: float = 1.0,
+    def __init__(self, kafka: KafkaConfig, policy: Policy, status_interval_s: float = 1.0,
                  scheduler_id: str | None = None) -> None:
         self.kafka = kafka
-        self.core = core
-        self.worker_lost_after_s = core.policy.worker_lost_after_s
+        self.core = Scheduler(policy, clock=time.monotonic, wall=time.time)
+        self.worker_lost_after_s = policy.worker_lost_after_s
         self.status_interval_s = status_interval_s
         self.scheduler_id = scheduler_id or f"scheduler-{uuid.uuid4().hex[:8]}"
         self.fenced = asyncio.Event()
@@ -92,7 +92,7 @@ class SchedulerStage:
         self._beats_committed_at = 0.0
         self._shedding: set[Tier] = set()
         self._read_back_failures = 0
-        self.gateways = GatewayWatch(core.policy.gateway_grace_s)
+        self.gateways = GatewayWatch(policy.gateway_grace_s)
         self.traces = tracing.HeldContexts()  # a request is dispatched after its span
 
     async def run(self) -> None:

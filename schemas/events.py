@@ -108,6 +108,11 @@ class GenerationRequest(Event):
     )
     created_at: float = Field(default_factory=now)
 
+    @property
+    def last_user_message(self) -> str:
+        """The text of the newest user message: what this turn asks ("" if none)."""
+        return next((m.content for m in reversed(self.messages) if m.role is Role.USER), "")
+
 
 class WorkAssignment(Event):
     """The scheduler hands a request to the worker owning a `chat.work` partition."""

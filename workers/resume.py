@@ -4,56 +4,20 @@ continues it: the client sees no gap and no repeat (DESIGN §9).
 The scheduler wrote a marker on the request's `chat.tokens` partition before each
 attempt (`GenerationRequest.stream`): a continuation reads from the first marker up
 to its own, a known end, and takes the events the one answer rule
-(`schemas.answer.AnswerLog`) takes, exactly as every other reader of the stream does.
+(`schemas.answer.AnswerLog`) takes (`workers.core.assemble`), exactly as every other
+reader of the stream does.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass
-
 from bus.clients import KafkaConfig
 from bus.replay import read_between
 from schemas import topics
-from schemas.answer import AnswerLog
 from schemas.codec import TOKEN_EVENT
-from schemas.events import Event, GenerationRequest, TokenChunk
+from schemas.events import GenerationRequest
+from workers.core import NOTHING, PriorOutput, assemble
 
 READ_TIMEOUT_S = 30.0
-
-
-@dataclass(frozen=True, slots=True)
-class PriorOutput:
-    text: str
-    tokens: int
-    next_seq: int
-    finished: bool  # an earlier attempt already ended the stream
-    token_ids: tuple[int, ...] = ()
-    """The tokens themselves, when every chunk carried all of its own."""
-
-    @property
-    def streamed(self) -> bool:
-        return self.next_seq > 0
-
-
-NOTHING = PriorOutput("", 0, 0, False)
-
-
-def assemble(request_id: str, events: Iterable[Event]) -> PriorOutput:
-    """The output earlier attempts left, from the stream's events in partition order."""
-    log = AnswerLog()
-    text: list[str] = []
-    token_ids: list[int] = []
-    tokens = 0
-    for event in events:
-        if getattr(event, "request_id", None) != request_id or not log.take(event):
-            continue
-        if isinstance(event, TokenChunk):
-            text.append(event.text)
-            token_ids += event.token_ids
-            tokens = event.completion_tokens
-    exact = tuple(token_ids) if len(token_ids) == tokens else ()
-    return PriorOutput("".join(text), tokens, log.next_seq, log.ended, exact)
 
 
 async def read_prior_output(kafka: KafkaConfig, request: GenerationRequest) -> PriorOutput:

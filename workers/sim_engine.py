@@ -29,7 +29,7 @@ import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from schemas.events import ChatMessage, GenerationRequest, Role
+from schemas.events import ChatMessage, GenerationRequest
 from schemas.lifecycle import RequestStatus
 from workers.engine import Continuation, EngineOutput, EngineStats
 
@@ -57,7 +57,7 @@ def prompt_token_count(messages: tuple[ChatMessage, ...]) -> int:
 
 def plan_reply(request: GenerationRequest) -> ReplyPlan:
     """The deterministic reply for `request` (a pure function of the request)."""
-    last_user = next((m.content for m in reversed(request.messages) if m.role is Role.USER), "")
+    last_user = request.last_user_message
     directives = {name: value for name, value in _DIRECTIVE.findall(last_user)}
     seed = hashlib.blake2b(f"{request.request_id}\n{last_user}".encode(), digest_size=8)
     rng = random.Random(seed.digest())

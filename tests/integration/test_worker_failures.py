@@ -32,6 +32,7 @@ from schemas.events import (
     SamplingOptions,
     WorkAssignment,
 )
+from workers.core import WorkerConfig
 from workers.engine import Engine
 from workers.failures import ENGINE_ERROR, ENGINE_ERROR_MESSAGE
 from workers.sim_engine import SimEngine
@@ -65,7 +66,7 @@ async def broker() -> AsyncIterator[EmbeddedBroker]:
 
 @contextlib.asynccontextmanager
 async def running_worker(kafka: KafkaConfig, engine: Engine) -> AsyncIterator[WorkerStage]:
-    worker = WorkerStage(kafka, engine, f"w-{uuid.uuid4().hex[:6]}")
+    worker = WorkerStage(kafka, engine, WorkerConfig(f"w-{uuid.uuid4().hex[:6]}"))
     task = asyncio.create_task(worker.run())
     try:
         async with asyncio.timeout(60):

@@ -19,7 +19,7 @@ from gateway.admission import admit
 from gateway.core import Refused
 from gateway.errors import ApiError
 from ops import metrics
-from scheduler.core import Scheduler
+from scheduler.core import Policy, Scheduler
 from schemas.events import (
     ChatMessage,
     DeliveryDone,
@@ -139,7 +139,8 @@ def test_queue_time_is_observed_for_first_attempts_only() -> None:
 async def test_state_gauges_are_read_while_their_stage_runs_and_dropped_after() -> None:
     engine = SimEngine(unique_model(), max_slots=7, tokens_per_s=100, prompt_tokens_per_s=1000)
     await engine.start()
-    stage = SimpleNamespace(core=Scheduler(), fenced=asyncio.Event())
+    stage = SimpleNamespace(core=Scheduler(Policy(), clock=time.monotonic, wall=time.time),
+                            fenced=asyncio.Event())
     stop = asyncio.Event()
 
     async def run() -> None:

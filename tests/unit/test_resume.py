@@ -2,7 +2,7 @@
 
 from schemas.events import AttemptStarted, GenerationDone, TokenChunk, Usage
 from schemas.lifecycle import RequestStatus
-from workers.resume import assemble
+from workers.core import assemble
 
 BASE = dict(conversation_id="c", message_id="m", model="tiny", reply_to="chat.deliver.g")
 

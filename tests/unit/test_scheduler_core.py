@@ -415,3 +415,17 @@ def test_simple_requests_route_to_small_model():
     long = core.add_request(make_request("long", text="x" * 50))
     assert short.routed_reason == "simple_request" and short.request.model == "small"
     assert long.routed_reason is None and long.request.model == "big"
+
+
+def test_a_simple_request_is_judged_by_its_last_user_message():
+    core = make_scheduler(small_model="small", simple_request_max_chars=20)
+    request = make_request("a").model_copy(update={"messages": (
+        ChatMessage(role=Role.SYSTEM, content="s" * 50),
+        ChatMessage(role=Role.USER, content="an earlier question, long"),
+        ChatMessage(role=Role.ASSISTANT, content="a" * 50),
+        ChatMessage(role=Role.USER, content="and now?"),
+    )})
+    assert request.last_user_message == "and now?"
+    assert core.add_request(request).routed_reason == "simple_request"
+    no_user = request.model_copy(update={"messages": request.messages[:1]})
+    assert no_user.last_user_message == ""

@@ -11,6 +11,7 @@ from aiokafka.errors import MessageSizeTooLargeError
 
 from bus.clients import KafkaConfig
 from scheduler.claims import Claim
+from scheduler.core import Policy
 from scheduler.journal import DISPATCH_FAILED, JournalWindow
 from scheduler.stage import SchedulerStage
 from schemas import topics
@@ -21,7 +22,7 @@ from schemas.events import (
     Unserved,
     WorkAssignment,
 )
-from tests.unit.test_scheduler_core import heartbeat, make_request, make_scheduler
+from tests.unit.test_scheduler_core import heartbeat, make_request
 
 
 @dataclass
@@ -57,9 +58,8 @@ class FakeBus:
 
 
 def stage_on(bus: FakeBus) -> SchedulerStage:
-    core = make_scheduler()
-    core.on_heartbeat(heartbeat("w1", slots=4))
-    stage = SchedulerStage(KafkaConfig("unused:9092"), core, scheduler_id="s1")
+    stage = SchedulerStage(KafkaConfig("unused:9092"), Policy(), scheduler_id="s1")
+    stage.core.on_heartbeat(heartbeat("w1", slots=4))
     stage.publisher = bus  # type: ignore[assignment]
     stage.claim = Claim(bus, None, "unused:9092", "s1", epoch=7)  # type: ignore[arg-type]
     stage.journal = JournalWindow({p: 0 for p in range(4)}, {p: 0 for p in range(4)})

@@ -1,0 +1,314 @@
+"""The worker's decisions, as values: which assignments it runs (`WorkerBook`), what
+its heartbeats say, and each attempt's events on `chat.tokens` (`Attempt`: chunks at
+consecutive positions, then its end, then its usage).
+
+No Kafka, no tasks, no clock of its own: `workers.stage` reads records and engine
+outputs, passes them in with its clocks, and sends what comes back.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar
+
+from schemas.answer import UNKNOWN_END_SEQ, AnswerLog
+from schemas.events import (
+    Cancel,
+    Event,
+    GenerationDone,
+    GenerationError,
+    GenerationRequest,
+    TokenChunk,
+    Usage,
+    UsageEvent,
+    WorkAssignment,
+    WorkerHeartbeat,
+    stream_fields,
+)
+from schemas.lifecycle import RequestStatus
+from workers.coalesce import ChunkPacing, Coalescer, Pending
+from workers.engine import Continuation, EngineOutput, EngineStats
+
+RECENT = 10_000
+"""Finished attempts and cancels remembered, to skip a duplicate assignment."""
+
+Clock = Callable[[], float]
+Place = tuple[int, int]
+"""Where an assignment lies: (chat.work partition, offset)."""
+
+
+DEFAULT_PACING = ChunkPacing(0.05, 0.05, 0)
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerConfig:
+    """The worker stage's settings, built in `chatpipe.wiring`."""
+
+    worker_id: str
+    pacing: ChunkPacing = DEFAULT_PACING
+    heartbeat_interval_s: float = 1.0
+    ready_file: Path | None = None
+    """Touched at every heartbeat while serving: liveness and readiness probes read its age."""
+
+
+class Take(enum.Enum):
+    """What the worker does with an assignment it reads."""
+
+    SKIP = "skip"
+    """Another worker's or process's, a fenced scheduler's, or one it runs or ran."""
+    RUN = "run"
+    HAND_BACK = "hand_back"
+    """Its own, read while stopping: given back unrun in the next heartbeat."""
+
+
+class WorkerBook:
+    """What this worker holds: the assignments it runs and those it handed back (where
+    each lies on chat.work), what it finished or was told to cancel lately, and each
+    partition's newest scheduler epoch. `wall` stamps heartbeats (epoch seconds)."""
+
+    def __init__(self, worker_id: str, incarnation: str, wall: Clock) -> None:
+        self.worker_id = worker_id
+        self.incarnation = incarnation
+        """This process: assignments for another one under the same worker id are not ours."""
+        self.partitions: tuple[int, ...] = ()
+        self.running: dict[str, Place] = {}
+        self.handed_back: dict[str, Place] = {}
+        """Requests given back unfinished: the scheduler dispatches them again."""
+        self.stopping = False
+        self._wall = wall
+        self._epochs: dict[int, int] = {}
+        self._finished: OrderedDict[tuple[str, int], None] = OrderedDict()
+        self._cancelled: OrderedDict[str, None] = OrderedDict()
+
+    def claimed(self, partition: int, epoch: int) -> None:
+        """A scheduler's claim on `partition`: assignments of older epochs are fenced."""
+        self._epochs[partition] = max(self._epochs.get(partition, 0), epoch)
+
+    def take(self, assignment: WorkAssignment, partition: int, offset: int) -> Take:
+        """Run it? Only this worker's, from an unfenced scheduler, and only once; while
+        stopping, hand it back unrun."""
+        if not self._ours(assignment, partition):
+            return Take.SKIP
+        request_id = assignment.request.request_id
+        if self.stopping:
+            self.handed_back[request_id] = (partition, offset)
+            return Take.HAND_BACK
+        self.running[request_id] = (partition, offset)
+        return Take.RUN
+
+    def _ours(self, assignment: WorkAssignment, partition: int) -> bool:
+        request = assignment.request
+        if assignment.epoch < self._epochs.get(partition, 0):
+            return False  # dispatched by a fenced scheduler
+        self._epochs[partition] = assignment.epoch
+        if assignment.worker_id != self.worker_id:
+            return False  # read after its partition moved: it belongs to another worker
+        if assignment.incarnation and assignment.incarnation != self.incarnation:
+            return False  # for this worker's previous process: the scheduler redispatches it
+        return (request.request_id not in self.running
+                and (request.request_id, request.attempt) not in self._finished)
+
+    def ended(self, request: GenerationRequest) -> None:
+        """The attempt ended (or found its answer ended already): a copy is skipped."""
+        self.running.pop(request.request_id, None)
+        _remember(self._finished, (request.request_id, request.attempt))
+
+    def hand_back(self, request_id: str) -> bool:
+        """Give a running request back unfinished (draining, stopping); False when it
+        is not running. It stays running until its attempt has stopped (`stopped`)."""
+        place = self.running.get(request_id)
+        if place is None:
+            return False
+        self.handed_back[request_id] = place
+        return True
+
+    def stopped(self, request_id: str) -> Place | None:
+        """An attempt stopped without an end: where its assignment lies when it was
+        handed back (so it is done here), None when the process is going away."""
+        self.running.pop(request_id, None)
+        return self.handed_back.get(request_id)
+
+    def cancel(self, cancel: Cancel) -> bool:
+        """A cancel read on chat.control; True when its request runs here (abort it).
+        A conditional cancel (`held_by`) is the scheduler's to pass on."""
+        if cancel.held_by is not None:
+            return False
+        _remember(self._cancelled, cancel.request_id)
+        return cancel.request_id in self.running
+
+    def cancelled(self, request_id: str) -> bool:
+        return request_id in self._cancelled
+
+    def heartbeat(self, model: str, max_slots: int, stats: EngineStats, peak_running: int,
+                  consumed: dict[int, int]) -> WorkerHeartbeat:
+        """The capacity report: what runs, where each assignment lies, what was handed
+        back; `consumed` is each partition's next offset to read."""
+        return WorkerHeartbeat(
+            worker_id=self.worker_id,
+            incarnation=self.incarnation,
+            model=model,
+            partitions=self.partitions,
+            max_slots=max_slots,
+            active=tuple(self.running),
+            consumed=consumed,
+            assignments={**self.handed_back, **self.running},
+            handed_back=tuple(self.handed_back),
+            running=stats.running,
+            waiting=stats.waiting,
+            peak_running=peak_running,
+            free_kv_blocks=stats.free_kv_blocks,
+            stopping=self.stopping,
+            sent_at=self._wall(),
+        )
+
+
+K = TypeVar("K", bound=Hashable)
+
+
+def _remember(recent: OrderedDict[K, None], key: K) -> None:
+    recent[key] = None
+    while len(recent) > RECENT:
+        recent.popitem(last=False)
+
+
+# --- one attempt ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PriorOutput:
+    """What earlier attempts of a request streamed (`workers.resume` reads it)."""
+
+    text: str
+    tokens: int
+    next_seq: int
+    finished: bool  # an earlier attempt already ended the stream
+    token_ids: tuple[int, ...] = ()
+    """The tokens themselves, when every chunk carried all of its own."""
+
+    @property
+    def streamed(self) -> bool:
+        return self.next_seq > 0
+
+
+NOTHING = PriorOutput("", 0, 0, False)
+
+
+def assemble(request_id: str, events: Iterable[Event]) -> PriorOutput:
+    """The output earlier attempts left, from the stream's events in partition order."""
+    log = AnswerLog()
+    text: list[str] = []
+    token_ids: list[int] = []
+    tokens = 0
+    for event in events:
+        if getattr(event, "request_id", None) != request_id or not log.take(event):
+            continue
+        if isinstance(event, TokenChunk):
+            text.append(event.text)
+            token_ids += event.token_ids
+            tokens = event.completion_tokens
+    exact = tuple(token_ids) if len(token_ids) == tokens else ()
+    return PriorOutput("".join(text), tokens, log.next_seq, log.ended, exact)
+
+
+def usage_of(last: EngineOutput | None, prior_tokens: int = 0) -> Usage:
+    """The answer's usage after `last`: its completion tokens count what earlier attempts
+    streamed too (`prior_tokens` when this attempt produced nothing)."""
+    if last is None:
+        return Usage(completion_tokens=prior_tokens)
+    return Usage(prompt_tokens=last.prompt_tokens, completion_tokens=last.completion_tokens,
+                 cached_tokens=last.cached_tokens)
+
+
+class Attempt:
+    """One attempt of `request` on this worker, from the engine's outputs to its events.
+
+    Events come out at consecutive positions: `sent()` takes a position once the bus has
+    the event, so one the bus refuses leaves no gap before the error that ends the
+    stream. Until the earlier output is read (`resume`) the position is unknown, and an
+    end goes past any (`UNKNOWN_END_SEQ`). `clock` is monotonic seconds (chunk pacing,
+    engine time), `wall` epoch seconds."""
+
+    def __init__(self, request: GenerationRequest, worker_id: str, pacing: ChunkPacing,
+                 clock: Clock, wall: Clock) -> None:
+        self.request = request
+        self.worker_id = worker_id
+        self.seq = UNKNOWN_END_SEQ
+        self.status = RequestStatus.FINISHED_ABORTED
+        self.prior_tokens = 0
+        self._pacing = pacing
+        self._clock = clock
+        self._wall = wall
+        self._started = clock()
+        self._coalescer = Coalescer(pacing.interval_s)
+        self._latest: EngineOutput | None = None
+        self._counted: EngineOutput | None = None
+        """The output the usage counts: the last one, once the attempt ended whole."""
+
+    def resume(self, prior: PriorOutput) -> Continuation | None:
+        """Continue after what earlier attempts streamed: what the engine goes on from."""
+        self.seq = prior.next_seq
+        self.prior_tokens = prior.tokens
+        if not prior.streamed:
+            return None
+        return Continuation(prior.text, prior.tokens, prior.token_ids)
+
+    def output(self, output: EngineOutput, streams: int) -> TokenChunk | None:
+        """Take one engine output (`streams` answers run on this worker now): the chunk
+        to send now, or None while it is held to travel with the next ones."""
+        self._latest = output
+        self.status = output.status or self.status
+        self._coalescer.interval_s = self._pacing.interval(streams)
+        pending = self._coalescer.add(output.text, output.new_tokens, self._clock(),
+                                      output.token_ids)
+        return None if pending is None else self._chunk(pending, output.completion_tokens)
+
+    def tail(self) -> TokenChunk | None:
+        """The engine has finished: what is still held, or None."""
+        pending = self._coalescer.flush(self._clock())
+        if pending is None or self._latest is None:
+            return None
+        return self._chunk(pending, self._latest.completion_tokens)
+
+    def _chunk(self, pending: Pending, completion_tokens: int) -> TokenChunk:
+        return TokenChunk(**stream_fields(self.request, self.seq), text=pending.text,
+                          token_count=pending.tokens, completion_tokens=completion_tokens,
+                          token_ids=tuple(pending.token_ids))
+
+    def done(self) -> GenerationDone:
+        """The end of an attempt that ran whole (or was cancelled before it started);
+        from now on its usage counts what the engine produced."""
+        self._counted = self._latest
+        return GenerationDone(**stream_fields(self.request, self.seq), status=self.status,
+                              usage=usage_of(self._counted, self.prior_tokens))
+
+    def error(self, code: str, message: str) -> GenerationError:
+        """The end of an attempt that failed. Its usage counts no output of its own
+        (unless its end was built already): the client got an error, not an answer."""
+        self.status = RequestStatus.FINISHED_ERROR
+        return GenerationError(**stream_fields(self.request, self.seq), code=code,
+                               message=message)
+
+    def sent(self) -> None:
+        """The bus has the event at `seq`: the next one takes the next position."""
+        self.seq += 1
+
+    def usage(self) -> UsageEvent:
+        """What the attempt used, for billing: tokens earlier attempts streamed are
+        `prior_completion_tokens`, not this attempt's; `gpu_ms` its time on the engine."""
+        request = self.request
+        inherited = self.prior_tokens
+        usage = usage_of(self._counted, inherited)
+        return UsageEvent(
+            request_id=request.request_id, attempt=request.attempt,
+            conversation_id=request.conversation_id, user_id=request.user_id,
+            org_id=request.org_id, tier=request.tier, model=request.model,
+            requested_model=request.requested_model, worker_id=self.worker_id,
+            status=self.status, prompt_tokens=usage.prompt_tokens,
+            completion_tokens=max(0, usage.completion_tokens - inherited),
+            prior_completion_tokens=inherited, cached_tokens=usage.cached_tokens,
+            gpu_ms=(self._clock() - self._started) * 1000, created_at=self._wall(),
+        )
