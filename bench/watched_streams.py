@@ -15,10 +15,10 @@ import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from itertools import pairwise
 from typing import Any
 
 import httpx
-import orjson
 
 from schemas.sse import aiter_messages
 
@@ -66,7 +66,7 @@ class Watched:
         times = [self.started_at, *(at for _, _, at in self.deltas)]
         if self.ended_at is not None:
             times.append(self.ended_at)
-        return max((b - a for a, b in zip(times, times[1:])), default=0.0)
+        return max((b - a for a, b in pairwise(times)), default=0.0)
 
 
 def token_diff(expected: str, got: str) -> tuple[int, int]:
@@ -122,21 +122,20 @@ async def _read(client: httpx.AsyncClient, request: httpx.Request, seen: Watched
             if message.is_done:
                 return
             if message.event == "request":
-                seen.ids = orjson.loads(message.data)
+                seen.ids = message.json()
                 continue
             if message.id is not None:
                 seen.last_id = int(message.id)
             if message.event == "delta":
-                seen.deltas.append((int(message.id or -1), orjson.loads(message.data)["delta"],
-                                    time.monotonic()))
+                seen.deltas.append((int(message.id or -1), message.json()["delta"], message.at))
                 if first_delta is not None:
                     first_delta.set()
             elif message.event in ("done", "error"):
-                end = orjson.loads(message.data)
+                end = message.json()
                 if end.get("code") == "stream_interrupted":
                     raise Interrupted("the gateway's stream ended early")  # resumable
                 seen.end_event, seen.end = message.event, end
-                seen.ended_at = time.monotonic()
+                seen.ended_at = message.at
     finally:
         await response.aclose()
 

@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 import httpx
-import orjson
 
 from schemas.sse import SSEMessage, iter_messages
 
@@ -401,7 +400,7 @@ class TerminalChat:
 
     def _show(self, answer: Answer, message: SSEMessage) -> str | None:
         """Print one event; returns what to print once the answer ends, if anything."""
-        data = orjson.loads(message.data)
+        data = message.json()
         match message.event:
             case "request":
                 answer.request_id, answer.message_id = data["request_id"], data["message_id"]
