@@ -91,7 +91,11 @@ class WorkerStage:
         # Cancels matter only while answers run; new work wakes the work consumer too.
         control.busy_while(lambda: bool(self.book.running), wakes=NO_RECORDS)
         await self.runner.start()
-        await control.start()
+        try:
+            await control.start()
+        except BaseException:
+            await self.runner.stop()
+            raise
         control.assign(await _all_partitions(control, topics.CONTROL))
         self.publisher = self.runner.publisher
         self.started.set()
