@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from aiokafka import ConsumerRebalanceListener
 from aiokafka.structs import TopicPartition
 
 
@@ -62,22 +61,3 @@ class OffsetTracker:
             self._next.pop(tp, None)
             self._committed.pop(tp, None)
 
-
-class ForgetRevoked(ConsumerRebalanceListener):
-    """A group member's rebalance: what it held of a revoked partition is its next
-    owner's now (it reads again from the committed offset), so the tracker and the
-    stage's per-partition state (`forget_partition`) drop it."""
-
-    def __init__(self, tracker: OffsetTracker,
-                 forget_partition: Callable[[int], None] | None = None) -> None:
-        self.tracker = tracker
-        self.forget_partition = forget_partition
-
-    async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
-        if self.forget_partition is not None:
-            for tp in revoked:
-                self.forget_partition(tp.partition)
-        self.tracker.forget(set(revoked))
-
-    async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
-        pass
