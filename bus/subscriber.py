@@ -1,4 +1,4 @@
-"""The consume loop every stage shares: decode, handle, dead-letter what fails."""
+"""The consume loop under every stage (`bus.stage_runner`): decode, handle, dead-letter what fails."""
 
 from __future__ import annotations
 
