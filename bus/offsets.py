@@ -60,4 +60,3 @@ class OffsetTracker:
             self._open.pop(tp, None)
             self._next.pop(tp, None)
             self._committed.pop(tp, None)
-

@@ -1,4 +1,4 @@
-"""The consume loop under every stage (`bus.stage_runner`): decode, handle, dead-letter what fails."""
+"""The consume loop under every stage (`bus.stage_runner`): decode, handle, dead-letter."""
 
 from __future__ import annotations
 
