@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mappin
 from dataclasses import dataclass
 
 import uvicorn
+from fastapi import FastAPI
 
 from billing.stage import BillingStage
 from bus.broker import EmbeddedBroker, free_port
@@ -359,6 +360,8 @@ class Stack:
     engine: Engine | None
     api_key: str
     tasks: dict[str, asyncio.Task[None]]
+    gateway: FastAPI
+    """The gateway's app (`app.state.deps`: what its routes are served with)."""
 
     @property
     def base_url(self) -> str:
@@ -413,7 +416,8 @@ async def running_stack(settings: Settings, engine: Engine | None) -> AsyncItera
             await _until_ready(server, scheduler, supervisor.tasks,
                                expect_worker=engine is not None)
             supervisor.restarting = True
-            yield Stack(settings, kafka, store, pipeline, engine, api_key, supervisor.tasks)
+            yield Stack(settings, kafka, store, pipeline, engine, api_key, supervisor.tasks,
+                        server.config.app)
         finally:
             supervisor.restarting = False
             supervisor.stages["gateway"].should_exit = True

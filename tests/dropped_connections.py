@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
+from dataclasses import replace
 from types import TracebackType
 from urllib.parse import urlsplit
 
@@ -114,4 +115,7 @@ def hold_dropped_answers(stack: Stack, monkeypatch: pytest.MonkeyPatch) -> None:
     """For this test, the running `stack` holds a dropped answer for the default resume
     grace (15 s): the test stacks' is short, so that a dropped stream frees its slot soon."""
     default = Settings.model_fields["resume_grace_s"].default
-    monkeypatch.setattr(stack.settings, "resume_grace_s", default)
+    deps = stack.gateway.state.deps
+    held = replace(deps, config=replace(deps.config, resume_grace_s=default))
+    # Starlette's State keeps attributes in `_state`: setattr's undo would delete them.
+    monkeypatch.setitem(stack.gateway.state._state, "deps", held)
