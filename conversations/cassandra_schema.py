@@ -39,7 +39,7 @@ from typing import Any
 from conversations.store import (
     ApiKey,
     Conversation,
-    MessageUsage,
+    TurnUsage,
     StoredMessage,
     Summary,
     derived_key_id,
@@ -354,9 +354,9 @@ def choices_of(rows: list[Row]) -> dict[str, str]:
     return dict(rows[0].get("selected") or {}) if rows else {}
 
 
-def usage_of(messages: list[StoredMessage]) -> list[MessageUsage]:
+def usage_of(messages: list[StoredMessage]) -> list[TurnUsage]:
     return [
-        MessageUsage(m.message_id, m.seq, m.model, m.prompt_tokens, m.cached_tokens, m.tokens)
+        TurnUsage(m.message_id, m.seq, m.model, m.prompt_tokens, m.cached_tokens, m.tokens)
         for m in messages
         if m.role == Role.ASSISTANT
     ]

@@ -42,7 +42,7 @@ from conversations.store import (
     ApiKey,
     Conversation,
     ConversationPage,
-    MessageUsage,
+    TurnUsage,
     NewMessage,
     NoKeySecret,
     RequestRecord,
@@ -292,7 +292,7 @@ class CassandraStore:
         choices = {parent_key(m.parent_id): m.message_id for m in path}
         return cql.applied(await self._run("add_choices", (choices, conversation_id)))
 
-    async def message_usage(self, conversation_id: str) -> list[MessageUsage]:
+    async def message_usage(self, conversation_id: str) -> list[TurnUsage]:
         return cql.usage_of(await self.list_messages(conversation_id))
 
     # --- context ------------------------------------------------------------------

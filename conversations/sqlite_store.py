@@ -37,7 +37,7 @@ from conversations.store import (
     ApiKey,
     Conversation,
     ConversationPage,
-    MessageUsage,
+    TurnUsage,
     NewMessage,
     NoKeySecret,
     RequestRecord,
@@ -233,14 +233,14 @@ class SQLiteStore(SQLiteFile):
 
         return await self._run(select)
 
-    async def message_usage(self, conversation_id: str) -> list[MessageUsage]:
-        def select(conn: sqlite3.Connection) -> list[MessageUsage]:
+    async def message_usage(self, conversation_id: str) -> list[TurnUsage]:
+        def select(conn: sqlite3.Connection) -> list[TurnUsage]:
             rows = conn.execute(
                 "SELECT message_id, seq, model, prompt_tokens, cached_tokens, tokens"
                 " FROM messages WHERE conversation_id = ? AND role = 'assistant' ORDER BY seq",
                 (conversation_id,),
             )
-            return [MessageUsage(*row) for row in rows]
+            return [TurnUsage(*row) for row in rows]
 
         return await self._run(select)
 

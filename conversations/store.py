@@ -147,9 +147,6 @@ class RequestRecord:
         return owns(self.org_id, self.user_id, owner)
 
 
-MessageUsage = TurnUsage
-"""The old name of `schemas.api.TurnUsage`, kept until the stores import that."""
-
 
 @dataclass(frozen=True, slots=True)
 class Summary:
