@@ -18,7 +18,13 @@ and the consumer, subscribes, starts and stops them, and commits::
 While `run` runs, the handler may use `runner.publisher` (a `RetryingPublisher`: it
 sends events), `runner.tracker` (to hold a record open: `started`, later `done`) and
 `runner.consumer`. A stage that runs more than this loop (the workers' control consumer
-and drain) calls `start`, `consume`, `commit` and `stop` itself instead of `run`.
+and drain, the scheduler's claim and journal replay) calls `start`, `consume`, `commit`
+and `stop` itself instead of `run`.
+
+A stage that must not wait for a group to rebalance (the scheduler: a restart would wait
+out a dead member's session) reads by assignment (`assign=True`): every partition of its
+topics, from the group's committed offsets (`committed`), without joining the group; no
+revoke or assign is ever told. Its commits are the same as a member's.
 
 What the runner guarantees, the same for every stage:
 
@@ -29,7 +35,10 @@ What the runner guarantees, the same for every stage:
 - Never past `commit_floor(partition)`: the first record of something the stage still
   needs (an answer still open), so a restart reads it again whole.
 - Only after what the stage published is acknowledged (the publisher is flushed first).
-- Commits happen after each poll batch, after the stage's own `after_batch` step. If
+- Commits happen after each poll batch, after the stage's own `after_batch` step; a
+  stage with its own cadence says which done offsets to commit now (`commit_rule`),
+  and one that commits offsets it keeps itself does it once the runner's are
+  committed (`after_commit`: the scheduler's journal). If
   that step or the commit raises, it is logged and retried after a backoff; records
   not committed stay uncommitted, nothing is skipped.
 - A revoked partition is its next owner's: the stage's `on_revoke(partition)` drops its
@@ -49,6 +58,7 @@ and this same loop written around its handler. Latency does not decide it: one h
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 
@@ -65,15 +75,19 @@ log = logging.getLogger(__name__)
 
 CommitFloor = Callable[[TopicPartition], int | None]
 """Per partition, the first offset the stage still needs, or None."""
+Offsets = dict[TopicPartition, int]
 
 
 class StageRunner:
-    """One stage's consumer group member: subscribe, handle, commit, rebalance."""
+    """One stage's consumer group member: subscribe (or assign), handle, commit, rebalance."""
 
     publisher: RetryingPublisher
     """Sends the stage's events; set by `start`."""
     consumer: PacedConsumer
     """The group's consumer; set by `start`."""
+    committed: Offsets
+    """With `assign`: where each partition was read from (the group's commit, or 0);
+    set by `start`."""
 
     def __init__(
         self,
@@ -90,10 +104,18 @@ class StageRunner:
         commit_on_revoke: bool = False,
         on_assign: Callable[[set[TopicPartition]], None] | None = None,
         busy_while: Callable[[], bool] | None = None,
+        wakes: Callable[[str], bool] | None = None,
+        assign: bool = False,
+        commit_rule: Callable[[Offsets], Offsets] | None = None,
+        after_commit: Callable[[Offsets], Awaitable[None]] | None = None,
     ) -> None:
         """`bulk`: off a stream's path, so it fetches less often (`KafkaConfig.consumer`).
-        `busy_while`: the stage's word on when it has work (`PacedConsumer.busy_while`).
-        `on_assign`: told the partitions this member holds after a rebalance."""
+        `busy_while`, `wakes`: the stage's word on when it has work and which topics'
+        records are work (`PacedConsumer.busy_while`).
+        `on_assign`: told the partitions this member holds after a rebalance.
+        `assign`: read every partition by assignment, never joining the group.
+        `commit_rule`: of the offsets done and below their floors, those to commit now.
+        `after_commit`: after each commit step, told what it committed (maybe nothing)."""
         self.kafka = kafka
         self.stage = stage
         self.group = group
@@ -106,6 +128,10 @@ class StageRunner:
         self.commit_on_revoke = commit_on_revoke
         self.on_assign = on_assign
         self.busy_while = busy_while
+        self.wakes = wakes
+        self.assign = assign
+        self.commit_rule = commit_rule
+        self.after_commit = after_commit
         self.tracker = OffsetTracker()
         self._producer: AIOKafkaProducer | None = None
 
@@ -126,14 +152,40 @@ class StageRunner:
         self.publisher = RetryingPublisher(self._producer)
         self.consumer = self.kafka.consumer(group_id=self.group, bulk=self.bulk)
         if self.busy_while is not None:
-            self.consumer.busy_while(self.busy_while)
-        self.consumer.subscribe(list(self.topics), listener=_Rebalance(self))
+            self.consumer.busy_while(self.busy_while, self.wakes)
+        if not self.assign:
+            self.consumer.subscribe(list(self.topics), listener=_Rebalance(self))
         await self._producer.start()
         try:
             await self.consumer.start()
         except BaseException:
             await self._producer.stop()
             raise
+        if self.assign:
+            try:
+                await self._assign_all()
+            except BaseException:
+                await self.stop()
+                raise
+
+    async def _assign_all(self) -> None:
+        """Every partition of the stage's topics, each read from the group's commit."""
+        await self.consumer.topics()  # refreshes metadata
+        every: list[TopicPartition] = []
+        for topic in self.topics:
+            partitions = self.consumer.partitions_for_topic(topic)
+            if not partitions:
+                raise LookupError(f"topic {topic} does not exist: create the topics first")
+            every += [TopicPartition(topic, p) for p in sorted(partitions)]
+        self.consumer.assign(every)
+        offsets = await asyncio.gather(*(self.consumer.committed(tp) for tp in every))
+        self.committed = {tp: offset or 0 for tp, offset in zip(every, offsets, strict=True)}
+        for tp, offset in self.committed.items():
+            self.consumer.seek(tp, offset)
+
+    def partitions(self, topic: str) -> list[TopicPartition]:
+        """With `assign`: the partitions of `topic` this runner reads, in order."""
+        return [tp for tp in self.committed if tp.topic == topic]
 
     async def stop(self) -> None:
         try:
@@ -163,14 +215,17 @@ class StageRunner:
                       max_records=self.max_records, until=until)
 
     async def commit(self) -> None:
-        """Commit every partition's done records (below its floor), once what the stage
-        published is on the bus."""
+        """Commit every partition's done records (below its floor, as the stage's rule
+        allows), once what the stage published is on the bus; then `after_commit`."""
         offsets = self.tracker.to_commit(self.commit_floor)
-        if not offsets:
-            return
-        await self.publisher.flush()
-        await self.consumer.commit(offsets)
-        self.tracker.committed(offsets)
+        if self.commit_rule is not None:
+            offsets = self.commit_rule(offsets)
+        if offsets:
+            await self.publisher.flush()
+            await self.consumer.commit(offsets)
+            self.tracker.committed(offsets)
+        if self.after_commit is not None:
+            await self.after_commit(offsets)
 
     async def revoked(self, partitions: set[TopicPartition]) -> None:
         if self.commit_on_revoke:

@@ -8,10 +8,13 @@ reads the claim stops acting (fenced) and stays idle.
 `chat.work` is the scheduler's journal: assignments, `Unserved` records, claims. A
 restarted scheduler replays it from its committed offset up to its own claim (a known
 end: Tansu cannot say where a partition ends), so a request it reads again is never
-decided twice; `JournalWindow` says which journal offset may be committed. Every
-topic is read with `assign()` from the group's committed offsets: no group join, so a
-restart never waits for a dead member's session to time out. A request's offset is
-committed once it is decided (dispatched or ended), after its events are sent.
+decided twice; `JournalWindow` says which journal offset may be committed. It runs on
+the stage runner by assignment (`StageRunner(assign=True)`): every topic read from the
+group's committed offsets, no group join, so a restart never waits for a dead member's
+session to time out. A request's offset is committed once it is decided (dispatched or
+ended), after its events are sent; heartbeats and control events less often
+(`_commit_rule`); `chat.scheduler` only by the claim; the journal after them
+(`_commit_journal`). Decisions are made one batch at a time, after the batch's records.
 
 Before each attempt it writes the attempt's `AttemptStarted` marker on `chat.tokens`;
 the assignment carries where the stream lies (`StreamPosition`).
@@ -28,10 +31,10 @@ from collections.abc import Awaitable
 from aiokafka.structs import ConsumerRecord, TopicPartition
 
 from bus.clients import KafkaConfig
-from bus.offsets import OffsetTracker
 from bus.produce_failures import PIPELINE_REJECTED, RecordRejected, RetryingPublisher
 from bus.replay import read_between
-from bus.subscriber import consume, decode_record, failed
+from bus.stage_runner import Offsets, StageRunner
+from bus.subscriber import decode_record, failed
 from ops import metrics, tracing
 from scheduler.claims import Claim
 from scheduler.core import Dispatch, Policy, Scheduler
@@ -74,6 +77,8 @@ READ_BACK_TRIES = 3
 STATUS_UNCHANGED_S = 10.0
 BEATS_COMMIT_S = 5.0
 BEAT_TOPICS = frozenset({topics.WORKERS, topics.CONTROL})
+TOPICS = (*topics.request_topics(), topics.CONTROL, topics.WORKERS, topics.SCHEDULER,
+          topics.WORK)
 
 
 class SchedulerStage:
@@ -85,7 +90,12 @@ class SchedulerStage:
         self.status_interval_s = status_interval_s
         self.scheduler_id = scheduler_id or f"scheduler-{uuid.uuid4().hex[:8]}"
         self.fenced = asyncio.Event()
-        self.tracker = OffsetTracker()
+        # Heartbeats and status come all the time: only requests are work.
+        self.runner = StageRunner(
+            kafka, STAGE, GROUP, TOPICS, assign=True, poll_ms=100, busy_while=self._busy,
+            wakes=lambda topic: topic.startswith(topics.REQUESTS_PREFIX),
+            commit_rule=self._commit_rule, after_commit=self._commit_journal)
+        self.publisher: RetryingPublisher
         self._sources: dict[str, tuple[TopicPartition, int]] = {}
         self._status_sent_at = 0.0
         self._status_sent: dict[Tier, TierStatus] = {}
@@ -98,38 +108,18 @@ class SchedulerStage:
     async def run(self) -> None:
         """Claim, replay the journal, then schedule until cancelled or fenced; a fenced
         scheduler idles until cancelled (acting again would fight the newer one)."""
-        producer = self.kafka.producer()
-        await producer.start()
-        self.consumer = self.kafka.consumer(group_id=GROUP)
-        # Heartbeats and status come all the time: only requests are work.
-        self.consumer.busy_while(self._busy, wakes=lambda topic: topic.startswith(
-            topics.REQUESTS_PREFIX))
-        await self.consumer.start()
-        self.publisher = RetryingPublisher(producer)
-        self.claim = Claim(self.publisher, self.consumer, self.kafka,
-                           self.scheduler_id)
+        await self.runner.start()
+        self.consumer = self.runner.consumer
+        self.publisher = self.runner.publisher
+        self.claim = Claim(self.publisher, self.consumer, self.kafka, self.scheduler_id)
         metrics.watch_scheduler(self)
         try:
             await self._start()
-            await self._schedule_until_fenced()
+            await self.runner.consume(self._handle, self._decide, self._on_failure,
+                                      until=self.fenced.is_set)
         finally:
-            await self.consumer.stop()
-            await producer.stop()
+            await self.runner.stop()
         await asyncio.Future()
-
-    async def _schedule_until_fenced(self) -> None:
-        loop = asyncio.create_task(consume(
-            self.consumer, STAGE, self.publisher, self._handle, self._decide, poll_ms=100,
-            tracker=self.tracker, on_failure=self._on_failure))
-        fenced = asyncio.create_task(self.fenced.wait())
-        try:
-            await asyncio.wait([loop, fenced], return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for task in (loop, fenced):
-                task.cancel()
-            await asyncio.gather(loop, fenced, return_exceptions=True)
-        if not self.fenced.is_set():
-            loop.result()
 
     def _busy(self) -> bool:
         return self.core.waiting_count > 0 or any(
@@ -138,20 +128,15 @@ class SchedulerStage:
     # --- start: claim and replay ------------------------------------------------------
 
     async def _start(self) -> None:
+        """The runner has assigned every partition at its committed offset."""
         started = time.monotonic()
-        partitions = {topic: await self._partitions(topic) for topic in (
-            *topics.request_topics(), topics.CONTROL, topics.WORKERS, topics.SCHEDULER,
-            topics.WORK)}
-        every = [tp for tps in partitions.values() for tp in tps]
-        self.consumer.assign(every)
-        committed = dict(zip(every, await asyncio.gather(
-            *(self.consumer.committed(tp) for tp in every)), strict=True))
-        [claims_tp] = partitions[topics.SCHEDULER]
-        first_claim = await self.claim.take(committed[claims_tp] or 0)
-        work = partitions[topics.WORK]
+        committed = self.runner.committed
+        [claims_tp] = self.runner.partitions(topics.SCHEDULER)
+        first_claim = await self.claim.take(committed[claims_tp])
+        work = self.runner.partitions(topics.WORK)
         self.work_partitions = len(work)
         claimed = await self.claim.on_journal(work)
-        replay_from = {tp.partition: committed[tp] or 0 for tp in work}
+        replay_from = {tp.partition: committed[tp] for tp in work}
         records = await read_between(
             self.kafka, topics.WORK,
             {p: (replay_from[p], offset) for p, offset in claimed.items()},
@@ -160,39 +145,29 @@ class SchedulerStage:
             self.core.restore(partition, offset, event)
         self.journal = JournalWindow({p: offset + 1 for p, offset in claimed.items()},
                                      replay_from)
-        for tp in every:
-            self.consumer.seek(tp, committed[tp] or 0)
+        for tp, offset in committed.items():
             if tp.topic.startswith(topics.REQUESTS_PREFIX):
-                self.journal.hold_until_read(tp, committed[tp] or 0)
+                self.journal.hold_until_read(tp, offset)
         self.consumer.seek(claims_tp, first_claim + 1)
         self.consumer.pause(*work)  # assigned only to commit the journal's offsets
         log.info("scheduler %s: epoch %d, %d journal records replayed, started in %.2f s",
                  self.claim.scheduler_id, self.claim.epoch, len(records),
                  time.monotonic() - started)
 
-    async def _partitions(self, topic: str) -> list[TopicPartition]:
-        await self.consumer.topics()  # refreshes metadata
-        partitions = self.consumer.partitions_for_topic(topic)
-        if not partitions:
-            raise LookupError(f"topic {topic} does not exist: create the topics first")
-        return [TopicPartition(topic, p) for p in sorted(partitions)]
-
     # --- records ----------------------------------------------------------------------
 
     async def _handle(self, record: ConsumerRecord) -> None:
+        """One record; the runner marks it done unless it is a request left waiting."""
         if self.fenced.is_set():
             return
-        tp = TopicPartition(record.topic, record.partition)
         if record.topic == topics.SCHEDULER:
             self._on_scheduler_event(decode_record(SCHEDULER_EVENT, record))
         elif record.topic == topics.WORKERS:
-            self.tracker.seen(tp, record.offset)
             heartbeat = decode_record(WorkerHeartbeat, record)
             # Heartbeats read again after a restart may be old: only recent ones count.
             if heartbeat.sent_at >= time.time() - self.worker_lost_after_s:
                 self.core.on_heartbeat(heartbeat)
         elif record.topic == topics.CONTROL:
-            self.tracker.seen(tp, record.offset)
             event = decode_record(CONTROL_EVENT, record)
             if isinstance(event, Cancel):
                 await self._on_cancel(event)
@@ -201,7 +176,8 @@ class SchedulerStage:
             elif event.sent_at >= time.time() - self.gateways.grace_s:  # not an old one
                 self.gateways.heartbeat(event.reply_to, time.monotonic())
         else:
-            await self._admit(decode_record(GenerationRequest, record), tp, record.offset)
+            await self._admit(decode_record(GenerationRequest, record),
+                              TopicPartition(record.topic, record.partition), record.offset)
 
     async def _on_cancel(self, cancel: Cancel) -> None:
         """A cancel ends a waiting request here. A conditional one (a gateway's resume
@@ -233,12 +209,11 @@ class SchedulerStage:
         admission = self.core.add_request(request)
         request = admission.request
         if not admission.queued:
-            self.tracker.seen(tp, offset)
             if admission.end_code is not None:
                 await self._end_unserved(request, admission.end_code, admission.retry_after_s,
                                          recorded=admission.recorded)
             return
-        self.tracker.started(tp, offset)
+        self.runner.tracker.started(tp, offset)
         self._sources[request.request_id] = (tp, offset)
         self.traces.hold(request.request_id)
         if admission.routed_reason:
@@ -286,7 +261,7 @@ class SchedulerStage:
         """The request is decided: its offset may be committed."""
         source = self._sources.pop(request_id, None)
         if source is not None:
-            self.tracker.done(*source)
+            self.runner.tracker.done(*source)
 
     # --- decisions --------------------------------------------------------------------
 
@@ -312,7 +287,10 @@ class SchedulerStage:
                 position=update.position, eta_ms=update.eta_ms)))
         await self._publish_status()
         await self.claim.refresh()
-        await self._commit()
+        for tp in self.journal.ends_unknown():
+            end = self.consumer.highwater(tp)
+            if end is not None:
+                self.journal.end_at_start(tp, end)
 
     async def _per_request(self, request: GenerationRequest, step: Awaitable[None]) -> None:
         """Run one request's step of the decisions; an event of it the bus refuses ends
@@ -436,34 +414,35 @@ class SchedulerStage:
         self._status_sent_at, self._shedding, self._status_sent = now, shedding, tiers
         await self.publisher.send(topics.SCHEDULER, SchedulerStatus(tiers=tiers), key=STAGE)
 
-    async def _commit(self) -> None:
-        """Requests, control and heartbeats first, then the journal: its window must
+    def _commit_rule(self, done: Offsets) -> Offsets:
+        """What the runner commits after each batch's decisions (after flushing their
+        events): nothing once fenced (the newer scheduler commits); never
+        `chat.scheduler` (the claim commits it, so a restart reads every claim since);
+        requests as soon as they are decided; heartbeats and control events, read
+        again harmlessly after a restart, every BEATS_COMMIT_S."""
+        if self.fenced.is_set():
+            return {}
+        offsets = {tp: offset for tp, offset in done.items() if tp.topic != topics.SCHEDULER}
+        if not offsets or not self._commit_due(offsets):
+            return {}
+        self._beats_committed_at = time.monotonic()
+        return offsets
+
+    def _commit_due(self, offsets: Offsets) -> bool:
+        return (time.monotonic() - self._beats_committed_at >= BEATS_COMMIT_S
+                or any(tp.topic not in BEAT_TOPICS for tp in offsets))
+
+    async def _commit_journal(self, committed: Offsets) -> None:
+        """After the requests, control and heartbeats, the journal: its window must
         still cover every request not committed (`JournalWindow`)."""
-        for tp in self.journal.ends_unknown():
-            end = self.consumer.highwater(tp)
-            if end is not None:
-                self.journal.end_at_start(tp, end)
-        offsets = self.tracker.to_commit()
-        if offsets and not self._commit_due(offsets):
-            offsets = {}
-        if offsets:
-            self._beats_committed_at = time.monotonic()
-            await self.publisher.flush()  # the ends and events of what is committed
-            await self.consumer.commit(offsets)
-            self.tracker.committed(offsets)
-            self.journal.requests_committed(offsets)
+        if self.fenced.is_set():
+            return
+        self.journal.requests_committed(committed)
         floors = self.journal.to_commit(self.core.unread_assignments())
         if floors:
             await self.consumer.commit({TopicPartition(topics.WORK, p): offset
                                         for p, offset in floors.items()})
             self.journal.committed(floors)
-
-
-    def _commit_due(self, offsets: dict[TopicPartition, int]) -> bool:
-        """Requests are committed as soon as they are decided; heartbeats and control
-        events, read again harmlessly after a restart, every BEATS_COMMIT_S."""
-        return (time.monotonic() - self._beats_committed_at >= BEATS_COMMIT_S
-                or any(tp.topic not in BEAT_TOPICS for tp in offsets))
 
 
 def _end_code(exc: Exception) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from aiokafka.structs import ConsumerRecord, TopicPartition
 
 from bus.clients import KafkaConfig
@@ -133,3 +134,93 @@ async def test_a_revoked_partition_is_forgotten_by_the_stage_and_the_tracker():
     assert forgotten == [0]
     assert consumer.commits == [{TP: 5}]
     assert stage.tracker.to_commit() == {}
+
+
+async def test_a_commit_rule_says_what_to_commit_now_and_after_commit_hears_each_step():
+    consumer = FakeConsumer([record(0)], [record(1), record(2)])
+    heard: list[dict[TopicPartition, int]] = []
+
+    async def after_commit(committed: dict[TopicPartition, int]) -> None:
+        heard.append(committed)
+
+    stage = runner(consumer, commit_rule=lambda done: done if done[TP] >= 3 else {},
+                   after_commit=after_commit)
+
+    async def handle(_: ConsumerRecord) -> None:
+        pass
+
+    await run_out(stage, handle)
+    assert consumer.commits == [{TP: 3}]
+    assert heard == [{}, {TP: 3}]
+    assert stage.publisher.flushes == 1  # type: ignore[attr-defined]
+
+
+class AssignedConsumer(FakeConsumer):
+    """Two partitions of chat.usage, the first committed at 5; it has no `subscribe`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.assigned: list[TopicPartition] = []
+        self.positions: dict[TopicPartition, int] = {}
+        self.stopped = False
+
+    async def start(self) -> None:
+        pass
+
+    async def stop(self) -> None:
+        self.stopped = True
+
+    async def topics(self) -> set[str]:
+        return {TP.topic}
+
+    def partitions_for_topic(self, topic: str) -> set[int]:
+        return {1, 0} if topic == TP.topic else set()
+
+    def assign(self, partitions: list[TopicPartition]) -> None:
+        self.assigned = list(partitions)
+
+    async def committed(self, tp: TopicPartition) -> int | None:
+        return 5 if tp.partition == 0 else None
+
+    def seek(self, tp: TopicPartition, offset: int) -> None:
+        self.positions[tp] = offset
+
+
+class FakeProducer:
+    async def start(self) -> None:
+        pass
+
+    async def stop(self) -> None:
+        pass
+
+
+class AssignedKafka:
+    def __init__(self, consumer: AssignedConsumer) -> None:
+        self.made = consumer
+
+    def producer(self) -> FakeProducer:
+        return FakeProducer()
+
+    def consumer(self, group_id: str, bulk: bool) -> AssignedConsumer:
+        return self.made
+
+
+async def test_by_assignment_it_reads_every_partition_from_the_groups_commit_without_joining():
+    consumer = AssignedConsumer()
+    stage = StageRunner(AssignedKafka(consumer), "scheduler", "g", [TP.topic],  # type: ignore[arg-type]
+                        assign=True)
+    await stage.start()
+    second = TopicPartition(TP.topic, 1)
+    assert consumer.assigned == [TP, second]
+    assert stage.committed == consumer.positions == {TP: 5, second: 0}
+    assert stage.partitions(TP.topic) == [TP, second]
+    await stage.stop()
+
+
+async def test_by_assignment_a_missing_topic_stops_what_started():
+    consumer = AssignedConsumer()
+    stage = StageRunner(AssignedKafka(consumer), "scheduler", "g", ["chat.none"],  # type: ignore[arg-type]
+                        assign=True)
+    with pytest.raises(LookupError):
+        await stage.start()
+    assert consumer.stopped
