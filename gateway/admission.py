@@ -18,15 +18,19 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from contextvars import ContextVar
+from dataclasses import dataclass
 
 from starlette.datastructures import MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from conversations.store import ApiKey
 from gateway.core import Unacceptable, Unavailable
-from gateway.deps import GatewayDeps
 from gateway.errors import ApiError
+from gateway.pipeline import Pipeline
+from gateway.quotas import QuotaGate
+from gateway.rate_limits import RateLimiter
 from moderation.classifiers import first_verdict
+from moderation.policy import SafetyPolicy
 from ops.metrics import admission_rejected
 from schemas.events import ModerationEvent
 
@@ -36,20 +40,31 @@ ASKS_A_MODEL = frozenset({"judge"})
 _noted_headers: ContextVar[dict[str, str] | None] = ContextVar("noted_headers", default=None)
 
 
-async def admit(deps: GatewayDeps, owner: ApiKey, tokens: int) -> None:
+@dataclass(frozen=True, slots=True)
+class Gates:
+    """What admission asks: the pipeline (is the tier shedding; where a blocked input is
+    reported), the budgets and rate limits, the input classifiers (None: that gate is off)."""
+
+    pipeline: Pipeline
+    rate_limiter: RateLimiter | None = None
+    quotas: QuotaGate | None = None
+    safety: SafetyPolicy | None = None
+
+
+async def admit(gates: Gates, owner: ApiKey, tokens: int) -> None:
     """Return if the request may run (charged `tokens` against the token limits); else
     refuse it `overloaded`, or raise 429 `quota_exceeded` or `rate_limited`, with Retry-After
     and the rate-limit headers."""
-    retry_after = deps.pipeline.overloaded(owner.tier)
+    retry_after = gates.pipeline.overloaded(owner.tier)
     if retry_after is not None:
         admission_rejected(owner.tier, "overloaded")
         raise Unavailable("overloaded",
                           f"the {owner.tier} tier is overloaded; retry in {retry_after:.0f} s",
                           retry_after_s=math.ceil(retry_after))
-    limiter = deps.rate_limiter
-    if deps.quotas is not None:
+    limiter = gates.rate_limiter
+    if gates.quotas is not None:
         try:
-            await deps.quotas.check(owner)
+            await gates.quotas.check(owner)
         except ApiError as refused:
             admission_rejected(owner.tier, refused.code)
             if limiter is not None:
@@ -64,14 +79,14 @@ async def admit(deps: GatewayDeps, owner: ApiKey, tokens: int) -> None:
         note_response_headers(headers)
 
 
-async def charge_rest(deps: GatewayDeps, owner: ApiKey, estimated: int, actual: int) -> None:
+async def charge_rest(gates: Gates, owner: ApiKey, estimated: int, actual: int) -> None:
     """Charge what an admitted request costs beyond the estimate it was admitted with."""
-    if deps.rate_limiter is not None and actual > estimated:
-        await deps.rate_limiter.charge_tokens(owner, actual - estimated)
+    if gates.rate_limiter is not None and actual > estimated:
+        await gates.rate_limiter.charge_tokens(owner, actual - estimated)
 
 
 async def check_input(
-    deps: GatewayDeps, owner: ApiKey, model: str, texts: Sequence[str]
+    gates: Gates, owner: ApiKey, model: str, texts: Sequence[str]
 ) -> None:
     """Classify every message the caller wrote, with the classifiers for its tier and
     model, before anything is queued or stored: a blocked one is refused `content_blocked`
@@ -81,9 +96,9 @@ async def check_input(
     among long harmless messages must not be diluted); the first verdict stops it. A
     classifier that asks a model (the judge) runs once, over the texts joined: a request
     of many messages costs one judge generation, not one per message."""
-    if deps.safety is None:
+    if gates.safety is None:
         return
-    classifiers = deps.safety.input_classifiers(owner.tier, model)
+    classifiers = gates.safety.input_classifiers(owner.tier, model)
     if not classifiers:
         return
     per_text = [c for c in classifiers if c.name not in ASKS_A_MODEL]
@@ -96,7 +111,7 @@ async def check_input(
         verdict = await first_verdict(chosen, text) if chosen else None
         if verdict is None:
             continue
-        await deps.pipeline.moderate(ModerationEvent(
+        await gates.pipeline.moderate(ModerationEvent(
             user_id=owner.user_id, action="block_input", category=verdict.category,
             reason=f"{verdict.classifier}: {verdict.reason}"))
         raise Unacceptable("content_blocked",

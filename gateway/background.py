@@ -16,12 +16,16 @@ import asyncio
 import logging
 from collections.abc import Coroutine
 from contextlib import aclosing
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any
 
-from conversations.store import ApiKey
+from conversations.store import ApiKey, ConversationStore
+from gateway.config import GatewayConfig
+from gateway.context_builder import ContextBuilder
 from gateway.core import Refused
 from gateway.generation import StreamTimers, start_generation
 from gateway.limits import check_bus_size
+from gateway.pipeline import Pipeline
 from gateway.summaries import SummaryJob, clean_title, title_request
 from schemas.answer import AnswerText
 from schemas.events import (
@@ -32,9 +36,6 @@ from schemas.events import (
 )
 from schemas.generation import generation_request
 from schemas.topics import Tier
-
-if TYPE_CHECKING:
-    from gateway.deps import GatewayDeps
 
 log = logging.getLogger(__name__)
 
@@ -87,40 +88,53 @@ class BackgroundJobs:
             log.warning("%s job failed", task.get_name(), exc_info=task.exception())
 
 
-def start_title(deps: GatewayDeps, owner: ApiKey, request: GenerationRequest,
+@dataclass(frozen=True, slots=True)
+class OwnRequests:
+    """What the gateway's own generations need: the jobs they run as, the pipeline
+    they go through, the store their titles and summaries go to, the context builder
+    (which model summarises) and the gateway's configuration."""
+
+    jobs: BackgroundJobs
+    pipeline: Pipeline
+    store: ConversationStore
+    context: ContextBuilder
+    config: GatewayConfig
+
+
+def start_title(own: OwnRequests, owner: ApiKey, request: GenerationRequest,
                 question: str, answer: str) -> None:  # fmt: skip
     """Title the conversation of `request` (its first exchange) on the small model."""
-    job = _write_title(deps, owner, request, question, answer)
-    deps.background.start(("title", request.conversation_id), job)
+    job = _write_title(own, owner, request, question, answer)
+    own.jobs.start(("title", request.conversation_id), job)
 
 
-def start_summary(deps: GatewayDeps, owner: ApiKey, model: str, job: SummaryJob) -> None:
+def start_summary(own: OwnRequests, owner: ApiKey, model: str, job: SummaryJob) -> None:
     """Summarise what `job` covers, for a conversation on `model`, unless one is running."""
-    deps.background.start(("summary", job.conversation_id), _write_summary(deps, owner, model, job))
+    own.jobs.start(("summary", job.conversation_id), _write_summary(own, owner, model, job))
 
 
-async def _write_title(deps: GatewayDeps, owner: ApiKey, request: GenerationRequest,
+async def _write_title(own: OwnRequests, owner: ApiKey, request: GenerationRequest,
                        question: str, answer: str) -> None:  # fmt: skip
-    model = deps.context.summary_model(request.model)
-    text = await generate_text(deps, own_request(
-        deps, owner, request.conversation_id, model, title_request(question, answer),
+    model = own.context.summary_model(request.model)
+    text = await generate_text(own, own_request(
+        own, owner, request.conversation_id, model, title_request(question, answer),
         TITLE_MAX_TOKENS))  # fmt: skip
     title = clean_title(text or "")
     if title:
-        await deps.store.set_auto_title(request.conversation_id, title)
+        await own.store.set_auto_title(request.conversation_id, title)
 
 
-async def _write_summary(deps: GatewayDeps, owner: ApiKey, model: str, job: SummaryJob) -> None:
-    summarizer = deps.context.summary_model(model)
-    text = await generate_text(deps, own_request(
-        deps, owner, job.conversation_id, summarizer, job.messages,
-        deps.config.context.summary_max_tokens))  # fmt: skip
+async def _write_summary(own: OwnRequests, owner: ApiKey, model: str, job: SummaryJob) -> None:
+    summarizer = own.context.summary_model(model)
+    text = await generate_text(own, own_request(
+        own, owner, job.conversation_id, summarizer, job.messages,
+        own.config.context.summary_max_tokens))  # fmt: skip
     if text and text.strip():
-        await deps.store.save_summary(job.conversation_id, job.through_message_id, text.strip())
+        await own.store.save_summary(job.conversation_id, job.through_message_id, text.strip())
 
 
 def own_request(
-    deps: GatewayDeps, owner: ApiKey, conversation_id: str, model: str,
+    own: OwnRequests, owner: ApiKey, conversation_id: str, model: str,
     messages: tuple[ChatMessage, ...], max_tokens: int,
 ) -> GenerationRequest:  # fmt: skip
     """A lowest-priority, unstored request about `owner`'s conversation."""
@@ -128,20 +142,20 @@ def own_request(
         user_id=BACKGROUND_ACCOUNT, org_id=BACKGROUND_ACCOUNT, tier=Tier.FREE,
         cache_salt=owner.org_id, model=model, messages=messages,
         sampling=SamplingOptions(max_tokens=max_tokens, temperature=JOB_TEMPERATURE),
-        reply_to=deps.pipeline.reply_to, timeout_s=deps.config.request_timeout_s,
+        reply_to=own.pipeline.reply_to, timeout_s=own.config.request_timeout_s,
         conversation_id=conversation_id,
     )
 
 
-async def generate_text(deps: GatewayDeps, request: GenerationRequest) -> str | None:
+async def generate_text(own: OwnRequests, request: GenerationRequest) -> str | None:
     """The whole answer to `request`; None if it failed, was cut off or not taken
     (the free tier is shedding). Cancelling the caller cancels the generation."""
-    if deps.pipeline.overloaded(request.tier) is not None:
+    if own.pipeline.overloaded(request.tier) is not None:
         return None
     try:
-        check_bus_size(deps.config.limits, request)
-        generation = await start_generation(deps.pipeline, request,
-                                            timers=StreamTimers(deps.config.stream_stall_s))
+        check_bus_size(own.config.limits, request)
+        generation = await start_generation(own.pipeline, request,
+                                            timers=StreamTimers(own.config.stream_stall_s))
     except Refused:
         log.warning("background request %s not queued (too large for the bus, or the bus refused it)", request.request_id)
         return None

@@ -13,13 +13,14 @@ from conversations.store import ApiKey, ConversationStore, RequestRecord
 from gateway.auth import OwnedConversation, Owner
 from gateway.background import start_title
 from gateway.core import NotFound, Unacceptable
-from gateway.deps import Deps, GatewayDeps
+from gateway.deps import Deps, GatewayDeps, TurnsDep
 from gateway.errors import error_responses
 from gateway.event_stream import EventStreamResponse
 from gateway.generation import Generation, event_stream, merged_deltas
 from gateway.stream_relay import StreamRelay
 from gateway.turns import (
     Turn,
+    Turns,
     native_timers,
     send_turn,
     start_edit,
@@ -46,30 +47,31 @@ request too large, a rate limit or budget, a pipeline that cannot take it."""
              response_class=EventStreamResponse,
              responses={**_TURN, **error_responses(409)})  # fmt: skip
 async def post_message(
-    post: PostMessage, conversation: OwnedConversation, owner: Owner, deps: Deps
+    post: PostMessage, conversation: OwnedConversation, owner: Owner, turns: TurnsDep
 ) -> EventStreamResponse:
     """A user message after the selected thread, answered as SSE."""
-    return await answer(deps, await start_turn(deps, owner, conversation, post))
+    return await answer(turns, await start_turn(turns, owner, conversation, post))
 
 
 @router.post("/conversations/{conversation_id}/messages/{message_id}/edit",
              response_class=EventStreamResponse, responses=_TURN)  # fmt: skip
 async def edit_message(
-    message_id: str, post: PostMessage, conversation: OwnedConversation, owner: Owner, deps: Deps
-) -> EventStreamResponse:
+    message_id: str, post: PostMessage, conversation: OwnedConversation, owner: Owner,
+    turns: TurnsDep,
+) -> EventStreamResponse:  # fmt: skip
     """A new version of a user message (a fork beside it), answered as SSE."""
-    return await answer(deps, await start_edit(deps, owner, conversation, message_id, post))
+    return await answer(turns, await start_edit(turns, owner, conversation, message_id, post))
 
 
 @router.post("/conversations/{conversation_id}/messages/{message_id}/regenerate",
              response_class=EventStreamResponse, responses=_TURN)  # fmt: skip
 async def regenerate_message(
     message_id: str, options: TurnOptions, conversation: OwnedConversation, owner: Owner,
-    deps: Deps,
+    turns: TurnsDep,
 ) -> EventStreamResponse:  # fmt: skip
     """Another answer beside an assistant message (or to a user message), as SSE."""
-    turn = await start_regenerate(deps, owner, conversation, message_id, options)
-    return await answer(deps, turn)
+    turn = await start_regenerate(turns, owner, conversation, message_id, options)
+    return await answer(turns, turn)
 
 
 @router.get("/requests/{request_id}/events", response_class=EventStreamResponse,
@@ -137,12 +139,12 @@ def _event_id(raw: str | None) -> int | None:
                            "(an integer) this stream sent", param="last_event_id") from None
 
 
-async def answer(deps: GatewayDeps, turn: Turn) -> EventStreamResponse:
-    generation = await send_turn(deps, turn)
+async def answer(turns: Turns, turn: Turn) -> EventStreamResponse:
+    generation = await send_turn(turns, turn)
     payload = sse.RequestPayload(request_id=turn.request.request_id,
                                  message_id=turn.request.message_id,
                                  user_message_id=turn.user_message.message_id)
-    titled = _title_when_answered(deps, turn) if turn.first else None
+    titled = _title_when_answered(turns, turn) if turn.first else None
     return event_stream(native_events(payload, generation, titled), generation)
 
 
@@ -165,9 +167,9 @@ async def native_events(
     yield sse.done_marker()
 
 
-def _title_when_answered(deps: GatewayDeps, turn: Turn) -> Callable[[str], None] | None:
+def _title_when_answered(turns: Turns, turn: Turn) -> Callable[[str], None] | None:
     """A first answer that ended well gets a generated title (unless they are off)."""
-    if not deps.config.auto_titles:
+    if not turns.config.auto_titles:
         return None
-    return lambda answer: start_title(deps, turn.owner, turn.request, turn.user_message.content,
-                                      answer)
+    return lambda answer: start_title(turns.own, turn.owner, turn.request,
+                                      turn.user_message.content, answer)

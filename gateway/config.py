@@ -91,3 +91,5 @@ class GatewayConfig:
     body_read_timeout_s: float
     auto_titles: bool
     """Title a conversation on the small model after its first exchange."""
+    reply_wait_s: float = 5.0
+    """How long a new turn waits for the previous turn's answer to be recorded."""

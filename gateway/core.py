@@ -4,7 +4,8 @@ but the times it is given.
 * What a request is: `owner_request` (who asks, for what, where the answer goes).
 * What a turn answers: the thread an edit or a regeneration continues
   (`edit_thread`, `regenerated_question`), whether the previous answer still streams
-  (`pending_answer`), whether the prompt left room for the answer (`check_room`).
+  (`pending_answer`) and when a turn waiting on it may go on (`answer_ended`),
+  whether the prompt left room for the answer (`check_room`).
 * Why a request is turned down: `Refused` and its kinds. They say nothing of HTTP;
   `gateway.errors` gives each kind its status, in one table.
 """
@@ -115,6 +116,11 @@ def pending_answer(thread: list[StoredMessage], now: float, stale_after_s: float
 def streaming(message: StoredMessage, now: float, stale_after_s: float) -> bool:
     return (message.role == Role.ASSISTANT and message.status == RequestStatus.IN_PROGRESS
             and message.created_at >= now - stale_after_s)  # fmt: skip
+
+
+def answer_ended(answer: StoredMessage | None) -> bool:
+    """Whether the answer a next turn waits for has ended (or is gone): it may go on."""
+    return answer is None or answer.status != RequestStatus.IN_PROGRESS
 
 
 def reply_pending() -> NotYet:

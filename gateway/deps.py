@@ -1,5 +1,6 @@
 """What the routes are given: the wiring builds `GatewayDeps`, routes read it through
-`Annotated` dependencies (STYLE 6). The store and pipeline live outside the app."""
+`Annotated` dependencies (STYLE 6) and hand each domain module the narrow value it
+takes (`gates`, `own_requests`, `turns`). The store and pipeline live outside the app."""
 
 from __future__ import annotations
 
@@ -9,13 +10,15 @@ from typing import Annotated
 from fastapi import Depends, Request
 
 from conversations.store import ConversationStore
-from gateway.background import BackgroundJobs
+from gateway.admission import Gates
+from gateway.background import BackgroundJobs, OwnRequests
 from gateway.config import GatewayConfig
 from gateway.context_builder import ContextBuilder
 from gateway.generation import LiveRequests
 from gateway.pipeline import Pipeline
 from gateway.quotas import QuotaGate
 from gateway.rate_limits import RateLimiter
+from gateway.turns import Turns
 from moderation.policy import SafetyPolicy
 
 
@@ -26,8 +29,6 @@ class GatewayDeps:
     pipeline: Pipeline
     context: ContextBuilder
     """Builds every native turn's prompt within its model's window (DESIGN §8)."""
-    reply_wait_s: float = 5.0
-    """How long a new turn waits for the previous turn's answer to be recorded."""
     rate_limiter: RateLimiter | None = None
     """Requests and tokens per minute; None: no rate limits."""
     quotas: QuotaGate | None = None
@@ -38,6 +39,22 @@ class GatewayDeps:
     """The requests this gateway relays: who may cancel them."""
     background: BackgroundJobs = field(default_factory=BackgroundJobs)
     """Titles and summaries being generated; closed when the app stops."""
+
+    @property
+    def gates(self) -> Gates:
+        """What admission asks."""
+        return Gates(self.pipeline, self.rate_limiter, self.quotas, self.safety)
+
+    @property
+    def own_requests(self) -> OwnRequests:
+        """What titles and summaries are generated with."""
+        return OwnRequests(self.background, self.pipeline, self.store, self.context, self.config)
+
+    @property
+    def turns(self) -> Turns:
+        """What native turns are served with."""
+        return Turns(self.config, self.store, self.pipeline, self.context, self.gates,
+                     self.own_requests, self.live)  # fmt: skip
 
 
 def gateway_deps(request: Request) -> GatewayDeps:
@@ -56,7 +73,12 @@ def _pipeline(deps: Annotated[GatewayDeps, Depends(gateway_deps)]) -> Pipeline:
     return deps.pipeline
 
 
+def _turns(deps: Annotated[GatewayDeps, Depends(gateway_deps)]) -> Turns:
+    return deps.turns
+
+
 Deps = Annotated[GatewayDeps, Depends(gateway_deps)]
 ConfigDep = Annotated[GatewayConfig, Depends(_config)]
 StoreDep = Annotated[ConversationStore, Depends(_store)]
 PipelineDep = Annotated[Pipeline, Depends(_pipeline)]
+TurnsDep = Annotated[Turns, Depends(_turns)]

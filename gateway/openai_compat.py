@@ -106,9 +106,9 @@ async def admitted_request(
     in the model's window and every message through the input classifiers."""
     request = to_generation_request(completion, owner, deps.config, deps.pipeline.reply_to)
     check_bus_size(deps.config.limits, request)
-    await admit(deps, owner, admission_tokens(request.messages, request.sampling.max_tokens))
+    await admit(deps.gates, owner, admission_tokens(request.messages, request.sampling.max_tokens))
     await check_window(deps.context, request)
-    await check_input(deps, owner, request.model, [m.content for m in request.messages])
+    await check_input(deps.gates, owner, request.model, [m.content for m in request.messages])
     return request
 
 

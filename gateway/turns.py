@@ -13,11 +13,16 @@ makes the request (not yet sent):
 * regenerate — a new answer beside the old one, to the same user message.
 
 The store selects each new message under its parent, so the thread follows
-the newest branch until the user selects another.
+the newest branch until the user selects another. A post that comes while the
+thread's last answer still streams waits for it (`settled_tree`: the decisions are
+`gateway.core`'s, the waiting `wait_for` on an injected sleep and clock).
+
+Turns take `Turns`, what they are served with; the routes build it from `GatewayDeps`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import anyio
@@ -33,13 +38,14 @@ from conversations.store import (
     StoredMessage,
 )
 from conversations.tree import ConversationTree
-from gateway.admission import admit, charge_rest, check_input
-from gateway.background import start_summary
+from gateway.admission import Gates, admit, charge_rest, check_input
+from gateway.background import OwnRequests, start_summary
 from gateway.config import GatewayConfig, RequestLimits
 from gateway.context import BuiltContext
 from gateway.context_builder import ContextBuilder
 from gateway.core import (
     Refused,
+    answer_ended,
     check_room,
     edit_thread,
     owner_request,
@@ -48,9 +54,9 @@ from gateway.core import (
     regenerated_question,
     reply_pending,
 )
-from gateway.deps import GatewayDeps
-from gateway.generation import Generation, OnEnd, StreamTimers, start_generation
+from gateway.generation import Generation, LiveRequests, OnEnd, StreamTimers, start_generation
 from gateway.limits import check_bus_size, check_message, sampling_options, served_model
+from gateway.pipeline import Pipeline
 from gateway.rate_limits import admission_tokens, text_tokens
 from gateway.stream_relay import StreamRelay
 from gateway.summaries import fallback_title
@@ -58,6 +64,21 @@ from schemas.api import PostMessage, TurnOptions
 from schemas.events import GenerationRequest, Role, SamplingOptions, now
 from schemas.generation import new_id
 from schemas.lifecycle import RequestStatus
+
+
+@dataclass(frozen=True, slots=True)
+class Turns:
+    """What native turns are served with: the conversations' store, the pipeline, the
+    prompt's builder, admission's gates, the gateway's own requests (summaries), the
+    requests being relayed (who may cancel them) and the gateway's configuration."""
+
+    config: GatewayConfig
+    store: ConversationStore
+    pipeline: Pipeline
+    context: ContextBuilder
+    gates: Gates
+    own: OwnRequests
+    live: LiveRequests
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,67 +92,66 @@ class Turn:
 
 
 async def start_turn(
-    deps: GatewayDeps, owner: ApiKey, conversation: Conversation, post: PostMessage
+    turns: Turns, owner: ApiKey, conversation: Conversation, post: PostMessage
 ) -> Turn:
     """A new user message at the end of the selected thread."""
-    check_message(deps.config.limits, post.content)
-    model, sampling = _answer_options(deps.config.limits, owner, post)
+    check_message(turns.config.limits, post.content)
+    model, sampling = _answer_options(turns.config.limits, owner, post)
     charged = text_tokens([post.content], sampling.max_tokens)
-    await admit(deps, owner, charged)
-    tree = await _settled_tree(
-        deps.store, conversation.conversation_id, deps.reply_wait_s, deps.config.request_timeout_s
-    )
-    return await _new_user_turn(deps, owner, conversation, tree.thread(), post.content,
+    await admit(turns.gates, owner, charged)
+    tree = await settled_tree(turns.store, conversation.conversation_id, turns.config)
+    return await _new_user_turn(turns, owner, conversation, tree.thread(), post.content,
                                 model, sampling, charged, first=not tree.messages)  # fmt: skip
 
 
 async def start_edit(
-    deps: GatewayDeps, owner: ApiKey, conversation: Conversation, message_id: str,
+    turns: Turns, owner: ApiKey, conversation: Conversation, message_id: str,
     post: PostMessage,
 ) -> Turn:  # fmt: skip
     """A new version of user message `message_id`: its sibling, answered after the
     thread up to their parent."""
-    check_message(deps.config.limits, post.content)
-    model, sampling = _answer_options(deps.config.limits, owner, post)
+    check_message(turns.config.limits, post.content)
+    model, sampling = _answer_options(turns.config.limits, owner, post)
     charged = text_tokens([post.content], sampling.max_tokens)
-    await admit(deps, owner, charged)
-    thread = edit_thread(await deps.store.get_tree(conversation.conversation_id), message_id)
-    return await _new_user_turn(deps, owner, conversation, thread, post.content, model,
+    await admit(turns.gates, owner, charged)
+    thread = edit_thread(await turns.store.get_tree(conversation.conversation_id), message_id)
+    return await _new_user_turn(turns, owner, conversation, thread, post.content, model,
                                 sampling, charged)  # fmt: skip
 
 
 async def start_regenerate(
-    deps: GatewayDeps, owner: ApiKey, conversation: Conversation, message_id: str,
+    turns: Turns, owner: ApiKey, conversation: Conversation, message_id: str,
     options: TurnOptions,
 ) -> Turn:  # fmt: skip
     """Another answer to the user message that `message_id` answers (or to
     `message_id` itself, a user message): a sibling of the earlier answers. The question
     is classified again: the model asked for now may have stricter rules."""
-    model, sampling = _answer_options(deps.config.limits, owner, options)
+    model, sampling = _answer_options(turns.config.limits, owner, options)
     charged = text_tokens([], sampling.max_tokens)
-    await admit(deps, owner, charged)
-    tree = await deps.store.get_tree(conversation.conversation_id)
+    await admit(turns.gates, owner, charged)
+    tree = await turns.store.get_tree(conversation.conversation_id)
     question = regenerated_question(tree, message_id)
     thread = tree.path_to(question.message_id)
-    built = await _build(deps.context, deps.store, conversation.conversation_id, thread, None,
+    built = await _build(turns.context, turns.store, conversation.conversation_id, thread, None,
                          model, sampling)
-    await charge_rest(deps, owner, charged, admission_tokens(built.messages, sampling.max_tokens))
-    request = _request(deps, owner, conversation, question.message_id, model, sampling, built)
-    check_bus_size(deps.config.limits, request)
-    await check_input(deps, owner, model, [question.content])
-    _ask_for_summary(deps, owner, model, built)
+    await charge_rest(turns.gates, owner, charged,
+                      admission_tokens(built.messages, sampling.max_tokens))
+    request = _request(turns, owner, conversation, question.message_id, model, sampling, built)
+    check_bus_size(turns.config.limits, request)
+    await check_input(turns.gates, owner, model, [question.content])
+    _ask_for_summary(turns.own, owner, model, built)
     return Turn(request=request, user_message=question, owner=owner)
 
 
-async def send_turn(deps: GatewayDeps, turn: Turn) -> Generation:
+async def send_turn(turns: Turns, turn: Turn) -> Generation:
     """Store the answer as in progress with where its events start, then queue it. If
     queueing fails, the answer is stored as failed so the next turn can go on."""
     request = turn.request
     try:
-        partition, offset = await deps.pipeline.start_answer(request)
+        partition, offset = await turns.pipeline.start_answer(request)
     except Exception as exc:
         raise pipeline_unavailable() from exc
-    await deps.store.start_answer(
+    await turns.store.start_answer(
         NewMessage(message_id=request.message_id, conversation_id=request.conversation_id,
                    role=Role.ASSISTANT, content="", parent_id=turn.user_message.message_id,
                    model=request.model, status=RequestStatus.IN_PROGRESS,
@@ -144,12 +164,12 @@ async def send_turn(deps: GatewayDeps, turn: Turn) -> Generation:
     )  # fmt: skip
     relay = StreamRelay(answer_started(request))
     try:
-        return await start_generation(deps.pipeline, request, deps.live, relay,
-                                      native_timers(deps.config), store_answer(deps.store))
+        return await start_generation(turns.pipeline, request, turns.live, relay,
+                                      native_timers(turns.config), store_answer(turns.store))
     except Refused:
         failed = relay.answer()
         assert failed is not None
-        await deps.store.finish_answer(failed)
+        await turns.store.finish_answer(failed)
         raise
 
 
@@ -176,21 +196,22 @@ def store_answer(store: ConversationStore) -> OnEnd:
 
 
 async def _new_user_turn(
-    deps: GatewayDeps, owner: ApiKey, conversation: Conversation, thread: list[StoredMessage],
+    turns: Turns, owner: ApiKey, conversation: Conversation, thread: list[StoredMessage],
     content: str, model: str, sampling: SamplingOptions, charged: int, *,
     first: bool = False,
 ) -> Turn:  # fmt: skip
     """Store `content` as a user message after `thread` and answer it (the turn was
     admitted, `charged` tokens)."""
     cid = conversation.conversation_id
-    built = await _build(deps.context, deps.store, cid, thread, content, model, sampling)
-    await charge_rest(deps, owner, charged, admission_tokens(built.messages, sampling.max_tokens))
+    built = await _build(turns.context, turns.store, cid, thread, content, model, sampling)
+    await charge_rest(turns.gates, owner, charged,
+                      admission_tokens(built.messages, sampling.max_tokens))
     user_message_id = new_id()
-    request = _request(deps, owner, conversation, user_message_id, model, sampling, built)
+    request = _request(turns, owner, conversation, user_message_id, model, sampling, built)
     # Before the message is stored: a refused turn leaves no unanswered message behind.
-    check_bus_size(deps.config.limits, request)
-    await check_input(deps, owner, model, [content])
-    user_message = await deps.store.add_message(
+    check_bus_size(turns.config.limits, request)
+    await check_input(turns.gates, owner, model, [content])
+    user_message = await turns.store.add_message(
         NewMessage(
             message_id=user_message_id,
             conversation_id=cid,
@@ -200,8 +221,8 @@ async def _new_user_turn(
         )
     )
     if first:
-        await deps.store.set_auto_title(cid, fallback_title(content))
-    _ask_for_summary(deps, owner, model, built)
+        await turns.store.set_auto_title(cid, fallback_title(content))
+    _ask_for_summary(turns.own, owner, model, built)
     return Turn(request=request, user_message=user_message, owner=owner, first=first)
 
 
@@ -233,37 +254,60 @@ async def _build(
     return built
 
 
-def _ask_for_summary(deps: GatewayDeps, owner: ApiKey, model: str, built: BuiltContext) -> None:
+def _ask_for_summary(own: OwnRequests, owner: ApiKey, model: str, built: BuiltContext) -> None:
     if built.summary_job is not None:
-        start_summary(deps, owner, model, built.summary_job)
+        start_summary(own, owner, model, built.summary_job)
 
 
 def _request(
-    deps: GatewayDeps, owner: ApiKey, conversation: Conversation, question_id: str,
+    turns: Turns, owner: ApiKey, conversation: Conversation, question_id: str,
     model: str, sampling: SamplingOptions, built: BuiltContext,
 ) -> GenerationRequest:  # fmt: skip
     return owner_request(owner, model=model, messages=built.messages, sampling=sampling,
-                         reply_to=deps.pipeline.reply_to,
-                         timeout_s=deps.config.request_timeout_s, sent_at=now(),
+                         reply_to=turns.pipeline.reply_to,
+                         timeout_s=turns.config.request_timeout_s, sent_at=now(),
                          conversation_id=conversation.conversation_id, parent_id=question_id,
                          store=True)  # fmt: skip
 
 
-async def _settled_tree(
-    store: ConversationStore, conversation_id: str, wait_s: float, stale_after_s: float
-) -> ConversationTree:
+FIRST_LOOK_S = 0.02
+LAST_LOOK_S = 0.25
+"""How often a waiting turn looks again: at first, and at most (doubling between)."""
+
+
+async def settled_tree(
+    store: ConversationStore, conversation_id: str, config: GatewayConfig, *,
+    sleep: Callable[[float], Awaitable[None]] = anyio.sleep,
+    clock: Callable[[], float] = anyio.current_time,
+) -> ConversationTree:  # fmt: skip
     """The conversation's tree once the thread's last answer has ended: a next turn that
-    comes quickly waits for it up to `wait_s`, then is refused `reply_pending`."""
+    comes quickly waits for it up to `config.reply_wait_s`, then is refused
+    `reply_pending`."""
     tree = await store.get_tree(conversation_id)
-    pending = pending_answer(tree.thread(), now(), stale_after_s)
+    pending = pending_answer(tree.thread(), now(), config.request_timeout_s)
     if pending is None:
         return tree
-    delay = 0.02
-    with anyio.move_on_after(wait_s):
-        while True:
-            message = await store.get_message(pending)
-            if message is None or message.status != RequestStatus.IN_PROGRESS:
-                return await store.get_tree(conversation_id)
-            await anyio.sleep(delay)
-            delay = min(delay * 2, 0.25)
-    raise reply_pending()
+
+    async def ended() -> bool:
+        return answer_ended(await store.get_message(pending))
+
+    if not await wait_for(ended, config.reply_wait_s, sleep=sleep, clock=clock):
+        raise reply_pending()
+    return await store.get_tree(conversation_id)
+
+
+async def wait_for(
+    ended: Callable[[], Awaitable[bool]], wait_s: float, *,
+    sleep: Callable[[float], Awaitable[None]], clock: Callable[[], float],
+) -> bool:  # fmt: skip
+    """Ask `ended` until it says so (True) or `wait_s` has passed on `clock` (False),
+    sleeping between asks from `FIRST_LOOK_S`, doubling up to `LAST_LOOK_S`."""
+    deadline = clock() + wait_s
+    delay = FIRST_LOOK_S
+    while not await ended():
+        left = deadline - clock()
+        if left <= 0:
+            return False
+        await sleep(min(delay, left))
+        delay = min(delay * 2, LAST_LOOK_S)
+    return True

@@ -206,8 +206,11 @@ def word_context(settings: Settings) -> ContextBuilder:
 def gateway_deps(settings: Settings, store: SQLiteStore, pipeline: ScriptedPipeline,
                  context: ContextBuilder | None = None, **options: Any) -> GatewayDeps:
     """What the wiring gives the gateway under `settings`, around a test's store,
-    pipeline and (word-counting) context builder."""
-    return GatewayDeps(gateway_config(settings), store, pipeline,
+    pipeline and (word-counting) context builder; `reply_wait_s` replaces the config's."""
+    config = gateway_config(settings)
+    if "reply_wait_s" in options:
+        config = dataclasses.replace(config, reply_wait_s=options.pop("reply_wait_s"))
+    return GatewayDeps(config, store, pipeline,
                        context if context is not None else word_context(settings),
                        **options)  # fmt: skip
 
@@ -486,7 +489,7 @@ async def test_a_turn_while_the_previous_answer_streams_waits_then_is_409(
         f"/v1/conversations/{cid}/messages", json={"content": "again"}, headers=ALICE
     )
     assert_error(response, 409, "reply_pending")
-    assert asyncio.get_running_loop().time() - started >= deps.reply_wait_s
+    assert asyncio.get_running_loop().time() - started >= deps.config.reply_wait_s
     assert len(pipeline.submitted) == 1 and len(await store.list_messages(cid)) == 3
 
     async def finish_soon() -> None:

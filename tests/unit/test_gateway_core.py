@@ -1,5 +1,5 @@
 """The gateway's pure decisions (`gateway.core`) on hand-made trees, and the one table
-that gives each refusal its HTTP status."""
+that gives each refusal its HTTP status; the wait for the previous answer on a fake clock."""
 
 from __future__ import annotations
 
@@ -9,9 +9,11 @@ from conversations.store import ApiKey, StoredMessage
 from conversations.tree import ConversationTree
 from gateway import core
 from gateway.errors import STATUS, refusal_response
+from gateway.turns import wait_for
 from schemas.events import ChatMessage, Role, SamplingOptions
 from schemas.lifecycle import RequestStatus
 from schemas.topics import Tier
+from tests.unit.test_supervise import FakeClock
 
 NOW = 1_000_000.0
 
@@ -69,6 +71,33 @@ def test_an_answer_without_a_question_is_not_regenerated():
 ])
 def test_a_turn_waits_only_for_an_answer_still_streaming(thread, pending):
     assert core.pending_answer(thread, NOW, stale_after_s=300) == pending
+
+
+@pytest.mark.parametrize(("answer", "ended"), [
+    (None, True),  # deleted meanwhile
+    (message("m2", Role.ASSISTANT, "m1", status=RequestStatus.IN_PROGRESS), False),
+    (message("m2", Role.ASSISTANT, "m1"), True),
+])
+def test_a_waiting_turn_goes_on_once_the_answer_it_waits_for_has_ended(answer, ended):
+    assert core.answer_ended(answer) is ended
+
+
+@pytest.mark.parametrize(("ends_after", "waited"), [(0, True), (3, True), (None, False)])
+async def test_a_turn_looks_again_more_and_more_slowly_until_the_wait_is_up(ends_after, waited):
+    clock = FakeClock()
+    looks = 0
+
+    async def ended() -> bool:
+        nonlocal looks
+        looks += 1
+        return ends_after is not None and looks > ends_after
+
+    assert await wait_for(ended, 1.0, sleep=clock.sleep, clock=clock) is waited
+    if ends_after is not None:
+        assert clock.sleeps == [0.02, 0.04, 0.08][:ends_after]
+    else:  # doubling up to 0.25 s, the last nap cut to the deadline
+        assert clock.sleeps == pytest.approx([0.02, 0.04, 0.08, 0.16, 0.25, 0.25, 0.2])
+        assert clock.now == pytest.approx(1.0)
 
 
 def test_an_owners_request_is_billed_and_cached_as_the_owner():

@@ -15,7 +15,7 @@ from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
 
 from bus.subscriber import failed
-from gateway.admission import admit
+from gateway.admission import Gates, admit
 from gateway.core import Refused
 from gateway.errors import ApiError
 from ops import metrics
@@ -119,10 +119,9 @@ class Refusing:
 ])
 async def test_admission_counts_each_refusal_by_tier_and_reason(gate, reason) -> None:
     before = value("chatpipe:admission_rejections_total", tier="enterprise", reason=reason)
-    deps = SimpleNamespace(**{"pipeline": SimpleNamespace(overloaded=lambda tier: None),
-                              "rate_limiter": None, "quotas": None, **gate})
+    gates = Gates(**{"pipeline": SimpleNamespace(overloaded=lambda tier: None), **gate})
     with pytest.raises((ApiError, Refused)) as refused:
-        await admit(deps, SimpleNamespace(tier=Tier.ENTERPRISE), 10)  # type: ignore[arg-type]
+        await admit(gates, SimpleNamespace(tier=Tier.ENTERPRISE), 10)  # type: ignore[arg-type]
     assert refused.value.code == reason
     assert value("chatpipe:admission_rejections_total", tier="enterprise",
                  reason=reason) == before + 1

@@ -406,8 +406,9 @@ async def test_a_background_job_the_bus_cannot_carry_is_dropped_not_sent(deps, p
     (no title or summary), never queued to fail at a later hop."""
     owner = ApiKey(user_id="alice", org_id="acme", tier=Tier.FREE)
     huge = (ChatMessage(role=Role.USER, content="x" * BUS_MESSAGE_BYTES),)
-    request = own_request(deps, owner, "c1", deps.config.limits.default_model, huge, 16)
-    assert await generate_text(deps, request) is None
+    own = deps.own_requests
+    request = own_request(own, owner, "c1", deps.config.limits.default_model, huge, 16)
+    assert await generate_text(own, request) is None
     assert pipeline.submitted == []
 
 
