@@ -46,8 +46,9 @@ class StreamRelay:
 
     def stall(self, request_id: str) -> DeliveryError:
         """Nothing came for too long: the end the client gets (it takes the next id)."""
-        end = DeliveryError(request_id=request_id, seq=self._log.next_seq, code="stalled",
-                            message=STALLED_MESSAGE)
+        end = DeliveryError(request_id=request_id, attempt=max(self._log.attempt, 0),
+                            seq=self._log.next_seq, code="stalled", message=STALLED_MESSAGE)
+        # the newest attempt's: an end from an older one would be dropped by the answer rule
         self.add(end)
         return end
 

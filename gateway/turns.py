@@ -291,7 +291,10 @@ async def settled_tree(
     async def ended() -> bool:
         return answer_ended(await store.get_message(pending))
 
-    if not await wait_for(ended, config.reply_wait_s, sleep=sleep, clock=clock):
+    settled = False
+    with anyio.move_on_after(config.reply_wait_s):  # a store read that hangs is cut off too
+        settled = await wait_for(ended, config.reply_wait_s, sleep=sleep, clock=clock)
+    if not settled:
         raise reply_pending()
     return await store.get_tree(conversation_id)
 

@@ -508,6 +508,29 @@ async def test_a_turn_while_the_previous_answer_streams_waits_then_is_409(
     assert first.message_id != "m2"
 
 
+async def test_a_store_read_that_hangs_does_not_hold_a_turn_past_the_wait(
+    client, store, pipeline, deps, monkeypatch
+):
+    cid = await new_conversation(client)
+    pipeline.script(done(0))
+    await client.post(f"/v1/conversations/{cid}/messages", json={"content": "hi"}, headers=ALICE)
+    user, _ = await store.list_messages(cid)
+    streaming = NewMessage("m2", cid, Role.ASSISTANT, "", parent_id=user.message_id,
+                           status=RequestStatus.IN_PROGRESS, request_id="r2")
+    await store.start_answer(streaming, RequestRecord("r2", cid, "m2", "alice", 0, 9, REPLY_TO))
+
+    async def hangs(message_id: str):
+        await asyncio.sleep(3600)
+
+    monkeypatch.setattr(store, "get_message", hangs)
+    started = asyncio.get_running_loop().time()
+    response = await client.post(
+        f"/v1/conversations/{cid}/messages", json={"content": "again"}, headers=ALICE
+    )
+    assert_error(response, 409, "reply_pending")
+    assert asyncio.get_running_loop().time() - started < deps.config.reply_wait_s + 2
+
+
 async def test_failed_submit_records_a_failed_answer(client, store, pipeline):
     cid = await new_conversation(client)
     pipeline.fail_submit = True

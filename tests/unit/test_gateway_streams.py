@@ -8,7 +8,7 @@ import json
 from conversations.answers import answer_started
 from gateway.stream_relay import StreamRelay
 from schemas import sse
-from schemas.events import DeliveryError, GenerationRequest, Queued, Retract, Role
+from schemas.events import Delta, DeliveryError, GenerationRequest, Queued, Retract, Role
 from schemas.lifecycle import RequestStatus
 from tests.unit.test_gateway_app import (  # noqa: F401 - fixtures
     ALICE,
@@ -128,3 +128,14 @@ def test_a_stall_ends_the_stream_at_the_next_id():
     end = relay.stall("r")
     assert isinstance(end, DeliveryError) and end.seq == 1 and relay.ended
     assert relay.add(delta("late", 1)) is None
+
+
+def test_a_stall_after_a_continuation_is_the_newest_attempt_s_end():
+    """A stream continued by attempt 1 (its worker was lost) still ends on a stall: an end
+    of attempt 0 would be dropped as stale, and the stream would stall again forever."""
+    relay = StreamRelay(answer_started(request()))
+    relay.add(delta("a", 0))
+    relay.add(Delta(request_id="r", attempt=1, seq=1, text="b"))
+    end = relay.stall("r")
+    assert (end.attempt, end.seq) == (1, 2)
+    assert relay.ended
