@@ -44,7 +44,7 @@ class AnalyticsStage:
         self._unwritten: dict[TopicPartition, int] = {}
         """Per partition, the first offset whose rows are not in a file yet."""
         self.runner = StageRunner(kafka, STAGE, group, TOPICS, bulk=True, max_records=5000,
-                                  commit_floor=self._unwritten.get)
+                                  commit_floor=self._unwritten.get, on_revoke=self._revoked)
 
     async def run(self, until_idle: bool = False, idle_s: float = 10.0) -> IngestCounts:
         """Consume until cancelled; with `until_idle`, stop once every partition is read
@@ -85,14 +85,22 @@ class AnalyticsStage:
             self._pending.setdefault(table, []).append(row)
 
     async def _flush(self) -> None:
-        """Write what is pending; the runner then commits the offsets it came from."""
-        pending, self._pending = self._pending, {}
-        if pending:
-            written = await asyncio.to_thread(self.warehouse.write, pending)
+        """Write what is pending; the runner then commits the offsets it came from. A
+        write that fails keeps the rows and their floors: the runner retries the step,
+        and commits nothing past them meanwhile."""
+        if self._pending:
+            written = await asyncio.to_thread(self.warehouse.write, self._pending)
             self.counts.files += len(written)
-            for table, rows in pending.items():
+            for table, rows in self._pending.items():
                 self.counts.rows[table.name] = self.counts.rows.get(table.name, 0) + len(rows)
+            self._pending = {}
         self._unwritten.clear()
+
+    def _revoked(self, tp: TopicPartition) -> None:
+        """The partition's next owner reads from the group's commit: a floor kept from
+        before would hold (or move back) its commits if it comes back here. Its rows
+        still pending are written with the rest (the warehouse counts a key once)."""
+        self._unwritten.pop(tp, None)
 
 
 async def _caught_up(consumer: AIOKafkaConsumer) -> bool:

@@ -41,8 +41,8 @@ What the runner guarantees, the same for every stage:
   committed (`after_commit`: the scheduler's journal). If
   that step or the commit raises, it is logged and retried after a backoff; records
   not committed stay uncommitted, nothing is skipped.
-- A revoked partition is its next owner's: the stage's `on_revoke(partition)` drops its
-  state and the tracker forgets it; the next owner reads from the committed offset
+- A revoked partition is its next owner's: the stage's `on_revoke(tp)` drops its
+  state for that topic partition and the tracker forgets it; the next owner reads from the committed offset
   (`commit_on_revoke` commits what is done first).
 
 Why our own runner and not FastStream: FastStream's Kafka subscriber acknowledges one
@@ -100,7 +100,7 @@ class StageRunner:
         poll_ms: int = 200,
         max_records: int = 500,
         commit_floor: CommitFloor | None = None,
-        on_revoke: Callable[[int], None] | None = None,
+        on_revoke: Callable[[TopicPartition], None] | None = None,
         commit_on_revoke: bool = False,
         on_assign: Callable[[set[TopicPartition]], None] | None = None,
         busy_while: Callable[[], bool] | None = None,
@@ -235,7 +235,7 @@ class StageRunner:
                 log.warning("%s: commit before a rebalance failed", self.stage, exc_info=True)
         if self.on_revoke is not None:
             for tp in partitions:
-                self.on_revoke(tp.partition)
+                self.on_revoke(tp)
         self.tracker.forget(partitions)
 
 

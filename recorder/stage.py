@@ -37,7 +37,7 @@ class RecorderStage:
         self.runner = StageRunner(
             kafka, STAGE, GROUP, [topics.ANSWERS], bulk=True,
             commit_floor=lambda tp: self.recorder.commit_floor(tp.partition),
-            on_revoke=self.recorder.forget_partition)
+            on_revoke=lambda tp: self.recorder.forget_partition(tp.partition))
 
     async def run(self) -> None:
         await self.runner.run(self._handle, self._expire)

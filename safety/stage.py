@@ -44,7 +44,7 @@ class SafetyStage:
         self.runner = StageRunner(
             kafka, STAGE, GROUP, [topics.TOKENS], poll_ms=100,
             commit_floor=lambda tp: self.core.commit_floor(tp.partition),
-            on_revoke=self.core.forget_partition,
+            on_revoke=lambda tp: self.core.forget_partition(tp.partition),
             busy_while=lambda: self.core.open_count > 0)
 
     async def run(self) -> None:

@@ -127,11 +127,11 @@ async def test_a_failing_after_batch_step_is_retried_and_commits_nothing_meanwhi
 
 async def test_a_revoked_partition_is_forgotten_by_the_stage_and_the_tracker():
     consumer = FakeConsumer()
-    forgotten: list[int] = []
+    forgotten: list[TopicPartition] = []
     stage = runner(consumer, on_revoke=forgotten.append, commit_on_revoke=True)
     stage.tracker.seen(TP, 4)
     await stage.revoked({TP})
-    assert forgotten == [0]
+    assert forgotten == [TP]  # the topic too: a stage reading several must tell them apart
     assert consumer.commits == [{TP: 5}]
     assert stage.tracker.to_commit() == {}
 
