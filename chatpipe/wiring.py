@@ -157,6 +157,10 @@ def safety_policy(settings: Settings, client: RequestReplyClient | None) -> Safe
     """The classifiers of the input and output checks, made once per process (the
     embedding model loads once); the judge, when configured, asks through `client`
     (a started one)."""
+    if not settings.safety_judge_model and any(
+            "judge" in names for names in settings.safety_input_classifiers.values()):
+        raise ValueError("CHATPIPE_SAFETY_INPUT_CLASSIFIERS names the judge: "
+                         "set CHATPIPE_SAFETY_JUDGE_MODEL, the model it asks")
     ask = None
     if settings.safety_judge_model and client is not None:
         from safety.judge import judge_ask

@@ -145,7 +145,9 @@ class JudgeClassifier:
 
 
 async def first_verdict(classifiers: Iterable[Classifier], text: str) -> Verdict | None:
-    """Run classifiers in order, cheapest first as configured; stop at the first hit."""
+    """Run classifiers in order, cheapest first as configured; stop at the first hit.
+    A classifier that raises (the judge with no verdict) raises here: the caller's check
+    then fails or blocks, it never passes."""
     for classifier in classifiers:
         verdict = await classifier.classify(text)
         if verdict is not None:

@@ -63,7 +63,15 @@ def _lookup(table: dict[str, list[Classifier]], tier: Tier | None,
 def build_policy(config: PolicyConfig, ask: Ask | None = None) -> SafetyPolicy:
     """Classifier instances are shared across keys; the embedding model loads only
     when some key names `embedding`, the judge only when one names `judge` (it then
-    needs `ask`: prompt in, the judge model's answer out)."""
+    needs `ask`: prompt in, the judge model's answer out).
+
+    The judge checks input only (ValueError for an output list that names it): its
+    answer streams through `chat.tokens`, which the safety stage relays, so the output
+    check asking it would wait on the consumer that waits on it."""
+    for key, names in config.output_classifiers.items():
+        if "judge" in names:
+            raise ValueError(f"output classifiers {key!r} name the judge, which can check "
+                             "input only (its own answer passes through the output check)")
     made: dict[tuple[str, str], Classifier] = {}
 
     def make(name: str, direction: str) -> Classifier:
@@ -81,7 +89,8 @@ def build_policy(config: PolicyConfig, ask: Ask | None = None) -> SafetyPolicy:
             made[("embedding", "any")] = classifier
         elif name == "judge":
             if ask is None:
-                raise ValueError("the judge classifier needs CHATPIPE_SAFETY_JUDGE_MODEL")
+                raise ValueError("the judge classifier needs a way to ask its model (`ask`): "
+                                 "a judge model and a started request/reply client")
             classifier = JudgeClassifier(ask, sorted(config.rule_categories))
         else:
             raise ValueError(f"unknown classifier {name!r}")

@@ -110,6 +110,15 @@ class AnswerText:
         """The terminal event taken, once the answer has ended."""
         return self.log.end
 
+    @property
+    def answered(self) -> bool:
+        """The model ended the answer itself (or at its length limit) and none of it was
+        retracted: the text is the model's, whole. Not after an error, an abort, an
+        expiry, a retraction, nor while it has not ended."""
+        end = self.log.end
+        return (isinstance(end, DeliveryDone | GenerationDone) and end.status.is_answered
+                and not self.retracted)
+
     def add(self, event: Event) -> bool:
         """Take one event; False if the rule drops it."""
         if not self.log.take(event):

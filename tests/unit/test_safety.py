@@ -11,15 +11,18 @@ from aiokafka.structs import ConsumerRecord, TopicPartition
 from bus.request_reply import DeliveryStream
 from moderation.classifiers import (
     EmbeddingClassifier,
+    JudgeClassifier,
     RuleClassifier,
     Verdict,
     first_verdict,
     judge_verdict,
     luhn_valid,
 )
-from moderation.policy import SafetyPolicy
+from chatpipe.settings import Settings
+from chatpipe.wiring import safety_policy
+from moderation.policy import PolicyConfig, SafetyPolicy, build_policy
 from safety.core import Check, Deliver, SafetyConfig, SafetyCore
-from safety.judge import judge_ask
+from safety.judge import JudgeFailed, judge_ask
 from safety.output_gate import OutputGate
 from safety.stage import SafetyStage
 from schemas import topics
@@ -159,17 +162,43 @@ def done_at(seq: int) -> DeliveryDone:
                         usage=Usage())
 
 
-async def test_the_judges_answer_drops_retracted_text():
+async def test_a_retracted_judge_answer_is_no_verdict():
+    """The replacement text would read as "safe": the judge fails closed instead."""
     client = AnsweringClient(
         Delta(request_id="-", seq=0, text="unsafe "),
         Retract(request_id="-", seq=1, message_id="m", reason="pii", replacement="[removed]"),
         Delta(request_id="-", seq=2, text="weapons"), done_at(3))
     async with asyncio.timeout(5):
-        answer = await judge_ask(client, "judge-model")("is this safe?")
-    assert answer == "[removed]" and judge_verdict(answer, ["weapons"]) is None
+        with pytest.raises(JudgeFailed, match="retracted"):
+            await judge_ask(client, "judge-model")("is this safe?")
     [request] = client.requests
     assert request.tier == "free" and request.reply_to == client.reply_to
     assert client.forgotten == [request.request_id], "the stream is closed"
+
+
+@pytest.mark.parametrize("status", [RequestStatus.FINISHED_ABORTED, RequestStatus.FINISHED_ERROR,
+                                    RequestStatus.FINISHED_FILTERED])
+async def test_a_judge_answer_that_did_not_end_normally_is_no_verdict(status):
+    """A cancelled or expired judge generation ends with no text: that is not "safe"."""
+    client = AnsweringClient(DeliveryDone(request_id="-", seq=0, status=status, usage=Usage()))
+    async with asyncio.timeout(5):
+        with pytest.raises(JudgeFailed, match=str(status)):
+            await judge_ask(client, "judge-model")("?")
+
+
+async def test_a_judge_answer_that_never_ends_times_out():
+    client = AnsweringClient(Delta(request_id="-", seq=0, text="safe"))
+    async with asyncio.timeout(5):
+        with pytest.raises(TimeoutError):
+            await judge_ask(client, "judge-model", wait_s=0.05)("?")
+    assert len(client.forgotten) == 1, "the stream is closed"
+
+
+async def test_a_judge_that_gives_no_verdict_fails_the_check_never_passes_it():
+    classifier = JudgeClassifier(judge_ask(AnsweringClient(), "judge-model", wait_s=0.05),
+                                 ["weapons"])
+    with pytest.raises(TimeoutError):
+        await first_verdict([RuleClassifier({}, []), classifier], "text")
 
 
 async def test_the_judge_takes_each_position_once_and_stops_at_the_end():
@@ -185,6 +214,30 @@ async def test_a_judge_generation_that_fails_raises():
                                            message="x"))
     with pytest.raises(RuntimeError, match="engine_error"):
         await judge_ask(client, "judge-model")("?")
+
+
+def policy_config(input_: list[str], output: list[str]) -> PolicyConfig:
+    return PolicyConfig({"*": input_}, {"*": output}, {"weapons": ["bomb"]}, [], [], {}, 0.5)
+
+
+async def answer_safe(prompt: str) -> str:
+    return "safe"
+
+
+def test_the_judge_checks_input_only():
+    """Its answer streams through the safety stage: an output check asking it deadlocks."""
+    with pytest.raises(ValueError, match="input only"):
+        build_policy(policy_config(["rules"], ["rules", "judge"]), answer_safe)
+    policy = build_policy(policy_config(["rules", "judge"], ["rules"]), answer_safe)
+    assert [c.name for c in policy.input_classifiers(None, "m")] == ["rules", "judge"]
+
+
+def test_a_judge_with_no_way_to_ask_is_refused_and_the_wiring_names_the_setting():
+    with pytest.raises(ValueError, match="`ask`"):
+        build_policy(policy_config(["judge"], ["rules"]))
+    settings = Settings(safety_input_classifiers={"*": ["judge"]})
+    with pytest.raises(ValueError, match="CHATPIPE_SAFETY_JUDGE_MODEL"):
+        safety_policy(settings, None)
 
 
 async def test_first_verdict_stops_at_first_hit():
