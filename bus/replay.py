@@ -1,13 +1,12 @@
 """Reading a topic from its first offset: what the pipeline recorded, for tests,
-benchmarks and debugging (`chatpipe replay`, `chatpipe dlq`: `ops/`). Tansu cannot
-seek to the end nor find an offset by time (DESIGN §11), so every reader starts at
-an offset it knows (0, or one it was given) and ends where a partition ends when it
-is first fetched; `offsets_at` finds offsets by time only where the broker's answer
-can be believed."""
+benchmarks and debugging (`chatpipe replay`, `chatpipe dlq`: chatpipe/ops_commands.py).
+Tansu cannot seek to the end nor find an offset by time (DESIGN §11), so every reader
+starts at an offset it knows (0, or one it was given) and ends where a partition ends
+when it is first fetched; `offsets_at` finds offsets by time only where the broker's
+answer can be believed."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Callable, Collection, Mapping
@@ -18,6 +17,7 @@ from aiokafka.errors import KafkaError, OffsetOutOfRangeError
 from aiokafka.structs import ConsumerRecord, TopicPartition
 
 from bus.clients import KafkaConfig, kafka_config
+from bus.topics import topic_partitions
 from schemas.codec import EventDecodeError, decode
 
 
@@ -30,7 +30,7 @@ async def replay(kafka: KafkaConfig | str, topic: str, kind: Any,
     consumer = _reader(kafka)
     await consumer.start()
     try:
-        partitions = await _partitions(consumer, topic)
+        partitions = await topic_partitions(consumer, topic, wait_s=5.0)
         consumer.assign(partitions)
         for tp in partitions:
             consumer.seek(tp, 0)
@@ -53,17 +53,6 @@ def _reader(kafka: KafkaConfig | str, **options: Any) -> AIOKafkaConsumer:
     return AIOKafkaConsumer(**kafka_config(kafka).connection(), enable_auto_commit=False,
                             fetch_max_wait_ms=20, max_partition_fetch_bytes=8 << 20,
                             **options)
-
-
-async def _partitions(consumer: AIOKafkaConsumer, topic: str) -> list[TopicPartition]:
-    """The topic's partitions, waiting up to 5 s for a topic just created."""
-    for _ in range(50):
-        await consumer.topics()
-        partitions = consumer.partitions_for_topic(topic)
-        if partitions:
-            return [TopicPartition(topic, p) for p in sorted(partitions)]
-        await asyncio.sleep(0.1)
-    raise LookupError(f"topic {topic} not found")
 
 
 async def read_between(kafka: KafkaConfig | str, topic: str, bounds: dict[int, tuple[int, int]],
@@ -96,7 +85,7 @@ async def _read(kafka: KafkaConfig | str, topic: str, bounds: dict[int, tuple[in
     await consumer.start()
     try:
         if bounds is None:
-            starts = {tp: 0 for tp in await _partitions(consumer, topic)}
+            starts = {tp: 0 for tp in await topic_partitions(consumer, topic, wait_s=5.0)}
         else:
             starts = {TopicPartition(topic, p): start for p, (start, _) in bounds.items()}
         records = await _read_partitions(

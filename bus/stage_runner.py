@@ -70,6 +70,7 @@ from bus.fetch_pace import PacedConsumer
 from bus.offsets import OffsetTracker
 from bus.produce_failures import RetryingPublisher
 from bus.subscriber import FailureHandler, RecordHandler, consume
+from bus.topics import topic_partitions
 
 log = logging.getLogger(__name__)
 
@@ -170,13 +171,9 @@ class StageRunner:
 
     async def _assign_all(self) -> None:
         """Every partition of the stage's topics, each read from the group's commit."""
-        await self.consumer.topics()  # refreshes metadata
         every: list[TopicPartition] = []
         for topic in self.topics:
-            partitions = self.consumer.partitions_for_topic(topic)
-            if not partitions:
-                raise LookupError(f"topic {topic} does not exist: create the topics first")
-            every += [TopicPartition(topic, p) for p in sorted(partitions)]
+            every += await topic_partitions(self.consumer, topic)
         self.consumer.assign(every)
         offsets = await asyncio.gather(*(self.consumer.committed(tp) for tp in every))
         self.committed = {tp: offset or 0 for tp, offset in zip(every, offsets, strict=True)}

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 from dataclasses import dataclass
 
+from aiokafka import AIOKafkaConsumer
 from aiokafka.admin import NewTopic
 from aiokafka.errors import TopicAlreadyExistsError
+from aiokafka.structs import TopicPartition
 
 from bus.clients import KafkaConfig, kafka_config
 from schemas import topics
@@ -59,3 +63,18 @@ async def ensure_topics(kafka: KafkaConfig | str, layout: TopicLayout = TopicLay
                         ) -> list[str]:
     """The shared topics, laid out as `layout` says; returns the names created."""
     return await create_topics(kafka, layout.partitions(), layout.replication_factor)
+
+
+async def topic_partitions(consumer: AIOKafkaConsumer, topic: str,
+                           wait_s: float = 0.0) -> list[TopicPartition]:
+    """The partitions of `topic`, in order, from freshly read metadata; waits up to
+    `wait_s` for a topic just created, then LookupError."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        await consumer.topics()  # refreshes metadata
+        partitions = consumer.partitions_for_topic(topic)
+        if partitions:
+            return [TopicPartition(topic, p) for p in sorted(partitions)]
+        if time.monotonic() >= deadline:
+            raise LookupError(f"topic {topic} does not exist: create the topics first")
+        await asyncio.sleep(0.1)

@@ -21,6 +21,7 @@ continues the answer where this one stopped.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 import uuid
@@ -33,6 +34,7 @@ from bus.fetch_pace import NO_RECORDS
 from bus.produce_failures import RecordRejected
 from bus.stage_runner import StageRunner
 from bus.subscriber import consume, decode_record
+from bus.topics import topic_partitions
 from ops import tracing
 from ops.metrics import watch_worker
 from schemas import topics
@@ -90,13 +92,13 @@ class WorkerStage:
         control = self.kafka.consumer()
         # Cancels matter only while answers run; new work wakes the work consumer too.
         control.busy_while(lambda: bool(self.book.running), wakes=NO_RECORDS)
-        await self.runner.start()
-        try:
+        async with contextlib.AsyncExitStack() as starting:  # what started stops if one fails
+            await self.runner.start()
+            starting.push_async_callback(self.runner.stop)
             await control.start()
-        except BaseException:
-            await self.runner.stop()
-            raise
-        control.assign(await _all_partitions(control, topics.CONTROL))
+            starting.push_async_callback(control.stop)
+            control.assign(await topic_partitions(control, topics.CONTROL))
+            starting.pop_all()
         self.publisher = self.runner.publisher
         self.started.set()
         watch_worker(self.engine)
@@ -277,8 +279,3 @@ class WorkerStage:
         if self.config.ready_file is not None and not self.book.stopping:
             self.config.ready_file.touch()  # liveness/readiness probes read its age
 
-
-async def _all_partitions(consumer: AIOKafkaConsumer, topic: str) -> list[TopicPartition]:
-    await consumer.topics()  # refreshes metadata
-    partitions = consumer.partitions_for_topic(topic) or set()
-    return [TopicPartition(topic, p) for p in sorted(partitions)]

@@ -9,6 +9,8 @@ import pytest
 from aiokafka.structs import ConsumerRecord, TopicPartition
 
 from bus.request_reply import DeliveryStream
+from chatpipe.settings import Settings
+from chatpipe.wiring import safety_policy
 from moderation.classifiers import (
     EmbeddingClassifier,
     JudgeClassifier,
@@ -18,8 +20,6 @@ from moderation.classifiers import (
     judge_verdict,
     luhn_valid,
 )
-from chatpipe.settings import Settings
-from chatpipe.wiring import safety_policy
 from moderation.policy import PolicyConfig, SafetyPolicy, build_policy
 from safety.core import Check, Deliver, SafetyConfig, SafetyCore
 from safety.judge import JudgeFailed, judge_ask
