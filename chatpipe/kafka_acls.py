@@ -120,7 +120,6 @@ JUDGE_PREFIX = topics.deliver_topic("safety-")
 JUDGE_GRANTS: tuple[Grant, ...] = (
     *writes(topics.requests_topic(topics.Tier.FREE)),
     *on_prefix(JUDGE_PREFIX, R, C),
-    *reads(topics.SCHEDULER),
 )
 """The safety stage's extra grants when it asks a judge model (CHATPIPE_SAFETY_JUDGE_MODEL):
 it then asks like a gateway, as the free tier, through a delivery topic of its own."""

@@ -94,6 +94,5 @@ allow billing --operation Read --group chatpipe-billing
 if [ -n "${CHATPIPE_SAFETY_JUDGE_MODEL:-}" ]; then
   allow safety --operation Write --topic chat.requests.free
   allow safety --operation Read --operation Create --topic chat.deliver.safety- --resource-pattern-type prefixed
-  allow safety --operation Read --topic chat.scheduler
 fi
 echo "kafka users and ACLs of gateway, scheduler, worker, safety, recorder, billing are in place"

@@ -44,6 +44,7 @@ def test_the_safety_judge_asks_as_the_free_tier_only():
         assert who(W, topics.requests_topic(tier), judge=True) == {"gateway"}
     assert allowed("safety", C, TOPIC, topics.deliver_topic("safety-gw1"), judge=True)
     assert not allowed("safety", C, TOPIC, topics.deliver_topic("gw1"), judge=True)
+    assert not allowed("safety", R, TOPIC, topics.SCHEDULER, judge=True), "its client never reads it"
 
 
 def test_token_chunks_come_from_workers_and_the_scheduler_only():
