@@ -38,6 +38,8 @@ from schemas.events import DeliverEvent, Delta, GenerationRequest
 log = logging.getLogger(__name__)
 
 CLOSE_TIMEOUT_S = 5.0
+_CANCELS_SENDING: set[asyncio.Task[None]] = set()
+"""Cancels being sent apart from the stream that asked (a task needs a strong reference)."""
 PING_INTERVAL_S = 15.0
 SEND_TIMEOUT_S = 30.0
 """A client that reads nothing for this long is treated as gone."""
@@ -162,9 +164,19 @@ class Generation:
         with anyio.move_on_after(CLOSE_TIMEOUT_S, shield=True):
             try:
                 if not self.relay.ended:
-                    await self._cancel("client_disconnected")
+                    await self._cancel_apart("client_disconnected")
             finally:
                 await self._stream.aclose()
+
+    async def _cancel_apart(self, reason: str) -> None:
+        """Send the cancel from a task of its own. An anyio shield keeps out anyio's
+        cancellations, not a native `task.cancel()` (the SSE response's own when the client
+        leaves, the stall timer's): one landing in the closing task must not drop the
+        cancel, or the engine generates the whole answer for nobody."""
+        sending = asyncio.create_task(self._cancel(reason), name=f"cancel:{self.request_id}")
+        _CANCELS_SENDING.add(sending)
+        sending.add_done_callback(_CANCELS_SENDING.discard)
+        await asyncio.shield(sending)
 
     async def _cancel(self, reason: str) -> None:
         try:

@@ -3,12 +3,13 @@ core, in process: real SQLite store, scripted pipeline (see test_gateway_app).""
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 from conversations.answers import answer_started
 from gateway.stream_relay import StreamRelay
 from schemas import sse
-from schemas.events import Delta, DeliveryError, GenerationRequest, Queued, Retract, Role
+from schemas.events import ChatMessage, Delta, DeliveryError, GenerationRequest, Queued, Retract, Role
 from schemas.lifecycle import RequestStatus
 from tests.unit.test_gateway_app import (  # noqa: F401 - fixtures
     ALICE,
@@ -139,3 +140,21 @@ def test_a_stall_after_a_continuation_is_the_newest_attempt_s_end():
     end = relay.stall("r")
     assert (end.attempt, end.seq) == (1, 2)
     assert relay.ended
+
+
+async def test_a_native_cancel_of_the_closing_task_does_not_drop_the_generation_s_cancel(
+    pipeline,
+):
+    """The SSE response cancels its task when the client leaves (`task.cancel()`, which an
+    anyio shield does not keep out); landing while the stream closes, it must not stop
+    the cancel from reaching the pipeline, or the engine writes the answer for nobody."""
+    from gateway.generation import start_generation
+
+    asked = request().model_copy(update={"messages": (ChatMessage(role=Role.USER, content="hi"),)})
+    generation = await start_generation(pipeline, asked)
+    closing = asyncio.create_task(generation.close())
+    await asyncio.sleep(0.002)  # inside the cancel's produce
+    closing.cancel()
+    await asyncio.gather(closing, return_exceptions=True)
+    await asyncio.sleep(0.05)
+    assert pipeline.cancelled == [("r", "client_disconnected")]
