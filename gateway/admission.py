@@ -15,6 +15,7 @@ response that turns out to be (an SSE stream, a JSON answer, a later error):
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Sequence
 from contextvars import ContextVar
@@ -24,12 +25,12 @@ from starlette.datastructures import MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from conversations.store import ApiKey
-from gateway.core import Unacceptable, Unavailable
+from gateway.core import Unacceptable, Unavailable, safety_unavailable
 from gateway.errors import ApiError
 from gateway.pipeline import Pipeline
 from gateway.quotas import QuotaGate
 from gateway.rate_limits import RateLimiter
-from moderation.classifiers import first_verdict
+from moderation.classifiers import ClassifierFailed, first_verdict
 from moderation.policy import SafetyPolicy
 from ops.metrics import admission_rejected
 from schemas.events import ModerationEvent
@@ -38,6 +39,8 @@ ASKS_A_MODEL = frozenset({"judge"})
 """Classifiers that cost a generation each: run once per request."""
 
 _noted_headers: ContextVar[dict[str, str] | None] = ContextVar("noted_headers", default=None)
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,7 +111,11 @@ async def check_input(
     if once and distinct:
         checks.append((once, "\n\n".join(reversed(distinct))))
     for chosen, text in checks:
-        verdict = await first_verdict(chosen, text) if chosen else None
+        try:
+            verdict = await first_verdict(chosen, text) if chosen else None
+        except ClassifierFailed as exc:
+            log.warning("input check failed for %s: %s", owner.key_id, exc)
+            raise safety_unavailable() from exc
         if verdict is None:
             continue
         await gates.pipeline.moderate(ModerationEvent(

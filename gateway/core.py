@@ -134,6 +134,13 @@ def pipeline_unavailable() -> Unavailable:
                        retry_after_s=5)
 
 
+def safety_unavailable() -> Unavailable:
+    """The input classifiers gave no verdict (the judge failed): neither passed nor
+    blocked, the caller may try again."""
+    return Unavailable("safety_unavailable", "the safety check could not run; try again",
+                       retry_after_s=5)
+
+
 def check_room(built: BuiltContext, model: str, max_tokens: int) -> None:
     """Refuse a prompt whose system prompt, summary and new message alone leave no room
     for `max_tokens` in `model`'s window."""

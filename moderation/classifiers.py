@@ -129,6 +129,11 @@ def judge_verdict(answer: str, categories: list[str], name: str = "judge") -> Ve
     return Verdict(category, "the judge model flagged it", name)
 
 
+class ClassifierFailed(RuntimeError):
+    """A classifier gave no verdict (the judge's generation failed, was retracted or
+    timed out): the text is neither passed nor blocked, the check is unavailable."""
+
+
 class JudgeClassifier:
     """Asks a model served by the pipeline itself; `ask` sends a prompt and returns
     the answer text (the wiring binds it to a low-priority generation)."""
@@ -141,7 +146,11 @@ class JudgeClassifier:
 
     async def classify(self, text: str) -> Verdict | None:
         prompt = JUDGE_PROMPT.format(categories=", ".join(self._categories), text=text)
-        return judge_verdict(await self._ask(prompt), self._categories, self.name)
+        try:
+            answer = await self._ask(prompt)
+        except Exception as exc:  # noqa: BLE001 - no verdict is never a pass
+            raise ClassifierFailed(f"{self.name}: {type(exc).__name__}: {exc}") from exc
+        return judge_verdict(answer, self._categories, self.name)
 
 
 async def first_verdict(classifiers: Iterable[Classifier], text: str) -> Verdict | None:

@@ -312,6 +312,21 @@ async def test_the_judge_is_asked_once_per_request_however_many_messages(deps, p
         assert len(asked) == 2
 
 
+async def test_a_judge_that_gives_no_verdict_is_a_503_not_a_pass_nor_a_500(deps, pipeline):
+    async def ask(prompt: str) -> str:
+        raise TimeoutError("the judge's generation did not end")
+
+    judge = JudgeClassifier(ask, ["banned"])
+    app_deps = replace(deps, safety=SafetyPolicy(input={"*": [judge]}))
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(create_app(app_deps)),
+                                 base_url="http://test") as client:
+        response = await client.post("/v1/chat/completions", headers=ALICE, json={
+            "model": "tiny", "messages": [{"role": "user", "content": "hi"}]})
+    assert_error(response, 503, "safety_unavailable")
+    assert response.headers["retry-after"] == "5"
+    assert pipeline.submitted == []
+
+
 async def test_tier_and_model_rules_apply_to_that_tier_and_model_only(client, store, pipeline):
     cid = await new_conversation(client)
     url = f"/v1/conversations/{cid}/messages"

@@ -12,6 +12,7 @@ from bus.request_reply import DeliveryStream
 from chatpipe.settings import Settings
 from chatpipe.wiring import safety_policy
 from moderation.classifiers import (
+    ClassifierFailed,
     EmbeddingClassifier,
     JudgeClassifier,
     RuleClassifier,
@@ -197,8 +198,9 @@ async def test_a_judge_answer_that_never_ends_times_out():
 async def test_a_judge_that_gives_no_verdict_fails_the_check_never_passes_it():
     classifier = JudgeClassifier(judge_ask(AnsweringClient(), "judge-model", wait_s=0.05),
                                  ["weapons"])
-    with pytest.raises(TimeoutError):
+    with pytest.raises(ClassifierFailed) as failed:
         await first_verdict([RuleClassifier({}, []), classifier], "text")
+    assert isinstance(failed.value.__cause__, TimeoutError)
 
 
 async def test_the_judge_takes_each_position_once_and_stops_at_the_end():
