@@ -254,7 +254,7 @@ class Settings(BaseSettings):
     )
     safety_output_classifiers: dict[str, list[str]] = Field(
         default_factory=lambda: {"*": ["rules"]},
-        description="as safety_input_classifiers, for the output stage",
+        description="as safety_input_classifiers, for the output stage: rules, embedding (not judge: input only)",
     )
     safety_rule_categories: dict[str, list[str]] = Field(
         default_factory=lambda: {
