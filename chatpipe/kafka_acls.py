@@ -115,21 +115,9 @@ GRANTS: dict[str, tuple[Grant, ...]] = {
     "billing": (*reads(topics.USAGE), *writes(topics.DLQ), joins(BILLING_GROUP)),
 }
 
-JUDGE_USER = "safety"
-JUDGE_PREFIX = topics.deliver_topic("safety-")
-JUDGE_GRANTS: tuple[Grant, ...] = (
-    *writes(topics.requests_topic(topics.Tier.FREE)),
-    *on_prefix(JUDGE_PREFIX, R, C),
-)
-"""The safety stage's extra grants when it asks a judge model (CHATPIPE_SAFETY_JUDGE_MODEL):
-it then asks like a gateway, as the free tier, through a delivery topic of its own."""
-
-
-def allowed(user: str, operation: Operation, resource: Resource, name: str,
-            judge: bool = False) -> bool:
+def allowed(user: str, operation: Operation, resource: Resource, name: str) -> bool:
     """Whether the table lets `user` do `operation` on `name`."""
-    grants = (*GRANTS.get(user, ()), *EVERY_STAGE,
-              *(JUDGE_GRANTS if judge and user == JUDGE_USER else ()))
+    grants = (*GRANTS.get(user, ()), *EVERY_STAGE)
     return user == ADMIN or any(g.covers(operation, resource, name) for g in grants)
 
 
@@ -161,8 +149,7 @@ SCRIPT_HEAD = f"""\
 # Run as the Kafka admin once the broker is up, in the apache/kafka image: sets each
 # stage's SCRAM password (creating the user, or rotating it) and adds its ACLs. Safe to
 # run again. Needs KAFKA_ADMIN_PASSWORD and {password_variable("<stage>")} for every stage;
-# KAFKA_BOOTSTRAP (default kafka:9092); with CHATPIPE_SAFETY_JUDGE_MODEL set, the safety
-# stage also gets its judge's grants. ACLs the table no longer has are not removed.
+# KAFKA_BOOTSTRAP (default kafka:9092). ACLs the table no longer has are not removed.
 set -eu
 bin=/opt/kafka/bin
 server="${{KAFKA_BOOTSTRAP:-kafka:9092}}"
@@ -195,9 +182,6 @@ def script() -> str:
     for user, grants in GRANTS.items():
         lines.append(f"\n# {user}")
         lines += _acl_lines(user, (*EVERY_STAGE, *grants))
-    lines.append('\nif [ -n "${CHATPIPE_SAFETY_JUDGE_MODEL:-}" ]; then')
-    lines += [f"  {line}" for line in _acl_lines(JUDGE_USER, JUDGE_GRANTS)]
-    lines.append("fi")
     lines.append('echo "kafka users and ACLs of ' + ", ".join(GRANTS) + ' are in place"')
     return "\n".join(lines) + "\n"
 

@@ -145,18 +145,13 @@ def gateway_pipeline(kafka: KafkaConfig, settings: Settings) -> KafkaPipeline:
                          heartbeat_interval_s=settings.heartbeat_interval_s)
 
 
-def judge_client(kafka: KafkaConfig, settings: Settings) -> RequestReplyClient:
-    """The safety judge's own request/reply client, for a safety stage run alone (under
-    `chatpipe up` the judge asks through the gateway's)."""
-    return RequestReplyClient(kafka, f"safety-{settings.gateway_id}",
-                              heartbeat_interval_s=settings.heartbeat_interval_s,
-                              stage="safety")
-
-
-def safety_policy(settings: Settings, client: RequestReplyClient | None) -> SafetyPolicy:
+def safety_policy(settings: Settings, client: RequestReplyClient | None, *,
+                  output_only: bool = False) -> SafetyPolicy:
     """The classifiers of the input and output checks, made once per process (the
-    embedding model loads once); the judge, when configured, asks through `client`
-    (a started one)."""
+    embedding model loads once); the judge, input only, asks through `client` (a
+    gateway's, started). A safety stage run alone builds the output check only."""
+    if output_only:
+        settings = settings.model_copy(update={"safety_input_classifiers": {}})
     if not settings.safety_judge_model and any(
             "judge" in names for names in settings.safety_input_classifiers.values()):
         raise ValueError("CHATPIPE_SAFETY_INPUT_CLASSIFIERS names the judge: "
@@ -494,10 +489,7 @@ async def run_stage(stage: str, settings: Settings) -> None:
         }
         server: uvicorn.Server | None = None
         if stage == "safety":
-            judge = None
-            if settings.safety_judge_model:
-                judge = await stack.enter_async_context(judge_client(kafka, settings))
-            policy = safety_policy(settings, judge)
+            policy = safety_policy(settings, None, output_only=True)
             runners["safety"] = lambda: safety_stage(kafka, settings, policy).run()
         if stage in ("gateway", "billing"):
             ledger = build_ledger(settings)

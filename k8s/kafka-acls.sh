@@ -5,8 +5,7 @@
 # Run as the Kafka admin once the broker is up, in the apache/kafka image: sets each
 # stage's SCRAM password (creating the user, or rotating it) and adds its ACLs. Safe to
 # run again. Needs KAFKA_ADMIN_PASSWORD and KAFKA_<STAGE>_PASSWORD for every stage;
-# KAFKA_BOOTSTRAP (default kafka:9092); with CHATPIPE_SAFETY_JUDGE_MODEL set, the safety
-# stage also gets its judge's grants. ACLs the table no longer has are not removed.
+# KAFKA_BOOTSTRAP (default kafka:9092). ACLs the table no longer has are not removed.
 set -eu
 bin=/opt/kafka/bin
 server="${KAFKA_BOOTSTRAP:-kafka:9092}"
@@ -90,9 +89,4 @@ allow billing --operation Describe --topic chat. --resource-pattern-type prefixe
 allow billing --operation Read --topic chat.usage
 allow billing --operation Write --topic chat.dlq
 allow billing --operation Read --group chatpipe-billing
-
-if [ -n "${CHATPIPE_SAFETY_JUDGE_MODEL:-}" ]; then
-  allow safety --operation Write --topic chat.requests.free
-  allow safety --operation Read --operation Create --topic chat.deliver.safety- --resource-pattern-type prefixed
-fi
 echo "kafka users and ACLs of gateway, scheduler, worker, safety, recorder, billing are in place"

@@ -242,6 +242,16 @@ def test_a_judge_with_no_way_to_ask_is_refused_and_the_wiring_names_the_setting(
         safety_policy(settings, None)
 
 
+def test_a_safety_stage_run_alone_builds_the_output_check_only():
+    """The judge is the gateway's (input only): a safety stage run alone needs no way to
+    ask it, whatever the input classifiers name."""
+    settings = Settings(safety_input_classifiers={"*": ["judge"]}, safety_judge_model="m",
+                        safety_output_classifiers={"*": ["rules"]})
+    policy = safety_policy(settings, None, output_only=True)
+    assert policy.input_classifiers(None, "m") == []
+    assert [c.name for c in policy.output_classifiers(None, "m")] == ["rules"]
+
+
 async def test_first_verdict_stops_at_first_hit():
     calls = []
 
