@@ -164,21 +164,22 @@ class Generation:
         with anyio.move_on_after(CLOSE_TIMEOUT_S, shield=True):
             try:
                 if not self.relay.ended:
-                    await self._cancel_apart("client_disconnected")
+                    await self._cancel("client_disconnected")
             finally:
                 await self._stream.aclose()
 
-    async def _cancel_apart(self, reason: str) -> None:
+    async def _cancel(self, reason: str) -> None:
         """Send the cancel from a task of its own. An anyio shield keeps out anyio's
         cancellations, not a native `task.cancel()` (the SSE response's own when the client
-        leaves, the stall timer's): one landing in the closing task must not drop the
+        leaves, the stall timer's): one landing in the task that asked must not drop the
         cancel, or the engine generates the whole answer for nobody."""
-        sending = asyncio.create_task(self._cancel(reason), name=f"cancel:{self.request_id}")
+        sending = asyncio.create_task(self._send_cancel(reason),
+                                      name=f"cancel:{self.request_id}")
         _CANCELS_SENDING.add(sending)
         sending.add_done_callback(_CANCELS_SENDING.discard)
         await asyncio.shield(sending)
 
-    async def _cancel(self, reason: str) -> None:
+    async def _send_cancel(self, reason: str) -> None:
         try:
             await self._pipeline.cancel(self.request_id, reason=reason)
         except Exception:
