@@ -12,6 +12,7 @@ Consistency is LOCAL_QUORUM, LOCAL_SERIAL for conditional (LWT) writes.
 from __future__ import annotations
 
 import asyncio
+from types import ModuleType
 from typing import Any, Protocol
 
 from conversations import cassandra_schema as cql
@@ -97,10 +98,16 @@ class DriverSession:
         create_schema: bool = True,
         replication_factor: int = 1,
         request_timeout_s: float = 10.0,
+        schema: ModuleType = cql,
     ) -> DriverSession:
-        """Connect, create the schema if asked, and prepare every statement."""
+        """Connect, create the schema if asked, and prepare every statement.
+
+        `schema`: the module whose `schema_cql(keyspace, replication_factor)` and
+        `statements(keyspace)` it creates and prepares; the store's by default (the
+        usage ledger passes `ledger.cassandra_schema`)."""
         return await asyncio.to_thread(
-            cls._connect, hosts, keyspace, create_schema, replication_factor, request_timeout_s
+            cls._connect, hosts, keyspace, create_schema, replication_factor, request_timeout_s,
+            schema,
         )
 
     @classmethod
@@ -111,6 +118,7 @@ class DriverSession:
         create_schema: bool,
         replication_factor: int,
         request_timeout_s: float,
+        schema: ModuleType,
     ) -> DriverSession:
         from cassandra import ConsistencyLevel
         from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile
@@ -127,11 +135,12 @@ class DriverSession:
         try:
             session = cluster.connect()
             if create_schema:
-                for statement in cql.schema_cql(keyspace, replication_factor):
+                for statement in schema.schema_cql(keyspace, replication_factor):
                     session.execute(statement, timeout=120.0)
                 cluster.control_connection.wait_for_schema_agreement()
             prepared = {
-                name: session.prepare(text) for name, text in cql.statements(keyspace).items()
+                name: session.prepare(text)
+                for name, text in schema.statements(keyspace).items()
             }
         except BaseException:
             cluster.shutdown()

@@ -20,6 +20,7 @@ from collections import defaultdict
 from typing import Any
 
 from conversations import cassandra_schema as cql
+from ledger import cassandra_schema as ledger_cql
 
 Row = dict[str, Any]
 MESSAGE_COLUMNS = [c.strip() for c in cql.MESSAGE_COLUMNS.split(",")]
@@ -320,3 +321,108 @@ def _insert_if_not_exists(table: dict[str, Row], key: str, row: Row) -> list[Row
         return [{"[applied]": False, **found}]
     table[key] = row
     return [{"[applied]": True}]
+
+
+# --- the usage ledger -----------------------------------------------------------------
+
+
+class EmulatedCrash(RuntimeError):
+    """A statement that failed on purpose (`EmulatedLedgerCql.crash`)."""
+
+
+_CHARGED = ("prompt_tokens", "completion_tokens", "cached_tokens")
+_PENDING = ("pending", "pending_id", "pending_at")
+_COUNTERS = ("prompt_tokens", "completion_tokens", "cached_tokens", "requests")
+
+
+class EmulatedLedgerCql:
+    """`CqlSession` of the usage ledger (`ledger.cassandra_schema.STATEMENTS`) over Python
+    dicts, with Cassandra's semantics where the ledger relies on them: lightweight
+    transactions answer `[applied]` and, when refused, the current values of the columns
+    they test (an `UPDATE … IF` on a missing row answers `[applied]` alone); counters
+    start at null, so an update of one makes its row; a row never counted reads as no
+    row. Each call yields to the event loop first, so concurrent callers interleave
+    between statements. `crash` makes a chosen call fail, before or after it takes effect,
+    as a crash of the writer would."""
+
+    def __init__(self) -> None:
+        self.charged: dict[str, Row] = {}
+        self.totals: dict[tuple[str, str, str, str], Row] = {}
+        self.calls: list[str] = []
+        self.closed = False
+        self._crashes: dict[str, tuple[int, bool]] = {}
+
+    def crash(self, name: str, *, skip: int = 0, after_effect: bool = False) -> None:
+        """The call of statement `name` after the next `skip` ones raises `EmulatedCrash`,
+        having taken effect if `after_effect` (an answer lost on the way back)."""
+        self._crashes[name] = (skip, after_effect)
+
+    async def run(self, name: str, values: tuple) -> list[Row]:
+        await asyncio.sleep(0)
+        markers = ledger_cql.STATEMENTS[name].count("?")
+        assert len(values) == markers, f"{name}: {len(values)} values for {markers} markers"
+        self.calls.append(name)
+        crash = self._crashes.get(name)
+        if crash is not None and crash[0] > 0:
+            self._crashes[name] = (crash[0] - 1, crash[1])
+        elif crash is not None:
+            del self._crashes[name]
+            if crash[1]:
+                getattr(self, f"_{name}")(*values)
+            raise EmulatedCrash(f"{name} failed on purpose")
+        return getattr(self, f"_{name}")(*values)
+
+    async def batch(self, statements: list[tuple[str, tuple]]) -> list[Row]:
+        raise AssertionError("the ledger runs no batch")
+
+    async def close(self) -> None:
+        self.closed = True
+
+    def _select_charged(self, request_id: str) -> list[Row]:
+        found = self.charged.get(request_id)
+        return [dict(found)] if found else []
+
+    def _insert_charged(self, request_id: str, *values: Any) -> list[Row]:
+        row = dict(zip((*_CHARGED, *_PENDING, "charged_at"), values, strict=True))
+        return _insert_if_not_exists(self.charged, request_id, row)
+
+    def _update_charged(self, *values: Any) -> list[Row]:
+        *new, request_id, prompt, completion, cached = values
+        found = self.charged.get(request_id)
+        tested = (*_CHARGED, "pending_id")
+        if found is None:
+            return [{"[applied]": False}]
+        if tuple(found[c] for c in tested) != (prompt, completion, cached, None):
+            return [{"[applied]": False, **{c: found[c] for c in tested}}]
+        found.update(zip((*_CHARGED, *_PENDING, "charged_at"), new, strict=True))
+        return [{"[applied]": True}]
+
+    def _take_pending(self, pending_id: str, pending_at: float, request_id: str,
+                      expected: str) -> list[Row]:
+        return self._if_pending(request_id, expected, pending_id=pending_id,
+                                pending_at=pending_at)  # fmt: skip
+
+    def _clear_pending(self, request_id: str, expected: str) -> list[Row]:
+        return self._if_pending(request_id, expected, **dict.fromkeys(_PENDING))
+
+    def _if_pending(self, request_id: str, expected: str, **changes: Any) -> list[Row]:
+        found = self.charged.get(request_id)
+        if found is None:
+            return [{"[applied]": False}]
+        if found["pending_id"] != expected:
+            return [{"[applied]": False, "pending_id": found["pending_id"]}]
+        found.update(changes)
+        return [{"[applied]": True}]
+
+    def _add_to_total(self, *values: Any) -> list[Row]:
+        *added, scope, account_id, period, period_key = values
+        row = self.totals.setdefault((scope, account_id, period, period_key),
+                                     dict.fromkeys(_COUNTERS))  # fmt: skip
+        for column, amount in zip(_COUNTERS, added, strict=True):
+            row[column] = (row[column] or 0) + amount
+        return []
+
+    def _select_total(self, *key: str) -> list[Row]:
+        found = self.totals.get(key)  # type: ignore[arg-type]
+        return [{"prompt_tokens": found["prompt_tokens"],
+                 "completion_tokens": found["completion_tokens"]}] if found else []  # fmt: skip
