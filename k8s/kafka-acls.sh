@@ -52,7 +52,7 @@ allow scheduler --operation Read --operation Write --topic chat.control
 allow scheduler --operation Read --topic chat.workers
 allow scheduler --operation Read --operation Write --topic chat.scheduler
 allow scheduler --operation Read --operation Write --topic chat.work
-allow scheduler --operation Write --topic chat.deliver. --resource-pattern-type prefixed
+allow scheduler --operation Write --operation Delete --topic chat.deliver. --resource-pattern-type prefixed
 allow scheduler --operation Write --topic chat.tokens
 allow scheduler --operation Write --topic chat.answers
 allow scheduler --operation Write --topic chat.dlq

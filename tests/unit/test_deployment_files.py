@@ -81,6 +81,16 @@ def k8s_objects(kind: str) -> list[dict[str, Any]]:
     return [doc for _, doc in k8s_documents() if doc.get("kind") == kind]
 
 
+def k8s_object(kind: str, name: str) -> dict[str, Any]:
+    (found,) = [doc for doc in k8s_objects(kind) if doc["metadata"]["name"] == name]
+    return found
+
+
+def chatpipe_env() -> dict[str, str]:
+    """The settings every chatpipe pod shares (configmap.yaml)."""
+    return k8s_object("ConfigMap", "chatpipe-env")["data"]
+
+
 def is_chatpipe_image(image: str | None) -> bool:
     return bool(image) and image.rsplit("/", 1)[-1].split(":")[0] == IMAGE
 
@@ -451,20 +461,106 @@ def test_kustomization_lists_every_manifest() -> None:
     assert set(kustomization["resources"]) == manifests
 
 
-def test_worker_autoscaling_reads_the_scheduler_backlog(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_worker_autoscaling_reads_the_scheduler_backlog_and_demand(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """KEDA scales the workers between a warm floor and one worker per chat.work
+    partition, on the scheduler group's lag on every request topic and on Prometheus
+    metrics chatpipe serves; it reads Kafka as a user allowed to see that lag."""
+    from chatpipe.kafka_acls import Operation, Resource, allowed
+    from ops.metrics import LIVE_GAUGES
     from scheduler.stage import GROUP as SCHEDULER_GROUP
 
-    (hpa,) = k8s_objects("HorizontalPodAutoscaler")
-    assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment",
-                                             "name": "worker"}
-    (configmap,) = k8s_objects("ConfigMap")
-    settings = settings_from(configmap["data"], monkeypatch)
-    assert 1 <= hpa["spec"]["minReplicas"] <= hpa["spec"]["maxReplicas"] <= settings.work_partitions
-    (metric,) = hpa["spec"]["metrics"]
-    selector = metric["external"]["metric"]["selector"]
-    assert selector["matchLabels"]["consumergroup"] == SCHEDULER_GROUP
-    (topic_rule,) = selector["matchExpressions"]
-    assert sorted(topic_rule["values"]) == sorted(topics.request_topics())
+    assert not k8s_objects("HorizontalPodAutoscaler"), "KEDA makes the HPA (worker-scaledobject)"
+    (scaled,) = k8s_objects("ScaledObject")
+    spec = scaled["spec"]
+    assert spec["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment",
+                                      "name": "worker"}
+    assert "replicas" not in k8s_object("Deployment", "worker")["spec"], "KEDA sets it"
+    settings = settings_from(chatpipe_env(), monkeypatch)
+    assert 1 <= spec["minReplicaCount"] <= spec["maxReplicaCount"] <= settings.work_partitions
+    assert spec["maxReplicaCount"] > 100, "room for hundreds of GPU workers"
+
+    behavior = spec["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]
+    assert behavior["scaleUp"]["stabilizationWindowSeconds"] == 0
+    assert behavior["scaleDown"]["stabilizationWindowSeconds"] >= 600, "slow to give back"
+
+    triggers = spec["triggers"]
+    kafka = [t["metadata"] for t in triggers if t["type"] == "kafka"]
+    assert sorted(m["topic"] for m in kafka) == sorted(topics.request_topics())
+    namespace = yaml.safe_load((K8S_DIR / "kustomization.yaml").read_text())["namespace"]
+    service = k8s_object("Service", settings.kafka_bootstrap_servers.split(":")[0])
+    for metadata in kafka:
+        assert metadata["consumerGroup"] == SCHEDULER_GROUP
+        assert metadata["allowIdleConsumers"] == "true", "else capped at the topic's partitions"
+        assert metadata["sasl"] == "scram_sha512"
+        # KEDA runs in its own namespace: the full name of the Kafka Service.
+        host, port = metadata["bootstrapServers"].split(":")
+        assert host == f"{service['metadata']['name']}.{namespace}.svc"
+        assert int(port) in [p["port"] for p in service["spec"]["ports"]]
+    # ... where the broker advertises a name that resolves from there too.
+    kafka_pod = k8s_object("StatefulSet", "kafka")["spec"]["template"]["spec"]
+    advertised = {e["name"]: e.get("value") for e in kafka_pod["containers"][0]["env"]}
+    assert advertised["KAFKA_ADVERTISED_HOST"].endswith(f".{namespace}.svc")
+
+    (prometheus,) = [t["metadata"] for t in triggers if t["type"] == "prometheus"]
+    metrics = set(re.findall(r"chatpipe:\w+", prometheus["query"]))
+    assert "chatpipe:num_requests_waiting" in metrics
+    assert metrics <= set(LIVE_GAUGES), f"not served: {metrics - set(LIVE_GAUGES)}"
+    assert 0 < float(prometheus["threshold"]) <= 1, "demand in workers, over a utilisation"
+
+    refs = {t["authenticationRef"]["name"] for t in triggers if t["type"] == "kafka"}
+    (auth,) = [a for a in k8s_objects("TriggerAuthentication")
+               if a["metadata"]["name"] in refs]
+    (username_ref,) = [r for r in auth["spec"]["configMapTargetRef"]
+                       if r["parameter"] == "username"]
+    user = k8s_object("ConfigMap", username_ref["name"])["data"][username_ref["key"]]
+    (password_ref,) = [r for r in auth["spec"]["secretTargetRef"]
+                       if r["parameter"] == "password"]
+    assert {"name": password_ref["name"], "key": password_ref["key"]} == {
+        "name": f"chatpipe-kafka-{user}", "key": "password"}
+    # Reading a group's offsets takes Describe on the group (which Read grants) and on
+    # the topics.
+    assert allowed(user, Operation.READ, Resource.GROUP, SCHEDULER_GROUP)
+    for topic in topics.request_topics():
+        assert allowed(user, Operation.DESCRIBE, Resource.TOPIC, topic)
+
+
+def evictions_allowed(budget: dict[str, Any], replicas: int) -> int:
+    """Pods a PodDisruptionBudget lets a drain take at once out of `replicas` healthy
+    ones (Kubernetes rounds a percentage up)."""
+    def count(value: int | str) -> int:
+        if isinstance(value, str):
+            return -(-replicas * int(value.removesuffix("%")) // 100)
+        return value
+
+    spec = budget["spec"]
+    if "maxUnavailable" in spec:
+        return count(spec["maxUnavailable"])
+    return replicas - count(spec["minAvailable"])
+
+
+def test_every_workload_has_a_disruption_budget_that_lets_drains_through() -> None:
+    """One budget per Deployment and StatefulSet; each lets a node drain evict at least
+    one pod (0 would block the drain for good) and the workers no more than a tenth."""
+    budgets = k8s_objects("PodDisruptionBudget")
+    (scaled,) = k8s_objects("ScaledObject")
+    workloads = [*k8s_objects("Deployment"), *k8s_objects("StatefulSet")]
+    covered = []
+    for workload in workloads:
+        name = workload["metadata"]["name"]
+        labels = workload["spec"]["template"]["metadata"]["labels"]
+        matching = [b for b in budgets
+                    if b["spec"]["selector"]["matchLabels"].items() <= labels.items()]
+        assert len(matching) == 1, f"{name}: {len(matching)} disruption budgets"
+        budget = matching[0]
+        covered.append(budget["metadata"]["name"])
+        replicas = workload["spec"].get("replicas", scaled["spec"]["minReplicaCount"])
+        assert evictions_allowed(budget, replicas) >= 1, f"{name}: no drain gets through"
+    assert sorted(covered) == sorted(b["metadata"]["name"] for b in budgets)
+    worker_budget = k8s_object("PodDisruptionBudget", "worker")
+    maximum = scaled["spec"]["maxReplicaCount"]
+    assert evictions_allowed(worker_budget, maximum) <= -(-maximum // 10)
 
 
 def test_gateway_listens_where_it_is_published(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -654,8 +750,7 @@ def test_both_deployments_run_the_secured_broker_from_its_script(
     # Clients reach the broker where it advertises itself.
     advertised = broker_config()["advertised.listeners"]
     port = advertised.rsplit(":", 1)[1]
-    (configmap,) = k8s_objects("ConfigMap")
-    assert settings_from(configmap["data"], monkeypatch).kafka_bootstrap_servers == (
+    assert settings_from(chatpipe_env(), monkeypatch).kafka_bootstrap_servers == (
         f"kafka:{port}")
 
 
@@ -679,7 +774,7 @@ def test_kafka_is_not_published_outside_the_deployment() -> None:
 
 
 def test_no_development_user_and_gateways_get_the_key_secret() -> None:
-    for path in [COMPOSE_FILE, *sorted(K8S_DIR.iterdir())]:
+    for path in [COMPOSE_FILE, *sorted(p for p in K8S_DIR.rglob("*") if p.is_file())]:
         assert "DEV_API_KEY" not in path.read_text(), f"{path.name} creates the dev user"
     gateways = [c for c in all_containers() if c.command == "gateway"]
     assert {c.kind for c in gateways} == {"service", "Deployment"}
