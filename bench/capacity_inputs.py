@@ -63,6 +63,16 @@ class Inputs:
                              "peak FLOPs (no published vLLM prefill figure under these conditions)")
     gpu_target_load: float = _in(0.8, "of saturation", "assumption: the published figure is at "
                                  "saturation (all prompts at once); keep 20 % for queueing")
+    published_ms_per_token_70b: float = _in(
+        38.26, "ms per output token", f"published: the same row's latency; {LAMBDA}")
+    gpu_memory_bytes: float = _in(80e9, "bytes", "H100-80GB")
+    gpu_memory_utilization: float = _in(0.9, "of GPU memory", "vLLM's default "
+                                        "gpu_memory_utilization")
+    kv_bytes_per_token_70b: float = _in(
+        2 * 80 * 8 * 128 * 2, "bytes", "K and V × 80 layers × 8 KV heads × 128 dims × 2 bytes "
+        "(BF16 KV cache), Llama-3.1-70B's config")
+    think_time_s: float = _in(60, "s", "assumption: between an answer's end and the "
+                              "conversation's next turn (reading, typing)")
     coalesce_ms: float = _in(50, "ms", "CHATPIPE_COALESCE_MS default (chatpipe/settings.py)")
     record_overhead_bytes: float = _in(
         70, "bytes/record", "assumption: Kafka record batch v2, 61-byte batch header shared "
@@ -103,13 +113,15 @@ class Inputs:
                               "gateway's loss and uneven balancing")
     heartbeat_s: float = _in(1, "s", "worker and gateway heartbeat period (chatpipe/settings.py)")
     lwt_per_turn: float = _in(
-        6, "conditional writes", "conversations/cassandra_store.py: two appends (a conditional "
-        "batch + message_id each), finish_answer; the ledger's charge (issue 15 point 1)")
-    plain_writes_per_turn: float = _in(5, "writes", "the requests row; the ledger's user/org "
-                                       "× day/month totals")
+        7, "conditional writes", "conversations/cassandra_store.py: two appends (a conditional "
+        "batch and a message_id insert each), finish_answer; ledger/cassandra.py: a charge's "
+        "claim and its clearing")
+    plain_writes_per_turn: float = _in(
+        5, "writes", "the requests row; ledger/cassandra.py: the user and org counters, day "
+        "and month")
     reads_per_turn: float = _in(
-        10, "reads", "cassandra_store.py: id lookups and last_seq per append, the history, "
-        "finish_answer's lookup; the API key; the quota's totals")
+        10, "reads", "cassandra_store.py: an id lookup and last_seq per append, the history, "
+        "finish_answer's lookup; the ledger's charged row; the API key; the quota's 2 totals")
     lwt_cost: float = _in(4, "writes", "assumption: Paxos prepare, read, propose, commit")
     cassandra_writes_per_node: float = _in(15000, "replica writes/s", "assumption: an 8–16 "
                                            "core node, kept well under saturation")

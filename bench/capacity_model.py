@@ -59,6 +59,8 @@ class Model:
     inputs: Inputs
     lines: tuple[Line, ...]
     topics: tuple[TopicLoad, ...]
+    notes: dict[str, str]
+    """section -> a reading of its numbers, shown under its table"""
 
     def line(self, name: str) -> Line:
         return next(line for line in self.lines if line.name == name)
@@ -72,6 +74,7 @@ class Sheet:
 
     def __init__(self) -> None:
         self.lines: list[Line] = []
+        self.notes: dict[str, str] = {}
 
     def add(self, section: str, name: str, formula: str, values: Sequence[float],
             unit: str = "") -> Pair:
@@ -121,8 +124,12 @@ def compute(i: Inputs | None = None) -> Model:
     add(s, "tokens per chat.tokens event", "a stream's tokens/s × coalescing interval",
         [tokens_per_chunk(i)] * 2)
 
+    add(s, "concurrent streams at the published decode pace",
+        "output tokens/s × published ms per token ÷ 1,000",
+        [o * i.published_ms_per_token_70b / 1000 for o in out])
     workers = _gpus(add, "Llama-3.1-70B FP8, TP 4", i.decode_tokens_per_s_70b, i.params_70b,
                     i.gpus_per_replica_70b, out, prompt_tps, missed, i)
+    _prefix_cache(sheet, i, turns, prompt)
     _gpus(add, "Llama-3.1-8B FP8, TP 1", i.decode_tokens_per_s_8b, i.params_8b, 1, out,
           prompt_tps, missed, i)
     replicas, shards = _stages(add, i, turns, out)
@@ -144,7 +151,7 @@ def compute(i: Inputs | None = None) -> Model:
     add(s, "Redis memory", "turns/s × 60 s (at most that many users active in a minute) × "
         "4 limits × 2 windows × bytes per key ÷ 10⁶",
         [t * 60 * 8 * i.redis_bytes_per_key / 1e6 for t in turns], "MB")
-    return Model(i, tuple(sheet.lines), topics)
+    return Model(i, tuple(sheet.lines), topics, sheet.notes)
 
 
 def _gpus(add: Callable[..., Pair], label: str, decode: float, params: float, tp: float,
@@ -163,6 +170,42 @@ def _gpus(add: Callable[..., Pair], label: str, decode: float, params: float, tp
         [gpus(o, p, decode, prefill, tp, i) for o, p in zip(out, missed)])
     return add(s, f"{label}: engine replicas = chatpipe workers",
                "GPUs without prefix-cache hits ÷ TP", [g / tp for g in plain])
+
+
+def _prefix_cache(sheet: Sheet, i: Inputs, turns: Pair, prompt: float) -> None:
+    """Whether a conversation's KV blocks can still be on its replica at its next turn."""
+    s, add = "Prefix cache (Llama-3.1-70B, TP 4)", sheet.add
+    tp = i.gpus_per_replica_70b
+    kv = tp * i.gpu_memory_bytes * i.gpu_memory_utilization - i.params_70b  # FP8: 1 byte each
+    add(s, "KV cache per replica", "TP × GPU memory × memory utilization − parameters × 1 "
+        "byte (FP8) ÷ 10⁹", [kv / 1e9] * 2, "GB")
+    held = kv / ((prompt + i.output_tokens_per_turn) * i.kv_bytes_per_token_70b)
+    add(s, "conversations whose KV one replica holds", "KV cache per replica ÷ ((prompt + "
+        "output tokens per turn) × KV bytes per token)", [held] * 2)
+    served = add(s, "conversations a replica serves between two turns of one",
+                 "turns/s ÷ replicas with prefix-cache hits × think time",
+                 [t / r * i.think_time_s for t, r in zip(turns, _replicas(i, turns))])
+    sheet.notes[s] = (
+        "The cached fraction assumed holds only if a conversation's blocks are still on its "
+        "replica at its next turn (the scheduler sends the turn there: conversation "
+        "affinity). " + (
+            "Here they are: the replica holds more conversations than it serves in between."
+            if held >= served[-1] else
+            "Here the replica serves more conversations in between than its KV cache holds: "
+            "many conversations' blocks are gone by their next turn, so the cached fraction "
+            "needs more room per conversation: an "
+            "FP8 KV cache (`kv_cache_dtype=fp8`, half the bytes per token) or KV blocks "
+            "offloaded to CPU memory; without either, plan on the GPUs without prefix-cache "
+            "hits."))
+
+
+def _replicas(i: Inputs, turns: Pair) -> Pair:
+    """Engine replicas of the 70B model with prefix-cache hits."""
+    prompt = mean_prompt_tokens(i)
+    prefill = prefill_tokens_per_s(i, i.params_70b)
+    return [gpus(t * i.output_tokens_per_turn, t * prompt * (1 - i.prefix_cached_fraction),
+                 i.decode_tokens_per_s_70b, prefill, i.gpus_per_replica_70b, i)
+            / i.gpus_per_replica_70b for t in turns]
 
 
 def _stages(add: Callable[..., Pair], i: Inputs, turns: Pair, out: Pair
@@ -295,6 +338,10 @@ CAVEATS = """\
   ≈205 tokens; here a prompt averages 3,300, and decode slows as each sequence's KV
   cache grows (fewer sequences fit in a batch). The GPU count is a floor until a GPU
   run with this prompt mix measures it (`python -m bench --vllm-args …` on a GPU machine).
+- **Decode pace.** The published figure runs at 38 ms per output token (≈26 tokens/s per
+  stream); the stream count and the gateways assume 50 tokens/s. Holding 20 ms per token
+  takes smaller batches, so more GPUs; at the published pace streams last longer and
+  twice as many are open at once (the line *at the published decode pace*).
 - **Prefill** is the FLOP bound at an assumed 40 % of peak, not a measurement; the
   published figure already includes its short prompts' prefill, which is counted again.
 - **CPU figures** come from the sim-engine pipeline on 2 cores, with the embedded Tansu
@@ -304,8 +351,8 @@ CAVEATS = """\
   under Cassandra.
 - **The scheduler's** decisions per second are issue 15's target, not yet a measurement.
 - **Cassandra's** per-node rates are assumptions: no Cassandra server runs here
-  (DESIGN §11). The ledger's writes assume issue 15's design (one conditional charge and
-  four totals per request).
+  (DESIGN §11); the statements per turn are counted from the two stores' code
+  (`conversations/cassandra_store.py`, `ledger/cassandra.py`).
 - **Bytes** are uncompressed: lz4 with linger 0 compresses batches of a record or two
   little; a linger of a few ms on `chat.tokens` would shrink its MB/s.
 - Rare events (cancels, moderation, dead letters, queue positions, the scheduler's
@@ -347,6 +394,8 @@ def render(m: Model) -> str:
                       [(f"{line.name}{f' ({line.unit})' if line.unit else ''}", line.formula,
                         _number(line.average), _number(line.peak))
                        for line in m.lines if line.section == section])
+        if section in m.notes:
+            out += ["", m.notes[section]]
         if section == "Kafka":
             out += ["", *TOPICS_TEXT.splitlines(), ""]
             out += _table(("topic", "events per turn", "bytes per event", "events/s peak",

@@ -158,7 +158,7 @@ def heartbeat_bytes(streams_per_worker: float, i: Inputs) -> tuple[int, int]:
 
 def stored_bytes_per_turn(i: Inputs) -> float:
     """Raw bytes a turn adds to Cassandra: two message rows, their id rows, the request row,
-    the ledger's charge row; the values as the store binds them."""
+    the ledger's charged row; the values as the stores bind them."""
     def row(values: tuple) -> float:
         size = sum(len(v.encode()) if isinstance(v, str) else 8 if isinstance(v, float)
                    else 4 if isinstance(v, int) else 0 for v in values)
@@ -177,5 +177,6 @@ def stored_bytes_per_turn(i: Inputs) -> float:
     ids = 2 * row((MESSAGE, CONVERSATION, 11))
     request = row(astuple(RequestRecord(REQUEST, CONVERSATION, MESSAGE, USER, 3, 123456789,
                                         REPLY_TO, AT, ORG)))
-    charge = row((REQUEST, USER, ORG, usage.prompt_tokens, usage.completion_tokens))
+    charge = row((REQUEST, usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens,
+                  AT))
     return messages + ids + request + charge

@@ -72,7 +72,7 @@ def test_gateways_cassandra_and_kafka_by_hand() -> None:
     peak_output, peak_streams = 1_736_111.1, 34_722.2
     assert m.line("gateway replicas").peak == max(
         math.ceil(peak_streams / (2000 * 0.7)), math.ceil(peak_output / (40010 * 0.7))) == 62
-    writes = 3472.22 * (6 * 4 + 5) * 3
+    writes = 3472.22 * (7 * 4 + 5) * 3
     assert m.line("replica writes/s").peak == pytest.approx(writes, rel=1e-4)
     per_turn = m.line("raw bytes stored per turn").average
     day_tb = 100e6 * per_turn * 0.5 * 3 / 1e12
