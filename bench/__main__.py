@@ -7,6 +7,7 @@
     python -m bench faults          # ~2 min: fault scenarios (bench/fault_scenarios.py), bench/RESULTS.md
     python -m bench gateway         # streams one gateway process holds (--help), RESULTS.md
     python -m bench capacity --streams 100,300 --out D   # the capacity phase alone, idle cost
+    python -m bench capacity_model [--write]   # what the seed's load needs: docs/CAPACITY.md
 """
 
 from __future__ import annotations
@@ -184,6 +185,11 @@ def main(argv: list[str] | None = None) -> None:
     logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # thousands of sockets
+    if argv[:1] == ["capacity_model"]:
+        from bench.capacity_model import main as capacity_model
+
+        capacity_model(argv[1:])
+        return
     if argv[:1] == ["gateway"]:
         from bench.gateway_streams import cli as gateway_streams
 
