@@ -130,7 +130,8 @@ def topics_create() -> None:
 
 @store_app.command("create-schema")
 def store_create_schema() -> None:
-    """Create the conversation store's schema (idempotent).
+    """Create the conversation store's schema (idempotent); with Cassandra, the usage
+    ledger's tables too (SQLite's ledger makes its own on open).
 
     With Cassandra, the one-off job of a deployment whose stages run with
     CHATPIPE_CASSANDRA_CREATE_SCHEMA=false.
@@ -138,9 +139,11 @@ def store_create_schema() -> None:
     settings = Settings()
     if settings.store == "cassandra":
         from conversations.cassandra_store import create_schema
+        from ledger.cassandra import create_schema as create_ledger_schema
 
-        asyncio.run(create_schema(settings.cassandra_hosts, settings.cassandra_keyspace,
-                                  settings.cassandra_replication_factor))  # fmt: skip
+        for create in (create_schema, create_ledger_schema):  # the store's, the ledger's
+            asyncio.run(create(settings.cassandra_hosts, settings.cassandra_keyspace,
+                               settings.cassandra_replication_factor))  # fmt: skip
         typer.echo(f"schema ready in keyspace {settings.cassandra_keyspace}")
         return
     from conversations.sqlite_store import SQLiteStore

@@ -133,9 +133,14 @@ def build_store(settings: Settings) -> ConversationStore:
 
 
 def build_ledger(settings: Settings) -> UsageLedger:
-    """Billing's usage ledger, in the SQLite store's file."""
+    """The usage ledger billing writes and the gateway's quotas read, beside the
+    conversation store: its SQLite file, or its Cassandra keyspace."""
     if settings.store == "cassandra":
-        raise NotImplementedError("the usage ledger is SQLite only for now; use store=sqlite")
+        from ledger.cassandra import CassandraLedger
+
+        return CassandraLedger(settings.cassandra_hosts, settings.cassandra_keyspace,
+                               create_schema=settings.cassandra_create_schema,
+                               replication_factor=settings.cassandra_replication_factor)
     return SQLiteLedger(settings.database_path)
 
 
