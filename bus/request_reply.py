@@ -6,7 +6,10 @@ from offset 0 with `assign()` (no consumer group, no rebalance; the embedded bro
 cannot seek to the end). Events are routed to the open stream of their request; the
 reader applies the one answer rule (duplicates, fenced attempts). Heartbeats on
 `chat.control` say the client is alive: the scheduler cancels the streams of one that
-went silent. A gateway asks this way for its users, the safety judge for itself.
+went silent, and deletes its topic once it has been silent for the delivery topics'
+TTL (`scheduler.delivery_topics`). A client whose heartbeats got through to nobody for
+TOPIC_RECHECK_S (paused, cut off) makes sure its topic still exists, creating it again
+if it was judged gone. A gateway asks this way for its users, the safety judge for itself.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from schemas.events import (
 
 log = logging.getLogger(__name__)
 
+TOPIC_RECHECK_S = 30.0
 E = TypeVar("E", bound=Event)
 RecordHandler = Callable[[ConsumerRecord], None]
 
@@ -107,6 +111,7 @@ class RequestReplyClient:
         self._on_reroute = on_reroute
         self._streams: dict[str, DeliveryStream] = {}
         self._tasks: list[asyncio.Task[None]] = []
+        self._beat_acked_at = 0.0
 
     @property
     def reply_to(self) -> str:
@@ -117,7 +122,7 @@ class RequestReplyClient:
         return len(self._streams)
 
     async def start(self) -> None:
-        await create_topics(self.kafka, {self.reply_to: self.partitions})
+        await self._create_topic()
         self._producer = self.kafka.producer()
         await self._producer.start()
         self.publisher = Publisher(self._producer)
@@ -174,15 +179,27 @@ class RequestReplyClient:
         for tp in self._consumer.assignment():
             self._consumer.seek(tp, 0)
 
+    async def _create_topic(self) -> None:
+        if await create_topics(self.kafka, {self.reply_to: self.partitions}):
+            log.info("%s: delivery topic %s created", self.stage, self.reply_to)
+        self._beat_acked_at = time.monotonic()
+
     async def _beat(self) -> None:
         heartbeat = GatewayHeartbeat(gateway_id=self.client_id, reply_to=self.reply_to)
         while True:
             try:
-                await self.publisher.send(topics.CONTROL, heartbeat.model_copy(
+                if time.monotonic() - self._beat_acked_at > TOPIC_RECHECK_S:
+                    await self._create_topic()  # the scheduler may have judged this gone
+                sent = await self.publisher.send(topics.CONTROL, heartbeat.model_copy(
                     update={"sent_at": time.time()}), key=self.reply_to)
+                sent.add_done_callback(self._beat_acked)
             except Exception:
                 log.warning("%s heartbeat failed", self.stage, exc_info=True)
             await asyncio.sleep(self.heartbeat_interval_s)
+
+    def _beat_acked(self, sent: asyncio.Future[object]) -> None:
+        if not sent.cancelled() and sent.exception() is None:
+            self._beat_acked_at = time.monotonic()
 
     async def _read(self) -> None:
         """A fetch at a time, each partition's records decoded in one step; a record

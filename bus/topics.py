@@ -1,4 +1,5 @@
-"""Topic provisioning: every topic is created explicitly, never auto-created."""
+"""Topic provisioning: every topic is created explicitly, never auto-created; delivery
+topics of gateways that are gone are deleted (`scheduler.delivery_topics`)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,12 @@ from dataclasses import dataclass
 
 from aiokafka import AIOKafkaConsumer
 from aiokafka.admin import NewTopic
-from aiokafka.errors import TopicAlreadyExistsError
+from aiokafka.errors import (
+    NoError,
+    TopicAlreadyExistsError,
+    UnknownTopicOrPartitionError,
+    for_code,
+)
 from aiokafka.structs import TopicPartition
 
 from bus.clients import KafkaConfig, kafka_config
@@ -78,3 +84,34 @@ async def topic_partitions(consumer: AIOKafkaConsumer, topic: str,
         if time.monotonic() >= deadline:
             raise LookupError(f"topic {topic} does not exist: create the topics first")
         await asyncio.sleep(0.1)
+
+
+async def list_topics(kafka: KafkaConfig | str, prefix: str = "") -> list[str]:
+    """The names of the topics that start with `prefix`, sorted."""
+    admin = kafka_config(kafka).admin()
+    await admin.start()
+    try:
+        return sorted(name for name in await admin.list_topics() if name.startswith(prefix))
+    finally:
+        await admin.close()
+
+
+async def delete_topics(kafka: KafkaConfig | str, names: list[str]) -> list[str]:
+    """Delete `names`; returns those deleted. One already gone counts as deleted; one
+    the broker refuses is logged and left."""
+    if not names:
+        return []
+    admin = kafka_config(kafka).admin()
+    await admin.start()
+    try:
+        response = await admin.delete_topics(names)
+    finally:
+        await admin.close()
+    deleted = []
+    for name, code, *_ in response.topic_error_codes:
+        error = for_code(code)
+        if error is NoError or error is UnknownTopicOrPartitionError:
+            deleted.append(name)
+        else:
+            log.warning("topic %s not deleted: %s", name, error.__name__)
+    return deleted

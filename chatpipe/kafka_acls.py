@@ -36,6 +36,7 @@ class Operation(StrEnum):
     WRITE = "Write"
     CREATE = "Create"
     DESCRIBE = "Describe"
+    DELETE = "Delete"
 
 
 class Resource(StrEnum):
@@ -94,8 +95,9 @@ GRANTS: dict[str, tuple[Grant, ...]] = {
         *on_prefix(topics.REQUESTS_PREFIX, R),
         *reads(topics.CONTROL, topics.WORKERS, topics.SCHEDULER, topics.WORK),
         # Queue positions and routes go to the gateway holding the stream; an unserved
-        # request's end and each attempt's start marker go on chat.tokens.
-        *on_prefix(topics.DELIVER_PREFIX, W),
+        # request's end and each attempt's start marker go on chat.tokens. It deletes
+        # the delivery topics of gateways that are gone (scheduler.delivery_topics).
+        *on_prefix(topics.DELIVER_PREFIX, W, Operation.DELETE),
         *writes(topics.SCHEDULER, topics.WORK, topics.TOKENS, topics.CONTROL, topics.ANSWERS,
                 topics.DLQ),
         joins(SCHEDULER_GROUP),

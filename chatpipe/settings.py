@@ -184,6 +184,11 @@ class Settings(BaseSettings):
         15.0, ge=0, description="native API: a dropped stream's generation goes on this long "
         "waiting for the client to resume it (`Last-Event-ID`) before it is cancelled"
     )
+    deliver_topic_ttl_s: float = Field(
+        3600.0, ge=0, description="the scheduler deletes a gateway's chat.deliver.<id> topic "
+        "once the gateway has been silent this long and no request waiting or running "
+        "delivers to it; longer than resume_grace_s; 0: never deleted"
+    )
     stream_stall_s: float = Field(
         30.0, gt=0, description="a stream that gets no event this long ends with error "
         "`stalled` and its generation is cancelled"

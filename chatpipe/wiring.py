@@ -298,7 +298,8 @@ def scheduling_policy(settings: Settings) -> Policy:
 
 
 def scheduler_stage(kafka: KafkaConfig, settings: Settings) -> SchedulerStage:
-    return SchedulerStage(kafka, scheduling_policy(settings))
+    return SchedulerStage(kafka, scheduling_policy(settings),
+                          deliver_topic_ttl_s=settings.deliver_topic_ttl_s)
 
 
 class _EmbeddedServer(uvicorn.Server):

@@ -85,6 +85,12 @@ REQUESTS_UNSERVED = Counter(
     "chatpipe:requests_unserved",
     "Requests the scheduler ended without a worker, by code: overloaded (shed), "
     "cancelled, deadline_exceeded, dispatch_failed, pipeline_rejected.", ["tier", "code"])
+DELIVERY_TOPICS_DELETED = Counter(
+    "chatpipe:delivery_topics_deleted",
+    "chat.deliver.<gateway_id> topics the scheduler deleted: their gateway was gone.")
+DELIVERIES_DROPPED = Counter(
+    "chatpipe:deliveries_dropped",
+    "Delivery events the safety stage dropped: their gateway's topic was deleted.")
 
 # --- safety, bus --------------------------------------------------------------------------
 

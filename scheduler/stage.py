@@ -38,6 +38,7 @@ from bus.subscriber import decode_record, failed
 from ops import metrics, tracing
 from scheduler.claims import Claim
 from scheduler.core import Dispatch, Policy, Scheduler
+from scheduler.delivery_topics import DeliveryTopicJanitor
 from scheduler.gateways import GatewayWatch
 from scheduler.journal import (
     CANCELLED,
@@ -76,6 +77,8 @@ READ_BACK_TIMEOUT_S = 3.0
 READ_BACK_TRIES = 3
 STATUS_UNCHANGED_S = 10.0
 BEATS_COMMIT_S = 5.0
+SWEEP_S = 60.0
+"""How often the delivery topics of gone gateways are looked for, at most."""
 BEAT_TOPICS = frozenset({topics.WORKERS, topics.CONTROL})
 TOPICS = (*topics.request_topics(), topics.CONTROL, topics.WORKERS, topics.SCHEDULER,
           topics.WORK)
@@ -83,7 +86,7 @@ TOPICS = (*topics.request_topics(), topics.CONTROL, topics.WORKERS, topics.SCHED
 
 class SchedulerStage:
     def __init__(self, kafka: KafkaConfig, policy: Policy, status_interval_s: float = 1.0,
-                 scheduler_id: str | None = None) -> None:
+                 scheduler_id: str | None = None, deliver_topic_ttl_s: float = 0.0) -> None:
         self.kafka = kafka
         self.core = Scheduler(policy, clock=time.monotonic, wall=time.time)
         self.worker_lost_after_s = policy.worker_lost_after_s
@@ -102,7 +105,10 @@ class SchedulerStage:
         self._beats_committed_at = 0.0
         self._shedding: set[Tier] = set()
         self._read_back_failures = 0
-        self.gateways = GatewayWatch(policy.gateway_grace_s)
+        self.gateways = GatewayWatch(policy.gateway_grace_s, deliver_topic_ttl_s)
+        self.delivery_topics = DeliveryTopicJanitor(
+            kafka, self.gateways, self._delivering, min(SWEEP_S, deliver_topic_ttl_s / 4),
+            acting=lambda: not self.fenced.is_set())
         self.traces = tracing.HeldContexts()  # a request is dispatched after its span
 
     async def run(self) -> None:
@@ -113,13 +119,18 @@ class SchedulerStage:
         self.publisher = self.runner.publisher
         self.claim = Claim(self.publisher, self.consumer, self.kafka, self.scheduler_id)
         metrics.watch_scheduler(self)
+        janitor = asyncio.create_task(self.delivery_topics.run(), name="delivery-topics")
         try:
             await self._start()
             await self.runner.consume(self._handle, self._decide, self._on_failure,
                                       until=self.fenced.is_set)
         finally:
+            janitor.cancel()
             await self.runner.stop()
         await asyncio.Future()
+
+    def _delivering(self) -> set[str]:
+        return {request.reply_to for request in (*self.core.waiting(), *self.core.running())}
 
     def _busy(self) -> bool:
         return self.core.waiting_count > 0 or any(
@@ -173,7 +184,7 @@ class SchedulerStage:
                 await self._on_cancel(event)
             elif isinstance(event, Reroute):
                 self.gateways.rerouted(event.request_id, event.reply_to)
-            elif event.sent_at >= time.time() - self.gateways.grace_s:  # not an old one
+            elif self.gateways.fresh(event.sent_at, time.time()):  # not an old one
                 self.gateways.heartbeat(event.reply_to, time.monotonic())
         else:
             await self._admit(decode_record(GenerationRequest, record),
