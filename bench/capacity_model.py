@@ -24,6 +24,7 @@ from bench.capacity_sizes import (
     tokens_per_chunk,
     turn_records,
 )
+from schemas.topics import Tier
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "CAPACITY.md"
 
@@ -52,6 +53,9 @@ class TopicLoad:
     average_mb_s: float
     peak_mb_s: float
     partitions: int
+    """per topic"""
+    count: int = 1
+    """topics of this kind (one per tier for the request topics)"""
 
 
 @dataclass(frozen=True)
@@ -242,7 +246,8 @@ def _topics(i: Inputs, turns: Pair, workers: Pair, gateways: Pair, replicas: dic
         groups, consumers = readers[topic]
         mb = [t * events * size / 1e6 for t in turns]
         loads.append(TopicLoad(topic, events, size, groups, round(consumers[-1]), mb[0], mb[1],
-                               max(round(consumers[-1]), _up(mb[1] / i.partition_mb_per_s))))
+                               max(round(consumers[-1]), _up(mb[1] / i.partition_mb_per_s)),
+                               len(Tier) if topic == "chat.requests.<tier>" else 1))
     worker_beat, gateway_beat = heartbeat_bytes(streams_per_worker, i)
     for topic, beat, senders, groups in (
             ("chat.workers", worker_beat, workers, 1),
@@ -266,7 +271,7 @@ def _kafka(add: Callable[..., Pair], i: Inputs, topics: tuple[TopicLoad, ...]) -
                   [p * rf for p in produced])
     sent = add(s, "brokers' MB/s out", "consumed MB/s + produced MB/s × (RF − 1)",
                [r + p * (rf - 1) for r, p in zip(read, produced)])
-    partitions = sum(t.partitions for t in topics)
+    partitions = sum(t.partitions * t.count for t in topics)
     add(s, "Kafka partitions, all topics", "Σ topics' partitions (sized for the peak)",
         [partitions] * 2)
     add(s, "Kafka brokers", "max(RF, ⌈max(MB/s in, MB/s out) ÷ MB/s per broker⌉, ⌈partitions × RF ÷ "
@@ -404,7 +409,8 @@ def render(m: Model) -> str:
                             else "1 per sender per s", _number(t.bytes_per_event),
                             _number(t.peak_mb_s * 1e6 / t.bytes_per_event),
                             _number(t.average_mb_s), _number(t.peak_mb_s),
-                            _number(t.readers_per_record), _number(t.partitions))
+                            _number(t.readers_per_record), _number(t.partitions)
+                            + (f" × {t.count} topics" if t.count > 1 else ""))
                            for t in m.topics])
     return "\n".join([*out, "", CAVEATS])
 
@@ -417,7 +423,7 @@ over a stream's events. Partitions = max(replicas of the consumer that scales wi
 topic, ⌈peak MB/s ÷ MB/s per partition⌉): `chat.work` one per worker (a worker owns a
 partition), `chat.tokens` the safety replicas, `chat.answers` the recorders,
 `chat.requests.<tier>` the scheduler shards (each of the 3 tier topics sized as if it
-carried all requests), delivery one per gateway. Every worker reads all of
+carried all requests), delivery one per gateway (one topic each). Every worker reads all of
 `chat.control` (`workers/stage.py` assigns it whole)."""
 
 

@@ -80,7 +80,7 @@ def test_gateways_cassandra_and_kafka_by_hand() -> None:
     assert m.line("Cassandra nodes").average == math.ceil(day_tb * 365 / 2)
     produced = sum(t.peak_mb_s for t in m.topics)
     consumed = sum(t.peak_mb_s * t.readers_per_record for t in m.topics)
-    partitions = sum(t.partitions for t in m.topics)
+    partitions = sum(t.partitions * t.count for t in m.topics)
     assert m.line("Kafka brokers").peak == max(
         3, math.ceil(max(produced * 3, consumed + produced * 2) / 250),
         math.ceil(partitions * 3 / 4000)) == 11
@@ -92,6 +92,7 @@ def test_work_partitions_are_one_per_worker_and_tokens_carry_the_stream() -> Non
     assert topics["chat.work"].partitions == workers
     assert topics["chat.tokens"].events_per_turn == 500 / 2.5 + 2  # chunks, attempt, done
     assert topics["chat.tokens"].partitions >= m.line("safety replicas").peak
+    assert topics["chat.requests.<tier>"].count == 3
 
 
 def test_request_sizes_are_real_encoded_events_that_grow_with_history() -> None:
