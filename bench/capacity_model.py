@@ -127,34 +127,20 @@ def compute(i: Inputs | None = None) -> Model:
                   [o / i.stream_tokens_per_s for o in out])
     add(s, "tokens per chat.tokens event", "a stream's tokens/s × coalescing interval",
         [tokens_per_chunk(i)] * 2)
-
     add(s, "concurrent streams at the published decode pace",
         "output tokens/s × published ms per token ÷ 1,000",
         [o * i.published_ms_per_token_70b / 1000 for o in out])
     workers = _gpus(add, "Llama-3.1-70B FP8, TP 4", i.decode_tokens_per_s_70b, i.params_70b,
                     i.gpus_per_replica_70b, out, prompt_tps, missed, i)
-    _prefix_cache(sheet, i, turns, prompt)
     _gpus(add, "Llama-3.1-8B FP8, TP 1", i.decode_tokens_per_s_8b, i.params_8b, 1, out,
           prompt_tps, missed, i)
+    _prefix_cache(sheet, i, turns, prompt)
     replicas, shards = _stages(add, i, turns, out)
-    s = "Gateways"
-    by_streams = add(s, "gateways for the streams", "⌈streams ÷ (streams per process × load)⌉",
-                     [_up(n / (i.gateway_streams * i.gateway_load)) for n in streams])
-    by_tokens = add(s, "gateways for the tokens", "⌈output tokens/s ÷ (tokens/s per process × "
-                    "load)⌉", [_up(o / (i.gateway_tokens_per_s * i.gateway_load)) for o in out])
-    gateways = add(s, "gateway replicas", "max(the two above)",
-                   [max(a, b) for a, b in zip(by_streams, by_tokens)])
+    gateways = _gateways(add, i, streams, out)
     topics = _topics(i, turns, workers, gateways, replicas, shards, streams[-1] / workers[-1])
     _kafka(add, i, topics)
     _cassandra(add, i, turns)
-    s = "Redis"
-    ops = add(s, "rate-limit commands/s", "turns/s × commands per turn",
-              [t * i.redis_commands_per_turn for t in turns])
-    add(s, "Redis shards, each with a replica", "⌈commands/s ÷ commands/s per shard⌉",
-        [_up(o / i.redis_ops_per_shard) for o in ops])
-    add(s, "Redis memory", "turns/s × 60 s (at most that many users active in a minute) × "
-        "4 limits × 2 windows × bytes per key ÷ 10⁶",
-        [t * 60 * 8 * i.redis_bytes_per_key / 1e6 for t in turns], "MB")
+    _redis(add, i, turns)
     return Model(i, tuple(sheet.lines), topics, sheet.notes)
 
 
@@ -233,6 +219,16 @@ def _stages(add: Callable[..., Pair], i: Inputs, turns: Pair, out: Pair
     return replicas, shards
 
 
+def _gateways(add: Callable[..., Pair], i: Inputs, streams: Pair, out: Pair) -> Pair:
+    s = "Gateways"
+    by_streams = add(s, "gateways for the streams", "⌈streams ÷ (streams per process × load)⌉",
+                     [_up(n / (i.gateway_streams * i.gateway_load)) for n in streams])
+    by_tokens = add(s, "gateways for the tokens", "⌈output tokens/s ÷ (tokens/s per process × "
+                    "load)⌉", [_up(o / (i.gateway_tokens_per_s * i.gateway_load)) for o in out])
+    return add(s, "gateway replicas", "max(the two above)",
+               [max(a, b) for a, b in zip(by_streams, by_tokens)])
+
+
 def _topics(i: Inputs, turns: Pair, workers: Pair, gateways: Pair, replicas: dict[str, Pair],
             shards: Pair, streams_per_worker: float) -> tuple[TopicLoad, ...]:
     """Each topic's traffic; partitions = max(its consumer's replicas, MB/s ÷ per partition)."""
@@ -279,6 +275,17 @@ def _kafka(add: Callable[..., Pair], i: Inputs, topics: tuple[TopicLoad, ...]) -
         [max(rf, _up(max(w, o) / i.broker_mb_per_s), _up(partitions * rf /
                                                             i.partitions_per_broker))
          for w, o in zip(written, sent)])
+
+
+def _redis(add: Callable[..., Pair], i: Inputs, turns: Pair) -> None:
+    s = "Redis"
+    ops = add(s, "rate-limit commands/s", "turns/s × commands per turn",
+              [t * i.redis_commands_per_turn for t in turns])
+    add(s, "Redis shards, each with a replica", "⌈commands/s ÷ commands/s per shard⌉",
+        [_up(o / i.redis_ops_per_shard) for o in ops])
+    add(s, "Redis memory", "turns/s × 60 s (at most that many users active in a minute) × "
+        "4 limits × 2 windows × bytes per key ÷ 10⁶",
+        [t * 60 * 8 * i.redis_bytes_per_key / 1e6 for t in turns], "MB")
 
 
 def _cassandra(add: Callable[..., Pair], i: Inputs, turns: Pair) -> None:
