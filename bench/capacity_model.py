@@ -351,8 +351,8 @@ CAVEATS = """\
   cache grows (fewer sequences fit in a batch). The GPU count is a floor until a GPU
   run with this prompt mix measures it (`python -m bench --vllm-args …` on a GPU machine).
 - **vLLM's version.** The published run is vLLM 0.5.4; the same report measured 0.6.0
-  with multi-step scheduling at 3,543 output tokens/s for the same model at TP 4 (1.6×),
-  so a current vLLM needs fewer GPUs than the count here for the same load.
+  with multi-step scheduling at 3,543 output tokens/s for Llama 3.1 70B at TP 4 (5,000
+  prompts; 1.6× this figure), so a current vLLM likely needs fewer GPUs than counted here.
 - **Decode pace.** The published figure runs at 38 ms per output token (≈26 tokens/s per
   stream); the stream count and the gateways assume 50 tokens/s. Holding 20 ms per token
   takes smaller batches, so more GPUs; at the published pace streams last longer and
