@@ -352,7 +352,9 @@ def test_every_stage_has_its_kafka_user_with_the_acl_tables_grants() -> None:
             resource = acl["resource"]
             key = (resource["type"], resource["name"], resource["patternType"] == "prefix")
             deployed[key] |= set(acl["operations"])
-        assert dict(deployed) == strimzi_acls(name), f"{name}: KafkaUser != chatpipe/kafka_acls.py"
+        assert dict(deployed) == strimzi_acls(name), (
+            f"{name}: KafkaUser != chatpipe/kafka_acls.py; regenerate:"
+            " python k8s/operators/kafka_users.py > k8s/operators/kafka-users.yaml")
 
 
 def test_the_operator_build_hands_kafka_and_cassandra_to_the_operators() -> None:
