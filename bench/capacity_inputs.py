@@ -48,9 +48,9 @@ class Inputs:
         f"conversation ({RESULTS} line 373): KV eviction under load loses some",
         (373, "0.806 overall"))
     decode_tokens_per_s_70b: float = _in(
-        2242.99 / 4, "output tokens/s per GPU", f"published: 2,242.99 tokens/s on 4×H100-80GB-SXM, "
-        f"Llama-3.1-70B-Instruct-FP8, vLLM 0.5.4, 320 ShareGPT prompts at once (≈205 in / "
-        f"197 out), ÷ 4 GPUs; {LAMBDA}")
+        2242.99 / 4, "output tokens/s per GPU", "published: 2,242.99 output tokens/s on "
+        "4×H100-80GB-SXM, Llama-3.1-70B-Instruct-FP8, vLLM 0.5.4, 320 ShareGPT prompts at "
+        "once (≈205 tokens in, 197 out: the results file of that setting), ÷ 4 GPUs; " + LAMBDA)
     decode_tokens_per_s_8b: float = _in(
         3400.4, "output tokens/s per GPU", f"published: 1×H100-80GB-SXM, Llama-3.1-8B-FP8, "
         f"same run; {LAMBDA}")
@@ -64,7 +64,7 @@ class Inputs:
     gpu_target_load: float = _in(0.8, "of saturation", "assumption: the published figure is at "
                                  "saturation (all prompts at once); keep 20 % for queueing")
     published_ms_per_token_70b: float = _in(
-        38.26, "ms per output token", f"published: the same row's latency; {LAMBDA}")
+        38.26, "ms per output token", f"published: the same row's inter-token latency; {LAMBDA}")
     gpu_memory_bytes: float = _in(80e9, "bytes", "H100-80GB")
     gpu_memory_utilization: float = _in(0.9, "of GPU memory", "vLLM's default "
                                         "gpu_memory_utilization")
