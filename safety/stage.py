@@ -7,7 +7,10 @@ a restart reads every open stream again from its start; the core drops what it h
 seen (one answer rule) and its delivery ids are the stream's positions, so the
 gateway and the recorder drop what they already have. A record whose processing
 raises is dead-lettered and its stream ends with `error` (`safety_error`, or
-`pipeline_rejected` when the bus refused one of its records).
+`pipeline_rejected` when the bus refused one of its records). A delivery to a gateway's
+topic that no longer exists (deleted with its gateway) is dropped and counted, and so is
+every later one to that topic for GONE_S: nobody reads it, and a stream resumed on
+another gateway goes on there (`chat.answers`).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import logging
 import time
 from collections import deque
 
+from aiokafka.errors import UnknownTopicOrPartitionError
 from aiokafka.structs import ConsumerRecord
 
 from bus.clients import KafkaConfig
@@ -24,7 +28,7 @@ from bus.stage_runner import StageRunner
 from bus.subscriber import decode_record
 from moderation.classifiers import Verdict, first_verdict
 from moderation.policy import SafetyPolicy
-from ops.metrics import RETRACTIONS, SAFETY_CHECK_TIME
+from ops.metrics import DELIVERIES_DROPPED, RETRACTIONS, SAFETY_CHECK_TIME
 from safety.core import Check, Output, SafetyConfig, SafetyCore, records
 from schemas import topics
 from schemas.codec import TOKEN_EVENT, EventDecodeError
@@ -34,6 +38,7 @@ log = logging.getLogger(__name__)
 
 STAGE = "safety"
 GROUP = "chatpipe-safety"
+GONE_S = 600.0
 
 
 class SafetyStage:
@@ -46,6 +51,7 @@ class SafetyStage:
             commit_floor=lambda tp: self.core.commit_floor(tp.partition),
             on_revoke=lambda tp: self.core.forget_partition(tp.partition),
             busy_while=lambda: self.core.open_count > 0)
+        self._gone_topics: dict[str, float] = {}  # delivery topic -> dropped until
 
     async def run(self) -> None:
         await self.runner.run(self._handle, self._expire, self._on_failure)
@@ -78,9 +84,17 @@ class SafetyStage:
                 RETRACTIONS.labels(output.category).inc()
         rejected: RecordRejected | None = None
         for topic, event, key in records(outputs):
+            if self._gone_topics.get(topic, 0.0) > time.monotonic():
+                DELIVERIES_DROPPED.inc()
+                continue
             try:
                 await self.runner.publisher.send(topic, event, key=key)
             except RecordRejected as exc:
+                if _gateway_gone(exc):
+                    log.warning("%s is gone: deliveries to it are dropped", topic)
+                    self._gone_topics[topic] = time.monotonic() + GONE_S
+                    DELIVERIES_DROPPED.inc()
+                    continue
                 rejected = rejected or exc
         if rejected is not None:
             raise rejected
@@ -101,3 +115,9 @@ class SafetyStage:
         for request_id in self.core.expire(time.monotonic()):
             log.warning("gave up on generation %s: no event for %.0f s", request_id,
                         self.core.idle_timeout_s)
+
+
+def _gateway_gone(exc: RecordRejected) -> bool:
+    """The bus refused a delivery because its gateway's topic does not exist."""
+    return (exc.topic.startswith(topics.DELIVER_PREFIX)
+            and isinstance(exc.cause, UnknownTopicOrPartitionError))
