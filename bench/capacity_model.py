@@ -348,8 +348,8 @@ CAVEATS = """\
 
 - **Decode at long contexts.** The published decode figure is for ShareGPT prompts of
   ≈205 tokens; here a prompt averages 3,300, and decode slows as each sequence's KV
-  cache grows (fewer sequences fit in a batch). The GPU count is a floor until a GPU
-  run with this prompt mix measures it (`python -m bench --vllm-args …` on a GPU machine).
+  cache grows (fewer sequences fit in a batch): the decode share of the GPU count may be
+  low until a GPU run with this prompt mix measures it (`python -m bench` on a GPU machine).
 - **vLLM's version.** The published run is vLLM 0.5.4; the same report measured 0.6.0
   with multi-step scheduling at 3,543 output tokens/s for Llama 3.1 70B at TP 4 (5,000
   prompts; 1.6× this figure), so a current vLLM likely needs fewer GPUs than counted here.
@@ -371,7 +371,7 @@ CAVEATS = """\
 - **Bytes** are uncompressed: lz4 with linger 0 compresses batches of a record or two
   little; a linger of a few ms on `chat.tokens` would shrink its MB/s.
 - Rare events (cancels, moderation, dead letters, queue positions, the scheduler's
-  status) and the control topic's cancels are left out; heartbeats are in.
+  status) are left out; heartbeats are in.
 """
 
 
