@@ -102,7 +102,8 @@ class UsageTotals:
     events reports (in memory).
 
     The reference semantics of `ledger.store.UsageLedger`: the SQLite ledger
-    does the same in one transaction per event.
+    does the same in one transaction per event, the Cassandra ledger
+    (`ledger.cassandra`) with lightweight transactions and counters.
     """
 
     def __init__(self) -> None:

@@ -1,6 +1,9 @@
 """The usage ledger: token totals per (user | org, period), written by billing, read by
 the gateway's quota check.
 
+Beside the conversation store: `SQLiteLedger` here, `CassandraLedger` in
+`ledger.cassandra` (store=cassandra: any number of gateways and billing replicas).
+
 `SQLiteLedger` lives in the conversation store's database file (one machine:
 `chatpipe up`, or a gateway and billing sharing a host). Its connection is the
 store's kind (`common.sqlite_file`): used from worker threads under a

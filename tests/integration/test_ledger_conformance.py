@@ -30,6 +30,9 @@ import pytest_asyncio
 
 from billing.core import charges_for, usage_key
 from conversations.cassandra_session import DriverSession
+from conversations.store import ApiKey
+from gateway.errors import ApiError
+from gateway.quotas import QuotaGate
 from ledger import cassandra_schema
 from ledger.cassandra import TAKEOVER_AFTER_S, CassandraLedger
 from ledger.charges import Account
@@ -97,8 +100,12 @@ def usage(n: Names, request: str = "r1", attempt: int = 0, user: str = "alice",
         org_id=getattr(n, org), tier=Tier.FREE, model="tiny", worker_id="w1",
         status=RequestStatus.FINISHED_STOPPED, prompt_tokens=prompt,
         completion_tokens=completion, prior_completion_tokens=prior, cached_tokens=cached,
-        gpu_ms=1.0, created_at=datetime.fromisoformat(created_at).replace(tzinfo=UTC).timestamp(),
+        gpu_ms=1.0, created_at=at(created_at),
     )
+
+
+def at(moment: str) -> float:
+    return datetime.fromisoformat(moment).replace(tzinfo=UTC).timestamp()
 
 
 async def record(ledger: UsageLedger, event: UsageEvent) -> bool:
@@ -200,6 +207,43 @@ async def test_concurrent_events_of_different_requests_all_count(
     assert await day_used(ledger, acme(n)) == sum(10 + i for i in range(30))
     assert await day_used(ledger, Account.user(n.acme, "u0")) == sum(
         10 + i for i in range(0, 30, 3))
+
+
+@pytest_asyncio.fixture(params=["sqlite", "cassandra-emulated", "cassandra"])
+async def billing_and_gateway(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> AsyncIterator[tuple[UsageLedger, UsageLedger]]:
+    """Two ledgers on one store, as billing and a gateway open it in two processes."""
+    pair: tuple[UsageLedger, UsageLedger]
+    if request.param == "sqlite":
+        pair = SQLiteLedger(tmp_path / "chatpipe.db"), SQLiteLedger(tmp_path / "chatpipe.db")
+    elif request.param == "cassandra-emulated":
+        session = EmulatedLedgerCql()
+        pair = emulated(session, Clock()), emulated(session, Clock())
+    else:
+        keyspace = request.getfixturevalue("ledger_keyspace")
+        pair = CassandraLedger(CASSANDRA_HOSTS, keyspace), CassandraLedger(CASSANDRA_HOSTS, keyspace)
+    for ledger in pair:
+        await ledger.open()
+    yield pair
+    for ledger in pair:
+        await ledger.close()
+
+
+async def test_a_gateway_refuses_what_billing_charged_elsewhere(
+    billing_and_gateway: tuple[UsageLedger, UsageLedger], n: Names
+) -> None:
+    billing, gateway = billing_and_gateway
+    owner = ApiKey("alice", n.acme, Tier.FREE)
+    quota = QuotaGate(gateway, user_budget=100, org_budget=None, period="day",
+                      clock=lambda: at(f"{DAY}T21:00:00"))  # fmt: skip
+
+    await record(billing, usage(n, prompt=60, completion=30))
+    await quota.check(owner)
+    await record(billing, usage(n, attempt=1, prompt=60, prior=30, completion=20))
+    with pytest.raises(ApiError) as refused:
+        await quota.check(owner)
+    assert refused.value.detail.startswith("user token budget exhausted: 110 of 100")
 
 
 # --- CassandraLedger when its writer crashes between steps ----------------------------

@@ -1,5 +1,5 @@
 """Billing: periods, the charges of a usage event, and what only the SQLite ledger does
-(an upgraded file, a file shared by two processes). The ledger contract, on every
+(an upgraded file). The ledger contract, on every
 ledger, is tests/integration/test_ledger_conformance.py."""
 
 from __future__ import annotations
@@ -107,20 +107,6 @@ async def test_an_upgraded_file_keeps_its_totals_and_counts_a_request_once(
             "SELECT requests FROM usage_totals WHERE scope = 'org' AND period = 'day'"
         ).fetchone() == (2,)
     after.close()
-
-
-async def test_what_billing_writes_a_gateway_reads_from_the_same_file(tmp_path: Path) -> None:
-    path = tmp_path / "chatpipe.db"
-    billing, gateway = SQLiteLedger(path), SQLiteLedger(path)
-    await billing.open()
-    await gateway.open()
-    try:
-        await record(billing, usage("r1"))
-        assert (await gateway.used([Account.org("acme")], "month", "2025-03")
-                == {Account.org("acme"): 15})
-    finally:
-        await billing.close()
-        await gateway.close()
 
 
 def test_no_choice_of_ids_makes_two_user_accounts_one() -> None:
