@@ -7,7 +7,9 @@ where any gateway can read it from (`follow`, `gateway.follower`). When a native
 client drops its stream the gateway holds the generation for the resume grace; a
 gateway that resumes it sends a `Reroute` to this gateway's topic (and to
 `chat.control`), which ends the hold; a hold that runs out asks the scheduler to
-cancel the generation, which it does unless another gateway resumed it since.
+cancel the generation, which it does unless another gateway resumed it since. The
+gateway that held a stream may be gone and its topic deleted (an answer replayed long
+after): the resume never waits on that topic.
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ class KafkaPipeline:
             on_reroute=self.taken)
         self.follower = AnswerFollower(kafka)
         self._holds: dict[str, asyncio.Task[None]] = {}
+        self._reroutes: set[asyncio.Task[None]] = set()
         self._status: SchedulerStatus | None = None
 
     @property
@@ -69,9 +72,10 @@ class KafkaPipeline:
         await self.requests.start()
 
     async def stop(self) -> None:
-        for task in self._holds.values():
+        tasks = [*self._holds.values(), *self._reroutes]
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(*self._holds.values(), return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
         await self.requests.stop()
         await self.follower.stop()
 
@@ -145,8 +149,20 @@ class KafkaPipeline:
         if held_by == self.reply_to:
             self.taken(request_id)
         else:
-            await self.requests.publisher.send(held_by, reroute, key=request_id)
+            task = asyncio.create_task(self._tell_holder(held_by, reroute),
+                                       name=f"reroute:{request_id}")
+            self._reroutes.add(task)
+            task.add_done_callback(self._reroutes.discard)
         await self.requests.publisher.send(topics.CONTROL, reroute, key=request_id)
+
+    async def _tell_holder(self, held_by: str, reroute: Reroute) -> None:
+        """A missing topic (its gateway gone) can hold a send for the producer's request
+        timeout, then fail: nobody waits for it, and nobody there needs the news."""
+        try:
+            await self.requests.publisher.send(held_by, reroute, key=reroute.request_id)
+        except Exception:  # logged; the resume goes on
+            log.info("could not tell %s that %s resumed here", held_by, reroute.request_id,
+                     exc_info=True)
 
     def rewind(self) -> None:
         """The broker lost every record (an embedded broker restarted): read this

@@ -10,7 +10,7 @@ from prometheus_client import REGISTRY
 
 from bus.produce_failures import RecordRejected
 from schemas import topics
-from schemas.events import Delta, DeliveryDone
+from schemas.events import DeliveryDone, Delta
 from tests.unit.test_safety import RecordingPublisher, feed, stage_with
 
 GONE = "chat.deliver.gw"  # the topic test_safety's streams are delivered to
