@@ -62,8 +62,8 @@ TAKEOVER_AFTER_S = 60.0
 timeout, with room for clocks a few seconds apart."""
 POLL_S = 0.05
 MAX_ROUNDS = 100
-"""Refused claims of one event before giving up: each refusal is another writer's
-charge of the same request taking effect."""
+"""Rounds of one event before giving up; each is another writer's charge of the same
+request taking effect (a refused claim, or a pending charge counted first)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,7 +133,7 @@ class CassandraLedger:
             if await self._claim(key, charged, after, charges, pending_id):
                 await self._count(key, pending_id, charges)
                 return True
-        raise RuntimeError(f"request {key}: no charge written after {MAX_ROUNDS} refusals")
+        raise RuntimeError(f"request {key}: no charge written in {MAX_ROUNDS} rounds")
 
     async def used(
         self, accounts: Sequence[Account], period: Period, period_key: str
