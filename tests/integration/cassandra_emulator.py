@@ -11,6 +11,9 @@ statements as they would against a server.
 
 It checks that every call binds as many values as its CQL has markers. It
 cannot check the CQL itself: that takes a server (CASSANDRA_HOSTS).
+
+`EmulatedLedgerCql` does the same for the usage ledger's statements
+(`ledger.cassandra_schema.STATEMENTS`): counters, LWTs, and failures on purpose.
 """
 
 from __future__ import annotations
