@@ -34,7 +34,7 @@ from gateway.config import (
 )
 from gateway.context_builder import ContextBuilder
 from gateway.quotas import QuotaGate
-from gateway.rate_limits import RateLimiter
+from gateway.rate_limits import RateLimiter, per_process
 from gateway.relay import KafkaPipeline
 from gateway.slow_clients import guarded_protocol
 from ledger.store import SQLiteLedger, UsageLedger
@@ -484,6 +484,8 @@ async def run_stage(stage: str, settings: Settings) -> None:
         raise SystemExit("set KAFKA_BOOTSTRAP_SERVERS to run a single stage")
     if stage == "gateway":  # it checks API keys; no development secret outside chatpipe up
         require_key_secret(settings, "chatpipe gateway")
+        if (unshared := per_process(settings.rate_limit_storage)) is not None:
+            log.warning("%s", unshared)  # a gateway run alone is one of many
     async with contextlib.AsyncExitStack() as stack:
         if setup_tracing(settings.otlp_endpoint):
             stack.callback(shutdown_tracing)

@@ -200,6 +200,15 @@ def rate_limited(check: Check, headers: dict[str, str]) -> ApiError:
                     headers={"Retry-After": str(retry_after), **headers})
 
 
+def per_process(uri: str) -> str | None:
+    """Why limits kept at `uri` are not shared by several gateways (None: they are): a
+    user would get each gateway's limits in full."""
+    if uri.removeprefix("async+").startswith("memory://"):
+        return (f"rate limits in {uri} are this gateway's own: with N gateways a user gets "
+                "N times them; set CHATPIPE_RATE_LIMIT_STORAGE=redis://host:6379, shared")
+    return None
+
+
 def storage_from_uri(uri: str) -> Storage:
     """Async `limits` storage for a `rate_limit_storage` URI (memory://, redis://host:port)."""
     uri = uri if uri.startswith("async+") else f"async+{uri}"

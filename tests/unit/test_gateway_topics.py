@@ -1,10 +1,12 @@
-"""Which delivery topics belong to gateways that are gone (scheduler/gateways.py)."""
+"""Gateways come and go: which delivery topics belong to gateways that are gone
+(scheduler/gateways.py), who may delete them, and which limits one gateway keeps alone."""
 
 from __future__ import annotations
 
 import pytest
 
 from chatpipe.kafka_acls import GRANTS, Operation, Resource, allowed
+from gateway.rate_limits import per_process
 from scheduler.gateways import GatewayWatch
 
 G1, G2, G3 = "chat.deliver.g1", "chat.deliver.g2", "chat.deliver.g3"
@@ -78,3 +80,8 @@ def test_a_heartbeat_is_news_of_now_while_it_is_younger_than_the_grace_or_a_few_
     assert GatewayWatch(grace_s=0, topic_ttl_s=60).fresh(sent_at=96, wall_now=100)
     assert not GatewayWatch(grace_s=0, topic_ttl_s=60).fresh(sent_at=90, wall_now=100)
     assert GatewayWatch(grace_s=15, topic_ttl_s=60).fresh(sent_at=90, wall_now=100)
+
+
+def test_rate_limits_in_memory_are_flagged_as_one_gateway_s_own():
+    assert "N times" in per_process("memory://")
+    assert per_process("redis://redis:6379") is None
