@@ -19,9 +19,10 @@ import json
 import shutil
 import subprocess
 from collections import defaultdict
+from collections.abc import Callable
 from functools import cache
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import jsonschema
 import kubernetes_validate
@@ -165,8 +166,8 @@ def test_there_are_manifests_and_schemas_for_every_operator_kind() -> None:
 def test_each_manifest_file_validates(path: Path) -> None:
     docs = documents(path)
     assert docs
-    found = {name_of(doc): problems(doc) for doc in docs}
-    assert not {name: found for name, found in found.items() if found}
+    invalid = {name_of(doc): found for doc in docs if (found := problems(doc))}
+    assert not invalid
 
 
 def as_written(doc: Document, folder: Path) -> str:
@@ -190,15 +191,15 @@ def test_what_kustomize_builds_validates(folder: Path) -> None:
     assert len(docs) > 10
     changed = [doc for doc in docs if as_written(doc, folder) not in written()]
     assert changed
-    found = {name_of(doc): problems(doc) for doc in changed}
-    assert not {name: found for name, found in found.items() if found}
+    invalid = {name_of(doc): found for doc in changed if (found := problems(doc))}
+    assert not invalid
     namespaces = {d["metadata"].get("namespace") for d in docs if d["kind"] != "Namespace"}
     assert namespaces == {kustomization(folder)["namespace"]}
 
 
 def mutate(path: str, change: Callable[[Document], Any], kind: str) -> Document:
-    (doc,) = [d for d in documents(K8S_DIR / path) if d["kind"] == kind][:1]
-    broken = copy.deepcopy(doc)
+    """A copy of the first `kind` in `path`, changed."""
+    broken = copy.deepcopy(next(d for d in documents(K8S_DIR / path) if d["kind"] == kind))
     change(broken)
     return broken
 
