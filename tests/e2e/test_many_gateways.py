@@ -26,7 +26,12 @@ from ledger.charges import Account
 from ledger.store import SQLiteLedger
 from schemas.sse import read_messages
 from schemas.topics import Tier
-from tests.e2e.test_rate_limits_and_quotas import error_of, native_turn, until_used
+from tests.e2e.test_rate_limits_and_quotas import (
+    clear_of_minute_edge,
+    error_of,
+    native_turn,
+    until_used,
+)
 from tests.integration.test_rate_limits_redis import REDIS_SERVER, redis_url  # noqa: F401
 
 pytestmark = pytest.mark.timeout(180)
@@ -84,6 +89,7 @@ def turn(max_tokens: int) -> dict[str, object]:
 
 @pytest.mark.skipif(REDIS_SERVER is None, reason="no redis-server binary")
 async def test_a_users_rate_limit_counts_the_requests_of_both_gateways(user):
+    await clear_of_minute_edge()  # the windows turn over on the minute
     for client in (user.first, user.second, user.first):
         admitted, events = await native_turn(client, turn(2))
         assert admitted.status_code == 200 and events[-1].data == "[DONE]", admitted.text
