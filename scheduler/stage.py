@@ -119,13 +119,15 @@ class SchedulerStage:
         self.publisher = self.runner.publisher
         self.claim = Claim(self.publisher, self.consumer, self.kafka, self.scheduler_id)
         metrics.watch_scheduler(self)
-        janitor = asyncio.create_task(self.delivery_topics.run(), name="delivery-topics")
+        janitor: asyncio.Task[None] | None = None
         try:
             await self._start()
+            janitor = asyncio.create_task(self.delivery_topics.run(), name="delivery-topics")
             await self.runner.consume(self._handle, self._decide, self._on_failure,
                                       until=self.fenced.is_set)
         finally:
-            janitor.cancel()
+            if janitor is not None:
+                janitor.cancel()
             await self.runner.stop()
         await asyncio.Future()
 
