@@ -2,7 +2,8 @@
 
 `gateway.relay.KafkaPipeline` implements it over Kafka: `submit` produces the
 request on `chat.requests.<tier>` and returns the stream of delivery events read
-from this gateway's own `chat.deliver.<gateway_id>` topic (`bus.request_reply`);
+from this gateway's own `chat.deliver.<gateway_id>` topic (`bus.request_reply`; the
+scheduler deletes it once the gateway is gone, `scheduler.delivery_topics`);
 `follow` reads a stored answer's events from `chat.answers`, for a stream resumed on
 any gateway.
 """
