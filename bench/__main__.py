@@ -8,6 +8,7 @@
     python -m bench gateway         # streams one gateway process holds (--help), RESULTS.md
     python -m bench capacity --streams 100,300 --out D   # the capacity phase alone, idle cost
     python -m bench capacity_model [--write]   # what the seed's load needs: docs/CAPACITY.md
+    python -m bench scheduler_sim --workers 1000   # the scheduler core at scale (--help)
 """
 
 from __future__ import annotations
@@ -185,6 +186,11 @@ def main(argv: list[str] | None = None) -> None:
     logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # thousands of sockets
+    if argv[:1] == ["scheduler_sim"]:
+        from bench.scheduler_sim import cli as scheduler_sim
+
+        scheduler_sim(argv[1:])
+        return
     if argv[:1] == ["capacity_model"]:
         from bench.capacity_model import main as capacity_model
 

@@ -15,13 +15,19 @@ It holds the waiting set and the worker registry, and decides (DESIGN §5):
 - restart: what the journal (`chat.work`, `scheduler/journal.py`) and the workers'
   heartbeats say was handed out is in flight again, and a request decided once is
   never queued again.
+
+Sized for a thousand workers and ten thousand waiting requests (`python -m bench
+scheduler_sim`): a decision costs O(log workers), never a scan of the waiting set or
+of the workers; only the once-per-interval queue positions walk the whole queue.
 """
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import math
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from scheduler.estimates import Throughput
@@ -39,6 +45,14 @@ from schemas.events import (
 from schemas.topics import Tier
 
 AFFINITY_MEMORY = 100_000
+QUEUE_HEAD = 32
+"""Waiting requests told of every change of their position; those behind them are
+told once per `queue_update_interval_s`, by a sweep over the queue."""
+QUEUE_SWEEP_MIN = 64
+"""Requests the sweep walks per call at least; else its share of the queue for the time
+since the last call, so that it walks the whole queue in an interval, never in one call."""
+_TIERS = tuple(Tier)  # iterating the enum itself is slow
+_RANK = {tier: tier.rank for tier in Tier}
 
 
 @dataclass(frozen=True)
@@ -101,6 +115,17 @@ class _Shown:
     at: float
 
 
+@dataclass(slots=True)
+class _Sweep:
+    """A walk over the queue in order, a few hundred requests per call: a request's
+    position is where the walk found it less those ahead of it gone since."""
+
+    order: Iterator[GenerationRequest]
+    started_at: float
+    walked: int = 0
+    gone: int = 0
+
+
 class Scheduler:
     """Waiting set + worker registry. `clock` is monotonic seconds; `wall` is epoch
     (deadlines): the adapter passes its clocks, a test its own."""
@@ -110,10 +135,13 @@ class Scheduler:
         self.policy = policy
         self._clock = clock
         self._wall = wall
-        self._queues: dict[Tier, FairQueue] = {tier: FairQueue() for tier in Tier}
-        self._waiting_ids: set[str] = set()
-        self._credit: dict[Tier, float] = {tier: 0.0 for tier in Tier}
+        self._queues: dict[Tier, FairQueue] = {tier: FairQueue() for tier in _TIERS}
+        self._waiting: dict[str, GenerationRequest] = {}
+        self._deadlines: list[tuple[float, str]] = []  # heap of first attempts' deadlines
+        self._credit: dict[Tier, float] = {tier: 0.0 for tier in _TIERS}
         self._shown: dict[str, _Shown] = {}
+        self._sweep: _Sweep | None = None
+        self._swept_at = self._updated_at = -math.inf
         self._affinity: OrderedDict[str, str] = OrderedDict()
         self.throughput = Throughput(clock=clock)
         self.registry = Registry()
@@ -132,7 +160,7 @@ class Scheduler:
         if decision is not None and decision.code is not None:
             return Admission(request.model_copy(update={"attempt": decision.attempt}),
                              end_code=decision.code, recorded=True)
-        if request_id in self._waiting_ids or self.registry.knows(request_id):
+        if request_id in self._waiting or self.registry.knows(request_id):
             return Admission(request)
         if request_id in self._cancelled_unseen:
             del self._cancelled_unseen[request_id]
@@ -148,7 +176,9 @@ class Scheduler:
 
     def _enqueue(self, request: GenerationRequest, front: bool = False) -> None:
         self._queues[request.tier].push(request, front=front)
-        self._waiting_ids.add(request.request_id)
+        self._waiting[request.request_id] = request
+        if request.attempt == 0 and request.deadline is not None:
+            heapq.heappush(self._deadlines, (request.deadline, request.request_id))
 
     def _route_simple(self, request: GenerationRequest) -> tuple[GenerationRequest, str | None]:
         small, limit = self.policy.small_model, self.policy.simple_request_max_chars
@@ -164,16 +194,14 @@ class Scheduler:
         """Drop a waiting request; returns it, or None if it is not waiting. A cancel
         that comes before its request (after a restart both are read again, from two
         topics) is kept, and the request ends when it comes."""
-        if request_id not in self._waiting_ids:
+        waiting = self._waiting.get(request_id)
+        if waiting is None:
             if not self.registry.knows(request_id):
                 remember(self._cancelled_unseen, request_id, None, DECISION_MEMORY)
             return None
-        for queue in self._queues.values():
-            request = queue.remove(request_id)
-            if request is not None:
-                self._forget(request_id)
-                return request
-        return None
+        request = self._queues[waiting.tier].remove(request_id)
+        self._forget(request_id)
+        return request
 
     def ended_unserved(self, request: GenerationRequest, code: str) -> None:
         """`request` ended without a worker (its `Unserved` record is being written):
@@ -182,23 +210,26 @@ class Scheduler:
         self.registry.decide(request.request_id, Decision(request.attempt, code))
 
     def _forget(self, request_id: str) -> None:
-        self._waiting_ids.discard(request_id)
+        self._waiting.pop(request_id, None)
         self._shown.pop(request_id, None)
 
     @property
     def waiting_count(self) -> int:
-        return len(self._waiting_ids)
+        return len(self._waiting)
 
     def waiting(self) -> list[GenerationRequest]:
         """Waiting requests, highest tier first, each tier in fair order."""
-        return [request for tier in Tier for request in self._queues[tier]]
+        return list(self._in_order())
+
+    def _in_order(self) -> Iterator[GenerationRequest]:
+        return itertools.chain.from_iterable(self._queues[tier] for tier in _TIERS)
 
     def request(self, request_id: str) -> GenerationRequest | None:
         """The request, waiting or running, if known here."""
         flight = self.registry.flight(request_id)
         if flight is not None:
             return flight.request
-        return next((r for r in self.waiting() if r.request_id == request_id), None)
+        return self._waiting.get(request_id)
 
     def running(self) -> list[GenerationRequest]:
         """Requests handed to workers and not known to have ended (those only a heartbeat
@@ -210,10 +241,12 @@ class Scheduler:
         """Drop and return waiting requests whose deadline has passed. A continuation
         (attempt > 0) is exempt: its answer has started, the deadline was for the wait."""
         now = self._wall()
-        expired = [r for r in self.waiting()
-                   if r.attempt == 0 and r.deadline is not None and r.deadline < now]
-        for request in expired:
-            self.cancel(request.request_id)
+        expired = []
+        while self._deadlines and self._deadlines[0][0] < now:
+            _, request_id = heapq.heappop(self._deadlines)
+            request = self._waiting.get(request_id)
+            if request is not None and request.attempt == 0:
+                expired.append(self.cancel(request_id))
         return expired
 
     # --- estimates ------------------------------------------------------------------
@@ -224,12 +257,12 @@ class Scheduler:
         Zero while a worker has a free slot; None while no throughput is known."""
         if not any(self._queues.values()) and any(w.free_slots for w in self.workers.values()):
             return 0.0
-        ahead = sum(len(self._queues[t]) for t in Tier if t.rank <= tier.rank)
+        ahead = sum(len(self._queues[t]) for t in _TIERS if _RANK[t] <= _RANK[tier])
         return self.throughput.seconds_for(ahead + extra)
 
     def status(self) -> dict[Tier, TierStatus]:
         statuses = {}
-        for tier in Tier:
+        for tier in _TIERS:
             wait_s = self.expected_wait_s(tier, extra=1)
             bound = self.policy.max_wait_s.get(tier)
             shedding = wait_s is not None and bound is not None and wait_s > bound
@@ -242,20 +275,49 @@ class Scheduler:
         return statuses
 
     def queue_updates(self) -> list[QueueUpdate]:
-        """Position and ETA of each waiting request whose position changed, or whose
-        last update is older than the update interval."""
+        """Position and ETA of waiting requests: of the first QUEUE_HEAD whenever their
+        position changed or their last update is older than the update interval; of
+        those behind them once per interval (`_Sweep`, a share of the queue per call)."""
         now = self._clock()
-        updates = []
-        for position, request in enumerate(self.waiting()):
+        interval = self.policy.queue_update_interval_s
+        each_s = self.throughput.seconds_each()
+        updates: list[QueueUpdate] = []
+        for position, request in enumerate(itertools.islice(self._in_order(), QUEUE_HEAD)):
             shown = self._shown.get(request.request_id)
-            if (shown is not None and shown.position == position
-                    and now - shown.at < self.policy.queue_update_interval_s):
-                continue
-            self._shown[request.request_id] = _Shown(position, now)
-            eta_s = self.throughput.seconds_for(position + 1)
-            updates.append(QueueUpdate(request, position + 1,
-                                       None if eta_s is None else int(eta_s * 1000)))
+            if shown is None or shown.position != position or now - shown.at >= interval:
+                updates.append(self._show(request, position, now, each_s))
+        if self._sweep is None and now - self._swept_at >= interval:
+            self._sweep, self._swept_at = _Sweep(self._in_order(), now), now
+        if self._sweep is not None:
+            since = now - self._updated_at if self._updated_at > -math.inf else 0.0
+            share = min(1.0, since / interval) if interval > 0 else 1.0
+            self._sweep_on(max(QUEUE_SWEEP_MIN, math.ceil(share * len(self._waiting))),
+                           updates, now, each_s)
+        self._updated_at = now
         return updates
+
+    def _sweep_on(self, steps: int, updates: list[QueueUpdate], now: float,
+                  each_s: float | None) -> None:
+        sweep = self._sweep
+        assert sweep is not None
+        walked = sweep.walked
+        for request in itertools.islice(sweep.order, steps):
+            position = sweep.walked - sweep.gone
+            sweep.walked += 1
+            if self._waiting.get(request.request_id) is not request:
+                sweep.gone += 1  # handed out, cancelled or queued again since
+                continue
+            shown = self._shown.get(request.request_id)
+            if position >= QUEUE_HEAD and (shown is None or shown.at < sweep.started_at):
+                updates.append(self._show(request, position, now, each_s))
+        if sweep.walked - walked < steps:
+            self._sweep = None
+
+    def _show(self, request: GenerationRequest, position: int, now: float,
+              each_s: float | None) -> QueueUpdate:
+        self._shown[request.request_id] = _Shown(position, now)
+        return QueueUpdate(request, position + 1,
+                           None if each_s is None else int((position + 1) * each_s * 1000))
 
     # --- workers --------------------------------------------------------------------
 
@@ -268,7 +330,7 @@ class Scheduler:
         handed back (draining) or never read (its partition moved) goes out again as
         the next attempt; what it runs unknown here (a restart) is in flight on it."""
         now = self._clock()
-        settled = self.registry.on_heartbeat(heartbeat, now, self._waiting_ids)
+        settled = self.registry.on_heartbeat(heartbeat, now, self._waiting)
         for flight in settled.finished:
             self.throughput.finished(now - flight.dispatched_at)
         for flight in settled.orphaned + settled.handed_back + settled.lost:
@@ -309,7 +371,7 @@ class Scheduler:
         line; None: the assignment is not there, nothing can be dispatched."""
         if self._unknown.pop(request_id, None) is None or request is None:
             return
-        if request_id not in self._waiting_ids and not self.registry.flight(request_id):
+        if request_id not in self._waiting and not self.registry.flight(request_id):
             self._enqueue(_next_attempt(request), front=True)
 
     def unread_assignments(self) -> dict[int, int]:
@@ -344,7 +406,7 @@ class Scheduler:
             dispatches.append(placed)
 
     def _next_tier(self, blocked: set[Tier]) -> Tier | None:
-        candidates = [t for t in Tier if t not in blocked and self._queues[t]]
+        candidates = [t for t in _TIERS if t not in blocked and self._queues[t]]
         if not candidates:
             return None
         owed = [t for t in candidates if self._credit[t] >= 1.0]
@@ -355,9 +417,9 @@ class Scheduler:
         tier its share of a slot; a full credit buys it the next one."""
         if self._credit[tier] >= 1.0:
             self._credit[tier] -= 1.0
-        for lower in Tier:
+        for lower in _TIERS:
             share = self.policy.min_share.get(lower, 0.0)
-            higher_busy = any(self._queues[t] for t in Tier if t.rank < lower.rank)
+            higher_busy = any(self._queues[t] for t in _TIERS if _RANK[t] < _RANK[lower])
             if share and self._queues[lower] and (higher_busy or lower == tier):
                 self._credit[lower] = min(1.0, self._credit[lower] + share)
 
@@ -377,13 +439,13 @@ class Scheduler:
         return Dispatch(request, worker.worker_id, partition, reason, worker.incarnation)
 
     def _pick_worker(self, request: GenerationRequest, model: str) -> WorkerState | None:
-        candidates = [w for w in self.workers.values() if w.model == model and w.free_slots > 0]
-        if not candidates:
-            return None
+        """The conversation's previous worker while its load is under the affinity
+        bound, else the worker of `model` with the most free slots."""
         previous = self.workers.get(self._affinity.get(request.conversation_id, ""))
-        if previous in candidates and previous.load < self.policy.affinity_max_load * previous.max_slots:
+        if (previous is not None and previous.model == model and previous.free_slots > 0
+                and previous.load < self.policy.affinity_max_load * previous.max_slots):
             return previous
-        return max(candidates, key=lambda w: w.free_slots)
+        return self.registry.most_free(model)
 
     def _remember_affinity(self, conversation_id: str, worker_id: str) -> None:
         remember(self._affinity, conversation_id, worker_id, AFFINITY_MEMORY)

@@ -40,6 +40,12 @@ class Throughput:
         rate = self.rate()
         return None if rate is None else count / rate
 
+    def seconds_each(self) -> float | None:
+        """Seconds per started request at the recent rate (`seconds_for(n)` is n times
+        this), for many estimates at once."""
+        rate = self.rate()
+        return None if rate is None else 1.0 / rate
+
     def _trim(self, now: float) -> None:
         while self._finished and now - self._finished[0] > self.window_s:
             self._finished.popleft()

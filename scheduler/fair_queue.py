@@ -3,6 +3,8 @@
 Every request costs one slot, so plain round robin is deficit round robin with
 equal quanta: a user with 100 queued requests delays another user's single
 request by at most one dispatch per org and user ahead of it in the rotation.
+
+Push, peek and pop take constant time; `remove` looks only at its user's queue.
 """
 
 from __future__ import annotations
@@ -18,10 +20,10 @@ Users = OrderedDict[str, deque[GenerationRequest]]
 class FairQueue:
     def __init__(self) -> None:
         self._orgs: OrderedDict[str, Users] = OrderedDict()
-        self._size = 0
+        self._owners: dict[str, tuple[str, str]] = {}  # request id -> (org, user)
 
     def __len__(self) -> int:
-        return self._size
+        return len(self._owners)
 
     def push(self, request: GenerationRequest, front: bool = False) -> None:
         """Queue `request`; `front` puts it first in its user's queue (a redispatch)."""
@@ -31,7 +33,7 @@ class FairQueue:
             queue.appendleft(request)
         else:
             queue.append(request)
-        self._size += 1
+        self._owners[request.request_id] = (request.org_id, request.user_id)
 
     def peek(self) -> GenerationRequest | None:
         for users in self._orgs.values():
@@ -41,31 +43,72 @@ class FairQueue:
 
     def pop(self) -> GenerationRequest:
         """The next request in fair order; its user and org go to the back."""
-        self._size -= 1
-        return _take_next(self._orgs)
+        request = _take_next(self._orgs)
+        del self._owners[request.request_id]
+        return request
 
     def remove(self, request_id: str) -> GenerationRequest | None:
-        for org_id, users in self._orgs.items():
-            for user_id, queue in users.items():
-                for request in queue:
-                    if request.request_id == request_id:
-                        queue.remove(request)
-                        self._size -= 1
-                        if not queue:
-                            del users[user_id]
-                        if not users:
-                            del self._orgs[org_id]
-                        return request
-        return None
+        owner = self._owners.pop(request_id, None)
+        if owner is None:
+            return None
+        org_id, user_id = owner
+        users = self._orgs[org_id]
+        queue = users[user_id]
+        index = next(i for i, r in enumerate(queue) if r.request_id == request_id)
+        request = queue[index]
+        del queue[index]
+        if not queue:
+            del users[user_id]
+        if not users:
+            del self._orgs[org_id]
+        return request
 
     def __iter__(self) -> Iterator[GenerationRequest]:
-        """Requests in the order `pop` would hand them out (without popping)."""
-        orgs = OrderedDict(
-            (org, OrderedDict((user, deque(queue)) for user, queue in users.items()))
-            for org, users in self._orgs.items()
-        )
-        while orgs:
-            yield _take_next(orgs)
+        """Requests in the order `pop` would hand them out, without popping: the first
+        k cost O(k). The walk copies each org's users and each user's queue when it
+        first reaches them, so the queue may change meanwhile: what it yields then is
+        the order as it was, and may hold requests no longer queued."""
+        orgs = _Turns(tuple(self._orgs))
+        users: dict[str, _Turns] = {}
+        queues: dict[tuple[str, str], tuple[GenerationRequest, ...]] = {}
+        taken: dict[tuple[str, str], int] = {}
+        while orgs.left:
+            org_id = orgs.take()
+            turns = users.get(org_id)
+            if turns is None:
+                turns = users[org_id] = _Turns(tuple(self._orgs.get(org_id, ())))
+            if turns.left:
+                user_id = turns.take()
+                key = (org_id, user_id)
+                queue = queues.get(key)
+                if queue is None:
+                    queue = queues[key] = tuple(self._orgs.get(org_id, {}).get(user_id, ()))
+                index = taken.get(key, 0)
+                if index < len(queue):
+                    yield queue[index]
+                taken[key] = index + 1
+                turns.done(user_id, more=index + 1 < len(queue))
+            orgs.done(org_id, more=turns.left > 0)
+
+
+class _Turns:
+    """Keys in round robin: a key taken comes again after every other one while it
+    has `more`."""
+
+    def __init__(self, keys: tuple[str, ...]) -> None:
+        self._first = iter(keys)
+        self._again: deque[str] = deque()
+        self.left = len(keys)
+
+    def take(self) -> str:
+        key = next(self._first, None)
+        return self._again.popleft() if key is None else key
+
+    def done(self, key: str, more: bool) -> None:
+        if more:
+            self._again.append(key)
+        else:
+            self.left -= 1
 
 
 def _take_next(orgs: OrderedDict[str, Users]) -> GenerationRequest:

@@ -1,0 +1,160 @@
+"""The scheduler's Kafka stage at load, for `python -m bench scheduler_sim`: the real
+`chatpipe.cli scheduler` process on the embedded broker, with simulated workers here
+(one `chat.work` partition each, heartbeats on every end and every second) and requests
+from the sim's mix published to `chat.requests.<tier>`, the waiting set held at a size.
+It counts the assignments the workers read: decisions per second end to end, through
+decoding, the core, the journal and the bus.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import random
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from aiokafka import AIOKafkaConsumer
+from aiokafka.structs import TopicPartition
+
+from bench.process_pipeline import running_pipeline
+from bench.scheduler_sim import BIG, SLOT_CHOICES, Arrivals
+from bus.clients import Publisher
+from bus.subscriber import decode_record
+from bus.topics import create_topics
+from schemas import topics
+from schemas.codec import WORK_EVENT
+from schemas.events import WorkAssignment, WorkerHeartbeat
+
+REPLY_TO = "chat.deliver.bench"
+SERVICE_S = 2.0
+"""Mean answer time: slots free at (slots / SERVICE_S) a second, more than the stage
+carries on this machine, so the run measures what it carries."""
+WARMUP_S = 5.0
+
+
+@dataclass
+class KafkaWorker:
+    worker_id: str
+    partition: int
+    slots: int
+    running: dict[str, tuple[int, int]] = field(default_factory=dict)
+    consumed: int = 0
+
+    def heartbeat(self) -> WorkerHeartbeat:
+        return WorkerHeartbeat(
+            worker_id=self.worker_id, model=BIG, partitions=(self.partition,),
+            max_slots=self.slots, active=tuple(self.running),
+            consumed={self.partition: self.consumed}, assignments=dict(self.running),
+            running=len(self.running))
+
+
+@dataclass
+class Counts:
+    published: int = 0
+    decided: int = 0
+    measured: int = 0
+    waiting: list[int] = field(default_factory=list)
+
+
+def kafka_run(workers: int, seconds: float, seed: int = 15, waiting: int = 1000) -> str:
+    """One run; the line to print."""
+    return asyncio.run(_run(workers, seconds, seed, waiting))
+
+
+async def _run(workers: int, seconds: float, seed: int, waiting: int) -> str:
+    rng = random.Random(seed)
+    tmp = Path(tempfile.mkdtemp(prefix="chatpipe-scheduler-sim-"))
+    async with running_pipeline(tmp, work_partitions=workers, tier_max_wait_s={},
+                                worker_lost_after_s=10.0) as pipe:
+        await create_topics(pipe.kafka, {REPLY_TO: 1})
+        await pipe.start("scheduler")
+        producer = pipe.kafka.producer()
+        await producer.start()
+        publisher = Publisher(producer)
+        sim = [KafkaWorker(f"kw{i}", i, rng.choice(SLOT_CHOICES)) for i in range(workers)]
+        for worker in sim:
+            await publisher.send(topics.WORKERS, worker.heartbeat(), key=worker.worker_id)
+        counts = Counts()
+        reader = AIOKafkaConsumer(bootstrap_servers=pipe.broker.bootstrap_servers,
+                                  group_id=None, enable_auto_commit=False,
+                                  fetch_max_wait_ms=20)
+        await reader.start()
+        reader.assign([TopicPartition(topics.WORK, w.partition) for w in sim])
+        await reader.seek_to_beginning()
+        try:
+            started = time.monotonic()
+            ends: list[tuple[float, int, str]] = []
+            loops = asyncio.gather(
+                _read_work(reader, sim, ends, counts, rng),
+                _drive(publisher, sim, ends, counts, rng, waiting))
+            measured_from = started + WARMUP_S
+            task = asyncio.ensure_future(loops)
+            await asyncio.sleep(WARMUP_S)
+            counts.measured = counts.decided
+            counts.waiting.clear()
+            await asyncio.sleep(seconds)
+            decided = counts.decided - counts.measured
+            elapsed = time.monotonic() - measured_from
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        finally:
+            await reader.stop()
+            await producer.stop()
+        if not pipe.stages["scheduler"].running:
+            raise RuntimeError("the scheduler stage exited:\n" + pipe.log_tail("scheduler"))
+    mean_waiting = sum(counts.waiting) / len(counts.waiting) if counts.waiting else 0
+    return (f"kafka stage (chatpipe.cli scheduler on the embedded broker), {workers} "
+            f"simulated workers, ~{mean_waiting:,.0f} waiting: {decided} assignments read "
+            f"in {elapsed:.1f} s: {decided / elapsed:,.0f} decisions/s end to end")
+
+
+async def _read_work(reader: AIOKafkaConsumer, sim: list[KafkaWorker],
+                     ends: list[tuple[float, int, str]], counts: Counts,
+                     rng: random.Random) -> None:
+    """Each worker reads its partition: an assignment starts, to end after its time."""
+    while True:
+        batches = await reader.getmany(timeout_ms=100)
+        now = time.monotonic()
+        for tp, records in batches.items():
+            worker = sim[tp.partition]
+            for record in records:
+                worker.consumed = record.offset + 1
+                event = decode_record(WORK_EVENT, record)
+                if not isinstance(event, WorkAssignment) or event.worker_id != worker.worker_id:
+                    continue
+                rid = event.request.request_id
+                worker.running[rid] = (tp.partition, record.offset)
+                heapq.heappush(ends, (now + rng.expovariate(1 / SERVICE_S), tp.partition, rid))
+                counts.decided += 1
+
+
+async def _drive(publisher: Publisher, sim: list[KafkaWorker],
+                 ends: list[tuple[float, int, str]], counts: Counts, rng: random.Random,
+                 waiting: int) -> None:
+    """Every 10 ms: answers end (their workers heartbeat), the waiting set is topped up;
+    every worker heartbeats at least once a second."""
+    arrivals = Arrivals(rng)
+    beat_at = {w.worker_id: 0.0 for w in sim}
+    while True:
+        now = time.monotonic()
+        dirty: set[int] = set()
+        while ends and ends[0][0] <= now:
+            _, partition, rid = heapq.heappop(ends)
+            if sim[partition].running.pop(rid, None) is not None:
+                dirty.add(partition)
+        dirty |= {w.partition for w in sim if now - beat_at[w.worker_id] >= 1.0}
+        for partition in dirty:
+            worker = sim[partition]
+            beat_at[worker.worker_id] = now
+            await publisher.send(topics.WORKERS, worker.heartbeat(), key=worker.worker_id)
+        counts.waiting.append(counts.published - counts.decided)
+        for _ in range(max(0, waiting - (counts.published - counts.decided))):
+            request = arrivals.next(now, time.time()).model_copy(
+                update={"reply_to": REPLY_TO, "deadline": None})
+            await publisher.send(topics.requests_topic(request.tier), request,
+                                 key=request.conversation_id)
+            counts.published += 1
+        await asyncio.sleep(0.01)
