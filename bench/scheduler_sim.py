@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import gc
 import heapq
 import random
 import statistics
@@ -169,7 +170,7 @@ class CoreSim:
     `rate` (decisions/s offered) sets how fast slots free: the slots' decode speed."""
 
     def __init__(self, workers: int, waiting: int, rate: float = 5000.0, seed: int = 15,
-                 tick_s: float = 0.002) -> None:
+                 tick_s: float = 0.002, gc_freeze: bool = False) -> None:
         self.rng = random.Random(seed)
         self.now = 1000.0
         self.tick_s = tick_s
@@ -178,7 +179,7 @@ class CoreSim:
         self.arrivals = Arrivals(self.rng)
         self.workers = {}
         for i in range(workers):
-            model = SMALL if i % 5 == 0 else BIG
+            model = SMALL if i % 3 == 0 else BIG  # more room than simple requests need
             worker = SimWorker(f"w{i}", model, self.rng.choice(SLOT_CHOICES), i)
             self.workers[worker.worker_id] = worker
         slots = sum(w.slots for w in self.workers.values())
@@ -191,6 +192,8 @@ class CoreSim:
         self.next_restart = self.now + RESTART_EVERY_S
         self.timings = Timings()
         self.filling = False
+        self.gc_freeze = gc_freeze
+        self.frozen_at = self.now
 
     def run(self, seconds: float, warmup_s: float = 3.0) -> Timings:
         """Warm up (fill every slot, `warmup_s` simulated), then measure for `seconds`
@@ -205,6 +208,7 @@ class CoreSim:
         while self.now < warm_until:
             self.step()
         self.timings = Timings()
+        self._freeze()
         deadline = time.perf_counter() + seconds
         while time.perf_counter() < deadline:
             self.step()
@@ -241,6 +245,8 @@ class CoreSim:
         step_s = t.core_s - core_before
         t.decisions += len(sent)
         t.latencies_ms.extend([step_s * 1000] * len(sent))
+        if self.now - self.frozen_at >= 1.0:
+            self._freeze()
         advance = max(self.tick_s, step_s)
         t.virtual_s += advance
         self.now += advance
@@ -255,6 +261,11 @@ class CoreSim:
             self.workers[dispatch.worker_id].unread.append(
                 (offset, dispatch.request.request_id, service))
         return len(sent)
+
+    def _freeze(self) -> None:
+        self.frozen_at = self.now
+        if self.gc_freeze:
+            gc.freeze()
 
     def _decide(self) -> list[tuple[Dispatch, int]]:
         """What `SchedulerStage._decide` asks the core after each batch of records;
@@ -332,6 +343,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         help="schedulers, each with its share of the workers, the waiting "
                              "set and the rate (each owns a slice of the request and work "
                              "partitions); run one after another, summed")
+    parser.add_argument("--gc-freeze", action="store_true",
+                        help="what the core would do if its process froze the heap it has "
+                             "(gc.freeze) after warm-up and every simulated second, so "
+                             "CPython's full collections skip it (the stage does not yet)")
     parser.add_argument("--seed", type=int, default=15)
     return parser.parse_args(argv)
 
@@ -342,7 +357,7 @@ def cli(argv: list[str]) -> None:
     runs = []
     for shard in range(shards):
         sim = CoreSim(args.workers // shards, args.waiting // shards, args.rate / shards,
-                      seed=args.seed + shard)
+                      seed=args.seed + shard, gc_freeze=args.gc_freeze)
         runs.append(sim.run(args.seconds))
         label = f"shard {shard + 1}/{shards}, " if shards > 1 else ""
         print(report(f"core, {label}{args.workers // shards} workers, "
