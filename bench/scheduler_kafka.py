@@ -20,13 +20,13 @@ from aiokafka import AIOKafkaConsumer
 from aiokafka.structs import TopicPartition
 
 from bench.process_pipeline import running_pipeline
-from bench.scheduler_sim import BIG, SLOT_CHOICES, Arrivals
+from bench.scheduler_sim import BIG, SLOT_CHOICES, Arrivals, SimWorker
 from bus.clients import Publisher
 from bus.subscriber import decode_record
 from bus.topics import create_topics
 from schemas import topics
 from schemas.codec import WORK_EVENT
-from schemas.events import WorkAssignment, WorkerHeartbeat
+from schemas.events import WorkAssignment
 
 REPLY_TO = "chat.deliver.bench"
 SERVICE_S = 2.0
@@ -36,23 +36,10 @@ WARMUP_S = 5.0
 
 
 @dataclass
-class KafkaWorker:
-    worker_id: str
-    partition: int
-    slots: int
-    running: dict[str, tuple[int, int]] = field(default_factory=dict)
-    consumed: int = 0
-
-    def heartbeat(self) -> WorkerHeartbeat:
-        return WorkerHeartbeat(
-            worker_id=self.worker_id, model=BIG, partitions=(self.partition,),
-            max_slots=self.slots, active=tuple(self.running),
-            consumed={self.partition: self.consumed}, assignments=dict(self.running),
-            running=len(self.running))
-
-
-@dataclass
 class Counts:
+    """Requests published, assignments read (and at the measured window's start), the
+    waiting set's size at each step."""
+
     published: int = 0
     decided: int = 0
     measured: int = 0
@@ -74,9 +61,10 @@ async def _run(workers: int, seconds: float, seed: int, waiting: int) -> str:
         producer = pipe.kafka.producer()
         await producer.start()
         publisher = Publisher(producer)
-        sim = [KafkaWorker(f"kw{i}", i, rng.choice(SLOT_CHOICES)) for i in range(workers)]
+        sim = [SimWorker(f"kw{i}", BIG, rng.choice(SLOT_CHOICES), i) for i in range(workers)]
         for worker in sim:
-            await publisher.send(topics.WORKERS, worker.heartbeat(), key=worker.worker_id)
+            await publisher.send(topics.WORKERS, worker.heartbeat(time.time()),
+                                 key=worker.worker_id)
         counts = Counts()
         reader = AIOKafkaConsumer(bootstrap_servers=pipe.broker.bootstrap_servers,
                                   group_id=None, enable_auto_commit=False,
@@ -111,7 +99,7 @@ async def _run(workers: int, seconds: float, seed: int, waiting: int) -> str:
             f"in {elapsed:.1f} s: {decided / elapsed:,.0f} decisions/s end to end")
 
 
-async def _read_work(reader: AIOKafkaConsumer, sim: list[KafkaWorker],
+async def _read_work(reader: AIOKafkaConsumer, sim: list[SimWorker],
                      ends: list[tuple[float, int, str]], counts: Counts,
                      rng: random.Random) -> None:
     """Each worker reads its partition: an assignment starts, to end after its time."""
@@ -131,7 +119,7 @@ async def _read_work(reader: AIOKafkaConsumer, sim: list[KafkaWorker],
                 counts.decided += 1
 
 
-async def _drive(publisher: Publisher, sim: list[KafkaWorker],
+async def _drive(publisher: Publisher, sim: list[SimWorker],
                  ends: list[tuple[float, int, str]], counts: Counts, rng: random.Random,
                  waiting: int) -> None:
     """Every 10 ms: answers end (their workers heartbeat), the waiting set is topped up;
@@ -149,7 +137,8 @@ async def _drive(publisher: Publisher, sim: list[KafkaWorker],
         for partition in dirty:
             worker = sim[partition]
             beat_at[worker.worker_id] = now
-            await publisher.send(topics.WORKERS, worker.heartbeat(), key=worker.worker_id)
+            await publisher.send(topics.WORKERS, worker.heartbeat(time.time()),
+                                 key=worker.worker_id)
         counts.waiting.append(counts.published - counts.decided)
         for _ in range(max(0, waiting - (counts.published - counts.decided))):
             request = arrivals.next(now, time.time()).model_copy(
