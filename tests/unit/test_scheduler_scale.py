@@ -148,7 +148,7 @@ def test_requests_behind_the_head_learn_their_position_within_an_interval():
 
 
 def test_scheduler_sim_smoke(capsys: pytest.CaptureFixture[str]) -> None:
-    scheduler_sim(["--workers", "20", "--waiting", "200", "--seconds", "0.2",
+    scheduler_sim(["--workers", "20", "--waiting", "200", "--rate", "300", "--seconds", "0.2",
                    "--kafka-seconds", "0"])
     *_, last = capsys.readouterr().out.strip().splitlines()
     name_rate, name_p99 = last.split()
