@@ -1,25 +1,27 @@
 """`python -m bench scheduler_sim`: the scheduler at scale (issue 15).
 
-    python -m bench scheduler_sim --workers 1000            # ~1 min
-    python -m bench scheduler_sim --workers 20 --waiting 200 --seconds 0.5 --kafka-seconds 0
+    python -m bench scheduler_sim --workers 1000            # ~1.5 min
+    python -m bench scheduler_sim --workers 1000 --shards 4 --kafka-seconds 0
+    python -m bench scheduler_sim --workers 20 --waiting 200 --rate 300 --seconds 0.5 --kafka-seconds 0
 
 The real scheduler core (`scheduler/core.py`) with simulated workers: heterogeneous
 slot counts (64/128/256, like vLLM's max_num_seqs), two models, heartbeats on every
-end (coalesced per tick) and every second, answers of varied length, cancels, worker
+end (coalesced per step) and every second, answers of varied length, cancels, worker
 restarts; requests from three tiers and skewed users (a few heavy ones), prompts of
 varied length (short ones routed to the small model), the waiting set held at
-`--waiting`. Time in the simulation is virtual (the core gets its clocks injected);
-what is measured is the real CPU time of each call into the core:
+`--waiting`, slots freeing at `--rate` a second. The core gets the simulation's clock,
+which advances each step by the core's own time in it (`CoreSim`):
 
-- a *decision* is a request handed to a worker slot; decisions/s is decisions divided
-  by the time spent in every core call (admissions, cancels, heartbeats, and each
-  decision cycle: what the stage's `_decide` asks the core after a batch);
-- a decision's latency is the duration of the decision cycle that made it (its
-  dispatch waits for the whole cycle), p99 over every decision.
+- a *decision* is a request handed to a worker slot; decisions/s is decisions per
+  second of that clock; capacity is decisions per second of core time (admissions,
+  cancels, heartbeats and each decision cycle: what the stage's `_decide` asks the
+  core after a batch);
+- a decision's latency is the core time of the step that made it, p99 over every
+  decision.
 
 Then (unless `--kafka-seconds 0`) a smaller run through the scheduler's Kafka stage
-(`SchedulerStage`) on the embedded broker (`bench/scheduler_kafka.py`). The last
-line is `decisions/s=N p99_ms=M` of the core run.
+on the embedded broker (`bench/scheduler_kafka.py`), its own line. The last line is
+`decisions/s=N p99_ms=M` of the core run (with `--shards`, their sum and worst p99).
 """
 
 from __future__ import annotations
