@@ -40,6 +40,7 @@ class GatewayWatch:
         self._listed: dict[str, float] = {}
         self._holders: OrderedDict[str, str] = OrderedDict()
         self._abandoned: OrderedDict[str, None] = OrderedDict()
+        self._walked: tuple[frozenset[str], float] = (frozenset(), 0.0)
 
     def fresh(self, sent_at: float, wall_now: float) -> bool:
         """Does a heartbeat sent at `sent_at` (wall clock) say its gateway is alive now?
@@ -57,6 +58,24 @@ class GatewayWatch:
         since (`asked_through`: the request's own `reply_to`, None when unknown here)."""
         holder = self._holders.get(request_id, asked_through)
         return holder is None or holder == gateway
+
+    def worth_walking(self, now: float) -> bool:
+        """Is a walk of every request (`abandoned`) worth its cost now? Only when the
+        set of gateways silent past the grace changed since the last walk, or a grace
+        has passed since it while one is silent (a request that reached a dead gateway's
+        streams since, say a continuation read back): a scheduler holding 100,000
+        requests then walks them once per gateway death, not once per decision."""
+        if self.grace_s <= 0:
+            return False
+        silent = frozenset(g for g, last in self._seen.items() if now - last > self.grace_s)
+        if not silent:
+            self._walked = (silent, now)
+            return False
+        walked, at = self._walked
+        if silent == walked and now - at < self.grace_s:
+            return False
+        self._walked = (silent, now)
+        return True
 
     def abandoned(self, requests: Iterable[GenerationRequest],
                   now: float) -> list[GenerationRequest]:

@@ -317,6 +317,8 @@ class SchedulerStage:
         """Streams whose gateway died and that nobody resumed within the grace: a queued
         one ends unserved, a running one is cancelled like a client's Stop."""
         now = time.monotonic()
+        if not self.gateways.worth_walking(now):
+            return
         for request in self.gateways.abandoned([*self.core.waiting(), *self.core.running()],
                                                now):
             log.info("request %s: its gateway %s is gone and nobody resumed it; cancelling",

@@ -49,3 +49,20 @@ def test_only_the_gateway_relaying_a_stream_may_have_it_cancelled():
     assert not watch.holds("chat.deliver.g2", "a", asked_through="chat.deliver.g1")
     assert watch.holds("chat.deliver.g9", "unknown", asked_through=None), \
         "a request unknown here: the cancel goes on (it may have finished anyway)"
+
+
+def test_the_requests_are_walked_once_per_gateway_death_not_once_per_decision():
+    watch = GatewayWatch(grace_s=5)
+    watch.heartbeat("chat.deliver.g1", now=0)
+    watch.heartbeat("chat.deliver.g2", now=0)
+    assert not watch.worth_walking(now=4), "nobody is silent"
+    watch.heartbeat("chat.deliver.g2", now=5.5)
+    assert watch.worth_walking(now=6), "g1 went silent"
+    assert not watch.worth_walking(now=7), "the same silent set, walked a moment ago"
+    assert watch.worth_walking(now=12), "g2 went silent too"
+    assert not watch.worth_walking(now=13)
+    assert watch.worth_walking(now=17.5), "a grace later, once more (a request read since)"
+    watch.heartbeat("chat.deliver.g1", now=18)
+    watch.heartbeat("chat.deliver.g2", now=18)
+    assert not watch.worth_walking(now=19), "both are back"
+    assert not GatewayWatch(grace_s=0).worth_walking(now=100)
