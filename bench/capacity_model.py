@@ -364,7 +364,9 @@ CAVEATS = """\
   little of Apache Kafka's, so brokers are sized by MB/s and partitions only. The
   recorder stored into SQLite there; on Cassandra its work is the database's, counted
   under Cassandra.
-- **The scheduler's** decisions per second are issue 15's target, not yet a measurement.
+- **The scheduler's** decisions per second are its core's, measured in the sim on one core of
+  the development machine; its p99 there is CPython's full-collection pause (bench/RESULTS.md),
+  and sharding is measured in the sim only, not a deployment setting yet.
 - **Cassandra's** per-node rates are assumptions: no Cassandra server runs here
   (DESIGN §11); the statements per turn are counted from the two stores' code
   (`conversations/cassandra_store.py`, `ledger/cassandra.py`).
