@@ -15,7 +15,10 @@ A table per query (DESIGN §8):
   the whole tree.
 * `message_ids`: message_id -> (conversation_id, seq), for `get_message` and
   idempotent inserts (`IF NOT EXISTS`).
-* `summaries`, `embeddings`: one partition per conversation.
+* `summaries`, `embeddings`, `citations`: one partition per conversation.
+* `files` by file_id, `files_by_owner` (one owner's list, newest first, a copy of
+  the file's fields) and `file_chunks` (one partition per file, clustered by chunk
+  index): a user's documents (`conversations.files`).
 * `requests` by request_id: the request behind an answer (`start_answer`); a
   conversation's are found through its messages' `request_id` when it is deleted.
 * `api_keys` by key hash (HMAC-SHA256, see `store.hash_api_key`): the lookup of
@@ -60,6 +63,17 @@ REQUEST_COLUMNS = (
     " reply_to, created_at, org_id"
 )
 API_KEY_COLUMNS = "key_id, user_id, org_id, tier, name, created_at, expires_at, revoked_at"
+FILE_COLUMNS = (
+    "file_id, org_id, user_id, filename, content_type, purpose, size_bytes, chunk_count,"
+    " embedding_model, created_at"
+)
+_FILE_FIELDS = """
+    filename text,
+    content_type text,
+    purpose text,
+    size_bytes bigint,
+    chunk_count int,
+    embedding_model text,"""
 
 TABLES = (
     """CREATE TABLE IF NOT EXISTS {ks}.conversations (
@@ -135,6 +149,29 @@ TABLES = (
     """CREATE TABLE IF NOT EXISTS {ks}.api_key_ids (
     key_id text PRIMARY KEY,
     key_hash text)""",
+    """CREATE TABLE IF NOT EXISTS {ks}.files (
+    file_id text PRIMARY KEY,
+    org_id text,
+    user_id text,""" + _FILE_FIELDS + """
+    created_at double)""",
+    """CREATE TABLE IF NOT EXISTS {ks}.files_by_owner (
+    org_id text,
+    user_id text,
+    created_at double,
+    file_id text,""" + _FILE_FIELDS + """
+    PRIMARY KEY ((org_id, user_id), created_at, file_id)
+) WITH CLUSTERING ORDER BY (created_at DESC, file_id ASC)""",
+    """CREATE TABLE IF NOT EXISTS {ks}.file_chunks (
+    file_id text,
+    chunk_index int,
+    content text,
+    vector blob,
+    PRIMARY KEY (file_id, chunk_index))""",
+    """CREATE TABLE IF NOT EXISTS {ks}.citations (
+    conversation_id text,
+    message_id text,
+    citations text,
+    PRIMARY KEY (conversation_id, message_id))""",
 )
 
 # Columns a keyspace made by an earlier chatpipe lacks (no-ops on a new one).
@@ -225,6 +262,27 @@ STATEMENTS = {
     "select_api_key_id": "SELECT key_hash FROM {ks}.api_key_ids WHERE key_id = ?",
     # a condition, so a key row deleted meanwhile is not brought back as a stub
     "revoke_api_key": "UPDATE {ks}.api_keys SET revoked_at = ? WHERE key_hash = ? IF EXISTS",
+    # files
+    "insert_file": f"INSERT INTO {{ks}}.files ({FILE_COLUMNS})"
+    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) IF NOT EXISTS",
+    "insert_file_by_owner": f"INSERT INTO {{ks}}.files_by_owner ({FILE_COLUMNS})"
+    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+    "select_file": f"SELECT {FILE_COLUMNS} FROM {{ks}}.files WHERE file_id = ?",
+    "select_files_by_owner": f"SELECT {FILE_COLUMNS} FROM {{ks}}.files_by_owner"
+    " WHERE org_id = ? AND user_id = ?",
+    "delete_file": "DELETE FROM {ks}.files WHERE file_id = ? IF org_id = ? AND user_id = ?",
+    "delete_file_by_owner": "DELETE FROM {ks}.files_by_owner"
+    " WHERE org_id = ? AND user_id = ? AND created_at = ? AND file_id = ?",
+    "insert_file_chunk": "INSERT INTO {ks}.file_chunks (file_id, chunk_index, content, vector)"
+    " VALUES (?, ?, ?, ?)",
+    "select_file_chunks": "SELECT file_id, chunk_index, content, vector FROM {ks}.file_chunks"
+    " WHERE file_id = ?",
+    "delete_file_chunks": "DELETE FROM {ks}.file_chunks WHERE file_id = ?",
+    "insert_citations": "INSERT INTO {ks}.citations (conversation_id, message_id, citations)"
+    " VALUES (?, ?, ?)",
+    "select_citations": "SELECT message_id, citations FROM {ks}.citations"
+    " WHERE conversation_id = ?",
+    "delete_citations": "DELETE FROM {ks}.citations WHERE conversation_id = ?",
 }
 
 

@@ -37,6 +37,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import astuple, replace
 
 from conversations import cassandra_schema as cql
+from conversations.cassandra_files import CassandraFiles
 from conversations.cassandra_session import CqlSession, DriverSession, Rows
 from conversations.store import (
     ApiKey,
@@ -80,7 +81,7 @@ async def claim_seq(
     raise RuntimeError(f"no seq claimed after {max_claims} attempts")
 
 
-class CassandraStore:
+class CassandraStore(CassandraFiles):
     """`ConversationStore` on a Cassandra cluster."""
 
     def __init__(
@@ -183,7 +184,8 @@ class CassandraStore:
             *(self._run("delete_request", (m.request_id,)) for m in messages if m.request_id),
             *(
                 self._run(name, (conversation_id,))
-                for name in ("delete_messages", "delete_summaries", "delete_embeddings")
+                for name in ("delete_messages", "delete_summaries", "delete_embeddings",
+                             "delete_citations")
             ),
         )
         return True

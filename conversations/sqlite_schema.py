@@ -81,6 +81,32 @@ CREATE TABLE IF NOT EXISTS api_keys (
     key_id TEXT NOT NULL DEFAULT ''
 );
 CREATE UNIQUE INDEX IF NOT EXISTS api_keys_by_id ON api_keys (key_id);
+CREATE TABLE IF NOT EXISTS files (
+    file_id TEXT PRIMARY KEY,
+    org_id TEXT NOT NULL,
+    user_id TEXT NOT NULL,
+    filename TEXT NOT NULL,
+    content_type TEXT NOT NULL,
+    purpose TEXT NOT NULL,
+    size_bytes INTEGER NOT NULL,
+    chunk_count INTEGER NOT NULL,
+    embedding_model TEXT NOT NULL,
+    created_at REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS files_by_owner ON files (org_id, user_id, created_at);
+CREATE TABLE IF NOT EXISTS file_chunks (
+    file_id TEXT NOT NULL,
+    chunk_index INTEGER NOT NULL,
+    content TEXT NOT NULL,
+    vector BLOB NOT NULL,
+    PRIMARY KEY (file_id, chunk_index)
+);
+CREATE TABLE IF NOT EXISTS citations (
+    conversation_id TEXT NOT NULL,
+    message_id TEXT NOT NULL,
+    citations TEXT NOT NULL,
+    PRIMARY KEY (conversation_id, message_id)
+);
 """
 
 # The owner's org of a row from before orgs were kept: the one org its user had keys
@@ -128,6 +154,12 @@ REQUEST_COLUMNS = (
 )
 
 API_KEY_COLUMNS = "key_id, user_id, org_id, tier, name, created_at, expires_at, revoked_at"
+
+FILE_COLUMNS = (
+    "file_id, org_id, user_id, filename, content_type, purpose, size_bytes, chunk_count,"
+    " embedding_model, created_at"
+)
+"""The fields of `StoredFile`, in order."""
 
 
 def create_schema(conn: sqlite3.Connection) -> None:

@@ -21,7 +21,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import astuple, replace
 from pathlib import Path
 
-from common.sqlite_file import SQLiteFile, transaction
+from common.sqlite_file import transaction
+from conversations.sqlite_files import SQLiteFiles
 from conversations.sqlite_schema import (
     API_KEY_COLUMNS,
     CONVERSATION_COLUMNS,
@@ -55,7 +56,7 @@ from schemas.lifecycle import RequestStatus
 __all__ = ["SQLiteStore", "hash_api_key"]
 
 
-class SQLiteStore(SQLiteFile):
+class SQLiteStore(SQLiteFiles):
     """`ConversationStore` on one SQLite file (or ":memory:" for tests).
 
     Message seq numbers start at 1 and are assigned inside a write
@@ -153,7 +154,8 @@ class SQLiteStore(SQLiteFile):
                 ).rowcount
                 if gone:
                     for table in (
-                        "messages", "branch_choices", "summaries", "embeddings", "requests"
+                        "messages", "branch_choices", "summaries", "embeddings", "citations",
+                        "requests",
                     ):
                         conn.execute(
                             f"DELETE FROM {table} WHERE conversation_id = ?", (conversation_id,)

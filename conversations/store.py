@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import orjson
 
+from conversations.files import FileStore
 from schemas.api import TurnUsage
 from schemas.events import Role
 from schemas.lifecycle import RequestStatus
@@ -185,7 +186,9 @@ class ApiKey:
         return None
 
 
-class ConversationStore(Protocol):
+class ConversationStore(FileStore, Protocol):
+    """A user's documents too (`conversations.files`)."""
+
     async def open(self) -> None:
         """Connect, and create the schema if needed."""
 
@@ -217,8 +220,8 @@ class ConversationStore(Protocol):
 
     async def delete_conversation(self, conversation_id: str, user_id: str, *,
                                   org_id: str) -> bool:
-        """Delete it with its messages, branch choices, summaries, embeddings and
-        request records.
+        """Delete it with its messages, branch choices, summaries, embeddings, citations
+        and request records.
 
         False if there is no such conversation of (`org_id`, `user_id`)."""
 

@@ -24,6 +24,7 @@ from typing import Any
 
 from conversations import cassandra_schema as cql
 from ledger import cassandra_schema as ledger_cql
+from tests.integration.cassandra_files_emulator import EmulatedFilesCql
 
 Row = dict[str, Any]
 MESSAGE_COLUMNS = [c.strip() for c in cql.MESSAGE_COLUMNS.split(",")]
@@ -40,10 +41,11 @@ class _Partition:
         self.rows: dict[int, Row] = {}
 
 
-class EmulatedCql:
-    """`CqlSession` over Python dicts."""
+class EmulatedCql(EmulatedFilesCql):
+    """`CqlSession` over Python dicts (the file tables: `EmulatedFilesCql`)."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.conversations: dict[str, Row] = {}
         self.by_owner: dict[Owner, dict[tuple[float, str], Row]] = defaultdict(dict)
         self.messages: dict[str, _Partition] = {}

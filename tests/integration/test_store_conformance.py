@@ -37,6 +37,7 @@ from conversations.store import (
     StoredMessage,
 )
 from schemas.events import Role
+from schemas.files import Citation
 from schemas.lifecycle import RequestStatus
 from schemas.topics import Tier
 from tests.integration.cassandra_emulator import EmulatedCql
@@ -503,6 +504,7 @@ async def test_delete_removes_everything_and_only_for_the_owner(
     await store.add_message(user_message(n.k1, n.keep))
     await store.save_summary(n.c1, n.a1, "a summary")
     await store.save_embeddings(n.c1, "mini", {n.u1: b"\x00" * 8})
+    await store.save_citations(n.c1, n.a1, [Citation(n.f1, "a.md", 0, 0.5, "text")])
 
     assert not await store.delete_conversation(n.c1, n.mallory, org_id=n.org)
     assert await store.get_conversation(n.c1) is not None
@@ -514,6 +516,7 @@ async def test_delete_removes_everything_and_only_for_the_owner(
     assert (await store.get_tree(n.c1)).thread() == []
     assert await store.list_summaries(n.c1) == []
     assert await store.load_embeddings(n.c1, "mini") == {}
+    assert await store.list_citations(n.c1) == {}
     listed = (await store.list_conversations(n.alice, org_id=n.org)).conversations
     assert [c.conversation_id for c in listed] == [n.keep]
     assert ids(await store.list_messages(n.keep)) == [n.k1]
