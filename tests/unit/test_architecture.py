@@ -15,9 +15,11 @@ ROOT = Path(__file__).resolve().parents[2]
 
 STAGES = ("gateway", "scheduler", "workers", "safety", "recorder", "billing", "analytics")
 """Each runs as its own process (`chatpipe <stage>`), or is one (analytics' ingest)."""
-LIBRARIES = ("schemas", "bus", "conversations", "ledger", "moderation", "common", "ops")
+LIBRARIES = ("schemas", "bus", "conversations", "ledger", "moderation", "common", "ops",
+             "retrieval")
 """What more than one stage uses: event shapes, the Kafka client and stage runner, the
-stores, classifiers, shared files. A library imports no stage."""
+stores, classifiers, shared files, search over a user's documents. A library imports no
+stage."""
 DEPLOYMENT = "chatpipe"
 """Settings, wiring, CLI: the only package that knows every stage."""
 CORES = {

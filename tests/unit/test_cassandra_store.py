@@ -53,7 +53,8 @@ def test_schema_creates_keyspace_then_every_table_idempotently() -> None:
     assert tables == [
         "chat_ks.conversations", "chat_ks.conversations_by_owner", "chat_ks.messages",
         "chat_ks.message_ids", "chat_ks.summaries", "chat_ks.embeddings", "chat_ks.requests",
-        "chat_ks.api_keys", "chat_ks.api_key_ids",
+        "chat_ks.api_keys", "chat_ks.api_key_ids", "chat_ks.files", "chat_ks.files_by_owner",
+        "chat_ks.file_chunks", "chat_ks.citations",
     ]  # fmt: skip
     upgrades = statements[1 + len(cql.TABLES):]
     assert upgrades and all(
@@ -125,6 +126,8 @@ def test_writes_that_need_a_condition_have_one() -> None:
         "insert_api_key": "NOT EXISTS",
         "insert_api_key_id": "NOT EXISTS",
         "revoke_api_key": "EXISTS",
+        "insert_file": "NOT EXISTS",
+        "delete_file": "org_id = ? AND user_id = ?",
     }
 
 
