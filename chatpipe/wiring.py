@@ -43,6 +43,7 @@ from ops.metrics import metrics_app
 from ops.runtime_file import published_run
 from ops.tracing import setup_tracing, shutdown_tracing
 from recorder.stage import RecorderStage
+from retrieval.documents import Documents, FileLimits
 from safety.core import SafetyConfig
 from safety.stage import SafetyStage
 from scheduler.core import Policy
@@ -224,16 +225,23 @@ def gateway_config(settings: Settings) -> GatewayConfig:
         max_body_bytes=settings.max_body_bytes,
         body_read_timeout_s=settings.body_read_timeout_s,
         auto_titles=settings.auto_titles,
+        files=FileLimits(max_file_bytes=settings.max_file_bytes,
+                         max_chunks=settings.max_file_chunks,
+                         chunk_chars=settings.file_chunk_chars,
+                         overlap_chars=settings.file_chunk_overlap_chars,
+                         top_k=settings.file_top_k, min_score=settings.file_min_score),
     )
 
 
 def build_gateway_deps(settings: Settings, store: ConversationStore, pipeline: KafkaPipeline,
                        ledger: UsageLedger, safety: SafetyPolicy) -> GatewayDeps:
     config = gateway_config(settings)
-    return GatewayDeps(config, store, pipeline, ContextBuilder.from_config(config.context),
+    context = ContextBuilder.from_config(config.context)
+    return GatewayDeps(config, store, pipeline, context,
                        rate_limiter=RateLimiter.from_config(config.rate_limits),
                        quotas=QuotaGate.from_config(config.quotas, ledger),
-                       safety=safety)
+                       safety=safety,
+                       documents=Documents(store, context.embedding_model, config.files))
 
 
 DEV_KEY_NAME = "development key"

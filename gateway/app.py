@@ -15,7 +15,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import APIRouter, Depends, FastAPI, Request, Response
 
-from gateway import chat, conversations, openai_compat, web
+from gateway import chat, conversations, files, openai_compat, web
 from gateway.admission import ResponseHeaders
 from gateway.api_document import api_document
 from gateway.auth import current_owner
@@ -26,6 +26,9 @@ from ops.http_spans import HttpSpans
 from ops.metrics import exposition
 
 __all__ = ["GatewayDeps", "create_app"]
+
+UPLOAD_FRAMING = 64 << 10
+"""Room in an upload's body for its multipart headers and fields around the file."""
 
 
 def create_app(deps: GatewayDeps, *, api_docs: bool = True) -> FastAPI:
@@ -51,7 +54,8 @@ def create_app(deps: GatewayDeps, *, api_docs: bool = True) -> FastAPI:
     app.add_middleware(ResponseHeaders)
     # Added last, so it runs first.
     app.add_middleware(BodyLimits, max_bytes=config.max_body_bytes,
-                       read_timeout_s=config.body_read_timeout_s)  # fmt: skip
+                       read_timeout_s=config.body_read_timeout_s,
+                       larger={"/v1/files": config.files.max_file_bytes + UPLOAD_FRAMING})
 
     @app.get("/healthz", tags=["ops"])
     async def healthz() -> dict[str, str]:
@@ -67,6 +71,7 @@ def create_app(deps: GatewayDeps, *, api_docs: bool = True) -> FastAPI:
                    responses=error_responses(401))  # fmt: skip
     v1.include_router(conversations.router)
     v1.include_router(chat.router)
+    v1.include_router(files.router)
     v1.include_router(openai_compat.router)
     app.include_router(v1)
     app.include_router(web.router)

@@ -10,11 +10,14 @@ gets the body in one message, and the connection's later messages (a disconnect)
 as they come.
 
 A body held whole costs at most `max_body_bytes`; FastAPI would hold it whole anyway.
+A route that takes uploads (`POST /v1/files`) has a limit of its own (`larger`).
 """
 
 from __future__ import annotations
 
 import anyio
+from collections.abc import Mapping
+
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.errors import error_response, error_type
@@ -34,24 +37,28 @@ class _ClientGone(Exception):
 class BodyLimits:
     """ASGI middleware: each HTTP request's body, bounded, before the app sees the request."""
 
-    def __init__(self, app: ASGIApp, *, max_bytes: int, read_timeout_s: float) -> None:
+    def __init__(self, app: ASGIApp, *, max_bytes: int, read_timeout_s: float,
+                 larger: Mapping[str, int] | None = None) -> None:  # fmt: skip
+        """`larger`: path -> the limit of a request to that path, instead of `max_bytes`."""
         self.app = app
         self.max_bytes = max_bytes
         self.read_timeout_s = read_timeout_s
+        self.larger = dict(larger or {})
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        limit = self.larger.get(scope["path"], self.max_bytes)
         declared = declared_length(scope)
-        if declared is not None and declared > self.max_bytes:
-            await self._refuse(scope, receive, send, 413, "body_too_large", self._too_large())
+        if declared is not None and declared > limit:
+            await self._refuse(scope, receive, send, 413, "body_too_large", _too_large(limit))
             return
         try:
             with anyio.fail_after(self.read_timeout_s):
-                body = await read_body(receive, self.max_bytes)
+                body = await read_body(receive, limit)
         except _BodyTooLarge:
-            await self._refuse(scope, receive, send, 413, "body_too_large", self._too_large())
+            await self._refuse(scope, receive, send, 413, "body_too_large", _too_large(limit))
             return
         except TimeoutError:
             message = f"the request body did not arrive within {self.read_timeout_s:g} s"
@@ -61,14 +68,15 @@ class BodyLimits:
             return
         await self.app(scope, replayed(body, receive), send)
 
-    def _too_large(self) -> str:
-        return f"a request body holds at most {self.max_bytes} bytes"
-
     @staticmethod
     async def _refuse(scope: Scope, receive: Receive, send: Send, status: int, code: str,
                       message: str) -> None:  # fmt: skip
         detail = ErrorDetail(code=code, message=message, type=error_type(status))
         await error_response(status, detail, headers=_CLOSE)(scope, receive, send)
+
+
+def _too_large(limit: int) -> str:
+    return f"a request body holds at most {limit} bytes"
 
 
 def declared_length(scope: Scope) -> int | None:

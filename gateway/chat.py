@@ -31,6 +31,7 @@ from gateway.turns import (
 from schemas import sse
 from schemas.api import CancelledRequest, PostMessage, TurnOptions
 from schemas.events import DeliveryDone
+from schemas.files import Citation
 from schemas.lifecycle import RequestStatus
 
 router = APIRouter(tags=["conversations"])
@@ -98,7 +99,8 @@ async def resume_events(
     payload = sse.RequestPayload(
         request_id=request_id, message_id=record.message_id,
         user_message_id=(answer.parent_id or "") if answer is not None else "")
-    return event_stream(native_events(payload, generation), generation)
+    cited = (await deps.store.list_citations(record.conversation_id)).get(record.message_id, [])
+    return event_stream(native_events(payload, generation, citations=cited), generation)
 
 
 @router.post("/requests/{request_id}/cancel", status_code=202, responses=error_responses(404))
@@ -145,16 +147,20 @@ async def answer(turns: Turns, turn: Turn) -> EventStreamResponse:
                                  message_id=turn.request.message_id,
                                  user_message_id=turn.user_message.message_id)
     titled = _title_when_answered(turns, turn) if turn.first else None
-    return event_stream(native_events(payload, generation, titled), generation)
+    events = native_events(payload, generation, titled, citations=list(turn.citations))
+    return event_stream(events, generation)
 
 
 async def native_events(
     payload: sse.RequestPayload, generation: Generation,
-    on_answered: Callable[[str], None] | None = None,
+    on_answered: Callable[[str], None] | None = None, *,
+    citations: list[Citation] | None = None,
 ) -> AsyncIterator[bytes]:  # fmt: skip
-    """The request event, every event to show, then `[DONE]` (DESIGN §4); what arrived
-    together is written together."""
+    """The request event, the answer's sources (if it has any), every event to show,
+    then `[DONE]` (DESIGN §4); what arrived together is written together."""
     yield sse.request_event(payload)
+    if citations:
+        yield sse.citations_event(citations)
     async with aclosing(generation.batches()) as batches:
         async for batch in batches:
             end = batch[-1]

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Literal
 
 from gateway.context import Strategy
+from retrieval.documents import FileLimits
 from schemas.topics import Tier
 
 
@@ -93,3 +94,5 @@ class GatewayConfig:
     """Title a conversation on the small model after its first exchange."""
     reply_wait_s: float = 5.0
     """How long a new turn waits for the previous turn's answer to be recorded."""
+    files: FileLimits = FileLimits()
+    """What a user's upload may be, how it is chunked, what a turn retrieves."""

@@ -2,9 +2,11 @@
 
 The prompt is, in order: one system message (the system prompt, then the
 rolling summary if there is one), the kept turns in order, the retrieved
-earlier exchanges (strategy `retrieve`), the new user message. Everything
-up to the retrieved exchanges is a prefix that the next turn repeats
-exactly, so vLLM's prefix cache serves it.
+earlier exchanges (strategy `retrieve`), the excerpts of the user's files the
+turn names (a system message, `retrieval.ranking.context_block`), the new user
+message. Everything up to the retrieved exchanges is a prefix that the next turn
+repeats exactly, so vLLM's prefix cache serves it; the excerpts, chosen anew for
+each message, come after it.
 
 Strategies, per model:
 
@@ -150,12 +152,15 @@ def assemble(
     conversation_id: str = "",
     summary: tuple[str, str] | None = None,
     relevance: Mapping[str, float] | None = None,
+    documents: str | None = None,
 ) -> BuiltContext:
     """The prompt for `new_message` after `thread` (the current branch, prompt-worthy turns).
 
     `summary` is (through_message_id, text) of the newest summary on this
     thread, if any; `relevance` maps message ids to their similarity to the
-    new message (strategy `retrieve`).
+    new message (strategy `retrieve`); `documents` the excerpts of the user's files
+    for this message, never dropped (like the system prompt, it takes its room
+    from the history's budget).
     """
     start = 0
     ids = [m.message_id for m in thread]
@@ -166,6 +171,7 @@ def assemble(
     system = summary_note(system_prompt, summary[1] if summary else None)
     head = [ChatMessage(role=Role.SYSTEM, content=system)] if system else []
     new = ChatMessage(role=Role.USER, content=new_message)
+    excerpts = [ChatMessage(role=Role.SYSTEM, content=documents)] if documents else []
     turns = list(thread[start:])
 
     def cost(message: StoredMessage) -> int:
@@ -173,6 +179,7 @@ def assemble(
 
     empty = ChatMessage(role=Role.USER, content="")
     fixed = counting.count_prompt([*head, empty]) - counting.estimate(empty)
+    fixed += sum(map(counting.estimate, excerpts))
     budget = policy.max_prompt_tokens - fixed
     window_budget = budget
     if policy.strategy == "retrieve":
@@ -191,7 +198,7 @@ def assemble(
 
     def prompt() -> list[ChatMessage]:
         extra = [_chat(m) for group in retrieved for m in group]
-        return [*head, *map(_chat, turns[cut:]), *extra, new]
+        return [*head, *map(_chat, turns[cut:]), *extra, *excerpts, new]
 
     messages = prompt()
     tokens = counting.count_prompt(messages)

@@ -87,7 +87,7 @@ class ContextBuilder:
         for model in models:
             await self._counter(model)
         if embedder:
-            await self._embedding_model()
+            await self.embedding_model()
 
     async def prompt_tokens(self, model: str, messages: Sequence[ChatMessage]) -> int:
         """Tokens of `messages` as `model`'s prompt (its tokenizer and chat template)."""
@@ -103,13 +103,15 @@ class ContextBuilder:
         *,
         model: str,
         max_tokens: int,
+        documents: str | None = None,
     ) -> BuiltContext:
         """The prompt answering `new_user_message` after `thread` (the current branch,
         root first, e.g. `(await store.get_tree(cid)).thread()`).
 
         With `new_user_message=None` (regenerate) the thread's last message is
         the user message to answer. `max_tokens` is the answer's limit: the
-        prompt gets the model's window minus it.
+        prompt gets the model's window minus it. `documents`: excerpts of the user's
+        files to answer from (`gateway.context.assemble`).
         """
         turns = prompt_turns(thread)
         if new_user_message is None:
@@ -128,6 +130,7 @@ class ContextBuilder:
             assemble, turns, new_user_message, self.system_prompt, policy,
             Counting(counter.estimate, counter.count_prompt),
             conversation_id=conversation_id, summary=summary, relevance=relevance,
+            documents=documents,
         )  # fmt: skip
 
     async def _relevance(
@@ -135,7 +138,7 @@ class ContextBuilder:
     ) -> dict[str, float]:
         if not turns or self._make_embedder is None:
             return {}
-        embedder = await self._embedding_model()
+        embedder = await self.embedding_model()
         cached = await store.load_embeddings(conversation_id, embedder.name)
         missing = [m for m in turns if m.message_id not in cached]
         vectors = await asyncio.to_thread(embedder.embed, [query, *(m.content for m in missing)])
@@ -154,7 +157,8 @@ class ContextBuilder:
                     self._counters[model] = await asyncio.to_thread(self._make_counter, model)
         return self._counters[model]
 
-    async def _embedding_model(self) -> Embedder:
+    async def embedding_model(self) -> Embedder:
+        """The embedding model, loaded (in a thread) on the first call."""
         if self._embedder is None:
             if self._make_embedder is None:
                 raise RuntimeError("no embedding model configured")

@@ -28,6 +28,7 @@ from schemas.api import (
     MessagePublic,
     RenameConversation,
 )
+from schemas.files import Citation
 
 router = APIRouter(tags=["conversations"])
 
@@ -113,9 +114,10 @@ def public(conversation: Conversation) -> ConversationPublic:
 
 async def detail(store: ConversationStore, conversation: Conversation) -> ConversationDetail:
     tree = await store.get_tree(conversation.conversation_id)
+    cited = await store.list_citations(conversation.conversation_id)
     return ConversationDetail(
         **public(conversation).model_dump(),
-        messages=[_message(m, tree) for m in tree.messages],
+        messages=[_message(m, tree, cited.get(m.message_id, [])) for m in tree.messages],
         roots=[m.message_id for m in tree.children(None)],
         thread=[m.message_id for m in tree.thread()],
     )
@@ -141,7 +143,8 @@ async def usage(store: ConversationStore, conversation_id: str) -> ConversationU
     )
 
 
-def _message(message: StoredMessage, tree: ConversationTree) -> MessagePublic:
+def _message(message: StoredMessage, tree: ConversationTree,
+             citations: list[Citation]) -> MessagePublic:  # fmt: skip
     selected = tree.selected_child(message.message_id)
     return MessagePublic(
         message_id=message.message_id,
@@ -154,6 +157,7 @@ def _message(message: StoredMessage, tree: ConversationTree) -> MessagePublic:
         created_at=message.created_at,
         children=[child.message_id for child in tree.children(message.message_id)],
         selected_child=selected.message_id if selected is not None else None,
+        citations=citations,
     )
 
 

@@ -20,6 +20,7 @@ from gateway.quotas import QuotaGate
 from gateway.rate_limits import RateLimiter
 from gateway.turns import Turns
 from moderation.policy import SafetyPolicy
+from retrieval.documents import Documents
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +40,8 @@ class GatewayDeps:
     """The requests this gateway relays: who may cancel them."""
     background: BackgroundJobs = field(default_factory=BackgroundJobs)
     """Titles and summaries being generated; closed when the app stops."""
+    documents: Documents | None = None
+    """The users' files: uploads and the search of turns that name them; None: no files."""
 
     @property
     def gates(self) -> Gates:
@@ -54,7 +57,7 @@ class GatewayDeps:
     def turns(self) -> Turns:
         """What native turns are served with."""
         return Turns(self.config, self.store, self.pipeline, self.context, self.gates,
-                     self.own_requests, self.live)  # fmt: skip
+                     self.own_requests, self.live, self.documents)  # fmt: skip
 
 
 def gateway_deps(request: Request) -> GatewayDeps:

@@ -55,13 +55,16 @@ from gateway.core import (
     reply_pending,
 )
 from gateway.generation import Generation, LiveRequests, OnEnd, StreamTimers, start_generation
+from gateway.grounding import Grounding, ground, named_files
 from gateway.limits import check_bus_size, check_message, sampling_options, served_model
 from gateway.pipeline import Pipeline
 from gateway.rate_limits import admission_tokens, text_tokens
 from gateway.stream_relay import StreamRelay
 from gateway.summaries import fallback_title
+from retrieval.documents import Documents
 from schemas.api import PostMessage, TurnOptions
 from schemas.events import GenerationRequest, Role, SamplingOptions, now
+from schemas.files import Citation
 from schemas.generation import new_id
 from schemas.lifecycle import RequestStatus
 
@@ -70,7 +73,8 @@ from schemas.lifecycle import RequestStatus
 class Turns:
     """What native turns are served with: the conversations' store, the pipeline, the
     prompt's builder, admission's gates, the gateway's own requests (summaries), the
-    requests being relayed (who may cancel them) and the gateway's configuration."""
+    requests being relayed (who may cancel them), the gateway's configuration, and the
+    users' documents (None: no turn can name files)."""
 
     config: GatewayConfig
     store: ConversationStore
@@ -79,6 +83,7 @@ class Turns:
     gates: Gates
     own: OwnRequests
     live: LiveRequests
+    documents: Documents | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +94,8 @@ class Turn:
     owner: ApiKey
     first: bool = False
     """The conversation's first exchange: it gets a title once answered."""
+    citations: tuple[Citation, ...] = ()
+    """The chunks of the user's files its prompt carries."""
 
 
 async def start_turn(
@@ -96,12 +103,15 @@ async def start_turn(
 ) -> Turn:
     """A new user message at the end of the selected thread."""
     check_message(turns.config.limits, post.content)
+    files = await named_files(turns.store, owner, post.file_ids)
     model, sampling = _answer_options(turns.config.limits, owner, post)
     charged = text_tokens([post.content], sampling.max_tokens)
     await admit(turns.gates, owner, charged)
     tree = await settled_tree(turns.store, conversation.conversation_id, turns.config)
+    grounding = await ground(turns.documents, files, post.content)
     return await _new_user_turn(turns, owner, conversation, tree.thread(), post.content,
-                                model, sampling, charged, first=not tree.messages)  # fmt: skip
+                                model, sampling, charged, grounding,
+                                first=not tree.messages)  # fmt: skip
 
 
 async def start_edit(
@@ -111,12 +121,14 @@ async def start_edit(
     """A new version of user message `message_id`: its sibling, answered after the
     thread up to their parent."""
     check_message(turns.config.limits, post.content)
+    files = await named_files(turns.store, owner, post.file_ids)
     model, sampling = _answer_options(turns.config.limits, owner, post)
     charged = text_tokens([post.content], sampling.max_tokens)
     await admit(turns.gates, owner, charged)
     thread = edit_thread(await turns.store.get_tree(conversation.conversation_id), message_id)
+    grounding = await ground(turns.documents, files, post.content)
     return await _new_user_turn(turns, owner, conversation, thread, post.content, model,
-                                sampling, charged)  # fmt: skip
+                                sampling, charged, grounding)  # fmt: skip
 
 
 async def start_regenerate(
@@ -126,21 +138,24 @@ async def start_regenerate(
     """Another answer to the user message that `message_id` answers (or to
     `message_id` itself, a user message): a sibling of the earlier answers. The question
     is classified again: the model asked for now may have stricter rules."""
+    files = await named_files(turns.store, owner, options.file_ids)
     model, sampling = _answer_options(turns.config.limits, owner, options)
     charged = text_tokens([], sampling.max_tokens)
     await admit(turns.gates, owner, charged)
     tree = await turns.store.get_tree(conversation.conversation_id)
     question = regenerated_question(tree, message_id)
     thread = tree.path_to(question.message_id)
+    grounding = await ground(turns.documents, files, question.content)
     built = await _build(turns.context, turns.store, conversation.conversation_id, thread, None,
-                         model, sampling)
+                         model, sampling, grounding.documents)
     await charge_rest(turns.gates, owner, charged,
                       admission_tokens(built.messages, sampling.max_tokens))
     request = _request(turns, owner, conversation, question.message_id, model, sampling, built)
     check_bus_size(turns.config.limits, request)
     await check_input(turns.gates, owner, model, [question.content])
     _ask_for_summary(turns.own, owner, model, built)
-    return Turn(request=request, user_message=question, owner=owner)
+    return Turn(request=request, user_message=question, owner=owner,
+                citations=grounding.citations)
 
 
 async def send_turn(turns: Turns, turn: Turn) -> Generation:
@@ -162,6 +177,9 @@ async def send_turn(turns: Turns, turn: Turn) -> Generation:
                       answers_partition=partition, answers_offset=offset,
                       reply_to=request.reply_to),
     )  # fmt: skip
+    if turn.citations:
+        await turns.store.save_citations(request.conversation_id, request.message_id,
+                                         turn.citations)
     relay = StreamRelay(answer_started(request))
     try:
         return await start_generation(turns.pipeline, request, turns.live, relay,
@@ -197,13 +215,14 @@ def store_answer(store: ConversationStore) -> OnEnd:
 
 async def _new_user_turn(
     turns: Turns, owner: ApiKey, conversation: Conversation, thread: list[StoredMessage],
-    content: str, model: str, sampling: SamplingOptions, charged: int, *,
-    first: bool = False,
+    content: str, model: str, sampling: SamplingOptions, charged: int, grounding: Grounding,
+    *, first: bool = False,
 ) -> Turn:  # fmt: skip
     """Store `content` as a user message after `thread` and answer it (the turn was
-    admitted, `charged` tokens)."""
+    admitted, `charged` tokens), from the excerpts of `grounding`."""
     cid = conversation.conversation_id
-    built = await _build(turns.context, turns.store, cid, thread, content, model, sampling)
+    built = await _build(turns.context, turns.store, cid, thread, content, model, sampling,
+                         grounding.documents)
     await charge_rest(turns.gates, owner, charged,
                       admission_tokens(built.messages, sampling.max_tokens))
     user_message_id = new_id()
@@ -223,7 +242,8 @@ async def _new_user_turn(
     if first:
         await turns.store.set_auto_title(cid, fallback_title(content))
     _ask_for_summary(turns.own, owner, model, built)
-    return Turn(request=request, user_message=user_message, owner=owner, first=first)
+    return Turn(request=request, user_message=user_message, owner=owner, first=first,
+                citations=grounding.citations)
 
 
 def _answer_options(
@@ -244,12 +264,12 @@ def _answer_options(
 async def _build(
     context: ContextBuilder, store: ConversationStore, conversation_id: str,
     thread: list[StoredMessage], new_message: str | None, model: str,
-    sampling: SamplingOptions,
+    sampling: SamplingOptions, documents: str | None = None,
 ) -> BuiltContext:  # fmt: skip
-    """The prompt, refused if the system prompt, summary and new message alone pass the
-    window less max_tokens."""
-    built = await context.build(store, conversation_id, thread, new_message,
-                                model=model, max_tokens=sampling.max_tokens)  # fmt: skip
+    """The prompt, refused if the system prompt, summary, excerpts of the user's files
+    and new message alone pass the window less max_tokens."""
+    built = await context.build(store, conversation_id, thread, new_message, model=model,
+                                max_tokens=sampling.max_tokens, documents=documents)
     check_room(built, model, sampling.max_tokens)
     return built
 

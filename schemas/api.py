@@ -14,6 +14,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from pydantic.dataclasses import dataclass as pydantic_dataclass
 
 from schemas.events import Role, Usage
+from schemas.files import MAX_FILES_PER_TURN, Citation
 from schemas.lifecycle import RequestStatus
 
 # --- request text and bounds ----------------------------------------------------------
@@ -101,6 +102,10 @@ class MessagePublic(BaseModel):
         description="messages directly below, oldest first: regenerations and edits are siblings",
     )
     selected_child: str | None = Field(None, description="the child the thread continues with")
+    citations: list[Citation] = Field(
+        default_factory=list,
+        description="an answer's sources: the chunks of the user's files its prompt carried",
+    )
 
 
 class ConversationDetail(ConversationPublic):
@@ -124,6 +129,10 @@ class TurnOptions(BaseModel):
     top_p: TopP | None = None
     seed: Seed | None = None
     ignore_eos: bool = False
+    file_ids: list[Annotated[Text, Field(min_length=1, max_length=64)]] = Field(
+        default_factory=list, max_length=MAX_FILES_PER_TURN,
+        description="the caller's files (POST /v1/files) to answer from: the chunks most "
+        "similar to the message go into the prompt, and the answer cites them")
 
 
 class PostMessage(TurnOptions):

@@ -19,6 +19,9 @@ PURPOSES = ("assistants", "user_data")
 
 FilePurpose = Literal["assistants", "user_data"]
 
+MAX_FILES_PER_TURN = 20
+"""The most files one turn may name (`file_ids`)."""
+
 
 class FileObject(BaseModel):
     """A stored file, as OpenAI's `file` object, with how it was chunked."""

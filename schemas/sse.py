@@ -3,6 +3,8 @@
 Native stream of `POST /v1/conversations/{id}/messages`:
 
     event: request      data: {"request_id", "message_id", "user_message_id"}
+    event: citations    data: {"citations": [{"file_id", "filename", "chunk_index",
+                        "score", "snippet"}]}  (a turn with file_ids that found excerpts)
     id: 3               (every event carrying a delivery seq, for Last-Event-ID)
     event: delta        data: {"delta": "Hello"}
     event: queued       data: {"position": 12, "eta_ms": 3400}
@@ -28,6 +30,7 @@ import orjson
 from pydantic import BaseModel, Field
 
 from schemas.api import ChatCompletionChunk, ErrorBody, ErrorDetail
+from schemas.files import Citation, CitationsPayload
 from schemas.events import (
     DeliverEvent,
     DeliveryDone,
@@ -100,6 +103,11 @@ def _event(payload: BaseModel | str, event: str | None = None, seq: int | None =
 
 def request_event(payload: RequestPayload) -> bytes:
     return _event(payload, "request")
+
+
+def citations_event(citations: list[Citation]) -> bytes:
+    """The sources of the answer, before its first delta (no id: resuming sends it again)."""
+    return _event(CitationsPayload(citations=citations), "citations")
 
 
 def delta_event(text: str, seq: int) -> bytes:

@@ -1,0 +1,93 @@
+"""Native API routes over the caller's documents, shaped as OpenAI's files API:
+upload (multipart `file` + `purpose`: text, Markdown or PDF), list, read, delete.
+
+An upload is read, chunked and embedded before the answer (`retrieval.documents`,
+off the event loop); a turn then names it in `file_ids`. A user only ever sees their
+own files — own by (org, user) — any other id is 404 `file_not_found`, as an unknown
+one is.
+"""
+
+from __future__ import annotations
+
+from pathlib import PurePath
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, File, Form, UploadFile
+
+from conversations.files import StoredFile
+from gateway.auth import Owner
+from gateway.core import NotFound, TooLarge, Unacceptable, Unavailable
+from gateway.deps import Deps, StoreDep
+from gateway.errors import error_responses
+from gateway.grounding import owned_file
+from retrieval.documents import Documents, FileTooLarge, TooManyChunks, Upload
+from retrieval.extract import UnreadableFile, UnsupportedFile
+from schemas.files import FileDeleted, FileList, FileObject, FilePurpose
+
+router = APIRouter(tags=["files"])
+
+MAX_FILENAME_CHARS = 255
+
+
+def _documents(deps: Deps) -> Documents:
+    if deps.documents is None:
+        raise Unavailable("files_unavailable", "this gateway keeps no files")
+    return deps.documents
+
+
+DocumentsDep = Annotated[Documents, Depends(_documents)]
+
+
+@router.post("/files", responses=error_responses(400, 413, 503))
+async def upload_file(
+    file: Annotated[UploadFile, File(description="text (.txt), Markdown (.md) or PDF")],
+    purpose: Annotated[FilePurpose, Form(description="assistants or user_data")],
+    owner: Owner, documents: DocumentsDep,
+) -> FileObject:  # fmt: skip
+    """Store a document of the caller's, chunked and embedded, for turns to name in
+    `file_ids`."""
+    upload = Upload(org_id=owner.org_id, user_id=owner.user_id,
+                    filename=_filename(file.filename), declared_type=file.content_type,
+                    purpose=purpose, data=await file.read())  # fmt: skip
+    try:
+        return file_object(await documents.add(upload))
+    except (FileTooLarge, TooManyChunks) as error:
+        code = "file_too_large" if isinstance(error, FileTooLarge) else "too_many_chunks"
+        raise TooLarge(code, str(error), param="file") from None
+    except UnsupportedFile as error:
+        raise Unacceptable("unsupported_file_type", str(error), param="file") from None
+    except UnreadableFile as error:
+        raise Unacceptable("unreadable_file", str(error), param="file") from None
+
+
+@router.get("/files")
+async def list_files(owner: Owner, store: StoreDep) -> FileList:
+    """The caller's files, newest first."""
+    files = await store.list_files(owner.user_id, org_id=owner.org_id)
+    return FileList(data=[file_object(f) for f in files])
+
+
+@router.get("/files/{file_id}", responses=error_responses(404))
+async def get_file(file_id: str, owner: Owner, store: StoreDep) -> FileObject:
+    return file_object(await owned_file(store, owner, file_id))
+
+
+@router.delete("/files/{file_id}", responses=error_responses(404))
+async def delete_file(file_id: str, owner: Owner, store: StoreDep) -> FileDeleted:
+    """Delete the file and its chunks; answers already given keep their citations."""
+    await owned_file(store, owner, file_id)
+    if not await store.delete_file(file_id, owner.user_id, org_id=owner.org_id):
+        raise NotFound("file_not_found", f"no file {file_id!r}")  # deleted meanwhile
+    return FileDeleted(id=file_id)
+
+
+def file_object(file: StoredFile) -> FileObject:
+    return FileObject(id=file.file_id, bytes=file.size_bytes, created_at=int(file.created_at),
+                      filename=file.filename, purpose=file.purpose,
+                      content_type=file.content_type, chunks=file.chunk_count)  # fmt: skip
+
+
+def _filename(sent: str | None) -> str:
+    """The name without any directory a client put in it, bounded in length."""
+    name = PurePath((sent or "").replace("\\", "/")).name.strip()
+    return name[:MAX_FILENAME_CHARS] or "upload"
