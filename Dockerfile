@@ -57,6 +57,7 @@ COPY billing/ billing/
 COPY ledger/ ledger/
 COPY ops/ ops/
 COPY analytics/ analytics/
+COPY retrieval/ retrieval/
 RUN pip install --no-deps . && cd / && rm -rf /src
 
 USER chatpipe
