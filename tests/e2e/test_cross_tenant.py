@@ -31,21 +31,26 @@ async def _key_for(stack, user_id: str, org_id: str) -> str:
 
 
 async def _victim_resources(client: httpx.AsyncClient) -> dict[str, str]:
-    """A conversation with one answered turn; its ids by path parameter name."""
+    """A conversation with one answered turn, and a file; their ids by path parameter
+    name."""
     created = await client.post("/v1/conversations", json={"title": "private"})
     assert created.status_code == 201, created.text
     conversation_id = created.json()["conversation_id"]
     turn = await post_message(client, conversation_id, {"content": "a secret: 7421"})
     assert turn.status == 200 and turn.ended_with_done
     request = turn.request
+    uploaded = await client.post("/v1/files", data={"purpose": "assistants"},
+                                 files={"file": ("private.txt", b"a secret: 7421", "text/plain")})
+    assert uploaded.status_code == 200, uploaded.text
     return {"conversation_id": conversation_id, "message_id": request["user_message_id"],
-            "request_id": request["request_id"]}
+            "request_id": request["request_id"], "file_id": uploaded.json()["id"]}
 
 
 async def _snapshot(client: httpx.AsyncClient, conversation_id: str) -> dict:
     response = await client.get(f"/v1/conversations/{conversation_id}")
     assert response.status_code == 200, response.text
-    return response.json()
+    files = await client.get("/v1/files")
+    return {**response.json(), "files": files.json()}
 
 
 def _operations(openapi: dict, ids: dict[str, str]) -> list[tuple[str, str, dict | None]]:
@@ -81,6 +86,7 @@ async def test_another_org_reads_and_writes_nothing(sim_stack):
     async with client_for(sim_stack) as victim:
         ids = await _victim_resources(victim)
         before = await _snapshot(victim, ids["conversation_id"])
+        assert before["files"]["data"]
         openapi = (await victim.get("/openapi.json")).json()
     same_user_other_org = await _key_for(sim_stack, DEV_USER, f"org-{uuid.uuid4().hex[:6]}")
     stranger = await _key_for(sim_stack, "mallory", f"org-{uuid.uuid4().hex[:6]}")
@@ -91,6 +97,7 @@ async def test_another_org_reads_and_writes_nothing(sim_stack):
             listed = await attacker.get("/v1/conversations")
             assert listed.status_code == 200
             assert ids["conversation_id"] not in listed.text
+            assert ids["file_id"] not in (await attacker.get("/v1/files")).text
             for method, path, body in operations:
                 response = await attacker.request(method, path, json=body)
                 assert response.status_code in (403, 404), (method, path, response.status_code,
