@@ -9,6 +9,7 @@
     python -m bench capacity --streams 100,300 --out D   # the capacity phase alone, idle cost
     python -m bench capacity_model [--write]   # what the seed's load needs: docs/CAPACITY.md
     python -m bench scheduler_sim --workers 1000   # the scheduler core at scale (--help)
+    python -m bench retrieval       # what file_ids add to TTFT (--help), RESULTS.md
 """
 
 from __future__ import annotations
@@ -200,6 +201,11 @@ def main(argv: list[str] | None = None) -> None:
         from bench.gateway_streams import cli as gateway_streams
 
         gateway_streams(argv[1:], BENCH_DIR)
+        return
+    if argv[:1] == ["retrieval"]:
+        from bench.retrieval import cli as retrieval
+
+        retrieval(argv[1:], BENCH_DIR)
         return
     args = parse_args(argv)
     if args.mode == "profile":

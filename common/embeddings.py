@@ -43,7 +43,8 @@ class SentenceEmbedder:
     def embed(self, texts: list[str]) -> np.ndarray:
         if not texts:
             return np.zeros((0, 0), dtype=np.float32)
-        vectors = self._model.encode(texts, normalize_embeddings=True, convert_to_numpy=True)
+        vectors = self._model.encode(texts, normalize_embeddings=True, convert_to_numpy=True,
+                                     show_progress_bar=False)
         return np.asarray(vectors, dtype=np.float32)
 
 
