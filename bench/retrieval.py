@@ -63,8 +63,10 @@ async def turn(client: httpx.AsyncClient, question: str, file_ids: list[str]) ->
     started = time.monotonic()
     async with client.stream("POST", f"/v1/conversations/{cid}/messages", json=body) as response:
         events = await read_messages(response.aiter_lines())
-    first = next(e.at for e in events if e.event == "delta")
-    done = next(e.json() for e in events if e.event == "done")
+    first = next((e.at for e in events if e.event == "delta"), None)
+    done = next((e.json() for e in events if e.event == "done"), None)
+    if first is None or done is None:
+        raise RuntimeError(f"a turn did not answer: {[(e.event, e.data) for e in events]}")
     return first - started, done["usage"]["prompt_tokens"]
 
 
@@ -96,7 +98,11 @@ async def measure(stack: Stack, client: httpx.AsyncClient, chunks: int, requests
 
 async def run(corpora: list[int], requests: int) -> list[Corpus]:
     settings = stack_settings(Path(tempfile.mkdtemp(prefix="retrieval-bench-")), engine="sim",
-                              sim_tokens_per_s=200.0, max_slots=4, auto_titles=False)
+                              sim_tokens_per_s=200.0, max_slots=4, auto_titles=False,
+                              user_requests_per_minute=1_000_000,
+                              org_requests_per_minute=1_000_000,
+                              user_tokens_per_minute=1_000_000_000,
+                              org_tokens_per_minute=1_000_000_000)
     rng = random.Random(16)
     async with running_sim_stack(settings) as stack, httpx.AsyncClient(
             base_url=stack.base_url, headers={"Authorization": f"Bearer {API_KEY}"},
