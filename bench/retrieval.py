@@ -6,7 +6,8 @@ all-MiniLM-L6-v2), one request at a time, the two kinds interleaved.
 
 For each corpus (about that many chunks, in 4 files) it records the upload (embedding
 throughput), the gateway's search alone (`Documents.search`: the query's embedding,
-the chunk read and the ranking), and TTFT and prompt tokens of both kinds of turn.
+the chunk read and the ranking), TTFT and prompt tokens of both kinds of turn, and
+the TTFT of turns without files while another file of that size is being embedded.
 The sim engine prefills at `sim_prompt_tokens_per_s` (5,000 tokens/s by default), so
 the longer prompt's prefill is in the TTFT too, as it would be on a real engine.
 """
@@ -47,6 +48,7 @@ class Corpus:
     ttft_grounded: list[float]
     prompt_plain: int
     prompt_grounded: int
+    ttft_during_upload: list[float]
 
 
 def documents(chunks: int, rng: random.Random) -> list[bytes]:
@@ -73,16 +75,12 @@ async def turn(client: httpx.AsyncClient, question: str, file_ids: list[str]) ->
 async def measure(stack: Stack, client: httpx.AsyncClient, chunks: int, requests: int,
                   rng: random.Random) -> Corpus:  # fmt: skip
     started = time.monotonic()
-    ids = []
-    for i, data in enumerate(documents(chunks, rng)):
-        response = await client.post("/v1/files", data={"purpose": "assistants"},
-                                     files={"file": (f"doc{i}.txt", data, "text/plain")})
-        response.raise_for_status()
-        ids.append(response.json())
+    ids = [await upload(client, f"doc{i}.txt", data)
+           for i, data in enumerate(documents(chunks, rng))]
     upload_s = time.monotonic() - started
     files = [await stack.store.get_file(f["id"]) for f in ids]
     search = stack.gateway.state.deps.documents.search
-    result = Corpus(sum(f["chunks"] for f in ids), upload_s, [], [], [], 0, 0)
+    result = Corpus(sum(f["chunks"] for f in ids), upload_s, [], [], [], 0, 0, [])
     await turn(client, "warm up", [f["id"] for f in ids])
     for _ in range(requests):
         question = " ".join(rng.choice(WORDS) for _ in range(12)) + "?"
@@ -93,7 +91,27 @@ async def measure(stack: Stack, client: httpx.AsyncClient, chunks: int, requests
         result.ttft_plain.append(ttft)
         ttft, result.prompt_grounded = await turn(client, question, [f["id"] for f in ids])
         result.ttft_grounded.append(ttft)
+    result.ttft_during_upload = await turns_during_upload(client, chunks, requests, rng)
     return result
+
+
+async def upload(client: httpx.AsyncClient, name: str, data: bytes) -> dict:
+    response = await client.post("/v1/files", data={"purpose": "assistants"},
+                                 files={"file": (name, data, "text/plain")})
+    response.raise_for_status()
+    return response.json()
+
+
+async def turns_during_upload(client: httpx.AsyncClient, chunks: int, requests: int,
+                              rng: random.Random) -> list[float]:  # fmt: skip
+    """TTFTs of turns without files while a file of `chunks` chunks is embedded."""
+    data = b"\n\n".join(documents(chunks, rng))
+    uploading = asyncio.create_task(upload(client, "big.txt", data))
+    ttfts = []
+    while not uploading.done() and len(ttfts) < requests:
+        ttfts.append((await turn(client, "while a file is embedded", []))[0])
+    await uploading
+    return ttfts
 
 
 async def run(corpora: list[int], requests: int) -> list[Corpus]:
@@ -123,8 +141,9 @@ def markdown(results: list[Corpus], command: str, host: dict[str, str], requests
              f"{requests} turns of each kind per corpus, one at a time, interleaved; each "
              "in a new conversation; top 4 chunks of 800 characters.", "",
              "| chunks searched | upload (s, chunks/s) | search p50 / p90 ms | TTFT p50 / p90 ms "
-             "without files | with files | added at p50 | prompt tokens without / with |",
-             "|---|---|---|---|---|---|---|"]
+             "without files | with files | added at p50 | prompt tokens without / with | "
+             "TTFT p50 / p90 ms without files, during an upload (turns) |",
+             "|---|---|---|---|---|---|---|---|"]
     for r in results:
         added = (percentile(r.ttft_grounded, 0.5) - percentile(r.ttft_plain, 0.5)) * 1000
         lines.append(
@@ -132,7 +151,8 @@ def markdown(results: list[Corpus], command: str, host: dict[str, str], requests
             f"{ms(r.search_ms, 0.5, 1)} / {ms(r.search_ms, 0.9, 1)} | "
             f"{ms(r.ttft_plain, 0.5)} / {ms(r.ttft_plain, 0.9)} | "
             f"{ms(r.ttft_grounded, 0.5)} / {ms(r.ttft_grounded, 0.9)} | {added:+.0f} | "
-            f"{r.prompt_plain} / {r.prompt_grounded} |")
+            f"{r.prompt_plain} / {r.prompt_grounded} | {ms(r.ttft_during_upload, 0.5)} / "
+            f"{ms(r.ttft_during_upload, 0.9)} ({len(r.ttft_during_upload)}) |")
     return "\n".join([*lines, "", END])
 
 
