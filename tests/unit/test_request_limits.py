@@ -530,7 +530,7 @@ async def _echo_length(scope, receive, send) -> None:
 
 
 async def _call(app, headers: list[tuple[bytes, bytes]], chunks: list[bytes], *,
-                stall: bool = False) -> tuple[int, bytes, int]:  # fmt: skip
+                stall: bool = False, path: str = "/") -> tuple[int, bytes, int]:  # fmt: skip
     """Run one request through `app`; (status, body, chunks the app's receive handed out)."""
     import anyio
 
@@ -548,7 +548,7 @@ async def _call(app, headers: list[tuple[bytes, bytes]], chunks: list[bytes], *,
     async def send(message: dict) -> None:
         sent.append(message)
 
-    scope = {"type": "http", "method": "POST", "path": "/", "headers": headers}
+    scope = {"type": "http", "method": "POST", "path": path, "headers": headers}
     await app(scope, receive, send)
     body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
     return sent[0]["status"], body, handed
@@ -576,6 +576,17 @@ async def test_a_body_that_stops_coming_is_408():
 async def test_a_body_within_the_limits_reaches_the_app_whole():
     app = BodyLimits(_echo_length, max_bytes=1024, read_timeout_s=5)
     assert await _call(app, [], [b"x" * 300] * 3) == (200, b"900", 3)
+
+
+async def test_an_upload_route_has_a_larger_limit_of_its_own():
+    app = BodyLimits(_echo_length, max_bytes=1024, read_timeout_s=5,
+                     larger={"/v1/files": 4096})
+    assert await _call(app, [], [b"x" * 1000] * 4, path="/v1/files") == (200, b"4000", 4)
+    status, _, _ = await _call(app, [], [b"x" * 1000] * 5, path="/v1/files")
+    assert status == 413
+    status, _, _ = await _call(app, [(b"content-length", b"4000")], [b"x" * 4000],
+                               path="/v1/conversations")
+    assert status == 413
 
 
 async def test_a_deeply_nested_body_is_400_not_a_crash(client):
