@@ -10,9 +10,9 @@ one is.
 from __future__ import annotations
 
 from pathlib import PurePath
-from typing import Annotated
+from typing import Annotated, Literal
 
-from fastapi import APIRouter, Depends, File, Form, UploadFile
+from fastapi import APIRouter, Depends, File, Form, Query, UploadFile
 
 from conversations.files import StoredFile
 from gateway.auth import Owner
@@ -27,6 +27,8 @@ from schemas.files import FileDeleted, FileList, FileObject, FilePurpose
 router = APIRouter(tags=["files"])
 
 MAX_FILENAME_CHARS = 255
+MAX_PAGE = 10_000
+"""The most files one list answers (OpenAI's limit)."""
 
 
 def _documents(deps: Deps) -> Documents:
@@ -61,10 +63,19 @@ async def upload_file(
 
 
 @router.get("/files")
-async def list_files(owner: Owner, store: StoreDep) -> FileList:
-    """The caller's files, newest first."""
+async def list_files(
+    owner: Owner, store: StoreDep,
+    limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = MAX_PAGE,
+    after: Annotated[str | None, Query(description="`last_id` of the previous page")] = None,
+    order: Literal["asc", "desc"] = "desc",
+    purpose: FilePurpose | None = None,
+) -> FileList:  # fmt: skip
+    """The caller's files, newest first (`order=asc`: oldest), a page at a time as
+    OpenAI's list: `has_more`, then `after=<last_id>` for the next page."""
     files = await store.list_files(owner.user_id, org_id=owner.org_id)
-    return FileList(data=[file_object(f) for f in files])
+    listed = [file_object(f) for f in (files if order == "desc" else files[::-1])
+              if purpose is None or f.purpose == purpose]  # fmt: skip
+    return page(listed, limit, after)
 
 
 @router.get("/files/{file_id}", responses=error_responses(404))
@@ -79,6 +90,18 @@ async def delete_file(file_id: str, owner: Owner, store: StoreDep) -> FileDelete
     if not await store.delete_file(file_id, owner.user_id, org_id=owner.org_id):
         raise NotFound("file_not_found", f"no file {file_id!r}")  # deleted meanwhile
     return FileDeleted(id=file_id)
+
+
+def page(files: list[FileObject], limit: int, after: str | None) -> FileList:
+    """The `limit` files after the one with id `after` (from the start without it; none
+    after an id not listed)."""
+    if after is not None:
+        ids = [f.id for f in files]
+        files = files[ids.index(after) + 1:] if after in ids else []
+    shown = files[:limit]
+    return FileList(data=shown, has_more=len(files) > limit,
+                    first_id=shown[0].id if shown else None,
+                    last_id=shown[-1].id if shown else None)  # fmt: skip
 
 
 def file_object(file: StoredFile) -> FileObject:

@@ -38,10 +38,13 @@ class FileObject(BaseModel):
 
 
 class FileList(BaseModel):
-    """The caller's files, newest first."""
+    """A page of the caller's files, as OpenAI's cursor pages."""
 
     object: Literal["list"] = "list"
     data: list[FileObject]
+    has_more: bool = Field(description="more follow: pass `last_id` as `after`")
+    first_id: str | None
+    last_id: str | None
 
 
 class FileDeleted(BaseModel):

@@ -8,7 +8,10 @@ from __future__ import annotations
 import uuid
 
 import httpx
+import openai
+import pytest
 
+from chatpipe.dev_stack import API_KEY
 from chatpipe.wiring import Stack
 from conversations.store import ApiKey
 from schemas.topics import Tier
@@ -80,6 +83,12 @@ async def test_files_are_uploaded_listed_and_deleted_by_their_owner_only(
 
         listed = (await owner.get("/v1/files")).json()
         assert [f["id"] for f in listed["data"]] == [pdf["id"], stored["id"]]
+        assert not listed["has_more"] and listed["last_id"] == stored["id"]
+        first = (await owner.get("/v1/files", params={"limit": 1, "order": "asc"})).json()
+        assert [f["id"] for f in first["data"]] == [stored["id"]] and first["has_more"]
+        rest = (await owner.get("/v1/files", params={"limit": 1, "order": "asc",
+                                                     "after": first["last_id"]})).json()
+        assert [f["id"] for f in rest["data"]] == [pdf["id"]] and not rest["has_more"]
         assert (await owner.get(f"/v1/files/{stored['id']}")).json() == stored
 
         assert (await stranger.get("/v1/files")).json()["data"] == []
@@ -169,3 +178,22 @@ async def test_a_turn_with_file_ids_answers_from_the_top_chunk_and_cites_it(
                                           json={"content": "hi", "file_ids": file_ids})
             assert error_code(refused, 404) == "file_not_found"
         assert (await stranger.get(f"/v1/conversations/{other}")).json()["messages"] == []
+
+
+async def test_the_openai_sdk_uploads_lists_reads_and_deletes_files(sim_stack: Stack) -> None:
+    client = openai.AsyncOpenAI(base_url=f"{sim_stack.base_url}/v1", api_key=API_KEY)
+    created = await client.files.create(file=("notes.md", LIGHTHOUSE.encode(), "text/markdown"),
+                                        purpose="assistants")  # fmt: skip
+    assert created.id.startswith("file-") and created.filename == "notes.md"
+    assert created.bytes == len(LIGHTHOUSE.encode()) and created.purpose == "assistants"
+
+    assert created.id in [f.id async for f in client.files.list()]
+    assert (await client.files.retrieve(created.id)).filename == "notes.md"
+    deleted = await client.files.delete(created.id)
+    assert deleted.deleted and deleted.id == created.id
+    with pytest.raises(openai.NotFoundError):
+        await client.files.retrieve(created.id)
+    with pytest.raises(openai.BadRequestError) as refused:
+        await client.files.create(file=("photo.png", b"\x89PNG\r\n", "image/png"),
+                                  purpose="assistants")  # fmt: skip
+    assert refused.value.code == "unsupported_file_type"
