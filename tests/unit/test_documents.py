@@ -6,15 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import AsyncIterator
 
 import numpy as np
 import pytest
 
 from common.embeddings import Embedder
 from conversations.sqlite_store import SQLiteStore
-from gateway.context import ContextPolicy, Counting, assemble
-from gateway.tokens import TokenCounter
+from gateway.context import ContextPolicy, assemble
 from retrieval.documents import (
     Documents,
     FileLimits,
@@ -26,6 +24,8 @@ from retrieval.documents import (
 from retrieval.extract import UnreadableFile, UnsupportedFile
 from schemas.events import Role
 from tests.documents import WordEmbedder, pdf_of
+from tests.unit.test_context import counting
+from tests.unit.test_sqlite_store import store  # noqa: F401 - the fixture: SQLite in memory
 
 LIGHTHOUSE = """# The lighthouse
 
@@ -36,14 +36,6 @@ She lights the lamp at dusk every evening and trims the wick at midnight.
 ## The garden
 
 Behind the tower grow potatoes, beans and a row of sunflowers."""
-
-
-@pytest.fixture
-async def store() -> AsyncIterator[SQLiteStore]:
-    store = SQLiteStore(":memory:")
-    await store.open()
-    yield store
-    await store.close()
 
 
 def documents_on(store: SQLiteStore, embedder: Embedder, **limits) -> Documents:
@@ -148,20 +140,9 @@ async def test_embedding_goes_in_batches() -> None:
     assert vectors.shape == (70, embedder.dims)
 
 
-class Words:
-    """One token per word; no chat template."""
-
-    chat_template = None
-
-    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
-        return [0] * len(text.split())
-
-
 def test_excerpts_go_after_the_history_and_before_the_new_message() -> None:
-    counter = TokenCounter(Words())
     built = assemble([], "when is the lamp lit", "be brief", ContextPolicy(max_prompt_tokens=200),
-                     Counting(counter.estimate, counter.count_prompt),
-                     documents="[1] lighthouse.md (chunk 1)\nShe lights the lamp at dusk.")
+                     counting(), documents="[1] lighthouse.md (chunk 1)\nShe lights the lamp at dusk.")
     assert [m.role for m in built.messages] == [Role.SYSTEM, Role.SYSTEM, Role.USER]
     assert built.messages[0].content == "be brief"
     assert "lamp at dusk" in built.messages[1].content
@@ -169,8 +150,6 @@ def test_excerpts_go_after_the_history_and_before_the_new_message() -> None:
 
 
 def test_excerpts_are_never_dropped_a_turn_that_cannot_hold_them_does_not_fit() -> None:
-    counter = TokenCounter(Words())
     built = assemble([], "question", "be brief", ContextPolicy(max_prompt_tokens=20),
-                     Counting(counter.estimate, counter.count_prompt),
-                     documents="excerpt " * 40)
+                     counting(), documents="excerpt " * 40)
     assert not built.fits
