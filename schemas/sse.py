@@ -30,7 +30,6 @@ import orjson
 from pydantic import BaseModel, Field
 
 from schemas.api import ChatCompletionChunk, ErrorBody, ErrorDetail
-from schemas.files import Citation, CitationsPayload
 from schemas.events import (
     DeliverEvent,
     DeliveryDone,
@@ -41,6 +40,7 @@ from schemas.events import (
     Routed,
     Usage,
 )
+from schemas.files import Citation, CitationsPayload
 from schemas.lifecycle import RequestStatus
 
 SEP = "\n"

@@ -25,6 +25,7 @@ from tests.e2e.test_conversations import (
     sse_post,
 )
 from tests.fixtures.stack import client_for
+from tests.support import read_sse
 
 LIGHTHOUSE = """# The lighthouse on the cape
 
@@ -164,6 +165,11 @@ async def test_a_turn_with_file_ids_answers_from_the_top_chunk_and_cites_it(
         answer = by_id(tree)[result.request["message_id"]]
         assert answer["citations"] == cited
         assert by_id(tree)[result.request["user_message_id"]]["citations"] == []
+
+        async with owner.stream("GET", f"/v1/requests/{result.request['request_id']}/events"
+                                ) as replayed:  # fmt: skip
+            resumed = await read_sse(replayed)
+        assert [e.json() for e in resumed if e.event == "citations"] == [{"citations": cited}]
 
         again = await sse_post(
             owner, f"/v1/conversations/{cid}/messages/{answer['message_id']}/regenerate",

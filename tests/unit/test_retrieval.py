@@ -18,6 +18,8 @@ from retrieval.extract import (
     file_type,
 )
 from retrieval.ranking import Candidate, Hit, citations, context_block, rank, snippet
+from schemas import sse
+from schemas.sse import parse_messages
 from tests.documents import pdf_of
 
 # --- extraction -----------------------------------------------------------------------
@@ -190,3 +192,11 @@ def test_a_snippet_is_one_line_cut_at_a_word() -> None:
     long = "word " * 100
     cut = snippet(long, limit=50)
     assert cut.endswith("word…") and len(cut) <= 51
+
+
+def test_the_citations_event_carries_them_in_order() -> None:
+    hits = [Hit(candidate("f2", 3, unit(1, 0), "The lamp."), 0.9),
+            Hit(candidate("f1", 0, unit(1, 0), "Anna."), 0.5)]  # fmt: skip
+    [message] = parse_messages(sse.citations_event(citations(hits)).decode())
+    assert message.event == "citations" and message.id is None
+    assert [c["file_id"] for c in message.json()["citations"]] == ["f2", "f1"]
