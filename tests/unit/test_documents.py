@@ -1,6 +1,7 @@
 """`retrieval.documents.Documents` on a real SQLite store with a word-hash embedder:
 uploads are checked, chunked, embedded off the event loop and stored; a search ranks
-the chunks of the files named; the excerpts land in the prompt's right place."""
+the chunks of the files named; a turn names only its caller's files
+(`gateway.grounding`); the excerpts land in the prompt's right place."""
 
 from __future__ import annotations
 
@@ -12,7 +13,10 @@ import pytest
 
 from common.embeddings import Embedder
 from conversations.sqlite_store import SQLiteStore
+from conversations.store import ApiKey
 from gateway.context import ContextPolicy, assemble
+from gateway.core import NotFound
+from gateway.grounding import Grounding, ground, named_files
 from retrieval.documents import (
     Documents,
     FileLimits,
@@ -23,6 +27,7 @@ from retrieval.documents import (
 )
 from retrieval.extract import UnreadableFile, UnsupportedFile
 from schemas.events import Role
+from schemas.topics import Tier
 from tests.documents import WordEmbedder, pdf_of
 from tests.unit.test_context import counting
 from tests.unit.test_sqlite_store import store  # noqa: F401 - the fixture: SQLite in memory
@@ -153,3 +158,26 @@ def test_excerpts_are_never_dropped_a_turn_that_cannot_hold_them_does_not_fit() 
     built = assemble([], "question", "be brief", ContextPolicy(max_prompt_tokens=20),
                      counting(), documents="excerpt " * 40)
     assert not built.fits
+
+
+async def test_a_turn_names_only_its_callers_files(store: SQLiteStore) -> None:
+    documents = documents_on(store, WordEmbedder())
+    mine = await documents.add(upload(LIGHTHOUSE.encode()))
+    alice, same_id_other_org = ApiKey("alice", "org-a", Tier.PRO), ApiKey("alice", "org-b",
+                                                                          Tier.PRO)  # fmt: skip
+
+    assert await named_files(store, alice, [mine.file_id, mine.file_id]) == [mine]
+    for owner, ids in [(same_id_other_org, [mine.file_id]), (alice, [mine.file_id, "file-x"])]:
+        with pytest.raises(NotFound) as refused:
+            await named_files(store, owner, ids)
+        assert refused.value.code == "file_not_found"
+
+
+async def test_grounding_gives_the_excerpts_and_their_citations(store: SQLiteStore) -> None:
+    documents = documents_on(store, WordEmbedder())
+    mine = await documents.add(upload(LIGHTHOUSE.encode()))
+
+    grounded = await ground(documents, [mine], "when does she light the lamp at dusk")
+    assert grounded.documents is not None and "[1] lighthouse.md (chunk 1)" in grounded.documents
+    assert [(c.file_id, c.chunk_index) for c in grounded.citations][0] == (mine.file_id, 1)
+    assert await ground(documents, [], "anything") == await ground(None, [mine], "x") == Grounding()
