@@ -16,7 +16,7 @@ from fastapi import APIRouter, Depends, File, Form, Query, UploadFile
 
 from conversations.files import StoredFile
 from gateway.auth import Owner
-from gateway.core import NotFound, TooLarge, Unacceptable, Unavailable
+from gateway.core import NotFound, Refused, TooLarge, Unacceptable, Unavailable
 from gateway.deps import Deps, StoreDep
 from gateway.errors import error_responses
 from gateway.grounding import owned_file
@@ -39,6 +39,14 @@ def _documents(deps: Deps) -> Documents:
 
 DocumentsDep = Annotated[Documents, Depends(_documents)]
 
+_REFUSALS: dict[type[ValueError], tuple[type[Refused], str]] = {
+    FileTooLarge: (TooLarge, "file_too_large"),
+    TooManyChunks: (TooLarge, "too_many_chunks"),
+    UnsupportedFile: (Unacceptable, "unsupported_file_type"),
+    UnreadableFile: (Unacceptable, "unreadable_file"),
+}
+"""How an upload that cannot be stored is refused."""
+
 
 @router.post("/files", responses=error_responses(400, 413, 503))
 async def upload_file(
@@ -53,13 +61,9 @@ async def upload_file(
                     purpose=purpose, data=await file.read())  # fmt: skip
     try:
         return file_object(await documents.add(upload))
-    except (FileTooLarge, TooManyChunks) as error:
-        code = "file_too_large" if isinstance(error, FileTooLarge) else "too_many_chunks"
-        raise TooLarge(code, str(error), param="file") from None
-    except UnsupportedFile as error:
-        raise Unacceptable("unsupported_file_type", str(error), param="file") from None
-    except UnreadableFile as error:
-        raise Unacceptable("unreadable_file", str(error), param="file") from None
+    except tuple(_REFUSALS) as error:
+        kind, code = _REFUSALS[type(error)]
+        raise kind(code, str(error), param="file") from None
 
 
 @router.get("/files")
