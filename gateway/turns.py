@@ -1,9 +1,11 @@
 """Native chat turns: a posted, edited or regenerated message in, the GenerationRequest
 that answers it out.
 
-Each turn is checked and admitted first (its fields, the caller's tier, budgets and
-rate limits: nothing expensive yet), then reads the conversation's message tree,
-builds the prompt with the context builder from the thread it continues (DESIGN §8),
+Each turn is checked and admitted first (its fields, the files it names — the
+caller's only —, the caller's tier, budgets and rate limits: nothing expensive yet),
+then reads the conversation's message tree, finds the excerpts of its files
+(`gateway.grounding`), builds the prompt with the context builder from the thread it
+continues and those excerpts (DESIGN §8),
 checks that the request fits the bus and that its input passes the safety
 classifiers, and only then stores its user message (a regeneration has none) and
 makes the request (not yet sent):
