@@ -15,6 +15,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from schemas.lifecycle import RequestStatus
+from schemas.tools import ToolCall, ToolCalls, ToolUse
 from schemas.topics import Tier
 
 SCHEMA_VERSION = 1
@@ -35,6 +36,7 @@ class Role(StrEnum):
     SYSTEM = "system"
     USER = "user"
     ASSISTANT = "assistant"
+    TOOL = "tool"
 
 
 class ChatMessage(BaseModel):
@@ -42,6 +44,8 @@ class ChatMessage(BaseModel):
 
     role: Role
     content: str
+    tool_calls: tuple[ToolCall, ...] = Field((), description="an assistant's calls of tools")
+    tool_call_id: str | None = Field(None, description="a tool's result: the call it answers")
 
 
 class SamplingOptions(BaseModel):
@@ -106,6 +110,8 @@ class GenerationRequest(Event):
     stream: StreamPosition | None = Field(
         None, description="set at dispatch: where the stream lies on chat.tokens"
     )
+    tool_use: ToolUse | None = Field(
+        None, description="tools the model is shown, and how it may call them")
     created_at: float = Field(default_factory=now)
 
     @property
@@ -227,6 +233,8 @@ class GenerationDone(StreamEvent):
     type: Literal["done"] = "done"
     status: RequestStatus
     usage: Usage
+    tool_calls: ToolCalls | None = Field(
+        None, description="the tools the answer called: its text, parsed at its end")
 
 
 class GenerationError(StreamEvent):
@@ -301,6 +309,8 @@ class DeliveryDone(DeliveryEvent):
     status: RequestStatus
     usage: Usage
     model: str | None = Field(None, description="the model that answered")
+    tool_calls: ToolCalls | None = Field(
+        None, description="the tools the answer called (from the generation's done event)")
 
 
 class AnswerStarted(DeliveryEvent):

@@ -1,0 +1,90 @@
+"""An answer's tool calls, from the text a constrained generation produced (pure).
+
+A required or named tool choice holds the engine's output to a JSON schema, as vLLM's
+own OpenAI server builds it (`vllm.tool_parsers.utils.get_json_schema_from_tools`):
+named, the output is the function's arguments object; required, a list of
+`{"name": ..., "parameters": {...}}`, one item unless parallel calls are allowed.
+`constrained_calls` reads that text back into `ToolCalls`. An `auto` answer is read by
+the model's own tool parser instead (`workers.vllm_engine`).
+
+Call ids are a function of the request and the call's place, so every reader of the
+answer (a retry, a replay) names the calls the same.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from schemas.tools import FunctionCall, ToolCall, ToolCalls, ToolUse
+
+
+def call_id(request_id: str, index: int) -> str:
+    """The id of the answer's `index`th call, as OpenAI spells ids (`call_...`)."""
+    digest = hashlib.blake2b(f"{request_id}\n{index}".encode(), digest_size=12).hexdigest()
+    return f"call_{digest}"
+
+
+def constrained_calls(text: str, tool_use: ToolUse, request_id: str) -> ToolCalls | None:
+    """The calls in a constrained answer's `text`; None when the text is not what the
+    constraint makes (it stopped early, at its length limit)."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return None
+    if tool_use.choice == "function":
+        pairs = [(tool_use.function, value)]
+    elif isinstance(value, list):
+        pairs = [(item.get("name"), item.get("parameters")) for item in value
+                 if isinstance(item, dict)]
+    else:
+        return None
+    calls = [(name, arguments) for name, arguments in pairs
+             if isinstance(name, str) and tool_use.spec(name) is not None
+             and isinstance(arguments, dict)]
+    if not calls or len(calls) != len(pairs):
+        return None
+    return ToolCalls(calls=tuple(
+        ToolCall(id=call_id(request_id, index),
+                 function=FunctionCall(name=name, arguments=json.dumps(arguments,
+                                                                     ensure_ascii=False)))
+        for index, (name, arguments) in enumerate(calls)))
+
+
+def example_output(tool_use: ToolUse) -> str:
+    """Text that meets a constrained tool use: its first (or named) function, called
+    with the least arguments its schema takes. The sim engine answers with it."""
+    name = tool_use.function or tool_use.tools[0].function.name
+    spec = tool_use.spec(name)
+    arguments = example_value(spec.parameters if spec and spec.parameters else {})
+    if tool_use.choice == "function":
+        return json.dumps(arguments)
+    return json.dumps([{"name": name, "parameters": arguments}])
+
+
+def example_value(schema: dict[str, Any]) -> Any:
+    """A small value valid under simple JSON schemas: each required property, the first
+    of an enum, a const, zeros and empties; an object where the type is not said."""
+    if "const" in schema:
+        return schema["const"]
+    if schema.get("enum"):
+        return schema["enum"][0]
+    for keyword in ("anyOf", "oneOf"):
+        if schema.get(keyword):
+            return example_value(schema[keyword][0])
+    kind = schema.get("type", "object")
+    if isinstance(kind, list):
+        kind = kind[0] if kind else "object"
+    if kind == "object":
+        properties = schema.get("properties", {})
+        return {name: example_value(properties.get(name, {}))
+                for name in schema.get("required", ())}
+    if kind == "array":
+        item = example_value(schema.get("items", {}))
+        return [item] * schema.get("minItems", 0)
+    if kind == "string":
+        return "x" * schema.get("minLength", 0)
+    if kind in ("integer", "number"):
+        return max(0, schema.get("minimum", 0))
+    return {"boolean": False, "null": None}.get(kind, {})
