@@ -26,6 +26,11 @@ def now() -> float:
     return time.time()
 
 
+def _unset(value: object) -> bool:
+    """Left out of the JSON when unset: a field most events never use costs no bytes."""
+    return value is None or value == ()
+
+
 class Event(BaseModel):
     model_config = ConfigDict(extra="ignore", frozen=True)
 
@@ -44,8 +49,10 @@ class ChatMessage(BaseModel):
 
     role: Role
     content: str
-    tool_calls: tuple[ToolCall, ...] = Field((), description="an assistant's calls of tools")
-    tool_call_id: str | None = Field(None, description="a tool's result: the call it answers")
+    tool_calls: tuple[ToolCall, ...] = Field(
+        (), description="an assistant's calls of tools", exclude_if=_unset)
+    tool_call_id: str | None = Field(
+        None, description="a tool's result: the call it answers", exclude_if=_unset)
 
 
 class SamplingOptions(BaseModel):
@@ -111,7 +118,8 @@ class GenerationRequest(Event):
         None, description="set at dispatch: where the stream lies on chat.tokens"
     )
     tool_use: ToolUse | None = Field(
-        None, description="tools the model is shown, and how it may call them")
+        None, description="tools the model is shown, and how it may call them",
+        exclude_if=_unset)
     created_at: float = Field(default_factory=now)
 
     @property
@@ -234,7 +242,8 @@ class GenerationDone(StreamEvent):
     status: RequestStatus
     usage: Usage
     tool_calls: ToolCalls | None = Field(
-        None, description="the tools the answer called: its text, parsed at its end")
+        None, description="the tools the answer called: its text, parsed at its end",
+        exclude_if=_unset)
 
 
 class GenerationError(StreamEvent):
@@ -310,7 +319,8 @@ class DeliveryDone(DeliveryEvent):
     usage: Usage
     model: str | None = Field(None, description="the model that answered")
     tool_calls: ToolCalls | None = Field(
-        None, description="the tools the answer called (from the generation's done event)")
+        None, description="the tools the answer called (from the generation's done event)",
+        exclude_if=_unset)
 
 
 class AnswerStarted(DeliveryEvent):

@@ -9,6 +9,7 @@ again, is `workers.tool_calls`.
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -86,3 +87,11 @@ class ToolCalls(BaseModel):
 
     calls: tuple[ToolCall, ...] = Field(min_length=1)
     content: str | None = None
+
+
+def call_id(request_id: str, index: int) -> str:
+    """The id of an answer's `index`th call, as OpenAI spells ids (`call_...`): a function
+    of the request and the call's place, so the gateway streaming a named call and the
+    worker ending the answer (any attempt) name it the same."""
+    digest = hashlib.blake2b(f"{request_id}\n{index}".encode(), digest_size=12).hexdigest()
+    return f"call_{digest}"

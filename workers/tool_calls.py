@@ -7,23 +7,14 @@ named, the output is the function's arguments object; required, a list of
 `constrained_calls` reads that text back into `ToolCalls`. An `auto` answer is read by
 the model's own tool parser instead (`workers.vllm_engine`).
 
-Call ids are a function of the request and the call's place, so every reader of the
-answer (a retry, a replay) names the calls the same.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 from typing import Any
 
-from schemas.tools import FunctionCall, ToolCall, ToolCalls, ToolUse
-
-
-def call_id(request_id: str, index: int) -> str:
-    """The id of the answer's `index`th call, as OpenAI spells ids (`call_...`)."""
-    digest = hashlib.blake2b(f"{request_id}\n{index}".encode(), digest_size=12).hexdigest()
-    return f"call_{digest}"
+from schemas.tools import FunctionCall, ToolCall, ToolCalls, ToolUse, call_id
 
 
 def constrained_calls(text: str, tool_use: ToolUse, request_id: str) -> ToolCalls | None:

@@ -13,8 +13,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from schemas.events import GenerationRequest
-from schemas.tools import FunctionCall, ToolCall, ToolCalls, ToolUse
-from workers.tool_calls import call_id, constrained_calls
+from schemas.tools import FunctionCall, ToolCall, ToolCalls, ToolUse, call_id
+from workers.tool_calls import constrained_calls
 
 if TYPE_CHECKING:
     from vllm import SamplingParams
