@@ -19,14 +19,20 @@ from schemas.tools import FunctionCall, ToolCall, ToolCalls, ToolUse, call_id
 
 def constrained_calls(text: str, tool_use: ToolUse, request_id: str) -> ToolCalls | None:
     """The calls in a constrained answer's `text`; None when the text is not what the
-    constraint makes (it stopped early, at its length limit)."""
+    constraint makes (it stopped early, at its length limit). A named call's arguments
+    are the text itself; each of a list's are written again from the list."""
     try:
         value = json.loads(text)
     except ValueError:
         return None
     if tool_use.choice == "function":
-        pairs = [(tool_use.function, value)]
-    elif isinstance(value, list):
+        if not isinstance(value, dict) or tool_use.function is None:
+            return None
+        # The arguments as generated, as they were streamed (vLLM passes them on so too).
+        call = ToolCall(id=call_id(request_id, 0),
+                        function=FunctionCall(name=tool_use.function, arguments=text.strip()))
+        return ToolCalls(calls=(call,))
+    if isinstance(value, list):
         pairs = [(item.get("name"), item.get("parameters")) for item in value
                  if isinstance(item, dict)]
     else:

@@ -43,12 +43,14 @@ CHATPIPE_ENGINE_ARGS: dict[str, Any] = {
     # step (the worker's own stat logger turns stats on, and vLLM always adds it):
     # its `vllm:` metrics are served beside chatpipe's (ops.metrics).
     "disable_log_stats": True,
-    # Output held to a JSON schema (a required or named tool choice) is compact, as
-    # OpenAI writes tool arguments: with vLLM's default (any whitespace between tokens)
-    # a model can spend its whole max_tokens on whitespace inside the JSON (the tiny
-    # model did: 200 tokens of spaces, never a closed object). vLLM's "auto" backend
-    # refuses that switch; llguidance, its fallback, covers the most of JSON Schema.
-    "structured_outputs_config": {"backend": "guidance", "disable_any_whitespace": True},
+    # Output held to a JSON schema (a required or named tool choice) is compact JSON with
+    # only the properties the schema names, as OpenAI writes tool arguments. With vLLM's
+    # defaults a model may write whitespace, or properties of its own, without end (the
+    # tiny model did, until max_tokens). xgrammar, vLLM's first choice, allows no other
+    # properties; llguidance, its fallback for schemas xgrammar cannot take, does with
+    # `disable_additional_properties`, and takes the most of JSON Schema.
+    "structured_outputs_config": {"backend": "guidance", "disable_any_whitespace": True,
+                                  "disable_additional_properties": True},
 }
 """What chatpipe sets over vLLM's defaults; `vllm_args` may override each."""
 

@@ -28,8 +28,9 @@ def resolve(vllm_args: dict[str, object], on_cpu: bool = False) -> dict[str, obj
 def test_without_overrides_only_the_model_and_chatpipes_needs_are_set() -> None:
     assert resolve({}) == {"model": "/models/tiny", "served_model_name": ["tiny"],
                            "scheduling_policy": "priority", "disable_log_stats": True,
-                           "structured_outputs_config": {"backend": "guidance",
-                                                         "disable_any_whitespace": True}}
+                           "structured_outputs_config": {
+                               "backend": "guidance", "disable_any_whitespace": True,
+                               "disable_additional_properties": True}}
     assert set(CHATPIPE_ENGINE_ARGS) == {"scheduling_policy", "disable_log_stats",
                                          "structured_outputs_config"}
 
