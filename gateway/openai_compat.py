@@ -50,9 +50,9 @@ from gateway.limits import (
     sampling_options,
     served_model,
 )
-from gateway.rate_limits import admission_tokens
+from gateway.rate_limits import text_tokens
 from gateway.tool_answers import StreamedAnswer, finish_reason, message
-from gateway.tool_requests import chat_messages, tool_use
+from gateway.tool_requests import chat_messages, tool_texts, tool_use
 from schemas import sse
 from schemas.answer import AnswerText
 from schemas.api import (
@@ -113,7 +113,8 @@ async def admitted_request(
     in the model's window and every message through the input classifiers."""
     request = to_generation_request(completion, owner, deps.config, deps.pipeline.reply_to)
     check_bus_size(deps.config.limits, request)
-    await admit(deps.gates, owner, admission_tokens(request.messages, request.sampling.max_tokens))
+    prompt = [*(m.content for m in request.messages), *tool_texts(request)]
+    await admit(deps.gates, owner, text_tokens(prompt, request.sampling.max_tokens))
     await check_window(deps.context, request)
     await check_input(deps.gates, owner, request.model, [m.content for m in request.messages])
     return request

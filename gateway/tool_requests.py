@@ -15,7 +15,7 @@ from jsonschema import SchemaError, validators
 from gateway.config import RequestLimits
 from gateway.core import Unacceptable
 from schemas.api import ChatCompletionRequest, InputMessage
-from schemas.events import ChatMessage, Role
+from schemas.events import ChatMessage, GenerationRequest, Role
 from schemas.tools import ToolCall, ToolSpec, ToolUse
 
 
@@ -95,6 +95,15 @@ def chat_messages(messages: list[InputMessage]) -> tuple[ChatMessage, ...]:
             role=message.chat_role, content=message.text, tool_calls=calls,
             tool_call_id=message.tool_call_id if message.chat_role is Role.TOOL else None))
     return tuple(converted)
+
+
+def tool_texts(request: GenerationRequest) -> list[str]:
+    """The prompt's text besides the messages' content: the tools it shows the model, as
+    JSON, and the arguments of the calls in its history (for the token limits)."""
+    texts = [call.function.arguments for m in request.messages for call in m.tool_calls]
+    if request.tool_use is not None:
+        texts += [tool.model_dump_json(exclude_none=True) for tool in request.tool_use.tools]
+    return texts
 
 
 def _check_arguments(call: ToolCall, param: str) -> None:

@@ -347,3 +347,14 @@ def test_the_prompt_shows_the_tools_and_the_calls_as_the_template_writes_them(ti
     counter = TokenCounter(tokenizer)
     assert counter.count_prompt(list(messages), template_tools(uses())) == len(ids)
     assert counter.count_prompt(list(messages)) < len(ids)
+
+
+def test_the_tools_and_the_calls_count_against_the_token_limits():
+    from gateway.tool_requests import tool_texts
+
+    request_ = request(uses()).model_copy(update={"messages": chat_messages(completion(
+        messages=[USER, {"role": "assistant", "tool_calls": [CALL]}]).messages)})
+    texts = tool_texts(request_)
+    assert texts[0] == CALL["function"]["arguments"]
+    assert [json.loads(t)["function"]["name"] for t in texts[1:]] == ["get_weather", "get_time"]
+    assert tool_texts(request(None)) == []
