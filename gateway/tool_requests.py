@@ -47,6 +47,7 @@ def _check_tools(tools: list[ToolSpec], limits: RequestLimits) -> None:
         raise Unacceptable("too_many_tools", f"a request offers at most {limits.max_tools} "
                            "tools", param="tools")
     seen: set[str] = set()
+    definitions: dict[str, object] = {}
     for index, tool in enumerate(tools):
         function = tool.function
         if function.name in seen:
@@ -56,15 +57,22 @@ def _check_tools(tools: list[ToolSpec], limits: RequestLimits) -> None:
         parameters = function.parameters
         if parameters is None:
             continue
+        param = f"tools.{index}.function.parameters"
         try:
+            if not isinstance(parameters.get("$schema", ""), str):
+                raise SchemaError("$schema must be a string")
             validators.validator_for(parameters).check_schema(parameters)
         except SchemaError as error:
             raise Unacceptable("invalid_tools", f"the parameters of {function.name!r} are not "
-                               f"a valid JSON Schema: {error.message}",
-                               param=f"tools.{index}.function.parameters") from None
+                               f"a valid JSON Schema: {error.message}", param=param) from None
         if parameters.get("type", "object") != "object":
             raise Unacceptable("invalid_tools", f"the parameters of {function.name!r} must "
-                               "describe an object", param=f"tools.{index}.function.parameters")
+                               "describe an object", param=param)
+        for name, definition in parameters.get("$defs", {}).items():
+            # A required tool choice joins every tool's `$defs` in one schema (as vLLM does).
+            if definitions.setdefault(name, definition) != definition:
+                raise Unacceptable("invalid_tools", f"two tools define {name!r} in `$defs` "
+                                   "differently", param=f"{param}.$defs.{name}")
 
 
 def chat_messages(messages: list[InputMessage]) -> tuple[ChatMessage, ...]:

@@ -60,9 +60,14 @@ def example_output(tool_use: ToolUse) -> str:
     return json.dumps([{"name": name, "parameters": arguments}])
 
 
+EXAMPLE_SIZE = 64
+"""The most items or characters an example has (a schema may ask for millions)."""
+
+
 def example_value(schema: dict[str, Any]) -> Any:
     """A small value valid under simple JSON schemas: each required property, the first
-    of an enum, a const, zeros and empties; an object where the type is not said."""
+    of an enum, a const, zeros and empties (at most `EXAMPLE_SIZE` long); an object
+    where the type is not said."""
     if "const" in schema:
         return schema["const"]
     if schema.get("enum"):
@@ -79,9 +84,9 @@ def example_value(schema: dict[str, Any]) -> Any:
                 for name in schema.get("required", ())}
     if kind == "array":
         item = example_value(schema.get("items", {}))
-        return [item] * schema.get("minItems", 0)
+        return [item] * min(schema.get("minItems", 0), EXAMPLE_SIZE)
     if kind == "string":
-        return "x" * schema.get("minLength", 0)
+        return "x" * min(schema.get("minLength", 0), EXAMPLE_SIZE)
     if kind in ("integer", "number"):
         return max(0, schema.get("minimum", 0))
     return {"boolean": False, "null": None}.get(kind, {})

@@ -97,6 +97,13 @@ def test_no_tools_or_tool_choice_none_shows_the_model_no_tools(fields):
         "name": "bad", "parameters": {"type": "array"}}}]},
      ("invalid_tools", "tools.0.function.parameters")),
     ({"tools": [TOOLS[1]] * 4}, ("too_many_tools", "tools")),
+    ({"tools": [{"type": "function", "function": {
+        "name": "bad", "parameters": {"$schema": {"not": "a string"}}}}]},
+     ("invalid_tools", "tools.0.function.parameters")),
+    ({"tools": [{"type": "function", "function": {"name": name, "parameters": {
+        "type": "object", "$defs": {"Place": {"type": kind}}}}}
+        for name, kind in (("a", "string"), ("b", "integer"))]},
+     ("invalid_tools", "tools.1.function.parameters.$defs.Place")),
 ])
 def test_bad_tools_are_refused_naming_the_field(fields, expected):
     assert refusal(lambda: tool_use(completion(**fields), LIMITS)) == expected
@@ -358,3 +365,10 @@ def test_the_tools_and_the_calls_count_against_the_token_limits():
     assert texts[0] == CALL["function"]["arguments"]
     assert [json.loads(t)["function"]["name"] for t in texts[1:]] == ["get_weather", "get_time"]
     assert tool_texts(request(None)) == []
+
+
+def test_the_sims_examples_stay_small_whatever_the_schema_asks():
+    schema = {"type": "object", "required": ["a", "s"], "properties": {
+        "a": {"type": "array", "minItems": 10**9}, "s": {"type": "string", "minLength": 10**9}}}
+    value = example_value(schema)
+    assert len(value["a"]) <= 64 and len(value["s"]) <= 64
