@@ -63,8 +63,9 @@ def prompt_token_ids(tokenizer: Any, messages: Sequence[dict[str, Any]],
 
 def template_messages(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
     """`messages` as chat templates take them: role and content; an assistant's tool
-    calls with their arguments as objects (templates write them with `tojson`, as vLLM
-    passes them); a tool result's call id."""
+    calls with their arguments as objects (templates write them with `tojson`), as vLLM
+    passes them: arguments that are no JSON object become `{}`, so a malformed call in
+    a conversation's history does not fail every turn after it; a tool result's call id."""
     dicts: list[dict[str, Any]] = []
     for message in messages:
         entry: dict[str, Any] = {"role": message.role.value, "content": message.content}
@@ -72,12 +73,20 @@ def template_messages(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
             entry["tool_calls"] = [
                 {"id": call.id, "type": call.type,
                  "function": {"name": call.function.name,
-                              "arguments": json.loads(call.function.arguments)}}
+                              "arguments": _arguments_object(call.function.arguments)}}
                 for call in message.tool_calls]
         if message.tool_call_id is not None:
             entry["tool_call_id"] = message.tool_call_id
         dicts.append(entry)
     return dicts
+
+
+def _arguments_object(text: str) -> dict[str, Any]:
+    try:
+        arguments = json.loads(text)
+    except (ValueError, RecursionError):
+        return {}
+    return arguments if isinstance(arguments, dict) else {}
 
 
 def template_tools(tool_use: ToolUse | None) -> list[dict[str, Any]] | None:

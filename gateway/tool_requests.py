@@ -2,30 +2,34 @@
 the tools it offers and how the model may use them (`tool_use`), and its messages with
 the calls an assistant made and the tools' results (`chat_messages`).
 
-Pure: a request OpenAI would refuse is refused here, `Unacceptable` (400) naming the
-field at fault, before anything is charged or queued.
+Pure: a request that cannot be served is refused here, naming the field at fault,
+before anything is charged or queued: what a JSON schema can say is also in the API
+document (`gateway.api_document`), so a request valid by the document is served, as
+vLLM's server serves it where OpenAI would be stricter (two tools of one name, a
+call's arguments that are no JSON object, a result of a call the history lacks). A
+tool choice naming a function the request does not offer is 404 `tool_not_found`,
+as a model not served is.
 """
 
 from __future__ import annotations
 
-import json
-
 from jsonschema import SchemaError, validators
 
 from gateway.config import RequestLimits
-from gateway.core import Unacceptable
+from gateway.core import NotFound, Unacceptable
 from schemas.api import ChatCompletionRequest, InputMessage
 from schemas.events import ChatMessage, GenerationRequest, Role
-from schemas.tools import ToolCall, ToolSpec, ToolUse
+from schemas.tools import ToolSpec, ToolUse
 
 
 def tool_use(completion: ChatCompletionRequest, limits: RequestLimits) -> ToolUse | None:
     """The tools the model is shown and how it may call them; None when it is shown none
-    (no tools, or `tool_choice: none`)."""
+    (no tools, or `tool_choice: none`). A tool choice other than none or auto needs
+    tools."""
     tools = completion.tools or []
     choice = completion.tool_choice
     if not tools:
-        if choice not in (None, "none"):
+        if choice not in (None, "none", "auto"):
             raise Unacceptable("invalid_tool_choice", "a tool choice needs `tools`",
                                param="tool_choice")
         return None
@@ -37,8 +41,8 @@ def tool_use(completion: ChatCompletionRequest, limits: RequestLimits) -> ToolUs
         return ToolUse(tools=tuple(tools), choice=choice or "auto", parallel=parallel)
     name = choice.function.name
     if all(tool.function.name != name for tool in tools):
-        raise Unacceptable("invalid_tool_choice", f"tool_choice names {name!r}, which is "
-                           "not one of `tools`", param="tool_choice.function.name")
+        raise NotFound("tool_not_found", f"tool_choice names {name!r}, which is not one of "
+                       "`tools`", param="tool_choice.function.name")
     return ToolUse(tools=tuple(tools), choice="function", function=name, parallel=parallel)
 
 
@@ -46,14 +50,9 @@ def _check_tools(tools: list[ToolSpec], limits: RequestLimits) -> None:
     if len(tools) > limits.max_tools:
         raise Unacceptable("too_many_tools", f"a request offers at most {limits.max_tools} "
                            "tools", param="tools")
-    seen: set[str] = set()
     definitions: dict[str, object] = {}
     for index, tool in enumerate(tools):
         function = tool.function
-        if function.name in seen:
-            raise Unacceptable("invalid_tools", f"two tools are named {function.name!r}",
-                               param=f"tools.{index}.function.name")
-        seen.add(function.name)
         parameters = function.parameters
         if parameters is None:
             continue
@@ -77,9 +76,7 @@ def _check_tools(tools: list[ToolSpec], limits: RequestLimits) -> None:
 
 def chat_messages(messages: list[InputMessage]) -> tuple[ChatMessage, ...]:
     """The messages as the model gets them. Only an assistant's message carries tool
-    calls, each with a JSON object for arguments; a `tool` message answers a call an
-    assistant made before it (`tool_call_id`)."""
-    calls_made: set[str] = set()
+    calls; a `tool` message names the call it answers (`tool_call_id`)."""
     converted = []
     for index, message in enumerate(messages):
         where = f"messages.{index}"
@@ -87,18 +84,9 @@ def chat_messages(messages: list[InputMessage]) -> tuple[ChatMessage, ...]:
         if calls and message.role != "assistant":
             raise Unacceptable("invalid_message", "only an assistant's message carries "
                                "tool calls", param=f"{where}.tool_calls")
-        for number, call in enumerate(calls):
-            _check_arguments(call, f"{where}.tool_calls.{number}.function.arguments")
-        calls_made.update(call.id for call in calls)
-        if message.role == "tool":
-            if not message.tool_call_id:
-                raise Unacceptable("invalid_message", "a tool message needs the "
-                                   "`tool_call_id` of the call it answers",
-                                   param=f"{where}.tool_call_id")
-            if message.tool_call_id not in calls_made:
-                raise Unacceptable("invalid_message", f"tool_call_id {message.tool_call_id!r}"
-                                   " answers no tool call of an earlier assistant message",
-                                   param=f"{where}.tool_call_id")
+        if message.role == "tool" and not message.tool_call_id:
+            raise Unacceptable("invalid_message", "a tool message needs the `tool_call_id` "
+                               "of the call it answers", param=f"{where}.tool_call_id")
         converted.append(ChatMessage(
             role=message.chat_role, content=message.text, tool_calls=calls,
             tool_call_id=message.tool_call_id if message.chat_role is Role.TOOL else None))
@@ -112,13 +100,3 @@ def tool_texts(request: GenerationRequest) -> list[str]:
     if request.tool_use is not None:
         texts += [tool.model_dump_json(exclude_none=True) for tool in request.tool_use.tools]
     return texts
-
-
-def _check_arguments(call: ToolCall, param: str) -> None:
-    try:
-        arguments = json.loads(call.function.arguments)
-    except (ValueError, RecursionError):
-        arguments = None
-    if not isinstance(arguments, dict):
-        raise Unacceptable("invalid_message", "a tool call's arguments must be a JSON object",
-                           param=param)

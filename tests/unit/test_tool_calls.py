@@ -12,7 +12,7 @@ import pytest
 
 from common.prompt import template_messages, template_tools
 from gateway.config import RequestLimits
-from gateway.core import Unacceptable
+from gateway.core import NotFound, Unacceptable
 from gateway.tool_answers import StreamedAnswer, finish_reason, message
 from gateway.tool_requests import chat_messages, tool_use
 from schemas.api import ChatCompletionRequest
@@ -80,16 +80,28 @@ def test_a_tool_choice_becomes_the_tool_use(fields, expected):
 
 
 @pytest.mark.parametrize("fields", [{"tool_choice": "none"}, {"tools": None},
-                                    {"tools": [], "tool_choice": "none"}])
+                                    {"tools": [], "tool_choice": "none"},
+                                    {"tools": [], "tool_choice": "auto"}])
 def test_no_tools_or_tool_choice_none_shows_the_model_no_tools(fields):
     assert tool_use(completion(**fields), LIMITS) is None
 
 
+def test_a_tool_choice_naming_a_function_not_offered_is_not_found():
+    request = completion(tool_choice={"type": "function", "function": {"name": "nowhere"}})
+    with pytest.raises(NotFound) as refused:
+        tool_use(request, LIMITS)
+    assert (refused.value.code, refused.value.param) == (
+        "tool_not_found", "tool_choice.function.name")
+
+
+def test_two_tools_of_one_name_are_served_as_vllm_serves_them():
+    assert len(tool_use(completion(tools=[TOOLS[0], TOOLS[0]]), LIMITS).tools) == 2
+
+
 @pytest.mark.parametrize(("fields", "expected"), [
-    ({"tool_choice": {"type": "function", "function": {"name": "nowhere"}}},
-     ("invalid_tool_choice", "tool_choice.function.name")),
     ({"tools": None, "tool_choice": "required"}, ("invalid_tool_choice", "tool_choice")),
-    ({"tools": [TOOLS[0], TOOLS[0]]}, ("invalid_tools", "tools.1.function.name")),
+    ({"tools": [], "tool_choice": {"type": "function", "function": {"name": "f"}}},
+     ("invalid_tool_choice", "tool_choice")),
     ({"tools": [TOOLS[1], {"type": "function", "function": {
         "name": "bad", "parameters": {"type": "objekt"}}}]},
      ("invalid_tools", "tools.1.function.parameters")),
@@ -138,21 +150,23 @@ def test_calls_and_results_reach_the_model():
 
 @pytest.mark.parametrize(("messages", "param"), [
     ([USER, {"role": "tool", "content": "21"}], "messages.1.tool_call_id"),
-    ([USER, {"role": "tool", "tool_call_id": "call_9", "content": "21"}],
-     "messages.1.tool_call_id"),
-    ([{"role": "tool", "tool_call_id": "call_1", "content": "21"},
-      {"role": "assistant", "tool_calls": [CALL]}], "messages.0.tool_call_id"),
+    ([USER, {"role": "tool", "tool_call_id": "", "content": "21"}], "messages.1.tool_call_id"),
     ([{**USER, "tool_calls": [CALL]}], "messages.0.tool_calls"),
-    ([{"role": "assistant", "tool_calls": [
-        {**CALL, "function": {"name": "f", "arguments": "[1]"}}]}],
-     "messages.0.tool_calls.0.function.arguments"),
-    ([{"role": "assistant", "tool_calls": [
-        {**CALL, "function": {"name": "f", "arguments": "[" * 100_000}}]}],
-     "messages.0.tool_calls.0.function.arguments"),
 ])
 def test_bad_messages_are_refused_naming_the_field(messages, param):
     request = completion(messages=messages)
     assert refusal(lambda: chat_messages(request.messages)) == ("invalid_message", param)
+
+
+@pytest.mark.parametrize("arguments", ["[1]", "{not json", "[" * 100_000, ""])
+def test_arguments_that_are_no_json_object_reach_the_template_as_an_empty_one(arguments):
+    """As vLLM does: a malformed call in the history must not fail every later turn."""
+    request = completion(messages=[USER, {"role": "assistant", "tool_calls": [
+        {**CALL, "function": {"name": "f", "arguments": arguments}}]},
+        {"role": "tool", "tool_call_id": "call_elsewhere", "content": "21"}])
+    rendered = template_messages(chat_messages(request.messages))
+    assert rendered[1]["tool_calls"][0]["function"]["arguments"] == {}
+    assert rendered[2]["tool_call_id"] == "call_elsewhere"
 
 
 def test_the_template_gets_the_tools_as_openai_sends_them():
