@@ -17,7 +17,8 @@ from workers.vllm_engine import (
 )
 
 FIELDS = {"model", "served_model_name", "scheduling_policy", "disable_log_stats",
-          "structured_outputs_config", "max_num_seqs", "enforce_eager", "kv_cache_memory_bytes", "gpu_memory_utilization"}
+          "structured_outputs_config", "max_num_seqs", "enforce_eager", "kv_cache_memory_bytes",
+          "gpu_memory_utilization"}
 MODEL = Path("/models/tiny")
 
 
