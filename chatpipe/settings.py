@@ -95,6 +95,10 @@ class Settings(BaseSettings):
         default_factory=dict, description='vllm engine: AsyncEngineArgs fields over vLLM\'s'
         ' defaults, e.g. {"max_num_seqs": 64} (README: Engine configuration)'
     )
+    tool_parser: str = Field(
+        "hermes", description="vllm engine: vLLM's tool parser for the model (as `vllm serve "
+        "--tool-call-parser` names it), which finds the calls in an answer to tool_choice auto"
+    )
     max_slots: int = Field(
         32, ge=1, description="sim engine: requests it runs at once (vllm: vLLM's max_num_seqs,"
         " set in vllm_args)"
@@ -173,6 +177,7 @@ class Settings(BaseSettings):
     )
     max_stop_sequences: int = Field(4, ge=0, description="most stop sequences per request")
     max_stop_chars: int = Field(64, ge=1, description="longest stop sequence, in characters")
+    max_tools: int = Field(128, ge=1, description="most tools one OpenAI-API request may offer")
     default_tier: Tier = Field(Tier.FREE, description="tier of the development user")
     default_max_tokens: int = Field(256, description="answer length when a request names none")
     max_tokens_limit: int = Field(

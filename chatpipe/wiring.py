@@ -119,7 +119,8 @@ def build_engine(settings: Settings) -> Engine:
                          settings.sim_prompt_tokens_per_s)
     from workers.vllm_engine import VllmEngine
 
-    return VllmEngine(settings.model, settings.model_name, settings.vllm_args)
+    return VllmEngine(settings.model, settings.model_name, settings.vllm_args,
+                      tool_parser=settings.tool_parser)
 
 
 def build_store(settings: Settings) -> ConversationStore:
@@ -189,6 +190,7 @@ def gateway_config(settings: Settings) -> GatewayConfig:
             max_messages=settings.max_messages,
             max_stop_sequences=settings.max_stop_sequences,
             max_stop_chars=settings.max_stop_chars,
+            max_tools=settings.max_tools,
             max_tokens_limit=settings.max_tokens_limit,
             default_max_tokens=settings.default_max_tokens,
         ),

@@ -31,18 +31,24 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from schemas.events import ChatMessage
+from schemas.tools import ToolUse
 
-def prompt_token_ids(tokenizer: Any, messages: Sequence[dict[str, str]]) -> list[int]:
-    """The prompt of `messages` (role/content dicts) with the generation prompt: the
-    template's special tokens, each content encoded as text only.
+
+def prompt_token_ids(tokenizer: Any, messages: Sequence[dict[str, Any]],
+                     tools: Sequence[dict[str, Any]] | None = None) -> list[int]:
+    """The prompt of `messages` (role/content dicts, `template_messages`) with the
+    generation prompt, and the `tools` shown to the model (OpenAI function tools) as the
+    template shows them: the template's special tokens, each content encoded as text only.
 
     A template that changes a content (e.g. trims it) gets it unchanged here: the
-    splice keeps the content as sent rather than re-render it."""
+    splice keeps the content as sent rather than re-render it. Tool definitions and
+    an assistant's tool calls are the template's to render, as vLLM renders them."""
     marker = _marker(messages)
     placeholders = [f"{marker}{i}{marker}" for i in range(len(messages))]
     rendered = tokenizer.apply_chat_template(
         [{**m, "content": p} for m, p in zip(messages, placeholders, strict=True)],
-        tokenize=False, add_generation_prompt=True)
+        tools=list(tools) if tools else None, tokenize=False, add_generation_prompt=True)
     if rendered.count(marker) != 2 * len(messages):
         raise ValueError("the chat template drops or repeats a message's content")
     ids: list[int] = []
@@ -53,6 +59,41 @@ def prompt_token_ids(tokenizer: Any, messages: Sequence[dict[str, str]]) -> list
         ids += template_ids(tokenizer, before)
         ids += text_ids(tokenizer, messages[index]["content"])
     return ids + template_ids(tokenizer, rendered)
+
+
+def template_messages(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
+    """`messages` as chat templates take them: role and content; an assistant's tool
+    calls with their arguments as objects (templates write them with `tojson`), as vLLM
+    passes them: arguments that are no JSON object become `{}`, so a malformed call in
+    a conversation's history does not fail every turn after it; a tool result's call id."""
+    dicts: list[dict[str, Any]] = []
+    for message in messages:
+        entry: dict[str, Any] = {"role": message.role.value, "content": message.content}
+        if message.tool_calls:
+            entry["tool_calls"] = [
+                {"id": call.id, "type": call.type,
+                 "function": {"name": call.function.name,
+                              "arguments": _arguments_object(call.function.arguments)}}
+                for call in message.tool_calls]
+        if message.tool_call_id is not None:
+            entry["tool_call_id"] = message.tool_call_id
+        dicts.append(entry)
+    return dicts
+
+
+def _arguments_object(text: str) -> dict[str, Any]:
+    try:
+        arguments = json.loads(text)
+    except (ValueError, RecursionError):
+        return {}
+    return arguments if isinstance(arguments, dict) else {}
+
+
+def template_tools(tool_use: ToolUse | None) -> list[dict[str, Any]] | None:
+    """The tools the template shows the model (none when the request offers none)."""
+    if tool_use is None:
+        return None
+    return [tool.model_dump(exclude_none=True) for tool in tool_use.tools]
 
 
 def template_ids(tokenizer: Any, text: str) -> list[int]:
@@ -174,7 +215,7 @@ def _plain_backend(tokenizer: Any) -> Any:
     return plain
 
 
-def _marker(messages: Sequence[dict[str, str]]) -> str:
+def _marker(messages: Sequence[dict[str, Any]]) -> str:
     """A string no content holds, so a placeholder can only be the template's."""
     while True:
         marker = f"[[chatpipe-content-{uuid.uuid4().hex}]]"  # no whitespace: survives a trim

@@ -6,7 +6,10 @@ FastAPI writes what the routes and models declare; this adds what it cannot know
   a route with an id in its path can answer 404; every error is a JSON `ErrorBody`
   (not FastAPI's own validation shape, nor a stream route's media type);
 * the limits set by this deployment's settings: message count and length, stop
-  sequences, max_tokens, the models served;
+  sequences, max_tokens, the models served, the tools one request offers;
+* the rules of tool calling that span fields (`gateway.tool_requests`): a tool message
+  names its call, only an assistant's carries calls, a tool choice other than none or
+  auto needs tools;
 * what a stream carries: in OpenAPI 3.1 the `schema` of `text/event-stream` is one
   event (FastAPI writes a string there).
 """
@@ -91,6 +94,27 @@ def _declare_limits(schemas: dict[str, Schema], limits: RequestLimits) -> None:
         _constrain(completion, "stop", stop_chars)
         _constrain(completion, "stop", {"maxItems": limits.max_stop_sequences,
                                         "items": {"type": "string", **stop_chars}}, "array")
+        _constrain(completion, "tools", {"maxItems": limits.max_tools}, "array")
+    _declare_tool_rules(schemas)
+
+
+def _declare_tool_rules(schemas: dict[str, Schema]) -> None:
+    message, completion = schemas.get("InputMessage"), schemas.get("ChatCompletionRequest")
+    if message is not None:
+        message["allOf"] = [
+            {"if": {"properties": {"role": {"const": "tool"}}},
+             "then": {"required": ["tool_call_id"],
+                      "properties": {"tool_call_id": {"type": "string", "minLength": 1}}}},
+            {"if": {"properties": {"role": {"not": {"const": "assistant"}}}},
+             "then": {"properties": {"tool_calls": {"type": "null"}}}},
+        ]
+    if completion is not None:
+        completion["allOf"] = [
+            {"if": {"required": ["tool_choice"], "properties": {"tool_choice": {
+                "anyOf": [{"const": "required"}, {"type": "object"}]}}},
+             "then": {"required": ["tools"],
+                      "properties": {"tools": {"type": "array", "minItems": 1}}}},
+        ]
 
 
 def _seed_range(model: Schema) -> None:

@@ -30,6 +30,8 @@ class RequestLimits:
     max_stop_chars: int
     max_tokens_limit: int
     default_max_tokens: int
+    max_tools: int = 128
+    """Tools one OpenAI-API request may offer."""
 
 
 @dataclass(frozen=True, slots=True)

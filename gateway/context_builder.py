@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -89,10 +90,12 @@ class ContextBuilder:
         if embedder:
             await self.embedding_model()
 
-    async def prompt_tokens(self, model: str, messages: Sequence[ChatMessage]) -> int:
-        """Tokens of `messages` as `model`'s prompt (its tokenizer and chat template)."""
+    async def prompt_tokens(self, model: str, messages: Sequence[ChatMessage],
+                            tools: list[dict[str, Any]] | None = None) -> int:
+        """Tokens of `messages` as `model`'s prompt (its tokenizer and chat template),
+        with the `tools` it shows the model."""
         counter = await self._counter(model)
-        return await asyncio.to_thread(counter.count_prompt, list(messages))
+        return await asyncio.to_thread(counter.count_prompt, list(messages), tools)
 
     async def build(
         self,

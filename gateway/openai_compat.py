@@ -5,6 +5,10 @@ Requests run through the same pipeline as native turns but are not stored
 form and are skipped; a retraction replaces the collected text of a
 non-streamed answer and ends a streamed one with `content_filter`.
 
+Tools (`tools`, `tool_choice`, `parallel_tool_calls`, `tool` messages) are read by
+`gateway.tool_requests`; the calls come back on the done event and are sent as
+`gateway.tool_answers` says.
+
 A completion is checked in full (fields, tier, size on the bus) before it is
 charged to the rate limits; then its prompt is fitted to the model's window, and
 every message the client sent, whatever its role, is classified by the input safety
@@ -21,6 +25,7 @@ import anyio
 import orjson
 from fastapi import APIRouter, Request
 
+from common.prompt import template_tools
 from conversations.store import ApiKey
 from gateway.admission import admit, check_input
 from gateway.auth import Owner
@@ -45,11 +50,12 @@ from gateway.limits import (
     sampling_options,
     served_model,
 )
-from gateway.rate_limits import admission_tokens
+from gateway.rate_limits import text_tokens
+from gateway.tool_answers import StreamedAnswer, finish_reason, message
+from gateway.tool_requests import chat_messages, tool_texts, tool_use
 from schemas import sse
 from schemas.answer import AnswerText
 from schemas.api import (
-    AssistantMessage,
     ChatCompletion,
     ChatCompletionChunk,
     ChatCompletionRequest,
@@ -62,7 +68,6 @@ from schemas.api import (
     ModelList,
 )
 from schemas.events import (
-    ChatMessage,
     DeliveryDone,
     DeliveryError,
     Delta,
@@ -70,6 +75,7 @@ from schemas.events import (
     Retract,
     now,
 )
+from schemas.tools import ToolUse
 
 router = APIRouter(tags=["openai"])
 
@@ -94,7 +100,8 @@ async def chat_completions(
                                         timers=StreamTimers(deps.config.stream_stall_s))
     answer = _Answer.of(generation_request, completion.include_usage)
     if completion.stream:
-        return event_stream(chunk_events(answer, generation), generation)
+        streamed = StreamedAnswer(generation_request.tool_use, generation_request.request_id)
+        return event_stream(chunk_events(answer, generation, streamed), generation)
     return await collect(answer, generation, request)
 
 
@@ -106,7 +113,8 @@ async def admitted_request(
     in the model's window and every message through the input classifiers."""
     request = to_generation_request(completion, owner, deps.config, deps.pipeline.reply_to)
     check_bus_size(deps.config.limits, request)
-    await admit(deps.gates, owner, admission_tokens(request.messages, request.sampling.max_tokens))
+    prompt = [*(m.content for m in request.messages), *tool_texts(request)]
+    await admit(deps.gates, owner, text_tokens(prompt, request.sampling.max_tokens))
     await check_window(deps.context, request)
     await check_input(deps.gates, owner, request.model, [m.content for m in request.messages])
     return request
@@ -130,11 +138,11 @@ def to_generation_request(
         stop=completion.stop_sequences,
         ignore_eos=completion.ignore_eos,
     )
-    messages = tuple(ChatMessage(role=message.chat_role, content=message.text)
-                     for message in completion.messages)  # fmt: skip
-    return owner_request(owner, model=model, messages=messages, sampling=sampling,
-                         reply_to=reply_to, timeout_s=config.request_timeout_s,
-                         sent_at=now())  # fmt: skip
+    tools = tool_use(completion, limits)
+    request = owner_request(owner, model=model, messages=chat_messages(completion.messages),
+                            sampling=sampling, reply_to=reply_to,
+                            timeout_s=config.request_timeout_s, sent_at=now())  # fmt: skip
+    return request if tools is None else request.model_copy(update={"tool_use": tools})
 
 
 TEMPLATE_TOKENS = 256
@@ -147,11 +155,14 @@ async def check_window(context: ContextBuilder, request: GenerationRequest) -> N
     answer (the engine ends the answer at the window, `length`). The prompt is tokenized
     only when it might not fit: no token is shorter than a byte."""
     window = context.policy(request.model, 0).max_prompt_tokens
-    most = TEMPLATE_TOKENS + sum(len(m.content.encode()) + TOKENS_PER_MESSAGE
-                                 for m in request.messages)  # fmt: skip
+    tools = template_tools(request.tool_use)
+    most = TEMPLATE_TOKENS + len(orjson.dumps(tools)) + sum(
+        len(m.content.encode()) + TOKENS_PER_MESSAGE
+        + sum(len(c.function.arguments.encode()) + TOKENS_PER_MESSAGE for c in m.tool_calls)
+        for m in request.messages)
     if most < window:
         return
-    tokens = await context.prompt_tokens(request.model, request.messages)
+    tokens = await context.prompt_tokens(request.model, request.messages, tools)
     if tokens >= window:
         raise TooLarge("context_too_long", f"the prompt needs {tokens} tokens; "
                        f"{request.model} takes {window} in all", param="messages")
@@ -168,16 +179,19 @@ class _Answer:
     model: str
     created: int
     include_usage: bool
+    tool_use: ToolUse | None = None
     content_frame: tuple[bytes, bytes] = (b"", b"")
     """A content chunk's frame around its JSON-encoded text (the stream's hot path)."""
 
     @classmethod
     def of(cls, request: GenerationRequest, include_usage: bool) -> _Answer:
-        answer = cls(f"chatcmpl-{request.request_id}", request.model, int(now()), include_usage)
+        answer = cls(f"chatcmpl-{request.request_id}", request.model, int(now()), include_usage,
+                     request.tool_use)
         marked = answer.chunk(ChunkDelta(content=_CONTENT_MARK))
         head, found, tail = marked.partition(orjson.dumps(_CONTENT_MARK))
         assert found, "a chunk's JSON must hold its content as orjson writes it"
-        return cls(answer.id, answer.model, answer.created, include_usage, (head, tail))
+        return cls(answer.id, answer.model, answer.created, include_usage, request.tool_use,
+                   (head, tail))
 
     def chunk(self, delta: ChunkDelta | None, finish_reason: str | None = None) -> bytes:
         choices = [] if delta is None else [ChunkChoice(delta=delta, finish_reason=finish_reason)]
@@ -198,7 +212,8 @@ class _Answer:
         )
 
 
-async def chunk_events(answer: _Answer, generation: Generation) -> AsyncIterator[bytes]:
+async def chunk_events(answer: _Answer, generation: Generation,
+                       streamed: StreamedAnswer) -> AsyncIterator[bytes]:
     """The completion's chunks; what arrived together is written together."""
     yield answer.chunk(ChunkDelta(role="assistant", content=""))
     retracted = False
@@ -208,12 +223,16 @@ async def chunk_events(answer: _Answer, generation: Generation) -> AsyncIterator
             for event in merged_deltas(batch):
                 match event:
                     case Delta() if not retracted:
-                        frames.append(answer.content_chunk(event.text))
+                        chunks = streamed.delta(event.text)
+                        if chunks is None:
+                            frames.append(answer.content_chunk(event.text))
+                        else:
+                            frames += (answer.chunk(chunk) for chunk in chunks)
                     case Retract():
                         retracted = True  # text already sent cannot be taken back here
                     case DeliveryDone():
-                        reason = ("content_filter" if retracted
-                                  else event.status.openai_finish_reason)
+                        frames += (answer.chunk(chunk) for chunk in streamed.end(event, retracted))
+                        reason = finish_reason(streamed.tool_use, event, retracted)
                         frames.append(answer.chunk(ChunkDelta(), reason))
                         if answer.include_usage:
                             frames.append(answer.usage_chunk(CompletionUsage.of(event.usage)))
@@ -249,12 +268,12 @@ async def collect(answer: _Answer, generation: Generation, request: Request) -> 
             raise ApiError(502, "stream_interrupted", _INTERRUPTED)
         case DeliveryError():
             raise from_delivery_error(end)
-    reason = "content_filter" if text.retracted else end.status.openai_finish_reason
     return ChatCompletion(
         id=answer.id,
         created=answer.created,
         model=answer.model,
-        choices=[Choice(message=AssistantMessage(content=str(text)), finish_reason=reason)],
+        choices=[Choice(message=message(str(text), end, text.retracted),
+                        finish_reason=finish_reason(answer.tool_use, end, text.retracted))],
         usage=CompletionUsage.of(end.usage),
     )
 

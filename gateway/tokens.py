@@ -17,7 +17,7 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
-from common.prompt import prompt_token_ids, template_ids, text_ids
+from common.prompt import prompt_token_ids, template_ids, template_messages, text_ids
 from schemas.events import ChatMessage, Role
 
 _PROBE = "probe"
@@ -40,25 +40,27 @@ class TokenCounter:
 
         return cls(AutoTokenizer.from_pretrained(str(model_dir)))
 
-    def render(self, messages: list[ChatMessage]) -> str:
-        """The prompt text: chat template with the generation prompt, or a plain
-        `role: content` transcript for a tokenizer without a template."""
-        dicts = [{"role": m.role.value, "content": m.content} for m in messages]
+    def render(self, messages: list[ChatMessage],
+               tools: list[dict[str, Any]] | None = None) -> str:
+        """The prompt text: chat template with the generation prompt (and `tools`), or a
+        plain `role: content` transcript for a tokenizer without a template."""
+        dicts = template_messages(messages)
         if getattr(self._tokenizer, "chat_template", None):
             with self._lock:
                 return self._tokenizer.apply_chat_template(
-                    dicts, tokenize=False, add_generation_prompt=True
+                    dicts, tools=tools, tokenize=False, add_generation_prompt=True
                 )
         return "".join(f"{m['role']}: {m['content']}\n" for m in dicts) + "assistant: "
 
-    def count_prompt(self, messages: list[ChatMessage]) -> int:
-        """Tokens of the prompt: what the engine reports as prompt_tokens."""
+    def count_prompt(self, messages: list[ChatMessage],
+                     tools: list[dict[str, Any]] | None = None) -> int:
+        """Tokens of the prompt (with the `tools` it shows the model, OpenAI function
+        tools): what the engine reports as prompt_tokens."""
         if not self._templated:
             with self._lock:
-                return len(template_ids(self._tokenizer, self.render(messages)))
-        dicts = [{"role": m.role.value, "content": m.content} for m in messages]
+                return len(template_ids(self._tokenizer, self.render(messages, tools)))
         with self._lock:
-            return len(prompt_token_ids(self._tokenizer, dicts))
+            return len(prompt_token_ids(self._tokenizer, template_messages(messages), tools))
 
     def count_text(self, text: str) -> int:
         """Tokens of a message's content: plain text, its control strings included."""

@@ -199,7 +199,8 @@ class SafetyCore:
                                                seq=end.seq, text=rest)))
         if isinstance(end, GenerationDone):
             final: DeliveryDone | DeliveryError = DeliveryDone(
-                **fields, status=end.status, usage=end.usage, model=end.model)
+                **fields, status=end.status, usage=end.usage, model=end.model,
+                tool_calls=end.tool_calls)
         else:
             final = DeliveryError(**fields, code=end.code, message=end.message,
                                   retry_after=end.retry_after)

@@ -16,6 +16,7 @@ from pydantic.dataclasses import dataclass as pydantic_dataclass
 from schemas.events import Role, Usage
 from schemas.files import MAX_FILES_PER_TURN, Citation
 from schemas.lifecycle import RequestStatus
+from schemas.tools import FUNCTION_NAME, ToolCall, ToolSpec
 
 # --- request text and bounds ----------------------------------------------------------
 
@@ -183,13 +184,17 @@ class TextPart(BaseModel):
 
 
 class InputMessage(BaseModel):
-    """One message of `messages`; `developer` is OpenAI's newer name for `system`."""
+    """One message of `messages`; `developer` is OpenAI's newer name for `system`. An
+    assistant message may carry the tool calls it made (its content then may be null),
+    a `tool` message the result of one of them (`tool_call_id`)."""
 
     model_config = ConfigDict(extra="ignore")
 
-    role: Literal["system", "developer", "user", "assistant"]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Text | list[TextPart] | None = None
     name: Text | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: Text | None = None
 
     @property
     def text(self) -> str:
@@ -213,6 +218,21 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
+class FunctionName(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    name: str = Field(pattern=FUNCTION_NAME)
+
+
+class NamedToolChoice(BaseModel):
+    """`tool_choice` naming the function the model must call."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    type: Literal["function"] = "function"
+    function: FunctionName
+
+
 class ChatCompletionRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
@@ -231,6 +251,12 @@ class ChatCompletionRequest(BaseModel):
     n: int = Field(1, ge=1, le=1, description="one choice per request")
     user: Text | None = None
     ignore_eos: bool = Field(False, description="vLLM extension, for benchmarks")
+    tools: list[ToolSpec] | None = Field(None, description=(
+        "functions the model may call; at most CHATPIPE_MAX_TOOLS"))
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = Field(
+        None, description="unset: auto with tools, none without")
+    parallel_tool_calls: bool | None = Field(
+        None, description="the model may call several tools in one answer (default true)")
 
     @property
     def include_usage(self) -> bool:
@@ -272,7 +298,8 @@ class CompletionUsage(BaseModel):
 
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None
+    tool_calls: list[ToolCall] | None = None
 
 
 class Choice(BaseModel):
@@ -291,9 +318,25 @@ class ChatCompletion(BaseModel):
     usage: CompletionUsage
 
 
+class ChunkFunction(BaseModel):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class ChunkToolCall(BaseModel):
+    """Part of a streamed tool call: the first part of call `index` has its id, type and
+    name; the arguments' JSON text may come in several parts, to be joined."""
+
+    index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: ChunkFunction
+
+
 class ChunkDelta(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: list[ChunkToolCall] | None = None
 
 
 class ChunkChoice(BaseModel):

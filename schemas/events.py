@@ -15,6 +15,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from schemas.lifecycle import RequestStatus
+from schemas.tools import ToolCall, ToolCalls, ToolUse
 from schemas.topics import Tier
 
 SCHEMA_VERSION = 1
@@ -23,6 +24,11 @@ SCHEMA_VERSION = 1
 def now() -> float:
     """Wall-clock seconds since the epoch: the timestamp of every event."""
     return time.time()
+
+
+def _unset(value: object) -> bool:
+    """Left out of the JSON when unset: a field most events never use costs no bytes."""
+    return value is None or value == ()
 
 
 class Event(BaseModel):
@@ -35,6 +41,7 @@ class Role(StrEnum):
     SYSTEM = "system"
     USER = "user"
     ASSISTANT = "assistant"
+    TOOL = "tool"
 
 
 class ChatMessage(BaseModel):
@@ -42,6 +49,10 @@ class ChatMessage(BaseModel):
 
     role: Role
     content: str
+    tool_calls: tuple[ToolCall, ...] = Field(
+        (), description="an assistant's calls of tools", exclude_if=_unset)
+    tool_call_id: str | None = Field(
+        None, description="a tool's result: the call it answers", exclude_if=_unset)
 
 
 class SamplingOptions(BaseModel):
@@ -106,6 +117,9 @@ class GenerationRequest(Event):
     stream: StreamPosition | None = Field(
         None, description="set at dispatch: where the stream lies on chat.tokens"
     )
+    tool_use: ToolUse | None = Field(
+        None, description="tools the model is shown, and how it may call them",
+        exclude_if=_unset)
     created_at: float = Field(default_factory=now)
 
     @property
@@ -227,6 +241,9 @@ class GenerationDone(StreamEvent):
     type: Literal["done"] = "done"
     status: RequestStatus
     usage: Usage
+    tool_calls: ToolCalls | None = Field(
+        None, description="the tools the answer called: its text, parsed at its end",
+        exclude_if=_unset)
 
 
 class GenerationError(StreamEvent):
@@ -301,6 +318,9 @@ class DeliveryDone(DeliveryEvent):
     status: RequestStatus
     usage: Usage
     model: str | None = Field(None, description="the model that answered")
+    tool_calls: ToolCalls | None = Field(
+        None, description="the tools the answer called (from the generation's done event)",
+        exclude_if=_unset)
 
 
 class AnswerStarted(DeliveryEvent):

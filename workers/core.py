@@ -197,6 +197,10 @@ class PriorOutput:
 NOTHING = PriorOutput("", 0, 0, False)
 
 
+class ToolCallInterrupted(RuntimeError):
+    """A constrained tool call an earlier attempt started cannot be continued."""
+
+
 def assemble(request_id: str, events: Iterable[Event]) -> PriorOutput:
     """The output earlier attempts left, from the stream's events in partition order."""
     log = AnswerLog()
@@ -249,11 +253,18 @@ class Attempt:
         """The output the usage counts: the last one, once the attempt ended whole."""
 
     def resume(self, prior: PriorOutput) -> Continuation | None:
-        """Continue after what earlier attempts streamed: what the engine goes on from."""
+        """Continue after what earlier attempts streamed: what the engine goes on from.
+
+        Raises `ToolCallInterrupted` for an answer held to a JSON schema (a required or
+        named tool choice) that an earlier attempt started: vLLM holds only what it
+        generates to the schema, never a prompt's tail, so the rest could not be held."""
         self.seq = prior.next_seq
         self.prior_tokens = prior.tokens
         if not prior.streamed:
             return None
+        tool_use = self.request.tool_use
+        if tool_use is not None and tool_use.constrained:
+            raise ToolCallInterrupted(self.request.request_id)
         return Continuation(prior.text, prior.tokens, prior.token_ids)
 
     def output(self, output: EngineOutput, streams: int) -> TokenChunk | None:
@@ -283,7 +294,8 @@ class Attempt:
         from now on its usage counts what the engine produced."""
         self._counted = self._latest
         return GenerationDone(**stream_fields(self.request, self.seq), status=self.status,
-                              usage=usage_of(self._counted, self.prior_tokens))
+                              usage=usage_of(self._counted, self.prior_tokens),
+                              tool_calls=self._latest.tool_calls if self._latest else None)
 
     def error(self, code: str, message: str) -> GenerationError:
         """The end of an attempt that failed. Its usage counts no output of its own

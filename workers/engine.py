@@ -12,6 +12,7 @@ from typing import Protocol
 
 from schemas.events import GenerationRequest
 from schemas.lifecycle import RequestStatus
+from schemas.tools import ToolCalls
 
 
 @dataclass(frozen=True, slots=True)
@@ -20,7 +21,8 @@ class EngineOutput:
 
     `text` is the new text since the previous output (a delta) and `token_ids` its
     tokens, where the engine has them; `completion_tokens` counts every output token
-    so far; `status` is set on the last output only (a terminal `RequestStatus`).
+    so far; `status` is set on the last output only (a terminal `RequestStatus`), and
+    with it `tool_calls`: the tools the whole answer called, where it called any.
     """
 
     text: str
@@ -30,6 +32,7 @@ class EngineOutput:
     cached_tokens: int = 0
     status: RequestStatus | None = None
     token_ids: tuple[int, ...] = ()
+    tool_calls: ToolCalls | None = None
 
 
 @dataclass(frozen=True, slots=True)

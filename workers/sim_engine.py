@@ -18,6 +18,10 @@ Scripted mode — directives in the last user message, e.g. `[[sim:reply=Hi ther
 - `[[sim:reply=TEXT]]`  the reply is TEXT (split on spaces, one token per word)
 - `[[sim:length=N]]`    the reply stops by itself after N words
 - `[[sim:fail]]`        `generate` raises `SimEngineFailure` before the first token
+
+A required or named tool choice is answered with a call of the first (or the named)
+function with the least arguments its schema takes (`workers.tool_calls.example_output`),
+a few characters a token; `auto` is answered with text, as a model that calls no tool.
 """
 
 from __future__ import annotations
@@ -31,7 +35,9 @@ from dataclasses import dataclass
 
 from schemas.events import ChatMessage, GenerationRequest
 from schemas.lifecycle import RequestStatus
+from schemas.tools import ToolCalls
 from workers.engine import Continuation, EngineOutput, EngineStats
+from workers.tool_calls import constrained_calls, example_output
 
 WORDS = ["the", "a", "of", "and", "to", "in", "is", "it", "that", "for", "on", "with", "as", "was", "at", "by", "this", "be", "from", "or", "have", "an", "they", "which", "one", "you", "were", "all", "we", "when", "there", "can", "more", "if", "out", "so", "what", "about", "up", "time", "said", "would", "into", "them", "some", "could", "other", "then", "two", "its", "like", "now", "over", "only", "new", "way", "model", "token", "stream", "kafka", "batch", "queue", "cache", "prompt", "reply", "tier", "slot", "worker", "engine"]
 
@@ -49,6 +55,7 @@ class ReplyPlan:
     tokens: tuple[str, ...]
     status: RequestStatus
     fail: bool = False
+    tool_calls: ToolCalls | None = None
 
 
 def prompt_token_count(messages: tuple[ChatMessage, ...]) -> int:
@@ -62,6 +69,9 @@ def plan_reply(request: GenerationRequest) -> ReplyPlan:
     seed = hashlib.blake2b(f"{request.request_id}\n{last_user}".encode(), digest_size=8)
     rng = random.Random(seed.digest())
 
+    tool_use = request.tool_use
+    if tool_use is not None and tool_use.constrained:
+        return _tool_call_plan(request, example_output(tool_use))
     if "reply" in directives:
         words = directives["reply"].split()
     else:
@@ -80,6 +90,22 @@ def plan_reply(request: GenerationRequest) -> ReplyPlan:
     if stopped:
         status = RequestStatus.FINISHED_STOPPED
     return ReplyPlan(tuple(tokens), status, fail="fail" in directives)
+
+
+TOOL_CALL_TOKEN_CHARS = 4
+
+
+def _tool_call_plan(request: GenerationRequest, text: str) -> ReplyPlan:
+    """A constrained answer: `text` a few characters a token, cut at `max_tokens`
+    (then it calls nothing: the JSON is not whole)."""
+    tokens = [text[i:i + TOOL_CALL_TOKEN_CHARS] for i in range(0, len(text),
+                                                              TOOL_CALL_TOKEN_CHARS)]
+    status = RequestStatus.FINISHED_STOPPED
+    if len(tokens) > request.sampling.max_tokens:
+        tokens, status = tokens[: request.sampling.max_tokens], RequestStatus.FINISHED_LENGTH
+    assert request.tool_use is not None
+    calls = constrained_calls("".join(tokens), request.tool_use, request.request_id)
+    return ReplyPlan(tuple(tokens), status, tool_calls=calls)
 
 
 def _cut_at_stop(tokens: list[str], stop: tuple[str, ...]) -> tuple[list[str], bool]:
@@ -137,7 +163,8 @@ class SimEngine:
         sent = min(continuation.tokens, len(plan.tokens)) if continuation else 0
 
         def output(text: str, new: int, status: RequestStatus | None = None) -> EngineOutput:
-            return EngineOutput(text, new, sent, prompt_tokens, 0, status)
+            calls = plan.tool_calls if status is not None and sent == len(plan.tokens) else None
+            return EngineOutput(text, new, sent, prompt_tokens, 0, status, tool_calls=calls)
 
         try:
             if not await self._take_slot(aborted):

@@ -25,10 +25,11 @@ from contextlib import aclosing
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from common.prompt import prompt_token_ids, text_ids
+from common.prompt import prompt_token_ids, template_messages, template_tools, text_ids
 from schemas.events import GenerationRequest, SamplingOptions
 from schemas.lifecycle import RequestStatus
 from workers.engine import Continuation, EngineOutput, EngineStats
+from workers.vllm_tools import ToolReader
 
 if TYPE_CHECKING:
     from vllm import SamplingParams
@@ -42,6 +43,14 @@ CHATPIPE_ENGINE_ARGS: dict[str, Any] = {
     # step (the worker's own stat logger turns stats on, and vLLM always adds it):
     # its `vllm:` metrics are served beside chatpipe's (ops.metrics).
     "disable_log_stats": True,
+    # Output held to a JSON schema (a required or named tool choice) is compact JSON with
+    # only the properties the schema names, as OpenAI writes tool arguments. With vLLM's
+    # defaults a model may write whitespace, or properties of its own, without end (the
+    # tiny model did, until max_tokens). xgrammar, vLLM's first choice, allows no other
+    # properties; llguidance, its fallback for schemas xgrammar cannot take, does with
+    # `disable_additional_properties`, and takes the most of JSON Schema.
+    "structured_outputs_config": {"backend": "guidance", "disable_any_whitespace": True,
+                                  "disable_additional_properties": True},
 }
 """What chatpipe sets over vLLM's defaults; `vllm_args` may override each."""
 
@@ -74,9 +83,11 @@ class VllmEngine:
     """
 
     def __init__(
-        self, model_path: Path, model_name: str, vllm_args: Mapping[str, Any] | None = None
+        self, model_path: Path, model_name: str, vllm_args: Mapping[str, Any] | None = None,
+        tool_parser: str = "hermes",
     ) -> None:
         self.model = model_name
+        self.tool_parser = tool_parser
         self.model_path = Path(model_path)
         self._engine_args = resolve_engine_args(
             self.model_path, model_name, vllm_args or {}, on_cpu=_vllm_runs_on_cpu()
@@ -117,7 +128,7 @@ class VllmEngine:
         tokenizer = AutoTokenizer.from_pretrained(self.model_path)
         if not tokenizer.chat_template:
             raise ValueError(f"{self.model_path} has no chat template")
-        args = AsyncEngineArgs(**self._engine_args)
+        args = AsyncEngineArgs(**engine_arg_values(self._engine_args))
         stats_tap = _scheduler_stats_tap(self._on_scheduler_stats)
         # Construction blocks until the EngineCore process has loaded the model
         # and sized the KV cache; AsyncLLM supports building outside the loop.
@@ -129,6 +140,7 @@ class VllmEngine:
         )
         self._max_slots = self._llm.vllm_config.scheduler_config.max_num_seqs
         self._tokenizer = tokenizer
+        self._tools = ToolReader(tokenizer, self.tool_parser, self.model)
 
     async def stop(self) -> None:
         """Abort what still runs (its streams end FINISHED_ABORTED), then shut down."""
@@ -149,6 +161,9 @@ class VllmEngine:
         completion_tokens = continuation.tokens if continuation else 0
         params = sampling_params(request.sampling)
         params.max_tokens = max(1, request.sampling.max_tokens - completion_tokens)
+        reading = self._tools.reading(request, params)
+        if continuation is not None:
+            reading.add(continuation.text)
         stream = llm.generate(
             prompt,
             params,
@@ -164,6 +179,8 @@ class VllmEngine:
                     if not out.finished and request.request_id in self._abort_requested:
                         # abort() ran before vLLM registered the request.
                         await llm.abort(request.request_id)
+                    reading.add(choice.text)
+                    status = finish_status(choice.finish_reason) if out.finished else None
                     yield EngineOutput(
                         text=choice.text,
                         token_ids=tuple(choice.token_ids),
@@ -171,7 +188,8 @@ class VllmEngine:
                         completion_tokens=completion_tokens,
                         prompt_tokens=prompt_tokens,
                         cached_tokens=out.num_cached_tokens or 0,
-                        status=finish_status(choice.finish_reason) if out.finished else None,
+                        status=status,
+                        tool_calls=reading.calls() if status is not None else None,
                     )
         finally:
             self._active[request.request_id] -= 1
@@ -208,8 +226,8 @@ class VllmEngine:
         (a continuation's answer so far is completion, counted once as such). No
         message's content, nor the answer so far, can become a special token
         (`common.prompt`)."""
-        messages = [{"role": m.role.value, "content": m.content} for m in request.messages]
-        token_ids = prompt_token_ids(self._tokenizer, messages)
+        token_ids = prompt_token_ids(self._tokenizer, template_messages(request.messages),
+                                     template_tools(request.tool_use))
         prompt_tokens = len(token_ids)
         if continuation is not None and continuation.token_ids:
             token_ids = token_ids + list(continuation.token_ids)  # the answer so far, exactly
@@ -258,6 +276,18 @@ def resolve_engine_args(
     if on_cpu and not {"kv_cache_memory_bytes", "gpu_memory_utilization"} & set(vllm_args):
         args["kv_cache_memory_bytes"] = CPU_KV_CACHE_BYTES
     return {**args, **vllm_args}
+
+
+def engine_arg_values(args: Mapping[str, Any]) -> dict[str, Any]:
+    """`args` as `AsyncEngineArgs` takes them: a config given as a JSON object (as
+    CHATPIPE_VLLM_ARGS gives it) becomes its vLLM config class, as vLLM's CLI does."""
+    from vllm.config import StructuredOutputsConfig
+
+    values = dict(args)
+    if isinstance(values.get("structured_outputs_config"), dict):
+        values["structured_outputs_config"] = StructuredOutputsConfig(
+            **values["structured_outputs_config"])
+    return values
 
 
 def engine_arg_names() -> frozenset[str]:

@@ -298,7 +298,7 @@ async def test_invalid_fields_are_422_naming_the_field(client):
     assert assert_error(response, 422, "invalid_request")["param"] == "temperature"
     response = await client.post(
         "/v1/chat/completions",
-        json={"model": "tiny", "messages": [{"role": "tool", "content": "x"}]},
+        json={"model": "tiny", "messages": [{"role": "robot", "content": "x"}]},
         headers=ALICE,
     )
     assert assert_error(response, 422, "invalid_request")["param"] == "messages.0.role"

@@ -43,6 +43,7 @@ from schemas.events import (
     Usage,
 )
 from schemas.lifecycle import RequestStatus
+from schemas.tools import FunctionCall, ToolCall, ToolCalls
 from tests.unit.test_stage_runner import FakeConsumer
 
 # --- the gate -----------------------------------------------------------------------------
@@ -412,6 +413,16 @@ def test_a_continuation_joins_the_window_where_the_earlier_attempt_left_it():
     ids = [e.seq for e in delivered]
     assert ids == sorted(set(ids)), "delivery ids increase and never repeat"
     assert isinstance(delivered[-1], DeliveryDone) and delivered[-1].seq == 4
+
+
+def test_the_tools_an_answer_called_reach_the_gateway_with_its_end():
+    calls = ToolCalls(calls=(ToolCall(id="call_1", function=FunctionCall(
+        name="get_time", arguments="{}")),))
+    end = end_of(1).model_copy(update={"tool_calls": calls})
+    outputs = run(core_with(window=4), [marker_of(0), chunk_of(0, '[{"name":"get_time"}]'), end])
+    delivered = [o.event for o in outputs if isinstance(o, Deliver)]
+    assert isinstance(delivered[-1], DeliveryDone) and delivered[-1].tool_calls == calls
+    assert "".join(e.text for e in delivered if isinstance(e, Delta)) == '[{"name":"get_time"}]'
 
 
 def test_replaying_a_stream_gives_the_same_ids():

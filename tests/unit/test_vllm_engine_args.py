@@ -12,11 +12,13 @@ from workers.vllm_engine import (
     CHATPIPE_ENGINE_ARGS,
     CPU_KV_CACHE_BYTES,
     VllmEngine,
+    engine_arg_values,
     resolve_engine_args,
 )
 
 FIELDS = {"model", "served_model_name", "scheduling_policy", "disable_log_stats",
-          "max_num_seqs", "enforce_eager", "kv_cache_memory_bytes", "gpu_memory_utilization"}
+          "structured_outputs_config", "max_num_seqs", "enforce_eager", "kv_cache_memory_bytes",
+          "gpu_memory_utilization"}
 MODEL = Path("/models/tiny")
 
 
@@ -26,8 +28,12 @@ def resolve(vllm_args: dict[str, object], on_cpu: bool = False) -> dict[str, obj
 
 def test_without_overrides_only_the_model_and_chatpipes_needs_are_set() -> None:
     assert resolve({}) == {"model": "/models/tiny", "served_model_name": ["tiny"],
-                           "scheduling_policy": "priority", "disable_log_stats": True}
-    assert set(CHATPIPE_ENGINE_ARGS) == {"scheduling_policy", "disable_log_stats"}
+                           "scheduling_policy": "priority", "disable_log_stats": True,
+                           "structured_outputs_config": {
+                               "backend": "guidance", "disable_any_whitespace": True,
+                               "disable_additional_properties": True}}
+    assert set(CHATPIPE_ENGINE_ARGS) == {"scheduling_policy", "disable_log_stats",
+                                         "structured_outputs_config"}
 
 
 @pytest.mark.parametrize(("vllm_args", "kv_cache_bytes"), [
@@ -82,10 +88,21 @@ def test_the_names_checked_are_those_of_vllms_async_engine_args() -> None:
 
     engine = VllmEngine(MODEL, "tiny", {"max_num_seqs": 5, "enforce_eager": True})
     args = engine.engine_args()
-    AsyncEngineArgs(**args)  # every field exists
+    AsyncEngineArgs(**engine_arg_values(args))  # every field exists
     assert args["max_num_seqs"] == 5
     with pytest.raises(ValueError, match="'max_num_sequences' is not an AsyncEngineArgs"):
         VllmEngine(MODEL, "tiny", {"max_num_sequences": 5})
+
+
+def test_a_config_given_as_json_becomes_vllms_config_class() -> None:
+    pytest.importorskip("vllm", reason="vLLM is not installed")
+    from vllm.config import StructuredOutputsConfig
+
+    values = engine_arg_values({"max_num_seqs": 5, "structured_outputs_config": {
+        "backend": "guidance", "disable_any_whitespace": True}})
+    assert values["max_num_seqs"] == 5
+    config = values["structured_outputs_config"]
+    assert isinstance(config, StructuredOutputsConfig) and config.disable_any_whitespace
 
 
 def test_slots_are_unknown_until_the_engine_has_started() -> None:

@@ -1,0 +1,97 @@
+"""Tool calling, as OpenAI's function tools have it: what a request offers the model
+(`ToolSpec`), how the model may use them (`ToolUse`), and what it called (`ToolCall`).
+
+The same shapes travel everywhere: in the OpenAI-compatible API, in the
+`GenerationRequest` on the bus, into the chat template (`tools=`), and back on the done
+events. How a tool choice becomes a constraint on the output, and the output tool calls
+again, is `workers.tool_calls`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+FUNCTION_NAME = r"^[A-Za-z0-9_-]{1,64}$"
+"""What OpenAI accepts as a function's name."""
+
+
+class FunctionSpec(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    name: str = Field(pattern=FUNCTION_NAME)
+    description: str | None = None
+    parameters: dict[str, Any] | None = Field(
+        None, description="a JSON Schema of the arguments object; unset: any object")
+    strict: bool | None = None
+
+
+class ToolSpec(BaseModel):
+    """One tool a request offers the model: a function."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    type: Literal["function"] = "function"
+    function: FunctionSpec
+
+
+class FunctionCall(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    name: str
+    arguments: str = Field(description="the arguments object as JSON text")
+
+
+class ToolCall(BaseModel):
+    """A call the model made (or, in a request's history, made before)."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class ToolUse(BaseModel):
+    """The tools a request offers and how the model may use them.
+
+    `auto`: the model decides, its tool parser finds the calls in its text; `required`:
+    the output is held (vLLM structured outputs) to a list of calls of these tools,
+    at most one unless `parallel`; `function`: the output is held to the arguments of
+    the function named `function`. A request whose tool choice is `none` carries no
+    `ToolUse`: the model sees no tools."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    tools: tuple[ToolSpec, ...] = Field(min_length=1)
+    choice: Literal["auto", "required", "function"] = "auto"
+    function: str | None = Field(None, description="the function named by the tool choice")
+    parallel: bool = Field(True, description="the model may call several tools at once")
+
+    @property
+    def constrained(self) -> bool:
+        """The output is held to a JSON schema (required or named tool choice)."""
+        return self.choice != "auto"
+
+    def spec(self, name: str) -> FunctionSpec | None:
+        return next((t.function for t in self.tools if t.function.name == name), None)
+
+
+class ToolCalls(BaseModel):
+    """An answer that called tools, as its done event carries it: the calls, and the
+    text around them that is not a call (`content`, none for a constrained answer)."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    calls: tuple[ToolCall, ...] = Field(min_length=1)
+    content: str | None = None
+
+
+def call_id(request_id: str, index: int) -> str:
+    """The id of an answer's `index`th call, as OpenAI spells ids (`call_...`): a function
+    of the request and the call's place, so the gateway streaming a named call and the
+    worker ending the answer (any attempt) name it the same."""
+    digest = hashlib.blake2b(f"{request_id}\n{index}".encode(), digest_size=12).hexdigest()
+    return f"call_{digest}"
