@@ -21,6 +21,8 @@ A table per query (DESIGN §8):
 * `api_keys` by key hash (HMAC-SHA256, see `store.hash_api_key`): the lookup of
   every authenticated request; `chatpipe keys list` reads the whole table.
   `api_key_ids`: key_id -> key hash, for `chatpipe keys revoke KEY_ID`.
+* `org_settings` by org_id (`chatpipe orgs`); `response_cache` by cache key, each row
+  written with a TTL (its `expires_at`, which reads also check: the store's clock).
 
 A keyspace made by an earlier chatpipe gains the newer columns (`UPGRADES`, `ALTER
 TABLE … ADD IF NOT EXISTS`, Cassandra 4.1 or later). Its rows have no org: such
@@ -60,6 +62,10 @@ REQUEST_COLUMNS = (
     " reply_to, created_at, org_id"
 )
 API_KEY_COLUMNS = "key_id, user_id, org_id, tier, name, created_at, expires_at, revoked_at"
+CACHED_RESPONSE_COLUMNS = (
+    "cache_key, org_id, model, content, prompt_tokens, completion_tokens, status,"
+    " created_at, expires_at"
+)
 
 TABLES = (
     """CREATE TABLE IF NOT EXISTS {ks}.conversations (
@@ -135,6 +141,19 @@ TABLES = (
     """CREATE TABLE IF NOT EXISTS {ks}.api_key_ids (
     key_id text PRIMARY KEY,
     key_hash text)""",
+    """CREATE TABLE IF NOT EXISTS {ks}.org_settings (
+    org_id text PRIMARY KEY,
+    response_cache boolean)""",
+    """CREATE TABLE IF NOT EXISTS {ks}.response_cache (
+    cache_key text PRIMARY KEY,
+    org_id text,
+    model text,
+    content text,
+    prompt_tokens int,
+    completion_tokens int,
+    status text,
+    created_at double,
+    expires_at double)""",
 )
 
 # Columns a keyspace made by an earlier chatpipe lacks (no-ops on a new one).
@@ -225,6 +244,16 @@ STATEMENTS = {
     "select_api_key_id": "SELECT key_hash FROM {ks}.api_key_ids WHERE key_id = ?",
     # a condition, so a key row deleted meanwhile is not brought back as a stub
     "revoke_api_key": "UPDATE {ks}.api_keys SET revoked_at = ? WHERE key_hash = ? IF EXISTS",
+    # orgs and the response cache
+    "insert_org_settings": "INSERT INTO {ks}.org_settings (org_id, response_cache)"
+    " VALUES (?, ?)",
+    "select_org_settings": "SELECT org_id, response_cache FROM {ks}.org_settings"
+    " WHERE org_id = ?",
+    "select_all_org_settings": "SELECT org_id, response_cache FROM {ks}.org_settings",
+    "insert_cached_response": f"INSERT INTO {{ks}}.response_cache ({CACHED_RESPONSE_COLUMNS})"
+    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) USING TTL ?",
+    "select_cached_response": f"SELECT {CACHED_RESPONSE_COLUMNS} FROM {{ks}}.response_cache"
+    " WHERE cache_key = ?",
 }
 
 

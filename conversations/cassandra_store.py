@@ -37,6 +37,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import astuple, replace
 
 from conversations import cassandra_schema as cql
+from conversations.cassandra_orgs import CassandraOrgs
 from conversations.cassandra_session import CqlSession, DriverSession, Rows
 from conversations.store import (
     ApiKey,
@@ -80,7 +81,7 @@ async def claim_seq(
     raise RuntimeError(f"no seq claimed after {max_claims} attempts")
 
 
-class CassandraStore:
+class CassandraStore(CassandraOrgs):
     """`ConversationStore` on a Cassandra cluster."""
 
     def __init__(

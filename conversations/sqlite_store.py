@@ -22,6 +22,7 @@ from dataclasses import astuple, replace
 from pathlib import Path
 
 from common.sqlite_file import SQLiteFile, transaction
+from conversations.sqlite_orgs import SQLiteOrgs
 from conversations.sqlite_schema import (
     API_KEY_COLUMNS,
     CONVERSATION_COLUMNS,
@@ -55,7 +56,7 @@ from schemas.lifecycle import RequestStatus
 __all__ = ["SQLiteStore", "hash_api_key"]
 
 
-class SQLiteStore(SQLiteFile):
+class SQLiteStore(SQLiteOrgs, SQLiteFile):
     """`ConversationStore` on one SQLite file (or ":memory:" for tests).
 
     Message seq numbers start at 1 and are assigned inside a write
