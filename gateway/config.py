@@ -76,6 +76,18 @@ class QuotaConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class ResponseCacheConfig:
+    """The response cache (`gateway.cached_pipeline`), for the orgs that opted in."""
+
+    ttl_s: float = 86400.0
+    """How long an answer is kept; 0: no response cache on this gateway."""
+    tokens_per_s: float = 50.0
+    """The pace a cached answer is replayed at."""
+    chunk_s: float = 0.05
+    """One replayed chunk every this many seconds."""
+
+
+@dataclass(frozen=True, slots=True)
 class GatewayConfig:
     limits: RequestLimits
     context: ContextConfig
@@ -93,3 +105,4 @@ class GatewayConfig:
     """Title a conversation on the small model after its first exchange."""
     reply_wait_s: float = 5.0
     """How long a new turn waits for the previous turn's answer to be recorded."""
+    response_cache: ResponseCacheConfig = ResponseCacheConfig()
