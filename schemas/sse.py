@@ -141,8 +141,9 @@ def native_event(event: DeliverEvent) -> bytes:
                 usage=event.usage,
                 cache=event.usage.cache,
             )
-            if payload.cache is None:
-                return frame(payload.model_dump_json(exclude={"cache"}), event.type, event.seq)
+            if payload.cache is None:  # not looked up: the done event as it always was
+                unasked = payload.model_dump_json(exclude={"cache": True, "usage": {"cache"}})
+                return frame(unasked, event.type, event.seq)
             return _event(payload, event.type, event.seq)
     raise TypeError(f"not a delivery event: {event!r}")
 
