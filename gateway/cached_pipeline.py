@@ -101,8 +101,6 @@ class CachedPipeline:
 
     async def _replay(self, request: GenerationRequest, entry: CachedResponse) -> RequestStream:
         timed = replay(request, entry, self._config.tokens_per_s, self._config.chunk_s)
-        done = timed[-1][1]
-        assert isinstance(done, DeliveryDone)
         usage = UsageEvent(
             request_id=request.request_id, conversation_id=request.conversation_id,
             user_id=request.user_id, org_id=request.org_id, tier=request.tier,
@@ -125,7 +123,7 @@ class CachedPipeline:
         if entry is None:
             return
         kept = await _bounded(self._store.put_cached_response(entry), False,
-                              f"keeping {request.request_id} in the response cache", True)
+                              f"keeping {request.request_id} in the response cache")
         if kept is not False:
             RESPONSE_CACHE_FILLS.labels(request.tier.value, request.model).inc()
 
@@ -165,14 +163,14 @@ class CachedPipeline:
         return self._inner.overloaded(tier)
 
 
-async def _bounded(work: Awaitable[T], failed: D, what: str, fills: bool = False) -> T | D:
-    """`work`, or `failed` if it raises or takes over `STORE_TIMEOUT_S` (logged)."""
+async def _bounded(work: Awaitable[T], failed: D, what: str) -> T | D:
+    """`work`, or `failed` if it raises or takes over `STORE_TIMEOUT_S` (logged: the
+    request goes on without the cache)."""
     try:
         with anyio.fail_after(STORE_TIMEOUT_S):
             return await work
     except Exception:
-        log.warning("%s failed; %s", what, "not kept" if fills else "not cached",
-                    exc_info=True)
+        log.warning("%s failed; going on without the cache", what, exc_info=True)
         return failed
 
 
