@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 
 import httpx
 import pytest
+from prometheus_client import REGISTRY
 
 from conversations.sqlite_store import SQLiteStore
 from conversations.store import OrgSettings
@@ -95,14 +96,25 @@ def text_of(messages) -> str:
     return "".join(json.loads(m.data)["delta"] for m in messages if m.event == "delta")
 
 
+def counted(name: str, **labels: str) -> float:
+    return REGISTRY.get_sample_value(name, {"tier": "pro", "model": "tiny", **labels}) or 0.0
+
+
 async def test_a_repeat_of_an_opted_in_org_is_replayed_stored_and_marked_hit(
     client, pipeline, recorder, store, opted_in
 ) -> None:
+    lookups = "chatpipe:response_cache_lookups_total"
+    hits, misses = counted(lookups, outcome="hit"), counted(lookups, outcome="miss")
+    fills = counted("chatpipe:response_cache_fills_total")
     answer_script(pipeline)
     _, first = await native(client)
     assert done_of(first)["cache"] == "miss" and done_of(first)["usage"]["cache"] == "miss"
 
     cid, second = await native(client)
+
+    assert counted(lookups, outcome="miss") == misses + 1
+    assert counted(lookups, outcome="hit") == hits + 1
+    assert counted("chatpipe:response_cache_fills_total") == fills + 1
 
     assert len(user_turns(pipeline)) == 1, "the repeat was never queued"
     assert text_of(second) == "The answer is 4."
