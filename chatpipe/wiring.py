@@ -228,7 +228,8 @@ def gateway_config(settings: Settings) -> GatewayConfig:
         body_read_timeout_s=settings.body_read_timeout_s,
         auto_titles=settings.auto_titles,
         response_cache=ResponseCacheConfig(ttl_s=settings.response_cache_ttl_s,
-                                           tokens_per_s=settings.response_cache_tokens_per_s),
+                                           tokens_per_s=settings.response_cache_tokens_per_s,
+                                           system_prompt=settings.system_prompt),
     )
 
 

@@ -92,7 +92,7 @@ class CachedPipeline:
 
     async def _lookup_key(self, request: GenerationRequest) -> str | None:
         """The request's cache key if the cache may answer it and its org opted in."""
-        key = cache_key(request)
+        key = cache_key(request, self._config.system_prompt)
         if key is None:
             return None
         settings = await _bounded(self._store.get_org_settings(request.org_id), None,

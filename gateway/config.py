@@ -85,6 +85,8 @@ class ResponseCacheConfig:
     """The pace a cached answer is replayed at."""
     chunk_s: float = 0.05
     """One replayed chunk every this many seconds."""
+    system_prompt: str = ""
+    """The deployment's system prompt: the only system message a cached native prompt has."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,9 +4,12 @@ which key, what it keeps of an answer, and how a kept answer is replayed.
 A request may be answered from the cache only when its answer depends on nothing but
 (model, prompt, sampling) and the sampling is greedy (temperature 0): a single user
 turn, optionally after one system prompt, and no other input. The rule fails closed:
-any field of the request or of a message that it does not know (tools, files,
-retrieved documents, added later) refuses the request when it is set, so a feature
-that adds input to the prompt cannot be answered from the cache by mistake. The key is
+any field of the request or of a message that it does not know (tools, files, added
+later) refuses the request when it is set, so a feature that adds input to the prompt
+cannot be answered from the cache by mistake. A native (stored) prompt is built by the
+gateway, so its only system message may be the deployment's system prompt: one the
+gateway added (excerpts of the user's files, a summary) refuses it even when the
+deployment has no system prompt of its own. The key is
 a digest of the org, the model, the messages and every sampling option: two orgs never
 share an entry.
 
@@ -42,6 +45,7 @@ KEYED_FIELDS = frozenset({"model", "messages", "sampling"})
 ROUTING_FIELDS = frozenset({
     "type", "schema_version", "request_id", "conversation_id", "message_id", "parent_id",
     "user_id", "org_id", "tier", "reply_to", "deadline", "cache_salt", "store", "created_at",
+    "alias",  # the model alias asked for (rollout): `model` is the version that answers
 })  # fmt: skip
 """Who asks and where the answer goes: they do not change the answer."""
 MESSAGE_FIELDS = frozenset({"role", "content"})
@@ -49,8 +53,9 @@ SINGLE_TURNS = ((Role.USER,), (Role.SYSTEM, Role.USER))
 """The prompts the cache may answer: one user turn, optionally after a system prompt."""
 
 
-def refusal(request: GenerationRequest) -> str | None:
-    """Why `request` may not be answered from (or fill) the cache; None if it may."""
+def refusal(request: GenerationRequest, system_prompt: str = "") -> str | None:
+    """Why `request` may not be answered from (or fill) the cache; None if it may.
+    `system_prompt`: the deployment's, the only system message a native prompt may hold."""
     if request.sampling.temperature != 0:
         return "temperature"
     if request.attempt or request.requested_model or request.stream:
@@ -62,6 +67,9 @@ def refusal(request: GenerationRequest) -> str | None:
         return "other_input"
     if tuple(m.role for m in request.messages) not in SINGLE_TURNS:
         return "history"
+    system = request.messages[0] if len(request.messages) == 2 else None
+    if request.store and system is not None and system.content != system_prompt:
+        return "other_input"  # the gateway added it: retrieved excerpts, a summary
     return None
 
 
@@ -69,10 +77,10 @@ def _message_extras(message: ChatMessage) -> set[str]:
     return set(message.model_dump(exclude_defaults=True)) - MESSAGE_FIELDS
 
 
-def cache_key(request: GenerationRequest) -> str | None:
+def cache_key(request: GenerationRequest, system_prompt: str = "") -> str | None:
     """The request's key (hex SHA-256 of org, model, messages and sampling), or None if
     the cache may not answer it (`refusal`)."""
-    if refusal(request) is not None:
+    if refusal(request, system_prompt) is not None:
         return None
     keyed = {
         "v": KEY_VERSION,

@@ -4,6 +4,7 @@ store, scripted pipeline (see test_gateway_app), both APIs through HTTP."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from collections.abc import AsyncIterator
 
@@ -33,7 +34,8 @@ from tests.unit.test_gateway_app import (  # noqa: F401 - fixtures
 )
 
 CONFIG = ResponseCacheConfig(ttl_s=60.0, tokens_per_s=100.0, chunk_s=0.001)
-"""One token a chunk, 10 ms apart: a few chunks, quickly."""
+"""One token a chunk, 10 ms apart: a few chunks, quickly (and the deployment's system
+prompt, from the test's settings)."""
 
 
 class Recorder:
@@ -50,8 +52,9 @@ def recorder() -> Recorder:
 
 
 @pytest.fixture
-def cached(pipeline, recorder, store) -> CachedPipeline:
-    return CachedPipeline(pipeline, recorder, store, CONFIG)
+def cached(pipeline, recorder, store, settings) -> CachedPipeline:
+    config = dataclasses.replace(CONFIG, system_prompt=settings.system_prompt)
+    return CachedPipeline(pipeline, recorder, store, config)
 
 
 @pytest.fixture

@@ -66,12 +66,12 @@ def with_tools(**fields) -> GenerationRequest:
 
 @pytest.mark.parametrize(("made", "why"), [
     (request(), None),
-    (request(SYSTEM, QUESTION), None),
+    (request(SYSTEM, QUESTION, store=False), None),
     (request(temperature=0.7), "temperature"),
     (request(temperature=0.01), "temperature"),
     (request(QUESTION, ANSWER, QUESTION), "history"),
     (request(SYSTEM, QUESTION, ANSWER, QUESTION), "history"),
-    (request(SYSTEM, SYSTEM, QUESTION), "history"),  # e.g. a summary or retrieved turns
+    (request(SYSTEM, SYSTEM, QUESTION), "history"),  # a summary, retrieved turns or files
     (request(QUESTION, SYSTEM), "history"),
     (request(ANSWER), "history"),
     (request(SYSTEM), "history"),
@@ -87,6 +87,28 @@ def with_tools(**fields) -> GenerationRequest:
 def test_which_requests_the_cache_may_answer(made: GenerationRequest, why: str | None) -> None:
     assert refusal(made) == why
     assert (cache_key(made) is None) == (why is not None)
+
+
+EXCERPTS = ChatMessage(role=Role.SYSTEM, content="From notes.md: the answer is 4.")
+
+
+@pytest.mark.parametrize(("made", "system_prompt", "why"), [
+    (request(SYSTEM, QUESTION), SYSTEM.content, None),  # native: the deployment's prompt
+    (request(QUESTION), "", None),
+    (request(QUESTION), SYSTEM.content, None),
+    # the gateway added a system message: retrieved excerpts (with no system prompt of
+    # the deployment's, or beside it), a summary
+    (request(EXCERPTS, QUESTION), "", "other_input"),
+    (request(EXCERPTS, QUESTION), SYSTEM.content, "other_input"),
+    (request(SYSTEM, EXCERPTS, QUESTION), SYSTEM.content, "history"),
+    # OpenAI-compatible (not stored): the client wrote its own system prompt
+    (request(EXCERPTS, QUESTION, store=False), "", None),
+])  # fmt: skip
+def test_a_native_prompt_may_hold_only_the_deployments_system_prompt(
+    made: GenerationRequest, system_prompt: str, why: str | None
+) -> None:
+    assert refusal(made, system_prompt) == why
+    assert (cache_key(made, system_prompt) is None) == (why is not None)
 
 
 def test_the_key_covers_org_model_prompt_and_sampling_not_who_or_where() -> None:
