@@ -10,6 +10,7 @@
     python -m bench capacity_model [--write]   # what the seed's load needs: docs/CAPACITY.md
     python -m bench scheduler_sim --workers 1000   # the scheduler core at scale (--help)
     python -m bench retrieval       # what file_ids add to TTFT (--help), RESULTS.md
+    python -m bench response_cache   # hit ratio, TTFT of a hit against a miss (--help)
 """
 
 from __future__ import annotations
@@ -196,6 +197,11 @@ def main(argv: list[str] | None = None) -> None:
         from bench.capacity_model import main as capacity_model
 
         capacity_model(argv[1:])
+        return
+    if argv[:1] == ["response_cache"]:
+        from bench.response_cache import cli as response_cache
+
+        response_cache(argv[1:])
         return
     if argv[:1] == ["gateway"]:
         from bench.gateway_streams import cli as gateway_streams

@@ -14,7 +14,7 @@ import typer
 from chatpipe.analytics_commands import analytics_app
 from chatpipe.ops_commands import dlq_app, replay_app
 from chatpipe.settings import Settings
-from conversations.store import ApiKey, ConversationStore
+from conversations.store import ApiKey, ConversationStore, OrgSettings
 from schemas.topics import Tier
 
 T = TypeVar("T")
@@ -30,6 +30,11 @@ keys_app = typer.Typer(
     "(CHATPIPE_STORE, CHATPIPE_DATABASE_PATH or CHATPIPE_CASSANDRA_HOSTS).",
 )
 app.add_typer(keys_app, name="keys")
+orgs_app = typer.Typer(
+    no_args_is_help=True,
+    help="Tenant provisioning: org settings (the response cache), in the configured store.",
+)
+app.add_typer(orgs_app, name="orgs")
 schemas_app = typer.Typer(no_args_is_help=True, help="Event contracts: JSON Schema, AsyncAPI.")
 app.add_typer(schemas_app, name="schemas")
 app.add_typer(analytics_app, name="analytics")
@@ -267,6 +272,45 @@ def keys_revoke(key_id: Annotated[str, typer.Argument(metavar="KEY_ID")]) -> Non
                    err=True)  # fmt: skip
         raise typer.Exit(1)
     typer.echo(f"revoked API key {key_id}")
+
+
+@orgs_app.command("set")
+def orgs_set(
+    org: Annotated[str, typer.Argument(metavar="ORG")],
+    response_cache: Annotated[bool, typer.Option(
+        "--response-cache/--no-response-cache",
+        help="replay exact repeats of the org's single-turn, temperature-0 requests from "
+        "the response cache (kept CHATPIPE_RESPONSE_CACHE_TTL_S, never shared with another "
+        "org)")] = False,
+) -> None:
+    """Set an org's settings; every gateway uses them from the org's next request."""
+    if not org.strip():
+        raise typer.BadParameter("ORG must not be empty")
+
+    async def save(store: ConversationStore) -> OrgSettings:
+        await store.set_org_settings(OrgSettings(org, response_cache=response_cache))
+        return await store.get_org_settings(org)
+
+    saved = _with_store(Settings(), save)
+    typer.echo(f"org {org!r}: response cache {'on' if saved.response_cache else 'off'}")
+
+
+@orgs_app.command("list")
+def orgs_list(
+    as_json: Annotated[bool, typer.Option("--json", help="a JSON array of objects")] = False,
+) -> None:
+    """Every org whose settings were set (any other has them all off)."""
+
+    async def list_orgs(store: ConversationStore) -> list[OrgSettings]:
+        return await store.list_org_settings()
+
+    rows = [{"org": o.org_id, "response_cache": o.response_cache}
+            for o in _with_store(Settings(), list_orgs)]  # fmt: skip
+    if as_json:
+        typer.echo(json.dumps(rows, indent=2))
+        return
+    for row in rows:
+        typer.echo(f"{row['org']}  response_cache={'on' if row['response_cache'] else 'off'}")
 
 
 @schemas_app.command("export")

@@ -89,7 +89,8 @@ GRANTS: dict[str, tuple[Grant, ...]] = {
         # here tells the gateway that held it (on that one's delivery topic).
         *on_prefix(topics.DELIVER_PREFIX, R, W, C),
         *reads(topics.SCHEDULER, topics.ANSWERS),
-        *writes(topics.ANSWERS, topics.CONTROL, topics.MODERATION, topics.DLQ),
+        # chat.usage: an answer replayed from the response cache (gateway.cached_pipeline)
+        *writes(topics.ANSWERS, topics.CONTROL, topics.MODERATION, topics.USAGE, topics.DLQ),
     ),
     "scheduler": (
         *on_prefix(topics.REQUESTS_PREFIX, R),

@@ -194,6 +194,13 @@ class Settings(BaseSettings):
         "once the gateway has been silent this long and no request waiting or running "
         "delivers to it; longer than resume_grace_s; 0: never deleted"
     )
+    response_cache_ttl_s: float = Field(
+        86400.0, ge=0, description="response cache: how long an answer is kept for the orgs "
+        "that opted in (`chatpipe orgs set ORG --response-cache`); 0: no response cache"
+    )
+    response_cache_tokens_per_s: float = Field(
+        50.0, gt=0, description="response cache: the pace a cached answer is replayed at"
+    )
     stream_stall_s: float = Field(
         30.0, gt=0, description="a stream that gets no event this long ends with error "
         "`stalled` and its generation is cancelled"

@@ -25,16 +25,19 @@ from chatpipe.supervise import Pause, Supervisor, broker_kept_up
 from conversations.sqlite_store import SQLiteStore
 from conversations.store import ApiKey, ConversationStore
 from gateway.app import GatewayDeps, create_app
+from gateway.cached_pipeline import CachedPipeline
 from gateway.config import (
     ContextConfig,
     GatewayConfig,
     QuotaConfig,
     RateLimitConfig,
     RequestLimits,
+    ResponseCacheConfig,
 )
 from gateway.context_builder import ContextBuilder
 from gateway.quotas import QuotaGate
 from gateway.rate_limits import RateLimiter, per_process
+from gateway.pipeline import Pipeline
 from gateway.relay import KafkaPipeline
 from gateway.slow_clients import guarded_protocol
 from ledger.store import SQLiteLedger, UsageLedger
@@ -232,6 +235,9 @@ def gateway_config(settings: Settings) -> GatewayConfig:
                          chunk_chars=settings.file_chunk_chars,
                          overlap_chars=settings.file_chunk_overlap_chars,
                          top_k=settings.file_top_k, min_score=settings.file_min_score),
+        response_cache=ResponseCacheConfig(ttl_s=settings.response_cache_ttl_s,
+                                           tokens_per_s=settings.response_cache_tokens_per_s,
+                                           system_prompt=settings.system_prompt),
     )
 
 
@@ -239,7 +245,10 @@ def build_gateway_deps(settings: Settings, store: ConversationStore, pipeline: K
                        ledger: UsageLedger, safety: SafetyPolicy) -> GatewayDeps:
     config = gateway_config(settings)
     context = ContextBuilder.from_config(config.context)
-    return GatewayDeps(config, store, pipeline, context,
+    cached = config.response_cache
+    served: Pipeline = (CachedPipeline(pipeline, pipeline, store, cached) if cached.ttl_s > 0
+                        else pipeline)  # fmt: skip
+    return GatewayDeps(config, store, served, context,
                        rate_limiter=RateLimiter.from_config(config.rate_limits),
                        quotas=QuotaGate.from_config(config.quotas, ledger),
                        safety=safety,

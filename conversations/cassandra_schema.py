@@ -24,6 +24,8 @@ A table per query (DESIGN §8):
 * `api_keys` by key hash (HMAC-SHA256, see `store.hash_api_key`): the lookup of
   every authenticated request; `chatpipe keys list` reads the whole table.
   `api_key_ids`: key_id -> key hash, for `chatpipe keys revoke KEY_ID`.
+* `org_settings` by org_id (`chatpipe orgs`); `response_cache` by cache key, each row
+  written with a TTL (its `expires_at`, which reads also check: the store's clock).
 
 A keyspace made by an earlier chatpipe gains the newer columns (`UPGRADES`, `ALTER
 TABLE … ADD IF NOT EXISTS`, Cassandra 4.1 or later). Its rows have no org: such
@@ -74,6 +76,10 @@ _FILE_FIELDS = """
     size_bytes bigint,
     chunk_count int,
     embedding_model text,"""
+CACHED_RESPONSE_COLUMNS = (
+    "cache_key, org_id, model, content, prompt_tokens, completion_tokens, status,"
+    " created_at, expires_at"
+)
 
 TABLES = (
     """CREATE TABLE IF NOT EXISTS {ks}.conversations (
@@ -172,6 +178,19 @@ TABLES = (
     message_id text,
     citations text,
     PRIMARY KEY (conversation_id, message_id))""",
+    """CREATE TABLE IF NOT EXISTS {ks}.org_settings (
+    org_id text PRIMARY KEY,
+    response_cache boolean)""",
+    """CREATE TABLE IF NOT EXISTS {ks}.response_cache (
+    cache_key text PRIMARY KEY,
+    org_id text,
+    model text,
+    content text,
+    prompt_tokens int,
+    completion_tokens int,
+    status text,
+    created_at double,
+    expires_at double)""",
 )
 
 # Columns a keyspace made by an earlier chatpipe lacks (no-ops on a new one).
@@ -283,6 +302,16 @@ STATEMENTS = {
     "select_citations": "SELECT message_id, citations FROM {ks}.citations"
     " WHERE conversation_id = ?",
     "delete_citations": "DELETE FROM {ks}.citations WHERE conversation_id = ?",
+    # orgs and the response cache
+    "insert_org_settings": "INSERT INTO {ks}.org_settings (org_id, response_cache)"
+    " VALUES (?, ?)",
+    "select_org_settings": "SELECT org_id, response_cache FROM {ks}.org_settings"
+    " WHERE org_id = ?",
+    "select_all_org_settings": "SELECT org_id, response_cache FROM {ks}.org_settings",
+    "insert_cached_response": f"INSERT INTO {{ks}}.response_cache ({CACHED_RESPONSE_COLUMNS})"
+    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) USING TTL ?",
+    "select_cached_response": f"SELECT {CACHED_RESPONSE_COLUMNS} FROM {{ks}}.response_cache"
+    " WHERE cache_key = ?",
 }
 
 

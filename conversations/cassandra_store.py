@@ -38,6 +38,7 @@ from dataclasses import astuple, replace
 
 from conversations import cassandra_schema as cql
 from conversations.cassandra_files import CassandraFiles
+from conversations.cassandra_orgs import CassandraOrgs
 from conversations.cassandra_session import CqlSession, DriverSession, Rows
 from conversations.store import (
     ApiKey,
@@ -81,7 +82,7 @@ async def claim_seq(
     raise RuntimeError(f"no seq claimed after {max_claims} attempts")
 
 
-class CassandraStore(CassandraFiles):
+class CassandraStore(CassandraOrgs, CassandraFiles):
     """`ConversationStore` on a Cassandra cluster."""
 
     def __init__(

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import sqlite3
 
-from conversations.store import KEY_ID_CHARS, ApiKey, Conversation, StoredMessage
+from conversations.store import (
+    KEY_ID_CHARS,
+    ApiKey,
+    CachedResponse,
+    Conversation,
+    StoredMessage,
+)
 from schemas.events import Role
 from schemas.lifecycle import RequestStatus
 from schemas.topics import Tier
@@ -107,6 +113,22 @@ CREATE TABLE IF NOT EXISTS citations (
     citations TEXT NOT NULL,
     PRIMARY KEY (conversation_id, message_id)
 );
+CREATE TABLE IF NOT EXISTS org_settings (
+    org_id TEXT PRIMARY KEY,
+    response_cache INTEGER NOT NULL DEFAULT 0
+);
+CREATE TABLE IF NOT EXISTS response_cache (
+    cache_key TEXT PRIMARY KEY,
+    org_id TEXT NOT NULL,
+    model TEXT NOT NULL,
+    content TEXT NOT NULL,
+    prompt_tokens INTEGER NOT NULL,
+    completion_tokens INTEGER NOT NULL,
+    status TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    expires_at REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS response_cache_by_expiry ON response_cache (expires_at);
 """
 
 # The owner's org of a row from before orgs were kept: the one org its user had keys
@@ -160,6 +182,10 @@ FILE_COLUMNS = (
     " embedding_model, created_at"
 )
 """The fields of `StoredFile`, in order."""
+CACHED_RESPONSE_COLUMNS = (
+    "cache_key, org_id, model, content, prompt_tokens, completion_tokens, status,"
+    " created_at, expires_at"
+)
 
 
 def create_schema(conn: sqlite3.Connection) -> None:
@@ -188,6 +214,13 @@ def api_key_row(row: tuple) -> ApiKey:
     """A row of `API_KEY_COLUMNS`."""
     key_id, user_id, org_id, tier, name, created_at, expires_at, revoked_at = row
     return ApiKey(user_id, org_id, Tier(tier), created_at, key_id, name, expires_at, revoked_at)
+
+
+def cached_response_row(row: tuple) -> CachedResponse:
+    """A row of `CACHED_RESPONSE_COLUMNS`."""
+    key, org_id, model, content, prompt_tokens, completion_tokens, status, created, expires = row
+    return CachedResponse(key, org_id, model, content, prompt_tokens, completion_tokens,
+                          RequestStatus(status), created, expires)
 
 
 def message_values(message: StoredMessage) -> tuple:

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from common.sqlite_file import transaction
 from conversations.sqlite_files import SQLiteFiles
+from conversations.sqlite_orgs import SQLiteOrgs
 from conversations.sqlite_schema import (
     API_KEY_COLUMNS,
     CONVERSATION_COLUMNS,
@@ -56,7 +57,7 @@ from schemas.lifecycle import RequestStatus
 __all__ = ["SQLiteStore", "hash_api_key"]
 
 
-class SQLiteStore(SQLiteFiles):
+class SQLiteStore(SQLiteOrgs, SQLiteFiles):
     """`ConversationStore` on one SQLite file (or ":memory:" for tests).
 
     Message seq numbers start at 1 and are assigned inside a write

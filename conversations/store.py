@@ -27,6 +27,10 @@ Contracts every store keeps:
   (`start_answer`: status IN_PROGRESS, empty content, with its `RequestRecord`);
   whoever sees the answer end first gives it its final text (`finish_answer`),
   and only that one writer succeeds.
+* Orgs and the response cache: an org's settings (`set_org_settings`; an org never set
+  has `OrgSettings`' defaults) say whether its answers may be cached. A cached answer
+  (`put_cached_response`) is found by its key and its org only (`get_cached_response`)
+  until it expires (the store clock; Cassandra also drops it with a TTL).
 * API keys: only a keyed hash of a key is stored (`hash_api_key`: HMAC-SHA256
   under the deployment's key secret, which the store is opened with), with a
   public `key_id`, the owner and its tier, a name, an expiry and a revocation
@@ -186,6 +190,32 @@ class ApiKey:
         return None
 
 
+@dataclass(frozen=True, slots=True)
+class OrgSettings:
+    """An org's settings (`chatpipe orgs set`); an org never set has these defaults."""
+
+    org_id: str
+    response_cache: bool = False
+    """Its exact-match answers may be cached and replayed (`gateway.response_cache`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class CachedResponse:
+    """A finished answer the response cache keeps under `cache_key` (a digest of org,
+    model, prompt and sampling: `gateway.response_cache.cache_key`) until `expires_at`
+    (epoch seconds)."""
+
+    cache_key: str
+    org_id: str
+    model: str
+    content: str
+    prompt_tokens: int
+    completion_tokens: int
+    status: RequestStatus
+    created_at: float
+    expires_at: float
+
+
 class ConversationStore(FileStore, Protocol):
     """A user's documents too (`conversations.files`)."""
 
@@ -290,6 +320,24 @@ class ConversationStore(FileStore, Protocol):
 
     async def load_embeddings(self, conversation_id: str, model: str) -> dict[str, bytes]:
         """The cached embeddings of the conversation's messages made by `model`."""
+
+    # --- orgs and the response cache ----------------------------------------------
+
+    async def set_org_settings(self, settings: OrgSettings) -> None:
+        """Store (or replace) an org's settings."""
+
+    async def get_org_settings(self, org_id: str) -> OrgSettings:
+        """The org's settings; the defaults for an org never set."""
+
+    async def list_org_settings(self) -> list[OrgSettings]:
+        """Every org whose settings were set, by org_id."""
+
+    async def put_cached_response(self, entry: CachedResponse) -> None:
+        """Keep `entry` until its `expires_at`, replacing one under the same key."""
+
+    async def get_cached_response(self, cache_key: str, org_id: str) -> CachedResponse | None:
+        """The entry under `cache_key` if it is `org_id`'s and has not expired (store
+        clock), else None."""
 
     # --- API keys -----------------------------------------------------------------
 

@@ -79,6 +79,20 @@ class QuotaConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class ResponseCacheConfig:
+    """The response cache (`gateway.cached_pipeline`), for the orgs that opted in."""
+
+    ttl_s: float = 86400.0
+    """How long an answer is kept; 0: no response cache on this gateway."""
+    tokens_per_s: float = 50.0
+    """The pace a cached answer is replayed at."""
+    chunk_s: float = 0.05
+    """One replayed chunk every this many seconds."""
+    system_prompt: str = ""
+    """The deployment's system prompt: the only system message a cached native prompt has."""
+
+
+@dataclass(frozen=True, slots=True)
 class GatewayConfig:
     limits: RequestLimits
     context: ContextConfig
@@ -98,3 +112,4 @@ class GatewayConfig:
     """How long a new turn waits for the previous turn's answer to be recorded."""
     files: FileLimits = FileLimits()
     """What a user's upload may be, how it is chunked, what a turn retrieves."""
+    response_cache: ResponseCacheConfig = ResponseCacheConfig()

@@ -29,12 +29,14 @@ from gateway.pipeline import RequestStream
 from schemas import topics
 from schemas.codec import SCHEDULER_EVENT
 from schemas.events import (
+    DeliverEvent,
     DeliveryDone,
     DeliveryError,
     GenerationRequest,
     ModerationEvent,
     Reroute,
     SchedulerStatus,
+    UsageEvent,
 )
 from schemas.topics import Tier
 
@@ -92,6 +94,17 @@ class KafkaPipeline:
         metadata = await self.requests.publisher.send_and_wait(
             topics.ANSWERS, answer_started(request), key=request.conversation_id)
         return metadata.partition, metadata.offset
+
+    async def record_replay(self, request: GenerationRequest, events: list[DeliverEvent],
+                            usage: UsageEvent) -> None:
+        """A cached answer replayed without the pipeline (`gateway.cached_pipeline`): a
+        stored one's events after its marker on `chat.answers`, as safety writes a
+        generated one's, and its usage on `chat.usage`."""
+        if request.store:
+            for event in events:
+                await self.requests.publisher.send(topics.ANSWERS, event,
+                                                   key=request.conversation_id)
+        await self.requests.publisher.send(topics.USAGE, usage, key=usage.user_id)
 
     async def submit(self, request: GenerationRequest) -> DeliveryStream:
         return await self.requests.submit(request)

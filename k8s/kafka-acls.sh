@@ -43,6 +43,7 @@ allow gateway --operation Read --topic chat.scheduler
 allow gateway --operation Read --operation Write --topic chat.answers
 allow gateway --operation Write --topic chat.control
 allow gateway --operation Write --topic chat.moderation
+allow gateway --operation Write --topic chat.usage
 allow gateway --operation Write --topic chat.dlq
 
 # scheduler

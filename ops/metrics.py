@@ -74,6 +74,13 @@ ADMISSION_REJECTIONS = Counter(
     "Requests the gateway refused before queueing them, by reason: overloaded (the tier "
     "is shed), rate_limited, quota_exceeded.", ["tier", "reason"])
 OPEN_STREAMS = Gauge("chatpipe:open_streams", "Client streams the gateway relays now.")
+RESPONSE_CACHE_LOOKUPS = Counter(
+    "chatpipe:response_cache_lookups",
+    "Requests of opted-in orgs the gateway looked up in the response cache, by outcome: "
+    "hit (replayed, never queued) or miss (queued).", ["tier", "model", "outcome"])
+RESPONSE_CACHE_FILLS = Counter(
+    "chatpipe:response_cache_fills",
+    "Answers the gateway kept in the response cache after a miss.", ["tier", "model"])
 
 # --- scheduler ----------------------------------------------------------------------------
 

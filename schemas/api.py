@@ -13,8 +13,8 @@ from typing import Annotated, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from pydantic.dataclasses import dataclass as pydantic_dataclass
 
-from schemas.events import Role, Usage
 from schemas.files import MAX_FILES_PER_TURN, Citation
+from schemas.events import CacheOutcome, Role, Usage
 from schemas.lifecycle import RequestStatus
 from schemas.tools import FUNCTION_NAME, ToolCall, ToolSpec
 
@@ -285,6 +285,9 @@ class CompletionUsage(BaseModel):
     completion_tokens: int
     total_tokens: int
     prompt_tokens_details: PromptTokensDetails
+    response_cache: CacheOutcome | None = Field(
+        None, description="chatpipe's response cache: hit (replayed from the cache, no GPU "
+        "time; the tokens are those of the answer it replays) or miss; null: not looked up")
 
     @classmethod
     def of(cls, usage: Usage) -> CompletionUsage:
@@ -293,6 +296,7 @@ class CompletionUsage(BaseModel):
             completion_tokens=usage.completion_tokens,
             total_tokens=usage.prompt_tokens + usage.completion_tokens,
             prompt_tokens_details=PromptTokensDetails(cached_tokens=usage.cached_tokens),
+            response_cache=usage.cache,
         )
 
 

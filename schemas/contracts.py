@@ -155,7 +155,8 @@ GROUPS: dict[str, str] = {
 _DELIVERED = (Delta, Retract, DeliveryError, DeliveryDone)
 OPERATIONS: tuple[Operation, ...] = (
     _sends("gateway", "requests", GenerationRequest),
-    _sends("gateway", "answers", AnswerStarted),
+    _sends("gateway", "answers", AnswerStarted, Delta, DeliveryDone),  # + a cached answer's
+    _sends("gateway", "usage", UsageEvent),  # an answer replayed from the response cache
     _sends("gateway", "control", Cancel, Reroute, GatewayHeartbeat),
     _sends("gateway", "deliver", Reroute),
     _sends("gateway", "moderation", ModerationEvent),

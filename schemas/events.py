@@ -66,12 +66,20 @@ class SamplingOptions(BaseModel):
     ignore_eos: bool = False
 
 
+CacheOutcome = Literal["hit", "miss"]
+"""The response cache's answer for a request it looked up: `hit`, replayed from the cache
+(no GPU time); `miss`, generated (and cached if it ends well)."""
+
+
 class Usage(BaseModel):
     model_config = ConfigDict(extra="ignore", frozen=True)
 
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
+    cache: CacheOutcome | None = Field(
+        None, description="response cache: hit (replayed, no GPU time) or miss (looked up, "
+        "generated); unset: not looked up")
 
 
 # --- chat.requests.<tier> and chat.work ---------------------------------------------
@@ -434,6 +442,9 @@ class UsageEvent(Event):
     )
     cached_tokens: int
     gpu_ms: float = Field(description="wall time the request held an engine slot")
+    cache: CacheOutcome | None = Field(
+        None, description="hit: the gateway replayed a cached answer (worker_id "
+        "`response-cache`, gpu_ms 0; its tokens are billed as the answer's)")
     created_at: float = Field(default_factory=now)
 
 

@@ -10,7 +10,8 @@ Native stream of `POST /v1/conversations/{id}/messages`:
     event: queued       data: {"position": 12, "eta_ms": 3400}
     event: retract      data: {"message_id", "reason", "replacement"}
     event: error        data: {"code", "message", "retry_after"}
-    event: done         data: {"finish_reason", "status", "usage"}
+    event: done         data: {"finish_reason", "status", "usage", "cache"?}
+                        (cache: "hit" | "miss", only when the response cache was asked)
     data: [DONE]        (after done or error: the stream ends)
 
 OpenAI stream of `POST /v1/chat/completions`: one `data: <ChatCompletionChunk>`
@@ -31,6 +32,7 @@ from pydantic import BaseModel, Field
 
 from schemas.api import ChatCompletionChunk, ErrorBody, ErrorDetail
 from schemas.events import (
+    CacheOutcome,
     DeliverEvent,
     DeliveryDone,
     DeliveryError,
@@ -86,6 +88,9 @@ class DonePayload(BaseModel):
     finish_reason: str | None
     status: RequestStatus
     usage: Usage
+    cache: CacheOutcome | None = Field(
+        None, description="the response cache's answer (`usage.cache`); absent when the "
+        "request was not looked up")
 
 
 def frame(data: str | bytes, event: str | None = None, seq: int | None = None) -> bytes:
@@ -142,7 +147,11 @@ def native_event(event: DeliverEvent) -> bytes:
                 finish_reason=event.status.openai_finish_reason,
                 status=event.status,
                 usage=event.usage,
+                cache=event.usage.cache,
             )
+            if payload.cache is None:  # not looked up: the done event as it always was
+                unasked = payload.model_dump_json(exclude={"cache": True, "usage": {"cache"}})
+                return frame(unasked, event.type, event.seq)
             return _event(payload, event.type, event.seq)
     raise TypeError(f"not a delivery event: {event!r}")
 

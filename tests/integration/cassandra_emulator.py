@@ -31,6 +31,7 @@ MESSAGE_COLUMNS = [c.strip() for c in cql.MESSAGE_COLUMNS.split(",")]
 CONVERSATION_COLUMNS = [c.strip() for c in cql.CONVERSATION_COLUMNS.split(",")]
 REQUEST_COLUMNS = [c.strip() for c in cql.REQUEST_COLUMNS.split(",")]
 API_KEY_COLUMNS = [c.strip() for c in cql.API_KEY_COLUMNS.split(",")]
+CACHED_RESPONSE_COLUMNS = [c.strip() for c in cql.CACHED_RESPONSE_COLUMNS.split(",")]
 Owner = tuple[str, str]  # (org_id, user_id): the partition key of conversations_by_owner
 
 
@@ -55,6 +56,8 @@ class EmulatedCql(EmulatedFilesCql):
         self.requests: dict[str, Row] = {}
         self.api_keys: dict[str, Row] = {}
         self.api_key_ids: dict[str, Row] = {}
+        self.org_settings: dict[str, Row] = {}
+        self.response_cache: dict[str, Row] = {}
         self.calls: list[str] = []
         self.closed = False
 
@@ -311,6 +314,30 @@ class EmulatedCql(EmulatedFilesCql):
         if found is not None:
             found["revoked_at"] = revoked_at
         return [{"[applied]": found is not None}]
+
+    # --- orgs and the response cache ------------------------------------------------
+
+    def _insert_org_settings(self, org_id: str, response_cache: bool) -> list[Row]:
+        self.org_settings[org_id] = {"org_id": org_id, "response_cache": response_cache}
+        return []
+
+    def _select_org_settings(self, org_id: str) -> list[Row]:
+        found = self.org_settings.get(org_id)
+        return [dict(found)] if found else []
+
+    def _select_all_org_settings(self) -> list[Row]:
+        return [dict(row) for row in self.org_settings.values()]
+
+    def _insert_cached_response(self, *values: Any) -> list[Row]:
+        *columns, ttl_s = values
+        assert isinstance(ttl_s, int) and ttl_s > 0, f"USING TTL {ttl_s!r}: a positive int"
+        row = dict(zip(CACHED_RESPONSE_COLUMNS, columns, strict=True))
+        self.response_cache[row["cache_key"]] = row  # an upsert; expiry: the store checks
+        return []
+
+    def _select_cached_response(self, cache_key: str) -> list[Row]:
+        found = self.response_cache.get(cache_key)
+        return [dict(found)] if found else []
 
 
 def _refused_owner(found: Row | None) -> Row:

@@ -30,7 +30,9 @@ from conversations.cassandra_store import CassandraStore
 from conversations.sqlite_store import SQLiteStore
 from conversations.store import (
     ApiKey,
+    CachedResponse,
     ConversationStore,
+    OrgSettings,
     NewMessage,
     NoKeySecret,
     RequestRecord,
@@ -710,6 +712,64 @@ async def test_a_store_without_the_key_secret_lists_and_revokes_but_cannot_hash(
     assert await blind.revoke_api_key(n.k1)
     found = await store.find_api_key(n.secret)
     assert found is not None and found.revoked_at is not None
+
+
+# --- orgs and the response cache --------------------------------------------------------
+
+
+async def test_an_org_never_set_has_the_defaults_and_a_set_one_keeps_its_last(
+    store: ConversationStore, n: Names
+) -> None:
+    assert await store.get_org_settings(n.acme) == OrgSettings(n.acme, response_cache=False)
+
+    await store.set_org_settings(OrgSettings(n.acme, response_cache=True))
+    await store.set_org_settings(OrgSettings(n.globex, response_cache=True))
+    await store.set_org_settings(OrgSettings(n.globex, response_cache=False))
+
+    assert await store.get_org_settings(n.acme) == OrgSettings(n.acme, response_cache=True)
+    assert await store.get_org_settings(n.globex) == OrgSettings(n.globex, response_cache=False)
+    listed = [s for s in await store.list_org_settings() if s.org_id in (n.acme, n.globex)]
+    assert listed == sorted([OrgSettings(n.acme, True), OrgSettings(n.globex, False)],
+                            key=lambda s: s.org_id)  # fmt: skip
+
+
+def cached(key: str, org_id: str, clock: Clock, ttl_s: float = 60.0, **fields) -> CachedResponse:
+    entry = CachedResponse(key, org_id, "tiny", "four", prompt_tokens=12, completion_tokens=2,
+                           status=RequestStatus.FINISHED_STOPPED, created_at=clock.now,
+                           expires_at=clock.now + ttl_s)  # fmt: skip
+    return replace(entry, **fields)
+
+
+async def test_a_cached_response_is_found_by_its_key_and_org_only(
+    store: ConversationStore, n: Names, clock: Clock
+) -> None:
+    entry = cached(n.key, n.acme, clock)
+    await store.put_cached_response(entry)
+
+    assert await store.get_cached_response(n.key, n.acme) == entry
+    assert await store.get_cached_response(n.key, n.globex) is None
+    assert await store.get_cached_response(n.other, n.acme) is None
+
+    newer = replace(entry, content="4", completion_tokens=1,
+                    status=RequestStatus.FINISHED_LENGTH)  # fmt: skip
+    await store.put_cached_response(newer)
+    assert await store.get_cached_response(n.key, n.acme) == newer
+
+
+async def test_a_cached_response_expires_at_its_time(
+    store: ConversationStore, n: Names, clock: Clock
+) -> None:
+    await store.put_cached_response(cached(n.key, n.acme, clock, ttl_s=30.0))
+    await store.put_cached_response(cached(n.gone, n.acme, clock, ttl_s=-1.0))
+
+    clock.now += 29.0
+    assert await store.get_cached_response(n.key, n.acme) is not None
+    assert await store.get_cached_response(n.gone, n.acme) is None
+    clock.now += 1.0
+    assert await store.get_cached_response(n.key, n.acme) is None
+    await store.put_cached_response(cached(n.fresh, n.acme, clock))  # purges the expired
+    assert await store.get_cached_response(n.key, n.acme) is None
+    assert await store.get_cached_response(n.fresh, n.acme) is not None
 
 
 def _without_secret(store: ConversationStore) -> ConversationStore:

@@ -335,3 +335,17 @@ async def test_a_gateway_alone_refuses_to_start_without_a_key_secret(tmp_path: P
     with pytest.raises(SystemExit, match="chatpipe gateway: set CHATPIPE_KEY_SECRET"):
         await run_stage("gateway", settings)
     assert not (tmp_path / "c.db").exists() and not secret_file(tmp_path / "c.db").exists()
+
+
+def test_orgs_set_turns_the_response_cache_on_and_off_and_list_shows_it(
+    database: Path,
+) -> None:
+    assert cli("orgs", "set", "acme", "--response-cache")[:2] == (
+        0, "org 'acme': response cache on\n")
+    assert cli("orgs", "set", "globex")[:2] == (0, "org 'globex': response cache off\n")
+    code, out, _ = cli("orgs", "list", "--json")
+    assert code == 0 and json.loads(out) == [{"org": "acme", "response_cache": True},
+                                             {"org": "globex", "response_cache": False}]
+    cli("orgs", "set", "acme", "--no-response-cache")
+    assert cli("orgs", "list")[1] == "acme  response_cache=off\nglobex  response_cache=off\n"
+    assert cli("orgs", "set", " ")[0] != 0

@@ -24,7 +24,7 @@ DEPLOYMENT = "chatpipe"
 """Settings, wiring, CLI: the only package that knows every stage."""
 CORES = {
     "scheduler/core.py", "billing/core.py", "recorder/core.py", "safety/core.py",
-    "workers/core.py", "gateway/core.py",
+    "workers/core.py", "gateway/core.py", "gateway/response_cache.py",
 }
 """Pure cores: values in, values out; time only from an injected clock."""
 IO_MODULES = ("aiokafka", "fastapi", "starlette", "httpx", "uvicorn", "time", "asyncio",

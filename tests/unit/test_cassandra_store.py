@@ -54,7 +54,8 @@ def test_schema_creates_keyspace_then_every_table_idempotently() -> None:
         "chat_ks.conversations", "chat_ks.conversations_by_owner", "chat_ks.messages",
         "chat_ks.message_ids", "chat_ks.summaries", "chat_ks.embeddings", "chat_ks.requests",
         "chat_ks.api_keys", "chat_ks.api_key_ids", "chat_ks.files", "chat_ks.files_by_owner",
-        "chat_ks.file_chunks", "chat_ks.citations",
+        "chat_ks.file_chunks", "chat_ks.citations", "chat_ks.org_settings",
+        "chat_ks.response_cache",
     ]  # fmt: skip
     upgrades = statements[1 + len(cql.TABLES):]
     assert upgrades and all(
@@ -87,6 +88,9 @@ def test_tables_are_keyed_for_their_queries() -> None:
     assert "created_at double" in ddl["conversations"]
     assert "request_id text PRIMARY KEY" in ddl["requests"]
     assert "answers_offset bigint" in ddl["requests"]  # a Kafka offset is 64-bit
+    assert "org_id text PRIMARY KEY" in ddl["org_settings"]
+    assert "cache_key text PRIMARY KEY" in ddl["response_cache"]
+    assert cql.STATEMENTS["insert_cached_response"].endswith("USING TTL ?")
 
 
 @pytest.mark.parametrize("name", ["chat;DROP", "1abc", "a b", "ké", "x" * 49])

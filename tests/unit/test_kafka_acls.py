@@ -64,7 +64,7 @@ def test_deliveries_are_written_by_safety_and_only_read_by_gateways():
 @pytest.mark.parametrize(("topic", "writers", "readers"), [
     (topics.WORK, {"scheduler"}, {"scheduler", "worker"}),
     (topics.WORKERS, {"worker"}, {"scheduler"}),
-    (topics.USAGE, {"worker"}, {"billing"}),
+    (topics.USAGE, {"worker", "gateway"}, {"billing"}),  # gateway: response cache hits
     (topics.ANSWERS, {"gateway", "scheduler", "safety"}, {"gateway", "recorder"}),
     (topics.CONTROL, {"gateway", "scheduler", "safety"}, {"scheduler", "worker"}),
     (topics.SCHEDULER, {"scheduler"}, {"scheduler", "gateway"}),
