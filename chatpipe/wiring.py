@@ -36,6 +36,7 @@ from gateway.context_builder import ContextBuilder
 from gateway.quotas import QuotaGate
 from gateway.rate_limits import RateLimiter, per_process
 from gateway.relay import KafkaPipeline
+from gateway.rollout import ModelAliases
 from gateway.slow_clients import guarded_protocol
 from ledger.store import SQLiteLedger, UsageLedger
 from moderation.policy import PolicyConfig, SafetyPolicy, build_policy
@@ -145,9 +146,10 @@ def build_ledger(settings: Settings) -> UsageLedger:
 
 
 def gateway_pipeline(kafka: KafkaConfig, settings: Settings) -> KafkaPipeline:
-    """A gateway's Kafka side."""
+    """A gateway's Kafka side, keeping its model aliases current from chat.rollout."""
     return KafkaPipeline(kafka, settings.gateway_id,
-                         heartbeat_interval_s=settings.heartbeat_interval_s)
+                         heartbeat_interval_s=settings.heartbeat_interval_s,
+                         aliases=ModelAliases(settings.model_aliases, settings.models))
 
 
 def safety_policy(settings: Settings, client: RequestReplyClient | None, *,
@@ -233,7 +235,7 @@ def build_gateway_deps(settings: Settings, store: ConversationStore, pipeline: K
     return GatewayDeps(config, store, pipeline, ContextBuilder.from_config(config.context),
                        rate_limiter=RateLimiter.from_config(config.rate_limits),
                        quotas=QuotaGate.from_config(config.quotas, ledger),
-                       safety=safety)
+                       safety=safety, aliases=pipeline.aliases)
 
 
 DEV_KEY_NAME = "development key"

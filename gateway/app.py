@@ -15,7 +15,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import APIRouter, Depends, FastAPI, Request, Response
 
-from gateway import chat, conversations, openai_compat, web
+from gateway import chat, conversations, feedback, openai_compat, web
 from gateway.admission import ResponseHeaders
 from gateway.api_document import api_document
 from gateway.auth import current_owner
@@ -67,6 +67,7 @@ def create_app(deps: GatewayDeps, *, api_docs: bool = True) -> FastAPI:
                    responses=error_responses(401))  # fmt: skip
     v1.include_router(conversations.router)
     v1.include_router(chat.router)
+    v1.include_router(feedback.router)
     v1.include_router(openai_compat.router)
     app.include_router(v1)
     app.include_router(web.router)

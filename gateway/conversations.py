@@ -150,6 +150,7 @@ def _message(message: StoredMessage, tree: ConversationTree) -> MessagePublic:
         content=message.content,
         parent_id=message.parent_id,
         model=message.model,
+        alias=message.alias,
         status=message.status,
         created_at=message.created_at,
         children=[child.message_id for child in tree.children(message.message_id)],

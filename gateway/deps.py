@@ -18,6 +18,7 @@ from gateway.generation import LiveRequests
 from gateway.pipeline import Pipeline
 from gateway.quotas import QuotaGate
 from gateway.rate_limits import RateLimiter
+from gateway.rollout import ModelAliases
 from gateway.turns import Turns
 from moderation.policy import SafetyPolicy
 
@@ -39,6 +40,8 @@ class GatewayDeps:
     """The requests this gateway relays: who may cancel them."""
     background: BackgroundJobs = field(default_factory=BackgroundJobs)
     """Titles and summaries being generated; closed when the app stops."""
+    aliases: ModelAliases | None = None
+    """Model aliases and their weighted versions, kept current from chat.rollout."""
 
     @property
     def gates(self) -> Gates:
@@ -54,7 +57,7 @@ class GatewayDeps:
     def turns(self) -> Turns:
         """What native turns are served with."""
         return Turns(self.config, self.store, self.pipeline, self.context, self.gates,
-                     self.own_requests, self.live)  # fmt: skip
+                     self.own_requests, self.live, self.aliases)  # fmt: skip
 
 
 def gateway_deps(request: Request) -> GatewayDeps:

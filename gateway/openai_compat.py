@@ -27,7 +27,7 @@ from gateway.auth import Owner
 from gateway.config import GatewayConfig
 from gateway.context_builder import ContextBuilder
 from gateway.core import TooLarge, owner_request
-from gateway.deps import ConfigDep, Deps, GatewayDeps
+from gateway.deps import Deps, GatewayDeps
 from gateway.errors import ApiError, error_responses, error_type, from_delivery_error
 from gateway.event_stream import EventStreamResponse
 from gateway.generation import (
@@ -42,10 +42,11 @@ from gateway.limits import (
     check_bus_size,
     check_message,
     check_message_count,
+    choose_model,
     sampling_options,
-    served_model,
 )
 from gateway.rate_limits import admission_tokens
+from gateway.rollout import ModelAliases
 from schemas import sse
 from schemas.answer import AnswerText
 from schemas.api import (
@@ -70,15 +71,17 @@ from schemas.events import (
     Retract,
     now,
 )
+from schemas.generation import new_id
 
 router = APIRouter(tags=["openai"])
 
 
 @router.get("/models")
-async def list_models(config: ConfigDep, owner: Owner) -> ModelList:
-    """The models served here that the caller's tier may use."""
-    allowed = config.limits.tier_models.get(owner.tier)
-    return ModelList(data=[ModelCard(id=name) for name in config.limits.models
+async def list_models(deps: Deps, owner: Owner) -> ModelList:
+    """The models served here that the caller's tier may use, then the aliases."""
+    allowed = deps.config.limits.tier_models.get(owner.tier)
+    names = [*deps.config.limits.models, *(deps.aliases.names if deps.aliases else ())]
+    return ModelList(data=[ModelCard(id=name) for name in names
                            if allowed is None or name in allowed])  # fmt: skip
 
 
@@ -104,7 +107,8 @@ async def admitted_request(
     """The request to queue, once every check has passed: its fields and size (cheap,
     charging nothing), the caller's budgets and rate limits (charged), then its prompt
     in the model's window and every message through the input classifiers."""
-    request = to_generation_request(completion, owner, deps.config, deps.pipeline.reply_to)
+    request = to_generation_request(completion, owner, deps.config, deps.pipeline.reply_to,
+                                    deps.aliases)
     check_bus_size(deps.config.limits, request)
     await admit(deps.gates, owner, admission_tokens(request.messages, request.sampling.max_tokens))
     await check_window(deps.context, request)
@@ -113,10 +117,14 @@ async def admitted_request(
 
 
 def to_generation_request(
-    completion: ChatCompletionRequest, owner: ApiKey, config: GatewayConfig, reply_to: str
+    completion: ChatCompletionRequest, owner: ApiKey, config: GatewayConfig, reply_to: str,
+    aliases: ModelAliases | None = None,
 ) -> GenerationRequest:
+    """A completion has no conversation: each is one of its own, so an alias picks a
+    version per completion."""
     limits = config.limits
-    model = served_model(limits, completion.model, owner.tier)
+    conversation_id = new_id()
+    choice = choose_model(limits, aliases, completion.model, owner.tier, conversation_id)
     check_message_count(limits, len(completion.messages))
     for message in completion.messages:
         for text in message.texts:
@@ -132,9 +140,10 @@ def to_generation_request(
     )
     messages = tuple(ChatMessage(role=message.chat_role, content=message.text)
                      for message in completion.messages)  # fmt: skip
-    return owner_request(owner, model=model, messages=messages, sampling=sampling,
+    return owner_request(owner, model=choice.model, messages=messages, sampling=sampling,
                          reply_to=reply_to, timeout_s=config.request_timeout_s,
-                         sent_at=now())  # fmt: skip
+                         sent_at=now(), conversation_id=conversation_id,
+                         alias=choice.alias)  # fmt: skip
 
 
 TEMPLATE_TOKENS = 256
