@@ -83,6 +83,8 @@ class DonePayload(BaseModel):
     finish_reason: str | None
     status: RequestStatus
     usage: Usage
+    model: str | None = Field(None, description="the model that answered (an alias's version); "
+                              "left out when the pipeline did not say")
 
 
 def frame(data: str | bytes, event: str | None = None, seq: int | None = None) -> bytes:
@@ -134,8 +136,10 @@ def native_event(event: DeliverEvent) -> bytes:
                 finish_reason=event.status.openai_finish_reason,
                 status=event.status,
                 usage=event.usage,
+                model=event.model,
             )
-            return _event(payload, event.type, event.seq)
+            unsaid = {"model"} if event.model is None else None
+            return _event(payload.model_dump_json(exclude=unsaid), event.type, event.seq)
     raise TypeError(f"not a delivery event: {event!r}")
 
 
