@@ -6,13 +6,15 @@ FastAPI writes what the routes and models declare; this adds what it cannot know
   a route with an id in its path can answer 404; every error is a JSON `ErrorBody`
   (not FastAPI's own validation shape, nor a stream route's media type);
 * the limits set by this deployment's settings: message count and length, stop
-  sequences, max_tokens, the models served;
+  sequences, max_tokens, the models served and the model aliases (those of the
+  document's first build: `chatpipe rollout set` may add one later);
 * what a stream carries: in OpenAPI 3.1 the `schema` of `text/event-stream` is one
   event (FastAPI writes a string there).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from fastapi import FastAPI
@@ -35,7 +37,7 @@ _SSE_EVENT: Schema = {
 }
 
 
-def api_document(app: FastAPI, limits: RequestLimits) -> Schema:
+def api_document(app: FastAPI, limits: RequestLimits, aliases: Sequence[str] = ()) -> Schema:
     document = get_openapi(title=app.title, version=app.version, summary=app.summary,
                            routes=app.routes)  # fmt: skip
     for path, operations in document.get("paths", {}).items():
@@ -44,7 +46,7 @@ def api_document(app: FastAPI, limits: RequestLimits) -> Schema:
     schemas = document.setdefault("components", {}).setdefault("schemas", {})
     for unused in ("HTTPValidationError", "ValidationError"):
         schemas.pop(unused, None)
-    _declare_limits(schemas, limits)
+    _declare_limits(schemas, limits, aliases)
     return document
 
 
@@ -62,13 +64,14 @@ def _declare_shared_errors(path: str, operation: Schema) -> None:
             stream["schema"] = _SSE_EVENT
 
 
-def _declare_limits(schemas: dict[str, Schema], limits: RequestLimits) -> None:
+def _declare_limits(schemas: dict[str, Schema], limits: RequestLimits,
+                    aliases: Sequence[str]) -> None:
     for name in ("PostMessage", "TurnOptions", "ChatCompletionRequest"):
         if name in schemas:
             # As integers: written as floats, 2**64 - 1 would round up to 2**64.
             _seed_range(schemas[name])
     chars = {"maxLength": limits.max_message_chars}
-    models = {"enum": list(limits.models)}
+    models = {"enum": [*limits.models, *aliases]}
     max_tokens = {"maximum": limits.max_tokens_limit}
     for name in ("PostMessage", "TurnOptions"):
         if name in schemas:

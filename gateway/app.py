@@ -77,5 +77,7 @@ def create_app(deps: GatewayDeps, *, api_docs: bool = True) -> FastAPI:
 
 def _cached_document(app: FastAPI) -> dict:
     if app.openapi_schema is None:
-        app.openapi_schema = api_document(app, app.state.deps.config.limits)
+        deps = app.state.deps
+        app.openapi_schema = api_document(app, deps.config.limits,
+                                          deps.aliases.names if deps.aliases else ())
     return app.openapi_schema
