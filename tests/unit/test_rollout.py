@@ -21,7 +21,7 @@ from gateway.rollout import (
     rollback_weights,
 )
 from schemas.api import FEEDBACK_TEXT_CHARS
-from schemas.events import FeedbackEvent, RolloutSet
+from schemas.events import RolloutSet
 from tests.unit.test_gateway_app import (  # noqa: F401 - fixtures
     ALICE,
     BOB,
@@ -170,15 +170,6 @@ def test_a_rollback_with_nowhere_to_go_is_refused(history, to, says):
 # --- the gateway ---------------------------------------------------------------------------
 
 
-class FeedbackPipeline(ScriptedPipeline):
-    def __init__(self) -> None:
-        super().__init__()
-        self.feedback_events: list[FeedbackEvent] = []
-
-    async def feedback(self, event: FeedbackEvent) -> None:
-        self.feedback_events.append(event)
-
-
 @pytest.fixture
 def settings(tmp_path) -> Settings:
     return Settings(model_name="v1", served_models=list(SERVED),
@@ -187,8 +178,8 @@ def settings(tmp_path) -> Settings:
 
 
 @pytest.fixture
-def pipeline() -> FeedbackPipeline:
-    return FeedbackPipeline()
+def pipeline() -> ScriptedPipeline:
+    return ScriptedPipeline()
 
 
 @pytest.fixture
