@@ -27,12 +27,17 @@ rollout_app = typer.Typer(
 
 def _history(kafka: Any, settings: Settings, alias: str | None = None
              ) -> dict[str, list[dict[str, float]]]:  # fmt: skip
-    """Every alias's weights, oldest first: the settings', then each chat.rollout record."""
+    """Every alias's weights, oldest first: the settings', then each chat.rollout record
+    the gateways applied (one naming a version not served they dead-lettered)."""
     from bus.replay import read_to_end
 
     found = {name: [dict(weights)] for name, weights in settings.model_aliases.items()}
     records = asyncio.run(read_to_end(kafka, topics.ROLLOUT, RolloutSet))
     for _, _, record in records:
+        try:
+            check_weights(record.alias, record.weights, settings.models)
+        except RolloutError:
+            continue
         found.setdefault(record.alias, []).append(record.weights)
     return found if alias is None else {alias: found.get(alias, [])}
 

@@ -23,13 +23,14 @@ import pytest_asyncio
 from typer.testing import CliRunner
 
 from bench.topic_log import find_events
+from bus.clients import Publisher
 from chatpipe.cli import app as cli
 from chatpipe.dev_stack import running_sim_stack, stack_settings
 from chatpipe.wiring import Stack, worker_stage
 from conversations.store import ApiKey
 from gateway.rollout import pick
 from schemas import topics
-from schemas.events import FeedbackEvent, UsageEvent
+from schemas.events import DeadLetter, FeedbackEvent, RolloutSet, UsageEvent
 from schemas.topics import Tier
 from tests.fixtures.stack import client_for
 from tests.support import SseResult, post_message, read_sse
@@ -184,6 +185,28 @@ async def test_bad_rollouts_exit_2_and_change_nothing(rollout_stack, args, says)
     output = await in_thread(rollout_stack, "rollout", *args, exit_code=2)
     assert says in " ".join(output.replace("│", " ").split())
     assert rollout_stack.gateway.state.deps.aliases.weights("chat") == START
+
+
+async def test_a_record_the_gateway_cannot_apply_is_dead_lettered(rollout_stack):
+    """Written past the CLI's checks: a version this gateway does not serve."""
+    stack = rollout_stack
+    producer = stack.kafka.producer()
+    await producer.start()
+    try:
+        await Publisher(producer).send_and_wait(
+            topics.ROLLOUT, RolloutSet(alias="chat", weights={"v9": 1.0}), key="chat")
+    finally:
+        await producer.stop()
+    [letter] = await find_events(stack.kafka, topics.DLQ, DeadLetter,
+                                 lambda e: e.topic == topics.ROLLOUT)
+    assert letter.stage == "gateway" and "v9 not served" in letter.error
+    assert stack.gateway.state.deps.aliases.weights("chat") == START
+    shown = json.loads(await in_thread(stack, "rollout", "show", "--json"))
+    assert shown == {"chat": START}, "show skips what the gateways refused"
+    await in_thread(stack, "rollout", "set", "chat", "v1=1")
+    await weights_applied(stack, {"v1": 1.0})
+    await in_thread(stack, "rollout", "set", "chat", "v1=0.5", "v2=0.5")
+    await weights_applied(stack, START)
 
 
 async def test_feedback_lands_on_chat_feedback_for_the_owner_only(rollout_stack):
