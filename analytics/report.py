@@ -106,10 +106,10 @@ def report(con: duckdb.DuckDBPyConnection, period: Period) -> dict[str, Any]:
     by_tier = _rows(con, REQUESTS, period)
     totals.update({name: sum(row[name] for row in by_tier)
                    for name in ("requests", "cancellations", "retractions", "blocked_inputs")})
-    per_minute = [{**row, "minute": _iso(row["minute"])}
+    per_minute = [{**row, "minute": iso_time(row["minute"])}
                   for row in _rows(con, TOKENS_PER_MINUTE, period)]
     return {
-        "since": _iso(period.since), "until": _iso(period.until),
+        "since": iso_time(period.since), "until": iso_time(period.until),
         "totals": totals,
         "tokens": _rows(con, TOKENS, period),
         "requests": by_tier,
@@ -118,7 +118,7 @@ def report(con: duckdb.DuckDBPyConnection, period: Period) -> dict[str, Any]:
     }
 
 
-def _iso(epoch_s: float) -> str:
+def iso_time(epoch_s: float) -> str:
     return datetime.fromtimestamp(epoch_s, UTC).isoformat(timespec="seconds")
 
 
@@ -129,11 +129,11 @@ def render(answer: dict[str, Any]) -> str:
              "totals: " + ", ".join(f"{name} {value}" for name, value in totals.items()), ""]
     for title, key in (("tokens by tier, model and org", "tokens"),
                        ("requests by tier", "requests"), ("time to first token", "ttft_ms")):
-        lines += [title, *_table(answer[key]), ""]
+        lines += [title, *text_table(answer[key]), ""]
     return "\n".join(lines).rstrip() + "\n"
 
 
-def _table(rows: list[dict[str, Any]]) -> list[str]:
+def text_table(rows: list[dict[str, Any]]) -> list[str]:
     if not rows:
         return ["  (none)"]
     header = list(rows[0])
@@ -154,7 +154,7 @@ def _every_minute(minutes: Iterable[str]) -> list[str]:
     if not moments:
         return []
     count = int((moments[-1] - moments[0]).total_seconds() // 60) + 1
-    return [_iso(moments[0].timestamp() + 60 * n) for n in range(count)]
+    return [iso_time(moments[0].timestamp() + 60 * n) for n in range(count)]
 
 
 def plot_tokens_per_minute(answer: dict[str, Any], path: Path) -> None:

@@ -8,7 +8,10 @@ What is read, and why (DESIGN §3): `chat.usage` for tokens and GPU time per tie
 and org; `chat.requests.<tier>` for when each request was made (its `created_at`, for
 time to first token; the prompt is not kept); `chat.tokens` for each request's first
 chunk (the record's timestamp: when the worker sent it) and each attempt's end (its
-status: cancellations); `chat.moderation` for retractions and blocked inputs.
+status: cancellations); `chat.moderation` for retractions and blocked inputs;
+`chat.feedback` for users' ratings of answers. A request's `alias` and `parent_id` (the
+message it answers: a second request for one is a regeneration) compare the versions of
+a model alias (`analytics.rollout_report`).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import orjson
 from schemas import topics
 from schemas.codec import EventDecodeError, decode
 from schemas.events import (
+    FeedbackEvent,
     GenerationDone,
     GenerationError,
     GenerationRequest,
@@ -30,7 +34,7 @@ from schemas.events import (
 )
 
 TOPICS: tuple[str, ...] = (*topics.request_topics(), topics.TOKENS, topics.USAGE,
-                           topics.MODERATION)
+                           topics.MODERATION, topics.FEEDBACK)
 """Every topic the analytics consumer reads."""
 
 
@@ -60,8 +64,8 @@ USAGE = Table("usage", (
 REQUESTS = Table("requests", (
     ("request_id", "VARCHAR"), ("attempt", "INTEGER"), ("conversation_id", "VARCHAR"),
     ("user_id", "VARCHAR"), ("org_id", "VARCHAR"), ("tier", "VARCHAR"), ("model", "VARCHAR"),
-    ("max_tokens", "INTEGER"), ("created_at", "DOUBLE"), *_SOURCE),
-    key=("request_id", "attempt"))
+    ("max_tokens", "INTEGER"), ("created_at", "DOUBLE"), ("alias", "VARCHAR"),
+    ("parent_id", "VARCHAR"), *_SOURCE), key=("request_id", "attempt"))
 FIRST_CHUNKS = Table("first_chunks", (
     ("request_id", "VARCHAR"), ("attempt", "INTEGER"), ("tier", "VARCHAR"), ("model", "VARCHAR"),
     ("sent_at", "DOUBLE"), *_SOURCE), key=("request_id", "attempt"))
@@ -74,7 +78,13 @@ MODERATION = Table("moderation", (
     ("message_id", "VARCHAR"), ("action", "VARCHAR"), ("category", "VARCHAR"),
     ("created_at", "DOUBLE"), *_SOURCE),
     key=("request_id", "conversation_id", "message_id", "action"))
-TABLES = (USAGE, REQUESTS, FIRST_CHUNKS, ENDS, MODERATION)
+FEEDBACK = Table("feedback", (
+    ("message_id", "VARCHAR"), ("conversation_id", "VARCHAR"), ("request_id", "VARCHAR"),
+    ("user_id", "VARCHAR"), ("org_id", "VARCHAR"), ("model", "VARCHAR"), ("alias", "VARCHAR"),
+    ("rating", "VARCHAR"), ("text", "VARCHAR"), ("created_at", "DOUBLE"), *_SOURCE),
+    key=("topic", "partition", "offset"))
+"""Every rating counts (a user may change their mind): one row per record."""
+TABLES = (USAGE, REQUESTS, FIRST_CHUNKS, ENDS, MODERATION, FEEDBACK)
 
 Row = tuple[Any, ...]
 
@@ -103,7 +113,8 @@ def rows_of(record: Record) -> list[tuple[Table, Row]]:
         request = decode(GenerationRequest, record.value)
         return [(REQUESTS, (request.request_id, request.attempt, request.conversation_id,
                             request.user_id, request.org_id, request.tier.value, request.model,
-                            request.sampling.max_tokens, request.created_at, *source))]
+                            request.sampling.max_tokens, request.created_at, request.alias,
+                            request.parent_id, *source))]
     if record.topic == topics.USAGE and kind == "usage":
         usage = decode(UsageEvent, record.value)
         return [(USAGE, (usage.request_id, usage.attempt, usage.conversation_id, usage.user_id,
@@ -116,6 +127,11 @@ def rows_of(record: Record) -> list[tuple[Table, Row]]:
         return [(MODERATION, (event.request_id, event.conversation_id, event.user_id,
                               event.message_id, event.action, event.category,
                               event.created_at, *source))]
+    if record.topic == topics.FEEDBACK and kind == "feedback":
+        feedback = decode(FeedbackEvent, record.value)
+        return [(FEEDBACK, (feedback.message_id, feedback.conversation_id, feedback.request_id,
+                            feedback.user_id, feedback.org_id, feedback.model, feedback.alias,
+                            feedback.rating, feedback.text, feedback.created_at, *source))]
     if record.topic != topics.TOKENS:
         return []
     if kind == "chunk":

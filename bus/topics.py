@@ -39,6 +39,7 @@ class TopicLayout:
         counts = {name: self.topic_partitions for name in topics.shared_topics()}
         counts[topics.WORK] = self.work_partitions
         counts[topics.SCHEDULER] = 1  # one writer; readers want its newest status
+        counts[topics.ROLLOUT] = 1  # every gateway reads it all, in the order it was set
         return counts
 
 

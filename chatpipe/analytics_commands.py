@@ -7,7 +7,7 @@ import asyncio
 import json
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -22,9 +22,40 @@ DB_HELP = "the DuckDB database (views over the Parquet files); default: analytic
 DATA_HELP = "the Parquet directory; default: analytics/ beside the database"
 
 
-def _locations(db: Path | None, data: Path | None) -> tuple[Path, Path]:
+def locations(db: Path | None, data: Path | None) -> tuple[Path, Path]:
+    """The DuckDB database and the Parquet directory, defaults filled in."""
     database = db or Settings().database_path.parent / "analytics.duckdb"
     return database, data or database.parent / "analytics"
+
+
+def read_topics(until_idle: bool, db: Path | None, data: Path | None, group: str | None,
+                flush_s: float) -> str:
+    """Run the analytics consumer (to the topics' ends with `until_idle`); what it read."""
+    from analytics.stage import GROUP, AnalyticsStage
+    from analytics.warehouse import Warehouse
+    from chatpipe.ops_commands import operator_kafka
+
+    _, data_dir = locations(db, data)
+    stage = AnalyticsStage(operator_kafka(Settings()), Warehouse(data_dir), group or GROUP,
+                           flush_s)
+    counts = asyncio.run(stage.run(until_idle=until_idle))
+    rows = ", ".join(f"{table} {n}" for table, n in sorted(counts.rows.items())) or "no rows"
+    return (f"read {counts.records} records: {rows}; {counts.files} Parquet files "
+            f"in {data_dir}")
+
+
+def period_of(since: str, until: str | None) -> Any:
+    """The `analytics.report.Period` from `--since`/`--until` (BadParameter if either is
+    not a time)."""
+    from analytics.report import Period
+    from ops.time_bounds import parse_time
+
+    now_ms = round(time.time() * 1000)
+    try:
+        return Period(parse_time(since, now_ms) / 1000,
+                      (parse_time(until, now_ms) if until else now_ms) / 1000)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
 
 
 @analytics_app.command("ingest")
@@ -39,18 +70,9 @@ def ingest(
         "from its start")] = None,
     flush_s: Annotated[float, typer.Option(help="seconds between Parquet writes")] = 5.0,
 ) -> None:
-    """Read chat.usage, chat.requests.*, chat.tokens and chat.moderation into Parquet."""
-    from analytics.stage import GROUP, AnalyticsStage
-    from analytics.warehouse import Warehouse
-    from chatpipe.ops_commands import operator_kafka
-
-    _, data_dir = _locations(db, data)
-    stage = AnalyticsStage(operator_kafka(Settings()), Warehouse(data_dir), group or GROUP,
-                           flush_s)
-    counts = asyncio.run(stage.run(until_idle=until_idle))
-    rows = ", ".join(f"{table} {n}" for table, n in sorted(counts.rows.items())) or "no rows"
-    typer.echo(f"read {counts.records} records: {rows}; {counts.files} Parquet files "
-               f"in {data_dir}")
+    """Read chat.usage, chat.requests.*, chat.tokens, chat.moderation and chat.feedback
+    into Parquet."""
+    typer.echo(read_topics(until_idle, db, data, group, flush_s))
 
 
 @analytics_app.command("report")
@@ -65,18 +87,12 @@ def report(
     data: Annotated[Path | None, typer.Option(help=DATA_HELP)] = None,
 ) -> None:
     """Tokens by tier, model and org; requests, cancellations, retractions; TTFT."""
-    from analytics.report import Period, PlotUnavailable, plot_tokens_per_minute, render
+    from analytics.report import PlotUnavailable, plot_tokens_per_minute, render
     from analytics.report import report as answer_for
     from analytics.warehouse import Warehouse
-    from ops.time_bounds import parse_time
 
-    now_ms = round(time.time() * 1000)
-    try:
-        period = Period(parse_time(since, now_ms) / 1000,
-                        (parse_time(until, now_ms) if until else now_ms) / 1000)
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc)) from None
-    database, data_dir = _locations(db, data)
+    period = period_of(since, until)
+    database, data_dir = locations(db, data)
     with Warehouse(data_dir).connect(database) as con:
         answer = answer_for(con, period)
     if plot is not None:

@@ -13,6 +13,7 @@ import typer
 
 from chatpipe.analytics_commands import analytics_app
 from chatpipe.ops_commands import dlq_app, replay_app
+from chatpipe.rollout_commands import rollout_app
 from chatpipe.settings import Settings
 from conversations.store import ApiKey, ConversationStore, OrgSettings
 from schemas.topics import Tier
@@ -40,6 +41,7 @@ app.add_typer(schemas_app, name="schemas")
 app.add_typer(analytics_app, name="analytics")
 app.add_typer(replay_app, name="replay")
 app.add_typer(dlq_app, name="dlq")
+app.add_typer(rollout_app, name="rollout")
 
 # Every stage a deployment runs as its own process (docker-compose.yml, k8s/).
 STAGES = ("gateway", "scheduler", "worker", "safety", "recorder", "billing")

@@ -88,9 +88,10 @@ GRANTS: dict[str, tuple[Grant, ...]] = {
         # Its own delivery topic, made at start and named after the pod; a stream resumed
         # here tells the gateway that held it (on that one's delivery topic).
         *on_prefix(topics.DELIVER_PREFIX, R, W, C),
-        *reads(topics.SCHEDULER, topics.ANSWERS),
+        *reads(topics.SCHEDULER, topics.ANSWERS, topics.ROLLOUT),  # model aliases' weights
         # chat.usage: an answer replayed from the response cache (gateway.cached_pipeline)
-        *writes(topics.ANSWERS, topics.CONTROL, topics.MODERATION, topics.USAGE, topics.DLQ),
+        *writes(topics.ANSWERS, topics.CONTROL, topics.MODERATION, topics.USAGE, topics.FEEDBACK,
+                topics.DLQ),
     ),
     "scheduler": (
         *on_prefix(topics.REQUESTS_PREFIX, R),

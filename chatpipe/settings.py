@@ -232,6 +232,10 @@ class Settings(BaseSettings):
     fallback_models: dict[str, str] = Field(
         default_factory=dict, description="model -> smaller model used when it is saturated"
     )
+    model_aliases: dict[str, dict[str, float]] = Field(
+        default_factory=dict, description="alias -> {version (a served model): weight}, "
+        'e.g. {"chat": {"v1": 0.9, "v2": 0.1}}: the starting weights; `chatpipe rollout` '
+        "changes them live")
     small_model: str | None = Field(None, description="model for simple requests")
     simple_request_max_chars: int = Field(
         0, description="route prompts up to this many characters to small_model; 0 = off"
@@ -408,6 +412,14 @@ class Settings(BaseSettings):
     def _check_store(self) -> Settings:
         if self.store == "cassandra" and not self.cassandra_hosts:
             raise ValueError("store=cassandra needs CHATPIPE_CASSANDRA_HOSTS")
+        return self
+
+    @model_validator(mode="after")
+    def _check_model_aliases(self) -> Settings:
+        from gateway.rollout import check_weights
+
+        for alias, weights in self.model_aliases.items():
+            check_weights(alias, weights, self.models)
         return self
 
     @model_validator(mode="after")

@@ -39,6 +39,7 @@ from gateway.quotas import QuotaGate
 from gateway.rate_limits import RateLimiter, per_process
 from gateway.pipeline import Pipeline
 from gateway.relay import KafkaPipeline
+from gateway.rollout import ModelAliases
 from gateway.slow_clients import guarded_protocol
 from ledger.store import SQLiteLedger, UsageLedger
 from moderation.policy import PolicyConfig, SafetyPolicy, build_policy
@@ -150,9 +151,10 @@ def build_ledger(settings: Settings) -> UsageLedger:
 
 
 def gateway_pipeline(kafka: KafkaConfig, settings: Settings) -> KafkaPipeline:
-    """A gateway's Kafka side."""
+    """A gateway's Kafka side, keeping its model aliases current from chat.rollout."""
     return KafkaPipeline(kafka, settings.gateway_id,
-                         heartbeat_interval_s=settings.heartbeat_interval_s)
+                         heartbeat_interval_s=settings.heartbeat_interval_s,
+                         aliases=ModelAliases(settings.model_aliases, settings.models))
 
 
 def safety_policy(settings: Settings, client: RequestReplyClient | None, *,
@@ -251,7 +253,7 @@ def build_gateway_deps(settings: Settings, store: ConversationStore, pipeline: K
     return GatewayDeps(config, store, served, context,
                        rate_limiter=RateLimiter.from_config(config.rate_limits),
                        quotas=QuotaGate.from_config(config.quotas, ledger),
-                       safety=safety,
+                       safety=safety, aliases=pipeline.aliases,
                        documents=Documents(store, context.embedding_model, config.files))
 
 

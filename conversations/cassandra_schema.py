@@ -58,7 +58,7 @@ Row = Mapping[str, Any]
 CONVERSATION_COLUMNS = "conversation_id, user_id, title, auto_title, created_at, org_id"
 MESSAGE_COLUMNS = (
     "conversation_id, seq, message_id, role, content, parent_id, model, tokens, status,"
-    " request_id, created_at, prompt_tokens, cached_tokens"
+    " request_id, created_at, prompt_tokens, cached_tokens, alias"
 )
 REQUEST_COLUMNS = (
     "request_id, conversation_id, message_id, user_id, answers_partition, answers_offset,"
@@ -114,6 +114,7 @@ TABLES = (
     created_at double,
     prompt_tokens int,
     cached_tokens int,
+    alias text,
     PRIMARY KEY (conversation_id, seq)
 ) WITH CLUSTERING ORDER BY (seq ASC)""",
     """CREATE TABLE IF NOT EXISTS {ks}.message_ids (
@@ -201,6 +202,7 @@ UPGRADES = (
     "ALTER TABLE {ks}.api_keys ADD IF NOT EXISTS name text",
     "ALTER TABLE {ks}.api_keys ADD IF NOT EXISTS expires_at double",
     "ALTER TABLE {ks}.api_keys ADD IF NOT EXISTS revoked_at double",
+    "ALTER TABLE {ks}.messages ADD IF NOT EXISTS alias text",
 )
 
 _PAGE = (
@@ -239,7 +241,7 @@ STATEMENTS = {
     # messages
     "select_last_seq": "SELECT last_seq FROM {ks}.messages WHERE conversation_id = ? LIMIT 1",
     "insert_message": f"INSERT INTO {{ks}}.messages ({MESSAGE_COLUMNS})"
-    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
     "claim_seq": "UPDATE {ks}.messages SET last_seq = ?, selected[?] = ?"
     " WHERE conversation_id = ? IF last_seq = ?",
     "insert_message_id": "INSERT INTO {ks}.message_ids (message_id, conversation_id, seq)"
@@ -399,6 +401,7 @@ def message_values(message: StoredMessage) -> tuple:
     return (
         m.conversation_id, m.seq, m.message_id, m.role.value, m.content, m.parent_id, m.model,
         m.tokens, m.status.value, m.request_id, m.created_at, m.prompt_tokens, m.cached_tokens,
+        m.alias,
     )  # fmt: skip
 
 
@@ -417,6 +420,7 @@ def message_of(row: Row) -> StoredMessage:
         created_at=row["created_at"],
         prompt_tokens=row["prompt_tokens"] or 0,
         cached_tokens=row["cached_tokens"] or 0,
+        alias=row.get("alias"),
     )
 
 

@@ -400,6 +400,7 @@ def _stored(message: NewMessage, seq: int, created_at: float) -> StoredMessage:
         created_at=created_at,
         prompt_tokens=message.prompt_tokens,
         cached_tokens=message.cached_tokens,
+        alias=message.alias,
     )
 
 

@@ -41,6 +41,7 @@ CREATE TABLE IF NOT EXISTS messages (
     created_at REAL NOT NULL,
     prompt_tokens INTEGER NOT NULL DEFAULT 0,
     cached_tokens INTEGER NOT NULL DEFAULT 0,
+    alias TEXT,
     PRIMARY KEY (conversation_id, seq)
 );
 CREATE TABLE IF NOT EXISTS branch_choices (
@@ -161,13 +162,14 @@ ADDED_COLUMNS = (
     ("api_keys", "expires_at", "REAL", None),
     ("api_keys", "revoked_at", "REAL", None),
     ("api_keys", "key_id", "TEXT NOT NULL DEFAULT ''", _OLD_KEYS),
+    ("messages", "alias", "TEXT", None),
 )  # fmt: skip
 
 CONVERSATION_COLUMNS = "conversation_id, user_id, title, created_at, auto_title, org_id"
 
 MESSAGE_COLUMNS = (
     "message_id, conversation_id, seq, role, content, parent_id, model, tokens,"
-    " status, request_id, created_at, prompt_tokens, cached_tokens"
+    " status, request_id, created_at, prompt_tokens, cached_tokens, alias"
 )
 
 REQUEST_COLUMNS = (
@@ -229,13 +231,13 @@ def message_values(message: StoredMessage) -> tuple:
         message.message_id, message.conversation_id, message.seq, message.role.value,
         message.content, message.parent_id, message.model, message.tokens,
         message.status.value, message.request_id, message.created_at,
-        message.prompt_tokens, message.cached_tokens,
+        message.prompt_tokens, message.cached_tokens, message.alias,
     )  # fmt: skip
 
 
 def message_row(row: tuple) -> StoredMessage:
     (message_id, conversation_id, seq, role, content, parent_id, model, tokens,
-     status, request_id, created_at, prompt_tokens, cached_tokens) = row  # fmt: skip
+     status, request_id, created_at, prompt_tokens, cached_tokens, alias) = row  # fmt: skip
     return StoredMessage(
         message_id=message_id,
         conversation_id=conversation_id,
@@ -250,4 +252,5 @@ def message_row(row: tuple) -> StoredMessage:
         created_at=created_at,
         prompt_tokens=prompt_tokens,
         cached_tokens=cached_tokens,
+        alias=alias,
     )

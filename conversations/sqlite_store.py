@@ -374,6 +374,7 @@ class SQLiteStore(SQLiteOrgs, SQLiteFiles):
                 created_at=self._clock(),
                 prompt_tokens=message.prompt_tokens,
                 cached_tokens=message.cached_tokens,
+                alias=message.alias,
             )
             placeholders = ", ".join("?" * len(MESSAGE_COLUMNS.split(",")))
             conn.execute(

@@ -109,13 +109,16 @@ class NewMessage:
     request_id: str | None = None
     prompt_tokens: int = 0
     cached_tokens: int = 0
+    alias: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class StoredMessage:
     """A stored message. For an answer, `tokens` counts its completion tokens and
     `prompt_tokens` / `cached_tokens` its prompt and the part of it the engine's
-    prefix cache served (0 when unknown, and for user messages)."""
+    prefix cache served (0 when unknown, and for user messages). `alias`: the model
+    alias the answer was asked for, whose version `model` is (None: a model named
+    directly); set when the answer is first stored, never changed."""
 
     message_id: str
     conversation_id: str
@@ -130,6 +133,7 @@ class StoredMessage:
     created_at: float
     prompt_tokens: int = 0
     cached_tokens: int = 0
+    alias: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

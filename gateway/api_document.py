@@ -6,7 +6,9 @@ FastAPI writes what the routes and models declare; this adds what it cannot know
   a route with an id in its path can answer 404; every error is a JSON `ErrorBody`
   (not FastAPI's own validation shape, nor a stream route's media type);
 * the limits set by this deployment's settings: message count and length, stop
-  sequences, max_tokens, the models served, the tools one request offers;
+  sequences, max_tokens, the models served and the model aliases (those of the
+  document's first build: `chatpipe rollout set` may add one later), the tools one
+  request offers;
 * the rules of tool calling that span fields (`gateway.tool_requests`): a tool message
   names its call, only an assistant's carries calls, a tool choice other than none or
   auto needs tools;
@@ -16,6 +18,7 @@ FastAPI writes what the routes and models declare; this adds what it cannot know
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from fastapi import FastAPI
@@ -38,7 +41,7 @@ _SSE_EVENT: Schema = {
 }
 
 
-def api_document(app: FastAPI, limits: RequestLimits) -> Schema:
+def api_document(app: FastAPI, limits: RequestLimits, aliases: Sequence[str] = ()) -> Schema:
     document = get_openapi(title=app.title, version=app.version, summary=app.summary,
                            routes=app.routes)  # fmt: skip
     for path, operations in document.get("paths", {}).items():
@@ -47,7 +50,7 @@ def api_document(app: FastAPI, limits: RequestLimits) -> Schema:
     schemas = document.setdefault("components", {}).setdefault("schemas", {})
     for unused in ("HTTPValidationError", "ValidationError"):
         schemas.pop(unused, None)
-    _declare_limits(schemas, limits)
+    _declare_limits(schemas, limits, aliases)
     return document
 
 
@@ -65,13 +68,14 @@ def _declare_shared_errors(path: str, operation: Schema) -> None:
             stream["schema"] = _SSE_EVENT
 
 
-def _declare_limits(schemas: dict[str, Schema], limits: RequestLimits) -> None:
+def _declare_limits(schemas: dict[str, Schema], limits: RequestLimits,
+                    aliases: Sequence[str]) -> None:
     for name in ("PostMessage", "TurnOptions", "ChatCompletionRequest"):
         if name in schemas:
             # As integers: written as floats, 2**64 - 1 would round up to 2**64.
             _seed_range(schemas[name])
     chars = {"maxLength": limits.max_message_chars}
-    models = {"enum": list(limits.models)}
+    models = {"enum": [*limits.models, *aliases]}
     max_tokens = {"maximum": limits.max_tokens_limit}
     for name in ("PostMessage", "TurnOptions"):
         if name in schemas:

@@ -15,7 +15,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import APIRouter, Depends, FastAPI, Request, Response
 
-from gateway import chat, conversations, files, openai_compat, web
+from gateway import chat, conversations, feedback, files, openai_compat, web
 from gateway.admission import ResponseHeaders
 from gateway.api_document import api_document
 from gateway.auth import current_owner
@@ -72,6 +72,7 @@ def create_app(deps: GatewayDeps, *, api_docs: bool = True) -> FastAPI:
     v1.include_router(conversations.router)
     v1.include_router(chat.router)
     v1.include_router(files.router)
+    v1.include_router(feedback.router)
     v1.include_router(openai_compat.router)
     app.include_router(v1)
     app.include_router(web.router)
@@ -81,5 +82,7 @@ def create_app(deps: GatewayDeps, *, api_docs: bool = True) -> FastAPI:
 
 def _cached_document(app: FastAPI) -> dict:
     if app.openapi_schema is None:
-        app.openapi_schema = api_document(app, app.state.deps.config.limits)
+        deps = app.state.deps
+        app.openapi_schema = api_document(app, deps.config.limits,
+                                          deps.aliases.names if deps.aliases else ())
     return app.openapi_schema

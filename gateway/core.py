@@ -66,14 +66,15 @@ class Unavailable(Refused):
 def owner_request(
     owner: ApiKey, *, model: str, messages: tuple[ChatMessage, ...], sampling: SamplingOptions,
     reply_to: str, timeout_s: float, sent_at: float, conversation_id: str | None = None,
-    parent_id: str | None = None, store: bool = False,
+    parent_id: str | None = None, store: bool = False, alias: str | None = None,
 ) -> GenerationRequest:  # fmt: skip
-    """A request asked by `owner` (billed, prioritised and prefix-cached as them)."""
+    """A request asked by `owner` (billed, prioritised and prefix-cached as them);
+    `alias`: the alias asked for, whose version `model` is."""
     return generation_request(
         user_id=owner.user_id, org_id=owner.org_id, tier=owner.tier, cache_salt=owner.org_id,
         model=model, messages=messages, sampling=sampling, reply_to=reply_to,
         timeout_s=timeout_s, sent_at=sent_at, conversation_id=conversation_id,
-        parent_id=parent_id, store=store,
+        parent_id=parent_id, store=store, alias=alias,
     )  # fmt: skip
 
 

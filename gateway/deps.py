@@ -18,6 +18,7 @@ from gateway.generation import LiveRequests
 from gateway.pipeline import Pipeline
 from gateway.quotas import QuotaGate
 from gateway.rate_limits import RateLimiter
+from gateway.rollout import ModelAliases
 from gateway.turns import Turns
 from moderation.policy import SafetyPolicy
 from retrieval.documents import Documents
@@ -42,6 +43,8 @@ class GatewayDeps:
     """Titles and summaries being generated; closed when the app stops."""
     documents: Documents | None = None
     """The users' files: uploads and the search of turns that name them; None: no files."""
+    aliases: ModelAliases | None = None
+    """Model aliases and their weighted versions, kept current from chat.rollout."""
 
     @property
     def gates(self) -> Gates:
@@ -57,7 +60,7 @@ class GatewayDeps:
     def turns(self) -> Turns:
         """What native turns are served with."""
         return Turns(self.config, self.store, self.pipeline, self.context, self.gates,
-                     self.own_requests, self.live, self.documents)  # fmt: skip
+                     self.own_requests, self.live, self.documents, self.aliases)  # fmt: skip
 
 
 def gateway_deps(request: Request) -> GatewayDeps:

@@ -13,6 +13,7 @@ from pydantic import ValidationError
 
 from gateway.config import RequestLimits
 from gateway.core import Invalid, NotAllowed, NotFound, TooLarge, Unacceptable
+from gateway.rollout import ModelAliases, ModelChoice
 from schemas.codec import encode
 from schemas.events import GenerationRequest, SamplingOptions, StreamPosition, WorkAssignment
 from schemas.topics import Tier
@@ -47,6 +48,20 @@ def served_model(limits: RequestLimits, requested: str | None, tier: Tier) -> st
         raise NotAllowed("model_not_allowed", f"the {tier} tier may not use model {requested!r}",
                          param="model")
     return requested
+
+
+def choose_model(limits: RequestLimits, aliases: ModelAliases | None, requested: str | None,
+                 tier: Tier, conversation_id: str) -> ModelChoice:
+    """`served_model`, or for an alias the version `conversation_id` runs on. A tier
+    limited to some models may use an alias it is allowed, or the version picked."""
+    choice = aliases.choose(requested, conversation_id) if aliases is not None else None
+    if choice is None:
+        return ModelChoice(served_model(limits, requested, tier))
+    allowed = limits.tier_models.get(tier)
+    if allowed is not None and choice.alias not in allowed and choice.model not in allowed:
+        raise NotAllowed("model_not_allowed", f"the {tier} tier may not use model "
+                         f"{choice.alias!r}", param="model")
+    return choice
 
 
 def check_message(limits: RequestLimits, content: str, *, allow_empty: bool = False) -> None:

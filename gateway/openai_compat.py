@@ -32,7 +32,7 @@ from gateway.auth import Owner
 from gateway.config import GatewayConfig
 from gateway.context_builder import ContextBuilder
 from gateway.core import TooLarge, owner_request
-from gateway.deps import ConfigDep, Deps, GatewayDeps
+from gateway.deps import Deps, GatewayDeps
 from gateway.errors import ApiError, error_responses, error_type, from_delivery_error
 from gateway.event_stream import EventStreamResponse
 from gateway.generation import (
@@ -47,10 +47,11 @@ from gateway.limits import (
     check_bus_size,
     check_message,
     check_message_count,
+    choose_model,
     sampling_options,
-    served_model,
 )
 from gateway.rate_limits import text_tokens
+from gateway.rollout import ModelAliases
 from gateway.tool_answers import StreamedAnswer, finish_reason, message
 from gateway.tool_requests import chat_messages, tool_texts, tool_use
 from schemas import sse
@@ -75,16 +76,18 @@ from schemas.events import (
     Retract,
     now,
 )
+from schemas.generation import new_id
 from schemas.tools import ToolUse
 
 router = APIRouter(tags=["openai"])
 
 
 @router.get("/models")
-async def list_models(config: ConfigDep, owner: Owner) -> ModelList:
-    """The models served here that the caller's tier may use."""
-    allowed = config.limits.tier_models.get(owner.tier)
-    return ModelList(data=[ModelCard(id=name) for name in config.limits.models
+async def list_models(deps: Deps, owner: Owner) -> ModelList:
+    """The models served here that the caller's tier may use, then the aliases."""
+    allowed = deps.config.limits.tier_models.get(owner.tier)
+    names = [*deps.config.limits.models, *(deps.aliases.names if deps.aliases else ())]
+    return ModelList(data=[ModelCard(id=name) for name in names
                            if allowed is None or name in allowed])  # fmt: skip
 
 
@@ -111,7 +114,8 @@ async def admitted_request(
     """The request to queue, once every check has passed: its fields and size (cheap,
     charging nothing), the caller's budgets and rate limits (charged), then its prompt
     in the model's window and every message through the input classifiers."""
-    request = to_generation_request(completion, owner, deps.config, deps.pipeline.reply_to)
+    request = to_generation_request(completion, owner, deps.config, deps.pipeline.reply_to,
+                                    deps.aliases)
     check_bus_size(deps.config.limits, request)
     prompt = [*(m.content for m in request.messages), *tool_texts(request)]
     await admit(deps.gates, owner, text_tokens(prompt, request.sampling.max_tokens))
@@ -121,10 +125,14 @@ async def admitted_request(
 
 
 def to_generation_request(
-    completion: ChatCompletionRequest, owner: ApiKey, config: GatewayConfig, reply_to: str
+    completion: ChatCompletionRequest, owner: ApiKey, config: GatewayConfig, reply_to: str,
+    aliases: ModelAliases | None = None,
 ) -> GenerationRequest:
+    """A completion has no conversation: each is one of its own, so an alias picks a
+    version per completion."""
     limits = config.limits
-    model = served_model(limits, completion.model, owner.tier)
+    conversation_id = new_id()
+    choice = choose_model(limits, aliases, completion.model, owner.tier, conversation_id)
     check_message_count(limits, len(completion.messages))
     for message in completion.messages:
         for text in message.texts:
@@ -139,9 +147,11 @@ def to_generation_request(
         ignore_eos=completion.ignore_eos,
     )
     tools = tool_use(completion, limits)
-    request = owner_request(owner, model=model, messages=chat_messages(completion.messages),
-                            sampling=sampling, reply_to=reply_to,
-                            timeout_s=config.request_timeout_s, sent_at=now())  # fmt: skip
+    request = owner_request(owner, model=choice.model,
+                            messages=chat_messages(completion.messages), sampling=sampling,
+                            reply_to=reply_to, timeout_s=config.request_timeout_s,
+                            sent_at=now(), conversation_id=conversation_id,
+                            alias=choice.alias)  # fmt: skip
     return request if tools is None else request.model_copy(update={"tool_use": tools})
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Protocol
 
-from schemas.events import Event, GenerationRequest, ModerationEvent
+from schemas.events import Event, FeedbackEvent, GenerationRequest, ModerationEvent
 from schemas.topics import Tier
 
 
@@ -57,6 +57,9 @@ class Pipeline(Protocol):
 
     async def moderate(self, event: ModerationEvent) -> None:
         """Record a safety decision on `chat.moderation`."""
+
+    async def feedback(self, event: FeedbackEvent) -> None:
+        """Record a user's rating of an answer on `chat.feedback` (once the broker has it)."""
 
     def overloaded(self, tier: Tier) -> float | None:
         """Retry-After seconds while the scheduler sheds `tier`'s new requests, else None."""

@@ -26,15 +26,18 @@ from bus.subscriber import decode_record
 from conversations.answers import answer_started
 from gateway.follower import AnswerFollower, FollowedAnswer
 from gateway.pipeline import RequestStream
+from gateway.rollout import ModelAliases
 from schemas import topics
 from schemas.codec import SCHEDULER_EVENT
 from schemas.events import (
     DeliverEvent,
     DeliveryDone,
     DeliveryError,
+    FeedbackEvent,
     GenerationRequest,
     ModerationEvent,
     Reroute,
+    RolloutSet,
     SchedulerStatus,
     UsageEvent,
 )
@@ -50,13 +53,18 @@ class KafkaPipeline:
     """`gateway.pipeline.Pipeline` over Kafka; `async with` starts and stops it."""
 
     def __init__(self, kafka: KafkaConfig, gateway_id: str, partitions: int = 4,
-                 heartbeat_interval_s: float = 1.0) -> None:
+                 heartbeat_interval_s: float = 1.0, aliases: ModelAliases | None = None,
+                 ) -> None:
+        """`aliases`: kept current from `chat.rollout`, read from its start (the last
+        record of each alias wins), live from then on."""
         self.kafka = kafka
         self.gateway_id = gateway_id
-        self.requests = RequestReplyClient(
-            kafka, gateway_id, partitions, heartbeat_interval_s,
-            also_read={TopicPartition(topics.SCHEDULER, 0): self._scheduler_status},
-            on_reroute=self.taken)
+        self.aliases = aliases
+        also_read = {TopicPartition(topics.SCHEDULER, 0): self._scheduler_status}
+        if aliases is not None:
+            also_read[TopicPartition(topics.ROLLOUT, 0)] = self._rollout
+        self.requests = RequestReplyClient(kafka, gateway_id, partitions, heartbeat_interval_s,
+                                           also_read=also_read, on_reroute=self.taken)
         self.follower = AnswerFollower(kafka)
         self._holds: dict[str, asyncio.Task[None]] = {}
         self._reroutes: set[asyncio.Task[None]] = set()
@@ -121,6 +129,10 @@ class KafkaPipeline:
     async def moderate(self, event: ModerationEvent) -> None:
         await self.requests.publisher.send(topics.MODERATION, event,
                                            key=event.conversation_id)
+
+    async def feedback(self, event: FeedbackEvent) -> None:
+        await self.requests.publisher.send_and_wait(topics.FEEDBACK, event,
+                                                    key=event.conversation_id)
 
     def forget(self, request_id: str) -> None:
         self.requests.forget(request_id)
@@ -203,3 +215,11 @@ class KafkaPipeline:
         status = decode_record(SCHEDULER_EVENT, record)
         if isinstance(status, SchedulerStatus):
             self._status = status
+
+    def _rollout(self, record: ConsumerRecord) -> None:
+        """A new set of weights for an alias; one this gateway cannot apply raises (it is
+        dead-lettered) and the alias keeps its weights."""
+        assert self.aliases is not None
+        rollout = decode_record(RolloutSet, record)
+        self.aliases.apply(rollout)
+        log.info("alias %s: weights %s", rollout.alias, rollout.weights)

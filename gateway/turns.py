@@ -42,7 +42,7 @@ from conversations.store import (
 from conversations.tree import ConversationTree
 from gateway.admission import Gates, admit, charge_rest, check_input
 from gateway.background import OwnRequests, start_summary
-from gateway.config import GatewayConfig, RequestLimits
+from gateway.config import GatewayConfig
 from gateway.context import BuiltContext
 from gateway.context_builder import ContextBuilder
 from gateway.core import (
@@ -58,9 +58,10 @@ from gateway.core import (
 )
 from gateway.generation import Generation, LiveRequests, OnEnd, StreamTimers, start_generation
 from gateway.grounding import Grounding, ground, named_files
-from gateway.limits import check_bus_size, check_message, sampling_options, served_model
+from gateway.limits import check_bus_size, check_message, choose_model, sampling_options
 from gateway.pipeline import Pipeline
 from gateway.rate_limits import admission_tokens, text_tokens
+from gateway.rollout import ModelAliases, ModelChoice
 from gateway.stream_relay import StreamRelay
 from gateway.summaries import fallback_title
 from retrieval.documents import Documents
@@ -86,6 +87,8 @@ class Turns:
     own: OwnRequests
     live: LiveRequests
     documents: Documents | None = None
+    aliases: ModelAliases | None = None
+    """Model aliases and their weighted versions (`gateway.rollout`); None: none."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,13 +109,13 @@ async def start_turn(
     """A new user message at the end of the selected thread."""
     check_message(turns.config.limits, post.content)
     files = await named_files(turns.store, owner, post.file_ids)
-    model, sampling = _answer_options(turns.config.limits, owner, post)
+    choice, sampling = _answer_options(turns, owner, post, conversation)
     charged = text_tokens([post.content], sampling.max_tokens)
     await admit(turns.gates, owner, charged)
     tree = await settled_tree(turns.store, conversation.conversation_id, turns.config)
     grounding = await ground(turns.documents, files, post.content)
     return await _new_user_turn(turns, owner, conversation, tree.thread(), post.content,
-                                model, sampling, charged, grounding,
+                                choice, sampling, charged, grounding,
                                 first=not tree.messages)  # fmt: skip
 
 
@@ -124,12 +127,12 @@ async def start_edit(
     thread up to their parent."""
     check_message(turns.config.limits, post.content)
     files = await named_files(turns.store, owner, post.file_ids)
-    model, sampling = _answer_options(turns.config.limits, owner, post)
+    choice, sampling = _answer_options(turns, owner, post, conversation)
     charged = text_tokens([post.content], sampling.max_tokens)
     await admit(turns.gates, owner, charged)
     thread = edit_thread(await turns.store.get_tree(conversation.conversation_id), message_id)
     grounding = await ground(turns.documents, files, post.content)
-    return await _new_user_turn(turns, owner, conversation, thread, post.content, model,
+    return await _new_user_turn(turns, owner, conversation, thread, post.content, choice,
                                 sampling, charged, grounding)  # fmt: skip
 
 
@@ -141,7 +144,8 @@ async def start_regenerate(
     `message_id` itself, a user message): a sibling of the earlier answers. The question
     is classified again: the model asked for now may have stricter rules."""
     files = await named_files(turns.store, owner, options.file_ids)
-    model, sampling = _answer_options(turns.config.limits, owner, options)
+    choice, sampling = _answer_options(turns, owner, options, conversation)
+    model = choice.model
     charged = text_tokens([], sampling.max_tokens)
     await admit(turns.gates, owner, charged)
     tree = await turns.store.get_tree(conversation.conversation_id)
@@ -152,7 +156,7 @@ async def start_regenerate(
                          model, sampling, grounding.documents)
     await charge_rest(turns.gates, owner, charged,
                       admission_tokens(built.messages, sampling.max_tokens))
-    request = _request(turns, owner, conversation, question.message_id, model, sampling, built)
+    request = _request(turns, owner, conversation, question.message_id, choice, sampling, built)
     check_bus_size(turns.config.limits, request)
     await check_input(turns.gates, owner, model, [question.content])
     _ask_for_summary(turns.own, owner, model, built)
@@ -172,7 +176,7 @@ async def send_turn(turns: Turns, turn: Turn) -> Generation:
         NewMessage(message_id=request.message_id, conversation_id=request.conversation_id,
                    role=Role.ASSISTANT, content="", parent_id=turn.user_message.message_id,
                    model=request.model, status=RequestStatus.IN_PROGRESS,
-                   request_id=request.request_id),
+                   request_id=request.request_id, alias=request.alias),
         RequestRecord(request_id=request.request_id, conversation_id=request.conversation_id,
                       message_id=request.message_id, user_id=request.user_id,
                       org_id=request.org_id,
@@ -217,18 +221,19 @@ def store_answer(store: ConversationStore) -> OnEnd:
 
 async def _new_user_turn(
     turns: Turns, owner: ApiKey, conversation: Conversation, thread: list[StoredMessage],
-    content: str, model: str, sampling: SamplingOptions, charged: int, grounding: Grounding,
-    *, first: bool = False,
+    content: str, choice: ModelChoice, sampling: SamplingOptions, charged: int,
+    grounding: Grounding, *, first: bool = False,
 ) -> Turn:  # fmt: skip
     """Store `content` as a user message after `thread` and answer it (the turn was
     admitted, `charged` tokens), from the excerpts of `grounding`."""
     cid = conversation.conversation_id
+    model = choice.model
     built = await _build(turns.context, turns.store, cid, thread, content, model, sampling,
                          grounding.documents)
     await charge_rest(turns.gates, owner, charged,
                       admission_tokens(built.messages, sampling.max_tokens))
     user_message_id = new_id()
-    request = _request(turns, owner, conversation, user_message_id, model, sampling, built)
+    request = _request(turns, owner, conversation, user_message_id, choice, sampling, built)
     # Before the message is stored: a refused turn leaves no unanswered message behind.
     check_bus_size(turns.config.limits, request)
     await check_input(turns.gates, owner, model, [content])
@@ -249,9 +254,12 @@ async def _new_user_turn(
 
 
 def _answer_options(
-    limits: RequestLimits, owner: ApiKey, options: TurnOptions
-) -> tuple[str, SamplingOptions]:
-    model = served_model(limits, options.model, owner.tier)
+    turns: Turns, owner: ApiKey, options: TurnOptions, conversation: Conversation
+) -> tuple[ModelChoice, SamplingOptions]:
+    """The model (an alias's version for this conversation) and sampling of a turn."""
+    limits = turns.config.limits
+    choice = choose_model(limits, turns.aliases, options.model, owner.tier,
+                          conversation.conversation_id)
     sampling = sampling_options(
         limits,
         max_tokens=options.max_tokens,
@@ -260,7 +268,7 @@ def _answer_options(
         seed=options.seed,
         ignore_eos=options.ignore_eos,
     )
-    return model, sampling
+    return choice, sampling
 
 
 async def _build(
@@ -283,9 +291,10 @@ def _ask_for_summary(own: OwnRequests, owner: ApiKey, model: str, built: BuiltCo
 
 def _request(
     turns: Turns, owner: ApiKey, conversation: Conversation, question_id: str,
-    model: str, sampling: SamplingOptions, built: BuiltContext,
+    choice: ModelChoice, sampling: SamplingOptions, built: BuiltContext,
 ) -> GenerationRequest:  # fmt: skip
-    return owner_request(owner, model=model, messages=built.messages, sampling=sampling,
+    return owner_request(owner, model=choice.model, alias=choice.alias,
+                         messages=built.messages, sampling=sampling,
                          reply_to=turns.pipeline.reply_to,
                          timeout_s=turns.config.request_timeout_s, sent_at=now(),
                          conversation_id=conversation.conversation_id, parent_id=question_id,

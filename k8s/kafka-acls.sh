@@ -41,9 +41,11 @@ allow gateway --operation Write --topic chat.requests. --resource-pattern-type p
 allow gateway --operation Read --operation Write --operation Create --topic chat.deliver. --resource-pattern-type prefixed
 allow gateway --operation Read --topic chat.scheduler
 allow gateway --operation Read --operation Write --topic chat.answers
+allow gateway --operation Read --topic chat.rollout
 allow gateway --operation Write --topic chat.control
 allow gateway --operation Write --topic chat.moderation
 allow gateway --operation Write --topic chat.usage
+allow gateway --operation Write --topic chat.feedback
 allow gateway --operation Write --topic chat.dlq
 
 # scheduler

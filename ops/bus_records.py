@@ -30,8 +30,10 @@ from schemas.codec import (
 from schemas.events import (
     DeadLetter,
     Event,
+    FeedbackEvent,
     GenerationRequest,
     ModerationEvent,
+    RolloutSet,
     UsageEvent,
     WorkerHeartbeat,
 )
@@ -79,6 +81,8 @@ _KINDS: dict[str, type[BaseModel] | TypeAdapter[Any]] = {
     topics.CONTROL: CONTROL_EVENT,
     topics.USAGE: UsageEvent,
     topics.MODERATION: ModerationEvent,
+    topics.ROLLOUT: RolloutSet,
+    topics.FEEDBACK: FeedbackEvent,
     topics.DLQ: DeadLetter,
 }
 

@@ -14,7 +14,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from pydantic.dataclasses import dataclass as pydantic_dataclass
 
 from schemas.files import MAX_FILES_PER_TURN, Citation
-from schemas.events import CacheOutcome, Role, Usage
+from schemas.events import CacheOutcome, Rating, Role, Usage
 from schemas.lifecycle import RequestStatus
 from schemas.tools import FUNCTION_NAME, ToolCall, ToolSpec
 
@@ -98,6 +98,7 @@ class MessagePublic(BaseModel):
     model: str | None
     status: RequestStatus
     created_at: float
+    alias: str | None = Field(None, description="the model alias asked for; `model`: its version")
     children: list[str] = Field(
         default_factory=list,
         description="messages directly below, oldest first: regenerations and edits are siblings",
@@ -147,6 +148,24 @@ class CancelledRequest(BaseModel):
     status: Literal["cancelling"] = Field(
         "cancelling", description="the stream of the request ends with status finished_aborted"
     )
+
+
+FEEDBACK_TEXT_CHARS = 2000
+
+
+class MessageFeedback(BaseModel):
+    """A thumbs up or down on an answer, with an optional comment."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    rating: Rating
+    text: Text = Field("", max_length=FEEDBACK_TEXT_CHARS)
+
+
+class FeedbackAccepted(BaseModel):
+    message_id: str
+    rating: Rating
+    status: Literal["recorded"] = "recorded"
 
 
 # A dataclass, not a model: the stores build it from rows (`message_usage`) as the API

@@ -35,6 +35,7 @@ from schemas.events import (
     DeliveryError,
     Delta,
     Event,
+    FeedbackEvent,
     GatewayEvent,
     GatewayHeartbeat,
     GenerationDone,
@@ -44,6 +45,7 @@ from schemas.events import (
     Queued,
     Reroute,
     Retract,
+    RolloutSet,
     Routed,
     SchedulerClaim,
     SchedulerEvent,
@@ -118,6 +120,11 @@ CHANNELS: tuple[Channel, ...] = (
             "Tokens and GPU time of each attempt: billing and analytics."),
     Channel("moderation", topics.MODERATION, "conversation_id", (ModerationEvent,),
             "Every block and retraction with its reason."),
+    Channel("rollout", topics.ROLLOUT, "alias", (RolloutSet,),
+            "Model aliases' weights: every gateway reads it all, the last record of each "
+            "alias wins."),
+    Channel("feedback", topics.FEEDBACK, "conversation_id", (FeedbackEvent,),
+            "Users' thumbs up or down on answers, with the version that answered."),
     Channel("dlq", topics.DLQ, "the original record's key", (DeadLetter,),
             "Records a stage could not parse or process, with the error."),
 )
@@ -160,8 +167,10 @@ OPERATIONS: tuple[Operation, ...] = (
     _sends("gateway", "control", Cancel, Reroute, GatewayHeartbeat),
     _sends("gateway", "deliver", Reroute),
     _sends("gateway", "moderation", ModerationEvent),
+    _sends("gateway", "feedback", FeedbackEvent),
     _sends("gateway", "dlq", DeadLetter),
-    *_receives("gateway", "deliver", "scheduler", "answers"),
+    *_receives("gateway", "deliver", "scheduler", "answers", "rollout"),
+    _sends("operator", "rollout", RolloutSet),
     _sends("scheduler", "work", WorkAssignment, Unserved, SchedulerClaim),
     _sends("scheduler", "tokens", AttemptStarted, GenerationDone, GenerationError),
     _sends("scheduler", "deliver", Queued, Routed),
@@ -188,7 +197,7 @@ OPERATIONS: tuple[Operation, ...] = (
     _sends("analytics", "dlq", DeadLetter),
     Operation("analytics", "receive", "requests", (GenerationRequest,)),
     Operation("analytics", "receive", "tokens", (TokenChunk, GenerationDone, GenerationError)),
-    *_receives("analytics", "usage", "moderation"),
+    *_receives("analytics", "usage", "moderation", "feedback"),
 )
 
 

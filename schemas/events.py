@@ -8,11 +8,12 @@ add optional fields without a version bump. Duplicates are dropped by
 
 from __future__ import annotations
 
+import math
 import time
 from enum import StrEnum
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from schemas.lifecycle import RequestStatus
 from schemas.tools import ToolCall, ToolCalls, ToolUse
@@ -122,6 +123,9 @@ class GenerationRequest(Event):
     requested_model: str | None = Field(
         None, description="the model the client asked for, when the router chose another"
     )
+    alias: str | None = Field(
+        None, description="the model alias the client asked for; `model` is the version "
+        "(a served model) the gateway picked for it (chat.rollout)")
     stream: StreamPosition | None = Field(
         None, description="set at dispatch: where the stream lies on chat.tokens"
     )
@@ -433,6 +437,7 @@ class UsageEvent(Event):
     tier: Tier
     model: str
     requested_model: str | None = None
+    alias: str | None = Field(None, description="the alias asked for; `model` is its version")
     worker_id: str
     status: RequestStatus
     prompt_tokens: int
@@ -458,6 +463,47 @@ class ModerationEvent(Event):
     category: str
     reason: str
     replacement: str = Field("", description="text stored in place of a retracted answer")
+    created_at: float = Field(default_factory=now)
+
+
+class RolloutSet(Event):
+    """An alias's weights from now on, on `chat.rollout` keyed by the alias. Every
+    gateway reads the topic from its start and the last record of each alias wins (Tansu
+    never compacts; Kafka may, by this key)."""
+
+    type: Literal["rollout"] = "rollout"
+    alias: str = Field(min_length=1, max_length=128)
+    weights: dict[str, float] = Field(
+        description="version (a served model) -> weight: each >= 0, together > 0")
+    action: Literal["set", "rollback"] = "set"
+    created_at: float = Field(default_factory=now)
+
+    @field_validator("weights")
+    @classmethod
+    def _weights_pick_something(cls, weights: dict[str, float]) -> dict[str, float]:
+        if any(not math.isfinite(w) or w < 0 for w in weights.values()):
+            raise ValueError("every weight is a finite number >= 0")
+        if not sum(weights.values()) > 0:
+            raise ValueError("the weights sum to more than 0")
+        return weights
+
+
+Rating = Literal["up", "down"]
+
+
+class FeedbackEvent(Event):
+    """A user's thumbs up or down on an answer, on `chat.feedback` keyed by conversation."""
+
+    type: Literal["feedback"] = "feedback"
+    message_id: str
+    conversation_id: str
+    request_id: str | None = None
+    user_id: str
+    org_id: str
+    model: str | None = Field(None, description="the version that answered")
+    alias: str | None = Field(None, description="the alias it was picked for")
+    rating: Rating
+    text: str = ""
     created_at: float = Field(default_factory=now)
 
 

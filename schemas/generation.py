@@ -25,7 +25,7 @@ def generation_request(
     sampling: SamplingOptions, reply_to: str, timeout_s: float,
     conversation_id: str | None = None, message_id: str | None = None,
     parent_id: str | None = None, cache_salt: str | None = None, store: bool = False,
-    sent_at: float | None = None,
+    sent_at: float | None = None, alias: str | None = None,
 ) -> GenerationRequest:  # fmt: skip
     """A request with a fresh `request_id`, dropped if still waiting `timeout_s` after
     `sent_at` (default: now). A conversation or message id not given is a fresh one;
@@ -45,4 +45,5 @@ def generation_request(
         deadline=(now() if sent_at is None else sent_at) + timeout_s,
         cache_salt=cache_salt,
         store=store,
+        alias=alias,
     )

@@ -91,6 +91,8 @@ class DonePayload(BaseModel):
     cache: CacheOutcome | None = Field(
         None, description="the response cache's answer (`usage.cache`); absent when the "
         "request was not looked up")
+    model: str | None = Field(None, description="the model that answered (an alias's version); "
+                              "left out when the pipeline did not say")
 
 
 def frame(data: str | bytes, event: str | None = None, seq: int | None = None) -> bytes:
@@ -148,11 +150,15 @@ def native_event(event: DeliverEvent) -> bytes:
                 status=event.status,
                 usage=event.usage,
                 cache=event.usage.cache,
+                model=event.model,
             )
-            if payload.cache is None:  # not looked up: the done event as it always was
-                unasked = payload.model_dump_json(exclude={"cache": True, "usage": {"cache"}})
-                return frame(unasked, event.type, event.seq)
-            return _event(payload, event.type, event.seq)
+            # Fields a request did not use are left out: the done event as it always was.
+            unsaid: dict[str, Any] = {}
+            if payload.cache is None:
+                unsaid = {"cache": True, "usage": {"cache"}}
+            if event.model is None:
+                unsaid["model"] = True
+            return frame(payload.model_dump_json(exclude=unsaid or None), event.type, event.seq)
     raise TypeError(f"not a delivery event: {event!r}")
 
 

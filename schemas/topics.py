@@ -28,6 +28,8 @@ DELIVER_PREFIX = "chat.deliver."
 CONTROL = "chat.control"
 USAGE = "chat.usage"
 MODERATION = "chat.moderation"
+ROLLOUT = "chat.rollout"
+FEEDBACK = "chat.feedback"
 DLQ = "chat.dlq"
 
 
@@ -46,4 +48,4 @@ def deliver_topic(gateway_id: str) -> str:
 def shared_topics() -> list[str]:
     """Every topic except the per-gateway delivery topics."""
     return [*request_topics(), WORK, WORKERS, SCHEDULER, TOKENS, ANSWERS, CONTROL, USAGE,
-            MODERATION, DLQ]
+            MODERATION, ROLLOUT, FEEDBACK, DLQ]

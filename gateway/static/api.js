@@ -15,6 +15,7 @@ export const routes = {
   select: (cid, mid) => `/v1/conversations/${enc(cid)}/messages/${enc(mid)}/select`,
   cancel: (rid) => `/v1/requests/${enc(rid)}/cancel`,
   events: (rid) => `/v1/requests/${enc(rid)}/events`,
+  feedback: (mid) => `/v1/messages/${enc(mid)}/feedback`,
 };
 
 /** An HTTP error answer: `{error: {code, message}}`, with Retry-After when there is one. */

@@ -29,7 +29,7 @@ export class ChatView {
     this.cid = null;
     this.items = [];
     this.live = null;
-    this.notes = new Map(); // message id -> {routed, retracted, error, lost}: what the store does not keep
+    this.notes = new Map(); // message id -> {routed, retracted, error, lost, rating}: what the store does not keep
     this.form.addEventListener("submit", (event) => {
       event.preventDefault();
       if (this.live) this.stop();
@@ -151,6 +151,17 @@ export class ChatView {
       const detail = await this.api.json("POST", routes.select(this.cid, target));
       this.items = threadItems(detail);
       this.render();
+    } catch (error) {
+      this.failed(error);
+    }
+  }
+
+  /** Rate answer `item` ("up" or "down"): sent to chat.feedback through the gateway. */
+  async rate(item, rating) {
+    try {
+      await this.api.json("POST", routes.feedback(item.message_id), { rating });
+      this.notes.set(item.message_id, { ...this.notes.get(item.message_id), rating });
+      this.paint(item);
     } catch (error) {
       this.failed(error);
     }

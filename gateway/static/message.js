@@ -76,7 +76,8 @@ function answer(shown, item, chat) {
     body.append(el("div", { class: "actions" },
       siblingNav(shown, item, chat),
       shown.content && !withdrawn && copyButton(shown.content),
-      shown.message_id && iconButton("regenerate", "Regenerate", () => chat.regenerate(item))));
+      shown.message_id && iconButton("regenerate", "Regenerate", () => chat.regenerate(item)),
+      shown.message_id && ratingButtons(shown, item, chat)));
   }
   return el("article", { class: "msg assistant", "data-id": shown.message_id ?? "",
     "data-seq": shown.seq, "data-status": shown.status ?? (shown.streaming ? "streaming" : "") },
@@ -120,6 +121,17 @@ function siblingNav(shown, item, chat) {
     el("span", { class: "count" }, `${index + 1} / ${siblings.length}`),
     el("button", { type: "button", class: "icon-button", "aria-label": "Next version",
       disabled: index === siblings.length - 1, onclick: () => chat.select(item, 1) }, icon("right", 16)));
+}
+
+// Thumbs up / down: the rating sent last is pressed (the page remembers it, the store does not).
+function ratingButtons(shown, item, chat) {
+  return [["up", "Good answer"], ["down", "Bad answer"]].map(([rating, label]) => {
+    const button = iconButton(rating, label, () => chat.rate(item, rating));
+    button.classList.add("rate");
+    button.dataset.rating = rating;
+    button.setAttribute("aria-pressed", String(shown.rating === rating));
+    return button;
+  });
 }
 
 function copyButton(text) {

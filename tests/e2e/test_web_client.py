@@ -24,9 +24,12 @@ import pytest
 import pytest_asyncio
 from playwright.async_api import Browser, Page, Route, async_playwright, expect
 
+from bench.topic_log import find_events
 from chatpipe.dev_stack import API_KEY
 from chatpipe.wiring import Stack
 from conversations.store import ApiKey
+from schemas import topics
+from schemas.events import FeedbackEvent
 from schemas.lifecycle import RequestStatus
 from schemas.topics import Tier
 from tests.dropped_connections import CuttingProxy, hold_dropped_answers
@@ -258,6 +261,26 @@ async def test_regenerate_adds_a_sibling_and_the_arrows_switch_between_them(brow
         await last_answer(page).get_by_role("button", name="Next version").click()
         await expect(count).to_have_text("2 / 2")
         await expect(last_answer(page).locator(".content")).to_have_text(second)
+
+
+async def test_thumbs_under_an_answer_send_feedback_to_chat_feedback(browser, sim_stack):
+    async with chat_page(browser, sim_stack) as page:
+        await send(page, "[[sim:length=6]]")
+        await answered(page)
+        answer_id = await last_answer(page).get_attribute("data-id")
+        good = last_answer(page).get_by_role("button", name="Good answer")
+        bad = last_answer(page).get_by_role("button", name="Bad answer")
+        await expect(good).to_have_attribute("aria-pressed", "false")
+
+        await good.click()
+        await expect(good).to_have_attribute("aria-pressed", "true")
+        await bad.click()
+        await expect(bad).to_have_attribute("aria-pressed", "true")
+        await expect(good).to_have_attribute("aria-pressed", "false")
+
+    ratings = await find_events(sim_stack.kafka, topics.FEEDBACK, FeedbackEvent,
+                                lambda e: e.message_id == answer_id, count=2)
+    assert [(e.rating, e.user_id) for e in ratings] == [("up", "dev"), ("down", "dev")]
 
 
 async def test_editing_a_message_forks_the_conversation(browser, sim_stack):

@@ -305,6 +305,25 @@ async def test_finish_answer_sets_the_final_answer_once(store: ConversationStore
     assert await store.get_message(n.missing) is None
 
 
+async def test_an_answer_keeps_the_alias_its_version_was_picked_for(
+    store: ConversationStore, n: Names
+) -> None:
+    """The rollout's version is the answer's model; the alias asked for stays as the
+    answer was started, whatever its end says."""
+    await store.add_message(user_message(n.u1, n.c1))
+    message = replace(started(n.a1, n.c1, n.u1), model="v2", alias="chat")
+    begun = await store.start_answer(message, request_of(message))
+    await store.add_message(answer(n.a2, n.c1, n.u1))
+
+    assert (begun.model, begun.alias) == ("v2", "chat")
+    assert await store.finish_answer(replace(answer(n.a1, n.c1, n.u1), model="v2"))
+    finished = await store.get_message(n.a1)
+    assert finished is not None and (finished.model, finished.alias) == ("v2", "chat")
+    tree = await store.get_tree(n.c1)
+    assert {m.message_id: m.alias for m in tree.messages if m.role is Role.ASSISTANT} == {
+        n.a1: "chat", n.a2: None}
+
+
 async def test_of_two_concurrent_finishes_one_wins(store: ConversationStore, n: Names) -> None:
     await start(store, n.a1, n.c1, n.u1)
     gateway = answer(n.a1, n.c1, n.u1)

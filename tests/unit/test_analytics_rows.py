@@ -46,7 +46,8 @@ def test_a_request_row_keeps_when_and_whose_not_what() -> None:
     assert dict(zip(table.column_names, row)) == {
         "request_id": "r1", "attempt": 0, "conversation_id": "c1", "user_id": "u1",
         "org_id": "acme", "tier": "pro", "model": "tiny", "max_tokens": 256,
-        "created_at": 100.0, "topic": "chat.requests.pro", "partition": 2, "offset": 7}
+        "created_at": 100.0, "alias": None, "parent_id": None, "topic": "chat.requests.pro",
+        "partition": 2, "offset": 7}
     assert "a private prompt" not in map(str, row)
 
 

@@ -37,6 +37,7 @@ from schemas.events import (
     DeliveryDone,
     DeliveryError,
     Delta,
+    FeedbackEvent,
     GenerationRequest,
     Queued,
     Retract,
@@ -112,6 +113,7 @@ class ScriptedPipeline:
         self.followed: list[tuple[str, int]] = []
         self.held: list[tuple[str, float]] = []
         self.resumed: list[tuple[str, str]] = []
+        self.feedback_events: list[FeedbackEvent] = []
 
     @property
     def reply_to(self) -> str:
@@ -157,6 +159,9 @@ class ScriptedPipeline:
 
     async def announce_resume(self, request_id: str, held_by: str) -> None:
         self.resumed.append((request_id, held_by))
+
+    async def feedback(self, event: FeedbackEvent) -> None:
+        self.feedback_events.append(event)
 
     def overloaded(self, tier: Tier) -> float | None:
         return self.shedding.get(tier)

@@ -69,6 +69,8 @@ def test_deliveries_are_written_by_safety_and_only_read_by_gateways():
     (topics.CONTROL, {"gateway", "scheduler", "safety"}, {"scheduler", "worker"}),
     (topics.SCHEDULER, {"scheduler"}, {"scheduler", "gateway"}),
     (topics.MODERATION, {"gateway", "safety"}, set()),
+    (topics.ROLLOUT, set(), {"gateway"}),  # written by operators (`chatpipe rollout`)
+    (topics.FEEDBACK, {"gateway"}, set()),
     (topics.DLQ, set(STAGES), set()),
 ])
 def test_who_writes_and_reads_each_shared_topic(topic, writers, readers):
