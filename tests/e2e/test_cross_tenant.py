@@ -21,6 +21,7 @@ from tests.support import post_message
 _BODIES = {
     "content": "what did they say?",
     "title": "renamed by someone else",
+    "rating": "down",
 }
 
 
