@@ -40,6 +40,7 @@ from schemas.events import (
     DeliverEvent,
     DeliveryDone,
     Event,
+    FeedbackEvent,
     GenerationRequest,
     ModerationEvent,
     Routed,
@@ -158,6 +159,9 @@ class CachedPipeline:
 
     async def moderate(self, event: ModerationEvent) -> None:
         await self._inner.moderate(event)
+
+    async def feedback(self, event: FeedbackEvent) -> None:
+        await self._inner.feedback(event)
 
     def overloaded(self, tier: Tier) -> float | None:
         return self._inner.overloaded(tier)

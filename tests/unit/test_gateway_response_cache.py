@@ -206,3 +206,12 @@ async def test_stop_ends_a_replay_aborted_after_what_was_shown() -> None:
     assert isinstance(end, DeliveryDone)
     assert (end.seq, end.status, end.usage.cache) == (1, RequestStatus.FINISHED_ABORTED, "hit")
     assert await stream.take() == []
+
+
+def test_the_cached_pipeline_passes_on_every_call_of_the_pipeline() -> None:
+    """A call the wrapper lacks fails only when that route is used (it did: feedback)."""
+    from gateway.cached_pipeline import CachedPipeline
+    from gateway.pipeline import Pipeline
+
+    wanted = {name for name in vars(Pipeline) if not name.startswith("_")}
+    assert wanted <= set(dir(CachedPipeline)), wanted - set(dir(CachedPipeline))
