@@ -18,10 +18,11 @@ Mapping onto chatpipe's conversations (so both APIs see one history):
   `previous_response_id` is read, not added to) and is never retrievable.
 * `background: true` (stored only) answers at once, `queued`; the gateway reads the
   generation to its end (a job of `BackgroundJobs`, cancelled with its conversation) and
-  stores it. `GET` gives its status and, once ended, its output; with `stream=true` it
-  replays the answer's events from `chat.answers` on any gateway, live to the end,
-  numbered as `gateway.response_events` says, after `starting_after`. Reading it never
-  cancels it; `POST /v1/responses/{id}/cancel` does.
+  stores it (with `stream`, the answer is streamed as a reader of it). `GET` gives
+  its status and, once ended, its output; with `stream=true` it replays the answer's
+  events from `chat.answers` on any gateway, live to the end, numbered as
+  `gateway.response_events` says, after `starting_after`. Reading it never cancels
+  it; `POST /v1/responses/{id}/cancel` does.
 
 Admission, limits, quotas, the prompt's window and the input safety check are the
 native turn's (`gateway.turns.start_reply`) or the completion's
@@ -97,6 +98,8 @@ async def create_response(
         conversation_id = head.conversation.id if head.conversation is not None else ""
         deps.background.start((f"response {generation.request_id}", conversation_id),
                               _read_to_end(generation))
+        if body.stream:
+            return await _followed(deps, head, generation.request_id)
         return head.model_copy(update={"status": "queued"})
     if body.stream:
         return event_stream(response_frames(ResponseEvents(head), generation), generation)
@@ -115,15 +118,8 @@ async def retrieve_response(
     head = await _stored_head(deps.store, message, conversation)
     if not stream:
         return stored(head, message)
-    record = await deps.store.get_request(message.request_id or "")
-    if record is None:
-        raise _not_found(response_id)
-    followed = await deps.pipeline.follow(record.request_id, record.conversation_id,
-                                          record.answers_partition, record.answers_offset)
-    generation = Generation(deps.pipeline, record.request_id, followed, StreamRelay(),
-                            StreamTimers(deps.config.stream_stall_s, cancels=False))
     after = -1 if starting_after is None else starting_after
-    return event_stream(response_frames(ResponseEvents(head, after), generation), generation)
+    return await _followed(deps, head, message.request_id or "", after)
 
 
 @router.post("/responses/{response_id}/cancel", response_model=ResponseObject,
@@ -138,6 +134,20 @@ async def cancel_response(response_id: str, owner: Owner, deps: Deps) -> Respons
     return head.model_copy(update={"status": "cancelled"})
 
 
+async def _followed(deps: GatewayDeps, head: ResponseObject, request_id: str,
+                    after: int = -1) -> EventStreamResponse:  # fmt: skip
+    """A stored response's events after `after`, read from `chat.answers` (any gateway),
+    live to the end; its reader never cancels it."""
+    record = await deps.store.get_request(request_id)
+    if record is None:
+        raise _not_found(head.id)
+    followed = await deps.pipeline.follow(record.request_id, record.conversation_id,
+                                          record.answers_partition, record.answers_offset)
+    generation = Generation(deps.pipeline, record.request_id, followed, StreamRelay(),
+                            StreamTimers(deps.config.stream_stall_s, cancels=False))
+    return event_stream(response_frames(ResponseEvents(head, after), generation), generation)
+
+
 def check_fields(body: ResponseRequest) -> None:
     """400 naming the first field set that chatpipe does not honour, or a combination it
     cannot."""
@@ -147,9 +157,6 @@ def check_fields(body: ResponseRequest) -> None:
         raise Unacceptable(code, f"{name!r} is not supported here", param=name)
     if body.background and not body.store:
         raise Unacceptable("invalid_request", "background needs store", param="background")
-    if body.background and body.stream:
-        raise Unacceptable("unsupported_parameter", "background responses are streamed with "
-                           "GET /v1/responses/{id}?stream=true", param="stream")
 
 
 async def owned_response(

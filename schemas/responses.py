@@ -291,22 +291,21 @@ class ContentPartEvent(ResponseEvent):
     part: OutputText
 
 
-class TextDeltaEvent(ResponseEvent):
+class _TextEvent(ResponseEvent):
+    item_id: str
+    output_index: int = 0
+    content_index: int = 0
+    logprobs: list[dict[str, object]] = Field(default_factory=list)
+
+
+class TextDeltaEvent(_TextEvent):
     type: str = "response.output_text.delta"
-    item_id: str
-    output_index: int = 0
-    content_index: int = 0
     delta: str
-    logprobs: list[dict[str, object]] = Field(default_factory=list)
 
 
-class TextDoneEvent(ResponseEvent):
+class TextDoneEvent(_TextEvent):
     type: str = "response.output_text.done"
-    item_id: str
-    output_index: int = 0
-    content_index: int = 0
     text: str
-    logprobs: list[dict[str, object]] = Field(default_factory=list)
 
 
 class ResponseErrorEvent(ResponseEvent):
