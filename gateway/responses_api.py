@@ -57,7 +57,7 @@ from gateway.generation import (
     start_generation,
 )
 from gateway.history import prompt_turns
-from gateway.limits import served_model
+from gateway.limits import check_message_count, served_model
 from gateway.openai_compat import admitted_request
 from gateway.response_events import ResponseEvents, answered, stored
 from gateway.stream_relay import StreamRelay
@@ -90,6 +90,7 @@ async def create_response(
 ) -> ResponseObject | EventStreamResponse:
     """A response to `input`: streamed, whole, or at once (`background`)."""
     check_fields(body)
+    check_message_count(deps.config.limits, len(body.items))
     if body.store:
         head, generation = await _start_stored(deps, owner, body)
     else:
