@@ -189,3 +189,13 @@ async def test_fields_not_honoured_are_400_naming_them(client, pipeline, body, p
     assert not pipeline.submitted
     conversations = (await client.get("/v1/conversations", headers=ALICE)).json()["data"]
     assert conversations == []
+
+
+async def test_a_refused_reply_stores_nothing(client, pipeline):
+    """Past the field checks: an earlier message over the message limit (50 characters
+    here) is refused before the conversation or any message is stored."""
+    response = await client.post("/v1/responses", headers=ALICE, json={"model": "tiny", "input": [
+        {"role": "user", "content": "x" * 51}, {"role": "user", "content": "Hi"}]})
+    assert_error(response, 413, "message_too_long")
+    assert not pipeline.submitted
+    assert (await client.get("/v1/conversations", headers=ALICE)).json()["data"] == []
