@@ -371,7 +371,7 @@ class SchedulerStage:
                                     epoch=self.claim.epoch, incarnation=dispatch.incarnation)
         try:
             marker = await self.publisher.send_and_wait(topics.TOKENS, AttemptStarted(
-                request_id=request.request_id, attempt=request.attempt,
+                request_id=request.answer_id, attempt=request.attempt,
                 conversation_id=request.conversation_id, worker_id=dispatch.worker_id,
             ), key=request.conversation_id)
             start = request.stream.start_offset if request.stream else marker.offset
