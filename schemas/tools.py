@@ -127,3 +127,16 @@ def round_request_id(answer_id: str, round_: int) -> str:
     """The request id of a turn's `round_`th tool round: a function of the turn, so a
     round published twice (a redelivered `chat.tools` record) is one request."""
     return answer_id if round_ == 0 else f"{answer_id}.tool{round_}"
+
+
+class ToolStep(BaseModel):
+    """A server tool's call or its result, as a stored answer keeps it (in stream order)."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    type: Literal["tool_call", "tool_result"]
+    id: str = Field(description="the call's id (a result names the call it answers)")
+    name: str
+    arguments: str | None = Field(None, description="a call's arguments, JSON text")
+    content: str | None = Field(None, description="a result, JSON text")
+    error: bool = False
