@@ -296,7 +296,7 @@ class SchedulerStage:
         for update in self.core.queue_updates():
             request = update.request
             await self._per_request(request, self._tell(request, Queued(
-                request_id=request.request_id, attempt=request.attempt,
+                request_id=request.answer_id, attempt=request.attempt,
                 position=update.position, eta_ms=update.eta_ms)))
         await self._publish_status()
         await self.claim.refresh()
@@ -406,7 +406,7 @@ class SchedulerStage:
 
     async def _announce_route(self, request: GenerationRequest, reason: str) -> None:
         await self._tell(request, Routed(
-            request_id=request.request_id, attempt=request.attempt, model=request.model,
+            request_id=request.answer_id, attempt=request.attempt, model=request.model,
             requested_model=request.requested_model or request.model, reason=reason))
 
     async def _tell(self, request: GenerationRequest, event: Queued | Routed) -> None:
