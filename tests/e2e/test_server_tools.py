@@ -20,11 +20,16 @@ from tests.support import SseResult, post_message, read_sse
 
 
 def calling(name: str, arguments: dict[str, Any], question: str = "Please help.") -> str:
-    return f"{question} [[sim:call={name} {json.dumps(arguments)}]]"
+    """A question the sim answers with a call of `name`, then (after the result) with
+    `ANSWER`."""
+    return f"{question} [[sim:call={name} {json.dumps(arguments)}]] [[sim:reply={ANSWER}]]"
+
+
+ANSWER = "Here is what the tool said."
 
 
 async def ask(client: httpx.AsyncClient, cid: str, content: str, **options: Any) -> SseResult:
-    result = await post_message(client, cid, {"content": content, "max_tokens": 24,
+    result = await post_message(client, cid, {"content": content, "max_tokens": 64,
                                               "tool_choice": "auto", **options})
     assert result.status == 200 and result.ended_with_done, result
     return result
@@ -51,7 +56,7 @@ async def test_the_calculator_runs_and_the_answer_goes_on_after_its_result(
         assert (call["name"], json.loads(call["arguments"])) == (
             "calculator", {"expression": "(6 + 1) * 6"})
         assert json.loads(answer["content"]) == {"expression": "(6 + 1) * 6", "result": 42}
-        assert not answer["error"] and result.text and "<tool_call>" not in result.text
+        assert not answer["error"] and result.text == ANSWER
         done = result.of("done")[-1].json()
         assert done["status"] == "finished_stopped"
 
