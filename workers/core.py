@@ -29,6 +29,7 @@ from schemas.events import (
     UsageEvent,
     WorkAssignment,
     WorkerHeartbeat,
+    calls_span,
     stream_fields,
 )
 from schemas.lifecycle import RequestStatus
@@ -314,7 +315,10 @@ class Attempt:
         return self._latest.completion_tokens if self._latest else 0
 
     def tool_round(self, calls: ToolCalls, made: ToolCallsMade) -> ToolRound:
-        """What `chat.tools` runs for the paused round whose calls lie at `made.seq`."""
+        """What `chat.tools` runs for the paused round whose calls lie at `made.seq`
+        (sent). An end this attempt still sends (the round could not be handed on) goes
+        past the positions the calls' deliveries take."""
+        self.seq = max(self.seq, made.seq + calls_span(len(made.calls)))
         return ToolRound(request=self.request, calls=calls, seq=made.seq,
                          completion_tokens=made.completion_tokens, created_at=self._wall())
 

@@ -225,6 +225,8 @@ def test_a_server_tools_round_holds_its_text_and_pauses_on_its_calls():
     tool_round = attempt.tool_round(calls, made)
     assert (tool_round.seq, tool_round.calls, tool_round.request) == (5, calls, attempt.request)
     assert attempt.usage().completion_tokens == 2
+    # a round that cannot be handed on ends past its calls' positions (5: text, 6: call)
+    assert attempt.error("pipeline_rejected", "x").seq == 7
 
 
 def test_a_round_without_calls_or_without_server_tools_ends_as_any_answer():
