@@ -11,6 +11,13 @@ import json
 from typing import Any
 
 import httpx
+from aiokafka import AIOKafkaProducer
+
+from bench.topic_log import find_events
+from schemas import topics
+from schemas.codec import encode
+from schemas.events import GenerationRequest, ToolRound
+from schemas.tools import round_request_id
 
 from chatpipe.wiring import Stack
 from tests.e2e.test_conversations import by_id, error_code, new_conversation, recorded
@@ -121,3 +128,35 @@ async def test_a_tool_that_is_not_on_is_refused_before_anything_runs(sim_stack: 
         assert error_code(refused, 404) == "tool_not_found"
         assert error_code(await client.post(f"/v1/conversations/{cid}/messages", json={
             "content": "hi", "tool_choice": "bad name!"}), 422) == "invalid_request"
+
+
+async def test_a_tool_round_read_twice_shows_and_runs_its_steps_once(sim_stack: Stack) -> None:
+    """At least once: a `chat.tools` record read again (a tools stage killed before its
+    commit) runs its calls again and queues the same next round (same id) again; the
+    client and the store see each step once."""
+    async with client_for(sim_stack) as client:
+        cid = await new_conversation(client)
+        first = await ask(client, cid, calling("calculator", {"expression": "2 ** 10"}))
+        request_id = first.request["request_id"]
+        [tool_round] = await find_events(sim_stack.kafka, topics.TOOLS, ToolRound,
+                                         lambda r: r.request.request_id == request_id)
+        producer = AIOKafkaProducer(bootstrap_servers=sim_stack.kafka.bootstrap_servers)
+        await producer.start()
+        try:
+            await producer.send_and_wait(topics.TOOLS, encode(tool_round),
+                                         key=cid.encode())
+        finally:
+            await producer.stop()
+        following = round_request_id(request_id, 1)
+        again = await find_events(sim_stack.kafka, topics.requests_topic(tool_round.request.tier),
+                                  GenerationRequest, lambda r: r.request_id == following,
+                                  count=2)
+        assert len(again) == 2 and again[0].messages == again[1].messages  # ran again
+
+        async with client.stream("GET", f"/v1/requests/{request_id}/events") as resumed:
+            replayed = SseResult(resumed.status_code, await read_sse(resumed))
+        assert [e.event for e in replayed.events].count("tool_result") == 1
+        assert replayed.text == first.text == ANSWER
+        message = by_id(await recorded(client, cid, first.request["message_id"]))[
+            first.request["message_id"]]
+        assert len(message["tool_steps"]) == 2 and message["content"] == ANSWER

@@ -24,8 +24,10 @@ async def test_a_forced_server_tool_runs_and_the_answer_ends(vllm_stack: Stack) 
         cid = await new_conversation(client)
         result = await post_message(client, cid, {
             "content": "What time is it in Tokyo?", "tool_choice": "clock",
-            "max_tokens": 24, "temperature": 0})
+            "max_tokens": 160, "temperature": 0})
         assert result.status == 200 and result.ended_with_done, result
+        kinds = [e.event for e in result.events]
+        assert kinds.count("tool_call") == 1 and kinds.count("tool_result") == 1, result.events
         [call], [answer] = result.of("tool_call"), result.of("tool_result")
         call, answer = call.json(), answer.json()
         assert call["name"] == "clock" and answer["id"] == call["id"]
