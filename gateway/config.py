@@ -10,6 +10,7 @@ from typing import Literal
 
 from gateway.context import Strategy
 from retrieval.documents import FileLimits
+from schemas.tools import ToolSpec
 from schemas.topics import Tier
 
 
@@ -93,6 +94,15 @@ class ResponseCacheConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class ServerToolsConfig:
+    """The server tools on (their specs, from `servertools.catalog`), and the tool rounds
+    one turn may take."""
+
+    tools: tuple[ToolSpec, ...] = ()
+    max_rounds: int = 4
+
+
+@dataclass(frozen=True, slots=True)
 class GatewayConfig:
     limits: RequestLimits
     context: ContextConfig
@@ -113,3 +123,5 @@ class GatewayConfig:
     files: FileLimits = FileLimits()
     """What a user's upload may be, how it is chunked, what a turn retrieves."""
     response_cache: ResponseCacheConfig = ResponseCacheConfig()
+    server_tools: ServerToolsConfig = ServerToolsConfig()
+    """The server tools a native turn may offer the model (`tool_choice`)."""

@@ -27,12 +27,13 @@ Turns take `Turns`, what they are served with; the routes build it from `Gateway
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
+import dataclasses
 from dataclasses import dataclass
 
 import anyio
 
 from common.durable import retried
-from conversations.answers import answer_started
+from conversations.answers import answer_started, finish_answer
 from conversations.store import (
     ApiKey,
     Conversation,
@@ -64,12 +65,14 @@ from gateway.limits import check_bus_size, check_message, choose_model, sampling
 from gateway.pipeline import Pipeline
 from gateway.rate_limits import admission_tokens, text_tokens
 from gateway.rollout import ModelAliases, ModelChoice
+from gateway.server_tools import server_tool_use, with_server_tools
 from gateway.stream_relay import StreamRelay
 from gateway.summaries import fallback_title
 from retrieval.documents import Documents
 from schemas.api import PostMessage, TurnOptions
 from schemas.events import GenerationRequest, Role, SamplingOptions, now
 from schemas.files import Citation
+from schemas.tools import ToolUse
 from schemas.generation import new_id
 from schemas.lifecycle import RequestStatus
 
@@ -110,15 +113,17 @@ async def start_turn(
 ) -> Turn:
     """A new user message at the end of the selected thread."""
     check_message(turns.config.limits, post.content)
+    tool_use = server_tool_use(turns.config.server_tools, post.tool_choice)
     files = await named_files(turns.store, owner, post.file_ids)
     choice, sampling = _answer_options(turns, owner, post, conversation)
     charged = text_tokens([post.content], sampling.max_tokens)
     await admit(turns.gates, owner, charged)
     tree = await settled_tree(turns.store, conversation.conversation_id, turns.config)
     grounding = await ground(turns.documents, files, post.content)
-    return await _new_user_turn(turns, owner, conversation, tree.thread(), post.content,
+    turn = await _new_user_turn(turns, owner, conversation, tree.thread(), post.content,
                                 choice, sampling, charged, grounding,
                                 first=not tree.messages)  # fmt: skip
+    return _tooled(turns, turn, tool_use)
 
 
 async def start_edit(
@@ -128,14 +133,16 @@ async def start_edit(
     """A new version of user message `message_id`: its sibling, answered after the
     thread up to their parent."""
     check_message(turns.config.limits, post.content)
+    tool_use = server_tool_use(turns.config.server_tools, post.tool_choice)
     files = await named_files(turns.store, owner, post.file_ids)
     choice, sampling = _answer_options(turns, owner, post, conversation)
     charged = text_tokens([post.content], sampling.max_tokens)
     await admit(turns.gates, owner, charged)
     thread = edit_thread(await turns.store.get_tree(conversation.conversation_id), message_id)
     grounding = await ground(turns.documents, files, post.content)
-    return await _new_user_turn(turns, owner, conversation, thread, post.content, choice,
+    turn = await _new_user_turn(turns, owner, conversation, thread, post.content, choice,
                                 sampling, charged, grounding)  # fmt: skip
+    return _tooled(turns, turn, tool_use)
 
 
 async def start_regenerate(
@@ -145,6 +152,7 @@ async def start_regenerate(
     """Another answer to the user message that `message_id` answers (or to
     `message_id` itself, a user message): a sibling of the earlier answers. The question
     is classified again: the model asked for now may have stricter rules."""
+    tool_use = server_tool_use(turns.config.server_tools, options.tool_choice)
     files = await named_files(turns.store, owner, options.file_ids)
     choice, sampling = _answer_options(turns, owner, options, conversation)
     model = choice.model
@@ -162,8 +170,16 @@ async def start_regenerate(
     check_bus_size(turns.config.limits, request)
     await check_input(turns.gates, owner, model, [question.content])
     _ask_for_summary(turns.own, owner, model, built)
-    return Turn(request=request, user_message=question, owner=owner,
-                citations=grounding.citations)
+    return _tooled(turns, Turn(request=request, user_message=question, owner=owner,
+                               citations=grounding.citations), tool_use)
+
+
+def _tooled(turns: Turns, turn: Turn, tool_use: ToolUse | None) -> Turn:
+    """`turn` with its request offered the server tools of `tool_use` (if any)."""
+    if tool_use is None:
+        return turn
+    request = with_server_tools(turn.request, turns.config.server_tools, tool_use)
+    return dataclasses.replace(turn, request=request)
 
 
 async def start_reply(
@@ -238,7 +254,7 @@ def store_answer(store: ConversationStore) -> OnEnd:
     async def finish(relay: StreamRelay) -> None:
         answer = relay.answer()
         if answer is not None:
-            await retried(lambda: store.finish_answer(answer),
+            await retried(lambda: finish_answer(store, answer),
                           f"storing the end of {answer.message_id}", STORE_END_FOR_S)
 
     return finish

@@ -35,6 +35,8 @@ from schemas import topics
 from schemas.answer import AnswerLog
 from schemas.events import (
     Cancel,
+    DeliveredToolCall,
+    DeliveredToolResult,
     DeliveryDone,
     DeliveryError,
     Delta,
@@ -45,6 +47,9 @@ from schemas.events import (
     Retract,
     StreamEvent,
     TokenChunk,
+    ToolCallsMade,
+    ToolDelivery,
+    ToolResult,
     Usage,
 )
 from schemas.lifecycle import RequestStatus
@@ -82,7 +87,7 @@ class Deliver:
     """A delivery event for the gateway holding the stream (`reply_to`) and, for a
     stored answer, for `chat.answers`."""
 
-    event: Delta | Retract | DeliveryDone | DeliveryError
+    event: Delta | Retract | DeliveryDone | DeliveryError | ToolDelivery
     reply_to: str
     conversation_id: str
     store: bool
@@ -136,6 +141,8 @@ class SafetyCore:
             return Check(event, generation.gate.to_check())
         if isinstance(event, GenerationDone | GenerationError):
             return self._end(event, generation)
+        if isinstance(event, ToolCallsMade | ToolResult) and not generation.filtered:
+            return _tool_step(event, generation)
         return []
 
     def checked(self, check: Check, verdict: Verdict | None) -> list[Output]:
@@ -230,9 +237,26 @@ class SafetyCore:
             self._finished.popitem(last=False)
 
 
-def _deliver(source: StreamEvent, event: Delta | Retract | DeliveryDone | DeliveryError,
-             ) -> Deliver:
+def _deliver(source: StreamEvent,
+             event: Delta | Retract | DeliveryDone | DeliveryError | ToolDelivery) -> Deliver:
     return Deliver(event, source.reply_to, source.conversation_id, source.store)
+
+
+def _tool_step(event: ToolCallsMade | ToolResult, generation: _Generation) -> list[Output]:
+    """A server-tools turn's step, shown as it is: calls, after the text the window
+    still held (their positions: `ToolCallsMade`), or a result."""
+    ids = {"request_id": event.request_id, "attempt": event.attempt}
+    if isinstance(event, ToolResult):
+        return [_deliver(event, DeliveredToolResult(
+            **ids, seq=event.seq, call_id=event.call_id, name=event.name,
+            content=event.content, error=event.error))]
+    outputs: list[Output] = []
+    rest = generation.gate.finish()
+    if rest:
+        outputs.append(_deliver(event, Delta(**ids, seq=event.seq, text=rest)))
+    outputs += [_deliver(event, DeliveredToolCall(**ids, seq=event.seq + 1 + index, call=call))
+                for index, call in enumerate(event.calls)]
+    return outputs
 
 
 def records(outputs: list[Output]) -> list[tuple[str, Event, str]]:

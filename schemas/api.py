@@ -16,7 +16,7 @@ from pydantic.dataclasses import dataclass as pydantic_dataclass
 from schemas.files import MAX_FILES_PER_TURN, Citation
 from schemas.events import CacheOutcome, Rating, Role, Usage
 from schemas.lifecycle import RequestStatus
-from schemas.tools import FUNCTION_NAME, ToolCall, ToolSpec
+from schemas.tools import FUNCTION_NAME, ToolCall, ToolSpec, ToolStep
 
 # --- request text and bounds ----------------------------------------------------------
 
@@ -108,6 +108,9 @@ class MessagePublic(BaseModel):
         default_factory=list,
         description="an answer's sources: the chunks of the user's files its prompt carried",
     )
+    tool_steps: list[ToolStep] = Field(
+        default_factory=list,
+        description="an answer's server-tool calls and results, in stream order")
 
 
 class ConversationDetail(ConversationPublic):
@@ -118,6 +121,10 @@ class ConversationDetail(ConversationPublic):
     thread: list[str] = Field(
         default_factory=list, description="the selected branch, root first: what the model sees"
     )
+
+
+ServerToolChoice = Literal["none", "auto", "required"] | Annotated[
+    str, Field(pattern=FUNCTION_NAME, description="a server tool's name")]
 
 
 class TurnOptions(BaseModel):
@@ -135,6 +142,12 @@ class TurnOptions(BaseModel):
         default_factory=list, max_length=MAX_FILES_PER_TURN,
         description="the caller's files (POST /v1/files) to answer from: the chunks most "
         "similar to the message go into the prompt, and the answer cites them")
+    # --- server-side tools (issue 16, point 2) ---
+    tool_choice: ServerToolChoice = Field(
+        "none", description="the server tools (CHATPIPE_SERVER_TOOLS) the model may call, "
+        "which chatpipe runs (the stream shows tool_call and tool_result): none; auto, the "
+        "model decides; required, it calls one; or a tool's name, it calls that one (a "
+        "forced choice holds the first round only)")
 
 
 class PostMessage(TurnOptions):

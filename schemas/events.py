@@ -16,7 +16,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from schemas.lifecycle import RequestStatus
-from schemas.tools import ToolCall, ToolCalls, ToolUse
+from schemas.tools import ServerToolTurn, ToolCall, ToolCalls, ToolUse
 from schemas.topics import Tier
 
 SCHEMA_VERSION = 1
@@ -132,7 +132,16 @@ class GenerationRequest(Event):
     tool_use: ToolUse | None = Field(
         None, description="tools the model is shown, and how it may call them",
         exclude_if=_unset)
+    server_tools: ServerToolTurn | None = Field(
+        None, description="a native turn whose tool calls chatpipe runs (chat.tools)",
+        exclude_if=_unset)
     created_at: float = Field(default_factory=now)
+
+    @property
+    def answer_id(self) -> str:
+        """The request id the answer's stream events carry: the first tool round's for
+        a turn with server tools, else this request's own."""
+        return self.server_tools.answer_id if self.server_tools else self.request_id
 
     @property
     def last_user_message(self) -> str:
@@ -230,7 +239,7 @@ class StreamEvent(Event):
 def stream_fields(request: GenerationRequest, seq: int) -> dict[str, object]:
     """The `StreamEvent` fields of event `seq` of `request`'s stream."""
     return dict(
-        request_id=request.request_id, attempt=request.attempt, seq=seq,
+        request_id=request.answer_id, attempt=request.attempt, seq=seq,
         conversation_id=request.conversation_id, message_id=request.message_id,
         parent_id=request.parent_id, model=request.model, reply_to=request.reply_to,
         store=request.store, tier=request.tier,
@@ -278,8 +287,49 @@ class AttemptStarted(Event):
     sent_at: float = Field(default_factory=now)
 
 
-TokenEvent = Annotated[TokenChunk | GenerationDone | GenerationError | AttemptStarted,
-                       Field(discriminator="type")]
+# --- server-side tools: chat.tokens and chat.tools -------------------------------------
+
+
+class ToolCallsMade(StreamEvent):
+    """A round of a server-tools turn ended in tool calls (the worker freed its slot).
+
+    It holds `calls_span(len(calls))` positions from `seq`: the safety stage's last text
+    and one per call; the results follow, then the next round's output."""
+
+    type: Literal["tool_calls"] = "tool_calls"
+    calls: tuple[ToolCall, ...] = Field(min_length=1)
+    completion_tokens: int = Field(0, description="tokens the answer has generated so far")
+
+
+class ToolResult(StreamEvent):
+    """What a call returned (or its error), written by the tools stage."""
+
+    type: Literal["tool_result"] = "tool_result"
+    call_id: str
+    name: str
+    content: str = Field(description="JSON text: the tool's result, or {\"error\": ...}")
+    error: bool = False
+
+
+def calls_span(calls: int) -> int:
+    """Positions a `ToolCallsMade` of `calls` calls takes: text before them, then each."""
+    return 1 + calls
+
+
+TokenEvent = Annotated[TokenChunk | GenerationDone | GenerationError | AttemptStarted
+                       | ToolCallsMade | ToolResult, Field(discriminator="type")]
+
+
+class ToolRound(Event):
+    """On `chat.tools` (keyed by conversation): run `calls` for the round `request`
+    generated, whose `ToolCallsMade` lies at `seq`; then queue the next round."""
+
+    type: Literal["tool_round"] = "tool_round"
+    request: GenerationRequest
+    calls: ToolCalls
+    seq: int
+    completion_tokens: int = 0
+    created_at: float = Field(default_factory=now)
 
 
 # --- chat.deliver.<gateway_id> --------------------------------------------------------
@@ -350,12 +400,32 @@ class AnswerStarted(DeliveryEvent):
     created_at: float = Field(default_factory=now)
 
 
+class DeliveredToolCall(DeliveryEvent):
+    """A server tool the model called: the stream's `event: tool_call`."""
+
+    type: Literal["tool_call"] = "tool_call"
+    call: ToolCall
+
+
+class DeliveredToolResult(DeliveryEvent):
+    """What a server tool returned: the stream's `event: tool_result`."""
+
+    type: Literal["tool_result"] = "tool_result"
+    call_id: str
+    name: str
+    content: str
+    error: bool = False
+
+
+ToolDelivery = DeliveredToolCall | DeliveredToolResult
+
 DeliverEvent = Annotated[
-    Delta | Queued | Routed | Retract | DeliveryError | DeliveryDone, Field(discriminator="type")
+    Delta | Queued | Routed | Retract | DeliveryError | DeliveryDone | ToolDelivery,
+    Field(discriminator="type")
 ]
 AnswerEvent = Annotated[
-    AnswerStarted | Delta | Queued | Routed | Retract | DeliveryError | DeliveryDone,
-    Field(discriminator="type"),
+    AnswerStarted | Delta | Queued | Routed | Retract | DeliveryError | DeliveryDone
+    | ToolDelivery, Field(discriminator="type"),
 ]
 """What `chat.answers` carries: a stored answer's marker, then its delivery events."""
 
@@ -417,7 +487,7 @@ class GatewayHeartbeat(Event):
 
 ControlEvent = Annotated[Cancel | Reroute | GatewayHeartbeat, Field(discriminator="type")]
 GatewayEvent = Annotated[
-    Delta | Queued | Routed | Retract | DeliveryError | DeliveryDone | Reroute,
+    Delta | Queued | Routed | Retract | DeliveryError | DeliveryDone | Reroute | ToolDelivery,
     Field(discriminator="type"),
 ]
 """What a gateway's own `chat.deliver.<gateway_id>` carries: its streams' delivery events,

@@ -29,6 +29,8 @@ class Coalescer:
     def __init__(self, interval_s: float) -> None:
         self.interval_s = interval_s
         """May change between outputs (the worker widens it under load)."""
+        self.held = False
+        """Nothing goes out until `flush` (a server-tools round's text, which may be a call)."""
         self._pending = Pending()
         self._sent_at: float | None = None
         """When the last send was due (at most half an interval before it went)."""
@@ -38,7 +40,8 @@ class Coalescer:
         self._pending.text += text
         self._pending.tokens += tokens
         self._pending.token_ids += token_ids
-        if self._sent_at is not None and now - self._sent_at < self.interval_s - SLACK_S:
+        if self.held or (self._sent_at is not None
+                         and now - self._sent_at < self.interval_s - SLACK_S):
             return None
         return self._take(now)
 

@@ -18,6 +18,9 @@ Scripted mode — directives in the last user message, e.g. `[[sim:reply=Hi ther
 - `[[sim:reply=TEXT]]`  the reply is TEXT (split on spaces, one token per word)
 - `[[sim:length=N]]`    the reply stops by itself after N words
 - `[[sim:fail]]`        `generate` raises `SimEngineFailure` before the first token
+- `[[sim:call=NAME {"arg": ...}]]`  offered tools, the reply calls NAME (any name: a
+  model may call a tool it was not offered) with those arguments, in the hermes format,
+  as long as the last message is the user's (after a tool's result it answers in text)
 
 A required or named tool choice is answered with a call of the first (or the named)
 function with the least arguments its schema takes (`workers.tool_calls.example_output`),
@@ -33,9 +36,9 @@ import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from schemas.events import ChatMessage, GenerationRequest
+from schemas.events import ChatMessage, GenerationRequest, Role
 from schemas.lifecycle import RequestStatus
-from schemas.tools import ToolCalls
+from schemas.tools import FunctionCall, ToolCall, ToolCalls, call_id
 from workers.engine import Continuation, EngineOutput, EngineStats
 from workers.tool_calls import constrained_calls, example_output
 
@@ -70,6 +73,9 @@ def plan_reply(request: GenerationRequest) -> ReplyPlan:
     rng = random.Random(seed.digest())
 
     tool_use = request.tool_use
+    if tool_use is not None and "call" in directives and request.messages[-1].role is Role.USER:
+        return _tool_call_plan(request, scripted_call(directives["call"]),
+                               _scripted_calls(request, directives["call"]))
     if tool_use is not None and tool_use.constrained:
         return _tool_call_plan(request, example_output(tool_use))
     if "reply" in directives:
@@ -95,16 +101,33 @@ def plan_reply(request: GenerationRequest) -> ReplyPlan:
 TOOL_CALL_TOKEN_CHARS = 4
 
 
-def _tool_call_plan(request: GenerationRequest, text: str) -> ReplyPlan:
-    """A constrained answer: `text` a few characters a token, cut at `max_tokens`
-    (then it calls nothing: the JSON is not whole)."""
+def scripted_call(directive: str) -> str:
+    """The text of a `[[sim:call=NAME ARGS]]` reply: the call as hermes writes one."""
+    name, _, arguments = directive.partition(" ")
+    return f'<tool_call>{{"name": "{name}", "arguments": {arguments.strip() or "{}"}}}</tool_call>'
+
+
+def _scripted_calls(request: GenerationRequest, directive: str) -> ToolCalls:
+    name, _, arguments = directive.partition(" ")
+    return ToolCalls(calls=(ToolCall(id=call_id(request.request_id, 0), function=FunctionCall(
+        name=name, arguments=arguments.strip() or "{}")),))
+
+
+def _tool_call_plan(request: GenerationRequest, text: str,
+                    scripted: ToolCalls | None = None) -> ReplyPlan:
+    """A tool-calling answer: `text` a few characters a token, cut at `max_tokens`
+    (then it calls nothing: the call is not whole). Its calls are `scripted`, or read
+    from the constrained text."""
     tokens = [text[i:i + TOOL_CALL_TOKEN_CHARS] for i in range(0, len(text),
                                                               TOOL_CALL_TOKEN_CHARS)]
     status = RequestStatus.FINISHED_STOPPED
     if len(tokens) > request.sampling.max_tokens:
         tokens, status = tokens[: request.sampling.max_tokens], RequestStatus.FINISHED_LENGTH
     assert request.tool_use is not None
-    calls = constrained_calls("".join(tokens), request.tool_use, request.request_id)
+    calls = (constrained_calls("".join(tokens), request.tool_use, request.request_id)
+             if scripted is None else scripted)
+    if status is RequestStatus.FINISHED_LENGTH:
+        calls = None
     return ReplyPlan(tuple(tokens), status, tool_calls=calls)
 
 
