@@ -205,12 +205,19 @@ async def start_generation(
                       StreamTiming(request))
 
 
-def event_stream(frames: AsyncIterator[bytes], generation: Generation) -> EventStreamResponse:
-    """The SSE response; closing the generation also covers a stream that never started."""
+def event_stream(frames: AsyncIterator[bytes], generation: Generation,
+                 *others: Generation) -> EventStreamResponse:
+    """The SSE response of `generation` (and `others`: a completion's other choices);
+    closing the generations also covers a stream that never started."""
+
+    async def close() -> None:
+        for each in (generation, *others):
+            await each.close()
+
     return EventStreamResponse(
         frames,
         headers={"X-Request-Id": generation.request_id},
-        background=BackgroundTask(generation.close),
+        background=BackgroundTask(close),
         ping_s=PING_INTERVAL_S,
         send_timeout_s=SEND_TIMEOUT_S,
     )
@@ -230,7 +237,9 @@ def merged_deltas(events: list[DeliverEvent]) -> list[DeliverEvent]:
         if len(run) == 1:
             merged.append(run[0])
         elif run:
-            merged.append(run[-1].model_copy(update={"text": "".join(d.text for d in run)}))
+            merged.append(run[-1].model_copy(update={
+                "text": "".join(d.text for d in run),
+                "logprobs": tuple(entry for d in run for entry in d.logprobs)}))
         run = []
         if event is not None:
             merged.append(event)
