@@ -117,6 +117,11 @@ def _declare_parameters(completion: Schema, limits: RequestLimits) -> None:
         properties[name] = {"anyOf": [{"enum": values}, {"type": "null"}],
                             "description": properties[name].get("description")}
     _constrain(completion, "n", {"maximum": limits.max_choices})
+    # Token ids, as strings: the document cannot know each model's vocabulary, so it allows
+    # the ids every model served has (any tokenizer has more than 10,000); the gateway takes
+    # every id of the model's and refuses others (400 invalid_logit_bias).
+    _constrain(completion, "logit_bias", {"propertyNames": {"pattern": "^(0|[1-9][0-9]{0,3})$"}},
+               "object")
     completion.setdefault("allOf", []).append(
         {"if": {"required": ["top_logprobs"],
                 "properties": {"top_logprobs": {"type": "integer"}}},

@@ -31,7 +31,7 @@ from gateway.admission import admit, check_input
 from gateway.auth import Owner
 from gateway.config import GatewayConfig
 from gateway.context_builder import ContextBuilder
-from gateway.core import TooLarge, owner_request
+from gateway.core import TooLarge, Unacceptable, owner_request
 from gateway.deps import Deps, GatewayDeps
 from gateway.errors import ApiError, error_responses, error_type, from_delivery_error
 from gateway.event_stream import EventStreamResponse
@@ -122,6 +122,7 @@ async def admitted_request(
     await admit(deps.gates, owner,
                 text_tokens(prompt, request.sampling.max_tokens * completion.n))
     await check_window(deps.context, request)
+    await check_logit_bias(deps.context, request)
     await check_input(deps.gates, owner, request.model, [m.content for m in request.messages])
     return request
 
@@ -171,6 +172,18 @@ async def check_window(context: ContextBuilder, request: GenerationRequest) -> N
     if tokens >= window:
         raise TooLarge("context_too_long", f"the prompt needs {tokens} tokens; "
                        f"{request.model} takes {window} in all", param="messages")
+
+
+async def check_logit_bias(context: ContextBuilder, request: GenerationRequest) -> None:
+    """`logit_bias` names only tokens the model has (the engine would fail the request)."""
+    bias = request.sampling.logit_bias
+    if not bias:
+        return
+    size = await context.vocab_size(request.model)
+    unknown = sorted(token for token in bias if token >= size)
+    if unknown:
+        raise Unacceptable("invalid_logit_bias", f"logit_bias names token {unknown[0]}; "
+                           f"{request.model} has tokens 0 to {size - 1}", param="logit_bias")
 
 
 _CONTENT_MARK = "\x00content\x00"

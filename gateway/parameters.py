@@ -15,6 +15,7 @@ from __future__ import annotations
 from gateway.config import RequestLimits
 from gateway.core import Invalid, Unacceptable
 from gateway.limits import sampling_options
+from gateway.tool_requests import schema_error
 from schemas.api import SEED_LIMIT, ChatCompletionRequest
 from schemas.events import SamplingOptions
 
@@ -59,6 +60,11 @@ def check_parameters(completion: ChatCompletionRequest, limits: RequestLimits) -
                            param="top_logprobs")
     if completion.n > limits.max_choices:
         raise Invalid("too_many_choices", f"n is at most {limits.max_choices}", param="n")
+    schema = completion.json_format.get("json_schema")
+    if isinstance(schema, dict) and (error := schema_error(schema)) is not None:
+        raise Unacceptable("invalid_response_format", f"response_format's schema is not a "
+                           f"valid JSON Schema: {error}",
+                           param="response_format.json_schema.schema")
 
 
 def chat_sampling(completion: ChatCompletionRequest, limits: RequestLimits) -> SamplingOptions:
