@@ -5,6 +5,10 @@ Requests run through the same pipeline as native turns but are not stored
 form and are skipped; a retraction replaces the collected text of a
 non-streamed answer and ends a streamed one with `content_filter`.
 
+Every field of OpenAI's request is honoured or refused naming it (`gateway.parameters`:
+sampling, `logprobs`, `response_format`); `n` choices are `n` generations joined here,
+each chunk with its choice's `index` (`gateway.choices`).
+
 Tools (`tools`, `tool_choice`, `parallel_tool_calls`, `tool` messages) are read by
 `gateway.tool_requests`; the calls come back on the done event and are sent as
 `gateway.tool_answers` says.
@@ -294,7 +298,8 @@ async def chunk_events(answer: _Answer, generations: list[Generation],
                 yield b"".join(frames)
             if choice.failed:
                 break
-    if not all(generation.finished for generation in generations):
+    failed = any(choice.failed for choice in choices)
+    if not failed and not all(generation.finished for generation in generations):
         yield sse.openai_error(_error_detail("stream_interrupted", _INTERRUPTED))
     yield sse.done_marker()
 
@@ -316,25 +321,24 @@ async def collect(answer: _Answer, generations: list[Generation],
         listeners.start_soon(cancel_on_disconnect)
         async with anyio.create_task_group() as readers:
             for choice, generation in zip(collected, generations, strict=True):
-                readers.start_soon(choice.read, generation)
+                readers.start_soon(choice.read, generation, readers.cancel_scope)
         listeners.cancel_scope.cancel()
-    ends = []
-    for choice in collected:
-        match end := choice.text.end:
-            case None if disconnected:
-                raise ApiError(499, "client_disconnected", "the client went away")
-            case None:
-                raise ApiError(502, "stream_interrupted", _INTERRUPTED)
-            case DeliveryError():
-                raise from_delivery_error(end)
-        ends.append(end)
+    ends = [choice.text.end for choice in collected]
+    for end in ends:
+        if isinstance(end, DeliveryError):
+            raise from_delivery_error(end)
+    if disconnected:
+        raise ApiError(499, "client_disconnected", "the client went away")
+    done = [end for end in ends if isinstance(end, DeliveryDone)]
+    if len(done) < len(ends):
+        raise ApiError(502, "stream_interrupted", _INTERRUPTED)
     return ChatCompletion(
         id=answer.id,
         created=answer.created,
         model=answer.model,
         choices=[choice.choice(index, answer.tool_use, end)
-                 for index, (choice, end) in enumerate(zip(collected, ends, strict=True))],
-        usage=CompletionUsage.of(total_usage([end.usage for end in ends])),
+                 for index, (choice, end) in enumerate(zip(collected, done, strict=True))],
+        usage=CompletionUsage.of(total_usage([end.usage for end in done])),
     )
 
 
@@ -346,13 +350,16 @@ class _CollectedChoice:
         self.asked = asked
         self.logprobs: list[TokenLogprob] = []
 
-    async def read(self, generation: Generation) -> None:
+    async def read(self, generation: Generation, choices: anyio.CancelScope) -> None:
+        """Read the choice to its end; an error ends every choice (`choices`)."""
         async with aclosing(generation.events()) as events:
             async for event in events:
                 if self.text.add(event) and isinstance(event, Delta):
                     self.logprobs += event.logprobs
                 if self.text.log.ended:
                     break
+        if isinstance(self.text.end, DeliveryError):
+            choices.cancel()
 
     def choice(self, index: int, tool_use: ToolUse | None, end: DeliveryDone) -> Choice:
         retracted = self.text.retracted

@@ -261,8 +261,9 @@ class Attempt:
         """Continue after what earlier attempts streamed: what the engine goes on from.
 
         Raises `ToolCallInterrupted` for an answer held to a JSON schema (a required or
-        named tool choice, or a `response_format`) that an earlier attempt started: vLLM holds only what it
-        generates to the schema, never a prompt's tail, so the rest could not be held."""
+        named tool choice; `JsonOutputInterrupted` for a `response_format`) that an
+        earlier attempt started: vLLM holds only what it generates to the schema, never a
+        prompt's tail, so the rest could not be held."""
         self.seq = prior.next_seq
         self.prior_tokens = prior.tokens
         if not prior.streamed:

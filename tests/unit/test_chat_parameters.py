@@ -414,3 +414,17 @@ async def test_a_choice_that_fails_fails_the_completion(sdk, pipeline):
     pipeline.script(DeliveryError(request_id="-", code="engine_error", message="boom"))
     with pytest.raises(openai.InternalServerError):
         await sdk.chat.completions.create(model="tiny", messages=[USER], n=2)
+
+
+async def test_a_streamed_choice_that_fails_ends_the_stream_and_cancels_the_others(
+        client, pipeline):
+    pipeline.script(delta("one", 0), hold=True)
+    pipeline.script(DeliveryError(request_id="-", code="engine_error", message="boom"))
+    response = await client.post("/v1/chat/completions", headers=ALICE, json={
+        "model": "tiny", "messages": [USER], "n": 2, "stream": True})
+    messages = sse.parse_messages(response.text)
+    errors = [json.loads(m.data)["error"]["code"] for m in messages
+              if not m.is_done and "error" in json.loads(m.data)]
+    assert errors == ["engine_error"] and messages[-1].is_done
+    first, _ = pipeline.submitted
+    assert [request_id for request_id, _ in pipeline.cancelled] == [first.request_id]
