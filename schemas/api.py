@@ -262,7 +262,7 @@ class SamplingParameters(BaseModel):
         description="token id (as a string) -> bias from -100 to 100 added to its logit")
     min_p: float | None = Field(None, ge=0.0, le=1.0, description="vLLM extension")
     top_k: int | None = Field(None, ge=-1, description="vLLM extension; -1 or 0: all tokens")
-    repetition_penalty: float | None = Field(None, gt=0.0, le=2.0,
+    repetition_penalty: float | None = Field(None, gt=0.0,
                                              description="vLLM extension; 1: none")
 
     def engine_sampling(self) -> dict[str, object]:

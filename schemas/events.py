@@ -73,7 +73,7 @@ class SamplingOptions(BaseModel):
     # meaning; unset, the engine's default, and left out of the JSON.
     presence_penalty: float | None = Field(None, ge=-2.0, le=2.0, exclude_if=_unset)
     frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0, exclude_if=_unset)
-    repetition_penalty: float | None = Field(None, gt=0.0, le=2.0, exclude_if=_unset)
+    repetition_penalty: float | None = Field(None, gt=0.0, exclude_if=_unset)
     min_p: float | None = Field(None, ge=0.0, le=1.0, exclude_if=_unset)
     top_k: int | None = Field(None, ge=-1, description="-1 or 0: every token", exclude_if=_unset)
     logit_bias: dict[int, float] | None = Field(
