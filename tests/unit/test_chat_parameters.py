@@ -428,3 +428,21 @@ async def test_a_streamed_choice_that_fails_ends_the_stream_and_cancels_the_othe
     assert errors == ["engine_error"] and messages[-1].is_done
     first, _ = pipeline.submitted
     assert [request_id for request_id, _ in pipeline.cancelled] == [first.request_id]
+
+
+class Vocabulary:
+    """A context builder's vocabulary answer, for the logit_bias check."""
+
+    async def vocab_size(self, model: str) -> int:
+        return 100
+
+
+async def test_logit_bias_names_only_tokens_the_model_has():
+    from gateway.openai_compat import check_logit_bias
+
+    await check_logit_bias(Vocabulary(), plan_request(logit_bias={99: 1.0}))
+    await check_logit_bias(Vocabulary(), plan_request())
+    with pytest.raises(Unacceptable) as refused_bias:
+        await check_logit_bias(Vocabulary(), plan_request(logit_bias={5: 1.0, 100: -1.0}))
+    assert (refused_bias.value.code, refused_bias.value.param) == ("invalid_logit_bias",
+                                                                  "logit_bias")
