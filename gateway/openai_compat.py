@@ -25,7 +25,6 @@ from collections.abc import AsyncIterator
 from contextlib import aclosing
 from dataclasses import dataclass
 
-import anyio
 import orjson
 from fastapi import APIRouter, Request
 
@@ -37,15 +36,16 @@ from gateway.config import GatewayConfig
 from gateway.context_builder import ContextBuilder
 from gateway.core import TooLarge, Unacceptable, owner_request
 from gateway.deps import Deps, GatewayDeps
-from gateway.errors import ApiError, error_responses, error_type, from_delivery_error
+from gateway.errors import error_responses, error_type
 from gateway.event_stream import EventStreamResponse
 from gateway.choices import choice_batches, choice_requests, start_choices, total_usage
 from gateway.generation import (
+    INTERRUPTED,
     Generation,
     StreamTimers,
     event_stream,
     merged_deltas,
-    until_disconnected,
+    collected_all,
 )
 from gateway.limits import check_bus_size, check_message, check_message_count, choose_model
 from gateway.parameters import chat_sampling, check_parameters
@@ -73,6 +73,7 @@ from schemas.events import (
     DeliveryDone,
     DeliveryError,
     Delta,
+    Event,
     GenerationRequest,
     Logprobs,
     Retract,
@@ -300,76 +301,50 @@ async def chunk_events(answer: _Answer, generations: list[Generation],
                 break
     failed = any(choice.failed for choice in choices)
     if not failed and not all(generation.finished for generation in generations):
-        yield sse.openai_error(_error_detail("stream_interrupted", _INTERRUPTED))
+        yield sse.openai_error(_error_detail("stream_interrupted", INTERRUPTED))
     yield sse.done_marker()
 
 
 async def collect(answer: _Answer, generations: list[Generation],
                   request: Request) -> ChatCompletion:
     """The whole answer of every choice; a client that disconnects first cancels the
-    generations."""
-    collected = [_CollectedChoice(answer.logprobs) for _ in generations]
-    disconnected = False
-    async with anyio.create_task_group() as listeners:
-
-        async def cancel_on_disconnect() -> None:
-            nonlocal disconnected
-            await until_disconnected(request)
-            disconnected = True
-            listeners.cancel_scope.cancel()
-
-        listeners.start_soon(cancel_on_disconnect)
-        async with anyio.create_task_group() as readers:
-            for choice, generation in zip(collected, generations, strict=True):
-                readers.start_soon(choice.read, generation, readers.cancel_scope)
-        listeners.cancel_scope.cancel()
-    ends = [choice.text.end for choice in collected]
-    for end in ends:
-        if isinstance(end, DeliveryError):
-            raise from_delivery_error(end)
-    if disconnected:
-        raise ApiError(499, "client_disconnected", "the client went away")
-    done = [end for end in ends if isinstance(end, DeliveryDone)]
-    if len(done) < len(ends):
-        raise ApiError(502, "stream_interrupted", _INTERRUPTED)
+    generations, and an error of one choice ends them all."""
+    texts = await collected_all(generations, request,
+                                [_ChoiceText() for _ in generations])
+    ends = [text.end for text in texts]
+    assert all(isinstance(end, DeliveryDone) for end in ends)
     return ChatCompletion(
         id=answer.id,
         created=answer.created,
         model=answer.model,
-        choices=[choice.choice(index, answer.tool_use, end)
-                 for index, (choice, end) in enumerate(zip(collected, done, strict=True))],
-        usage=CompletionUsage.of(total_usage([end.usage for end in done])),
+        choices=[text.choice(index, answer, end)
+                 for index, (text, end) in enumerate(zip(texts, ends, strict=True))],
+        usage=CompletionUsage.of(total_usage([end.usage for end in ends])),
     )
 
 
-class _CollectedChoice:
+class _ChoiceText(AnswerText):
     """One choice of a whole completion: its text, and its tokens' log probabilities."""
 
-    def __init__(self, asked: bool) -> None:
-        self.text = AnswerText()
-        self.asked = asked
+    __slots__ = ("logprobs",)
+
+    def __init__(self) -> None:
+        super().__init__()
         self.logprobs: list[TokenLogprob] = []
 
-    async def read(self, generation: Generation, choices: anyio.CancelScope) -> None:
-        """Read the choice to its end; an error ends every choice (`choices`)."""
-        async with aclosing(generation.events()) as events:
-            async for event in events:
-                if self.text.add(event) and isinstance(event, Delta):
-                    self.logprobs += event.logprobs
-                if self.text.log.ended:
-                    break
-        if isinstance(self.text.end, DeliveryError):
-            choices.cancel()
+    def add(self, event: Event) -> bool:
+        if not super().add(event):
+            return False
+        if isinstance(event, Delta) and not self.retracted:
+            self.logprobs += event.logprobs
+        return True
 
-    def choice(self, index: int, tool_use: ToolUse | None, end: DeliveryDone) -> Choice:
-        retracted = self.text.retracted
-        return Choice(index=index, message=message(str(self.text), end, retracted),
-                      finish_reason=finish_reason(tool_use, end, retracted),
+    def choice(self, index: int, answer: _Answer, end: DeliveryDone) -> Choice:
+        retracted = self.retracted
+        return Choice(index=index, message=message(str(self), end, retracted),
+                      finish_reason=finish_reason(answer.tool_use, end, retracted),
                       logprobs=ChoiceLogprobs.of(tuple(self.logprobs))
-                      if self.asked and not retracted else None)
-
-
-_INTERRUPTED = "the answer stopped before its end"
+                      if answer.logprobs and not retracted else None)
 
 
 def _error_detail(code: str, message: str) -> ErrorDetail:
