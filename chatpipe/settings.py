@@ -178,6 +178,8 @@ class Settings(BaseSettings):
     max_stop_sequences: int = Field(4, ge=0, description="most stop sequences per request")
     max_stop_chars: int = Field(64, ge=1, description="longest stop sequence, in characters")
     max_tools: int = Field(128, ge=1, description="most tools one OpenAI-API request may offer")
+    max_choices: int = Field(
+        8, ge=1, description="most choices (`n`) one OpenAI-API request may ask for")
     default_tier: Tier = Field(Tier.FREE, description="tier of the development user")
     default_max_tokens: int = Field(256, description="answer length when a request names none")
     max_tokens_limit: int = Field(

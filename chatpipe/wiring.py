@@ -203,6 +203,7 @@ def gateway_config(settings: Settings) -> GatewayConfig:
             max_stop_sequences=settings.max_stop_sequences,
             max_stop_chars=settings.max_stop_chars,
             max_tools=settings.max_tools,
+            max_choices=settings.max_choices,
             max_tokens_limit=settings.max_tokens_limit,
             default_max_tokens=settings.default_max_tokens,
         ),

@@ -8,7 +8,9 @@ FastAPI writes what the routes and models declare; this adds what it cannot know
 * the limits set by this deployment's settings: message count and length, stop
   sequences, max_tokens, the models served and the model aliases (those of the
   document's first build: `chatpipe rollout set` may add one later), the tools one
-  request offers;
+  request offers, the choices (`n`);
+* what `gateway.parameters` refuses: unknown fields, OpenAI's fields chatpipe cannot
+  honour (null only), fields taking a few values only;
 * the rules of tool calling that span fields (`gateway.tool_requests`): a tool message
   names its call, only an assistant's carries calls, a tool choice other than none or
   auto needs tools;
@@ -26,6 +28,7 @@ from fastapi.openapi.utils import get_openapi
 
 from gateway.config import RequestLimits
 from gateway.errors import error_responses
+from gateway.parameters import ACCEPTED, REFUSED
 from schemas.api import SEED_LIMIT
 
 Schema = dict[str, Any]
@@ -99,6 +102,7 @@ def _declare_limits(schemas: dict[str, Schema], limits: RequestLimits,
         _constrain(completion, "stop", {"maxItems": limits.max_stop_sequences,
                                         "items": {"type": "string", **stop_chars}}, "array")
         _constrain(completion, "tools", {"maxItems": limits.max_tools}, "array")
+        _declare_parameters(completion, limits)
     _declare_tool_rules(schemas)
     _declare_response_limits(schemas, limits, models)
 
@@ -122,6 +126,28 @@ def _declare_response_limits(schemas: dict[str, Schema], limits: RequestLimits,
         _constrain(schemas["InputItem"], "content", chars)
 
 
+def _declare_parameters(completion: Schema, limits: RequestLimits) -> None:
+    """What `gateway.parameters` refuses: any field not declared, a field chatpipe cannot
+    honour unless null, one of a few values only, top_logprobs without logprobs."""
+    completion["additionalProperties"] = False
+    properties = completion.get("properties", {})
+    for name in REFUSED:
+        properties[name] = {"type": "null", "description": properties[name].get("description")}
+    for name, (values, _) in ACCEPTED.items():
+        properties[name] = {"anyOf": [{"enum": values}, {"type": "null"}],
+                            "description": properties[name].get("description")}
+    _constrain(completion, "n", {"maximum": limits.max_choices})
+    # Token ids, as strings: the document cannot know each model's vocabulary, so it allows
+    # the ids every model served has (any tokenizer has more than 10,000); the gateway takes
+    # every id of the model's and refuses others (400 invalid_logit_bias).
+    _constrain(completion, "logit_bias", {"propertyNames": {"pattern": "^(0|[1-9][0-9]{0,3})$"}},
+               "object")
+    completion.setdefault("allOf", []).append(
+        {"if": {"required": ["top_logprobs"],
+                "properties": {"top_logprobs": {"type": "integer"}}},
+         "then": {"required": ["logprobs"], "properties": {"logprobs": {"const": True}}}})
+
+
 def _declare_tool_rules(schemas: dict[str, Schema]) -> None:
     message, completion = schemas.get("InputMessage"), schemas.get("ChatCompletionRequest")
     if message is not None:
@@ -133,12 +159,12 @@ def _declare_tool_rules(schemas: dict[str, Schema]) -> None:
              "then": {"properties": {"tool_calls": {"type": "null"}}}},
         ]
     if completion is not None:
-        completion["allOf"] = [
+        completion.setdefault("allOf", []).extend([
             {"if": {"required": ["tool_choice"], "properties": {"tool_choice": {
                 "anyOf": [{"const": "required"}, {"type": "object"}]}}},
              "then": {"required": ["tools"],
                       "properties": {"tools": {"type": "array", "minItems": 1}}}},
-        ]
+        ])
 
 
 def _seed_range(model: Schema) -> None:

@@ -33,6 +33,8 @@ class RequestLimits:
     default_max_tokens: int
     max_tools: int = 128
     """Tools one OpenAI-API request may offer."""
+    max_choices: int = 8
+    """Choices (`n`) one OpenAI-API request may ask for."""
 
 
 @dataclass(frozen=True, slots=True)

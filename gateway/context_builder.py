@@ -97,6 +97,10 @@ class ContextBuilder:
         counter = await self._counter(model)
         return await asyncio.to_thread(counter.count_prompt, list(messages), tools)
 
+    async def vocab_size(self, model: str) -> int:
+        """How many token ids `model`'s tokenizer has."""
+        return (await self._counter(model)).vocab_size
+
     async def build(
         self,
         store: ConversationStore,

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass
 from typing import TypeVar
@@ -211,12 +211,19 @@ async def start_generation(
                       StreamTiming(request))
 
 
-def event_stream(frames: AsyncIterator[bytes], generation: Generation) -> EventStreamResponse:
-    """The SSE response; closing the generation also covers a stream that never started."""
+def event_stream(frames: AsyncIterator[bytes], generation: Generation,
+                 *others: Generation) -> EventStreamResponse:
+    """The SSE response of `generation` (and `others`: a completion's other choices);
+    closing the generations also covers a stream that never started."""
+
+    async def close() -> None:
+        for each in (generation, *others):
+            await each.close()
+
     return EventStreamResponse(
         frames,
         headers={"X-Request-Id": generation.request_id},
-        background=BackgroundTask(generation.close),
+        background=BackgroundTask(close),
         ping_s=PING_INTERVAL_S,
         send_timeout_s=SEND_TIMEOUT_S,
     )
@@ -236,7 +243,9 @@ def merged_deltas(events: list[DeliverEvent]) -> list[DeliverEvent]:
         if len(run) == 1:
             merged.append(run[0])
         elif run:
-            merged.append(run[-1].model_copy(update={"text": "".join(d.text for d in run)}))
+            merged.append(run[-1].model_copy(update={
+                "text": "".join(d.text for d in run),
+                "logprobs": tuple(entry for d in run for entry in d.logprobs)}))
         run = []
         if event is not None:
             merged.append(event)
@@ -293,7 +302,18 @@ async def collected(generation: Generation, request: Request) -> AnswerText:
     """The whole answer, ended by its `DeliveryDone`; a client that disconnects first
     cancels the generation (499), a stream that stops before its end is 502, and an
     answer that failed its pipeline error."""
-    text = AnswerText()
+    [text] = await collected_all([generation], request, [AnswerText()])
+    return text
+
+
+AnswerT = TypeVar("AnswerT", bound=AnswerText)
+
+
+async def collected_all(generations: Sequence[Generation], request: Request,
+                        texts: list[AnswerT]) -> list[AnswerT]:
+    """`collected` of several answers at once (a completion's choices), each read into
+    its text of `texts`: all of them ended by their `DeliveryDone`, or the error of the
+    first that failed (which cancels the others)."""
     disconnected = False
     async with anyio.create_task_group() as listeners:
 
@@ -304,17 +324,26 @@ async def collected(generation: Generation, request: Request) -> AnswerText:
             listeners.cancel_scope.cancel()
 
         listeners.start_soon(cancel_on_disconnect)
-        async with aclosing(generation.events()) as events:
-            await text.read(events)
+        async with anyio.create_task_group() as readers:
+            for generation, text in zip(generations, texts, strict=True):
+                readers.start_soon(_read, generation, text, readers.cancel_scope)
         listeners.cancel_scope.cancel()
-    match text.end:
-        case None if disconnected:
-            raise ApiError(499, "client_disconnected", "the client went away")
-        case None:
-            raise ApiError(502, "stream_interrupted", INTERRUPTED)
-        case DeliveryError() as error:
-            raise from_delivery_error(error)
-    return text
+    for text in texts:
+        if isinstance(text.end, DeliveryError):
+            raise from_delivery_error(text.end)
+    if disconnected:
+        raise ApiError(499, "client_disconnected", "the client went away")
+    if any(text.end is None for text in texts):
+        raise ApiError(502, "stream_interrupted", INTERRUPTED)
+    return texts
+
+
+async def _read(generation: Generation, text: AnswerText, answers: anyio.CancelScope) -> None:
+    """Read one answer to its end; a failed one ends the others (`answers`)."""
+    async with aclosing(generation.events()) as events:
+        await text.read(events)
+    if isinstance(text.end, DeliveryError):
+        answers.cancel()
 
 
 INTERRUPTED = "the answer stopped before its end"

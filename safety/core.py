@@ -43,6 +43,7 @@ from schemas.events import (
     Event,
     GenerationDone,
     GenerationError,
+    Logprobs,
     ModerationEvent,
     Retract,
     StreamEvent,
@@ -112,6 +113,20 @@ class _Generation:
     gate: OutputGate
     log: AnswerLog = field(default_factory=AnswerLog)
     filtered: bool = False
+    logprobs: list[tuple[int, Logprobs]] = field(default_factory=list)
+    """Held chunks' log probabilities, each with where its chunk's text ends in the gate."""
+
+    def feed(self, chunk: TokenChunk) -> None:
+        self.gate.feed(chunk.text)
+        if chunk.logprobs:
+            self.logprobs.append((len(self.gate.text), chunk.logprobs))
+
+    def released_logprobs(self) -> Logprobs:
+        """The log probabilities of the chunks whose text is now all released."""
+        released = len(self.gate.released)
+        taken = [lp for end, lp in self.logprobs if end <= released]
+        self.logprobs = [(end, lp) for end, lp in self.logprobs if end > released]
+        return tuple(entry for logprobs in taken for entry in logprobs)
 
 
 class SafetyCore:
@@ -137,7 +152,7 @@ class SafetyCore:
         if isinstance(event, TokenChunk):
             if generation.filtered:
                 return []
-            generation.gate.feed(event.text)
+            generation.feed(event)
             return Check(event, generation.gate.to_check())
         if isinstance(event, GenerationDone | GenerationError):
             return self._end(event, generation)
@@ -154,10 +169,11 @@ class SafetyCore:
         if verdict is not None:
             return self._retract(chunk, generation, verdict)
         released = generation.gate.passed()
-        if not released:
+        logprobs = generation.released_logprobs()
+        if not released and not logprobs:
             return []
         return [_deliver(chunk, Delta(request_id=chunk.request_id, attempt=chunk.attempt,
-                                      seq=chunk.seq, text=released))]
+                                      seq=chunk.seq, text=released, logprobs=logprobs))]
 
     def fail(self, event: StreamEvent, code: str = SAFETY_ERROR,
              message: str = SAFETY_ERROR_MESSAGE) -> list[Output]:
@@ -201,9 +217,10 @@ class SafetyCore:
                                                usage=usage, model=end.model))]
         outputs: list[Output] = []
         rest = generation.gate.finish()
-        if rest:
+        logprobs = generation.released_logprobs()
+        if rest or logprobs:
             outputs.append(_deliver(end, Delta(request_id=end.request_id, attempt=end.attempt,
-                                               seq=end.seq, text=rest)))
+                                               seq=end.seq, text=rest, logprobs=logprobs)))
         if isinstance(end, GenerationDone):
             final: DeliveryDone | DeliveryError = DeliveryDone(
                 **fields, status=end.status, usage=end.usage, model=end.model,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import time
 from enum import StrEnum
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -30,6 +30,10 @@ def now() -> float:
 def _unset(value: object) -> bool:
     """Left out of the JSON when unset: a field most events never use costs no bytes."""
     return value is None or value == ()
+
+
+def _unset_flag(value: bool) -> bool:
+    return not value
 
 
 class Event(BaseModel):
@@ -65,6 +69,27 @@ class SamplingOptions(BaseModel):
     seed: int | None = None
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
+    # OpenAI's other sampling parameters and vLLM's extras (issue 17), each with vLLM's
+    # meaning; unset, the engine's default, and left out of the JSON.
+    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0, exclude_if=_unset)
+    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0, exclude_if=_unset)
+    repetition_penalty: float | None = Field(None, gt=0.0, exclude_if=_unset)
+    min_p: float | None = Field(None, ge=0.0, le=1.0, exclude_if=_unset)
+    top_k: int | None = Field(None, ge=-1, description="-1 or 0: every token", exclude_if=_unset)
+    logit_bias: dict[int, float] | None = Field(
+        None, description="token id -> bias added to its logit (-100 to 100)", exclude_if=_unset)
+    logprobs: int | None = Field(
+        None, ge=0, le=20, description="return each output token's log probability, and "
+        "this many of the likeliest tokens at its place", exclude_if=_unset)
+    json_object: bool = Field(False, description="the output is held to be one JSON object",
+                              exclude_if=_unset_flag)
+    json_schema: dict[str, Any] | None = Field(
+        None, description="the output is held to this JSON schema", exclude_if=_unset)
+
+    @property
+    def structured(self) -> bool:
+        """The output is held to a JSON format."""
+        return self.json_object or self.json_schema is not None
 
 
 CacheOutcome = Literal["hit", "miss"]
@@ -246,6 +271,24 @@ def stream_fields(request: GenerationRequest, seq: int) -> dict[str, object]:
     )
 
 
+class TopLogprob(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    token: str
+    logprob: float
+
+
+class TokenLogprob(TopLogprob):
+    """One output token's log probability, with the likeliest tokens at its place (as
+    many as the request's `SamplingOptions.logprobs`)."""
+
+    top: tuple[TopLogprob, ...] = ()
+
+
+Logprobs = tuple[TokenLogprob, ...]
+"""The log probabilities of a run of output tokens, in order (issue 17)."""
+
+
 class TokenChunk(StreamEvent):
     """Coalesced output text; `completion_tokens` counts all tokens so far."""
 
@@ -256,6 +299,9 @@ class TokenChunk(StreamEvent):
     token_ids: tuple[int, ...] = Field(
         (), description="the chunk's tokens (where the engine has them): what a "
         "continuation gives the engine back")
+    logprobs: Logprobs = Field(
+        (), description="the chunk's tokens' log probabilities, when the request asked for "
+        "them", exclude_if=_unset)
 
 
 class GenerationDone(StreamEvent):
@@ -344,6 +390,9 @@ class DeliveryEvent(Event):
 class Delta(DeliveryEvent):
     type: Literal["delta"] = "delta"
     text: str
+    logprobs: Logprobs = Field(
+        (), description="log probabilities of the tokens whose text ends in this delta, "
+        "when the request asked for them", exclude_if=_unset)
 
 
 class Queued(DeliveryEvent):

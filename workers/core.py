@@ -214,6 +214,11 @@ class ToolCallInterrupted(RuntimeError):
     """A constrained tool call an earlier attempt started cannot be continued."""
 
 
+class JsonOutputInterrupted(ToolCallInterrupted):
+    """An answer held to a JSON format (`response_format`) an earlier attempt started
+    cannot be continued, for the same reason."""
+
+
 def assemble(request_id: str, events: Iterable[Event]) -> PriorOutput:
     """The output earlier attempts left, from the stream's events in partition order."""
     log = AnswerLog()
@@ -270,8 +275,9 @@ class Attempt:
         """Continue after what earlier attempts streamed: what the engine goes on from.
 
         Raises `ToolCallInterrupted` for an answer held to a JSON schema (a required or
-        named tool choice) that an earlier attempt started: vLLM holds only what it
-        generates to the schema, never a prompt's tail, so the rest could not be held."""
+        named tool choice; `JsonOutputInterrupted` for a `response_format`) that an
+        earlier attempt started: vLLM holds only what it generates to the schema, never a
+        prompt's tail, so the rest could not be held."""
         turn = self.request.server_tools
         self.seq = max(prior.next_seq, turn.first_seq if turn else 0)
         self.prior_tokens = prior.tokens
@@ -280,6 +286,8 @@ class Attempt:
         tool_use = self.request.tool_use
         if tool_use is not None and tool_use.constrained:
             raise ToolCallInterrupted(self.request.request_id)
+        if self.request.sampling.structured:
+            raise JsonOutputInterrupted(self.request.request_id)
         return Continuation(prior.text, prior.tokens, prior.token_ids)
 
     @property
@@ -329,7 +337,7 @@ class Attempt:
         self.status = output.status or self.status
         self._coalescer.interval_s = self._pacing.interval(streams)
         pending = self._coalescer.add(output.text, output.new_tokens, self._clock(),
-                                      output.token_ids)
+                                      output.token_ids, output.logprobs)
         return None if pending is None else self._chunk(pending, output.completion_tokens)
 
     def tail(self) -> TokenChunk | None:
@@ -342,7 +350,7 @@ class Attempt:
     def _chunk(self, pending: Pending, completion_tokens: int) -> TokenChunk:
         return TokenChunk(**stream_fields(self.request, self.seq), text=pending.text,
                           token_count=pending.tokens, completion_tokens=completion_tokens,
-                          token_ids=tuple(pending.token_ids))
+                          token_ids=tuple(pending.token_ids), logprobs=tuple(pending.logprobs))
 
     def done(self) -> GenerationDone:
         """The end of an attempt that ran whole (or was cancelled before it started);
