@@ -72,8 +72,8 @@ def on_prefix(prefix: str, *operations: Operation) -> tuple[Grant, ...]:
     return tuple(Grant(op, Resource.TOPIC, prefix, prefixed=True) for op in operations)
 
 
-def joins(group: str) -> Grant:
-    return Grant(Operation.READ, Resource.GROUP, group)
+def joins(group: str, prefixed: bool = False) -> Grant:
+    return Grant(Operation.READ, Resource.GROUP, group, prefixed=prefixed)
 
 
 R, W, C = Operation.READ, Operation.WRITE, Operation.CREATE
@@ -96,18 +96,20 @@ GRANTS: dict[str, tuple[Grant, ...]] = {
     "scheduler": (
         *on_prefix(topics.REQUESTS_PREFIX, R),
         *reads(topics.CONTROL, topics.WORKERS, topics.SCHEDULER, topics.WORK),
+        *on_prefix(topics.WORK_SHARD_PREFIX, R, W),  # a scheduler shard's journal
         # Queue positions and routes go to the gateway holding the stream; an unserved
         # request's end and each attempt's start marker go on chat.tokens. It deletes
         # the delivery topics of gateways that are gone (scheduler.delivery_topics).
         *on_prefix(topics.DELIVER_PREFIX, W, Operation.DELETE),
         *writes(topics.SCHEDULER, topics.WORK, topics.TOKENS, topics.CONTROL, topics.ANSWERS,
                 topics.DLQ),
-        joins(SCHEDULER_GROUP),
+        joins(SCHEDULER_GROUP, prefixed=True),  # a shard's group: chatpipe-scheduler-<shard>
     ),
     "worker": (
         *reads(topics.WORK, topics.CONTROL, topics.TOKENS),  # chat.tokens: a resumed attempt
+        *on_prefix(topics.WORK_SHARD_PREFIX, R),  # its model's scheduler shard's
         *writes(topics.TOKENS, topics.USAGE, topics.WORKERS, topics.DLQ),
-        joins(WORKER_GROUP),
+        joins(WORKER_GROUP, prefixed=True),  # a shard's workers: chatpipe-workers-<shard>
     ),
     "safety": (
         *reads(topics.TOKENS),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import gc
 import logging
 import secrets
@@ -51,6 +52,7 @@ from retrieval.documents import Documents, FileLimits
 from safety.core import SafetyConfig
 from safety.stage import SafetyStage
 from scheduler.core import Policy
+from scheduler.shards import Shard
 from scheduler.stage import SchedulerStage
 from workers.coalesce import ChunkPacing
 from workers.core import WorkerConfig
@@ -112,7 +114,8 @@ def kafka_from_settings(settings: Settings, bootstrap_servers: str) -> KafkaConf
 
 def topic_layout(settings: Settings) -> TopicLayout:
     return TopicLayout(settings.topic_partitions, settings.work_partitions,
-                       settings.kafka_replication_factor)
+                       settings.kafka_replication_factor,
+                       shards=tuple(settings.scheduler_shards))
 
 
 def build_engine(settings: Settings) -> Engine:
@@ -285,7 +288,8 @@ def worker_stage(kafka: KafkaConfig, engine: Engine, settings: Settings) -> Work
     pacing = ChunkPacing(settings.coalesce_ms / 1000, settings.coalesce_max_ms / 1000,
                          settings.coalesce_max_chunks_per_s)
     return WorkerStage(kafka, engine, WorkerConfig(
-        settings.worker_id, pacing, settings.heartbeat_interval_s, settings.ready_file))
+        settings.worker_id, pacing, settings.heartbeat_interval_s, settings.ready_file,
+        shard=settings.shard_of(settings.model_name)))
 
 
 def safety_stage(kafka: KafkaConfig, settings: Settings, policy: SafetyPolicy) -> SafetyStage:
@@ -302,14 +306,18 @@ def recorder_stage(kafka: KafkaConfig, store: ConversationStore,
     return RecorderStage(kafka, store, settings.generation_idle_timeout_s)
 
 
-def scheduling_policy(settings: Settings) -> Policy:
+def scheduling_policy(settings: Settings, shard: Shard = Shard()) -> Policy:
+    """The policy of `shard`'s scheduler: routes between models stay inside the shard."""
+    inside = shard.decides
     return Policy(
         min_share=settings.tier_min_share,
         max_wait_s=settings.tier_max_wait_s,
         affinity_max_load=settings.affinity_max_load,
         tier_models=settings.tier_models,
-        fallback_models=settings.fallback_models,
-        small_model=settings.small_model,
+        fallback_models={model: fallback for model, fallback in settings.fallback_models.items()
+                         if inside(model) and inside(fallback)},
+        small_model=settings.small_model if settings.small_model and inside(
+            settings.small_model) else None,
         simple_request_max_chars=settings.simple_request_max_chars,
         queue_update_interval_s=settings.queue_update_interval_s,
         worker_lost_after_s=settings.worker_lost_after_s,
@@ -318,9 +326,15 @@ def scheduling_policy(settings: Settings) -> Policy:
     )
 
 
-def scheduler_stage(kafka: KafkaConfig, settings: Settings) -> SchedulerStage:
-    return SchedulerStage(kafka, scheduling_policy(settings),
-                          deliver_topic_ttl_s=settings.deliver_topic_ttl_s)
+def scheduler_stage(kafka: KafkaConfig, settings: Settings,
+                    shard: str | None = None) -> SchedulerStage:
+    """The scheduler of `shard` (default: the settings' `scheduler_shard`). Only the
+    unnamed shard's deletes the delivery topics of gone gateways (one janitor)."""
+    of = Shard.of(settings.scheduler_shards,
+                  settings.scheduler_shard if shard is None else shard)
+    return SchedulerStage(kafka, scheduling_policy(settings, of),
+                          deliver_topic_ttl_s=0.0 if of.name else settings.deliver_topic_ttl_s,
+                          shard=of, gc_freeze_s=settings.scheduler_gc_freeze_s)
 
 
 class _EmbeddedServer(uvicorn.Server):
@@ -405,7 +419,9 @@ async def running_stack(settings: Settings, engine: Engine | None) -> AsyncItera
     async with contextlib.AsyncExitStack() as stack:
         supervisor = Supervisor()
         delivery_topic: dict[str, int] = {}  # once the pipeline has one
-        kafka_stages = ("scheduler", "safety", "recorder", "billing", "worker")
+        shards = {shard: f"scheduler-{shard}" if shard else "scheduler"
+                  for shard in ("", *settings.scheduler_shards)}  # one scheduler each
+        kafka_stages = (*shards.values(), "safety", "recorder", "billing", "worker")
         pipelines: list[KafkaPipeline] = []
 
         @contextlib.asynccontextmanager
@@ -432,7 +448,9 @@ async def running_stack(settings: Settings, engine: Engine | None) -> AsyncItera
         deps = build_gateway_deps(settings, store, pipeline, ledger, policy)
         server = supervisor.start("gateway", lambda: gateway_server(deps, settings),
                                   uvicorn.Server.serve)
-        scheduler = supervisor.start("scheduler", lambda: scheduler_stage(kafka, settings))
+        schedulers = {shard: supervisor.start(name, functools.partial(
+            scheduler_stage, kafka, settings, shard)) for shard, name in shards.items()}
+        scheduler = schedulers[settings.shard_of(settings.model_name)]
         supervisor.start("safety", lambda: safety_stage(kafka, settings, policy))
         supervisor.start("recorder", lambda: recorder_stage(kafka, store, settings))
         supervisor.start("billing", lambda: BillingStage(kafka, ledger))

@@ -118,7 +118,8 @@ async def admitted_request(
                                     deps.aliases)
     check_bus_size(deps.config.limits, request)
     prompt = [*(m.content for m in request.messages), *tool_texts(request)]
-    await admit(deps.gates, owner, text_tokens(prompt, request.sampling.max_tokens))
+    await admit(deps.gates, owner, text_tokens(prompt, request.sampling.max_tokens),
+                request.model)
     await check_window(deps.context, request)
     await check_input(deps.gates, owner, request.model, [m.content for m in request.messages])
     return request
