@@ -1,7 +1,7 @@
 """`python -m bench scheduler_sim`: the scheduler at scale (issue 15).
 
     python -m bench scheduler_sim --workers 1000            # ~1.5 min
-    python -m bench scheduler_sim --workers 1000 --shards 4 --kafka-seconds 0
+    python -m bench scheduler_sim --workers 1000 --shards 2 --kafka-seconds 0 --gc-freeze
     python -m bench scheduler_sim --workers 20 --waiting 200 --rate 300 --seconds 0.5 --kafka-seconds 0
 
 The real scheduler core (`scheduler/core.py`) with simulated workers: heterogeneous
@@ -19,24 +19,31 @@ which advances each step by the core's own time in it (`CoreSim`):
 - a decision's latency is the core time of the step that made it, p99 over every
   decision.
 
+With `--shards N` the workers, the waiting set and the offered rate are split N ways
+(scheduler shards by model, `scheduler/shards.py`): each shard is its own process, as a
+deployment runs them, so each can use a core; their measured windows run together.
+
 Then (unless `--kafka-seconds 0`) a smaller run through the scheduler's Kafka stage
-on the embedded broker (`bench/scheduler_kafka.py`), its own line. The last line is
-`decisions/s=N p99_ms=M` of the core run (with `--shards`, their sum and worst p99).
+on the embedded broker (`bench/scheduler_kafka.py`; with `--shards`, one scheduler
+process per shard), its own line. The last line is `decisions/s=N p99_ms=M` of the core
+run (with `--shards`, their sum and the worst shard's p99).
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
-import gc
 import heapq
+import multiprocessing
 import random
 import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from scheduler.core import Dispatch, Policy, Scheduler
+from scheduler.shards import HeapFreezer
 from schemas.events import ChatMessage, GenerationRequest, Role, SamplingOptions, WorkerHeartbeat
 from schemas.topics import Tier
 
@@ -194,12 +201,12 @@ class CoreSim:
         self.next_restart = self.now + RESTART_EVERY_S
         self.timings = Timings()
         self.filling = False
-        self.gc_freeze = gc_freeze
-        self.frozen_at = self.now
+        self.heap = HeapFreezer(1.0 if gc_freeze else 0.0, lambda: self.now)
 
-    def run(self, seconds: float, warmup_s: float = 3.0) -> Timings:
-        """Warm up (fill every slot, `warmup_s` simulated), then measure for `seconds`
-        of wall time."""
+    def run(self, seconds: float, warmup_s: float = 3.0,
+            warm: Callable[[], object] = lambda: None) -> Timings:
+        """Warm up (fill every slot, `warmup_s` simulated), call `warm` (other shards
+        wait there for each other), then measure for `seconds` of wall time."""
         for worker in self.workers.values():
             self.core.on_heartbeat(worker.heartbeat(self.now))
         self.filling = True  # every slot, as if running for a while already
@@ -209,8 +216,8 @@ class CoreSim:
         warm_until = self.now + warmup_s
         while self.now < warm_until:
             self.step()
+        warm()
         self.timings = Timings()
-        self._freeze()
         deadline = time.perf_counter() + seconds
         while time.perf_counter() < deadline:
             self.step()
@@ -247,8 +254,7 @@ class CoreSim:
         step_s = t.core_s - core_before
         t.decisions += len(sent)
         t.latencies_ms.extend([step_s * 1000] * len(sent))
-        if self.now - self.frozen_at >= 1.0:
-            self._freeze()
+        self.heap.tick()  # as the stage does after each batch
         advance = max(self.tick_s, step_s)
         t.virtual_s += advance
         self.now += advance
@@ -263,11 +269,6 @@ class CoreSim:
             self.workers[dispatch.worker_id].unread.append(
                 (offset, dispatch.request.request_id, service))
         return len(sent)
-
-    def _freeze(self) -> None:
-        self.frozen_at = self.now
-        if self.gc_freeze:
-            gc.freeze()
 
     def _decide(self) -> list[tuple[Dispatch, int]]:
         """What `SchedulerStage._decide` asks the core after each batch of records;
@@ -342,13 +343,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         help="decisions/s offered: slots free this fast (above what the "
                              "core carries, the run measures its capacity)")
     parser.add_argument("--shards", type=int, default=1,
-                        help="schedulers, each with its share of the workers, the waiting "
-                             "set and the rate (each owns a slice of the request and work "
-                             "partitions); run one after another, summed")
+                        help="scheduler shards, each with its share of the workers, the "
+                             "waiting set and the rate, each its own process, measured "
+                             "together; decisions/s summed")
     parser.add_argument("--gc-freeze", action="store_true",
-                        help="what the core would do if its process froze the heap it has "
-                             "(gc.freeze) after warm-up and every simulated second, so "
-                             "CPython's full collections skip it (the stage does not yet)")
+                        help="freeze the heap every simulated second (gc.freeze, "
+                             "HeapFreezer), as the stage does with "
+                             "CHATPIPE_SCHEDULER_GC_FREEZE_S=1")
     parser.add_argument("--seed", type=int, default=15)
     return parser.parse_args(argv)
 
@@ -356,20 +357,45 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def cli(argv: list[str]) -> None:
     args = parse_args(argv)
     shards = max(1, args.shards)
-    runs = []
-    for shard in range(shards):
-        sim = CoreSim(args.workers // shards, args.waiting // shards, args.rate / shards,
-                      seed=args.seed + shard, gc_freeze=args.gc_freeze)
-        runs.append(sim.run(args.seconds))
-        label = f"shard {shard + 1}/{shards}, " if shards > 1 else ""
+    runs = shard_runs(args, shards) if shards > 1 else [_sim(args, 0, 1).run(args.seconds)]
+    for shard, run in enumerate(runs):
+        label = f"shard {shard + 1}/{shards} (its own process), " if shards > 1 else ""
         print(report(f"core, {label}{args.workers // shards} workers, "
-                     f"{args.rate / shards:,.0f}/s offered", runs[-1]), flush=True)
+                     f"{args.rate / shards:,.0f}/s offered", run), flush=True)
     rate = sum(run.rate() for run in runs)
     p99_ms = max(run.p99_ms() for run in runs)
     if args.kafka_seconds > 0:
         from bench.scheduler_kafka import kafka_run
 
-        print(kafka_run(args.kafka_workers, args.kafka_seconds, args.seed), flush=True)
+        print(kafka_run(args.kafka_workers, args.kafka_seconds, args.seed, shards=shards),
+              flush=True)
     if shards > 1:
         print(f"{shards} shards together: {rate:,.0f} decisions/s, the worst p99 {p99_ms:.2f} ms")
     print(f"decisions/s={rate:.0f} p99_ms={p99_ms:.2f}")
+
+
+def _sim(args: argparse.Namespace, shard: int, shards: int) -> CoreSim:
+    """Shard `shard` of `shards`: its share of the workers, the waiting set and the rate."""
+    return CoreSim(args.workers // shards, args.waiting // shards, args.rate / shards,
+                   seed=args.seed + shard, gc_freeze=args.gc_freeze)
+
+
+def shard_runs(args: argparse.Namespace, shards: int) -> list[Timings]:
+    """Each shard in its own (spawned) process; once all are warm, they measure together."""
+    context = multiprocessing.get_context("spawn")
+    barrier = context.Barrier(shards)
+    results = context.Queue()
+    processes = [context.Process(target=_shard_process, args=(args, shard, shards, barrier,
+                                                              results), daemon=True)
+                 for shard in range(shards)]
+    for process in processes:
+        process.start()
+    found = dict(results.get(timeout=args.seconds + 600) for _ in processes)
+    for process in processes:
+        process.join()
+    return [found[shard] for shard in range(shards)]
+
+
+def _shard_process(args: argparse.Namespace, shard: int, shards: int, barrier: Any,
+                   results: Any) -> None:
+    results.put((shard, _sim(args, shard, shards).run(args.seconds, warm=barrier.wait)))

@@ -155,3 +155,17 @@ def test_scheduler_sim_smoke(capsys: pytest.CaptureFixture[str]) -> None:
     assert name_rate.startswith("decisions/s=") and name_p99.startswith("p99_ms=")
     assert int(name_rate.removeprefix("decisions/s=")) > 0
     assert float(name_p99.removeprefix("p99_ms=")) > 0
+
+
+def test_scheduler_sim_runs_each_shard_in_its_own_process(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    scheduler_sim(["--workers", "20", "--waiting", "200", "--rate", "300", "--seconds", "0.2",
+                   "--kafka-seconds", "0", "--shards", "2", "--gc-freeze"])
+    lines = capsys.readouterr().out.strip().splitlines()
+    shards = [line for line in lines if "(its own process), 10 workers" in line]
+    assert [line.split(",")[1] for line in shards] == [" shard 1/2 (its own process)",
+                                                      " shard 2/2 (its own process)"]
+    assert lines[-2].startswith("2 shards together: ")
+    rates = [float(line.split("(")[2].split("/s")[0].replace(",", "")) for line in shards]
+    assert int(lines[-1].split()[0].removeprefix("decisions/s=")) == pytest.approx(
+        sum(rates), abs=2)
