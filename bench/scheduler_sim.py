@@ -271,8 +271,9 @@ class CoreSim:
         return len(sent)
 
     def _decide(self) -> list[tuple[Dispatch, int]]:
-        """What `SchedulerStage._decide` asks the core after each batch of records;
-        each dispatch with its offset on its worker's `chat.work` partition."""
+        """What `SchedulerStage._decide` asks the core after each batch of records, and
+        its journal commit after them; each dispatch with its offset on its worker's
+        `chat.work` partition."""
         core = self.core
         core.remove_lost_workers()
         core.expire()
@@ -284,6 +285,7 @@ class CoreSim:
             worker.next_offset += 1
         core.queue_updates()
         core.status()
+        core.unread_assignments()  # the journal's commit after the batch (_commit_journal)
         return sent
 
     def _workers_read(self) -> None:

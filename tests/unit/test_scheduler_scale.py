@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 
+from bench.scheduler_sim import CoreSim
 from bench.scheduler_sim import cli as scheduler_sim
 from scheduler.core import QUEUE_HEAD
 from scheduler.fair_queue import FairQueue
@@ -145,6 +146,26 @@ def test_requests_behind_the_head_learn_their_position_within_an_interval():
     moved = {u.request.request_id: u.position for u in core.queue_updates()}
     assert moved == {f"r{i}": i for i in range(1, QUEUE_HEAD + 1)}, (
         "within the interval only the head hears of each change")
+
+
+def test_unread_assignments_match_a_scan_of_every_flight_through_a_busy_run():
+    """`Registry.unread` walks only the flights not started; through dispatches, ends,
+    heartbeats and worker restarts it says what a scan of every flight says."""
+    sim = CoreSim(workers=12, waiting=300, rate=400.0, tick_s=0.01)
+    for worker in sim.workers.values():
+        sim.core.on_heartbeat(worker.heartbeat(sim.now))
+    checked = 0
+    for _ in range(300):
+        sim.step()
+        scan: dict[int, int] = {}
+        for worker in sim.core.workers.values():
+            for flight in worker.in_flight.values():
+                if flight.offset is not None and not worker.has_read(flight):
+                    scan[flight.partition] = min(scan.get(flight.partition, flight.offset),
+                                                 flight.offset)
+        assert sim.core.unread_assignments() == scan
+        checked += bool(scan)
+    assert checked > 50  # assignments not read yet were there to find
 
 
 def test_scheduler_sim_smoke(capsys: pytest.CaptureFixture[str]) -> None:
