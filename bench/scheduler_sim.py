@@ -17,7 +17,8 @@ which advances each step by the core's own time in it (`CoreSim`):
   cancels, heartbeats and each decision cycle: what the stage's `_decide` asks the
   core after a batch);
 - a decision's latency is the core time of the step that made it, p99 over every
-  decision.
+  decision. Core time is the process's CPU time (`CORE_CLOCK`): on a shared machine
+  other processes' time is not the scheduler's.
 
 With `--shards N` the workers, the waiting set and the offered rate are split N ways
 (scheduler shards by model, `scheduler/shards.py`): each shard is its own process, as a
@@ -33,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import gc
 import heapq
 import multiprocessing
 import random
@@ -60,6 +62,10 @@ CANCEL_RUNNING = 0.01
 RESTART_EVERY_S = 2.0
 """A worker process restarts this often (virtual seconds): what it ran goes out again."""
 DEADLINE_S = {Tier.FREE: 120.0}
+CORE_CLOCK = time.process_time
+"""The core's time: this process's CPU time, garbage collections included, so that
+other processes on a shared machine (or the other shards, on fewer cores than shards)
+do not count as the scheduler's."""
 
 
 def policy() -> Policy:
@@ -142,9 +148,9 @@ class Timings:
     waiting_seen: list[int] = field(default_factory=list)
 
     def timed(self, call: Callable[[], object]) -> object:
-        started = time.perf_counter()
+        started = CORE_CLOCK()
         result = call()
-        self.core_s += time.perf_counter() - started
+        self.core_s += CORE_CLOCK() - started
         return result
 
     def p99_ms(self) -> float:
@@ -359,7 +365,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def cli(argv: list[str]) -> None:
     args = parse_args(argv)
     shards = max(1, args.shards)
-    runs = shard_runs(args, shards) if shards > 1 else [_sim(args, 0, 1).run(args.seconds)]
+    runs = shard_runs(args, shards)
     for shard, run in enumerate(runs):
         label = f"shard {shard + 1}/{shards} (its own process), " if shards > 1 else ""
         print(report(f"core, {label}{args.workers // shards} workers, "
@@ -383,7 +389,8 @@ def _sim(args: argparse.Namespace, shard: int, shards: int) -> CoreSim:
 
 
 def shard_runs(args: argparse.Namespace, shards: int) -> list[Timings]:
-    """Each shard in its own (spawned) process; once all are warm, they measure together."""
+    """Each shard in its own (spawned) process, set as a stage process is; once all are
+    warm, they measure together."""
     context = multiprocessing.get_context("spawn")
     barrier = context.Barrier(shards)
     results = context.Queue()
@@ -400,4 +407,16 @@ def shard_runs(args: argparse.Namespace, shards: int) -> list[Timings]:
 
 def _shard_process(args: argparse.Namespace, shard: int, shards: int, barrier: Any,
                    results: Any) -> None:
-    results.put((shard, _sim(args, shard, shards).run(args.seconds, warm=barrier.wait)))
+    sim = _stage_process_sim(args, shard, shards)
+    results.put((shard, sim.run(args.seconds, warm=barrier.wait)))
+
+
+def _stage_process_sim(args: argparse.Namespace, shard: int, shards: int) -> CoreSim:
+    """The sim in a process whose collector is set as a stage process's once started
+    (`chatpipe.wiring`: what start-up loaded frozen, GC_THRESHOLDS)."""
+    from chatpipe.wiring import GC_THRESHOLDS
+
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(*GC_THRESHOLDS)
+    return _sim(args, shard, shards)

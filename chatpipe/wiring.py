@@ -469,6 +469,11 @@ async def running_stack(settings: Settings, engine: Engine | None) -> AsyncItera
             await supervisor.stop()
 
 
+GC_THRESHOLDS = (7_000, 10, 10)
+"""The collector's thresholds in every stage process once started: a tenth as often as
+CPython's default (`python -m bench scheduler_sim` runs with them too)."""
+
+
 def _freeze_startup_objects() -> None:
     """Once a process has started: what start-up loaded (libraries, tokenizers, the
     engine's front end) lives as long as the process, so the collector skips it, and runs
@@ -476,7 +481,7 @@ def _freeze_startup_objects() -> None:
     gateway's collections over all of it were the p99 pause between events."""
     gc.collect()
     gc.freeze()
-    gc.set_threshold(7_000, 10, 10)
+    gc.set_threshold(*GC_THRESHOLDS)
 
 
 async def _until_ready(server: uvicorn.Server, scheduler: SchedulerStage | None,
