@@ -21,7 +21,7 @@ from enum import StrEnum
 from billing.stage import GROUP as BILLING_GROUP
 from recorder.stage import GROUP as RECORDER_GROUP
 from safety.stage import GROUP as SAFETY_GROUP
-from scheduler.stage import GROUP as SCHEDULER_GROUP
+from scheduler.shards import GROUP as SCHEDULER_GROUP
 from schemas import topics
 from workers.stage import GROUP as WORKER_GROUP
 

@@ -66,7 +66,8 @@ class Claim:
     async def on_journal(self, partitions: list[TopicPartition]) -> dict[int, int]:
         """Claim every partition of this shard's `chat.work`; the offset of each claim."""
         sent = await asyncio.gather(*(self.publisher.send_and_wait(
-            topics.work_topic(self.shard), self.event(), key=self.scheduler_id, partition=tp.partition)
+            topics.work_topic(self.shard), self.event(), key=self.scheduler_id,
+            partition=tp.partition)
             for tp in partitions))
         return {record.partition: record.offset for record in sent}
 

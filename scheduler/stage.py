@@ -41,7 +41,6 @@ from scheduler.claims import Claim
 from scheduler.core import Dispatch, Policy, Scheduler
 from scheduler.delivery_topics import DeliveryTopicJanitor
 from scheduler.gateways import GatewayWatch
-from scheduler.shards import GROUP, HeapFreezer, Shard
 from scheduler.journal import (
     CANCELLED,
     DEADLINE_EXCEEDED,
@@ -50,6 +49,7 @@ from scheduler.journal import (
     unserved_end,
     unserved_partition,
 )
+from scheduler.shards import HeapFreezer, Shard
 from schemas import topics
 from schemas.codec import CONTROL_EVENT, SCHEDULER_EVENT, WORK_EVENT, encode
 from schemas.events import (
@@ -81,7 +81,6 @@ BEATS_COMMIT_S = 5.0
 SWEEP_S = 60.0
 """How often the delivery topics of gone gateways are looked for, at most."""
 BEAT_TOPICS = frozenset({topics.WORKERS, topics.CONTROL})
-__all__ = ["GROUP", "SchedulerStage"]
 
 
 class SchedulerStage:
