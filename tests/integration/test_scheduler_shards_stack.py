@@ -21,7 +21,7 @@ async def test_the_stack_runs_a_scheduler_per_shard_and_answers_through_the_mode
         chat = Chat(stack, "pro-a")
         _, events = await chat.ask("hello shards", 8)
         await chat.aclose()
-        assert [e.event for e in events][-1] == "done", [e.event for e in events]
+        assert "done" in [e.event for e in events], [e.event for e in events]
         (assignment,) = await find_events(
             stack.kafka, topics.work_topic("main"), WORK_EVENT,
             lambda e: isinstance(e, WorkAssignment), timeout_s=10)
