@@ -100,6 +100,26 @@ def _declare_limits(schemas: dict[str, Schema], limits: RequestLimits,
                                         "items": {"type": "string", **stop_chars}}, "array")
         _constrain(completion, "tools", {"maxItems": limits.max_tools}, "array")
     _declare_tool_rules(schemas)
+    _declare_response_limits(schemas, limits, models)
+
+
+def _declare_response_limits(schemas: dict[str, Schema], limits: RequestLimits,
+                             models: Schema) -> None:  # fmt: skip
+    """`POST /v1/responses`: the limits of a completion, and no field but those declared
+    (any other is a 400 naming it)."""
+    chars = {"maxLength": limits.max_message_chars}
+    response = schemas.get("ResponseRequest")
+    if response is not None:
+        response["additionalProperties"] = False
+        _constrain(response, "model", models)
+        _constrain(response, "max_output_tokens", {"maximum": limits.max_tokens_limit})
+        _constrain(response, "input", {**chars, "pattern": r"\S"})
+        _constrain(response, "input", {"maxItems": limits.max_messages}, "array")
+        _constrain(response, "instructions", chars)
+    if "InputTextPart" in schemas:
+        _constrain(schemas["InputTextPart"], "text", chars)
+    if "InputItem" in schemas:
+        _constrain(schemas["InputItem"], "content", chars)
 
 
 def _declare_tool_rules(schemas: dict[str, Schema]) -> None:

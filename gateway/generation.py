@@ -29,11 +29,13 @@ from fastapi import Request
 from starlette.background import BackgroundTask
 
 from gateway.core import Refused, pipeline_unavailable
+from gateway.errors import ApiError, from_delivery_error
 from gateway.event_stream import EventStreamResponse
 from gateway.pipeline import Pipeline, RequestStream
 from gateway.stream_relay import StreamRelay
 from ops.metrics import OPEN_STREAMS, StreamTiming
-from schemas.events import DeliverEvent, Delta, GenerationRequest
+from schemas.answer import AnswerText
+from schemas.events import DeliverEvent, DeliveryError, Delta, GenerationRequest
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +56,9 @@ class StreamTimers:
     """No event for this long: the stream ends with `stalled` and is cancelled."""
     grace_s: float = 0.0
     """A dropped stream's generation is held this long for a resume; 0: cancel at once."""
+    cancels: bool = True
+    """False: a reader only (of a background response): neither a drop nor a stall
+    cancels the generation."""
 
 
 class LiveRequests:
@@ -115,8 +120,9 @@ class Generation:
                     log.warning("request %s stalled: no event for %.0f s", self.request_id,
                                 self._timers.stall_s)
                     shown = [self.relay.stall(self.request_id)]
-                    with anyio.move_on_after(CLOSE_TIMEOUT_S, shield=True):
-                        await self._cancel("stalled")  # close() will not: the relay ended
+                    if self._timers.cancels:
+                        with anyio.move_on_after(CLOSE_TIMEOUT_S, shield=True):
+                            await self._cancel("stalled")  # close() will not: the relay ended
                 else:
                     if not arrived:
                         return  # the stream went away without an end
@@ -163,7 +169,7 @@ class Generation:
         # Runs while the response task is being cancelled: shield it, but bound it.
         with anyio.move_on_after(CLOSE_TIMEOUT_S, shield=True):
             try:
-                if not self.relay.ended:
+                if not self.relay.ended and self._timers.cancels:
                     await self._cancel("client_disconnected")
             finally:
                 await self._stream.aclose()
@@ -281,6 +287,37 @@ class _StallTimer:
 
     def cancel(self) -> None:
         self._handle.cancel()
+
+
+async def collected(generation: Generation, request: Request) -> AnswerText:
+    """The whole answer, ended by its `DeliveryDone`; a client that disconnects first
+    cancels the generation (499), a stream that stops before its end is 502, and an
+    answer that failed its pipeline error."""
+    text = AnswerText()
+    disconnected = False
+    async with anyio.create_task_group() as listeners:
+
+        async def cancel_on_disconnect() -> None:
+            nonlocal disconnected
+            await until_disconnected(request)
+            disconnected = True
+            listeners.cancel_scope.cancel()
+
+        listeners.start_soon(cancel_on_disconnect)
+        async with aclosing(generation.events()) as events:
+            await text.read(events)
+        listeners.cancel_scope.cancel()
+    match text.end:
+        case None if disconnected:
+            raise ApiError(499, "client_disconnected", "the client went away")
+        case None:
+            raise ApiError(502, "stream_interrupted", INTERRUPTED)
+        case DeliveryError() as error:
+            raise from_delivery_error(error)
+    return text
+
+
+INTERRUPTED = "the answer stopped before its end"
 
 
 async def until_disconnected(request: Request) -> None:

@@ -21,7 +21,6 @@ from collections.abc import AsyncIterator
 from contextlib import aclosing
 from dataclasses import dataclass
 
-import anyio
 import orjson
 from fastapi import APIRouter, Request
 
@@ -33,15 +32,16 @@ from gateway.config import GatewayConfig
 from gateway.context_builder import ContextBuilder
 from gateway.core import TooLarge, owner_request
 from gateway.deps import Deps, GatewayDeps
-from gateway.errors import ApiError, error_responses, error_type, from_delivery_error
+from gateway.errors import error_responses, error_type
 from gateway.event_stream import EventStreamResponse
 from gateway.generation import (
+    INTERRUPTED,
     Generation,
     StreamTimers,
+    collected,
     event_stream,
     merged_deltas,
     start_generation,
-    until_disconnected,
 )
 from gateway.limits import (
     check_bus_size,
@@ -55,7 +55,6 @@ from gateway.rollout import ModelAliases
 from gateway.tool_answers import StreamedAnswer, finish_reason, message
 from gateway.tool_requests import chat_messages, tool_texts, tool_use
 from schemas import sse
-from schemas.answer import AnswerText
 from schemas.api import (
     ChatCompletion,
     ChatCompletionChunk,
@@ -252,33 +251,15 @@ async def chunk_events(answer: _Answer, generation: Generation,
             if frames:
                 yield b"".join(frames)
     if not generation.finished:
-        yield sse.openai_error(_error_detail("stream_interrupted", _INTERRUPTED))
+        yield sse.openai_error(_error_detail("stream_interrupted", INTERRUPTED))
     yield sse.done_marker()
 
 
 async def collect(answer: _Answer, generation: Generation, request: Request) -> ChatCompletion:
     """The whole answer; a client that disconnects first cancels the generation."""
-    text = AnswerText()
-    disconnected = False
-    async with anyio.create_task_group() as listeners:
-
-        async def cancel_on_disconnect() -> None:
-            nonlocal disconnected
-            await until_disconnected(request)
-            disconnected = True
-            listeners.cancel_scope.cancel()
-
-        listeners.start_soon(cancel_on_disconnect)
-        async with aclosing(generation.events()) as events:
-            await text.read(events)
-        listeners.cancel_scope.cancel()
-    match end := text.end:
-        case None if disconnected:
-            raise ApiError(499, "client_disconnected", "the client went away")
-        case None:
-            raise ApiError(502, "stream_interrupted", _INTERRUPTED)
-        case DeliveryError():
-            raise from_delivery_error(end)
+    text = await collected(generation, request)
+    end = text.end
+    assert isinstance(end, DeliveryDone)
     return ChatCompletion(
         id=answer.id,
         created=answer.created,
@@ -287,9 +268,6 @@ async def collect(answer: _Answer, generation: Generation, request: Request) -> 
                         finish_reason=finish_reason(answer.tool_use, end, text.retracted))],
         usage=CompletionUsage.of(end.usage),
     )
-
-
-_INTERRUPTED = "the answer stopped before its end"
 
 
 def _error_detail(code: str, message: str) -> ErrorDetail:
