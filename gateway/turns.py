@@ -183,7 +183,7 @@ async def start_reply(
     choice, sampling = _answer_options(turns, owner, options, conversation)
     said = [content, *(text for _, text in earlier), *([instructions] if instructions else [])]
     charged = text_tokens(said, sampling.max_tokens)
-    await admit(turns.gates, owner, charged)
+    await admit(turns.gates, owner, charged, choice.model)
     return await _new_user_turn(turns, owner, conversation, thread, content, choice, sampling,
                                 charged, NO_GROUNDING, first=not thread, earlier=earlier,
                                 instructions=instructions, new=new)  # fmt: skip
