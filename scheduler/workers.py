@@ -281,6 +281,8 @@ class Registry:
         not read yet."""
         unread: dict[int, int] = {}
         for worker in self.workers.values():
+            if not worker._unstarted:  # most workers: every flight started
+                continue
             for flight in worker.unread():
                 unread[flight.partition] = min(unread.get(flight.partition, flight.offset),
                                                flight.offset)
