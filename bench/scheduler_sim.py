@@ -62,6 +62,10 @@ CANCEL_RUNNING = 0.01
 RESTART_EVERY_S = 2.0
 """A worker process restarts this often (virtual seconds): what it ran goes out again."""
 DEADLINE_S = {Tier.FREE: 120.0}
+CORE_CALLS = ("on_heartbeat", "queue_updates", "schedule", "unread_assignments",
+              "add_request", "on_dispatched", "cancel", "status", "remove_lost_workers",
+              "expire")
+"""The core's calls that `--breakdown` times one by one."""
 CORE_CLOCK = time.process_time
 """The core's time: this process's CPU time, garbage collections included, so that
 other processes on a shared machine (or the other shards, on fewer cores than shards)
@@ -146,6 +150,8 @@ class Timings:
     heartbeats: int = 0
     admitted: int = 0
     waiting_seen: list[int] = field(default_factory=list)
+    by_call: dict[str, float] = field(default_factory=dict)
+    """With `--breakdown`: core seconds in each of CORE_CALLS."""
 
     def timed(self, call: Callable[[], object]) -> object:
         started = CORE_CLOCK()
@@ -276,6 +282,21 @@ class CoreSim:
                 (offset, dispatch.request.request_id, service))
         return len(sent)
 
+    def time_each_call(self) -> None:
+        """Count the core time of each of CORE_CALLS in `timings.by_call`."""
+        for name in CORE_CALLS:
+            setattr(self.core, name, functools.partial(self._timed_call, name,
+                                                       getattr(self.core, name)))
+
+    def _timed_call(self, name: str, call: Callable[..., Any], *args: Any,
+                    **kwargs: Any) -> Any:
+        started = CORE_CLOCK()
+        try:
+            return call(*args, **kwargs)
+        finally:
+            by_call = self.timings.by_call
+            by_call[name] = by_call.get(name, 0.0) + CORE_CLOCK() - started
+
     def _decide(self) -> list[tuple[Dispatch, int]]:
         """What `SchedulerStage._decide` asks the core after each batch of records, and
         its journal commit after them; each dispatch with its offset on its worker's
@@ -333,7 +354,15 @@ def report(label: str, timings: Timings) -> str:
             f"{timings.admitted} admitted; waiting {min(waiting)}-{max(waiting)} "
             f"(mean {statistics.fmean(waiting):,.0f}); decision latency p50 "
             f"{statistics.median(timings.latencies_ms):.2f} ms, p99 {timings.p99_ms():.2f} ms, "
-            f"max {max(timings.latencies_ms):.2f} ms")
+            f"max {max(timings.latencies_ms):.2f} ms{_breakdown(timings)}")
+
+
+def _breakdown(timings: Timings) -> str:
+    if not timings.by_call or not timings.core_s:
+        return ""
+    ranked = sorted(timings.by_call.items(), key=lambda item: -item[1])
+    return "; core time by call: " + ", ".join(
+        f"{name} {seconds / timings.core_s:.0%}" for name, seconds in ranked if seconds)
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -358,6 +387,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         help="freeze the heap every simulated second (gc.freeze, "
                              "HeapFreezer), as the stage does with "
                              "CHATPIPE_SCHEDULER_GC_FREEZE_S=1")
+    parser.add_argument("--breakdown", action="store_true",
+                        help="time each of the core's calls too: the share of core time "
+                             "each takes (the timing adds a little to each call)")
     parser.add_argument("--seed", type=int, default=15)
     return parser.parse_args(argv)
 
@@ -384,8 +416,11 @@ def cli(argv: list[str]) -> None:
 
 def _sim(args: argparse.Namespace, shard: int, shards: int) -> CoreSim:
     """Shard `shard` of `shards`: its share of the workers, the waiting set and the rate."""
-    return CoreSim(args.workers // shards, args.waiting // shards, args.rate / shards,
-                   seed=args.seed + shard, gc_freeze=args.gc_freeze)
+    sim = CoreSim(args.workers // shards, args.waiting // shards, args.rate / shards,
+                  seed=args.seed + shard, gc_freeze=args.gc_freeze)
+    if args.breakdown:
+        sim.time_each_call()
+    return sim
 
 
 def shard_runs(args: argparse.Namespace, shards: int) -> list[Timings]:

@@ -170,8 +170,10 @@ def test_unread_assignments_match_a_scan_of_every_flight_through_a_busy_run():
 
 def test_scheduler_sim_smoke(capsys: pytest.CaptureFixture[str]) -> None:
     scheduler_sim(["--workers", "20", "--waiting", "200", "--rate", "300", "--seconds", "0.2",
-                   "--kafka-seconds", "0"])
-    *_, last = capsys.readouterr().out.strip().splitlines()
+                   "--kafka-seconds", "0", "--breakdown"])
+    *_, core, last = capsys.readouterr().out.strip().splitlines()
+    shares = dict(item.rsplit(" ", 1) for item in core.split("core time by call: ")[1].split(", "))
+    assert {"schedule", "on_heartbeat", "add_request"} <= set(shares)
     name_rate, name_p99 = last.split()
     assert name_rate.startswith("decisions/s=") and name_p99.startswith("p99_ms=")
     assert int(name_rate.removeprefix("decisions/s=")) > 0
