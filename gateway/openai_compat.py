@@ -125,7 +125,7 @@ async def admitted_request(
     check_bus_size(deps.config.limits, request)
     prompt = [*(m.content for m in request.messages), *tool_texts(request)]
     await admit(deps.gates, owner,
-                text_tokens(prompt, request.sampling.max_tokens * completion.n))
+                text_tokens(prompt, request.sampling.max_tokens * completion.n), request.model)
     await check_window(deps.context, request)
     await check_logit_bias(deps.context, request)
     await check_input(deps.gates, owner, request.model, [m.content for m in request.messages])
