@@ -240,6 +240,7 @@ def gateway_config(settings: Settings) -> GatewayConfig:
         response_cache=ResponseCacheConfig(ttl_s=settings.response_cache_ttl_s,
                                            tokens_per_s=settings.response_cache_tokens_per_s,
                                            system_prompt=settings.system_prompt),
+        max_embedding_inputs=settings.max_embedding_inputs,
     )
 
 

@@ -33,6 +33,7 @@ from gateway.config import GatewayConfig
 from gateway.context_builder import ContextBuilder
 from gateway.core import TooLarge, owner_request
 from gateway.deps import Deps, GatewayDeps
+from gateway.embeddings import served_embedding_model
 from gateway.errors import ApiError, error_responses, error_type, from_delivery_error
 from gateway.event_stream import EventStreamResponse
 from gateway.generation import (
@@ -84,11 +85,15 @@ router = APIRouter(tags=["openai"])
 
 @router.get("/models")
 async def list_models(deps: Deps, owner: Owner) -> ModelList:
-    """The models served here that the caller's tier may use, then the aliases."""
+    """The models served here that the caller's tier may use, then the aliases, then the
+    embedding model (`/v1/embeddings`, every tier)."""
     allowed = deps.config.limits.tier_models.get(owner.tier)
     names = [*deps.config.limits.models, *(deps.aliases.names if deps.aliases else ())]
-    return ModelList(data=[ModelCard(id=name) for name in names
-                           if allowed is None or name in allowed])  # fmt: skip
+    cards = [ModelCard(id=name) for name in names if allowed is None or name in allowed]
+    embedding_model = served_embedding_model(deps)
+    if embedding_model is not None:
+        cards.append(ModelCard(id=embedding_model))
+    return ModelList(data=cards)
 
 
 @router.post("/chat/completions", response_model=ChatCompletion, responses={
@@ -116,12 +121,20 @@ async def admitted_request(
     in the model's window and every message through the input classifiers."""
     request = to_generation_request(completion, owner, deps.config, deps.pipeline.reply_to,
                                     deps.aliases)
+    await admit_generation(request, owner, deps)
+    return request
+
+
+async def admit_generation(request: GenerationRequest, owner: ApiKey, deps: GatewayDeps) -> None:
+    """Every check of an OpenAI-API request after its fields (chat or text completion):
+    its size on the bus, the budgets and rate limits (charged), its prompt in the model's
+    window, and what the client wrote through the input classifiers."""
     check_bus_size(deps.config.limits, request)
-    prompt = [*(m.content for m in request.messages), *tool_texts(request)]
+    written = [*(m.content for m in request.messages), *filter(None, [request.prompt])]
+    prompt = [*written, *tool_texts(request)]
     await admit(deps.gates, owner, text_tokens(prompt, request.sampling.max_tokens))
     await check_window(deps.context, request)
-    await check_input(deps.gates, owner, request.model, [m.content for m in request.messages])
-    return request
+    await check_input(deps.gates, owner, request.model, written)
 
 
 def to_generation_request(
@@ -165,6 +178,14 @@ async def check_window(context: ContextBuilder, request: GenerationRequest) -> N
     answer (the engine ends the answer at the window, `length`). The prompt is tokenized
     only when it might not fit: no token is shorter than a byte."""
     window = context.policy(request.model, 0).max_prompt_tokens
+    if request.prompt is not None:
+        if len(request.prompt.encode()) + TEMPLATE_TOKENS < window:
+            return
+        tokens = await context.completion_prompt_tokens(request.model, request.prompt)
+        if tokens >= window:
+            raise TooLarge("context_too_long", f"the prompt needs {tokens} tokens; "
+                           f"{request.model} takes {window} in all", param="prompt")
+        return
     tools = template_tools(request.tool_use)
     most = TEMPLATE_TOKENS + len(orjson.dumps(tools)) + sum(
         len(m.content.encode()) + TOKENS_PER_MESSAGE
@@ -257,6 +278,22 @@ async def chunk_events(answer: _Answer, generation: Generation,
 
 async def collect(answer: _Answer, generation: Generation, request: Request) -> ChatCompletion:
     """The whole answer; a client that disconnects first cancels the generation."""
+    text, end = await whole_answer(generation, request)
+    return ChatCompletion(
+        id=answer.id,
+        created=answer.created,
+        model=answer.model,
+        choices=[Choice(message=message(str(text), end, text.retracted),
+                        finish_reason=finish_reason(answer.tool_use, end, text.retracted))],
+        usage=CompletionUsage.of(end.usage),
+    )
+
+
+async def whole_answer(
+    generation: Generation, request: Request
+) -> tuple[AnswerText, DeliveryDone]:
+    """The answer and its end, once it has ended; a client that disconnects first cancels
+    the generation (499), an answer that failed or stopped early is its error."""
     text = AnswerText()
     disconnected = False
     async with anyio.create_task_group() as listeners:
@@ -278,17 +315,20 @@ async def collect(answer: _Answer, generation: Generation, request: Request) -> 
             raise ApiError(502, "stream_interrupted", _INTERRUPTED)
         case DeliveryError():
             raise from_delivery_error(end)
-    return ChatCompletion(
-        id=answer.id,
-        created=answer.created,
-        model=answer.model,
-        choices=[Choice(message=message(str(text), end, text.retracted),
-                        finish_reason=finish_reason(answer.tool_use, end, text.retracted))],
-        usage=CompletionUsage.of(end.usage),
-    )
+    return text, end
 
 
 _INTERRUPTED = "the answer stopped before its end"
+
+
+def stream_error_chunk(code: str, message: str) -> bytes:
+    """An error in an OpenAI stream, as an error body in a data line."""
+    return sse.openai_error(_error_detail(code, message))
+
+
+def interrupted_chunk() -> bytes:
+    """The error ending a stream that stopped before its answer's end."""
+    return stream_error_chunk("stream_interrupted", _INTERRUPTED)
 
 
 def _error_detail(code: str, message: str) -> ErrorDetail:
