@@ -13,6 +13,7 @@ import openai
 import pytest
 from transformers import AutoTokenizer
 
+from common.prompt import prompt_token_ids
 from conversations.store import ApiKey
 from ledger.charges import Account
 from ledger.store import SQLiteLedger
@@ -39,8 +40,7 @@ async def test_a_completion_is_generated_from_the_raw_prompt_streamed_and_not(
     client, model = sdk(vllm_stack), vllm_stack.settings.model_name
     tokenizer = AutoTokenizer.from_pretrained(str(tiny_model_dir))
     raw_tokens = len(tokenizer.encode(PROMPT, add_special_tokens=True))
-    templated = len(tokenizer.apply_chat_template([{"role": "user", "content": PROMPT}],
-                                                  add_generation_prompt=True, tokenize=True))
+    templated = len(prompt_token_ids(tokenizer, [{"role": "user", "content": PROMPT}]))
     assert templated > raw_tokens  # so the usage tells which prompt the engine ran
     whole = await client.completions.create(model=model, prompt=PROMPT, max_tokens=8,
                                             temperature=0, extra_body={"ignore_eos": True})
