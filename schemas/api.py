@@ -8,10 +8,11 @@ Every error, on either API, is one `ErrorBody`.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 from pydantic.dataclasses import dataclass as pydantic_dataclass
+from pydantic_core import PydanticCustomError
 
 from schemas.files import MAX_FILES_PER_TURN, Citation
 from schemas.events import CacheOutcome, Rating, Role, Usage
@@ -394,15 +395,34 @@ class ModelList(BaseModel):
 
 # --- OpenAI-compatible API: text completions and embeddings ---------------------------
 
+UNKNOWN_PARAMETER = "unknown_parameter"
 
-class CompletionRequest(BaseModel):
+
+class OpenAIRequest(BaseModel):
+    """A request body of the OpenAI-compatible API that refuses a field OpenAI's does not
+    have, as OpenAI does: a validation error of type `unknown_parameter` naming it, which
+    `gateway.errors` answers with a 400 (the native API's unknown fields stay a 422)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _known_fields(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            unknown = [name for name in data if name not in cls.model_fields]
+            if unknown:
+                raise PydanticCustomError(UNKNOWN_PARAMETER,
+                                          "unrecognized request argument supplied: {field}",
+                                          {"field": str(unknown[0])})
+        return data
+
+
+class CompletionRequest(OpenAIRequest):
     """`POST /v1/completions`: text in, text out, the prompt as it is (no chat template).
 
     Every field of OpenAI's request is declared: what chatpipe cannot honour is refused
     by `gateway.completions` with a 400 naming it when set to anything but its default;
     a field OpenAI does not define is a 400 `unknown_parameter`."""
-
-    model_config = ConfigDict(extra="forbid")
 
     model: Text
     prompt: Text | list[Text] | list[int] | list[list[int]] = Field(description=(
@@ -456,11 +476,9 @@ class TextCompletion(BaseModel):
     usage: CompletionUsage | None = None
 
 
-class EmbeddingRequest(BaseModel):
+class EmbeddingRequest(OpenAIRequest):
     """`POST /v1/embeddings`. Token arrays as input are refused (400, `input`): their
     tokens would be another model's."""
-
-    model_config = ConfigDict(extra="forbid")
 
     model: Text
     input: Text | list[Text] | list[int] | list[list[int]] = Field(
