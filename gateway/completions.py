@@ -25,7 +25,6 @@ from gateway.auth import Owner
 from gateway.config import GatewayConfig
 from gateway.core import TooLarge, Unacceptable, owner_request
 from gateway.deps import Deps
-from gateway.errors import error_responses
 from gateway.event_stream import EventStreamResponse
 from gateway.generation import (
     Generation,
@@ -36,6 +35,7 @@ from gateway.generation import (
 )
 from gateway.limits import choose_model, sampling_options
 from gateway.openai_compat import (
+    STREAMED_COMPLETION,
     admit_generation,
     interrupted_chunk,
     stream_error_chunk,
@@ -51,10 +51,7 @@ from schemas.generation import new_id
 router = APIRouter(tags=["openai"])
 
 
-@router.post("/completions", response_model=TextCompletion, responses={
-    200: {"content": {"text/event-stream": {}},
-          "description": "the completion; with `stream`, its chunks as SSE"},
-    **error_responses(400, 403, 404, 413, 429, 500, 502, 503)})  # fmt: skip
+@router.post("/completions", response_model=TextCompletion, responses=STREAMED_COMPLETION)
 async def completions(
     body: CompletionRequest, owner: Owner, deps: Deps, request: Request
 ) -> TextCompletion | EventStreamResponse:

@@ -96,10 +96,14 @@ async def list_models(deps: Deps, owner: Owner) -> ModelList:
     return ModelList(data=cards)
 
 
-@router.post("/chat/completions", response_model=ChatCompletion, responses={
+STREAMED_COMPLETION = {
     200: {"content": {"text/event-stream": {}},
           "description": "the completion; with `stream`, its chunks as SSE"},
-    **error_responses(400, 403, 404, 413, 429, 500, 502, 503)})  # fmt: skip
+    **error_responses(400, 403, 404, 413, 429, 500, 502, 503)}  # fmt: skip
+"""The answers of a completion route (chat or text): JSON, or SSE when streamed."""
+
+
+@router.post("/chat/completions", response_model=ChatCompletion, responses=STREAMED_COMPLETION)
 async def chat_completions(
     completion: ChatCompletionRequest, owner: Owner, deps: Deps, request: Request
 ) -> ChatCompletion | EventStreamResponse:

@@ -447,15 +447,9 @@ class CompletionRequest(OpenAIRequest):
     frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0, description="refused unless 0")
     logit_bias: dict[str, float] | None = Field(None, description="refused unless empty")
 
-    @property
-    def include_usage(self) -> bool:
-        return self.stream_options is not None and self.stream_options.include_usage
-
-    @property
-    def stop_sequences(self) -> tuple[str, ...]:
-        if self.stop is None:
-            return ()
-        return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+    # The same fields as a chat completion's, read the same way.
+    include_usage = ChatCompletionRequest.include_usage
+    stop_sequences = ChatCompletionRequest.stop_sequences
 
 
 class CompletionChoice(BaseModel):

@@ -32,19 +32,19 @@ from moderation.classifiers import RuleClassifier
 from moderation.policy import SafetyPolicy
 from schemas import sse
 from schemas.api import CompletionRequest, EmbeddingRequest
-from schemas.events import ModerationEvent, Retract
+from schemas.events import Retract
 from schemas.lifecycle import RequestStatus
 from schemas.topics import Tier
 from tests.documents import WordEmbedder
 from tests.unit.test_gateway_app import (
     ALICE,
-    ScriptedPipeline,
     WordTokenizer,
     assert_error,
     delta,
     done,
     gateway_deps,
 )
+from tests.unit.test_request_limits import limiter, pipeline  # noqa: F401 - fixtures
 from workers.sim_engine import plan_reply, prompt_token_count
 
 OWNER = ApiKey("alice", "org-a", Tier.PRO)
@@ -75,15 +75,6 @@ class FakeEmbeddingModel(WordEmbedder):
         return super().embed(texts)
 
 
-class ModeratedPipeline(ScriptedPipeline):
-    def __init__(self) -> None:
-        super().__init__()
-        self.moderated: list[ModerationEvent] = []
-
-    async def moderate(self, event: ModerationEvent) -> None:
-        self.moderated.append(event)
-
-
 @pytest.fixture
 def settings(tmp_path: Path) -> Settings:
     return Settings(model_name="tiny", max_message_chars=60, default_max_tokens=32,
@@ -93,18 +84,8 @@ def settings(tmp_path: Path) -> Settings:
 
 
 @pytest.fixture
-def pipeline() -> ModeratedPipeline:
-    return ModeratedPipeline()
-
-
-@pytest.fixture
 def embedder() -> FakeEmbeddingModel:
     return FakeEmbeddingModel()
-
-
-@pytest.fixture
-def limiter(settings: Settings) -> RateLimiter:
-    return RateLimiter(gateway_config(settings).rate_limits, storage_from_uri("memory://"))
 
 
 @pytest.fixture
