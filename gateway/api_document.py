@@ -5,10 +5,10 @@ FastAPI writes what the routes and models declare; this adds what it cannot know
   with a body can answer 400 (malformed JSON), 408 and 413 (the body's limits), 422;
   a route with an id in its path can answer 404; every error is a JSON `ErrorBody`
   (not FastAPI's own validation shape, nor a stream route's media type);
-* the limits set by this deployment's settings: message count and length, stop
-  sequences, max_tokens, the models served and the model aliases (those of the
-  document's first build: `chatpipe rollout set` may add one later), the tools one
-  request offers;
+* the limits set by this deployment's settings (chat and text completions): message
+  count and length, stop sequences, max_tokens, the models served and the model
+  aliases (those of the document's first build: `chatpipe rollout set` may add one
+  later), the tools one request offers;
 * the rules of tool calling that span fields (`gateway.tool_requests`): a tool message
   names its call, only an assistant's carries calls, a tool choice other than none or
   auto needs tools;
@@ -99,7 +99,23 @@ def _declare_limits(schemas: dict[str, Schema], limits: RequestLimits,
         _constrain(completion, "stop", {"maxItems": limits.max_stop_sequences,
                                         "items": {"type": "string", **stop_chars}}, "array")
         _constrain(completion, "tools", {"maxItems": limits.max_tools}, "array")
+    _declare_text_completion_limits(schemas, limits, models)
     _declare_tool_rules(schemas)
+
+
+def _declare_text_completion_limits(schemas: dict[str, Schema], limits: RequestLimits,
+                                    models: Schema) -> None:
+    completion = schemas.get("CompletionRequest")
+    if completion is None:
+        return
+    _seed_range(completion)
+    _constrain(completion, "model", models)
+    _constrain(completion, "max_tokens", {"maximum": limits.max_tokens_limit})
+    _constrain(completion, "prompt", {"minLength": 1, "maxLength": limits.max_message_chars})
+    stop_chars = {"minLength": 1, "maxLength": limits.max_stop_chars}
+    _constrain(completion, "stop", stop_chars)
+    _constrain(completion, "stop", {"maxItems": limits.max_stop_sequences,
+                                    "items": {"type": "string", **stop_chars}}, "array")
 
 
 def _declare_tool_rules(schemas: dict[str, Schema]) -> None:

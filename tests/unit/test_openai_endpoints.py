@@ -364,3 +364,14 @@ def test_embedding_inputs_and_answer_pure():
     assert answer.usage.total_tokens == 3
     assert isinstance(FakeEmbeddingModel(), EmbeddingModel)
     assert not isinstance(WordEmbedder(), EmbeddingModel)
+
+
+def test_the_api_document_declares_both_routes_and_the_completion_limits(deps, settings):
+    document = create_app(deps).openapi()
+    assert {"/v1/completions", "/v1/embeddings"} <= set(document["paths"])
+    prompt = document["components"]["schemas"]["CompletionRequest"]["properties"]["prompt"]
+    [text] = [branch for branch in prompt["anyOf"] if branch.get("type") == "string"]
+    assert text["maxLength"] == settings.max_message_chars
+    max_tokens = document["components"]["schemas"]["CompletionRequest"]["properties"][
+        "max_tokens"]
+    assert max_tokens["maximum"] == settings.max_tokens_limit
