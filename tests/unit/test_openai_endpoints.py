@@ -27,6 +27,7 @@ from gateway.core import TooLarge, Unacceptable
 from gateway.deps import GatewayDeps
 from gateway.embeddings import check_input_tokens, embedding_inputs, embedding_list
 from gateway.rate_limits import RateLimiter, storage_from_uri
+from gateway.response_cache import refusal
 from gateway.tokens import TokenCounter
 from moderation.classifiers import RuleClassifier
 from moderation.policy import SafetyPolicy
@@ -41,6 +42,7 @@ from tests.unit.test_gateway_app import (
     WordTokenizer,
     assert_error,
     delta,
+    disconnect_after_hold,
     done,
     gateway_deps,
 )
@@ -101,11 +103,16 @@ def deps(settings, store, pipeline, embedder, limiter) -> GatewayDeps:
 
 
 @pytest.fixture
-async def client(deps: GatewayDeps) -> AsyncIterator[httpx.AsyncClient]:
-    transport = httpx.ASGITransport(create_app(deps))
+async def app(deps: GatewayDeps):
+    yield create_app(deps)
+    await deps.background.close()
+
+
+@pytest.fixture
+async def client(app) -> AsyncIterator[httpx.AsyncClient]:
+    transport = httpx.ASGITransport(app)
     async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
         yield client
-    await deps.background.close()
 
 
 @pytest.fixture
@@ -179,6 +186,21 @@ async def test_a_retracted_completion_ends_content_filter_with_the_replacement(s
     completion = await sdk.completions.create(model="tiny", prompt="x")
     assert completion.choices[0].text == "[removed]"
     assert completion.choices[0].finish_reason == "content_filter"
+
+
+@pytest.mark.parametrize("stream", [True, False])
+async def test_a_client_that_goes_cancels_its_completion(app, pipeline, stream):
+    pipeline.script(delta("partial", 0), hold=True)
+    body = {"model": "tiny", "prompt": "hi", "stream": stream}
+    await disconnect_after_hold(app, pipeline, "/v1/completions", body)
+    assert pipeline.cancelled == [(pipeline.submitted[0].request_id, "client_disconnected")]
+    assert pipeline.streams[0].closed
+
+
+def test_a_completion_is_never_answered_from_the_response_cache(settings):
+    body = CompletionRequest(model="tiny", prompt="p", temperature=0)
+    request = to_generation_request(body, OWNER, gateway_config(settings), "r")
+    assert refusal(request) == "other_input"
 
 
 @pytest.mark.parametrize(("field", "value"), [
