@@ -382,7 +382,7 @@ class Settings(BaseSettings):
     # --- end of conversations and context ---------------------------------------------
     # --- embeddings API (/v1/embeddings, served by embedding_model in the gateway) -----
     max_embedding_inputs: int = Field(
-        256, ge=1, description="texts one /v1/embeddings request may embed (413 "
+        64, ge=1, description="texts one /v1/embeddings request may embed (413 "
         "too_many_inputs); each within the model's own window (413 input_too_long)"
     )
     # --- end of embeddings API ---------------------------------------------------------

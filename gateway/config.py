@@ -113,5 +113,5 @@ class GatewayConfig:
     files: FileLimits = FileLimits()
     """What a user's upload may be, how it is chunked, what a turn retrieves."""
     response_cache: ResponseCacheConfig = ResponseCacheConfig()
-    max_embedding_inputs: int = 256
+    max_embedding_inputs: int = 64
     """Texts one `/v1/embeddings` request may embed."""

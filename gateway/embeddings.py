@@ -2,10 +2,11 @@
 bundled, unless `CHATPIPE_EMBEDDING_MODEL` names another), the one retrieval loads.
 
 The gateway runs it rather than a worker stage: the model is small (22 M parameters,
-~90 MB, milliseconds a text on a CPU), it needs no GPU slot, no queue position and no
-stream, and the gateway already holds it for retrieval, so one copy serves both. The
-encoding runs in a worker thread, one batch at a time (`SentenceEmbedder`): the event
-loop, and so every stream this gateway relays, never waits on it.
+~90 MB, on the CPU), it needs no GPU slot, no queue position and no stream, and the
+gateway already holds it for retrieval, so one copy serves both. The encoding runs in
+worker threads, a batch of texts at a time and one batch at once (`SentenceEmbedder`,
+`retrieval.documents.embed`): the event loop, and so every stream this gateway relays,
+never waits on it, and a turn's retrieval waits for one batch at most.
 
 Order, as for a generation: the fields (pure, charging nothing), the model's own limits
 (`dimensions`), the budgets and rate limits (charged from an estimate, characters / 4),
@@ -27,6 +28,7 @@ from gateway.core import NotFound, TooLarge, Unacceptable
 from gateway.deps import Deps, GatewayDeps
 from gateway.errors import error_responses
 from gateway.rate_limits import text_tokens
+from retrieval.documents import embed
 from schemas.api import Embedding, EmbeddingList, EmbeddingRequest, EmbeddingUsage
 
 router = APIRouter(tags=["openai"])
@@ -45,7 +47,7 @@ async def create_embeddings(body: EmbeddingRequest, owner: Owner, deps: Deps) ->
     counts = await asyncio.to_thread(model.token_counts, texts)
     await charge_rest(deps.gates, owner, estimated, sum(counts))
     check_input_tokens(counts, model.max_input_tokens, name)
-    vectors = await asyncio.to_thread(model.embed, texts)
+    vectors = await embed(model, texts)  # in batches: a turn's retrieval gets a turn
     return embedding_list(vectors, counts, name, body.encoding_format)
 
 

@@ -150,7 +150,7 @@ async def test_embeddings_as_floats_and_base64_with_usage(sim_stack):
     ({"input": [[101, 102]]}, openai.BadRequestError, "unsupported_input"),
     ({"input": ""}, openai.BadRequestError, "empty_input"),
     ({"input": "word " * 400}, openai.APIStatusError, "input_too_long"),
-    ({"input": ["x"] * 300}, openai.APIStatusError, "too_many_inputs"),
+    ({"input": ["x"] * 65}, openai.APIStatusError, "too_many_inputs"),
 ])
 async def test_bad_embedding_requests_are_4xx_json(sim_stack, request_body, error, code):
     client = sdk(sim_stack)
