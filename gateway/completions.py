@@ -62,7 +62,7 @@ async def completions(
                                         timers=StreamTimers(deps.config.stream_stall_s))
     answer = _TextAnswer(f"cmpl-{generation_request.request_id}", generation_request.model,
                          int(now()), body.include_usage,
-                         generation_request.prompt or "" if body.echo else "")  # fmt: skip
+                         (generation_request.prompt or "") if body.echo else "")  # fmt: skip
     if body.stream:
         return event_stream(completion_chunks(answer, generation), generation)
     text, end = await whole_answer(generation, request)
