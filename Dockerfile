@@ -58,6 +58,7 @@ COPY ledger/ ledger/
 COPY ops/ ops/
 COPY analytics/ analytics/
 COPY retrieval/ retrieval/
+COPY servertools/ servertools/
 RUN pip install --no-deps . && cd / && rm -rf /src
 
 USER chatpipe

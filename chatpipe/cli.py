@@ -44,7 +44,7 @@ app.add_typer(dlq_app, name="dlq")
 app.add_typer(rollout_app, name="rollout")
 
 # Every stage a deployment runs as its own process (docker-compose.yml, k8s/).
-STAGES = ("gateway", "scheduler", "worker", "safety", "recorder", "billing")
+STAGES = ("gateway", "scheduler", "worker", "safety", "recorder", "billing", "tools")
 
 
 def _settings(**overrides: object) -> Settings:
@@ -111,6 +111,13 @@ def recorder() -> None:
 def billing() -> None:
     """Billing: chat.usage into the token ledger that quotas read, against an external Kafka."""
     _run_stage("billing")
+
+
+@app.command()
+def tools() -> None:
+    """The server tools stage (chat.tools: calculator, clock, search_documents), against
+    an external Kafka."""
+    _run_stage("tools")
 
 
 @app.command("settings")

@@ -22,6 +22,7 @@ from billing.stage import GROUP as BILLING_GROUP
 from recorder.stage import GROUP as RECORDER_GROUP
 from safety.stage import GROUP as SAFETY_GROUP
 from scheduler.stage import GROUP as SCHEDULER_GROUP
+from servertools.stage import GROUP as TOOLS_GROUP
 from schemas import topics
 from workers.stage import GROUP as WORKER_GROUP
 
@@ -84,7 +85,7 @@ creates none when all are there."""
 
 GRANTS: dict[str, tuple[Grant, ...]] = {
     "gateway": (
-        *on_prefix(topics.REQUESTS_PREFIX, W),  # the only writer of requests
+        *on_prefix(topics.REQUESTS_PREFIX, W),  # (and the tools stage: a turn's next round)
         # Its own delivery topic, made at start and named after the pod; a stream resumed
         # here tells the gateway that held it (on that one's delivery topic).
         *on_prefix(topics.DELIVER_PREFIX, R, W, C),
@@ -106,7 +107,8 @@ GRANTS: dict[str, tuple[Grant, ...]] = {
     ),
     "worker": (
         *reads(topics.WORK, topics.CONTROL, topics.TOKENS),  # chat.tokens: a resumed attempt
-        *writes(topics.TOKENS, topics.USAGE, topics.WORKERS, topics.DLQ),
+        # chat.tools: a server-tools round that called tools, for the tools stage to run
+        *writes(topics.TOKENS, topics.USAGE, topics.WORKERS, topics.TOOLS, topics.DLQ),
         joins(WORKER_GROUP),
     ),
     "safety": (
@@ -117,6 +119,13 @@ GRANTS: dict[str, tuple[Grant, ...]] = {
     ),
     "recorder": (*reads(topics.ANSWERS), *writes(topics.DLQ), joins(RECORDER_GROUP)),
     "billing": (*reads(topics.USAGE), *writes(topics.DLQ), joins(BILLING_GROUP)),
+    "tools": (
+        *reads(topics.TOOLS),
+        # each call's result on the stream, then the turn's next round to the scheduler
+        *on_prefix(topics.REQUESTS_PREFIX, W),
+        *writes(topics.TOKENS, topics.DLQ),
+        joins(TOOLS_GROUP),
+    ),
 }
 
 def allowed(user: str, operation: Operation, resource: Resource, name: str) -> bool:

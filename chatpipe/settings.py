@@ -178,6 +178,8 @@ class Settings(BaseSettings):
     max_stop_sequences: int = Field(4, ge=0, description="most stop sequences per request")
     max_stop_chars: int = Field(64, ge=1, description="longest stop sequence, in characters")
     max_tools: int = Field(128, ge=1, description="most tools one OpenAI-API request may offer")
+    max_choices: int = Field(
+        8, ge=1, description="most choices (`n`) one OpenAI-API request may ask for")
     default_tier: Tier = Field(Tier.FREE, description="tier of the development user")
     default_max_tokens: int = Field(256, description="answer length when a request names none")
     max_tokens_limit: int = Field(
@@ -408,10 +410,34 @@ class Settings(BaseSettings):
     )
     # --- end of users' files ---------------------------------------------------------------
 
+    # --- server-side tools (issue 16, point 2) ---------------------------------------------
+    server_tools: list[str] = Field(
+        default_factory=lambda: ["calculator", "clock", "search_documents"],
+        description="tools chatpipe runs itself (the chat.tools stage) that a native turn "
+        "may offer the model (tool_choice); any of calculator, clock, search_documents; "
+        "empty: none",
+    )
+    server_tool_timeout_s: float = Field(
+        10.0, gt=0, description="a server tool call running longer gives the model an error "
+        "result")
+    max_tool_rounds: int = Field(
+        4, ge=1, description="tool rounds one native turn may take; after them the model is "
+        "shown no tools and answers in text")
+    # --- end of server-side tools ----------------------------------------------------------
+
     @model_validator(mode="after")
     def _check_file_chunks(self) -> Settings:
         if self.file_chunk_overlap_chars >= self.file_chunk_chars:
             raise ValueError("file_chunk_overlap_chars must be less than file_chunk_chars")
+        return self
+
+    @model_validator(mode="after")
+    def _check_server_tools(self) -> Settings:
+        from servertools.catalog import SPECS
+
+        unknown = sorted(set(self.server_tools) - set(SPECS))
+        if unknown:
+            raise ValueError(f"server_tools: unknown {unknown}; known: {sorted(SPECS)}")
         return self
 
     @model_validator(mode="after")

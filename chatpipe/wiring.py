@@ -27,6 +27,7 @@ from conversations.store import ApiKey, ConversationStore
 from gateway.app import GatewayDeps, create_app
 from gateway.cached_pipeline import CachedPipeline
 from gateway.config import (
+    ServerToolsConfig,
     ContextConfig,
     GatewayConfig,
     QuotaConfig,
@@ -52,6 +53,12 @@ from safety.core import SafetyConfig
 from safety.stage import SafetyStage
 from scheduler.core import Policy
 from scheduler.stage import SchedulerStage
+from servertools import catalog
+from servertools.calculator import Calculator
+from servertools.clock import Clock
+from servertools.documents import SearchDocuments
+from servertools.stage import ToolsStage
+from servertools.toolbox import ServerTool, Toolbox
 from workers.coalesce import ChunkPacing
 from workers.core import WorkerConfig
 from workers.engine import Engine
@@ -196,6 +203,7 @@ def gateway_config(settings: Settings) -> GatewayConfig:
             max_stop_sequences=settings.max_stop_sequences,
             max_stop_chars=settings.max_stop_chars,
             max_tools=settings.max_tools,
+            max_choices=settings.max_choices,
             max_tokens_limit=settings.max_tokens_limit,
             default_max_tokens=settings.default_max_tokens,
         ),
@@ -240,6 +248,8 @@ def gateway_config(settings: Settings) -> GatewayConfig:
         response_cache=ResponseCacheConfig(ttl_s=settings.response_cache_ttl_s,
                                            tokens_per_s=settings.response_cache_tokens_per_s,
                                            system_prompt=settings.system_prompt),
+        server_tools=ServerToolsConfig(tools=catalog.specs(settings.server_tools),
+                                       max_rounds=settings.max_tool_rounds),
         max_embedding_inputs=settings.max_embedding_inputs,
     )
 
@@ -296,6 +306,23 @@ def safety_stage(kafka: KafkaConfig, settings: Settings, policy: SafetyPolicy) -
         sentences=settings.safety_sentence_window,
         idle_timeout_s=settings.generation_idle_timeout_s,
     ))
+
+
+def build_documents(settings: Settings, store: ConversationStore) -> Documents:
+    """A user's files searched (retrieval), outside a gateway: the tools stage's."""
+    config = gateway_config(settings)
+    return Documents(store, ContextBuilder.from_config(config.context).embedding_model,
+                     config.files)
+
+
+def tools_stage(kafka: KafkaConfig, settings: Settings, store: ConversationStore,
+                documents: Documents) -> ToolsStage:
+    """The chat.tools stage with the server tools an operator turned on."""
+    built: dict[str, Callable[[], ServerTool]] = {
+        "calculator": Calculator, "clock": Clock,
+        "search_documents": lambda: SearchDocuments(store, documents)}
+    return ToolsStage(kafka, Toolbox([built[name]() for name in settings.server_tools],
+                                     settings.server_tool_timeout_s))
 
 
 def recorder_stage(kafka: KafkaConfig, store: ConversationStore,
@@ -406,7 +433,7 @@ async def running_stack(settings: Settings, engine: Engine | None) -> AsyncItera
     async with contextlib.AsyncExitStack() as stack:
         supervisor = Supervisor()
         delivery_topic: dict[str, int] = {}  # once the pipeline has one
-        kafka_stages = ("scheduler", "safety", "recorder", "billing", "worker")
+        kafka_stages = ("scheduler", "safety", "recorder", "billing", "tools", "worker")
         pipelines: list[KafkaPipeline] = []
 
         @contextlib.asynccontextmanager
@@ -437,6 +464,8 @@ async def running_stack(settings: Settings, engine: Engine | None) -> AsyncItera
         supervisor.start("safety", lambda: safety_stage(kafka, settings, policy))
         supervisor.start("recorder", lambda: recorder_stage(kafka, store, settings))
         supervisor.start("billing", lambda: BillingStage(kafka, ledger))
+        supervisor.start("tools", lambda: tools_stage(kafka, settings, store, deps.documents
+                                                      or build_documents(settings, store)))
         if engine is not None:
             supervisor.start("worker", lambda: worker_stage(kafka, engine, settings))
         try:
@@ -526,12 +555,15 @@ async def run_stage(stage: str, settings: Settings) -> None:
             await ledger.open()
             stack.push_async_callback(ledger.close)
             runners["billing"] = lambda: BillingStage(kafka, ledger).run()
-        if stage in ("gateway", "recorder"):
+        if stage in ("gateway", "recorder", "tools"):
             store = build_store(settings)
             await store.open()
             stack.push_async_callback(store.close)
             if stage == "recorder":
                 runners["recorder"] = lambda: recorder_stage(kafka, store, settings).run()
+            elif stage == "tools":
+                runners["tools"] = lambda: tools_stage(
+                    kafka, settings, store, build_documents(settings, store)).run()
             else:
                 if settings.dev_api_key:  # the dev user only when asked for
                     await ensure_dev_key(store, settings)

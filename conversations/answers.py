@@ -11,10 +11,12 @@ finishes an answer still in progress.
 
 from __future__ import annotations
 
-from conversations.store import NewMessage
+from conversations.store import ConversationStore, NewMessage
 from schemas.answer import AnswerText
 from schemas.events import (
     AnswerStarted,
+    DeliveredToolCall,
+    DeliveredToolResult,
     DeliveryDone,
     DeliveryError,
     Event,
@@ -23,6 +25,7 @@ from schemas.events import (
     Routed,
 )
 from schemas.lifecycle import RequestStatus
+from schemas.tools import ToolStep
 
 
 def answer_started(request: GenerationRequest) -> AnswerStarted:
@@ -43,13 +46,23 @@ class AnswerBuilder:
         self.text = AnswerText()
         self.log = self.text.log
         self.model = started.model
+        self.tool_steps: list[ToolStep] = []
 
     def add(self, event: Event) -> bool:
         """Take one event of this answer; False if the rule drops it."""
         if not self.text.add(event):
             return False
-        if isinstance(event, Routed):
-            self.model = event.model
+        match event:
+            case Routed():
+                self.model = event.model
+            case DeliveredToolCall():
+                self.tool_steps.append(ToolStep(
+                    type="tool_call", id=event.call.id, name=event.call.function.name,
+                    arguments=event.call.function.arguments))
+            case DeliveredToolResult():
+                self.tool_steps.append(ToolStep(
+                    type="tool_result", id=event.call_id, name=event.name,
+                    content=event.content, error=event.error))
         return True
 
     @property
@@ -80,4 +93,14 @@ class AnswerBuilder:
             request_id=started.request_id,
             prompt_tokens=prompt_tokens,
             cached_tokens=cached_tokens,
+            tool_steps=tuple(self.tool_steps),
         )
+
+
+async def finish_answer(store: ConversationStore, message: NewMessage) -> bool:
+    """Store an ended answer (`ConversationStore.finish_answer`) with its tool steps;
+    the steps are saved again by whoever stores it (they replace, the same steps)."""
+    if message.tool_steps:
+        await store.save_tool_steps(message.conversation_id, message.message_id,
+                                    message.tool_steps)
+    return await store.finish_answer(message)

@@ -18,8 +18,16 @@ from dataclasses import astuple, replace
 
 from conversations import cassandra_schema as cql
 from conversations.cassandra_session import Rows
-from conversations.files import FileChunk, StoredFile, citations_json, citations_of
+from conversations.files import (
+    FileChunk,
+    StoredFile,
+    citations_json,
+    citations_of,
+    tool_steps_json,
+    tool_steps_of,
+)
 from schemas.files import Citation
+from schemas.tools import ToolStep
 
 _FILE_FIELDS = [c.strip() for c in cql.FILE_COLUMNS.split(",")]
 
@@ -82,6 +90,15 @@ class CassandraFiles:
     async def list_citations(self, conversation_id: str) -> dict[str, list[Citation]]:
         rows = await self._run("select_citations", (conversation_id,))
         return {row["message_id"]: citations_of(row["citations"]) for row in rows}
+
+    async def save_tool_steps(self, conversation_id: str, message_id: str,
+                              steps: Sequence[ToolStep]) -> None:  # fmt: skip
+        await self._run("insert_tool_steps",
+                        (conversation_id, message_id, tool_steps_json(steps)))
+
+    async def list_tool_steps(self, conversation_id: str) -> dict[str, list[ToolStep]]:
+        rows = await self._run("select_tool_steps", (conversation_id,))
+        return {row["message_id"]: tool_steps_of(row["steps"]) for row in rows}
 
 
 def _file_of(row: cql.Row) -> StoredFile:

@@ -179,6 +179,11 @@ TABLES = (
     message_id text,
     citations text,
     PRIMARY KEY (conversation_id, message_id))""",
+    """CREATE TABLE IF NOT EXISTS {ks}.tool_steps (
+    conversation_id text,
+    message_id text,
+    steps text,
+    PRIMARY KEY (conversation_id, message_id))""",
     """CREATE TABLE IF NOT EXISTS {ks}.org_settings (
     org_id text PRIMARY KEY,
     response_cache boolean)""",
@@ -304,6 +309,11 @@ STATEMENTS = {
     "select_citations": "SELECT message_id, citations FROM {ks}.citations"
     " WHERE conversation_id = ?",
     "delete_citations": "DELETE FROM {ks}.citations WHERE conversation_id = ?",
+    "insert_tool_steps": "INSERT INTO {ks}.tool_steps (conversation_id, message_id, steps)"
+    " VALUES (?, ?, ?)",
+    "select_tool_steps": "SELECT message_id, steps FROM {ks}.tool_steps"
+    " WHERE conversation_id = ?",
+    "delete_tool_steps": "DELETE FROM {ks}.tool_steps WHERE conversation_id = ?",
     # orgs and the response cache
     "insert_org_settings": "INSERT INTO {ks}.org_settings (org_id, response_cache)"
     " VALUES (?, ?)",

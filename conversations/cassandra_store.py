@@ -186,7 +186,7 @@ class CassandraStore(CassandraOrgs, CassandraFiles):
             *(
                 self._run(name, (conversation_id,))
                 for name in ("delete_messages", "delete_summaries", "delete_embeddings",
-                             "delete_citations")
+                             "delete_citations", "delete_tool_steps")
             ),
         )
         return True

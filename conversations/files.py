@@ -17,6 +17,9 @@ Contracts:
   (`save_citations`) and read back per conversation (`list_citations`); deleting the
   conversation deletes them. They keep a file's name and snippet, so they still read
   after the file is deleted.
+* Tool steps: the server-tool calls and results of an answer (issue 16, point 2), saved
+  per answer message once it ends (`save_tool_steps`), read back per conversation
+  (`list_tool_steps`), deleted with the conversation, exactly as citations.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from typing import Protocol
 import orjson
 
 from schemas.files import Citation
+from schemas.tools import ToolStep
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +80,22 @@ class FileStore(Protocol):
 
     async def list_citations(self, conversation_id: str) -> dict[str, list[Citation]]:
         """The citations of the conversation's answers: message_id -> citations in order."""
+
+    async def save_tool_steps(self, conversation_id: str, message_id: str,
+                              steps: Sequence[ToolStep]) -> None:  # fmt: skip
+        """Keep the server-tool calls and results of an answer (replacing any kept)."""
+
+    async def list_tool_steps(self, conversation_id: str) -> dict[str, list[ToolStep]]:
+        """The tool steps of the conversation's answers: message_id -> steps in order."""
+
+
+def tool_steps_json(steps: Sequence[ToolStep]) -> str:
+    """How both stores keep an answer's server-tool steps: one JSON array."""
+    return orjson.dumps([step.model_dump(exclude_defaults=True) for step in steps]).decode()
+
+
+def tool_steps_of(text: str) -> list[ToolStep]:
+    return [ToolStep.model_validate(item) for item in orjson.loads(text)]
 
 
 def citations_json(citations: Sequence[Citation]) -> str:

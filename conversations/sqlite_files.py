@@ -8,9 +8,17 @@ from collections.abc import Sequence
 from dataclasses import astuple, replace
 
 from common.sqlite_file import SQLiteFile, transaction
-from conversations.files import FileChunk, StoredFile, citations_json, citations_of
+from conversations.files import (
+    FileChunk,
+    StoredFile,
+    citations_json,
+    citations_of,
+    tool_steps_json,
+    tool_steps_of,
+)
 from conversations.sqlite_schema import FILE_COLUMNS
 from schemas.files import Citation
+from schemas.tools import ToolStep
 
 class SQLiteFiles(SQLiteFile):
     """The file methods of `SQLiteStore`."""
@@ -83,6 +91,21 @@ class SQLiteFiles(SQLiteFile):
             rows = conn.execute("SELECT message_id, citations FROM citations"
                                 " WHERE conversation_id = ?", (conversation_id,))
             return {message_id: citations_of(text) for message_id, text in rows}
+
+        return await self._run(select)
+
+    async def save_tool_steps(self, conversation_id: str, message_id: str,
+                              steps: Sequence[ToolStep]) -> None:  # fmt: skip
+        text = tool_steps_json(steps)
+        await self._run(lambda conn: conn.execute(
+            "INSERT OR REPLACE INTO tool_steps VALUES (?, ?, ?)",
+            (conversation_id, message_id, text)))
+
+    async def list_tool_steps(self, conversation_id: str) -> dict[str, list[ToolStep]]:
+        def select(conn: sqlite3.Connection) -> dict[str, list[ToolStep]]:
+            rows = conn.execute("SELECT message_id, steps FROM tool_steps"
+                                " WHERE conversation_id = ?", (conversation_id,))
+            return {message_id: tool_steps_of(text) for message_id, text in rows}
 
         return await self._run(select)
 

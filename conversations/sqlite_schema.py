@@ -114,6 +114,12 @@ CREATE TABLE IF NOT EXISTS citations (
     citations TEXT NOT NULL,
     PRIMARY KEY (conversation_id, message_id)
 );
+CREATE TABLE IF NOT EXISTS tool_steps (
+    conversation_id TEXT NOT NULL,
+    message_id TEXT NOT NULL,
+    steps TEXT NOT NULL,
+    PRIMARY KEY (conversation_id, message_id)
+);
 CREATE TABLE IF NOT EXISTS org_settings (
     org_id TEXT PRIMARY KEY,
     response_cache INTEGER NOT NULL DEFAULT 0

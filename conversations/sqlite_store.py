@@ -156,7 +156,7 @@ class SQLiteStore(SQLiteOrgs, SQLiteFiles):
                 if gone:
                     for table in (
                         "messages", "branch_choices", "summaries", "embeddings", "citations",
-                        "requests",
+                        "tool_steps", "requests",
                     ):
                         conn.execute(
                             f"DELETE FROM {table} WHERE conversation_id = ?", (conversation_id,)

@@ -54,6 +54,7 @@ from conversations.files import FileStore
 from schemas.api import TurnUsage
 from schemas.events import Role
 from schemas.lifecycle import RequestStatus
+from schemas.tools import ToolStep
 from schemas.topics import Tier
 
 if TYPE_CHECKING:
@@ -110,6 +111,8 @@ class NewMessage:
     prompt_tokens: int = 0
     cached_tokens: int = 0
     alias: str | None = None
+    tool_steps: tuple[ToolStep, ...] = ()
+    """An answer's server-tool calls and results (kept by `save_tool_steps`)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,7 +8,9 @@ FastAPI writes what the routes and models declare; this adds what it cannot know
 * the limits set by this deployment's settings (chat and text completions): message
   count and length, stop sequences, max_tokens, the models served and the model
   aliases (those of the document's first build: `chatpipe rollout set` may add one
-  later), the tools one request offers;
+  later), the tools one request offers, the choices (`n`);
+* what `gateway.parameters` refuses: unknown fields, OpenAI's fields chatpipe cannot
+  honour (null only), fields taking a few values only;
 * the rules of tool calling that span fields (`gateway.tool_requests`): a tool message
   names its call, only an assistant's carries calls, a tool choice other than none or
   auto needs tools;
@@ -26,6 +28,7 @@ from fastapi.openapi.utils import get_openapi
 
 from gateway.config import RequestLimits
 from gateway.errors import error_responses
+from gateway.parameters import ACCEPTED, REFUSED
 from schemas.api import SEED_LIMIT
 
 Schema = dict[str, Any]
@@ -99,15 +102,61 @@ def _declare_limits(schemas: dict[str, Schema], limits: RequestLimits,
         _constrain(completion, "stop", {"maxItems": limits.max_stop_sequences,
                                         "items": {"type": "string", **stop_chars}}, "array")
         _constrain(completion, "tools", {"maxItems": limits.max_tools}, "array")
+        _declare_parameters(completion, limits)
     _declare_text_completion_limits(schemas, limits, models)
     _declare_tool_rules(schemas)
+    _declare_response_limits(schemas, limits, models)
+
+
+def _declare_response_limits(schemas: dict[str, Schema], limits: RequestLimits,
+                             models: Schema) -> None:  # fmt: skip
+    """`POST /v1/responses`: the limits of a completion, and no field but those declared
+    (any other is a 400 naming it)."""
+    chars = {"maxLength": limits.max_message_chars}
+    response = schemas.get("ResponseRequest")
+    if response is not None:
+        response["additionalProperties"] = False
+        _constrain(response, "model", models)
+        _constrain(response, "max_output_tokens", {"maximum": limits.max_tokens_limit})
+        _constrain(response, "input", {**chars, "pattern": r"\S"})
+        _constrain(response, "input", {"maxItems": limits.max_messages}, "array")
+        _constrain(response, "instructions", chars)
+    if "InputTextPart" in schemas:
+        _constrain(schemas["InputTextPart"], "text", chars)
+    if "InputItem" in schemas:
+        _constrain(schemas["InputItem"], "content", chars)
+
+
+def _declare_parameters(completion: Schema, limits: RequestLimits) -> None:
+    """What `gateway.parameters` refuses: any field not declared, a field chatpipe cannot
+    honour unless null, one of a few values only, top_logprobs without logprobs."""
+    completion["additionalProperties"] = False
+    properties = completion.get("properties", {})
+    for name in REFUSED:
+        properties[name] = {"type": "null", "description": properties[name].get("description")}
+    for name, (values, _) in ACCEPTED.items():
+        properties[name] = {"anyOf": [{"enum": values}, {"type": "null"}],
+                            "description": properties[name].get("description")}
+    _constrain(completion, "n", {"maximum": limits.max_choices})
+    # Token ids, as strings: the document cannot know each model's vocabulary, so it allows
+    # the ids every model served has (any tokenizer has more than 10,000); the gateway takes
+    # every id of the model's and refuses others (400 invalid_logit_bias).
+    _constrain(completion, "logit_bias", {"propertyNames": {"pattern": "^(0|[1-9][0-9]{0,3})$"}},
+               "object")
+    completion.setdefault("allOf", []).append(
+        {"if": {"required": ["top_logprobs"],
+                "properties": {"top_logprobs": {"type": "integer"}}},
+         "then": {"required": ["logprobs"], "properties": {"logprobs": {"const": True}}}})
 
 
 def _declare_text_completion_limits(schemas: dict[str, Schema], limits: RequestLimits,
                                     models: Schema) -> None:
+    if "EmbeddingRequest" in schemas:
+        schemas["EmbeddingRequest"]["additionalProperties"] = False
     completion = schemas.get("CompletionRequest")
     if completion is None:
         return
+    completion["additionalProperties"] = False
     _seed_range(completion)
     _constrain(completion, "model", models)
     _constrain(completion, "max_tokens", {"maximum": limits.max_tokens_limit})
@@ -129,12 +178,12 @@ def _declare_tool_rules(schemas: dict[str, Schema]) -> None:
              "then": {"properties": {"tool_calls": {"type": "null"}}}},
         ]
     if completion is not None:
-        completion["allOf"] = [
+        completion.setdefault("allOf", []).extend([
             {"if": {"required": ["tool_choice"], "properties": {"tool_choice": {
                 "anyOf": [{"const": "required"}, {"type": "object"}]}}},
              "then": {"required": ["tools"],
                       "properties": {"tools": {"type": "array", "minItems": 1}}}},
-        ]
+        ])
 
 
 def _seed_range(model: Schema) -> None:

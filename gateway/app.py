@@ -23,6 +23,7 @@ from gateway import (
     feedback,
     files,
     openai_compat,
+    responses_api,
     web,
 )
 from gateway.admission import ResponseHeaders
@@ -85,6 +86,7 @@ def create_app(deps: GatewayDeps, *, api_docs: bool = True) -> FastAPI:
     v1.include_router(openai_compat.router)
     v1.include_router(completions.router)
     v1.include_router(embeddings.router)
+    v1.include_router(responses_api.router)
     app.include_router(v1)
     app.include_router(web.router)
     app.openapi = lambda: _cached_document(app)  # type: ignore[method-assign]

@@ -29,6 +29,7 @@ from gateway.event_stream import EventStreamResponse
 from gateway.generation import (
     Generation,
     StreamTimers,
+    collected,
     event_stream,
     merged_deltas,
     start_generation,
@@ -39,8 +40,8 @@ from gateway.openai_compat import (
     admit_generation,
     interrupted_chunk,
     stream_error_chunk,
-    whole_answer,
 )
+from gateway.parameters import check_known_fields
 from gateway.rollout import ModelAliases
 from gateway.tool_answers import finish_reason
 from schemas import sse
@@ -65,7 +66,9 @@ async def completions(
                          (generation_request.prompt or "") if body.echo else "")  # fmt: skip
     if body.stream:
         return event_stream(completion_chunks(answer, generation), generation)
-    text, end = await whole_answer(generation, request)
+    text = await collected(generation, request)
+    end = text.end
+    assert isinstance(end, DeliveryDone)
     reason = finish_reason(None, end, text.retracted)
     return answer.completion(answer.echo + str(text), reason, CompletionUsage.of(end.usage))
 
@@ -88,6 +91,7 @@ def to_generation_request(
 ) -> GenerationRequest:
     """The request to queue (pure, charging nothing): refused with a 400 naming the first
     field it cannot honour, as a chat completion is for its fields and limits."""
+    check_known_fields(body)
     for field, refused, why in _UNSUPPORTED:
         if refused(body):
             raise Unacceptable("unsupported_parameter", f"{field} is not supported: {why}",

@@ -10,6 +10,7 @@ from typing import Literal
 
 from gateway.context import Strategy
 from retrieval.documents import FileLimits
+from schemas.tools import ToolSpec
 from schemas.topics import Tier
 
 
@@ -32,6 +33,8 @@ class RequestLimits:
     default_max_tokens: int
     max_tools: int = 128
     """Tools one OpenAI-API request may offer."""
+    max_choices: int = 8
+    """Choices (`n`) one OpenAI-API request may ask for."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +96,15 @@ class ResponseCacheConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class ServerToolsConfig:
+    """The server tools on (their specs, from `servertools.catalog`), and the tool rounds
+    one turn may take."""
+
+    tools: tuple[ToolSpec, ...] = ()
+    max_rounds: int = 4
+
+
+@dataclass(frozen=True, slots=True)
 class GatewayConfig:
     limits: RequestLimits
     context: ContextConfig
@@ -113,5 +125,7 @@ class GatewayConfig:
     files: FileLimits = FileLimits()
     """What a user's upload may be, how it is chunked, what a turn retrieves."""
     response_cache: ResponseCacheConfig = ResponseCacheConfig()
+    server_tools: ServerToolsConfig = ServerToolsConfig()
+    """The server tools a native turn may offer the model (`tool_choice`)."""
     max_embedding_inputs: int = 64
     """Texts one `/v1/embeddings` request may embed."""

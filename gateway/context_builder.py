@@ -102,6 +102,10 @@ class ContextBuilder:
         counter = await self._counter(model)
         return await asyncio.to_thread(counter.count_completion_prompt, prompt)
 
+    async def vocab_size(self, model: str) -> int:
+        """How many token ids `model`'s tokenizer has."""
+        return (await self._counter(model)).vocab_size
+
     async def build(
         self,
         store: ConversationStore,
@@ -112,6 +116,7 @@ class ContextBuilder:
         model: str,
         max_tokens: int,
         documents: str | None = None,
+        instructions: str | None = None,
     ) -> BuiltContext:
         """The prompt answering `new_user_message` after `thread` (the current branch,
         root first, e.g. `(await store.get_tree(cid)).thread()`).
@@ -119,7 +124,8 @@ class ContextBuilder:
         With `new_user_message=None` (regenerate) the thread's last message is
         the user message to answer. `max_tokens` is the answer's limit: the
         prompt gets the model's window minus it. `documents`: excerpts of the user's
-        files to answer from (`gateway.context.assemble`).
+        files to answer from (`gateway.context.assemble`). `instructions`: the client's
+        own system text for this answer, after the deployment's system prompt.
         """
         turns = prompt_turns(thread)
         if new_user_message is None:
@@ -134,8 +140,9 @@ class ContextBuilder:
         if policy.strategy == "retrieve":
             relevance = await self._relevance(store, conversation_id, turns, new_user_message)
         counter = await self._counter(model)
+        system = "\n\n".join(text for text in (self.system_prompt, instructions) if text)
         return await asyncio.to_thread(
-            assemble, turns, new_user_message, self.system_prompt, policy,
+            assemble, turns, new_user_message, system, policy,
             Counting(counter.estimate, counter.count_prompt),
             conversation_id=conversation_id, summary=summary, relevance=relevance,
             documents=documents,

@@ -29,6 +29,7 @@ from schemas.api import (
     RenameConversation,
 )
 from schemas.files import Citation
+from schemas.tools import ToolStep
 
 router = APIRouter(tags=["conversations"])
 
@@ -115,9 +116,11 @@ def public(conversation: Conversation) -> ConversationPublic:
 async def detail(store: ConversationStore, conversation: Conversation) -> ConversationDetail:
     tree = await store.get_tree(conversation.conversation_id)
     cited = await store.list_citations(conversation.conversation_id)
+    steps = await store.list_tool_steps(conversation.conversation_id)
     return ConversationDetail(
         **public(conversation).model_dump(),
-        messages=[_message(m, tree, cited.get(m.message_id, [])) for m in tree.messages],
+        messages=[_message(m, tree, cited.get(m.message_id, []), steps.get(m.message_id, []))
+                  for m in tree.messages],
         roots=[m.message_id for m in tree.children(None)],
         thread=[m.message_id for m in tree.thread()],
     )
@@ -143,8 +146,8 @@ async def usage(store: ConversationStore, conversation_id: str) -> ConversationU
     )
 
 
-def _message(message: StoredMessage, tree: ConversationTree,
-             citations: list[Citation]) -> MessagePublic:  # fmt: skip
+def _message(message: StoredMessage, tree: ConversationTree, citations: list[Citation],
+             tool_steps: list[ToolStep]) -> MessagePublic:  # fmt: skip
     selected = tree.selected_child(message.message_id)
     return MessagePublic(
         message_id=message.message_id,
@@ -159,6 +162,7 @@ def _message(message: StoredMessage, tree: ConversationTree,
         children=[child.message_id for child in tree.children(message.message_id)],
         selected_child=selected.message_id if selected is not None else None,
         citations=citations,
+        tool_steps=tool_steps,
     )
 
 

@@ -27,6 +27,7 @@ from gateway.auth import Owner
 from gateway.core import NotFound, TooLarge, Unacceptable
 from gateway.deps import Deps, GatewayDeps
 from gateway.errors import error_responses
+from gateway.parameters import check_known_fields
 from gateway.rate_limits import text_tokens
 from retrieval.documents import embed
 from schemas.api import Embedding, EmbeddingList, EmbeddingRequest, EmbeddingUsage
@@ -59,9 +60,11 @@ def served_embedding_model(deps: GatewayDeps) -> str | None:
 
 
 def embedding_inputs(body: EmbeddingRequest, served: str | None, max_inputs: int) -> list[str]:
-    """The texts to embed; refused unless `body` names the embedding model (404), gives
+    """The texts to embed; refused unless `body` has only OpenAI's fields (400), names
+    the embedding model (404), gives
     text (token arrays are another model's tokens: 400), none of it empty (400), and at
     most `max_inputs` texts (413)."""
+    check_known_fields(body)
     if served is None or body.model != served:
         raise _not_served(body.model)
     texts = [body.input] if isinstance(body.input, str) else body.input

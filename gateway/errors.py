@@ -1,8 +1,7 @@
 """One error shape for every failure: `{"error": {"code", "message", "type", "param"}}`.
 
-Bad input is always a 4xx: malformed JSON → 400, a field an OpenAI-API request does
-not have → 400 `unknown_parameter` (as OpenAI answers it, `schemas.api.OpenAIRequest`),
-a field that fails validation → 422, a limit → its own status (413, 404 model_not_found, …). Over a rate limit
+Bad input is always a 4xx: malformed JSON → 400, a field that fails validation
+→ 422, a limit → its own status (413, 404 model_not_found, …). Over a rate limit
 or a token budget → 429 `rate_limited` / `quota_exceeded`, with Retry-After.
 A message is written here or by a stage for the client: no exception's own text
 ever reaches one (an unexpected error is 500 `internal_error`, logged).
@@ -33,7 +32,7 @@ from gateway.core import (
     Unacceptable,
     Unavailable,
 )
-from schemas.api import UNKNOWN_PARAMETER, ErrorBody, ErrorDetail
+from schemas.api import ErrorBody, ErrorDetail
 from schemas.events import DeliveryError
 
 _MEANING = {
@@ -143,11 +142,6 @@ async def _on_validation_error(request: Request, exc: RequestValidationError) ->
             message="request body is not valid JSON",
             type=error_type(400),
         )
-        return error_response(400, detail)
-    unknown = [error for error in errors if error["type"] == UNKNOWN_PARAMETER]
-    if unknown:
-        detail = ErrorDetail(code=UNKNOWN_PARAMETER, message=unknown[0]["msg"],
-                             type=error_type(400), param=unknown[0]["ctx"]["field"])
         return error_response(400, detail)
     message = "; ".join(f"{_field(error['loc']) or 'body'}: {error['msg']}" for error in errors)
     first = _field(errors[0]["loc"]) if errors else None

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass
 from typing import TypeVar
@@ -29,11 +29,13 @@ from fastapi import Request
 from starlette.background import BackgroundTask
 
 from gateway.core import Refused, pipeline_unavailable
+from gateway.errors import ApiError, from_delivery_error
 from gateway.event_stream import EventStreamResponse
 from gateway.pipeline import Pipeline, RequestStream
 from gateway.stream_relay import StreamRelay
 from ops.metrics import OPEN_STREAMS, StreamTiming
-from schemas.events import DeliverEvent, Delta, GenerationRequest
+from schemas.answer import AnswerText
+from schemas.events import DeliverEvent, DeliveryError, Delta, GenerationRequest
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +56,9 @@ class StreamTimers:
     """No event for this long: the stream ends with `stalled` and is cancelled."""
     grace_s: float = 0.0
     """A dropped stream's generation is held this long for a resume; 0: cancel at once."""
+    cancels: bool = True
+    """False: a reader only (of a background response): neither a drop nor a stall
+    cancels the generation."""
 
 
 class LiveRequests:
@@ -115,8 +120,9 @@ class Generation:
                     log.warning("request %s stalled: no event for %.0f s", self.request_id,
                                 self._timers.stall_s)
                     shown = [self.relay.stall(self.request_id)]
-                    with anyio.move_on_after(CLOSE_TIMEOUT_S, shield=True):
-                        await self._cancel("stalled")  # close() will not: the relay ended
+                    if self._timers.cancels:
+                        with anyio.move_on_after(CLOSE_TIMEOUT_S, shield=True):
+                            await self._cancel("stalled")  # close() will not: the relay ended
                 else:
                     if not arrived:
                         return  # the stream went away without an end
@@ -163,7 +169,7 @@ class Generation:
         # Runs while the response task is being cancelled: shield it, but bound it.
         with anyio.move_on_after(CLOSE_TIMEOUT_S, shield=True):
             try:
-                if not self.relay.ended:
+                if not self.relay.ended and self._timers.cancels:
                     await self._cancel("client_disconnected")
             finally:
                 await self._stream.aclose()
@@ -205,12 +211,19 @@ async def start_generation(
                       StreamTiming(request))
 
 
-def event_stream(frames: AsyncIterator[bytes], generation: Generation) -> EventStreamResponse:
-    """The SSE response; closing the generation also covers a stream that never started."""
+def event_stream(frames: AsyncIterator[bytes], generation: Generation,
+                 *others: Generation) -> EventStreamResponse:
+    """The SSE response of `generation` (and `others`: a completion's other choices);
+    closing the generations also covers a stream that never started."""
+
+    async def close() -> None:
+        for each in (generation, *others):
+            await each.close()
+
     return EventStreamResponse(
         frames,
         headers={"X-Request-Id": generation.request_id},
-        background=BackgroundTask(generation.close),
+        background=BackgroundTask(close),
         ping_s=PING_INTERVAL_S,
         send_timeout_s=SEND_TIMEOUT_S,
     )
@@ -230,7 +243,9 @@ def merged_deltas(events: list[DeliverEvent]) -> list[DeliverEvent]:
         if len(run) == 1:
             merged.append(run[0])
         elif run:
-            merged.append(run[-1].model_copy(update={"text": "".join(d.text for d in run)}))
+            merged.append(run[-1].model_copy(update={
+                "text": "".join(d.text for d in run),
+                "logprobs": tuple(entry for d in run for entry in d.logprobs)}))
         run = []
         if event is not None:
             merged.append(event)
@@ -281,6 +296,57 @@ class _StallTimer:
 
     def cancel(self) -> None:
         self._handle.cancel()
+
+
+async def collected(generation: Generation, request: Request) -> AnswerText:
+    """The whole answer, ended by its `DeliveryDone`; a client that disconnects first
+    cancels the generation (499), a stream that stops before its end is 502, and an
+    answer that failed its pipeline error."""
+    [text] = await collected_all([generation], request, [AnswerText()])
+    return text
+
+
+AnswerT = TypeVar("AnswerT", bound=AnswerText)
+
+
+async def collected_all(generations: Sequence[Generation], request: Request,
+                        texts: list[AnswerT]) -> list[AnswerT]:
+    """`collected` of several answers at once (a completion's choices), each read into
+    its text of `texts`: all of them ended by their `DeliveryDone`, or the error of the
+    first that failed (which cancels the others)."""
+    disconnected = False
+    async with anyio.create_task_group() as listeners:
+
+        async def cancel_on_disconnect() -> None:
+            nonlocal disconnected
+            await until_disconnected(request)
+            disconnected = True
+            listeners.cancel_scope.cancel()
+
+        listeners.start_soon(cancel_on_disconnect)
+        async with anyio.create_task_group() as readers:
+            for generation, text in zip(generations, texts, strict=True):
+                readers.start_soon(_read, generation, text, readers.cancel_scope)
+        listeners.cancel_scope.cancel()
+    for text in texts:
+        if isinstance(text.end, DeliveryError):
+            raise from_delivery_error(text.end)
+    if disconnected:
+        raise ApiError(499, "client_disconnected", "the client went away")
+    if any(text.end is None for text in texts):
+        raise ApiError(502, "stream_interrupted", INTERRUPTED)
+    return texts
+
+
+async def _read(generation: Generation, text: AnswerText, answers: anyio.CancelScope) -> None:
+    """Read one answer to its end; a failed one ends the others (`answers`)."""
+    async with aclosing(generation.events()) as events:
+        await text.read(events)
+    if isinstance(text.end, DeliveryError):
+        answers.cancel()
+
+
+INTERRUPTED = "the answer stopped before its end"
 
 
 async def until_disconnected(request: Request) -> None:

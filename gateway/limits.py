@@ -7,7 +7,7 @@ a request is charged to the rate limits or anything is stored. They refuse with
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from pydantic import ValidationError
 
@@ -102,8 +102,11 @@ def sampling_options(
     seed: int | None = None,
     stop: tuple[str, ...] = (),
     ignore_eos: bool = False,
+    engine: Mapping[str, object] | None = None,
 ) -> SamplingOptions:
-    """SamplingOptions from request fields; unset fields take the defaults."""
+    """SamplingOptions from request fields; unset fields take the defaults. `engine`:
+    further `SamplingOptions` fields, set as given (OpenAI's penalties, `logit_bias`,
+    vLLM's extras, `logprobs`, a JSON format: `gateway.parameters`)."""
     if max_tokens is not None and max_tokens > limits.max_tokens_limit:
         raise Invalid(
             "max_tokens_too_large",
@@ -118,6 +121,7 @@ def sampling_options(
             stop=stop,
             ignore_eos=ignore_eos,
             **{name: value for name, value in given.items() if value is not None},
+            **(engine or {}),
         )
     except ValidationError as exc:
         error = exc.errors()[0]

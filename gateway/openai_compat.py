@@ -5,6 +5,10 @@ Requests run through the same pipeline as native turns but are not stored
 form and are skipped; a retraction replaces the collected text of a
 non-streamed answer and ends a streamed one with `content_filter`.
 
+Every field of OpenAI's request is honoured or refused naming it (`gateway.parameters`:
+sampling, `logprobs`, `response_format`); `n` choices are `n` generations joined here,
+each chunk with its choice's `index` (`gateway.choices`).
+
 Tools (`tools`, `tool_choice`, `parallel_tool_calls`, `tool` messages) are read by
 `gateway.tool_requests`; the calls come back on the done event and are sent as
 `gateway.tool_answers` says.
@@ -21,7 +25,6 @@ from collections.abc import AsyncIterator
 from contextlib import aclosing
 from dataclasses import dataclass
 
-import anyio
 import orjson
 from fastapi import APIRouter, Request
 
@@ -31,26 +34,22 @@ from gateway.admission import admit, check_input
 from gateway.auth import Owner
 from gateway.config import GatewayConfig
 from gateway.context_builder import ContextBuilder
-from gateway.core import TooLarge, owner_request
+from gateway.core import TooLarge, Unacceptable, owner_request
 from gateway.deps import Deps, GatewayDeps
 from gateway.embeddings import served_embedding_model
-from gateway.errors import ApiError, error_responses, error_type, from_delivery_error
+from gateway.errors import error_responses, error_type
 from gateway.event_stream import EventStreamResponse
+from gateway.choices import choice_batches, choice_requests, start_choices, total_usage
 from gateway.generation import (
+    INTERRUPTED,
     Generation,
     StreamTimers,
     event_stream,
     merged_deltas,
-    start_generation,
-    until_disconnected,
+    collected_all,
 )
-from gateway.limits import (
-    check_bus_size,
-    check_message,
-    check_message_count,
-    choose_model,
-    sampling_options,
-)
+from gateway.limits import check_bus_size, check_message, check_message_count, choose_model
+from gateway.parameters import chat_sampling, check_parameters
 from gateway.rate_limits import text_tokens
 from gateway.rollout import ModelAliases
 from gateway.tool_answers import StreamedAnswer, finish_reason, message
@@ -62,6 +61,7 @@ from schemas.api import (
     ChatCompletionChunk,
     ChatCompletionRequest,
     Choice,
+    ChoiceLogprobs,
     ChunkChoice,
     ChunkDelta,
     CompletionUsage,
@@ -70,11 +70,15 @@ from schemas.api import (
     ModelList,
 )
 from schemas.events import (
+    DeliverEvent,
     DeliveryDone,
     DeliveryError,
     Delta,
+    Event,
     GenerationRequest,
+    Logprobs,
     Retract,
+    TokenLogprob,
     now,
 )
 from schemas.generation import new_id
@@ -108,13 +112,15 @@ async def chat_completions(
     completion: ChatCompletionRequest, owner: Owner, deps: Deps, request: Request
 ) -> ChatCompletion | EventStreamResponse:
     generation_request = await admitted_request(completion, owner, deps)
-    generation = await start_generation(deps.pipeline, generation_request, deps.live,
-                                        timers=StreamTimers(deps.config.stream_stall_s))
+    requests = choice_requests(generation_request, completion.n)
+    generations = await start_choices(deps.pipeline, requests, deps.live,
+                                      StreamTimers(deps.config.stream_stall_s))
     answer = _Answer.of(generation_request, completion.include_usage)
     if completion.stream:
-        streamed = StreamedAnswer(generation_request.tool_use, generation_request.request_id)
-        return event_stream(chunk_events(answer, generation, streamed), generation)
-    return await collect(answer, generation, request)
+        choices = [_StreamedChoice(answer, index, StreamedAnswer(r.tool_use, r.request_id))
+                   for index, r in enumerate(requests)]
+        return event_stream(chunk_events(answer, generations, choices), *generations)
+    return await collect(answer, generations, request)
 
 
 async def admitted_request(
@@ -125,19 +131,22 @@ async def admitted_request(
     in the model's window and every message through the input classifiers."""
     request = to_generation_request(completion, owner, deps.config, deps.pipeline.reply_to,
                                     deps.aliases)
-    await admit_generation(request, owner, deps)
+    await admit_generation(request, owner, deps, choices=completion.n)
     return request
 
 
-async def admit_generation(request: GenerationRequest, owner: ApiKey, deps: GatewayDeps) -> None:
+async def admit_generation(request: GenerationRequest, owner: ApiKey, deps: GatewayDeps,
+                           choices: int = 1) -> None:
     """Every check of an OpenAI-API request after its fields (chat or text completion):
-    its size on the bus, the budgets and rate limits (charged), its prompt in the model's
-    window, and what the client wrote through the input classifiers."""
+    its size on the bus, the budgets and rate limits (charged, for its `choices`), its
+    prompt in the model's window, its logit bias in the model's vocabulary, and what the
+    client wrote through the input classifiers."""
     check_bus_size(deps.config.limits, request)
     written = [*(m.content for m in request.messages), *filter(None, [request.prompt])]
     prompt = [*written, *tool_texts(request)]
-    await admit(deps.gates, owner, text_tokens(prompt, request.sampling.max_tokens))
+    await admit(deps.gates, owner, text_tokens(prompt, request.sampling.max_tokens * choices))
     await check_window(deps.context, request)
+    await check_logit_bias(deps.context, request)
     await check_input(deps.gates, owner, request.model, written)
 
 
@@ -148,21 +157,14 @@ def to_generation_request(
     """A completion has no conversation: each is one of its own, so an alias picks a
     version per completion."""
     limits = config.limits
+    check_parameters(completion, limits)
     conversation_id = new_id()
     choice = choose_model(limits, aliases, completion.model, owner.tier, conversation_id)
     check_message_count(limits, len(completion.messages))
     for message in completion.messages:
         for text in message.texts:
             check_message(limits, text, allow_empty=True)
-    sampling = sampling_options(
-        limits,
-        max_tokens=completion.output_limit,
-        temperature=completion.temperature,
-        top_p=completion.top_p,
-        seed=completion.seed,
-        stop=completion.stop_sequences,
-        ignore_eos=completion.ignore_eos,
-    )
+    sampling = chat_sampling(completion, limits)
     tools = tool_use(completion, limits)
     request = owner_request(owner, model=choice.model,
                             messages=chat_messages(completion.messages), sampling=sampling,
@@ -203,6 +205,18 @@ async def check_window(context: ContextBuilder, request: GenerationRequest) -> N
                        f"{request.model} takes {window} in all", param="messages")
 
 
+async def check_logit_bias(context: ContextBuilder, request: GenerationRequest) -> None:
+    """`logit_bias` names only tokens the model has (the engine would fail the request)."""
+    bias = request.sampling.logit_bias
+    if not bias:
+        return
+    size = await context.vocab_size(request.model)
+    unknown = sorted(token for token in bias if token >= size)
+    if unknown:
+        raise Unacceptable("invalid_logit_bias", f"logit_bias names token {unknown[0]}; "
+                           f"{request.model} has tokens 0 to {size - 1}", param="logit_bias")
+
+
 _CONTENT_MARK = "\x00content\x00"
 
 
@@ -217,6 +231,8 @@ class _Answer:
     tool_use: ToolUse | None = None
     content_frame: tuple[bytes, bytes] = (b"", b"")
     """A content chunk's frame around its JSON-encoded text (the stream's hot path)."""
+    logprobs: bool = False
+    """The client asked for the tokens' log probabilities."""
 
     @classmethod
     def of(cls, request: GenerationRequest, include_usage: bool) -> _Answer:
@@ -226,10 +242,13 @@ class _Answer:
         head, found, tail = marked.partition(orjson.dumps(_CONTENT_MARK))
         assert found, "a chunk's JSON must hold its content as orjson writes it"
         return cls(answer.id, answer.model, answer.created, include_usage, request.tool_use,
-                   (head, tail))
+                   (head, tail), request.sampling.logprobs is not None)
 
-    def chunk(self, delta: ChunkDelta | None, finish_reason: str | None = None) -> bytes:
-        choices = [] if delta is None else [ChunkChoice(delta=delta, finish_reason=finish_reason)]
+    def chunk(self, delta: ChunkDelta | None, finish_reason: str | None = None, index: int = 0,
+              logprobs: Logprobs = ()) -> bytes:
+        choices = [] if delta is None else [ChunkChoice(
+            index=index, delta=delta, finish_reason=finish_reason,
+            logprobs=ChoiceLogprobs.of(logprobs) if logprobs else None)]
         return sse.openai_chunk(
             ChatCompletionChunk(id=self.id, created=self.created, model=self.model, choices=choices)
         )
@@ -247,82 +266,111 @@ class _Answer:
         )
 
 
-async def chunk_events(answer: _Answer, generation: Generation,
-                       streamed: StreamedAnswer) -> AsyncIterator[bytes]:
-    """The completion's chunks; what arrived together is written together."""
-    yield answer.chunk(ChunkDelta(role="assistant", content=""))
-    retracted = False
-    async with aclosing(generation.batches()) as batches:
-        async for batch in batches:
-            frames: list[bytes] = []
-            for event in merged_deltas(batch):
-                match event:
-                    case Delta() if not retracted:
-                        chunks = streamed.delta(event.text)
-                        if chunks is None:
-                            frames.append(answer.content_chunk(event.text))
-                        else:
-                            frames += (answer.chunk(chunk) for chunk in chunks)
-                    case Retract():
-                        retracted = True  # text already sent cannot be taken back here
-                    case DeliveryDone():
-                        frames += (answer.chunk(chunk) for chunk in streamed.end(event, retracted))
-                        reason = finish_reason(streamed.tool_use, event, retracted)
-                        frames.append(answer.chunk(ChunkDelta(), reason))
-                        if answer.include_usage:
-                            frames.append(answer.usage_chunk(CompletionUsage.of(event.usage)))
-                    case DeliveryError():
-                        frames.append(sse.openai_error(_error_detail(event.code, event.message)))
+@dataclass(slots=True)
+class _StreamedChoice:
+    """One choice of a streamed completion: its chunks from its delivery events."""
+
+    answer: _Answer
+    index: int
+    streamed: StreamedAnswer
+    retracted: bool = False
+    end: DeliveryDone | None = None
+    failed: bool = False
+
+    def frames(self, batch: list[DeliverEvent]) -> list[bytes]:
+        """The chunks for one batch of events; what arrived together is written together."""
+        answer, index, frames = self.answer, self.index, []
+        for event in merged_deltas(batch):
+            match event:
+                case Delta() if not self.retracted:
+                    frames += self._delta(event)
+                case Retract():
+                    self.retracted = True  # text already sent cannot be taken back here
+                case DeliveryDone():
+                    frames += (answer.chunk(chunk, index=index)
+                               for chunk in self.streamed.end(event, self.retracted))
+                    reason = finish_reason(self.streamed.tool_use, event, self.retracted)
+                    frames.append(answer.chunk(ChunkDelta(), reason, index=index))
+                    self.end = event
+                case DeliveryError():
+                    frames.append(sse.openai_error(_error_detail(event.code, event.message)))
+                    self.failed = True
+        return frames
+
+    def _delta(self, event: Delta) -> list[bytes]:
+        chunks = self.streamed.delta(event.text)
+        if chunks is None and self.index == 0 and not event.logprobs:
+            return [self.answer.content_chunk(event.text)]
+        if chunks is None:
+            return [self.answer.chunk(ChunkDelta(content=event.text), index=self.index,
+                                      logprobs=event.logprobs)]
+        return [self.answer.chunk(chunk, index=self.index) for chunk in chunks]
+
+
+async def chunk_events(answer: _Answer, generations: list[Generation],
+                       choices: list[_StreamedChoice]) -> AsyncIterator[bytes]:
+    """The completion's chunks, each choice's with its index; the usage (asked for)
+    once every choice has ended; an error of one choice ends them all."""
+    yield b"".join(answer.chunk(ChunkDelta(role="assistant", content=""), index=choice.index)
+                   for choice in choices)
+    async with aclosing(choice_batches(generations)) as batches:
+        async for index, batch in batches:
+            choice = choices[index]
+            frames = choice.frames(batch)
+            ended = [c.end for c in choices if c.end is not None]
+            if answer.include_usage and choice.end is not None and len(ended) == len(choices):
+                frames.append(answer.usage_chunk(
+                    CompletionUsage.of(total_usage([end.usage for end in ended]))))
             if frames:
                 yield b"".join(frames)
-    if not generation.finished:
-        yield sse.openai_error(_error_detail("stream_interrupted", _INTERRUPTED))
+            if choice.failed:
+                break
+    failed = any(choice.failed for choice in choices)
+    if not failed and not all(generation.finished for generation in generations):
+        yield interrupted_chunk()
     yield sse.done_marker()
 
 
-async def collect(answer: _Answer, generation: Generation, request: Request) -> ChatCompletion:
-    """The whole answer; a client that disconnects first cancels the generation."""
-    text, end = await whole_answer(generation, request)
+async def collect(answer: _Answer, generations: list[Generation],
+                  request: Request) -> ChatCompletion:
+    """The whole answer of every choice; a client that disconnects first cancels the
+    generations, and an error of one choice ends them all."""
+    texts = await collected_all(generations, request,
+                                [_ChoiceText() for _ in generations])
+    ends = [text.end for text in texts]
+    assert all(isinstance(end, DeliveryDone) for end in ends)
     return ChatCompletion(
         id=answer.id,
         created=answer.created,
         model=answer.model,
-        choices=[Choice(message=message(str(text), end, text.retracted),
-                        finish_reason=finish_reason(answer.tool_use, end, text.retracted))],
-        usage=CompletionUsage.of(end.usage),
+        choices=[text.choice(index, answer, end)
+                 for index, (text, end) in enumerate(zip(texts, ends, strict=True))],
+        usage=CompletionUsage.of(total_usage([end.usage for end in ends])),
     )
 
 
-async def whole_answer(
-    generation: Generation, request: Request
-) -> tuple[AnswerText, DeliveryDone]:
-    """The answer and its end, once it has ended; a client that disconnects first cancels
-    the generation (499), an answer that failed or stopped early is its error."""
-    text = AnswerText()
-    disconnected = False
-    async with anyio.create_task_group() as listeners:
+class _ChoiceText(AnswerText):
+    """One choice of a whole completion: its text, and its tokens' log probabilities."""
 
-        async def cancel_on_disconnect() -> None:
-            nonlocal disconnected
-            await until_disconnected(request)
-            disconnected = True
-            listeners.cancel_scope.cancel()
+    __slots__ = ("logprobs",)
 
-        listeners.start_soon(cancel_on_disconnect)
-        async with aclosing(generation.events()) as events:
-            await text.read(events)
-        listeners.cancel_scope.cancel()
-    match end := text.end:
-        case None if disconnected:
-            raise ApiError(499, "client_disconnected", "the client went away")
-        case None:
-            raise ApiError(502, "stream_interrupted", _INTERRUPTED)
-        case DeliveryError():
-            raise from_delivery_error(end)
-    return text, end
+    def __init__(self) -> None:
+        super().__init__()
+        self.logprobs: list[TokenLogprob] = []
 
+    def add(self, event: Event) -> bool:
+        if not super().add(event):
+            return False
+        if isinstance(event, Delta) and not self.retracted:
+            self.logprobs += event.logprobs
+        return True
 
-_INTERRUPTED = "the answer stopped before its end"
+    def choice(self, index: int, answer: _Answer, end: DeliveryDone) -> Choice:
+        retracted = self.retracted
+        return Choice(index=index, message=message(str(self), end, retracted),
+                      finish_reason=finish_reason(answer.tool_use, end, retracted),
+                      logprobs=ChoiceLogprobs.of(tuple(self.logprobs))
+                      if answer.logprobs and not retracted else None)
 
 
 def stream_error_chunk(code: str, message: str) -> bytes:
@@ -332,7 +380,7 @@ def stream_error_chunk(code: str, message: str) -> bytes:
 
 def interrupted_chunk() -> bytes:
     """The error ending a stream that stopped before its answer's end."""
-    return stream_error_chunk("stream_interrupted", _INTERRUPTED)
+    return stream_error_chunk("stream_interrupted", INTERRUPTED)
 
 
 def _error_detail(code: str, message: str) -> ErrorDetail:

@@ -58,6 +58,8 @@ def refusal(request: GenerationRequest, system_prompt: str = "") -> str | None:
     `system_prompt`: the deployment's, the only system message a native prompt may hold."""
     if request.sampling.temperature != 0:
         return "temperature"
+    if request.sampling.logprobs is not None:
+        return "logprobs"  # a kept answer has its text, not its tokens' probabilities
     if request.attempt or request.requested_model or request.stream:
         return "not_a_new_request"
     unknown = set(request.model_dump(exclude_defaults=True)) - KEYED_FIELDS - ROUTING_FIELDS

@@ -39,6 +39,11 @@ class TokenCounter:
         self._lock = threading.Lock()  # fast tokenizers refuse concurrent use ("Already borrowed")
         self.overhead = self._measure_overhead()
 
+    @property
+    def vocab_size(self) -> int:
+        """Token ids the tokenizer has: 0 to vocab_size - 1."""
+        return len(self._tokenizer)
+
     @classmethod
     def from_dir(cls, model_dir: Path | str) -> TokenCounter:
         """The tokenizer (and chat template) of a local Hugging Face model directory."""

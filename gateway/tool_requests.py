@@ -13,6 +13,8 @@ as a model not served is.
 
 from __future__ import annotations
 
+from typing import Any
+
 from jsonschema import SchemaError, validators
 
 from gateway.config import RequestLimits
@@ -57,13 +59,10 @@ def _check_tools(tools: list[ToolSpec], limits: RequestLimits) -> None:
         if parameters is None:
             continue
         param = f"tools.{index}.function.parameters"
-        try:
-            if not isinstance(parameters.get("$schema", ""), str):
-                raise SchemaError("$schema must be a string")
-            validators.validator_for(parameters).check_schema(parameters)
-        except SchemaError as error:
+        error = schema_error(parameters)
+        if error is not None:
             raise Unacceptable("invalid_tools", f"the parameters of {function.name!r} are not "
-                               f"a valid JSON Schema: {error.message}", param=param) from None
+                               f"a valid JSON Schema: {error}", param=param)
         if parameters.get("type", "object") != "object":
             raise Unacceptable("invalid_tools", f"the parameters of {function.name!r} must "
                                "describe an object", param=param)
@@ -72,6 +71,18 @@ def _check_tools(tools: list[ToolSpec], limits: RequestLimits) -> None:
             if definitions.setdefault(name, definition) != definition:
                 raise Unacceptable("invalid_tools", f"two tools define {name!r} in `$defs` "
                                    "differently", param=f"{param}.$defs.{name}")
+
+
+def schema_error(schema: dict[str, Any]) -> str | None:
+    """Why `schema` is no valid JSON Schema (by the draft it names, else the newest);
+    None when it is one."""
+    try:
+        if not isinstance(schema.get("$schema", ""), str):
+            raise SchemaError("$schema must be a string")
+        validators.validator_for(schema).check_schema(schema)
+    except SchemaError as error:
+        return error.message
+    return None
 
 
 def chat_messages(messages: list[InputMessage]) -> tuple[ChatMessage, ...]:

@@ -12,7 +12,9 @@ makes the request (not yet sent):
 
 * post — a new user message after the selected thread's last message;
 * edit — a new user message beside the edited one (same parent): a fork;
-* regenerate — a new answer beside the old one, to the same user message.
+* regenerate — a new answer beside the old one, to the same user message;
+* reply — a new user message after any thread, with the messages the client sent
+  before it and instructions for this answer only (the Responses API's turn).
 
 The store selects each new message under its parent, so the thread follows
 the newest branch until the user selects another. A post that comes while the
@@ -24,13 +26,14 @@ Turns take `Turns`, what they are served with; the routes build it from `Gateway
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
+import dataclasses
 from dataclasses import dataclass
 
 import anyio
 
 from common.durable import retried
-from conversations.answers import answer_started
+from conversations.answers import answer_started, finish_answer
 from conversations.store import (
     ApiKey,
     Conversation,
@@ -57,17 +60,19 @@ from gateway.core import (
     reply_pending,
 )
 from gateway.generation import Generation, LiveRequests, OnEnd, StreamTimers, start_generation
-from gateway.grounding import Grounding, ground, named_files
+from gateway.grounding import NO_GROUNDING, Grounding, ground, named_files
 from gateway.limits import check_bus_size, check_message, choose_model, sampling_options
 from gateway.pipeline import Pipeline
 from gateway.rate_limits import admission_tokens, text_tokens
 from gateway.rollout import ModelAliases, ModelChoice
+from gateway.server_tools import server_tool_use, with_server_tools
 from gateway.stream_relay import StreamRelay
 from gateway.summaries import fallback_title
 from retrieval.documents import Documents
 from schemas.api import PostMessage, TurnOptions
 from schemas.events import GenerationRequest, Role, SamplingOptions, now
 from schemas.files import Citation
+from schemas.tools import ToolUse
 from schemas.generation import new_id
 from schemas.lifecycle import RequestStatus
 
@@ -108,15 +113,17 @@ async def start_turn(
 ) -> Turn:
     """A new user message at the end of the selected thread."""
     check_message(turns.config.limits, post.content)
+    tool_use = server_tool_use(turns.config.server_tools, post.tool_choice)
     files = await named_files(turns.store, owner, post.file_ids)
     choice, sampling = _answer_options(turns, owner, post, conversation)
     charged = text_tokens([post.content], sampling.max_tokens)
     await admit(turns.gates, owner, charged)
     tree = await settled_tree(turns.store, conversation.conversation_id, turns.config)
     grounding = await ground(turns.documents, files, post.content)
-    return await _new_user_turn(turns, owner, conversation, tree.thread(), post.content,
+    turn = await _new_user_turn(turns, owner, conversation, tree.thread(), post.content,
                                 choice, sampling, charged, grounding,
                                 first=not tree.messages)  # fmt: skip
+    return _tooled(turns, turn, tool_use)
 
 
 async def start_edit(
@@ -126,14 +133,16 @@ async def start_edit(
     """A new version of user message `message_id`: its sibling, answered after the
     thread up to their parent."""
     check_message(turns.config.limits, post.content)
+    tool_use = server_tool_use(turns.config.server_tools, post.tool_choice)
     files = await named_files(turns.store, owner, post.file_ids)
     choice, sampling = _answer_options(turns, owner, post, conversation)
     charged = text_tokens([post.content], sampling.max_tokens)
     await admit(turns.gates, owner, charged)
     thread = edit_thread(await turns.store.get_tree(conversation.conversation_id), message_id)
     grounding = await ground(turns.documents, files, post.content)
-    return await _new_user_turn(turns, owner, conversation, thread, post.content, choice,
+    turn = await _new_user_turn(turns, owner, conversation, thread, post.content, choice,
                                 sampling, charged, grounding)  # fmt: skip
+    return _tooled(turns, turn, tool_use)
 
 
 async def start_regenerate(
@@ -143,6 +152,7 @@ async def start_regenerate(
     """Another answer to the user message that `message_id` answers (or to
     `message_id` itself, a user message): a sibling of the earlier answers. The question
     is classified again: the model asked for now may have stricter rules."""
+    tool_use = server_tool_use(turns.config.server_tools, options.tool_choice)
     files = await named_files(turns.store, owner, options.file_ids)
     choice, sampling = _answer_options(turns, owner, options, conversation)
     model = choice.model
@@ -160,8 +170,39 @@ async def start_regenerate(
     check_bus_size(turns.config.limits, request)
     await check_input(turns.gates, owner, model, [question.content])
     _ask_for_summary(turns.own, owner, model, built)
-    return Turn(request=request, user_message=question, owner=owner,
-                citations=grounding.citations)
+    return _tooled(turns, Turn(request=request, user_message=question, owner=owner,
+                               citations=grounding.citations), tool_use)
+
+
+def _tooled(turns: Turns, turn: Turn, tool_use: ToolUse | None) -> Turn:
+    """`turn` with its request offered the server tools of `tool_use` (if any)."""
+    if tool_use is None:
+        return turn
+    request = with_server_tools(turn.request, turns.config.server_tools, tool_use)
+    return dataclasses.replace(turn, request=request)
+
+
+async def start_reply(
+    turns: Turns, owner: ApiKey, conversation: Conversation, thread: list[StoredMessage],
+    content: str, options: TurnOptions, *, earlier: Sequence[tuple[Role, str]] = (),
+    instructions: str | None = None, new: bool = False,
+) -> Turn:  # fmt: skip
+    """A user message `content` after `thread` (a branch of `conversation`, root first),
+    after the messages the client sent before it (`earlier`: stored too, in order),
+    answered with the client's `instructions` after the system prompt (this answer
+    only: not stored). `new`: `conversation` is not stored yet; it is once the turn
+    has passed every check, so a refused one leaves nothing behind."""
+    limits = turns.config.limits
+    check_message(limits, content)
+    for text in (*(text for _, text in earlier), instructions or ""):
+        check_message(limits, text, allow_empty=True)
+    choice, sampling = _answer_options(turns, owner, options, conversation)
+    said = [content, *(text for _, text in earlier), *([instructions] if instructions else [])]
+    charged = text_tokens(said, sampling.max_tokens)
+    await admit(turns.gates, owner, charged)
+    return await _new_user_turn(turns, owner, conversation, thread, content, choice, sampling,
+                                charged, NO_GROUNDING, first=not thread, earlier=earlier,
+                                instructions=instructions, new=new)  # fmt: skip
 
 
 async def send_turn(turns: Turns, turn: Turn) -> Generation:
@@ -213,7 +254,7 @@ def store_answer(store: ConversationStore) -> OnEnd:
     async def finish(relay: StreamRelay) -> None:
         answer = relay.answer()
         if answer is not None:
-            await retried(lambda: store.finish_answer(answer),
+            await retried(lambda: finish_answer(store, answer),
                           f"storing the end of {answer.message_id}", STORE_END_FOR_S)
 
     return finish
@@ -222,21 +263,32 @@ def store_answer(store: ConversationStore) -> OnEnd:
 async def _new_user_turn(
     turns: Turns, owner: ApiKey, conversation: Conversation, thread: list[StoredMessage],
     content: str, choice: ModelChoice, sampling: SamplingOptions, charged: int,
-    grounding: Grounding, *, first: bool = False,
+    grounding: Grounding, *, first: bool = False, earlier: Sequence[tuple[Role, str]] = (),
+    instructions: str | None = None, new: bool = False,
 ) -> Turn:  # fmt: skip
-    """Store `content` as a user message after `thread` and answer it (the turn was
-    admitted, `charged` tokens), from the excerpts of `grounding`."""
+    """Store `content` as a user message after `thread` (and the `earlier` messages
+    before it) and answer it (the turn was admitted, `charged` tokens), from the
+    excerpts of `grounding`; `start_reply` says what the rest is."""
     cid = conversation.conversation_id
     model = choice.model
+    thread = [*thread, *_unsaved(cid, thread, earlier)]
+    pending = thread[len(thread) - len(earlier):]
     built = await _build(turns.context, turns.store, cid, thread, content, model, sampling,
-                         grounding.documents)
+                         grounding.documents, instructions)
     await charge_rest(turns.gates, owner, charged,
                       admission_tokens(built.messages, sampling.max_tokens))
     user_message_id = new_id()
     request = _request(turns, owner, conversation, user_message_id, choice, sampling, built)
     # Before the message is stored: a refused turn leaves no unanswered message behind.
     check_bus_size(turns.config.limits, request)
-    await check_input(turns.gates, owner, model, [content])
+    await check_input(turns.gates, owner, model, [*(m.content for m in pending), content,
+                                                  *([instructions] if instructions else [])])
+    if new:
+        await turns.store.create_conversation(cid, owner.user_id, org_id=owner.org_id)
+    for message in pending:
+        await turns.store.add_message(NewMessage(
+            message_id=message.message_id, conversation_id=cid, role=message.role,
+            content=message.content, parent_id=message.parent_id))  # fmt: skip
     user_message = await turns.store.add_message(
         NewMessage(
             message_id=user_message_id,
@@ -271,15 +323,30 @@ def _answer_options(
     return choice, sampling
 
 
+def _unsaved(conversation_id: str, thread: list[StoredMessage],
+             earlier: Sequence[tuple[Role, str]]) -> list[StoredMessage]:  # fmt: skip
+    """`earlier` as the messages they will be once stored, each after the one before."""
+    messages: list[StoredMessage] = []
+    parent = thread[-1].message_id if thread else None
+    for role, content in earlier:
+        messages.append(StoredMessage(
+            message_id=new_id(), conversation_id=conversation_id, seq=0, role=role,
+            content=content, parent_id=parent, model=None, tokens=0,
+            status=RequestStatus.FINISHED_STOPPED, request_id=None, created_at=now()))
+        parent = messages[-1].message_id
+    return messages
+
+
 async def _build(
     context: ContextBuilder, store: ConversationStore, conversation_id: str,
     thread: list[StoredMessage], new_message: str | None, model: str,
-    sampling: SamplingOptions, documents: str | None = None,
+    sampling: SamplingOptions, documents: str | None = None, instructions: str | None = None,
 ) -> BuiltContext:  # fmt: skip
     """The prompt, refused if the system prompt, summary, excerpts of the user's files
     and new message alone pass the window less max_tokens."""
     built = await context.build(store, conversation_id, thread, new_message, model=model,
-                                max_tokens=sampling.max_tokens, documents=documents)
+                                max_tokens=sampling.max_tokens, documents=documents,
+                                instructions=instructions)
     check_room(built, model, sampling.max_tokens)
     return built
 

@@ -34,6 +34,7 @@ user worker "$KAFKA_WORKER_PASSWORD"
 user safety "$KAFKA_SAFETY_PASSWORD"
 user recorder "$KAFKA_RECORDER_PASSWORD"
 user billing "$KAFKA_BILLING_PASSWORD"
+user tools "$KAFKA_TOOLS_PASSWORD"
 
 # gateway
 allow gateway --operation Describe --topic chat. --resource-pattern-type prefixed
@@ -68,6 +69,7 @@ allow worker --operation Read --topic chat.control
 allow worker --operation Read --operation Write --topic chat.tokens
 allow worker --operation Write --topic chat.usage
 allow worker --operation Write --topic chat.workers
+allow worker --operation Write --topic chat.tools
 allow worker --operation Write --topic chat.dlq
 allow worker --operation Read --group chatpipe-workers
 
@@ -92,4 +94,12 @@ allow billing --operation Describe --topic chat. --resource-pattern-type prefixe
 allow billing --operation Read --topic chat.usage
 allow billing --operation Write --topic chat.dlq
 allow billing --operation Read --group chatpipe-billing
-echo "kafka users and ACLs of gateway, scheduler, worker, safety, recorder, billing are in place"
+
+# tools
+allow tools --operation Describe --topic chat. --resource-pattern-type prefixed
+allow tools --operation Read --topic chat.tools
+allow tools --operation Write --topic chat.requests. --resource-pattern-type prefixed
+allow tools --operation Write --topic chat.tokens
+allow tools --operation Write --topic chat.dlq
+allow tools --operation Read --group chatpipe-tools
+echo "kafka users and ACLs of gateway, scheduler, worker, safety, recorder, billing, tools are in place"

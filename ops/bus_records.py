@@ -34,6 +34,7 @@ from schemas.events import (
     GenerationRequest,
     ModerationEvent,
     RolloutSet,
+    ToolRound,
     UsageEvent,
     WorkerHeartbeat,
 )
@@ -84,10 +85,11 @@ _KINDS: dict[str, type[BaseModel] | TypeAdapter[Any]] = {
     topics.ROLLOUT: RolloutSet,
     topics.FEEDBACK: FeedbackEvent,
     topics.DLQ: DeadLetter,
+    topics.TOOLS: ToolRound,
 }
 
-PIPELINE_ORDER = ("requests", topics.WORK, topics.TOKENS, "deliver", topics.ANSWERS,
-                  topics.CONTROL, topics.USAGE, topics.MODERATION, topics.DLQ)
+PIPELINE_ORDER = ("requests", topics.WORK, topics.TOKENS, topics.TOOLS, "deliver",
+                  topics.ANSWERS, topics.CONTROL, topics.USAGE, topics.MODERATION, topics.DLQ)
 """Where a topic stands in a request's life: records of the same millisecond are shown
 in this order (the request before its dispatch, a chunk before its delivery)."""
 

@@ -18,6 +18,7 @@ from bus.clients import KafkaConfig
 from bus.stage_runner import StageRunner
 from bus.subscriber import decode_record
 from common.durable import retried
+from conversations.answers import finish_answer
 from conversations.store import ConversationStore, NewMessage
 from recorder.core import Recorder
 from schemas import topics
@@ -51,7 +52,7 @@ class RecorderStage:
 
     async def _store(self, message: NewMessage) -> None:
         started = time.monotonic()
-        await retried(lambda: self.store.finish_answer(message), f"storing {message.message_id}")
+        await retried(lambda: finish_answer(self.store, message), f"storing {message.message_id}")
         self.recorder.waited(time.monotonic() - started)
 
     async def _expire(self) -> None:

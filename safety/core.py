@@ -35,16 +35,22 @@ from schemas import topics
 from schemas.answer import AnswerLog
 from schemas.events import (
     Cancel,
+    DeliveredToolCall,
+    DeliveredToolResult,
     DeliveryDone,
     DeliveryError,
     Delta,
     Event,
     GenerationDone,
     GenerationError,
+    Logprobs,
     ModerationEvent,
     Retract,
     StreamEvent,
     TokenChunk,
+    ToolCallsMade,
+    ToolDelivery,
+    ToolResult,
     Usage,
 )
 from schemas.lifecycle import RequestStatus
@@ -82,7 +88,7 @@ class Deliver:
     """A delivery event for the gateway holding the stream (`reply_to`) and, for a
     stored answer, for `chat.answers`."""
 
-    event: Delta | Retract | DeliveryDone | DeliveryError
+    event: Delta | Retract | DeliveryDone | DeliveryError | ToolDelivery
     reply_to: str
     conversation_id: str
     store: bool
@@ -107,6 +113,20 @@ class _Generation:
     gate: OutputGate
     log: AnswerLog = field(default_factory=AnswerLog)
     filtered: bool = False
+    logprobs: list[tuple[int, Logprobs]] = field(default_factory=list)
+    """Held chunks' log probabilities, each with where its chunk's text ends in the gate."""
+
+    def feed(self, chunk: TokenChunk) -> None:
+        self.gate.feed(chunk.text)
+        if chunk.logprobs:
+            self.logprobs.append((len(self.gate.text), chunk.logprobs))
+
+    def released_logprobs(self) -> Logprobs:
+        """The log probabilities of the chunks whose text is now all released."""
+        released = len(self.gate.released)
+        taken = [lp for end, lp in self.logprobs if end <= released]
+        self.logprobs = [(end, lp) for end, lp in self.logprobs if end > released]
+        return tuple(entry for logprobs in taken for entry in logprobs)
 
 
 class SafetyCore:
@@ -132,10 +152,12 @@ class SafetyCore:
         if isinstance(event, TokenChunk):
             if generation.filtered:
                 return []
-            generation.gate.feed(event.text)
+            generation.feed(event)
             return Check(event, generation.gate.to_check())
         if isinstance(event, GenerationDone | GenerationError):
             return self._end(event, generation)
+        if isinstance(event, ToolCallsMade | ToolResult) and not generation.filtered:
+            return _tool_step(event, generation)
         return []
 
     def checked(self, check: Check, verdict: Verdict | None) -> list[Output]:
@@ -147,10 +169,11 @@ class SafetyCore:
         if verdict is not None:
             return self._retract(chunk, generation, verdict)
         released = generation.gate.passed()
-        if not released:
+        logprobs = generation.released_logprobs()
+        if not released and not logprobs:
             return []
         return [_deliver(chunk, Delta(request_id=chunk.request_id, attempt=chunk.attempt,
-                                      seq=chunk.seq, text=released))]
+                                      seq=chunk.seq, text=released, logprobs=logprobs))]
 
     def fail(self, event: StreamEvent, code: str = SAFETY_ERROR,
              message: str = SAFETY_ERROR_MESSAGE) -> list[Output]:
@@ -194,9 +217,10 @@ class SafetyCore:
                                                usage=usage, model=end.model))]
         outputs: list[Output] = []
         rest = generation.gate.finish()
-        if rest:
+        logprobs = generation.released_logprobs()
+        if rest or logprobs:
             outputs.append(_deliver(end, Delta(request_id=end.request_id, attempt=end.attempt,
-                                               seq=end.seq, text=rest)))
+                                               seq=end.seq, text=rest, logprobs=logprobs)))
         if isinstance(end, GenerationDone):
             final: DeliveryDone | DeliveryError = DeliveryDone(
                 **fields, status=end.status, usage=end.usage, model=end.model,
@@ -230,9 +254,26 @@ class SafetyCore:
             self._finished.popitem(last=False)
 
 
-def _deliver(source: StreamEvent, event: Delta | Retract | DeliveryDone | DeliveryError,
-             ) -> Deliver:
+def _deliver(source: StreamEvent,
+             event: Delta | Retract | DeliveryDone | DeliveryError | ToolDelivery) -> Deliver:
     return Deliver(event, source.reply_to, source.conversation_id, source.store)
+
+
+def _tool_step(event: ToolCallsMade | ToolResult, generation: _Generation) -> list[Output]:
+    """A server-tools turn's step, shown as it is: calls, after the text the window
+    still held (their positions: `ToolCallsMade`), or a result."""
+    ids = {"request_id": event.request_id, "attempt": event.attempt}
+    if isinstance(event, ToolResult):
+        return [_deliver(event, DeliveredToolResult(
+            **ids, seq=event.seq, call_id=event.call_id, name=event.name,
+            content=event.content, error=event.error))]
+    outputs: list[Output] = []
+    rest = generation.gate.finish()
+    if rest:
+        outputs.append(_deliver(event, Delta(**ids, seq=event.seq, text=rest)))
+    outputs += [_deliver(event, DeliveredToolCall(**ids, seq=event.seq + 1 + index, call=call))
+                for index, call in enumerate(event.calls)]
+    return outputs
 
 
 def records(outputs: list[Output]) -> list[tuple[str, Event, str]]:

@@ -296,7 +296,7 @@ class SchedulerStage:
         for update in self.core.queue_updates():
             request = update.request
             await self._per_request(request, self._tell(request, Queued(
-                request_id=request.request_id, attempt=request.attempt,
+                request_id=request.answer_id, attempt=request.attempt,
                 position=update.position, eta_ms=update.eta_ms)))
         await self._publish_status()
         await self.claim.refresh()
@@ -371,7 +371,7 @@ class SchedulerStage:
                                     epoch=self.claim.epoch, incarnation=dispatch.incarnation)
         try:
             marker = await self.publisher.send_and_wait(topics.TOKENS, AttemptStarted(
-                request_id=request.request_id, attempt=request.attempt,
+                request_id=request.answer_id, attempt=request.attempt,
                 conversation_id=request.conversation_id, worker_id=dispatch.worker_id,
             ), key=request.conversation_id)
             start = request.stream.start_offset if request.stream else marker.offset
@@ -406,7 +406,7 @@ class SchedulerStage:
 
     async def _announce_route(self, request: GenerationRequest, reason: str) -> None:
         await self._tell(request, Routed(
-            request_id=request.request_id, attempt=request.attempt, model=request.model,
+            request_id=request.answer_id, attempt=request.attempt, model=request.model,
             requested_model=request.requested_model or request.model, reason=reason))
 
     async def _tell(self, request: GenerationRequest, event: Queued | Routed) -> None:

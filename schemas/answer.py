@@ -29,6 +29,8 @@ from collections.abc import AsyncIterable
 from schemas.events import (
     AnswerStarted,
     AttemptStarted,
+    DeliveredToolCall,
+    DeliveredToolResult,
     DeliveryDone,
     DeliveryError,
     Delta,
@@ -39,6 +41,8 @@ from schemas.events import (
     Retract,
     Routed,
     TokenChunk,
+    ToolCallsMade,
+    ToolResult,
 )
 
 Terminal = GenerationDone | GenerationError | DeliveryDone | DeliveryError
@@ -48,7 +52,7 @@ UNKNOWN_END_SEQ = 1 << 30
 that could not read back earlier output, a scheduler ending a continuation): past any
 position, so it always ends the answer."""
 _POSITIONAL = (TokenChunk, GenerationDone, GenerationError, Delta, Retract, DeliveryDone,
-               DeliveryError)
+               DeliveryError, ToolCallsMade, ToolResult, DeliveredToolCall, DeliveredToolResult)
 _UNPOSITIONED = (AttemptStarted, AnswerStarted, Queued, Routed)
 
 

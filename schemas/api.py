@@ -1,8 +1,8 @@
 """HTTP API models (DESIGN §4), kept apart from the Kafka events (STYLE 3).
 
 Native API: conversations and their messages. OpenAI-compatible API: the
-subset of `/v1/chat/completions` and `/v1/models` that the official SDKs send
-and read; unknown request fields are ignored, as OpenAI-compatible servers do.
+`/v1/chat/completions` request as OpenAI defines it (an unknown field is refused,
+as OpenAI refuses it) and `/v1/models`.
 Every error, on either API, is one `ErrorBody`.
 """
 
@@ -10,14 +10,13 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, JsonValue
 from pydantic.dataclasses import dataclass as pydantic_dataclass
-from pydantic_core import PydanticCustomError
 
 from schemas.files import MAX_FILES_PER_TURN, Citation
-from schemas.events import CacheOutcome, Rating, Role, Usage
+from schemas.events import CacheOutcome, Logprobs, Rating, Role, TopLogprob, Usage
 from schemas.lifecycle import RequestStatus
-from schemas.tools import FUNCTION_NAME, ToolCall, ToolSpec
+from schemas.tools import FUNCTION_NAME, ToolCall, ToolSpec, ToolStep
 
 # --- request text and bounds ----------------------------------------------------------
 
@@ -109,6 +108,9 @@ class MessagePublic(BaseModel):
         default_factory=list,
         description="an answer's sources: the chunks of the user's files its prompt carried",
     )
+    tool_steps: list[ToolStep] = Field(
+        default_factory=list,
+        description="an answer's server-tool calls and results, in stream order")
 
 
 class ConversationDetail(ConversationPublic):
@@ -119,6 +121,10 @@ class ConversationDetail(ConversationPublic):
     thread: list[str] = Field(
         default_factory=list, description="the selected branch, root first: what the model sees"
     )
+
+
+ServerToolChoice = Literal["none", "auto", "required"] | Annotated[
+    str, Field(pattern=FUNCTION_NAME, description="a server tool's name")]
 
 
 class TurnOptions(BaseModel):
@@ -136,6 +142,12 @@ class TurnOptions(BaseModel):
         default_factory=list, max_length=MAX_FILES_PER_TURN,
         description="the caller's files (POST /v1/files) to answer from: the chunks most "
         "similar to the message go into the prompt, and the answer cites them")
+    # --- server-side tools (issue 16, point 2) ---
+    tool_choice: ServerToolChoice = Field(
+        "none", description="the server tools (CHATPIPE_SERVER_TOOLS) the model may call, "
+        "which chatpipe runs (the stream shows tool_call and tool_result): none; auto, the "
+        "model decides; required, it calls one; or a tool's name, it calls that one (a "
+        "forced choice holds the first round only)")
 
 
 class PostMessage(TurnOptions):
@@ -236,6 +248,69 @@ class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     include_usage: bool = False
+    include_obfuscation: bool | None = Field(None, description=(
+        "accepted; chatpipe pads no chunk (no `obfuscation` field): the answer's chunks "
+        "leave in coalesced batches, not one token per event"))
+
+
+# --- OpenAI-compatible API: sampling and output format (issue 17) ---------------------
+
+LOGIT_BIAS_LIMIT = 300
+"""Most tokens one request may bias."""
+TOP_LOGPROBS_LIMIT = 20
+"""Most alternatives per token, as OpenAI (and vLLM's default `max_logprobs`) allow."""
+
+Bias = Annotated[float, Field(ge=-100.0, le=100.0)]
+
+
+class SamplingParameters(BaseModel):
+    """OpenAI's sampling parameters shared by its chat and text completions, and the
+    extras vLLM's server takes; each passes to the engine with its OpenAI (or vLLM)
+    meaning (`SamplingOptions`)."""
+
+    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    logit_bias: dict[Annotated[int, Field(ge=0)], Bias] | None = Field(
+        None, max_length=LOGIT_BIAS_LIMIT,
+        description="token id (as a string) -> bias from -100 to 100 added to its logit")
+    min_p: float | None = Field(None, ge=0.0, le=1.0, description="vLLM extension")
+    top_k: int | None = Field(None, ge=-1, description="vLLM extension; -1 or 0: all tokens")
+    repetition_penalty: float | None = Field(None, gt=0.0,
+                                             description="vLLM extension; 1: none")
+
+    def engine_sampling(self) -> dict[str, object]:
+        """The `SamplingOptions` fields set here."""
+        return {name: value for name in SamplingParameters.model_fields
+                if (value := getattr(self, name)) is not None}
+
+
+class JsonSchemaFormat(BaseModel):
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    description: Text | None = None
+    json_schema: dict[str, Any] | None = Field(None, alias="schema", description=(
+        "a JSON Schema the answer is held to; unset: any JSON object"))
+    strict: bool | None = Field(None, description="the answer is always held to the schema")
+
+
+class TextFormat(BaseModel):
+    type: Literal["text"]
+
+
+class JsonObjectFormat(BaseModel):
+    type: Literal["json_object"]
+
+
+class JsonSchemaResponseFormat(BaseModel):
+    type: Literal["json_schema"]
+    json_schema: JsonSchemaFormat
+
+
+ResponseFormat = Annotated[TextFormat | JsonObjectFormat | JsonSchemaResponseFormat,
+                           Field(discriminator="type")]
+"""How the answer is written: text, or JSON held to its format by the engine (vLLM's
+structured outputs)."""
 
 
 class FunctionName(BaseModel):
@@ -253,8 +328,11 @@ class NamedToolChoice(BaseModel):
     function: FunctionName
 
 
-class ChatCompletionRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+class ChatCompletionRequest(SamplingParameters):
+    """Every field of OpenAI's request is declared: `gateway.parameters` refuses those
+    chatpipe cannot honour, and any other field (`model_extra`), naming it."""
+
+    model_config = ConfigDict(extra="allow")
 
     messages: list[InputMessage] = Field(
         min_length=1, description="at most CHATPIPE_MAX_MESSAGES")
@@ -268,7 +346,7 @@ class ChatCompletionRequest(BaseModel):
     seed: Seed | None = None
     stop: StopText | list[StopText] | None = Field(None, description=(
         "at most CHATPIPE_MAX_STOP_SEQUENCES, each at most CHATPIPE_MAX_STOP_CHARS long"))
-    n: int = Field(1, ge=1, le=1, description="one choice per request")
+    n: int = Field(1, ge=1, description="choices; at most CHATPIPE_MAX_CHOICES")
     user: Text | None = None
     ignore_eos: bool = Field(False, description="vLLM extension, for benchmarks")
     tools: list[ToolSpec] | None = Field(None, description=(
@@ -277,6 +355,32 @@ class ChatCompletionRequest(BaseModel):
         None, description="unset: auto with tools, none without")
     parallel_tool_calls: bool | None = Field(
         None, description="the model may call several tools in one answer (default true)")
+    # issue 17: the rest of OpenAI's request (gateway.parameters says what each does)
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=TOP_LOGPROBS_LIMIT)
+    response_format: ResponseFormat | None = None
+    store: bool | None = Field(None, description="false: a completion is never stored")
+    metadata: dict[Annotated[str, Field(max_length=64)], Annotated[str, Field(
+        max_length=512)]] | None = Field(None, max_length=16, description=(
+            "accepted; kept nowhere, as no completion is stored"))
+    service_tier: Text | None = Field(None, description="auto or default; the API key's tier "
+                                      "decides the priority")
+    modalities: list[Text] | None = Field(None, description='["text"] only')
+    prompt_cache_key: Text | None = Field(None, description=(
+        "accepted; the prefix cache serves every prompt it holds (per organisation)"))
+    prompt_cache_retention: Text | None = Field(None, description="in_memory only")
+    safety_identifier: Text | None = Field(None, description=(
+        "accepted; the API key identifies the user to the safety checks"))
+    audio: JsonValue = Field(None, description="refused unless null")
+    functions: JsonValue = Field(None, description="refused unless null: use `tools`")
+    function_call: JsonValue = Field(None, description="refused unless null: use "
+                                     "`tool_choice`")
+    prediction: JsonValue = Field(None, description="refused unless null")
+    web_search_options: JsonValue = Field(None, description="refused unless null")
+    reasoning_effort: JsonValue = Field(None, description="refused unless null")
+    verbosity: JsonValue = Field(None, description="refused unless null")
+    moderation: JsonValue = Field(None, description="refused unless null")
+    prompt_cache_options: JsonValue = Field(None, description="refused unless null")
 
     @property
     def include_usage(self) -> bool:
@@ -291,6 +395,16 @@ class ChatCompletionRequest(BaseModel):
     @property
     def output_limit(self) -> int | None:
         return self.max_completion_tokens if self.max_tokens is None else self.max_tokens
+
+    @property
+    def json_format(self) -> dict[str, object]:
+        """The `SamplingOptions` fields of `response_format`."""
+        match self.response_format:
+            case JsonSchemaResponseFormat(json_schema=JsonSchemaFormat(json_schema=dict() as s)):
+                return {"json_schema": s}
+            case JsonObjectFormat() | JsonSchemaResponseFormat():
+                return {"json_object": True}
+        return {}
 
 
 # --- OpenAI-compatible API: responses -------------------------------------------------
@@ -326,11 +440,40 @@ class AssistantMessage(BaseModel):
     tool_calls: list[ToolCall] | None = None
 
 
+class TopLogprobPublic(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int] | None = Field(description="the token's text as UTF-8")
+
+    @classmethod
+    def of(cls, entry: TopLogprob) -> TopLogprobPublic:
+        return cls(token=entry.token, logprob=entry.logprob,
+                   bytes=list(entry.token.encode("utf-8", errors="replace")))
+
+
+class TokenLogprobPublic(TopLogprobPublic):
+    top_logprobs: list[TopLogprobPublic]
+
+
+class ChoiceLogprobs(BaseModel):
+    """The log probability of each token of the answer's content (`logprobs: true`)."""
+
+    content: list[TokenLogprobPublic] | None
+    refusal: list[TokenLogprobPublic] | None = None
+
+    @classmethod
+    def of(cls, logprobs: Logprobs) -> ChoiceLogprobs:
+        return cls(content=[
+            TokenLogprobPublic(**TopLogprobPublic.of(entry).model_dump(),
+                               top_logprobs=[TopLogprobPublic.of(top) for top in entry.top])
+            for entry in logprobs])
+
+
 class Choice(BaseModel):
     index: int = 0
     message: AssistantMessage
     finish_reason: str | None
-    logprobs: None = None
+    logprobs: ChoiceLogprobs | None = None
 
 
 class ChatCompletion(BaseModel):
@@ -367,7 +510,7 @@ class ChunkChoice(BaseModel):
     index: int = 0
     delta: ChunkDelta
     finish_reason: str | None = None
-    logprobs: None = None
+    logprobs: ChoiceLogprobs | None = None
 
 
 class ChatCompletionChunk(BaseModel):
@@ -395,34 +538,15 @@ class ModelList(BaseModel):
 
 # --- OpenAI-compatible API: text completions and embeddings ---------------------------
 
-UNKNOWN_PARAMETER = "unknown_parameter"
-
-
-class OpenAIRequest(BaseModel):
-    """A request body of the OpenAI-compatible API that refuses a field OpenAI's does not
-    have, as OpenAI does: a validation error of type `unknown_parameter` naming it, which
-    `gateway.errors` answers with a 400 (the native API's unknown fields stay a 422)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    @model_validator(mode="before")
-    @classmethod
-    def _known_fields(cls, data: Any) -> Any:
-        if isinstance(data, dict):
-            unknown = [name for name in data if name not in cls.model_fields]
-            if unknown:
-                raise PydanticCustomError(UNKNOWN_PARAMETER,
-                                          "unrecognized request argument supplied: {field}",
-                                          {"field": str(unknown[0])})
-        return data
-
-
-class CompletionRequest(OpenAIRequest):
+class CompletionRequest(BaseModel):
     """`POST /v1/completions`: text in, text out, the prompt as it is (no chat template).
 
     Every field of OpenAI's request is declared: what chatpipe cannot honour is refused
     by `gateway.completions` with a 400 naming it when set to anything but its default;
-    a field OpenAI does not define is a 400 `unknown_parameter`."""
+    a field OpenAI does not define is kept (`model_extra`) to be refused, 400
+    `unknown_parameter`."""
+
+    model_config = ConfigDict(extra="allow")
 
     model: Text
     prompt: Text | list[Text] | list[int] | list[list[int]] = Field(description=(
@@ -470,9 +594,12 @@ class TextCompletion(BaseModel):
     usage: CompletionUsage | None = None
 
 
-class EmbeddingRequest(OpenAIRequest):
+class EmbeddingRequest(BaseModel):
     """`POST /v1/embeddings`. Token arrays as input are refused (400, `input`): their
-    tokens would be another model's."""
+    tokens would be another model's. Any other field is kept (`model_extra`) to be
+    refused, 400 `unknown_parameter`."""
+
+    model_config = ConfigDict(extra="allow")
 
     model: Text
     input: Text | list[Text] | list[int] | list[list[int]] = Field(

@@ -31,6 +31,8 @@ from schemas.events import (
     Cancel,
     ControlEvent,
     DeadLetter,
+    DeliveredToolCall,
+    DeliveredToolResult,
     DeliveryDone,
     DeliveryError,
     Delta,
@@ -52,6 +54,9 @@ from schemas.events import (
     SchedulerStatus,
     TokenChunk,
     TokenEvent,
+    ToolCallsMade,
+    ToolResult,
+    ToolRound,
     Unserved,
     UsageEvent,
     WorkAssignment,
@@ -127,6 +132,9 @@ CHANNELS: tuple[Channel, ...] = (
             "Users' thumbs up or down on answers, with the version that answered."),
     Channel("dlq", topics.DLQ, "the original record's key", (DeadLetter,),
             "Records a stage could not parse or process, with the error."),
+    Channel("tools", topics.TOOLS, "conversation_id", (ToolRound,),
+            "Server-tools rounds that called tools: the tools stage runs the calls, "
+            "writes the results on chat.tokens and queues the next round."),
 )
 
 
@@ -156,10 +164,12 @@ GROUPS: dict[str, str] = {
     "scheduler": "chatpipe-scheduler", "worker": "chatpipe-workers",
     "safety": "chatpipe-safety", "recorder": "chatpipe-recorder",
     "billing": "chatpipe-billing", "analytics": "chatpipe-analytics",
+    "tools": "chatpipe-tools",
 }
 """Each stage's consumer group (the gateway reads its topics with `assign()`)."""
 
-_DELIVERED = (Delta, Retract, DeliveryError, DeliveryDone)
+_DELIVERED = (Delta, Retract, DeliveryError, DeliveryDone, DeliveredToolCall,
+              DeliveredToolResult)
 OPERATIONS: tuple[Operation, ...] = (
     _sends("gateway", "requests", GenerationRequest),
     _sends("gateway", "answers", AnswerStarted, Delta, DeliveryDone),  # + a cached answer's
@@ -179,7 +189,8 @@ OPERATIONS: tuple[Operation, ...] = (
     _sends("scheduler", "scheduler", SchedulerStatus, SchedulerClaim),
     _sends("scheduler", "dlq", DeadLetter),
     *_receives("scheduler", "requests", "control", "workers", "scheduler", "work"),
-    _sends("worker", "tokens", TokenChunk, GenerationDone, GenerationError),
+    _sends("worker", "tokens", TokenChunk, GenerationDone, GenerationError, ToolCallsMade),
+    _sends("worker", "tools", ToolRound),
     _sends("worker", "usage", UsageEvent),
     _sends("worker", "workers", WorkerHeartbeat),
     _sends("worker", "dlq", DeadLetter),
@@ -194,6 +205,10 @@ OPERATIONS: tuple[Operation, ...] = (
     *_receives("recorder", "answers"),
     _sends("billing", "dlq", DeadLetter),
     *_receives("billing", "usage"),
+    _sends("tools", "tokens", ToolResult),
+    _sends("tools", "requests", GenerationRequest),
+    _sends("tools", "dlq", DeadLetter),
+    *_receives("tools", "tools"),
     _sends("analytics", "dlq", DeadLetter),
     Operation("analytics", "receive", "requests", (GenerationRequest,)),
     Operation("analytics", "receive", "tokens", (TokenChunk, GenerationDone, GenerationError)),

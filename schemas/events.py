@@ -11,12 +11,12 @@ from __future__ import annotations
 import math
 import time
 from enum import StrEnum
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from schemas.lifecycle import RequestStatus
-from schemas.tools import ToolCall, ToolCalls, ToolUse
+from schemas.tools import ServerToolTurn, ToolCall, ToolCalls, ToolUse
 from schemas.topics import Tier
 
 SCHEMA_VERSION = 1
@@ -30,6 +30,10 @@ def now() -> float:
 def _unset(value: object) -> bool:
     """Left out of the JSON when unset: a field most events never use costs no bytes."""
     return value is None or value == ()
+
+
+def _unset_flag(value: bool) -> bool:
+    return not value
 
 
 class Event(BaseModel):
@@ -65,6 +69,27 @@ class SamplingOptions(BaseModel):
     seed: int | None = None
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
+    # OpenAI's other sampling parameters and vLLM's extras (issue 17), each with vLLM's
+    # meaning; unset, the engine's default, and left out of the JSON.
+    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0, exclude_if=_unset)
+    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0, exclude_if=_unset)
+    repetition_penalty: float | None = Field(None, gt=0.0, exclude_if=_unset)
+    min_p: float | None = Field(None, ge=0.0, le=1.0, exclude_if=_unset)
+    top_k: int | None = Field(None, ge=-1, description="-1 or 0: every token", exclude_if=_unset)
+    logit_bias: dict[int, float] | None = Field(
+        None, description="token id -> bias added to its logit (-100 to 100)", exclude_if=_unset)
+    logprobs: int | None = Field(
+        None, ge=0, le=20, description="return each output token's log probability, and "
+        "this many of the likeliest tokens at its place", exclude_if=_unset)
+    json_object: bool = Field(False, description="the output is held to be one JSON object",
+                              exclude_if=_unset_flag)
+    json_schema: dict[str, Any] | None = Field(
+        None, description="the output is held to this JSON schema", exclude_if=_unset)
+
+    @property
+    def structured(self) -> bool:
+        """The output is held to a JSON format."""
+        return self.json_object or self.json_schema is not None
 
 
 CacheOutcome = Literal["hit", "miss"]
@@ -132,12 +157,21 @@ class GenerationRequest(Event):
     tool_use: ToolUse | None = Field(
         None, description="tools the model is shown, and how it may call them",
         exclude_if=_unset)
+    server_tools: ServerToolTurn | None = Field(
+        None, description="a native turn whose tool calls chatpipe runs (chat.tools)",
+        exclude_if=_unset)
     created_at: float = Field(default_factory=now)
     # --- text completions (/v1/completions) -------------------------------------------
     prompt: str | None = Field(
         None, description="a text completion's prompt, tokenized as it is (no chat "
         "template); `messages` is then empty", exclude_if=_unset)
     # --- end of text completions ------------------------------------------------------
+
+    @property
+    def answer_id(self) -> str:
+        """The request id the answer's stream events carry: the first tool round's for
+        a turn with server tools, else this request's own."""
+        return self.server_tools.answer_id if self.server_tools else self.request_id
 
     @property
     def last_user_message(self) -> str:
@@ -238,11 +272,29 @@ class StreamEvent(Event):
 def stream_fields(request: GenerationRequest, seq: int) -> dict[str, object]:
     """The `StreamEvent` fields of event `seq` of `request`'s stream."""
     return dict(
-        request_id=request.request_id, attempt=request.attempt, seq=seq,
+        request_id=request.answer_id, attempt=request.attempt, seq=seq,
         conversation_id=request.conversation_id, message_id=request.message_id,
         parent_id=request.parent_id, model=request.model, reply_to=request.reply_to,
         store=request.store, tier=request.tier,
     )
+
+
+class TopLogprob(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    token: str
+    logprob: float
+
+
+class TokenLogprob(TopLogprob):
+    """One output token's log probability, with the likeliest tokens at its place (as
+    many as the request's `SamplingOptions.logprobs`)."""
+
+    top: tuple[TopLogprob, ...] = ()
+
+
+Logprobs = tuple[TokenLogprob, ...]
+"""The log probabilities of a run of output tokens, in order (issue 17)."""
 
 
 class TokenChunk(StreamEvent):
@@ -255,6 +307,9 @@ class TokenChunk(StreamEvent):
     token_ids: tuple[int, ...] = Field(
         (), description="the chunk's tokens (where the engine has them): what a "
         "continuation gives the engine back")
+    logprobs: Logprobs = Field(
+        (), description="the chunk's tokens' log probabilities, when the request asked for "
+        "them", exclude_if=_unset)
 
 
 class GenerationDone(StreamEvent):
@@ -286,8 +341,49 @@ class AttemptStarted(Event):
     sent_at: float = Field(default_factory=now)
 
 
-TokenEvent = Annotated[TokenChunk | GenerationDone | GenerationError | AttemptStarted,
-                       Field(discriminator="type")]
+# --- server-side tools: chat.tokens and chat.tools -------------------------------------
+
+
+class ToolCallsMade(StreamEvent):
+    """A round of a server-tools turn ended in tool calls (the worker freed its slot).
+
+    It holds `calls_span(len(calls))` positions from `seq`: the safety stage's last text
+    and one per call; the results follow, then the next round's output."""
+
+    type: Literal["tool_calls"] = "tool_calls"
+    calls: tuple[ToolCall, ...] = Field(min_length=1)
+    completion_tokens: int = Field(0, description="tokens the answer has generated so far")
+
+
+class ToolResult(StreamEvent):
+    """What a call returned (or its error), written by the tools stage."""
+
+    type: Literal["tool_result"] = "tool_result"
+    call_id: str
+    name: str
+    content: str = Field(description="JSON text: the tool's result, or {\"error\": ...}")
+    error: bool = False
+
+
+def calls_span(calls: int) -> int:
+    """Positions a `ToolCallsMade` of `calls` calls takes: text before them, then each."""
+    return 1 + calls
+
+
+TokenEvent = Annotated[TokenChunk | GenerationDone | GenerationError | AttemptStarted
+                       | ToolCallsMade | ToolResult, Field(discriminator="type")]
+
+
+class ToolRound(Event):
+    """On `chat.tools` (keyed by conversation): run `calls` for the round `request`
+    generated, whose `ToolCallsMade` lies at `seq`; then queue the next round."""
+
+    type: Literal["tool_round"] = "tool_round"
+    request: GenerationRequest
+    calls: ToolCalls
+    seq: int
+    completion_tokens: int = 0
+    created_at: float = Field(default_factory=now)
 
 
 # --- chat.deliver.<gateway_id> --------------------------------------------------------
@@ -302,6 +398,9 @@ class DeliveryEvent(Event):
 class Delta(DeliveryEvent):
     type: Literal["delta"] = "delta"
     text: str
+    logprobs: Logprobs = Field(
+        (), description="log probabilities of the tokens whose text ends in this delta, "
+        "when the request asked for them", exclude_if=_unset)
 
 
 class Queued(DeliveryEvent):
@@ -358,12 +457,32 @@ class AnswerStarted(DeliveryEvent):
     created_at: float = Field(default_factory=now)
 
 
+class DeliveredToolCall(DeliveryEvent):
+    """A server tool the model called: the stream's `event: tool_call`."""
+
+    type: Literal["tool_call"] = "tool_call"
+    call: ToolCall
+
+
+class DeliveredToolResult(DeliveryEvent):
+    """What a server tool returned: the stream's `event: tool_result`."""
+
+    type: Literal["tool_result"] = "tool_result"
+    call_id: str
+    name: str
+    content: str
+    error: bool = False
+
+
+ToolDelivery = DeliveredToolCall | DeliveredToolResult
+
 DeliverEvent = Annotated[
-    Delta | Queued | Routed | Retract | DeliveryError | DeliveryDone, Field(discriminator="type")
+    Delta | Queued | Routed | Retract | DeliveryError | DeliveryDone | ToolDelivery,
+    Field(discriminator="type")
 ]
 AnswerEvent = Annotated[
-    AnswerStarted | Delta | Queued | Routed | Retract | DeliveryError | DeliveryDone,
-    Field(discriminator="type"),
+    AnswerStarted | Delta | Queued | Routed | Retract | DeliveryError | DeliveryDone
+    | ToolDelivery, Field(discriminator="type"),
 ]
 """What `chat.answers` carries: a stored answer's marker, then its delivery events."""
 
@@ -425,7 +544,7 @@ class GatewayHeartbeat(Event):
 
 ControlEvent = Annotated[Cancel | Reroute | GatewayHeartbeat, Field(discriminator="type")]
 GatewayEvent = Annotated[
-    Delta | Queued | Routed | Retract | DeliveryError | DeliveryDone | Reroute,
+    Delta | Queued | Routed | Retract | DeliveryError | DeliveryDone | Reroute | ToolDelivery,
     Field(discriminator="type"),
 ]
 """What a gateway's own `chat.deliver.<gateway_id>` carries: its streams' delivery events,

@@ -10,6 +10,10 @@ Native stream of `POST /v1/conversations/{id}/messages`:
     event: queued       data: {"position": 12, "eta_ms": 3400}
     event: retract      data: {"message_id", "reason", "replacement"}
     event: error        data: {"code", "message", "retry_after"}
+    event: tool_call    data: {"id", "name", "arguments"}  (a turn with server tools:
+                        the model called one; arguments: JSON text)
+    event: tool_result  data: {"id", "name", "content", "error"}  (what it returned:
+                        content is JSON text, {"error": ...} when it failed)
     event: done         data: {"finish_reason", "status", "usage", "cache"?}
                         (cache: "hit" | "miss", only when the response cache was asked)
     data: [DONE]        (after done or error: the stream ends)
@@ -34,6 +38,8 @@ from schemas.api import ChatCompletionChunk, ErrorBody, ErrorDetail, TextComplet
 from schemas.events import (
     CacheOutcome,
     DeliverEvent,
+    DeliveredToolCall,
+    DeliveredToolResult,
     DeliveryDone,
     DeliveryError,
     Delta,
@@ -95,6 +101,23 @@ class DonePayload(BaseModel):
                               "left out when the pipeline did not say")
 
 
+class ToolCallPayload(BaseModel):
+    """A server tool the model called (`event: tool_call`)."""
+
+    id: str
+    name: str
+    arguments: str = Field(description="the arguments object as JSON text")
+
+
+class ToolResultPayload(BaseModel):
+    """What a server tool returned (`event: tool_result`), for the call `id`."""
+
+    id: str
+    name: str
+    content: str = Field(description="JSON text; {\"error\": ...} when the tool failed")
+    error: bool = False
+
+
 def frame(data: str | bytes, event: str | None = None, seq: int | None = None) -> bytes:
     """One SSE message on the wire (`data` is one line: JSON never holds a raw newline)."""
     head = b"" if seq is None else b"id: %d\n" % seq
@@ -144,6 +167,14 @@ def native_event(event: DeliverEvent) -> bytes:
                 code=event.code, message=event.message, retry_after=event.retry_after
             )
             return _event(payload, event.type, event.seq)
+        case DeliveredToolCall():
+            call = ToolCallPayload(id=event.call.id, name=event.call.function.name,
+                                   arguments=event.call.function.arguments)
+            return _event(call, event.type, event.seq)
+        case DeliveredToolResult():
+            result = ToolResultPayload(id=event.call_id, name=event.name, content=event.content,
+                                       error=event.error)
+            return _event(result, event.type, event.seq)
         case DeliveryDone():
             payload = DonePayload(
                 finish_reason=event.status.openai_finish_reason,

@@ -95,3 +95,48 @@ def call_id(request_id: str, index: int) -> str:
     worker ending the answer (any attempt) name it the same."""
     digest = hashlib.blake2b(f"{request_id}\n{index}".encode(), digest_size=12).hexdigest()
     return f"call_{digest}"
+
+
+# --- server-side tools: chatpipe runs the calls itself (`chat.tools`) ------------------
+
+
+class ServerToolTurn(BaseModel):
+    """A native turn whose tool calls chatpipe runs itself (issue 16, point 2).
+
+    Each round is its own `GenerationRequest` (its own request id, so the scheduler
+    places it as any request); every round's stream events carry the first round's id,
+    `answer_id`, so the safety stage, the gateway, `chat.answers` and the recorder see
+    one answer: text, tool calls, tool results, more text, its end."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    answer_id: str = Field(description="the request id of the client's stream: every "
+                           "round's events carry it")
+    round: int = Field(0, ge=0, description="tool rounds before this one")
+    max_rounds: int = Field(ge=0, description="after this many rounds the model is shown "
+                            "no tools and answers in text")
+    first_seq: int = Field(0, ge=0, description="where this round's events start in the answer")
+
+    @property
+    def tools_left(self) -> bool:
+        """This round may still call tools."""
+        return self.round < self.max_rounds
+
+
+def round_request_id(answer_id: str, round_: int) -> str:
+    """The request id of a turn's `round_`th tool round: a function of the turn, so a
+    round published twice (a redelivered `chat.tools` record) is one request."""
+    return answer_id if round_ == 0 else f"{answer_id}.tool{round_}"
+
+
+class ToolStep(BaseModel):
+    """A server tool's call or its result, as a stored answer keeps it (in stream order)."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    type: Literal["tool_call", "tool_result"]
+    id: str = Field(description="the call's id (a result names the call it answers)")
+    name: str
+    arguments: str | None = Field(None, description="a call's arguments, JSON text")
+    content: str | None = Field(None, description="a result, JSON text")
+    error: bool = False

@@ -31,6 +31,8 @@ MODERATION = "chat.moderation"
 ROLLOUT = "chat.rollout"
 FEEDBACK = "chat.feedback"
 DLQ = "chat.dlq"
+TOOLS = "chat.tools"
+"""Server tool calls to run (`ToolRound`), keyed by conversation."""
 
 
 def requests_topic(tier: Tier | str) -> str:
@@ -48,4 +50,4 @@ def deliver_topic(gateway_id: str) -> str:
 def shared_topics() -> list[str]:
     """Every topic except the per-gateway delivery topics."""
     return [*request_topics(), WORK, WORKERS, SCHEDULER, TOKENS, ANSWERS, CONTROL, USAGE,
-            MODERATION, ROLLOUT, FEEDBACK, DLQ]
+            MODERATION, ROLLOUT, FEEDBACK, DLQ, TOOLS]

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from schemas.events import Logprobs, TokenLogprob
+
 SLACK_S = 0.005
 """An output this much before the interval is over is in time: the engine's steps come
 a little early or late, and waiting for the next one would add a whole step."""
@@ -14,6 +16,7 @@ class Pending:
     text: str = ""
     tokens: int = 0
     token_ids: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprob] = field(default_factory=list)
 
 
 class Coalescer:
@@ -29,16 +32,20 @@ class Coalescer:
     def __init__(self, interval_s: float) -> None:
         self.interval_s = interval_s
         """May change between outputs (the worker widens it under load)."""
+        self.held = False
+        """Nothing goes out until `flush` (a server-tools round's text, which may be a call)."""
         self._pending = Pending()
         self._sent_at: float | None = None
         """When the last send was due (at most half an interval before it went)."""
 
     def add(self, text: str, tokens: int, now: float,
-            token_ids: tuple[int, ...] = ()) -> Pending | None:
+            token_ids: tuple[int, ...] = (), logprobs: Logprobs = ()) -> Pending | None:
         self._pending.text += text
         self._pending.tokens += tokens
         self._pending.token_ids += token_ids
-        if self._sent_at is not None and now - self._sent_at < self.interval_s - SLACK_S:
+        self._pending.logprobs += logprobs
+        if self.held or (self._sent_at is not None
+                         and now - self._sent_at < self.interval_s - SLACK_S):
             return None
         return self._take(now)
 

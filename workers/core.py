@@ -23,13 +23,17 @@ from schemas.events import (
     GenerationError,
     GenerationRequest,
     TokenChunk,
+    ToolCallsMade,
+    ToolRound,
     Usage,
     UsageEvent,
     WorkAssignment,
     WorkerHeartbeat,
+    calls_span,
     stream_fields,
 )
 from schemas.lifecycle import RequestStatus
+from schemas.tools import ToolCalls
 from workers.coalesce import ChunkPacing, Coalescer, Pending
 from workers.engine import Continuation, EngineOutput, EngineStats
 
@@ -83,6 +87,8 @@ class WorkerBook:
         self._epochs: dict[int, int] = {}
         self._finished: OrderedDict[tuple[str, int], None] = OrderedDict()
         self._cancelled: OrderedDict[str, None] = OrderedDict()
+        self._rounds: dict[str, str] = {}
+        """A server-tools turn's answer id -> its round running here (cancels name the answer)."""
 
     def claimed(self, partition: int, epoch: int) -> None:
         """A scheduler's claim on `partition`: assignments of older epochs are fenced."""
@@ -93,11 +99,14 @@ class WorkerBook:
         stopping, hand it back unrun."""
         if not self._ours(assignment, partition):
             return Take.SKIP
-        request_id = assignment.request.request_id
+        request = assignment.request
+        request_id = request.request_id
         if self.stopping:
             self.handed_back[request_id] = (partition, offset)
             return Take.HAND_BACK
         self.running[request_id] = (partition, offset)
+        if request.answer_id != request_id:
+            self._rounds[request.answer_id] = request_id
         return Take.RUN
 
     def _ours(self, assignment: WorkAssignment, partition: int) -> bool:
@@ -115,6 +124,7 @@ class WorkerBook:
     def ended(self, request: GenerationRequest) -> None:
         """The attempt ended (or found its answer ended already): a copy is skipped."""
         self.running.pop(request.request_id, None)
+        self._rounds.pop(request.answer_id, None)
         _remember(self._finished, (request.request_id, request.attempt))
 
     def hand_back(self, request_id: str) -> bool:
@@ -132,16 +142,19 @@ class WorkerBook:
         self.running.pop(request_id, None)
         return self.handed_back.get(request_id)
 
-    def cancel(self, cancel: Cancel) -> bool:
-        """A cancel read on chat.control; True when its request runs here (abort it).
-        A conditional cancel (`held_by`) is the scheduler's to pass on."""
+    def cancel(self, cancel: Cancel) -> str | None:
+        """A cancel read on chat.control: the id of its request running here (abort it),
+        or None. A cancel names the answer: for a server-tools turn, the round running
+        here is aborted. A conditional cancel (`held_by`) is the scheduler's to pass on."""
         if cancel.held_by is not None:
-            return False
+            return None
         _remember(self._cancelled, cancel.request_id)
-        return cancel.request_id in self.running
+        request_id = self._rounds.get(cancel.request_id, cancel.request_id)
+        return request_id if request_id in self.running else None
 
-    def cancelled(self, request_id: str) -> bool:
-        return request_id in self._cancelled
+    def cancelled(self, answer_id: str) -> bool:
+        """A cancel named the answer (`GenerationRequest.answer_id`)."""
+        return answer_id in self._cancelled
 
     def heartbeat(self, model: str, max_slots: int, stats: EngineStats, peak_running: int,
                   consumed: dict[int, int]) -> WorkerHeartbeat:
@@ -201,6 +214,11 @@ class ToolCallInterrupted(RuntimeError):
     """A constrained tool call an earlier attempt started cannot be continued."""
 
 
+class JsonOutputInterrupted(ToolCallInterrupted):
+    """An answer held to a JSON format (`response_format`) an earlier attempt started
+    cannot be continued, for the same reason."""
+
+
 def assemble(request_id: str, events: Iterable[Event]) -> PriorOutput:
     """The output earlier attempts left, from the stream's events in partition order."""
     log = AnswerLog()
@@ -248,6 +266,7 @@ class Attempt:
         self._wall = wall
         self._started = clock()
         self._coalescer = Coalescer(pacing.interval_s)
+        self._coalescer.held = self.holds_output
         self._latest: EngineOutput | None = None
         self._counted: EngineOutput | None = None
         """The output the usage counts: the last one, once the attempt ended whole."""
@@ -256,16 +275,60 @@ class Attempt:
         """Continue after what earlier attempts streamed: what the engine goes on from.
 
         Raises `ToolCallInterrupted` for an answer held to a JSON schema (a required or
-        named tool choice) that an earlier attempt started: vLLM holds only what it
-        generates to the schema, never a prompt's tail, so the rest could not be held."""
-        self.seq = prior.next_seq
+        named tool choice; `JsonOutputInterrupted` for a `response_format`) that an
+        earlier attempt started: vLLM holds only what it generates to the schema, never a
+        prompt's tail, so the rest could not be held."""
+        turn = self.request.server_tools
+        self.seq = max(prior.next_seq, turn.first_seq if turn else 0)
         self.prior_tokens = prior.tokens
         if not prior.streamed:
             return None
         tool_use = self.request.tool_use
         if tool_use is not None and tool_use.constrained:
             raise ToolCallInterrupted(self.request.request_id)
+        if self.request.sampling.structured:
+            raise JsonOutputInterrupted(self.request.request_id)
         return Continuation(prior.text, prior.tokens, prior.token_ids)
+
+    @property
+    def holds_output(self) -> bool:
+        """A server-tools round that may call tools: its text is held to its end, when
+        the tool parser decides whether it is a call (as OpenAI's streamed `auto`)."""
+        return self.request.server_tools is not None and self.request.tool_use is not None
+
+    def pause(self) -> ToolCalls | None:
+        """The calls a server-tools round ended in, or None (it ends as any answer).
+        The held text is the calls' own: it is dropped, only `content` is shown. From
+        now on the usage counts what the engine produced."""
+        latest = self._latest
+        if not self.holds_output or latest is None or latest.tool_calls is None:
+            return None
+        self._coalescer.flush(self._clock())
+        self._counted = latest
+        return latest.tool_calls
+
+    def content(self, calls: ToolCalls) -> TokenChunk | None:
+        """The text a paused round wrote beside its calls, as a chunk; None if none."""
+        if not calls.content:
+            return None
+        return TokenChunk(**stream_fields(self.request, self.seq), text=calls.content,
+                          token_count=0, completion_tokens=self._completion_tokens())
+
+    def calls_made(self, calls: ToolCalls) -> ToolCallsMade:
+        """The end of a paused round (after its `content`, once that is sent)."""
+        return ToolCallsMade(**stream_fields(self.request, self.seq), calls=calls.calls,
+                             completion_tokens=self._completion_tokens())
+
+    def _completion_tokens(self) -> int:
+        return self._latest.completion_tokens if self._latest else 0
+
+    def tool_round(self, calls: ToolCalls, made: ToolCallsMade) -> ToolRound:
+        """What `chat.tools` runs for the paused round whose calls lie at `made.seq`
+        (sent). An end this attempt still sends (the round could not be handed on) goes
+        past the positions the calls' deliveries take."""
+        self.seq = max(self.seq, made.seq + calls_span(len(made.calls)))
+        return ToolRound(request=self.request, calls=calls, seq=made.seq,
+                         completion_tokens=made.completion_tokens, created_at=self._wall())
 
     def output(self, output: EngineOutput, streams: int) -> TokenChunk | None:
         """Take one engine output (`streams` answers run on this worker now): the chunk
@@ -274,7 +337,7 @@ class Attempt:
         self.status = output.status or self.status
         self._coalescer.interval_s = self._pacing.interval(streams)
         pending = self._coalescer.add(output.text, output.new_tokens, self._clock(),
-                                      output.token_ids)
+                                      output.token_ids, output.logprobs)
         return None if pending is None else self._chunk(pending, output.completion_tokens)
 
     def tail(self) -> TokenChunk | None:
@@ -287,7 +350,7 @@ class Attempt:
     def _chunk(self, pending: Pending, completion_tokens: int) -> TokenChunk:
         return TokenChunk(**stream_fields(self.request, self.seq), text=pending.text,
                           token_count=pending.tokens, completion_tokens=completion_tokens,
-                          token_ids=tuple(pending.token_ids))
+                          token_ids=tuple(pending.token_ids), logprobs=tuple(pending.logprobs))
 
     def done(self) -> GenerationDone:
         """The end of an attempt that ran whole (or was cancelled before it started);

@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Protocol
 
-from schemas.events import GenerationRequest
+from schemas.events import GenerationRequest, Logprobs
 from schemas.lifecycle import RequestStatus
 from schemas.tools import ToolCalls
 
@@ -33,6 +33,8 @@ class EngineOutput:
     status: RequestStatus | None = None
     token_ids: tuple[int, ...] = ()
     tool_calls: ToolCalls | None = None
+    logprobs: Logprobs = ()
+    """The new tokens' log probabilities, when the request asked for them."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,10 +11,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from bus.produce_failures import PIPELINE_REJECTED, PIPELINE_REJECTED_MESSAGE, RecordRejected
-from workers.core import ToolCallInterrupted
+from workers.core import JsonOutputInterrupted, ToolCallInterrupted
 
 ENGINE_ERROR = "engine_error"
 ENGINE_ERROR_MESSAGE = "the engine failed on this request"
+JSON_OUTPUT_INTERRUPTED = "output_interrupted"
+JSON_OUTPUT_INTERRUPTED_MESSAGE = ("the worker writing the JSON answer stopped before its end; "
+                                   "send the request again")
 TOOL_CALL_INTERRUPTED = "tool_call_interrupted"
 TOOL_CALL_INTERRUPTED_MESSAGE = ("the worker writing the tool call stopped before its end; "
                                  "send the request again")
@@ -32,6 +35,8 @@ def client_error(exc: BaseException) -> ClientError:
     """The code and message for a generation that raised `exc`: never its text."""
     if isinstance(exc, RecordRejected):
         return ClientError(PIPELINE_REJECTED, PIPELINE_REJECTED_MESSAGE)
+    if isinstance(exc, JsonOutputInterrupted):
+        return ClientError(JSON_OUTPUT_INTERRUPTED, JSON_OUTPUT_INTERRUPTED_MESSAGE)
     if isinstance(exc, ToolCallInterrupted):
         return ClientError(TOOL_CALL_INTERRUPTED, TOOL_CALL_INTERRUPTED_MESSAGE)
     return ClientError(ENGINE_ERROR, ENGINE_ERROR_MESSAGE)

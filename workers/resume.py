@@ -30,4 +30,4 @@ async def read_prior_output(kafka: KafkaConfig, request: GenerationRequest) -> P
         kafka, topics.TOKENS,
         {stream.partition: (stream.start_offset, stream.attempt_offset)}, TOKEN_EVENT,
         timeout_s=READ_TIMEOUT_S, key=request.conversation_id.encode())
-    return assemble(request.request_id, (event for _, _, event in records))
+    return assemble(request.answer_id, (event for _, _, event in records))

@@ -18,26 +18,39 @@ Scripted mode — directives in the last user message, e.g. `[[sim:reply=Hi ther
 - `[[sim:reply=TEXT]]`  the reply is TEXT (split on spaces, one token per word)
 - `[[sim:length=N]]`    the reply stops by itself after N words
 - `[[sim:fail]]`        `generate` raises `SimEngineFailure` before the first token
+- `[[sim:call=NAME {"arg": ...}]]`  offered tools, the reply calls NAME (any name: a
+  model may call a tool it was not offered) with those arguments, in the hermes format,
+  as long as the last message is the user's (after a tool's result it answers in text)
 
 A required or named tool choice is answered with a call of the first (or the named)
 function with the least arguments its schema takes (`workers.tool_calls.example_output`),
 a few characters a token; `auto` is answered with text, as a model that calls no tool.
+A `response_format` is answered the same way: the least JSON its schema takes. Log
+probabilities, when asked for, are 0.0 (certain) for every token.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import random
 import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from schemas.events import ChatMessage, GenerationRequest
+from schemas.events import (
+    ChatMessage,
+    GenerationRequest,
+    Logprobs,
+    Role,
+    TokenLogprob,
+    TopLogprob,
+)
 from schemas.lifecycle import RequestStatus
-from schemas.tools import ToolCalls
+from schemas.tools import FunctionCall, ToolCall, ToolCalls, call_id
 from workers.engine import Continuation, EngineOutput, EngineStats
-from workers.tool_calls import constrained_calls, example_output
+from workers.tool_calls import constrained_calls, example_output, example_value
 
 WORDS = ["the", "a", "of", "and", "to", "in", "is", "it", "that", "for", "on", "with", "as", "was", "at", "by", "this", "be", "from", "or", "have", "an", "they", "which", "one", "you", "were", "all", "we", "when", "there", "can", "more", "if", "out", "so", "what", "about", "up", "time", "said", "would", "into", "them", "some", "could", "other", "then", "two", "its", "like", "now", "over", "only", "new", "way", "model", "token", "stream", "kafka", "batch", "queue", "cache", "prompt", "reply", "tier", "slot", "worker", "engine"]
 
@@ -72,8 +85,13 @@ def plan_reply(request: GenerationRequest) -> ReplyPlan:
     rng = random.Random(seed.digest())
 
     tool_use = request.tool_use
+    if tool_use is not None and "call" in directives and request.messages[-1].role is Role.USER:
+        return _tool_call_plan(request, scripted_call(directives["call"]),
+                               _scripted_calls(request, directives["call"]))
     if tool_use is not None and tool_use.constrained:
         return _tool_call_plan(request, example_output(tool_use))
+    if request.sampling.structured:
+        return _json_plan(request)
     if "reply" in directives:
         words = directives["reply"].split()
     else:
@@ -97,17 +115,58 @@ def plan_reply(request: GenerationRequest) -> ReplyPlan:
 TOOL_CALL_TOKEN_CHARS = 4
 
 
-def _tool_call_plan(request: GenerationRequest, text: str) -> ReplyPlan:
-    """A constrained answer: `text` a few characters a token, cut at `max_tokens`
-    (then it calls nothing: the JSON is not whole)."""
+def scripted_call(directive: str) -> str:
+    """The text of a `[[sim:call=NAME ARGS]]` reply: the call as hermes writes one."""
+    name, _, arguments = directive.partition(" ")
+    return f'<tool_call>{{"name": "{name}", "arguments": {arguments.strip() or "{}"}}}</tool_call>'
+
+
+def _scripted_calls(request: GenerationRequest, directive: str) -> ToolCalls:
+    name, _, arguments = directive.partition(" ")
+    return ToolCalls(calls=(ToolCall(id=call_id(request.request_id, 0), function=FunctionCall(
+        name=name, arguments=arguments.strip() or "{}")),))
+
+
+def _tool_call_plan(request: GenerationRequest, text: str,
+                    scripted: ToolCalls | None = None) -> ReplyPlan:
+    """A tool-calling answer: `text` a few characters a token, cut at `max_tokens`
+    (then it calls nothing: the call is not whole). Its calls are `scripted`, or read
+    from the constrained text."""
     tokens = [text[i:i + TOOL_CALL_TOKEN_CHARS] for i in range(0, len(text),
                                                               TOOL_CALL_TOKEN_CHARS)]
     status = RequestStatus.FINISHED_STOPPED
     if len(tokens) > request.sampling.max_tokens:
         tokens, status = tokens[: request.sampling.max_tokens], RequestStatus.FINISHED_LENGTH
     assert request.tool_use is not None
-    calls = constrained_calls("".join(tokens), request.tool_use, request.request_id)
+    calls = (constrained_calls("".join(tokens), request.tool_use, request.request_id)
+             if scripted is None else scripted)
+    if status is RequestStatus.FINISHED_LENGTH:
+        calls = None
     return ReplyPlan(tuple(tokens), status, tool_calls=calls)
+
+
+def _json_plan(request: GenerationRequest) -> ReplyPlan:
+    """An answer held to a JSON format: the least value its schema takes ({} for any
+    JSON object), a few characters a token."""
+    schema = request.sampling.json_schema
+    text = json.dumps(example_value(schema) if schema is not None else {},
+                      separators=(",", ":"))
+    tokens = [text[i:i + TOOL_CALL_TOKEN_CHARS] for i in range(0, len(text),
+                                                              TOOL_CALL_TOKEN_CHARS)]
+    status = RequestStatus.FINISHED_STOPPED
+    if len(tokens) > request.sampling.max_tokens:
+        tokens, status = tokens[: request.sampling.max_tokens], RequestStatus.FINISHED_LENGTH
+    return ReplyPlan(tuple(tokens), status)
+
+
+def sim_logprobs(tokens: tuple[str, ...], top: int | None) -> Logprobs:
+    """A deterministic engine's log probabilities: each token certain (0.0), and the
+    only one at its place."""
+    if top is None:
+        return ()
+    return tuple(TokenLogprob(token=token, logprob=0.0,
+                              top=(TopLogprob(token=token, logprob=0.0),)[:top])
+                 for token in tokens)
 
 
 def _cut_at_stop(tokens: list[str], stop: tuple[str, ...]) -> tuple[list[str], bool]:
@@ -166,7 +225,9 @@ class SimEngine:
 
         def output(text: str, new: int, status: RequestStatus | None = None) -> EngineOutput:
             calls = plan.tool_calls if status is not None and sent == len(plan.tokens) else None
-            return EngineOutput(text, new, sent, prompt_tokens, 0, status, tool_calls=calls)
+            logprobs = sim_logprobs(plan.tokens[sent - new:sent], request.sampling.logprobs)
+            return EngineOutput(text, new, sent, prompt_tokens, 0, status, tool_calls=calls,
+                                logprobs=logprobs)
 
         try:
             if not await self._take_slot(aborted):

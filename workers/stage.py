@@ -46,8 +46,10 @@ from schemas.events import (
     GenerationRequest,
     SchedulerClaim,
     TokenChunk,
+    ToolCallsMade,
     WorkAssignment,
 )
+from schemas.tools import ToolCalls
 from workers.core import Attempt, Take, WorkerBook, WorkerConfig
 from workers.engine import Engine
 from workers.failures import client_error
@@ -189,13 +191,17 @@ class WorkerStage:
                 self._end(request, tp, offset)
                 return
             continuation = attempt.resume(prior)
-            if not self.book.cancelled(request.request_id):
+            if not self.book.cancelled(request.answer_id):
                 first_output = tracing.event_once("first_token")
                 async for output in self.engine.generate(request, continuation):
                     first_output()
                     await self._send(attempt, attempt.output(output, len(self.book.running)))
+            calls = attempt.pause()
+            if calls is not None:
+                await self._pause(attempt, calls)
+            else:
                 await self._send(attempt, attempt.tail())
-            await self._send(attempt, attempt.done())
+                await self._send(attempt, attempt.done())
         except asyncio.CancelledError:
             # Shutting down or handed back: no end event, the next attempt continues.
             await self.engine.abort(request.request_id)
@@ -212,8 +218,20 @@ class WorkerStage:
         except RecordRejected:
             log.exception("usage of %s not reported", request.request_id)
 
+    async def _pause(self, attempt: Attempt, calls: ToolCalls) -> None:
+        """A server-tools round called tools: its slot is free now; the calls go on the
+        stream, then (once the stream has them) to `chat.tools`, which runs them and
+        queues the next round."""
+        await self._send(attempt, attempt.content(calls))
+        made = attempt.calls_made(calls)
+        await self._send(attempt, made)
+        await self.publisher.flush()
+        await self.publisher.send_and_wait(topics.TOOLS, attempt.tool_round(calls, made),
+                                           key=attempt.request.conversation_id)
+
     async def _send(self, attempt: Attempt,
-                    event: TokenChunk | GenerationDone | GenerationError | None) -> None:
+                    event: TokenChunk | GenerationDone | GenerationError | ToolCallsMade | None,
+                    ) -> None:
         if event is None:
             return
         await self.publisher.send(topics.TOKENS, event, key=attempt.request.conversation_id)
@@ -244,9 +262,12 @@ class WorkerStage:
 
     async def _on_control(self, record: ConsumerRecord) -> None:
         event = decode_record(CONTROL_EVENT, record)
-        if isinstance(event, Cancel) and self.book.cancel(event):
-            log.info("cancel %s: %s", event.request_id, event.reason)
-            await self.engine.abort(event.request_id)
+        if not isinstance(event, Cancel):
+            return
+        running = self.book.cancel(event)
+        if running is not None:
+            log.info("cancel %s: %s", running, event.reason)
+            await self.engine.abort(running)
 
     # --- rebalances, heartbeats --------------------------------------------------------
 

@@ -32,7 +32,13 @@ from common.prompt import (
     template_tools,
     text_ids,
 )
-from schemas.events import GenerationRequest, SamplingOptions
+from schemas.events import (
+    GenerationRequest,
+    Logprobs,
+    SamplingOptions,
+    TokenLogprob,
+    TopLogprob,
+)
 from schemas.lifecycle import RequestStatus
 from workers.engine import Continuation, EngineOutput, EngineStats
 from workers.vllm_tools import ToolReader
@@ -196,6 +202,8 @@ class VllmEngine:
                         cached_tokens=out.num_cached_tokens or 0,
                         status=status,
                         tool_calls=reading.calls() if status is not None else None,
+                        logprobs=token_logprobs(choice.token_ids, choice.logprobs,
+                                                request.sampling.logprobs, self._tokenizer),
                     )
         finally:
             self._active[request.request_id] -= 1
@@ -329,10 +337,18 @@ def _scheduler_stats_tap(on_stats: Callable[[SchedulerStats], None]) -> type:
     return SchedulerStatsTap
 
 
+ENGINE_SAMPLING = ("presence_penalty", "frequency_penalty", "repetition_penalty", "min_p",
+                   "top_k", "logit_bias", "logprobs")
+"""`SamplingOptions` fields that are `SamplingParams` fields of the same name and meaning;
+unset, vLLM's default."""
+
+
 def sampling_params(options: SamplingOptions) -> SamplingParams:
     from vllm import SamplingParams
     from vllm.sampling_params import RequestOutputKind
 
+    same = {name: value for name in ENGINE_SAMPLING
+            if (value := getattr(options, name)) is not None}
     return SamplingParams(
         max_tokens=options.max_tokens,
         temperature=options.temperature,
@@ -341,7 +357,47 @@ def sampling_params(options: SamplingOptions) -> SamplingParams:
         stop=list(options.stop) or None,
         ignore_eos=options.ignore_eos,
         output_kind=RequestOutputKind.DELTA,
+        structured_outputs=json_constraint(options),
+        **same,
     )
+
+
+def json_constraint(options: SamplingOptions) -> Any:
+    """vLLM's structured outputs for `response_format` (as vLLM's server maps it), or None."""
+    from vllm.sampling_params import StructuredOutputsParams
+
+    if options.json_schema is not None:
+        return StructuredOutputsParams(json=options.json_schema)
+    if options.json_object:
+        return StructuredOutputsParams(json_object=True)
+    return None
+
+
+LEAST_LOGPROB = -9999.0
+"""Stands for -inf (JSON has no infinity), as vLLM's server writes it."""
+
+
+def token_logprobs(token_ids: Any, logprobs: Any, top: int | None, tokenizer: Any) -> Logprobs:
+    """The new tokens' log probabilities from vLLM's per-token `{token id: Logprob}`,
+    with the `top` likeliest (by rank) at each place; () when none were asked for."""
+    if top is None or not logprobs:
+        return ()
+
+    def entry(token_id: int, found: Any) -> TopLogprob:
+        token = found.decoded_token
+        if token is None:
+            token = tokenizer.decode([token_id])
+        return TopLogprob(token=token, logprob=max(found.logprob, LEAST_LOGPROB))
+
+    out = []
+    for token_id, step in zip(token_ids, logprobs, strict=False):
+        if step is None or token_id not in step:
+            continue
+        ranked = sorted(step.items(), key=lambda item: item[1].rank or 0)[:top]
+        sampled = entry(token_id, step[token_id])
+        out.append(TokenLogprob(token=sampled.token, logprob=sampled.logprob,
+                                top=tuple(entry(t, found) for t, found in ranked)))
+    return tuple(out)
 
 
 def finish_status(finish_reason: str | None) -> RequestStatus:

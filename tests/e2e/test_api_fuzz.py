@@ -48,6 +48,15 @@ include-method = "POST"
 checks.positive_data_acceptance.expected-statuses = [
     "2xx", "3xx", "400", "401", "403", "404", "409", "413", "429", "5xx"]
 
+# A response's input must end with a non-blank user message, each message's parts
+# together within the message limit, and a previous_response_id name one of the
+# caller's answers that has ended: rules a JSON schema cannot say (400, 413, 404, 409).
+[[operations]]
+include-path = "/v1/responses"
+include-method = "POST"
+checks.positive_data_acceptance.expected-statuses = [
+    "2xx", "3xx", "400", "401", "403", "404", "409", "413", "429", "5xx"]
+
 # OpenAI's text completion request, declared whole: the fields chatpipe cannot honour
 # (n > 1, logprobs, suffix, penalties, token arrays) are refused with a 400 naming them,
 # and a prompt must fit the model's window in tokens (413).

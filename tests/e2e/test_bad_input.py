@@ -56,6 +56,7 @@ async def test_request_errors(sim_stack):
 
 @pytest.mark.parametrize("topic", [
     topics.requests_topic("free"), topics.WORK, topics.TOKENS, topics.CONTROL, topics.WORKERS,
+    topics.TOOLS,
 ])
 async def test_malformed_event_is_dead_lettered_and_stage_keeps_going(sim_stack, topic):
     marker = f"garbage-{uuid.uuid4()}"

@@ -44,7 +44,8 @@ async def _victim_resources(client: httpx.AsyncClient) -> dict[str, str]:
                                  files={"file": ("private.txt", b"a secret: 7421", "text/plain")})
     assert uploaded.status_code == 200, uploaded.text
     return {"conversation_id": conversation_id, "message_id": request["user_message_id"],
-            "request_id": request["request_id"], "file_id": uploaded.json()["id"]}
+            "request_id": request["request_id"], "file_id": uploaded.json()["id"],
+            "response_id": "resp_" + request["message_id"]}
 
 
 async def _snapshot(client: httpx.AsyncClient, conversation_id: str) -> dict:

@@ -189,6 +189,23 @@ async def test_tokens_per_minute_count_the_prompt_estimate_and_max_tokens(
         assert "Retry-After" not in too_large.headers
 
 
+async def test_n_choices_are_charged_as_n_answers(limited_stack: Stack,
+                                                  ledger: SQLiteLedger) -> None:
+    """`n` choices reserve n times max_tokens at admission, and billing charges every
+    choice's generation (the sim engine counts the prompt's 2 words per generation)."""
+    await clear_of_minute_edge()
+    org = f"choices-org-{uuid.uuid4().hex[:6]}"
+    async with await client_as(limited_stack, "choices-user", org) as client:
+        response = await client.post("/v1/chat/completions", json={
+            "model": "tiny", "messages": [{"role": "user", "content": "hello there"}],
+            "max_tokens": 50, "ignore_eos": True, "n": 2})
+        assert response.status_code == 200, response.text
+        assert response.headers["x-ratelimit-remaining-tokens"] == str(1000 - (3 + 2 * 50))
+        usage = response.json()["usage"]
+        assert (usage["prompt_tokens"], usage["completion_tokens"]) == (2, 100)
+        assert await until_used(ledger, Account.user(org, "choices-user"), 104) == 104
+
+
 # --- quotas -------------------------------------------------------------------------------------
 
 

@@ -21,6 +21,7 @@ class EmulatedFilesCql:
             defaultdict(dict))
         self.file_chunks: dict[str, dict[int, Row]] = defaultdict(dict)
         self.citations: dict[str, dict[str, Row]] = defaultdict(dict)
+        self.tool_steps: dict[str, dict[str, Row]] = defaultdict(dict)
 
     def _insert_file(self, *values: Any) -> list[Row]:
         row = dict(zip(FILE_COLUMNS, values, strict=True))
@@ -82,4 +83,16 @@ class EmulatedFilesCql:
 
     def _delete_citations(self, conversation_id: str) -> list[Row]:
         self.citations.pop(conversation_id, None)
+        return []
+
+    def _insert_tool_steps(self, conversation_id: str, message_id: str, text: str) -> list[Row]:
+        self.tool_steps[conversation_id][message_id] = {"message_id": message_id, "steps": text}
+        return []
+
+    def _select_tool_steps(self, conversation_id: str) -> list[Row]:
+        rows = self.tool_steps.get(conversation_id, {})
+        return [dict(rows[m]) for m in sorted(rows)]
+
+    def _delete_tool_steps(self, conversation_id: str) -> list[Row]:
+        self.tool_steps.pop(conversation_id, None)
         return []

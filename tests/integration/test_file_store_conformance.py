@@ -8,6 +8,7 @@ import asyncio
 from conversations.files import FileChunk, StoredFile
 from conversations.store import ConversationStore
 from schemas.files import Citation
+from schemas.tools import ToolStep
 from tests.integration.test_store_conformance import (  # noqa: F401 - fixtures
     Clock,
     Names,
@@ -111,3 +112,19 @@ async def test_citations_are_kept_per_answer(store: ConversationStore, n: Names)
 
     assert await store.list_citations(n.c1) == {n.a1: first, n.a2: first[:1]}
     assert await store.list_citations(n.nothing) == {}
+
+
+async def test_tool_steps_are_kept_per_answer(store: ConversationStore, n: Names) -> None:
+    steps = [ToolStep(type="tool_call", id="call_1", name="calculator",
+                      arguments='{"expression": "6*7"}'),
+             ToolStep(type="tool_result", id="call_1", name="calculator",
+                      content='{"result": 42}'),
+             ToolStep(type="tool_result", id="call_2", name="clock",
+                      content='{"error": "unknown time zone"}', error=True)]
+    await store.save_tool_steps(n.c1, n.a1, steps)
+    await store.save_tool_steps(n.c1, n.a2, steps[1:])
+    await store.save_tool_steps(n.c1, n.a2, steps[:1])  # replaces
+    await store.save_tool_steps(n.c2, n.a3, steps)
+
+    assert await store.list_tool_steps(n.c1) == {n.a1: steps, n.a2: steps[:1]}
+    assert await store.list_tool_steps(n.nothing) == {}

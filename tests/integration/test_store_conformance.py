@@ -41,6 +41,7 @@ from conversations.store import (
 from schemas.events import Role
 from schemas.files import Citation
 from schemas.lifecycle import RequestStatus
+from schemas.tools import ToolStep
 from schemas.topics import Tier
 from tests.integration.cassandra_emulator import EmulatedCql
 
@@ -526,6 +527,7 @@ async def test_delete_removes_everything_and_only_for_the_owner(
     await store.save_summary(n.c1, n.a1, "a summary")
     await store.save_embeddings(n.c1, "mini", {n.u1: b"\x00" * 8})
     await store.save_citations(n.c1, n.a1, [Citation(n.f1, "a.md", 0, 0.5, "text")])
+    await store.save_tool_steps(n.c1, n.a1, [ToolStep(type="tool_call", id="c", name="clock")])
 
     assert not await store.delete_conversation(n.c1, n.mallory, org_id=n.org)
     assert await store.get_conversation(n.c1) is not None
@@ -538,6 +540,7 @@ async def test_delete_removes_everything_and_only_for_the_owner(
     assert await store.list_summaries(n.c1) == []
     assert await store.load_embeddings(n.c1, "mini") == {}
     assert await store.list_citations(n.c1) == {}
+    assert await store.list_tool_steps(n.c1) == {}
     listed = (await store.list_conversations(n.alice, org_id=n.org)).conversations
     assert [c.conversation_id for c in listed] == [n.keep]
     assert ids(await store.list_messages(n.keep)) == [n.k1]

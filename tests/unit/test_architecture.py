@@ -13,7 +13,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
-STAGES = ("gateway", "scheduler", "workers", "safety", "recorder", "billing", "analytics")
+STAGES = ("gateway", "scheduler", "workers", "safety", "recorder", "billing", "analytics",
+          "servertools")
 """Each runs as its own process (`chatpipe <stage>`), or is one (analytics' ingest)."""
 LIBRARIES = ("schemas", "bus", "conversations", "ledger", "moderation", "common", "ops",
              "retrieval")
@@ -24,7 +25,7 @@ DEPLOYMENT = "chatpipe"
 """Settings, wiring, CLI: the only package that knows every stage."""
 CORES = {
     "scheduler/core.py", "billing/core.py", "recorder/core.py", "safety/core.py",
-    "workers/core.py", "gateway/core.py", "gateway/response_cache.py",
+    "workers/core.py", "gateway/core.py", "gateway/response_cache.py", "servertools/core.py",
 }
 """Pure cores: values in, values out; time only from an injected clock."""
 IO_MODULES = ("aiokafka", "fastapi", "starlette", "httpx", "uvicorn", "time", "asyncio",

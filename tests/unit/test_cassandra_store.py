@@ -54,7 +54,7 @@ def test_schema_creates_keyspace_then_every_table_idempotently() -> None:
         "chat_ks.conversations", "chat_ks.conversations_by_owner", "chat_ks.messages",
         "chat_ks.message_ids", "chat_ks.summaries", "chat_ks.embeddings", "chat_ks.requests",
         "chat_ks.api_keys", "chat_ks.api_key_ids", "chat_ks.files", "chat_ks.files_by_owner",
-        "chat_ks.file_chunks", "chat_ks.citations", "chat_ks.org_settings",
+        "chat_ks.file_chunks", "chat_ks.citations", "chat_ks.tool_steps", "chat_ks.org_settings",
         "chat_ks.response_cache",
     ]  # fmt: skip
     upgrades = statements[1 + len(cql.TABLES):]

@@ -361,7 +361,7 @@ def _seconds(duration: str) -> float:
 # What each stage reads from model directories as it starts (chatpipe/wiring.py
 # run_stage). A new stage must be put in one of the two sets.
 STAGES_READING_MODELS = {"gateway", "worker"}
-STAGES_WITHOUT_MODELS = {"scheduler", "safety", "recorder", "billing"}
+STAGES_WITHOUT_MODELS = {"scheduler", "safety", "recorder", "billing", "tools"}
 
 
 def model_dirs(container: Container, settings: Settings) -> dict[str, Path]:

@@ -33,8 +33,9 @@ def test_one_user_per_deployed_stage_and_none_is_the_admin():
 
 
 @pytest.mark.parametrize("tier", list(topics.Tier))
-def test_only_gateways_write_requests(tier):
-    assert who(W, topics.requests_topic(tier)) == {"gateway"}
+def test_only_gateways_and_the_tools_stage_write_requests(tier):
+    """The tools stage queues a server-tools turn's next round."""
+    assert who(W, topics.requests_topic(tier)) == {"gateway", "tools"}
     assert who(R, topics.requests_topic(tier)) == {"scheduler"}
 
 
@@ -47,8 +48,8 @@ def test_the_safety_stage_asks_nothing_the_judge_is_the_gateways():
 
 def test_token_chunks_come_from_workers_and_the_scheduler_only():
     """Workers write the chunks; the scheduler an attempt's start marker and the end of
-    a request no worker served."""
-    assert who(W, topics.TOKENS) == {"worker", "scheduler"}
+    a request no worker served; the tools stage a server tool's result."""
+    assert who(W, topics.TOKENS) == {"worker", "scheduler", "tools"}
     assert who(R, topics.TOKENS) == {"safety", "worker"}
 
 
@@ -89,6 +90,11 @@ def test_consumer_groups_are_the_stages_own():
 
     assert {u for u in STAGE_USERS if allowed(u, R, Resource.GROUP, GROUP)} == {"scheduler"}
     assert not allowed("worker", R, Resource.GROUP, "chatpipe-anything")
+
+
+def test_tool_rounds_go_from_workers_to_the_tools_stage():
+    assert who(W, topics.TOOLS) == {"worker"}
+    assert who(R, topics.TOOLS) == {"tools"}
 
 
 def test_the_deployed_script_is_generated_from_the_table():

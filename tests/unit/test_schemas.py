@@ -101,7 +101,7 @@ def test_bad_bytes_raise_decode_error(raw):
 def test_topic_names():
     assert requests_topic("pro") == "chat.requests.pro"
     assert deliver_topic("gw1") == "chat.deliver.gw1"
-    assert len(set(shared_topics())) == len(shared_topics()) == 14
+    assert len(set(shared_topics())) == len(shared_topics()) == 15
     with pytest.raises(ValueError):
         requests_topic("platinum")
 

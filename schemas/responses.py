@@ -1,0 +1,317 @@
+"""OpenAI Responses API models (`/v1/responses`), as the official SDK sends and reads them.
+
+A request's fields are either honoured or refused: `ResponseRequest` declares the ones
+chatpipe honours; any other field the client sets is a 400 naming it
+(`refused_fields`), `unsupported_parameter` for one of OpenAI's that chatpipe does not
+do, `unknown_parameter` for one OpenAI does not know either. A field set to nothing
+(null, `[]`, `{}`) or to what chatpipe does anyway (`NEUTRAL`) is no request at all.
+
+The response and its stream events hold the fields the SDK's `Response` and
+`Response*Event` types require; one output item, an assistant message with one
+`output_text` part.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from schemas.api import MaxTokens, Temperature, Text, TopP
+from schemas.events import DeliveryError, Usage
+from schemas.lifecycle import RequestStatus
+
+RESPONSE_ID_PREFIX = "resp_"
+
+# --- requests -------------------------------------------------------------------------
+
+
+class InputTextPart(BaseModel):
+    """A text part of an input message; `output_text` is how an earlier answer's own
+    output comes back as input."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    type: Literal["input_text", "output_text"]
+    text: Text
+
+
+class InputItem(BaseModel):
+    """One message of `input`. `system` and `developer` messages are instructions for this
+    answer; `user` and `assistant` messages are the conversation."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    type: Literal["message"] = "message"
+    role: Literal["user", "system", "developer", "assistant"]
+    content: Text | list[InputTextPart]
+
+    @property
+    def text(self) -> str:
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(part.text for part in self.content)
+
+    @property
+    def instructs(self) -> bool:
+        return self.role in ("system", "developer")
+
+
+class ResponseRequest(BaseModel):
+    """`POST /v1/responses`. Fields not declared here are kept (`model_extra`) to be
+    refused by name."""
+
+    model_config = ConfigDict(extra="allow")
+
+    input: Text | list[InputItem] = Field(
+        description="the user's text, or messages ending with a user message")
+    instructions: Text | None = Field(
+        None, description="a system message for this answer only (not carried over by "
+        "previous_response_id)")
+    model: Text | None = Field(None, description="one of GET /v1/models; unset: the default")
+    max_output_tokens: MaxTokens | None = None
+    temperature: Temperature | None = None
+    top_p: TopP | None = None
+    stream: bool = False
+    previous_response_id: Text | None = Field(
+        None, description="a stored response of the caller's: the answer continues its "
+        "conversation from it")
+    store: bool = Field(True, description="false: the response is not stored, nor retrievable")
+    background: bool = Field(False, description="answer at once; the generation goes on "
+                             "(needs store)")
+
+    @property
+    def items(self) -> list[InputItem]:
+        if isinstance(self.input, str):
+            return [InputItem(role="user", content=self.input)]
+        return self.input
+
+    @property
+    def all_instructions(self) -> str | None:
+        """`instructions`, then every system or developer message of `input`."""
+        texts = [self.instructions or "", *(i.text for i in self.items if i.instructs)]
+        joined = "\n\n".join(t for t in texts if t)
+        return joined or None
+
+    @property
+    def conversation_items(self) -> list[InputItem]:
+        return [item for item in self.items if not item.instructs]
+
+
+OPENAI_FIELDS = frozenset({
+    "conversation", "include", "max_tool_calls", "metadata", "parallel_tool_calls", "prompt",
+    "prompt_cache_key", "prompt_cache_retention", "reasoning", "safety_identifier",
+    "service_tier", "stream_options", "text", "tool_choice", "tools", "top_logprobs",
+    "truncation", "user",
+})
+"""Fields of OpenAI's request that chatpipe does not honour (set, they are refused)."""
+
+NEUTRAL: dict[str, tuple[object, ...]] = {
+    "text": ({"format": {"type": "text"}},),
+    "truncation": ("auto",),
+    "tool_choice": ("none", "auto"),
+    "parallel_tool_calls": (True, False),
+}
+"""Values that ask for what chatpipe does anyway: plain text out, old turns dropped or
+summarised when the window is full (`auto`), no tools."""
+
+
+def refused_fields(request: ResponseRequest) -> list[tuple[str, str]]:
+    """(field, code) of every field set that chatpipe does not honour."""
+    refused = []
+    for name, value in (request.model_extra or {}).items():
+        if value in (None, [], {}) or value in NEUTRAL.get(name, ()):
+            continue
+        refused.append((name, "unsupported_parameter" if name in OPENAI_FIELDS
+                        else "unknown_parameter"))
+    return refused
+
+
+def response_id(message_id: str) -> str:
+    return RESPONSE_ID_PREFIX + message_id
+
+
+def message_id_of(response_id: str) -> str | None:
+    """The assistant message a response id names; None for an id that names none."""
+    if not response_id.startswith(RESPONSE_ID_PREFIX):
+        return None
+    return response_id.removeprefix(RESPONSE_ID_PREFIX) or None
+
+
+# --- responses ------------------------------------------------------------------------
+
+ResponseStatus = Literal["queued", "in_progress", "completed", "incomplete", "failed",
+                         "cancelled"]
+IncompleteReason = Literal["max_output_tokens", "content_filter"]
+
+
+class OutputText(BaseModel):
+    type: Literal["output_text"] = "output_text"
+    text: str = ""
+    annotations: list[dict[str, object]] = Field(default_factory=list)
+    logprobs: list[dict[str, object]] = Field(default_factory=list)
+
+
+class OutputMessage(BaseModel):
+    id: str
+    type: Literal["message"] = "message"
+    role: Literal["assistant"] = "assistant"
+    status: Literal["in_progress", "completed", "incomplete"] = "in_progress"
+    content: list[OutputText] = Field(default_factory=list)
+
+
+class InputTokensDetails(BaseModel):
+    cached_tokens: int = 0
+    cache_write_tokens: int = 0
+
+
+class OutputTokensDetails(BaseModel):
+    reasoning_tokens: int = 0
+
+
+class ResponseUsage(BaseModel):
+    input_tokens: int
+    input_tokens_details: InputTokensDetails
+    output_tokens: int
+    output_tokens_details: OutputTokensDetails = Field(default_factory=OutputTokensDetails)
+    total_tokens: int
+
+    @classmethod
+    def of(cls, usage: Usage) -> ResponseUsage:
+        return cls(input_tokens=usage.prompt_tokens,
+                   input_tokens_details=InputTokensDetails(cached_tokens=usage.cached_tokens),
+                   output_tokens=usage.completion_tokens,
+                   total_tokens=usage.prompt_tokens + usage.completion_tokens)  # fmt: skip
+
+
+class ResponseError(BaseModel):
+    code: str = Field(description="`rate_limit_exceeded` when retrying later may help, "
+                      "else `server_error`; the message starts with chatpipe's own code")
+    message: str
+
+    @classmethod
+    def of(cls, error: DeliveryError) -> ResponseError:
+        code = "rate_limit_exceeded" if error.retry_after is not None else "server_error"
+        return cls(code=code, message=f"{error.code}: {error.message}")
+
+
+class IncompleteDetails(BaseModel):
+    reason: IncompleteReason
+
+
+class ConversationRef(BaseModel):
+    id: str = Field(description="the chatpipe conversation (GET /v1/conversations/{id})")
+
+
+class TextFormat(BaseModel):
+    type: Literal["text"] = "text"
+
+
+class TextConfig(BaseModel):
+    format: TextFormat = Field(default_factory=TextFormat)
+
+
+class ResponseObject(BaseModel):
+    """A response as `GET /v1/responses/{id}` and the stream's lifecycle events give it."""
+
+    id: str
+    object: Literal["response"] = "response"
+    created_at: float
+    status: ResponseStatus
+    model: str
+    output: list[OutputMessage] = Field(default_factory=list)
+    instructions: str | None = None
+    max_output_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    previous_response_id: str | None = None
+    store: bool = True
+    background: bool = False
+    conversation: ConversationRef | None = None
+    error: ResponseError | None = None
+    incomplete_details: IncompleteDetails | None = None
+    usage: ResponseUsage | None = None
+    parallel_tool_calls: bool = False
+    tool_choice: Literal["none"] = "none"
+    tools: list[dict[str, object]] = Field(default_factory=list)
+    metadata: dict[str, str] = Field(default_factory=dict)
+    text: TextConfig = Field(default_factory=TextConfig)
+    truncation: Literal["auto"] = "auto"
+
+    @property
+    def output_text(self) -> str:
+        return "".join(part.text for item in self.output for part in item.content)
+
+
+_STATUS: dict[RequestStatus, tuple[ResponseStatus, IncompleteReason | None]] = {
+    RequestStatus.FINISHED_STOPPED: ("completed", None),
+    RequestStatus.FINISHED_LENGTH: ("incomplete", "max_output_tokens"),
+    RequestStatus.FINISHED_FILTERED: ("incomplete", "content_filter"),
+    RequestStatus.FINISHED_ABORTED: ("cancelled", None),
+    RequestStatus.FINISHED_ERROR: ("failed", None),
+}
+
+
+def response_status(status: RequestStatus) -> tuple[ResponseStatus, IncompleteReason | None]:
+    """A response's status (and why it is incomplete) for its answer's request status;
+    anything not finished is `in_progress`."""
+    return _STATUS.get(status, ("in_progress", None))
+
+
+# --- stream events --------------------------------------------------------------------
+
+
+class ResponseEvent(BaseModel):
+    """One event of a streamed response; `sequence_number` orders them and is what
+    `starting_after` counts (`gateway.response_events`)."""
+
+    type: str
+    sequence_number: int
+
+
+class ResponseLifecycleEvent(ResponseEvent):
+    """`response.created`, `.in_progress`, `.completed`, `.failed`, `.incomplete`."""
+
+    response: ResponseObject
+
+
+class OutputItemEvent(ResponseEvent):
+    """`response.output_item.added` and `.done`."""
+
+    output_index: int = 0
+    item: OutputMessage
+
+
+class ContentPartEvent(ResponseEvent):
+    """`response.content_part.added` and `.done`."""
+
+    item_id: str
+    output_index: int = 0
+    content_index: int = 0
+    part: OutputText
+
+
+class _TextEvent(ResponseEvent):
+    item_id: str
+    output_index: int = 0
+    content_index: int = 0
+    logprobs: list[dict[str, object]] = Field(default_factory=list)
+
+
+class TextDeltaEvent(_TextEvent):
+    type: str = "response.output_text.delta"
+    delta: str
+
+
+class TextDoneEvent(_TextEvent):
+    type: str = "response.output_text.done"
+    text: str
+
+
+class ResponseErrorEvent(ResponseEvent):
+    """`error`: the stream stopped before the response's end."""
+
+    type: str = "error"
+    code: str
+    message: str
+    param: str | None = None
