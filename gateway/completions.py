@@ -7,9 +7,11 @@ check (`openai_compat.admit_generation`), not stored, cancelled when its client 
 its usage is on chat.usage and billed as any answer's.
 
 Every field of OpenAI's request is honoured or refused with a 400 naming it
-(`unsupported_parameter`): one choice (`n`, `best_of`), no `logprobs`, no `suffix`, no
-penalties or `logit_bias`; a prompt is one string (token arrays and several prompts
-are refused: `unsupported_prompt`).
+(`unsupported_parameter`): the sampling parameters pass to the engine as a chat
+completion's do (penalties, `logit_bias` checked against the vocabulary, vLLM's
+`min_p`/`top_k`/`repetition_penalty`); one choice (`n`, `best_of`), no `logprobs`, no
+`suffix`; a prompt is one string (token arrays and several prompts are refused:
+`unsupported_prompt`).
 """
 
 from __future__ import annotations
@@ -78,9 +80,6 @@ _UNSUPPORTED: tuple[tuple[str, Callable[[CompletionRequest], bool], str], ...] =
     ("best_of", lambda body: body.best_of not in (None, 1), "one choice per request"),
     ("logprobs", lambda body: body.logprobs is not None, "log probabilities are not returned"),
     ("suffix", lambda body: bool(body.suffix), "no insertion (fill in the middle)"),
-    ("presence_penalty", lambda body: body.presence_penalty != 0, "no penalties here"),
-    ("frequency_penalty", lambda body: body.frequency_penalty != 0, "no penalties here"),
-    ("logit_bias", lambda body: bool(body.logit_bias), "no logit bias here"),
 )
 """Fields chatpipe cannot honour: (field, set to what it can't honour, why)."""
 
@@ -102,7 +101,8 @@ def to_generation_request(
     choice = choose_model(limits, aliases, body.model, owner.tier, conversation_id)
     sampling = sampling_options(limits, max_tokens=body.max_tokens, temperature=body.temperature,
                                 top_p=body.top_p, seed=body.seed, stop=body.stop_sequences,
-                                ignore_eos=body.ignore_eos)  # fmt: skip
+                                ignore_eos=body.ignore_eos,
+                                engine=body.engine_sampling())  # fmt: skip
     request = owner_request(owner, model=choice.model, messages=(), sampling=sampling,
                             reply_to=reply_to, timeout_s=config.request_timeout_s,
                             sent_at=now(), conversation_id=conversation_id,

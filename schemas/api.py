@@ -538,11 +538,13 @@ class ModelList(BaseModel):
 
 # --- OpenAI-compatible API: text completions and embeddings ---------------------------
 
-class CompletionRequest(BaseModel):
+class CompletionRequest(SamplingParameters):
     """`POST /v1/completions`: text in, text out, the prompt as it is (no chat template).
 
-    Every field of OpenAI's request is declared: what chatpipe cannot honour is refused
-    by `gateway.completions` with a 400 naming it when set to anything but its default;
+    Every field of OpenAI's request is declared, its sampling parameters (penalties,
+    `logit_bias`, vLLM's extras) as a chat completion's: what chatpipe cannot honour is
+    refused by `gateway.completions` with a 400 naming it when set to anything but its
+    default;
     a field OpenAI does not define is kept (`model_extra`) to be refused, 400
     `unknown_parameter`."""
 
@@ -567,9 +569,6 @@ class CompletionRequest(BaseModel):
     best_of: int | None = Field(None, ge=1, description="refused unless 1")
     logprobs: int | None = Field(None, ge=0, le=5, description="refused")
     suffix: Text | None = Field(None, description="refused")
-    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0, description="refused unless 0")
-    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0, description="refused unless 0")
-    logit_bias: dict[str, float] | None = Field(None, description="refused unless empty")
 
     # The same fields as a chat completion's, read the same way.
     include_usage = ChatCompletionRequest.include_usage

@@ -77,6 +77,13 @@ class FakeEmbeddingModel(WordEmbedder):
         return super().embed(texts)
 
 
+class VocabularyWordTokenizer(WordTokenizer):
+    """A word a token, in a vocabulary of 1,000 (what `logit_bias` is checked against)."""
+
+    def __len__(self) -> int:
+        return 1000
+
+
 @pytest.fixture
 def settings(tmp_path: Path) -> Settings:
     return Settings(model_name="tiny", max_message_chars=60, default_max_tokens=32,
@@ -96,7 +103,7 @@ def deps(settings, store, pipeline, embedder, limiter) -> GatewayDeps:
     model; `forbidden` is blocked by the input check."""
     built = ContextBuilder.from_config(gateway_config(settings).context)
     context = ContextBuilder(system_prompt="", policy=built.policy,
-                             counter=lambda model: TokenCounter(WordTokenizer()),
+                             counter=lambda model: TokenCounter(VocabularyWordTokenizer()),
                              embedder=lambda: embedder)  # fmt: skip
     safety = SafetyPolicy(input={"*": [RuleClassifier({"banned": ["forbidden"]})]})
     return gateway_deps(settings, store, pipeline, context, rate_limiter=limiter, safety=safety)
@@ -204,8 +211,7 @@ def test_a_completion_is_never_answered_from_the_response_cache(settings):
 
 
 @pytest.mark.parametrize(("field", "value"), [
-    ("n", 2), ("best_of", 3), ("logprobs", 2), ("suffix", "end"), ("presence_penalty", 0.5),
-    ("frequency_penalty", -1.0), ("logit_bias", {"50256": -100}),
+    ("n", 2), ("best_of", 3), ("logprobs", 2), ("suffix", "end"),
 ])
 async def test_fields_chatpipe_cannot_honour_are_400_naming_them(client, pipeline, field, value):
     response = await client.post("/v1/completions", headers=ALICE,
@@ -218,8 +224,21 @@ async def test_their_defaults_are_taken(client, pipeline):
     pipeline.script(delta("x", 0), done(1))
     response = await client.post("/v1/completions", headers=ALICE, json={
         "model": "tiny", "prompt": "x", "n": 1, "best_of": 1, "logprobs": None, "suffix": None,
-        "presence_penalty": 0, "frequency_penalty": 0, "logit_bias": {}, "echo": False})
+        "echo": False})
     assert response.status_code == 200, response.text
+
+
+async def test_sampling_parameters_pass_to_the_engine_as_a_chat_completions_do(
+        sdk, pipeline):
+    pipeline.script(delta("x", 0), done(1))
+    await sdk.completions.create(model="tiny", prompt="x", presence_penalty=0.5,
+                                 frequency_penalty=-1.0, logit_bias={"0": -100},
+                                 extra_body={"top_k": 5, "min_p": 0.1,
+                                             "repetition_penalty": 1.2})
+    sampling = pipeline.submitted[0].sampling
+    assert (sampling.presence_penalty, sampling.frequency_penalty, sampling.logit_bias,
+            sampling.top_k, sampling.min_p, sampling.repetition_penalty) == (
+        0.5, -1.0, {0: -100}, 5, 0.1, 1.2)
 
 
 @pytest.mark.parametrize(("body", "status", "code", "param"), [
@@ -232,6 +251,7 @@ async def test_their_defaults_are_taken(client, pipeline):
     ({"prompt": "x", "max_tokens": 101}, 422, "max_tokens_too_large", "max_tokens"),
     ({"prompt": "x", "temperature": 3}, 422, "invalid_request", "temperature"),
     ({"prompt": "x", "functions": []}, 400, "unknown_parameter", "functions"),
+    ({"prompt": "x", "logit_bias": {"1000": 5}}, 400, "invalid_logit_bias", "logit_bias"),
     ({"prompt": "x", "model": "gpt-9"}, 404, "model_not_found", "model"),
     ({"prompt": "x", "model": BUNDLED_MODEL}, 404, "model_not_found", "model"),
     ({"prompt": "a forbidden word"}, 400, "content_blocked", "content"),
