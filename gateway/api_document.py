@@ -138,15 +138,19 @@ def _declare_parameters(completion: Schema, limits: RequestLimits) -> None:
         properties[name] = {"anyOf": [{"enum": values}, {"type": "null"}],
                             "description": properties[name].get("description")}
     _constrain(completion, "n", {"maximum": limits.max_choices})
+    _declare_logit_bias(completion)
+    completion.setdefault("allOf", []).append(
+        {"if": {"required": ["top_logprobs"],
+                "properties": {"top_logprobs": {"type": "integer"}}},
+         "then": {"required": ["logprobs"], "properties": {"logprobs": {"const": True}}}})
+
+
+def _declare_logit_bias(completion: Schema) -> None:
     # Token ids, as strings: the document cannot know each model's vocabulary, so it allows
     # the ids every model served has (any tokenizer has more than 10,000); the gateway takes
     # every id of the model's and refuses others (400 invalid_logit_bias).
     _constrain(completion, "logit_bias", {"propertyNames": {"pattern": "^(0|[1-9][0-9]{0,3})$"}},
                "object")
-    completion.setdefault("allOf", []).append(
-        {"if": {"required": ["top_logprobs"],
-                "properties": {"top_logprobs": {"type": "integer"}}},
-         "then": {"required": ["logprobs"], "properties": {"logprobs": {"const": True}}}})
 
 
 def _declare_text_completion_limits(schemas: dict[str, Schema], limits: RequestLimits,
@@ -158,6 +162,7 @@ def _declare_text_completion_limits(schemas: dict[str, Schema], limits: RequestL
         return
     completion["additionalProperties"] = False
     _seed_range(completion)
+    _declare_logit_bias(completion)
     _constrain(completion, "model", models)
     _constrain(completion, "max_tokens", {"maximum": limits.max_tokens_limit})
     _constrain(completion, "prompt", {"minLength": 1, "maxLength": limits.max_message_chars})
