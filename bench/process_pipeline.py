@@ -237,8 +237,11 @@ def prints_logs_on_failure(test: Callable[..., Awaitable[None]]) -> Callable[...
 async def running_pipeline(tmp_path: Path, **settings: object) -> AsyncIterator[Pipeline]:
     """A fresh broker with every topic created; stages are started by the test."""
     async with EmbeddedBroker() as broker:
+        shards = settings.get("scheduler_shards") or {}  # each its own chat.work.<shard>
+        assert isinstance(shards, dict)
         layout = TopicLayout(**{k: v for k, v in settings.items()
-                                if k in ("topic_partitions", "work_partitions")})
+                                if k in ("topic_partitions", "work_partitions")},
+                             shards=tuple(shards))
         await ensure_topics(broker.bootstrap_servers, layout)
         pipeline = Pipeline(tmp_path, broker, settings)
         try:

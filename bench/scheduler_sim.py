@@ -1,7 +1,7 @@
 """`python -m bench scheduler_sim`: the scheduler at scale (issue 15).
 
     python -m bench scheduler_sim --workers 1000            # ~1.5 min
-    python -m bench scheduler_sim --workers 1000 --shards 4 --kafka-seconds 0
+    python -m bench scheduler_sim --workers 1000 --shards 2 --kafka-seconds 0 --gc-freeze
     python -m bench scheduler_sim --workers 20 --waiting 200 --rate 300 --seconds 0.5 --kafka-seconds 0
 
 The real scheduler core (`scheduler/core.py`) with simulated workers: heterogeneous
@@ -17,11 +17,17 @@ which advances each step by the core's own time in it (`CoreSim`):
   cancels, heartbeats and each decision cycle: what the stage's `_decide` asks the
   core after a batch);
 - a decision's latency is the core time of the step that made it, p99 over every
-  decision.
+  decision. Core time is the process's CPU time (`CORE_CLOCK`): on a shared machine
+  other processes' time is not the scheduler's.
+
+With `--shards N` the workers, the waiting set and the offered rate are split N ways
+(scheduler shards by model, `scheduler/shards.py`): each shard is its own process, as a
+deployment runs them, so each can use a core; their measured windows run together.
 
 Then (unless `--kafka-seconds 0`) a smaller run through the scheduler's Kafka stage
-on the embedded broker (`bench/scheduler_kafka.py`), its own line. The last line is
-`decisions/s=N p99_ms=M` of the core run (with `--shards`, their sum and worst p99).
+on the embedded broker (`bench/scheduler_kafka.py`; with `--shards`, one scheduler
+process per shard), its own line. The last line is `decisions/s=N p99_ms=M` of the core
+run (with `--shards`, their sum and the worst shard's p99).
 """
 
 from __future__ import annotations
@@ -30,13 +36,16 @@ import argparse
 import functools
 import gc
 import heapq
+import multiprocessing
 import random
 import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from scheduler.core import Dispatch, Policy, Scheduler
+from scheduler.shards import HeapFreezer
 from schemas.events import ChatMessage, GenerationRequest, Role, SamplingOptions, WorkerHeartbeat
 from schemas.topics import Tier
 
@@ -53,6 +62,14 @@ CANCEL_RUNNING = 0.01
 RESTART_EVERY_S = 2.0
 """A worker process restarts this often (virtual seconds): what it ran goes out again."""
 DEADLINE_S = {Tier.FREE: 120.0}
+CORE_CALLS = ("on_heartbeat", "queue_updates", "schedule", "unread_assignments",
+              "add_request", "on_dispatched", "cancel", "status", "remove_lost_workers",
+              "expire")
+"""The core's calls that `--breakdown` times one by one."""
+CORE_CLOCK = time.process_time
+"""The core's time: this process's CPU time, garbage collections included, so that
+other processes on a shared machine (or the other shards, on fewer cores than shards)
+do not count as the scheduler's."""
 
 
 def policy() -> Policy:
@@ -133,11 +150,13 @@ class Timings:
     heartbeats: int = 0
     admitted: int = 0
     waiting_seen: list[int] = field(default_factory=list)
+    by_call: dict[str, float] = field(default_factory=dict)
+    """With `--breakdown`: core seconds in each of CORE_CALLS."""
 
     def timed(self, call: Callable[[], object]) -> object:
-        started = time.perf_counter()
+        started = CORE_CLOCK()
         result = call()
-        self.core_s += time.perf_counter() - started
+        self.core_s += CORE_CLOCK() - started
         return result
 
     def p99_ms(self) -> float:
@@ -194,12 +213,12 @@ class CoreSim:
         self.next_restart = self.now + RESTART_EVERY_S
         self.timings = Timings()
         self.filling = False
-        self.gc_freeze = gc_freeze
-        self.frozen_at = self.now
+        self.heap = HeapFreezer(1.0 if gc_freeze else 0.0, lambda: self.now)
 
-    def run(self, seconds: float, warmup_s: float = 3.0) -> Timings:
-        """Warm up (fill every slot, `warmup_s` simulated), then measure for `seconds`
-        of wall time."""
+    def run(self, seconds: float, warmup_s: float = 3.0,
+            warm: Callable[[], object] = lambda: None) -> Timings:
+        """Warm up (fill every slot, `warmup_s` simulated), call `warm` (other shards
+        wait there for each other), then measure for `seconds` of wall time."""
         for worker in self.workers.values():
             self.core.on_heartbeat(worker.heartbeat(self.now))
         self.filling = True  # every slot, as if running for a while already
@@ -209,8 +228,8 @@ class CoreSim:
         warm_until = self.now + warmup_s
         while self.now < warm_until:
             self.step()
+        warm()
         self.timings = Timings()
-        self._freeze()
         deadline = time.perf_counter() + seconds
         while time.perf_counter() < deadline:
             self.step()
@@ -247,8 +266,7 @@ class CoreSim:
         step_s = t.core_s - core_before
         t.decisions += len(sent)
         t.latencies_ms.extend([step_s * 1000] * len(sent))
-        if self.now - self.frozen_at >= 1.0:
-            self._freeze()
+        self.heap.tick()  # as the stage does after each batch
         advance = max(self.tick_s, step_s)
         t.virtual_s += advance
         self.now += advance
@@ -264,14 +282,25 @@ class CoreSim:
                 (offset, dispatch.request.request_id, service))
         return len(sent)
 
-    def _freeze(self) -> None:
-        self.frozen_at = self.now
-        if self.gc_freeze:
-            gc.freeze()
+    def time_each_call(self) -> None:
+        """Count the core time of each of CORE_CALLS in `timings.by_call`."""
+        for name in CORE_CALLS:
+            setattr(self.core, name, functools.partial(self._timed_call, name,
+                                                       getattr(self.core, name)))
+
+    def _timed_call(self, name: str, call: Callable[..., Any], *args: Any,
+                    **kwargs: Any) -> Any:
+        started = CORE_CLOCK()
+        try:
+            return call(*args, **kwargs)
+        finally:
+            by_call = self.timings.by_call
+            by_call[name] = by_call.get(name, 0.0) + CORE_CLOCK() - started
 
     def _decide(self) -> list[tuple[Dispatch, int]]:
-        """What `SchedulerStage._decide` asks the core after each batch of records;
-        each dispatch with its offset on its worker's `chat.work` partition."""
+        """What `SchedulerStage._decide` asks the core after each batch of records, and
+        its journal commit after them; each dispatch with its offset on its worker's
+        `chat.work` partition."""
         core = self.core
         core.remove_lost_workers()
         core.expire()
@@ -283,6 +312,7 @@ class CoreSim:
             worker.next_offset += 1
         core.queue_updates()
         core.status()
+        core.unread_assignments()  # the journal's commit after the batch (_commit_journal)
         return sent
 
     def _workers_read(self) -> None:
@@ -324,7 +354,15 @@ def report(label: str, timings: Timings) -> str:
             f"{timings.admitted} admitted; waiting {min(waiting)}-{max(waiting)} "
             f"(mean {statistics.fmean(waiting):,.0f}); decision latency p50 "
             f"{statistics.median(timings.latencies_ms):.2f} ms, p99 {timings.p99_ms():.2f} ms, "
-            f"max {max(timings.latencies_ms):.2f} ms")
+            f"max {max(timings.latencies_ms):.2f} ms{_breakdown(timings)}")
+
+
+def _breakdown(timings: Timings) -> str:
+    if not timings.by_call or not timings.core_s:
+        return ""
+    ranked = sorted(timings.by_call.items(), key=lambda item: -item[1])
+    return "; core time by call: " + ", ".join(
+        f"{name} {seconds / timings.core_s:.0%}" for name, seconds in ranked if seconds)
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -342,13 +380,16 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         help="decisions/s offered: slots free this fast (above what the "
                              "core carries, the run measures its capacity)")
     parser.add_argument("--shards", type=int, default=1,
-                        help="schedulers, each with its share of the workers, the waiting "
-                             "set and the rate (each owns a slice of the request and work "
-                             "partitions); run one after another, summed")
+                        help="scheduler shards, each with its share of the workers, the "
+                             "waiting set and the rate, each its own process, measured "
+                             "together; decisions/s summed")
     parser.add_argument("--gc-freeze", action="store_true",
-                        help="what the core would do if its process froze the heap it has "
-                             "(gc.freeze) after warm-up and every simulated second, so "
-                             "CPython's full collections skip it (the stage does not yet)")
+                        help="freeze the heap every simulated second (gc.freeze, "
+                             "HeapFreezer), as the stage does with "
+                             "CHATPIPE_SCHEDULER_GC_FREEZE_S=1")
+    parser.add_argument("--breakdown", action="store_true",
+                        help="time each of the core's calls too: the share of core time "
+                             "each takes (the timing adds a little to each call)")
     parser.add_argument("--seed", type=int, default=15)
     return parser.parse_args(argv)
 
@@ -356,20 +397,61 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def cli(argv: list[str]) -> None:
     args = parse_args(argv)
     shards = max(1, args.shards)
-    runs = []
-    for shard in range(shards):
-        sim = CoreSim(args.workers // shards, args.waiting // shards, args.rate / shards,
-                      seed=args.seed + shard, gc_freeze=args.gc_freeze)
-        runs.append(sim.run(args.seconds))
-        label = f"shard {shard + 1}/{shards}, " if shards > 1 else ""
+    runs = shard_runs(args, shards)
+    for shard, run in enumerate(runs):
+        label = f"shard {shard + 1}/{shards} (its own process), " if shards > 1 else ""
         print(report(f"core, {label}{args.workers // shards} workers, "
-                     f"{args.rate / shards:,.0f}/s offered", runs[-1]), flush=True)
+                     f"{args.rate / shards:,.0f}/s offered", run), flush=True)
     rate = sum(run.rate() for run in runs)
     p99_ms = max(run.p99_ms() for run in runs)
     if args.kafka_seconds > 0:
         from bench.scheduler_kafka import kafka_run
 
-        print(kafka_run(args.kafka_workers, args.kafka_seconds, args.seed), flush=True)
+        print(kafka_run(args.kafka_workers, args.kafka_seconds, args.seed, shards=shards),
+              flush=True)
     if shards > 1:
         print(f"{shards} shards together: {rate:,.0f} decisions/s, the worst p99 {p99_ms:.2f} ms")
     print(f"decisions/s={rate:.0f} p99_ms={p99_ms:.2f}")
+
+
+def _sim(args: argparse.Namespace, shard: int, shards: int) -> CoreSim:
+    """Shard `shard` of `shards`: its share of the workers, the waiting set and the rate."""
+    sim = CoreSim(args.workers // shards, args.waiting // shards, args.rate / shards,
+                  seed=args.seed + shard, gc_freeze=args.gc_freeze)
+    if args.breakdown:
+        sim.time_each_call()
+    return sim
+
+
+def shard_runs(args: argparse.Namespace, shards: int) -> list[Timings]:
+    """Each shard in its own (spawned) process, set as a stage process is; once all are
+    warm, they measure together."""
+    context = multiprocessing.get_context("spawn")
+    barrier = context.Barrier(shards)
+    results = context.Queue()
+    processes = [context.Process(target=_shard_process, args=(args, shard, shards, barrier,
+                                                              results), daemon=True)
+                 for shard in range(shards)]
+    for process in processes:
+        process.start()
+    found = dict(results.get(timeout=args.seconds + 600) for _ in processes)
+    for process in processes:
+        process.join()
+    return [found[shard] for shard in range(shards)]
+
+
+def _shard_process(args: argparse.Namespace, shard: int, shards: int, barrier: Any,
+                   results: Any) -> None:
+    sim = _stage_process_sim(args, shard, shards)
+    results.put((shard, sim.run(args.seconds, warm=barrier.wait)))
+
+
+def _stage_process_sim(args: argparse.Namespace, shard: int, shards: int) -> CoreSim:
+    """The sim in a process whose collector is set as a stage process's once started
+    (`chatpipe.wiring`: what start-up loaded frozen, GC_THRESHOLDS)."""
+    from chatpipe.wiring import GC_THRESHOLDS
+
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(*GC_THRESHOLDS)
+    return _sim(args, shard, shards)

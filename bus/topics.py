@@ -33,11 +33,14 @@ class TopicLayout:
     work_partitions: int = 4
     """Of chat.work: at most this many workers."""
     replication_factor: int = 1
+    shards: tuple[str, ...] = ()
+    """Named scheduler shards: each has its own chat.work.<shard>, as chat.work."""
 
     def partitions(self) -> dict[str, int]:
         """Partition count of every shared topic."""
         counts = {name: self.topic_partitions for name in topics.shared_topics()}
-        counts[topics.WORK] = self.work_partitions
+        for shard in ("", *self.shards):
+            counts[topics.work_topic(shard)] = self.work_partitions
         counts[topics.SCHEDULER] = 1  # one writer; readers want its newest status
         counts[topics.ROLLOUT] = 1  # every gateway reads it all, in the order it was set
         return counts

@@ -21,7 +21,7 @@ from enum import StrEnum
 from billing.stage import GROUP as BILLING_GROUP
 from recorder.stage import GROUP as RECORDER_GROUP
 from safety.stage import GROUP as SAFETY_GROUP
-from scheduler.stage import GROUP as SCHEDULER_GROUP
+from scheduler.shards import GROUP as SCHEDULER_GROUP
 from servertools.stage import GROUP as TOOLS_GROUP
 from schemas import topics
 from workers.stage import GROUP as WORKER_GROUP
@@ -73,8 +73,8 @@ def on_prefix(prefix: str, *operations: Operation) -> tuple[Grant, ...]:
     return tuple(Grant(op, Resource.TOPIC, prefix, prefixed=True) for op in operations)
 
 
-def joins(group: str) -> Grant:
-    return Grant(Operation.READ, Resource.GROUP, group)
+def joins(group: str, prefixed: bool = False) -> Grant:
+    return Grant(Operation.READ, Resource.GROUP, group, prefixed=prefixed)
 
 
 R, W, C = Operation.READ, Operation.WRITE, Operation.CREATE
@@ -97,19 +97,21 @@ GRANTS: dict[str, tuple[Grant, ...]] = {
     "scheduler": (
         *on_prefix(topics.REQUESTS_PREFIX, R),
         *reads(topics.CONTROL, topics.WORKERS, topics.SCHEDULER, topics.WORK),
+        *on_prefix(topics.WORK_SHARD_PREFIX, R, W),  # a scheduler shard's journal
         # Queue positions and routes go to the gateway holding the stream; an unserved
         # request's end and each attempt's start marker go on chat.tokens. It deletes
         # the delivery topics of gateways that are gone (scheduler.delivery_topics).
         *on_prefix(topics.DELIVER_PREFIX, W, Operation.DELETE),
         *writes(topics.SCHEDULER, topics.WORK, topics.TOKENS, topics.CONTROL, topics.ANSWERS,
                 topics.DLQ),
-        joins(SCHEDULER_GROUP),
+        joins(SCHEDULER_GROUP, prefixed=True),  # a shard's group: chatpipe-scheduler-<shard>
     ),
     "worker": (
         *reads(topics.WORK, topics.CONTROL, topics.TOKENS),  # chat.tokens: a resumed attempt
+        *on_prefix(topics.WORK_SHARD_PREFIX, R),  # its model's scheduler shard's
         # chat.tools: a server-tools round that called tools, for the tools stage to run
         *writes(topics.TOKENS, topics.USAGE, topics.WORKERS, topics.TOOLS, topics.DLQ),
-        joins(WORKER_GROUP),
+        joins(WORKER_GROUP, prefixed=True),  # a shard's workers: chatpipe-workers-<shard>
     ),
     "safety": (
         *reads(topics.TOKENS),

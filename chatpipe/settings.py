@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import uuid
 from pathlib import Path
 from typing import Any, Literal
@@ -13,6 +14,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from schemas.topics import Tier
 
+SHARD_NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,40}")
 DEFAULT_MODEL_DIR = Path(os.path.expanduser("~/.cache/chatpipe/tiny-model"))
 
 
@@ -242,6 +244,21 @@ class Settings(BaseSettings):
     simple_request_max_chars: int = Field(
         0, description="route prompts up to this many characters to small_model; 0 = off"
     )
+    scheduler_shards: dict[str, list[str]] = Field(
+        default_factory=dict, description='schedulers by model, e.g. {"big": ["llama-70b"]}: '
+        "each named shard decides for its models alone, on its own chat.work.<shard>; the "
+        "unnamed scheduler for every other model (README: Scale)"
+    )
+    scheduler_shard: str = Field(
+        "", description="the shard this scheduler process decides for (a key of "
+        "scheduler_shards); empty: the unnamed one. `chatpipe up` runs one of each"
+    )
+    scheduler_gc_freeze_s: float = Field(
+        0.0, ge=0, description="a scheduler process moves what it holds out of CPython's "
+        "garbage collector's sight (gc.freeze) this often, so full collections do not walk "
+        "every waiting and running request (README: Scale); 0: never. For a process that "
+        "runs the scheduler alone (`chatpipe scheduler`): it freezes the whole process"
+    )
 
     # --- rate limits and quotas (gateway) -----------------------------------------
     rate_limit_storage: str = Field(
@@ -460,6 +477,32 @@ class Settings(BaseSettings):
             raise ValueError("max_slots is the sim engine's: the vllm engine runs vLLM's"
                              """ max_num_seqs, e.g. CHATPIPE_VLLM_ARGS='{"max_num_seqs": 64}'""")
         return self
+
+    @model_validator(mode="after")
+    def _check_shards(self) -> Settings:
+        owners: dict[str, str] = {}
+        for shard, models in self.scheduler_shards.items():
+            if not SHARD_NAME.fullmatch(shard):
+                raise ValueError(f"scheduler shard {shard!r}: lowercase letters, digits and -")
+            for model in models:
+                if model in owners:
+                    raise ValueError(f"model {model!r} is in shards {owners[model]!r} and "
+                                     f"{shard!r}: one scheduler decides for a model")
+                owners[model] = shard
+        if self.scheduler_shard and self.scheduler_shard not in self.scheduler_shards:
+            raise ValueError(f"scheduler_shard {self.scheduler_shard!r} is not a key of "
+                             "scheduler_shards")
+        return self
+
+    def shard_of(self, model: str) -> str:
+        """The scheduler shard deciding for `model` ("" : the unnamed one)."""
+        return next((shard for shard, models in self.scheduler_shards.items()
+                     if model in models), "")
+
+    def shard_models(self, shard: str) -> frozenset[str] | None:
+        """The models `shard` decides for; None for the unnamed one: every model no
+        named shard lists."""
+        return frozenset(self.scheduler_shards[shard]) if shard else None
 
     @property
     def models(self) -> list[str]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import gc
 import logging
 import secrets
@@ -52,6 +53,7 @@ from retrieval.documents import Documents, FileLimits
 from safety.core import SafetyConfig
 from safety.stage import SafetyStage
 from scheduler.core import Policy
+from scheduler.shards import Shard
 from scheduler.stage import SchedulerStage
 from servertools import catalog
 from servertools.calculator import Calculator
@@ -119,7 +121,8 @@ def kafka_from_settings(settings: Settings, bootstrap_servers: str) -> KafkaConf
 
 def topic_layout(settings: Settings) -> TopicLayout:
     return TopicLayout(settings.topic_partitions, settings.work_partitions,
-                       settings.kafka_replication_factor)
+                       settings.kafka_replication_factor,
+                       shards=tuple(settings.scheduler_shards))
 
 
 def build_engine(settings: Settings) -> Engine:
@@ -296,7 +299,8 @@ def worker_stage(kafka: KafkaConfig, engine: Engine, settings: Settings) -> Work
     pacing = ChunkPacing(settings.coalesce_ms / 1000, settings.coalesce_max_ms / 1000,
                          settings.coalesce_max_chunks_per_s)
     return WorkerStage(kafka, engine, WorkerConfig(
-        settings.worker_id, pacing, settings.heartbeat_interval_s, settings.ready_file))
+        settings.worker_id, pacing, settings.heartbeat_interval_s, settings.ready_file,
+        shard=settings.shard_of(settings.model_name)))
 
 
 def safety_stage(kafka: KafkaConfig, settings: Settings, policy: SafetyPolicy) -> SafetyStage:
@@ -330,14 +334,18 @@ def recorder_stage(kafka: KafkaConfig, store: ConversationStore,
     return RecorderStage(kafka, store, settings.generation_idle_timeout_s)
 
 
-def scheduling_policy(settings: Settings) -> Policy:
+def scheduling_policy(settings: Settings, shard: Shard = Shard()) -> Policy:
+    """The policy of `shard`'s scheduler: routes between models stay inside the shard."""
+    inside = shard.decides
     return Policy(
         min_share=settings.tier_min_share,
         max_wait_s=settings.tier_max_wait_s,
         affinity_max_load=settings.affinity_max_load,
         tier_models=settings.tier_models,
-        fallback_models=settings.fallback_models,
-        small_model=settings.small_model,
+        fallback_models={model: fallback for model, fallback in settings.fallback_models.items()
+                         if inside(model) and inside(fallback)},
+        small_model=settings.small_model if settings.small_model and inside(
+            settings.small_model) else None,
         simple_request_max_chars=settings.simple_request_max_chars,
         queue_update_interval_s=settings.queue_update_interval_s,
         worker_lost_after_s=settings.worker_lost_after_s,
@@ -346,9 +354,15 @@ def scheduling_policy(settings: Settings) -> Policy:
     )
 
 
-def scheduler_stage(kafka: KafkaConfig, settings: Settings) -> SchedulerStage:
-    return SchedulerStage(kafka, scheduling_policy(settings),
-                          deliver_topic_ttl_s=settings.deliver_topic_ttl_s)
+def scheduler_stage(kafka: KafkaConfig, settings: Settings,
+                    shard: str | None = None) -> SchedulerStage:
+    """The scheduler of `shard` (default: the settings' `scheduler_shard`). Only the
+    unnamed shard's deletes the delivery topics of gone gateways (one janitor)."""
+    of = Shard.of(settings.scheduler_shards,
+                  settings.scheduler_shard if shard is None else shard)
+    return SchedulerStage(kafka, scheduling_policy(settings, of),
+                          deliver_topic_ttl_s=0.0 if of.name else settings.deliver_topic_ttl_s,
+                          shard=of, gc_freeze_s=settings.scheduler_gc_freeze_s)
 
 
 class _EmbeddedServer(uvicorn.Server):
@@ -433,7 +447,9 @@ async def running_stack(settings: Settings, engine: Engine | None) -> AsyncItera
     async with contextlib.AsyncExitStack() as stack:
         supervisor = Supervisor()
         delivery_topic: dict[str, int] = {}  # once the pipeline has one
-        kafka_stages = ("scheduler", "safety", "recorder", "billing", "tools", "worker")
+        shards = {shard: f"scheduler-{shard}" if shard else "scheduler"
+                  for shard in ("", *settings.scheduler_shards)}  # one scheduler each
+        kafka_stages = (*shards.values(), "safety", "recorder", "billing", "tools", "worker")
         pipelines: list[KafkaPipeline] = []
 
         @contextlib.asynccontextmanager
@@ -460,7 +476,9 @@ async def running_stack(settings: Settings, engine: Engine | None) -> AsyncItera
         deps = build_gateway_deps(settings, store, pipeline, ledger, policy)
         server = supervisor.start("gateway", lambda: gateway_server(deps, settings),
                                   uvicorn.Server.serve)
-        scheduler = supervisor.start("scheduler", lambda: scheduler_stage(kafka, settings))
+        schedulers = {shard: supervisor.start(name, functools.partial(
+            scheduler_stage, kafka, settings, shard)) for shard, name in shards.items()}
+        scheduler = schedulers[settings.shard_of(settings.model_name)]
         supervisor.start("safety", lambda: safety_stage(kafka, settings, policy))
         supervisor.start("recorder", lambda: recorder_stage(kafka, store, settings))
         supervisor.start("billing", lambda: BillingStage(kafka, ledger))
@@ -481,6 +499,11 @@ async def running_stack(settings: Settings, engine: Engine | None) -> AsyncItera
             await supervisor.stop()
 
 
+GC_THRESHOLDS = (7_000, 10, 10)
+"""The collector's thresholds in every stage process once started: a tenth as often as
+CPython's default (`python -m bench scheduler_sim` runs with them too)."""
+
+
 def _freeze_startup_objects() -> None:
     """Once a process has started: what start-up loaded (libraries, tokenizers, the
     engine's front end) lives as long as the process, so the collector skips it, and runs
@@ -488,7 +511,7 @@ def _freeze_startup_objects() -> None:
     gateway's collections over all of it were the p99 pause between events."""
     gc.collect()
     gc.freeze()
-    gc.set_threshold(7_000, 10, 10)
+    gc.set_threshold(*GC_THRESHOLDS)
 
 
 async def _until_ready(server: uvicorn.Server, scheduler: SchedulerStage | None,

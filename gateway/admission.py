@@ -54,11 +54,12 @@ class Gates:
     safety: SafetyPolicy | None = None
 
 
-async def admit(gates: Gates, owner: ApiKey, tokens: int) -> None:
-    """Return if the request may run (charged `tokens` against the token limits); else
-    refuse it `overloaded`, or raise 429 `quota_exceeded` or `rate_limited`, with Retry-After
-    and the rate-limit headers."""
-    retry_after = gates.pipeline.overloaded(owner.tier)
+async def admit(gates: Gates, owner: ApiKey, tokens: int, model: str) -> None:
+    """Return if the request for `model` may run (charged `tokens` against the token
+    limits); else refuse it `overloaded` (the scheduler shard of `model` sheds its tier),
+    or raise 429 `quota_exceeded` or `rate_limited`, with Retry-After and the rate-limit
+    headers."""
+    retry_after = gates.pipeline.overloaded(owner.tier, model)
     if retry_after is not None:
         admission_rejected(owner.tier, "overloaded")
         raise Unavailable("overloaded",

@@ -150,7 +150,7 @@ def own_request(
 async def generate_text(own: OwnRequests, request: GenerationRequest) -> str | None:
     """The whole answer to `request`; None if it failed, was cut off or not taken
     (the free tier is shedding). Cancelling the caller cancels the generation."""
-    if own.pipeline.overloaded(request.tier) is not None:
+    if own.pipeline.overloaded(request.tier, request.model) is not None:
         return None
     try:
         check_bus_size(own.config.limits, request)

@@ -163,8 +163,8 @@ class CachedPipeline:
     async def feedback(self, event: FeedbackEvent) -> None:
         await self._inner.feedback(event)
 
-    def overloaded(self, tier: Tier) -> float | None:
-        return self._inner.overloaded(tier)
+    def overloaded(self, tier: Tier, model: str) -> float | None:
+        return self._inner.overloaded(tier, model)
 
 
 async def _bounded(work: Awaitable[T], failed: D, what: str) -> T | D:

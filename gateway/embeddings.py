@@ -44,7 +44,7 @@ async def create_embeddings(body: EmbeddingRequest, owner: Owner, deps: Deps) ->
         raise _not_served(body.model)
     check_dimensions(body.dimensions, model)
     estimated = text_tokens(texts, 0)
-    await admit(deps.gates, owner, estimated)
+    await admit(deps.gates, owner, estimated, name)
     counts = await asyncio.to_thread(model.token_counts, texts)
     await charge_rest(deps.gates, owner, estimated, sum(counts))
     check_input_tokens(counts, model.max_input_tokens, name)

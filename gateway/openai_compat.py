@@ -144,7 +144,8 @@ async def admit_generation(request: GenerationRequest, owner: ApiKey, deps: Gate
     check_bus_size(deps.config.limits, request)
     written = [*(m.content for m in request.messages), *filter(None, [request.prompt])]
     prompt = [*written, *tool_texts(request)]
-    await admit(deps.gates, owner, text_tokens(prompt, request.sampling.max_tokens * choices))
+    await admit(deps.gates, owner, text_tokens(prompt, request.sampling.max_tokens * choices),
+                request.model)
     await check_window(deps.context, request)
     await check_logit_bias(deps.context, request)
     await check_input(deps.gates, owner, request.model, written)

@@ -61,6 +61,7 @@ class Pipeline(Protocol):
     async def feedback(self, event: FeedbackEvent) -> None:
         """Record a user's rating of an answer on `chat.feedback` (once the broker has it)."""
 
-    def overloaded(self, tier: Tier) -> float | None:
-        """Retry-After seconds while the scheduler sheds `tier`'s new requests, else None."""
+    def overloaded(self, tier: Tier, model: str) -> float | None:
+        """Retry-After seconds while the scheduler deciding for `model` sheds `tier`'s
+        new requests, else None."""
 

@@ -27,6 +27,7 @@ from conversations.answers import answer_started
 from gateway.follower import AnswerFollower, FollowedAnswer
 from gateway.pipeline import RequestStream
 from gateway.rollout import ModelAliases
+from gateway.shedding import Shedding
 from schemas import topics
 from schemas.codec import SCHEDULER_EVENT
 from schemas.events import (
@@ -45,7 +46,6 @@ from schemas.topics import Tier
 
 log = logging.getLogger(__name__)
 
-STATUS_FRESH_S = 5.0  # an older scheduler status says nothing about now
 TERMINAL = (DeliveryDone, DeliveryError)
 
 
@@ -68,7 +68,7 @@ class KafkaPipeline:
         self.follower = AnswerFollower(kafka)
         self._holds: dict[str, asyncio.Task[None]] = {}
         self._reroutes: set[asyncio.Task[None]] = set()
-        self._status: SchedulerStatus | None = None
+        self._shedding = Shedding()  # by scheduler shard
 
     @property
     def reply_to(self) -> str:
@@ -201,20 +201,15 @@ class KafkaPipeline:
     def open_streams(self) -> int:
         return self.requests.open_streams
 
-    def overloaded(self, tier: Tier) -> float | None:
-        """Seconds to wait before retrying, while the scheduler sheds `tier`."""
-        status = self._status
-        if status is None or status.sent_at < time.time() - STATUS_FRESH_S:
-            return None
-        tier_status = status.tiers.get(tier)
-        if tier_status is None or not tier_status.shedding:
-            return None
-        return tier_status.retry_after_s or 1.0
+    def overloaded(self, tier: Tier, model: str) -> float | None:
+        """Seconds to wait before retrying, while the scheduler deciding for `model`
+        sheds `tier`."""
+        return self._shedding.retry_after(tier, model, time.time())
 
     def _scheduler_status(self, record: ConsumerRecord) -> None:
         status = decode_record(SCHEDULER_EVENT, record)
         if isinstance(status, SchedulerStatus):
-            self._status = status
+            self._shedding.update(status)
 
     def _rollout(self, record: ConsumerRecord) -> None:
         """A new set of weights for an alias; one this gateway cannot apply raises (it is

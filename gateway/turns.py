@@ -117,7 +117,7 @@ async def start_turn(
     files = await named_files(turns.store, owner, post.file_ids)
     choice, sampling = _answer_options(turns, owner, post, conversation)
     charged = text_tokens([post.content], sampling.max_tokens)
-    await admit(turns.gates, owner, charged)
+    await admit(turns.gates, owner, charged, choice.model)
     tree = await settled_tree(turns.store, conversation.conversation_id, turns.config)
     grounding = await ground(turns.documents, files, post.content)
     turn = await _new_user_turn(turns, owner, conversation, tree.thread(), post.content,
@@ -137,7 +137,7 @@ async def start_edit(
     files = await named_files(turns.store, owner, post.file_ids)
     choice, sampling = _answer_options(turns, owner, post, conversation)
     charged = text_tokens([post.content], sampling.max_tokens)
-    await admit(turns.gates, owner, charged)
+    await admit(turns.gates, owner, charged, choice.model)
     thread = edit_thread(await turns.store.get_tree(conversation.conversation_id), message_id)
     grounding = await ground(turns.documents, files, post.content)
     turn = await _new_user_turn(turns, owner, conversation, thread, post.content, choice,
@@ -157,7 +157,7 @@ async def start_regenerate(
     choice, sampling = _answer_options(turns, owner, options, conversation)
     model = choice.model
     charged = text_tokens([], sampling.max_tokens)
-    await admit(turns.gates, owner, charged)
+    await admit(turns.gates, owner, charged, choice.model)
     tree = await turns.store.get_tree(conversation.conversation_id)
     question = regenerated_question(tree, message_id)
     thread = tree.path_to(question.message_id)
@@ -199,7 +199,7 @@ async def start_reply(
     choice, sampling = _answer_options(turns, owner, options, conversation)
     said = [content, *(text for _, text in earlier), *([instructions] if instructions else [])]
     charged = text_tokens(said, sampling.max_tokens)
-    await admit(turns.gates, owner, charged)
+    await admit(turns.gates, owner, charged, choice.model)
     return await _new_user_turn(turns, owner, conversation, thread, content, choice, sampling,
                                 charged, NO_GROUNDING, first=not thread, earlier=earlier,
                                 instructions=instructions, new=new)  # fmt: skip

@@ -56,22 +56,24 @@ allow scheduler --operation Read --operation Write --topic chat.control
 allow scheduler --operation Read --topic chat.workers
 allow scheduler --operation Read --operation Write --topic chat.scheduler
 allow scheduler --operation Read --operation Write --topic chat.work
+allow scheduler --operation Read --operation Write --topic chat.work. --resource-pattern-type prefixed
 allow scheduler --operation Write --operation Delete --topic chat.deliver. --resource-pattern-type prefixed
 allow scheduler --operation Write --topic chat.tokens
 allow scheduler --operation Write --topic chat.answers
 allow scheduler --operation Write --topic chat.dlq
-allow scheduler --operation Read --group chatpipe-scheduler
+allow scheduler --operation Read --group chatpipe-scheduler --resource-pattern-type prefixed
 
 # worker
 allow worker --operation Describe --topic chat. --resource-pattern-type prefixed
 allow worker --operation Read --topic chat.work
 allow worker --operation Read --topic chat.control
 allow worker --operation Read --operation Write --topic chat.tokens
+allow worker --operation Read --topic chat.work. --resource-pattern-type prefixed
 allow worker --operation Write --topic chat.usage
 allow worker --operation Write --topic chat.workers
 allow worker --operation Write --topic chat.tools
 allow worker --operation Write --topic chat.dlq
-allow worker --operation Read --group chatpipe-workers
+allow worker --operation Read --group chatpipe-workers --resource-pattern-type prefixed
 
 # safety
 allow safety --operation Describe --topic chat. --resource-pattern-type prefixed

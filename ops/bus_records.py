@@ -100,6 +100,8 @@ def kind_of(topic: str) -> type[BaseModel] | TypeAdapter[Any] | None:
         return GenerationRequest
     if topic.startswith(topics.DELIVER_PREFIX):
         return GATEWAY_EVENT
+    if topic.startswith(topics.WORK_SHARD_PREFIX):  # a scheduler shard's journal
+        return WORK_EVENT
     return _KINDS.get(topic)
 
 
@@ -118,6 +120,8 @@ def _rank(topic: str) -> int:
         return 0
     if topic.startswith(topics.DELIVER_PREFIX):
         return PIPELINE_ORDER.index("deliver")
+    if topic.startswith(topics.WORK_SHARD_PREFIX):
+        return PIPELINE_ORDER.index(topics.WORK)
     return PIPELINE_ORDER.index(topic) if topic in PIPELINE_ORDER else len(PIPELINE_ORDER)
 
 

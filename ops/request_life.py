@@ -23,7 +23,8 @@ def life_topics(existing: Iterable[str]) -> list[str]:
     """The topics to read for a request's life, of those the broker has."""
     present = set(existing)
     delivery = sorted(t for t in present if t.startswith(topics.DELIVER_PREFIX))
-    return [t for t in LIFE_TOPICS_FIXED if t in present] + delivery
+    shards = sorted(t for t in present if t.startswith(topics.WORK_SHARD_PREFIX))
+    return [t for t in LIFE_TOPICS_FIXED if t in present] + shards + delivery
 
 
 def request_id_of(event: Event) -> str | None:

@@ -26,9 +26,10 @@ REFRESH_S = 60.0
 restart reads back at most this much of the topic to find the highest epoch."""
 
 
-def fences(claim: SchedulerClaim, scheduler_id: str, epoch: int) -> bool:
-    """Whether `claim` fences the scheduler `scheduler_id` that claimed `epoch`."""
-    return claim.scheduler_id != scheduler_id and claim.epoch > epoch
+def fences(claim: SchedulerClaim, scheduler_id: str, epoch: int, shard: str = "") -> bool:
+    """Whether `claim` fences the scheduler `scheduler_id` of `shard` that claimed `epoch`:
+    shards decide side by side, each fenced by its own successors only."""
+    return claim.shard == shard and claim.scheduler_id != scheduler_id and claim.epoch > epoch
 
 
 @dataclass
@@ -39,11 +40,12 @@ class Claim:
     consumer: AIOKafkaConsumer
     kafka: KafkaConfig | str
     scheduler_id: str
+    shard: str = ""
     epoch: int = 0
     _sent_at: float = 0.0
 
     def event(self) -> SchedulerClaim:
-        return SchedulerClaim(scheduler_id=self.scheduler_id, epoch=self.epoch)
+        return SchedulerClaim(scheduler_id=self.scheduler_id, epoch=self.epoch, shard=self.shard)
 
     async def take(self, committed: int) -> int:
         """Claim on `chat.scheduler` above every claim from its `committed` offset on
@@ -54,17 +56,18 @@ class Claim:
         earlier = await read_between(self.kafka, topics.SCHEDULER,
                                      {first.partition: (committed, first.offset)},
                                      SCHEDULER_EVENT)
-        highest = max((e.epoch for _, _, e in earlier if isinstance(e, SchedulerClaim)),
-                      default=0)
+        highest = max((e.epoch for _, _, e in earlier
+                       if isinstance(e, SchedulerClaim) and e.shard == self.shard), default=0)
         if highest >= self.epoch:
             self.epoch = highest + 1
             await self._send()
         return first.offset
 
     async def on_journal(self, partitions: list[TopicPartition]) -> dict[int, int]:
-        """Claim every `chat.work` partition; the offset of each claim."""
+        """Claim every partition of this shard's `chat.work`; the offset of each claim."""
         sent = await asyncio.gather(*(self.publisher.send_and_wait(
-            topics.WORK, self.event(), key=self.scheduler_id, partition=tp.partition)
+            topics.work_topic(self.shard), self.event(), key=self.scheduler_id,
+            partition=tp.partition)
             for tp in partitions))
         return {record.partition: record.offset for record in sent}
 
@@ -73,7 +76,7 @@ class Claim:
             await self._send()
 
     def fenced_by(self, claim: SchedulerClaim) -> bool:
-        return fences(claim, self.scheduler_id, self.epoch)
+        return fences(claim, self.scheduler_id, self.epoch, self.shard)
 
     async def _send(self) -> RecordMetadata:
         sent = await self.publisher.send_and_wait(topics.SCHEDULER, self.event(),

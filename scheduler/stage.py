@@ -1,7 +1,8 @@
 """The scheduler's Kafka adapter: feeds the core, writes its decisions to `chat.work`.
 
-One scheduler acts at a time. At start it claims: a `SchedulerClaim`, with an epoch
-above every earlier one, goes to `chat.scheduler` and to every `chat.work` partition.
+One scheduler acts at a time (per shard: `scheduler/shards.py`, each on its own
+`chat.work.<shard>`). At start it claims: a `SchedulerClaim`, with an epoch above every
+earlier one of its shard, goes to `chat.scheduler` and to every `chat.work` partition.
 Workers skip older epochs' assignments from then on, and an older scheduler that
 reads the claim stops acting (fenced) and stays idle.
 
@@ -48,6 +49,7 @@ from scheduler.journal import (
     unserved_end,
     unserved_partition,
 )
+from scheduler.shards import HeapFreezer, Shard
 from schemas import topics
 from schemas.codec import CONTROL_EVENT, SCHEDULER_EVENT, WORK_EVENT, encode
 from schemas.events import (
@@ -71,7 +73,6 @@ from schemas.topics import Tier
 log = logging.getLogger(__name__)
 
 STAGE = "scheduler"
-GROUP = "chatpipe-scheduler"
 REPLAY_TIMEOUT_S = 60.0
 READ_BACK_TIMEOUT_S = 3.0
 READ_BACK_TRIES = 3
@@ -80,14 +81,15 @@ BEATS_COMMIT_S = 5.0
 SWEEP_S = 60.0
 """How often the delivery topics of gone gateways are looked for, at most."""
 BEAT_TOPICS = frozenset({topics.WORKERS, topics.CONTROL})
-TOPICS = (*topics.request_topics(), topics.CONTROL, topics.WORKERS, topics.SCHEDULER,
-          topics.WORK)
 
 
 class SchedulerStage:
     def __init__(self, kafka: KafkaConfig, policy: Policy, status_interval_s: float = 1.0,
-                 scheduler_id: str | None = None, deliver_topic_ttl_s: float = 0.0) -> None:
+                 scheduler_id: str | None = None, deliver_topic_ttl_s: float = 0.0,
+                 shard: Shard = Shard(), gc_freeze_s: float = 0.0) -> None:
         self.kafka = kafka
+        self.shard = shard
+        self.work_topic = shard.work_topic
         self.core = Scheduler(policy, clock=time.monotonic, wall=time.time)
         self.worker_lost_after_s = policy.worker_lost_after_s
         self.status_interval_s = status_interval_s
@@ -95,7 +97,9 @@ class SchedulerStage:
         self.fenced = asyncio.Event()
         # Heartbeats and status come all the time: only requests are work.
         self.runner = StageRunner(
-            kafka, STAGE, GROUP, TOPICS, assign=True, poll_ms=100, busy_while=self._busy,
+            kafka, STAGE, shard.group, (*topics.request_topics(), topics.CONTROL,
+                                        topics.WORKERS, topics.SCHEDULER, self.work_topic),
+            assign=True, poll_ms=100, busy_while=self._busy,
             wakes=lambda topic: topic.startswith(topics.REQUESTS_PREFIX),
             commit_rule=self._commit_rule, after_commit=self._commit_journal)
         self.publisher: RetryingPublisher
@@ -110,6 +114,7 @@ class SchedulerStage:
             kafka, self.gateways, self._delivering, min(SWEEP_S, deliver_topic_ttl_s / 4),
             acting=lambda: not self.fenced.is_set())
         self.traces = tracing.HeldContexts()  # a request is dispatched after its span
+        self.heap = HeapFreezer(gc_freeze_s, time.monotonic)
 
     async def run(self) -> None:
         """Claim, replay the journal, then schedule until cancelled or fenced; a fenced
@@ -117,7 +122,8 @@ class SchedulerStage:
         await self.runner.start()
         self.consumer = self.runner.consumer
         self.publisher = self.runner.publisher
-        self.claim = Claim(self.publisher, self.consumer, self.kafka, self.scheduler_id)
+        self.claim = Claim(self.publisher, self.consumer, self.kafka, self.scheduler_id,
+                           self.shard.name)
         metrics.watch_scheduler(self)
         janitor: asyncio.Task[None] | None = None
         try:
@@ -146,12 +152,12 @@ class SchedulerStage:
         committed = self.runner.committed
         [claims_tp] = self.runner.partitions(topics.SCHEDULER)
         first_claim = await self.claim.take(committed[claims_tp])
-        work = self.runner.partitions(topics.WORK)
+        work = self.runner.partitions(self.work_topic)
         self.work_partitions = len(work)
         claimed = await self.claim.on_journal(work)
         replay_from = {tp.partition: committed[tp] for tp in work}
         records = await read_between(
-            self.kafka, topics.WORK,
+            self.kafka, self.work_topic,
             {p: (replay_from[p], offset) for p, offset in claimed.items()},
             WORK_EVENT, timeout_s=REPLAY_TIMEOUT_S)
         for partition, offset, event in records:
@@ -163,8 +169,9 @@ class SchedulerStage:
                 self.journal.hold_until_read(tp, offset)
         self.consumer.seek(claims_tp, first_claim + 1)
         self.consumer.pause(*work)  # assigned only to commit the journal's offsets
-        log.info("scheduler %s: epoch %d, %d journal records replayed, started in %.2f s",
-                 self.claim.scheduler_id, self.claim.epoch, len(records),
+        log.info("scheduler %s%s: epoch %d, %d journal records replayed, started in %.2f s",
+                 self.claim.scheduler_id, f" (shard {self.shard.name})" if self.shard.name
+                 else "", self.claim.epoch, len(records),
                  time.monotonic() - started)
 
     # --- records ----------------------------------------------------------------------
@@ -178,7 +185,8 @@ class SchedulerStage:
         elif record.topic == topics.WORKERS:
             heartbeat = decode_record(WorkerHeartbeat, record)
             # Heartbeats read again after a restart may be old: only recent ones count.
-            if heartbeat.sent_at >= time.time() - self.worker_lost_after_s:
+            if (heartbeat.sent_at >= time.time() - self.worker_lost_after_s
+                    and self.shard.decides(heartbeat.model)):
                 self.core.on_heartbeat(heartbeat)
         elif record.topic == topics.CONTROL:
             event = decode_record(CONTROL_EVENT, record)
@@ -189,8 +197,10 @@ class SchedulerStage:
             elif self.gateways.fresh(event.sent_at, time.time()):  # not an old one
                 self.gateways.heartbeat(event.reply_to, time.monotonic())
         else:
-            await self._admit(decode_record(GenerationRequest, record),
-                              TopicPartition(record.topic, record.partition), record.offset)
+            request = decode_record(GenerationRequest, record)
+            if self.shard.decides(request.model):  # else another shard's
+                await self._admit(request, TopicPartition(record.topic, record.partition),
+                                  record.offset)
 
     async def _on_cancel(self, cancel: Cancel) -> None:
         """A cancel ends a waiting request here. A conditional one (a gateway's resume
@@ -206,7 +216,8 @@ class SchedulerStage:
         request = self.core.cancel(cancel.request_id)
         if request is not None:
             await self._end_unserved(request, CANCELLED)
-        elif cancel.held_by is not None:
+        elif cancel.held_by is not None and (not self.shard.sharded
+                                             or self.core.registry.knows(cancel.request_id)):
             await self.publisher.send(topics.CONTROL, Cancel(
                 request_id=cancel.request_id, reason=cancel.reason), key=cancel.request_id)
 
@@ -237,6 +248,8 @@ class SchedulerStage:
         if not record.topic.startswith(topics.REQUESTS_PREFIX):
             return
         request = decode_record(GenerationRequest, record)
+        if not self.shard.decides(request.model):
+            return
         self.core.cancel(request.request_id)
         await self._end_unserved(request, _end_code(exc))
 
@@ -248,7 +261,7 @@ class SchedulerStage:
         if not recorded:
             self.core.ended_unserved(request, code)
             sent = await self.publisher.send_and_wait(
-                topics.WORK,
+                self.work_topic,
                 Unserved(request_id=request.request_id, attempt=request.attempt, code=code),
                 key=request.request_id,
                 partition=unserved_partition(request.request_id, self.work_partitions))
@@ -300,6 +313,7 @@ class SchedulerStage:
                 position=update.position, eta_ms=update.eta_ms)))
         await self._publish_status()
         await self.claim.refresh()
+        self.heap.tick()
         for tp in self.journal.ends_unknown():
             end = self.consumer.highwater(tp)
             if end is not None:
@@ -342,7 +356,7 @@ class SchedulerStage:
             start, end = bounds.get(flight.partition, (flight.offset, flight.offset + 1))
             bounds[flight.partition] = (min(start, flight.offset), max(end, flight.offset + 1))
         try:
-            records = await read_between(self.kafka, topics.WORK, bounds,
+            records = await read_between(self.kafka, self.work_topic, bounds,
                                          WORK_EVENT, timeout_s=READ_BACK_TIMEOUT_S)
         except Exception:
             self._read_back_failures += 1
@@ -359,7 +373,7 @@ class SchedulerStage:
                 self.core.resolve_unknown(flight.request_id, event.request)
             else:
                 log.error("assignment of %s not read back from %s[%d]@%d: it is not "
-                          "dispatched again", flight.request_id, topics.WORK, flight.partition,
+                          "dispatched again", flight.request_id, self.work_topic, flight.partition,
                           flight.offset)
                 self.core.resolve_unknown(flight.request_id, None)
 
@@ -379,7 +393,7 @@ class SchedulerStage:
                 partition=marker.partition, start_offset=start, attempt_offset=marker.offset)})
             assignment = assignment.model_copy(update={"request": request})
             sent = await self.publisher.send_and_wait(
-                topics.WORK, assignment, key=request.conversation_id,
+                self.work_topic, assignment, key=request.conversation_id,
                 partition=dispatch.partition)
         except Exception as exc:  # noqa: BLE001 - one undeliverable dispatch ends one request
             await self._dispatch_failed(assignment, dispatch.partition, exc)
@@ -397,7 +411,7 @@ class SchedulerStage:
     async def _dispatch_failed(self, assignment: WorkAssignment, partition: int,
                                exc: Exception) -> None:
         request = assignment.request
-        await failed(STAGE, self.publisher, _unsent(topics.WORK, partition,
+        await failed(STAGE, self.publisher, _unsent(self.work_topic, partition,
                                                     request.conversation_id, assignment), exc)
         try:
             await self._end_unserved(request, _end_code(exc))
@@ -427,7 +441,9 @@ class SchedulerStage:
                 self.status_interval_s if tiers != self._status_sent else STATUS_UNCHANGED_S):
             return
         self._status_sent_at, self._shedding, self._status_sent = now, shedding, tiers
-        await self.publisher.send(topics.SCHEDULER, SchedulerStatus(tiers=tiers), key=STAGE)
+        models = self.shard.models or ()
+        await self.publisher.send(topics.SCHEDULER, SchedulerStatus(
+            tiers=tiers, shard=self.shard.name, models=tuple(sorted(models))), key=STAGE)
 
     def _commit_rule(self, done: Offsets) -> Offsets:
         """What the runner commits after each batch's decisions (after flushing their
@@ -455,7 +471,7 @@ class SchedulerStage:
         self.journal.requests_committed(committed)
         floors = self.journal.to_commit(self.core.unread_assignments())
         if floors:
-            await self.consumer.commit({TopicPartition(topics.WORK, p): offset
+            await self.consumer.commit({TopicPartition(self.work_topic, p): offset
                                         for p, offset in floors.items()})
             self.journal.committed(floors)
 

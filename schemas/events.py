@@ -198,11 +198,14 @@ class WorkAssignment(Event):
 class SchedulerClaim(Event):
     """A scheduler takes over: written on every `chat.work` partition and on
     `chat.scheduler` before it dispatches anything. Workers ignore assignments of an
-    older epoch from then on, and an older scheduler that reads it stops."""
+    older epoch from then on, and an older scheduler of the same shard that reads it
+    stops."""
 
     type: Literal["claim"] = "claim"
     scheduler_id: str
     epoch: int
+    shard: str = Field("", description="the scheduler shard claimed (its own chat.work."
+                       "<shard>); empty: the unnamed one")
     sent_at: float = Field(default_factory=now)
 
 
@@ -505,6 +508,9 @@ class SchedulerStatus(Event):
 
     type: Literal["scheduler_status"] = "scheduler_status"
     tiers: dict[Tier, TierStatus]
+    shard: str = Field("", description="the scheduler shard speaking; empty: the unnamed one")
+    models: tuple[str, ...] = Field((), description="the models it decides for; empty: "
+                                    "every model no named shard decides for")
     sent_at: float = Field(default_factory=now)
 
 

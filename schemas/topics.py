@@ -20,6 +20,8 @@ class Tier(StrEnum):
 
 REQUESTS_PREFIX = "chat.requests."
 WORK = "chat.work"
+WORK_SHARD_PREFIX = "chat.work."
+"""A scheduler shard's own journal: `chat.work.<shard>` (`work_topic`)."""
 WORKERS = "chat.workers"
 SCHEDULER = "chat.scheduler"
 TOKENS = "chat.tokens"
@@ -41,6 +43,11 @@ def requests_topic(tier: Tier | str) -> str:
 
 def request_topics() -> list[str]:
     return [requests_topic(tier) for tier in Tier]
+
+
+def work_topic(shard: str = "") -> str:
+    """The `chat.work` journal of a scheduler shard: `chat.work` for the unnamed one."""
+    return f"{WORK_SHARD_PREFIX}{shard}" if shard else WORK
 
 
 def deliver_topic(gateway_id: str) -> str:

@@ -57,6 +57,8 @@ class WorkerConfig:
     heartbeat_interval_s: float = 1.0
     ready_file: Path | None = None
     """Touched at every heartbeat while serving: liveness and readiness probes read its age."""
+    shard: str = ""
+    """The scheduler shard of its model: it reads that shard's `chat.work.<shard>`."""
 
 
 class Take(enum.Enum):

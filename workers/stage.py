@@ -71,7 +71,8 @@ class WorkerStage:
         self.heartbeat_now = asyncio.Event()
         self.started = asyncio.Event()
         self.runner = StageRunner(
-            kafka, STAGE, GROUP, [topics.WORK], poll_ms=100, commit_on_revoke=True,
+            kafka, STAGE, f"{GROUP}-{config.shard}" if config.shard else GROUP,
+            [topics.work_topic(config.shard)], poll_ms=100, commit_on_revoke=True,
             on_assign=self._assigned, busy_while=lambda: bool(self.book.running))
         self._tasks: dict[str, asyncio.Task[None]] = {}
 

@@ -398,7 +398,7 @@ async def test_n_choices_reserve_n_answers_against_the_token_limits(sdk, pipelin
                                                                     n):
     charged: list[int] = []
 
-    async def admit(gates, owner, tokens):
+    async def admit(gates, owner, tokens, model):
         charged.append(tokens)
 
     monkeypatch.setattr("gateway.openai_compat.admit", admit)

@@ -469,7 +469,7 @@ def test_worker_autoscaling_reads_the_scheduler_backlog_and_demand(
     metrics chatpipe serves; it reads Kafka as a user allowed to see that lag."""
     from chatpipe.kafka_acls import Operation, Resource, allowed
     from ops.metrics import LIVE_GAUGES
-    from scheduler.stage import GROUP as SCHEDULER_GROUP
+    from scheduler.shards import GROUP as SCHEDULER_GROUP
 
     assert not k8s_objects("HorizontalPodAutoscaler"), "KEDA makes the HPA (worker-scaledobject)"
     (scaled,) = k8s_objects("ScaledObject")

@@ -164,7 +164,7 @@ class ScriptedPipeline:
     async def feedback(self, event: FeedbackEvent) -> None:
         self.feedback_events.append(event)
 
-    def overloaded(self, tier: Tier) -> float | None:
+    def overloaded(self, tier: Tier, model: str) -> float | None:
         return self.shedding.get(tier)
 
 

@@ -34,7 +34,8 @@ from tests.unit.test_deployment_files import K8S_DIR, ROOT, settings_from
 K8S_VERSION = "1.33.0"
 CRD_SCHEMAS = ROOT / "tests" / "schemas" / "crds"
 OPERATORS_DIR = K8S_DIR / "operators"
-KUSTOMIZATIONS = (K8S_DIR, OPERATORS_DIR)
+SHARDED_DIR = K8S_DIR / "sharded"
+KUSTOMIZATIONS = (K8S_DIR, OPERATORS_DIR, SHARDED_DIR)
 # The plain manifests the operators replace.
 REPLACED_BY_OPERATORS = {K8S_DIR / "kafka.yaml", K8S_DIR / "cassandra.yaml"}
 
@@ -266,6 +267,35 @@ def test_the_operator_deployment_is_the_plain_one_but_kafka_and_cassandra() -> N
 
 
 # --- the operators' clusters -----------------------------------------------------------------
+
+
+def test_the_sharded_deployment_is_the_plain_one_with_a_scheduler_per_shard(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """k8s/sharded: every plain manifest, and each named shard's scheduler Deployment,
+    whose settings decide for the served model, with the autoscaler on its group's lag."""
+    from scheduler.shards import Shard
+
+    own = {p.resolve() for p in SHARDED_DIR.glob("*.y*ml") if p.name != "kustomization.yaml"}
+    assert resources(SHARDED_DIR) - own == resources(K8S_DIR)
+    docs = built(SHARDED_DIR)
+    env = one(docs, "ConfigMap", "chatpipe-env")["data"]
+    shards = [d for d in docs if d["kind"] == "Deployment"
+              and d["metadata"]["name"].startswith("scheduler")]
+    names = set()
+    for deployment in shards:
+        (container,) = deployment["spec"]["template"]["spec"]["containers"]
+        own_env = {e["name"]: e["value"] for e in container.get("env", ()) if "value" in e}
+        settings = settings_from({**env, **own_env}, monkeypatch)
+        names.add(settings.scheduler_shard)
+        assert deployment["spec"]["replicas"] == 1
+        assert deployment["spec"]["strategy"]["type"] == "Recreate"
+        assert one(docs, "PodDisruptionBudget", deployment["metadata"]["name"])
+    assert names == {"", *settings.scheduler_shards}
+    served = settings.shard_of(settings.model_name)
+    assert served
+    groups = {t["metadata"]["consumerGroup"] for t in one(docs, "ScaledObject", "worker")[
+        "spec"]["triggers"] if t["type"] == "kafka"}
+    assert groups == {Shard.of(settings.scheduler_shards, served).group}
 
 
 def operator_docs() -> list[Document]:

@@ -86,7 +86,7 @@ def test_no_stage_creates_shared_topics_but_every_stage_can_list_them():
 
 
 def test_consumer_groups_are_the_stages_own():
-    from scheduler.stage import GROUP
+    from scheduler.shards import GROUP
 
     assert {u for u in STAGE_USERS if allowed(u, R, Resource.GROUP, GROUP)} == {"scheduler"}
     assert not allowed("worker", R, Resource.GROUP, "chatpipe-anything")

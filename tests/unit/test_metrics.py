@@ -113,15 +113,15 @@ class Refusing:
 
 
 @pytest.mark.parametrize(("gate", "reason"), [
-    ({"pipeline": SimpleNamespace(overloaded=lambda tier: 3.0)}, "overloaded"),
+    ({"pipeline": SimpleNamespace(overloaded=lambda tier, model: 3.0)}, "overloaded"),
     ({"quotas": Refusing("quota_exceeded")}, "quota_exceeded"),
     ({"rate_limiter": Refusing("rate_limited")}, "rate_limited"),
 ])
 async def test_admission_counts_each_refusal_by_tier_and_reason(gate, reason) -> None:
     before = value("chatpipe:admission_rejections_total", tier="enterprise", reason=reason)
-    gates = Gates(**{"pipeline": SimpleNamespace(overloaded=lambda tier: None), **gate})
+    gates = Gates(**{"pipeline": SimpleNamespace(overloaded=lambda tier, model: None), **gate})
     with pytest.raises((ApiError, Refused)) as refused:
-        await admit(gates, SimpleNamespace(tier=Tier.ENTERPRISE), 10)  # type: ignore[arg-type]
+        await admit(gates, SimpleNamespace(tier=Tier.ENTERPRISE), 10, "m")  # type: ignore[arg-type]
     assert refused.value.code == reason
     assert value("chatpipe:admission_rejections_total", tier="enterprise",
                  reason=reason) == before + 1

@@ -7,16 +7,21 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import pytest
 from aiokafka.errors import MessageSizeTooLargeError
+from aiokafka.structs import ConsumerRecord
 
 from bus.clients import KafkaConfig
 from scheduler.claims import Claim
 from scheduler.core import Policy
 from scheduler.journal import DISPATCH_FAILED, JournalWindow
+from scheduler.shards import Shard
 from scheduler.stage import SchedulerStage
 from schemas import topics
+from schemas.codec import encode, headers
 from schemas.events import (
     AttemptStarted,
+    Cancel,
     DeadLetter,
     GenerationError,
     Unserved,
@@ -111,3 +116,37 @@ async def test_dispatch_that_cannot_be_sent_ends_its_request_and_the_stage_goes_
             if isinstance(a, WorkAssignment)] == ["ok"]
     assert stage.core.registry.flight("big") is None
     assert stage.core.add_request(make_request("big")).end_code == DISPATCH_FAILED
+
+
+@pytest.mark.parametrize(("shard", "running_here", "forwarded"), [
+    (Shard(), False, True),  # not sharded: the workers decide whether they run it
+    (Shard.of({"big": ["big"]}, "big"), True, True),
+    (Shard.of({"big": ["big"]}, "big"), False, False),  # another shard's request
+    (Shard.of({"big": ["big"]}, ""), False, False),
+])
+async def test_a_sharded_scheduler_passes_on_a_conditional_cancel_only_for_its_requests(
+        shard, running_here, forwarded):
+    bus = FakeBus()
+    stage = stage_on(bus)
+    stage.shard = shard
+    if running_here:
+        stage.core.add_request(make_request("a"))
+        [dispatch] = stage.core.schedule()
+        await stage._dispatch(dispatch)
+    await stage._on_cancel(Cancel(request_id="a", held_by="chat.deliver.gw"))
+    sent = [c for c in bus.of(topics.CONTROL) if isinstance(c, Cancel)]
+    assert [(c.request_id, c.held_by) for c in sent] == ([("a", None)] if forwarded else [])
+
+
+async def test_a_shard_passes_over_requests_and_heartbeats_of_other_shards_models():
+    stage = stage_on(FakeBus())
+    stage.shard = Shard.of({"big": ["big"]}, "")  # the unnamed shard: not "big"
+    for request in (make_request("mine", model="small"), make_request("theirs", model="big")):
+        await stage._handle(_record(topics.requests_topic(request.tier), request))
+    await stage._handle(_record(topics.WORKERS, heartbeat("w9", model="big")))
+    assert [r.request_id for r in stage.core.waiting()] == ["mine"]
+    assert "w9" not in stage.core.workers
+
+
+def _record(topic: str, event: Any) -> ConsumerRecord:
+    return ConsumerRecord(topic, 0, 0, 0, 0, None, encode(event), None, 0, 0, headers(event))

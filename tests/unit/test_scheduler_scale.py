@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 
+from bench.scheduler_sim import CoreSim
 from bench.scheduler_sim import cli as scheduler_sim
 from scheduler.core import QUEUE_HEAD
 from scheduler.fair_queue import FairQueue
@@ -147,11 +148,47 @@ def test_requests_behind_the_head_learn_their_position_within_an_interval():
         "within the interval only the head hears of each change")
 
 
+def test_unread_assignments_match_a_scan_of_every_flight_through_a_busy_run():
+    """`Registry.unread` walks only the flights not started; through dispatches, ends,
+    heartbeats and worker restarts it says what a scan of every flight says."""
+    sim = CoreSim(workers=12, waiting=300, rate=400.0, tick_s=0.01)
+    for worker in sim.workers.values():
+        sim.core.on_heartbeat(worker.heartbeat(sim.now))
+    checked = 0
+    for _ in range(300):
+        sim.step()
+        scan: dict[int, int] = {}
+        for worker in sim.core.workers.values():
+            for flight in worker.in_flight.values():
+                if flight.offset is not None and not worker.has_read(flight):
+                    scan[flight.partition] = min(scan.get(flight.partition, flight.offset),
+                                                 flight.offset)
+        assert sim.core.unread_assignments() == scan
+        checked += bool(scan)
+    assert checked > 50  # assignments not read yet were there to find
+
+
 def test_scheduler_sim_smoke(capsys: pytest.CaptureFixture[str]) -> None:
     scheduler_sim(["--workers", "20", "--waiting", "200", "--rate", "300", "--seconds", "0.2",
-                   "--kafka-seconds", "0"])
-    *_, last = capsys.readouterr().out.strip().splitlines()
+                   "--kafka-seconds", "0", "--breakdown"])
+    *_, core, last = capsys.readouterr().out.strip().splitlines()
+    shares = dict(item.rsplit(" ", 1) for item in core.split("core time by call: ")[1].split(", "))
+    assert {"schedule", "on_heartbeat", "add_request"} <= set(shares)
     name_rate, name_p99 = last.split()
     assert name_rate.startswith("decisions/s=") and name_p99.startswith("p99_ms=")
     assert int(name_rate.removeprefix("decisions/s=")) > 0
     assert float(name_p99.removeprefix("p99_ms=")) > 0
+
+
+def test_scheduler_sim_runs_each_shard_in_its_own_process(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    scheduler_sim(["--workers", "20", "--waiting", "200", "--rate", "300", "--seconds", "0.2",
+                   "--kafka-seconds", "0", "--shards", "2", "--gc-freeze"])
+    lines = capsys.readouterr().out.strip().splitlines()
+    shards = [line for line in lines if "(its own process), 10 workers" in line]
+    assert [line.split(",")[1] for line in shards] == [" shard 1/2 (its own process)",
+                                                      " shard 2/2 (its own process)"]
+    assert lines[-2].startswith("2 shards together: ")
+    rates = [float(line.split("(")[2].split("/s")[0].replace(",", "")) for line in shards]
+    assert int(lines[-1].split()[0].removeprefix("decisions/s=")) == pytest.approx(
+        sum(rates), abs=2)
