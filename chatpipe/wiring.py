@@ -253,6 +253,7 @@ def gateway_config(settings: Settings) -> GatewayConfig:
                                            system_prompt=settings.system_prompt),
         server_tools=ServerToolsConfig(tools=catalog.specs(settings.server_tools),
                                        max_rounds=settings.max_tool_rounds),
+        max_embedding_inputs=settings.max_embedding_inputs,
     )
 
 

@@ -16,6 +16,8 @@ the tokenizer with every added token disabled: the string becomes the ordinary
 vocabulary's tokens, as if the token had never been added. A content holding none
 (the usual case, found by a cached precheck) is encoded as before, same ids.
 
+A text completion's prompt is not templated (`completion_prompt_ids`).
+
 The worker (`VllmEngine`) and the gateway's token counter
 (`gateway.tokens.TokenCounter`) both build prompts here, so a context window
 check counts exactly what the engine runs.
@@ -59,6 +61,15 @@ def prompt_token_ids(tokenizer: Any, messages: Sequence[dict[str, Any]],
         ids += template_ids(tokenizer, before)
         ids += text_ids(tokenizer, messages[index]["content"])
     return ids + template_ids(tokenizer, rendered)
+
+
+def completion_prompt_ids(tokenizer: Any, prompt: str) -> list[int]:
+    """The prompt of a text completion (`/v1/completions`): the text as it is, no chat
+    template, with the tokens the tokenizer adds (a bos token), as vLLM's completions
+    API tokenizes it. Unlike a chat message's content, its special-token strings are
+    special tokens: the caller writes the whole prompt (a hand-rendered chat template
+    among them), there is no one else's turn in it to forge."""
+    return tokenizer.encode(prompt, add_special_tokens=True)
 
 
 def template_messages(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:

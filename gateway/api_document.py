@@ -5,10 +5,10 @@ FastAPI writes what the routes and models declare; this adds what it cannot know
   with a body can answer 400 (malformed JSON), 408 and 413 (the body's limits), 422;
   a route with an id in its path can answer 404; every error is a JSON `ErrorBody`
   (not FastAPI's own validation shape, nor a stream route's media type);
-* the limits set by this deployment's settings: message count and length, stop
-  sequences, max_tokens, the models served and the model aliases (those of the
-  document's first build: `chatpipe rollout set` may add one later), the tools one
-  request offers, the choices (`n`);
+* the limits set by this deployment's settings (chat and text completions): message
+  count and length, stop sequences, max_tokens, the models served and the model
+  aliases (those of the document's first build: `chatpipe rollout set` may add one
+  later), the tools one request offers, the choices (`n`);
 * what `gateway.parameters` refuses: unknown fields, OpenAI's fields chatpipe cannot
   honour (null only), fields taking a few values only;
 * the rules of tool calling that span fields (`gateway.tool_requests`): a tool message
@@ -103,6 +103,7 @@ def _declare_limits(schemas: dict[str, Schema], limits: RequestLimits,
                                         "items": {"type": "string", **stop_chars}}, "array")
         _constrain(completion, "tools", {"maxItems": limits.max_tools}, "array")
         _declare_parameters(completion, limits)
+    _declare_text_completion_limits(schemas, limits, models)
     _declare_tool_rules(schemas)
     _declare_response_limits(schemas, limits, models)
 
@@ -137,15 +138,38 @@ def _declare_parameters(completion: Schema, limits: RequestLimits) -> None:
         properties[name] = {"anyOf": [{"enum": values}, {"type": "null"}],
                             "description": properties[name].get("description")}
     _constrain(completion, "n", {"maximum": limits.max_choices})
+    _declare_logit_bias(completion)
+    completion.setdefault("allOf", []).append(
+        {"if": {"required": ["top_logprobs"],
+                "properties": {"top_logprobs": {"type": "integer"}}},
+         "then": {"required": ["logprobs"], "properties": {"logprobs": {"const": True}}}})
+
+
+def _declare_logit_bias(completion: Schema) -> None:
     # Token ids, as strings: the document cannot know each model's vocabulary, so it allows
     # the ids every model served has (any tokenizer has more than 10,000); the gateway takes
     # every id of the model's and refuses others (400 invalid_logit_bias).
     _constrain(completion, "logit_bias", {"propertyNames": {"pattern": "^(0|[1-9][0-9]{0,3})$"}},
                "object")
-    completion.setdefault("allOf", []).append(
-        {"if": {"required": ["top_logprobs"],
-                "properties": {"top_logprobs": {"type": "integer"}}},
-         "then": {"required": ["logprobs"], "properties": {"logprobs": {"const": True}}}})
+
+
+def _declare_text_completion_limits(schemas: dict[str, Schema], limits: RequestLimits,
+                                    models: Schema) -> None:
+    if "EmbeddingRequest" in schemas:
+        schemas["EmbeddingRequest"]["additionalProperties"] = False
+    completion = schemas.get("CompletionRequest")
+    if completion is None:
+        return
+    completion["additionalProperties"] = False
+    _seed_range(completion)
+    _declare_logit_bias(completion)
+    _constrain(completion, "model", models)
+    _constrain(completion, "max_tokens", {"maximum": limits.max_tokens_limit})
+    _constrain(completion, "prompt", {"minLength": 1, "maxLength": limits.max_message_chars})
+    stop_chars = {"minLength": 1, "maxLength": limits.max_stop_chars}
+    _constrain(completion, "stop", stop_chars)
+    _constrain(completion, "stop", {"maxItems": limits.max_stop_sequences,
+                                    "items": {"type": "string", **stop_chars}}, "array")
 
 
 def _declare_tool_rules(schemas: dict[str, Schema]) -> None:

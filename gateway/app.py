@@ -15,7 +15,17 @@ from contextlib import asynccontextmanager
 
 from fastapi import APIRouter, Depends, FastAPI, Request, Response
 
-from gateway import chat, conversations, feedback, files, openai_compat, responses_api, web
+from gateway import (
+    chat,
+    completions,
+    conversations,
+    embeddings,
+    feedback,
+    files,
+    openai_compat,
+    responses_api,
+    web,
+)
 from gateway.admission import ResponseHeaders
 from gateway.api_document import api_document
 from gateway.auth import current_owner
@@ -74,6 +84,8 @@ def create_app(deps: GatewayDeps, *, api_docs: bool = True) -> FastAPI:
     v1.include_router(files.router)
     v1.include_router(feedback.router)
     v1.include_router(openai_compat.router)
+    v1.include_router(completions.router)
+    v1.include_router(embeddings.router)
     v1.include_router(responses_api.router)
     app.include_router(v1)
     app.include_router(web.router)

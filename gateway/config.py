@@ -127,3 +127,5 @@ class GatewayConfig:
     response_cache: ResponseCacheConfig = ResponseCacheConfig()
     server_tools: ServerToolsConfig = ServerToolsConfig()
     """The server tools a native turn may offer the model (`tool_choice`)."""
+    max_embedding_inputs: int = 64
+    """Texts one `/v1/embeddings` request may embed."""

@@ -97,6 +97,11 @@ class ContextBuilder:
         counter = await self._counter(model)
         return await asyncio.to_thread(counter.count_prompt, list(messages), tools)
 
+    async def completion_prompt_tokens(self, model: str, prompt: str) -> int:
+        """Tokens of a text completion's `prompt` for `model` (no chat template)."""
+        counter = await self._counter(model)
+        return await asyncio.to_thread(counter.count_completion_prompt, prompt)
+
     async def vocab_size(self, model: str) -> int:
         """How many token ids `model`'s tokenizer has."""
         return (await self._counter(model)).vocab_size
@@ -166,6 +171,11 @@ class ContextBuilder:
                 if model not in self._counters:
                     self._counters[model] = await asyncio.to_thread(self._make_counter, model)
         return self._counters[model]
+
+    @property
+    def embeds(self) -> bool:
+        """Whether an embedding model is configured (`embedding_model` loads it)."""
+        return self._make_embedder is not None
 
     async def embedding_model(self) -> Embedder:
         """The embedding model, loaded (in a thread) on the first call."""

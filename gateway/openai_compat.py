@@ -36,6 +36,7 @@ from gateway.config import GatewayConfig
 from gateway.context_builder import ContextBuilder
 from gateway.core import TooLarge, Unacceptable, owner_request
 from gateway.deps import Deps, GatewayDeps
+from gateway.embeddings import served_embedding_model
 from gateway.errors import error_responses, error_type
 from gateway.event_stream import EventStreamResponse
 from gateway.choices import choice_batches, choice_requests, start_choices, total_usage
@@ -88,17 +89,25 @@ router = APIRouter(tags=["openai"])
 
 @router.get("/models")
 async def list_models(deps: Deps, owner: Owner) -> ModelList:
-    """The models served here that the caller's tier may use, then the aliases."""
+    """The models served here that the caller's tier may use, then the aliases, then the
+    embedding model (`/v1/embeddings`, every tier)."""
     allowed = deps.config.limits.tier_models.get(owner.tier)
     names = [*deps.config.limits.models, *(deps.aliases.names if deps.aliases else ())]
-    return ModelList(data=[ModelCard(id=name) for name in names
-                           if allowed is None or name in allowed])  # fmt: skip
+    cards = [ModelCard(id=name) for name in names if allowed is None or name in allowed]
+    embedding_model = served_embedding_model(deps)
+    if embedding_model is not None:
+        cards.append(ModelCard(id=embedding_model))
+    return ModelList(data=cards)
 
 
-@router.post("/chat/completions", response_model=ChatCompletion, responses={
+STREAMED_COMPLETION = {
     200: {"content": {"text/event-stream": {}},
           "description": "the completion; with `stream`, its chunks as SSE"},
-    **error_responses(400, 403, 404, 413, 429, 500, 502, 503)})  # fmt: skip
+    **error_responses(400, 403, 404, 413, 429, 500, 502, 503)}  # fmt: skip
+"""The answers of a completion route (chat or text): JSON, or SSE when streamed."""
+
+
+@router.post("/chat/completions", response_model=ChatCompletion, responses=STREAMED_COMPLETION)
 async def chat_completions(
     completion: ChatCompletionRequest, owner: Owner, deps: Deps, request: Request
 ) -> ChatCompletion | EventStreamResponse:
@@ -122,14 +131,24 @@ async def admitted_request(
     in the model's window and every message through the input classifiers."""
     request = to_generation_request(completion, owner, deps.config, deps.pipeline.reply_to,
                                     deps.aliases)
+    await admit_generation(request, owner, deps, choices=completion.n)
+    return request
+
+
+async def admit_generation(request: GenerationRequest, owner: ApiKey, deps: GatewayDeps,
+                           choices: int = 1) -> None:
+    """Every check of an OpenAI-API request after its fields (chat or text completion):
+    its size on the bus, the budgets and rate limits (charged, for its `choices`), its
+    prompt in the model's window, its logit bias in the model's vocabulary, and what the
+    client wrote through the input classifiers."""
     check_bus_size(deps.config.limits, request)
-    prompt = [*(m.content for m in request.messages), *tool_texts(request)]
-    await admit(deps.gates, owner,
-                text_tokens(prompt, request.sampling.max_tokens * completion.n), request.model)
+    written = [*(m.content for m in request.messages), *filter(None, [request.prompt])]
+    prompt = [*written, *tool_texts(request)]
+    await admit(deps.gates, owner, text_tokens(prompt, request.sampling.max_tokens * choices),
+                request.model)
     await check_window(deps.context, request)
     await check_logit_bias(deps.context, request)
-    await check_input(deps.gates, owner, request.model, [m.content for m in request.messages])
-    return request
+    await check_input(deps.gates, owner, request.model, written)
 
 
 def to_generation_request(
@@ -166,6 +185,14 @@ async def check_window(context: ContextBuilder, request: GenerationRequest) -> N
     answer (the engine ends the answer at the window, `length`). The prompt is tokenized
     only when it might not fit: no token is shorter than a byte."""
     window = context.policy(request.model, 0).max_prompt_tokens
+    if request.prompt is not None:
+        if len(request.prompt.encode()) + TEMPLATE_TOKENS < window:
+            return
+        tokens = await context.completion_prompt_tokens(request.model, request.prompt)
+        if tokens >= window:
+            raise TooLarge("context_too_long", f"the prompt needs {tokens} tokens; "
+                           f"{request.model} takes {window} in all", param="prompt")
+        return
     tools = template_tools(request.tool_use)
     most = TEMPLATE_TOKENS + len(orjson.dumps(tools)) + sum(
         len(m.content.encode()) + TOKENS_PER_MESSAGE
@@ -301,7 +328,7 @@ async def chunk_events(answer: _Answer, generations: list[Generation],
                 break
     failed = any(choice.failed for choice in choices)
     if not failed and not all(generation.finished for generation in generations):
-        yield sse.openai_error(_error_detail("stream_interrupted", INTERRUPTED))
+        yield interrupted_chunk()
     yield sse.done_marker()
 
 
@@ -345,6 +372,16 @@ class _ChoiceText(AnswerText):
                       finish_reason=finish_reason(answer.tool_use, end, retracted),
                       logprobs=ChoiceLogprobs.of(tuple(self.logprobs))
                       if answer.logprobs and not retracted else None)
+
+
+def stream_error_chunk(code: str, message: str) -> bytes:
+    """An error in an OpenAI stream, as an error body in a data line."""
+    return sse.openai_error(_error_detail(code, message))
+
+
+def interrupted_chunk() -> bytes:
+    """The error ending a stream that stopped before its answer's end."""
+    return stream_error_chunk("stream_interrupted", INTERRUPTED)
 
 
 def _error_detail(code: str, message: str) -> ErrorDetail:

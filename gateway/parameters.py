@@ -12,6 +12,8 @@ refuses it.
 
 from __future__ import annotations
 
+from pydantic import BaseModel
+
 from gateway.config import RequestLimits
 from gateway.core import Invalid, Unacceptable
 from gateway.limits import sampling_options
@@ -43,9 +45,7 @@ ACCEPTED: dict[str, tuple[list[object], str]] = {
 
 def check_parameters(completion: ChatCompletionRequest, limits: RequestLimits) -> None:
     """Refuse what chatpipe cannot honour, naming the field: an unknown one first."""
-    for name in completion.model_extra or {}:
-        raise Unacceptable("unknown_parameter",
-                           f"Unrecognized request argument supplied: {name}", param=name)
+    check_known_fields(completion)
     for name, why in REFUSED.items():
         if getattr(completion, name) is not None:
             raise Unacceptable("unsupported_parameter", f"{name} is not supported: {why}",
@@ -65,6 +65,14 @@ def check_parameters(completion: ChatCompletionRequest, limits: RequestLimits) -
         raise Unacceptable("invalid_response_format", f"response_format's schema is not a "
                            f"valid JSON Schema: {error}",
                            param="response_format.json_schema.schema")
+
+
+def check_known_fields(body: BaseModel) -> None:
+    """A field the OpenAI request (`body`, kept in its `model_extra`) does not define:
+    400 `unknown_parameter` naming it, as OpenAI refuses it."""
+    for name in body.model_extra or {}:
+        raise Unacceptable("unknown_parameter",
+                           f"Unrecognized request argument supplied: {name}", param=name)
 
 
 def chat_sampling(completion: ChatCompletionRequest, limits: RequestLimits) -> SamplingOptions:

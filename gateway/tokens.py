@@ -17,7 +17,13 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
-from common.prompt import prompt_token_ids, template_ids, template_messages, text_ids
+from common.prompt import (
+    completion_prompt_ids,
+    prompt_token_ids,
+    template_ids,
+    template_messages,
+    text_ids,
+)
 from schemas.events import ChatMessage, Role
 
 _PROBE = "probe"
@@ -66,6 +72,11 @@ class TokenCounter:
                 return len(template_ids(self._tokenizer, self.render(messages, tools)))
         with self._lock:
             return len(prompt_token_ids(self._tokenizer, template_messages(messages), tools))
+
+    def count_completion_prompt(self, prompt: str) -> int:
+        """Tokens of a text completion's prompt (no template): its prompt_tokens."""
+        with self._lock:
+            return len(completion_prompt_ids(self._tokenizer, prompt))
 
     def count_text(self, text: str) -> int:
         """Tokens of a message's content: plain text, its control strings included."""

@@ -534,3 +534,95 @@ class ModelCard(BaseModel):
 class ModelList(BaseModel):
     object: Literal["list"] = "list"
     data: list[ModelCard]
+
+
+# --- OpenAI-compatible API: text completions and embeddings ---------------------------
+
+class CompletionRequest(SamplingParameters):
+    """`POST /v1/completions`: text in, text out, the prompt as it is (no chat template).
+
+    Every field of OpenAI's request is declared, its sampling parameters (penalties,
+    `logit_bias`, vLLM's extras) as a chat completion's: what chatpipe cannot honour is
+    refused by `gateway.completions` with a 400 naming it when set to anything but its
+    default;
+    a field OpenAI does not define is kept (`model_extra`) to be refused, 400
+    `unknown_parameter`."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: Text
+    prompt: Text | list[Text] | list[int] | list[list[int]] = Field(description=(
+        "a string, or a list holding one string; token arrays and several prompts are "
+        "refused"))
+    max_tokens: MaxTokens = Field(16, description="OpenAI's default, 16")
+    temperature: Temperature | None = None
+    top_p: TopP | None = None
+    seed: Seed | None = None
+    stop: StopText | list[StopText] | None = Field(None, description=(
+        "at most CHATPIPE_MAX_STOP_SEQUENCES, each at most CHATPIPE_MAX_STOP_CHARS long"))
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    echo: bool = Field(False, description="the prompt before the completion in `text`")
+    user: Text | None = None
+    ignore_eos: bool = Field(False, description="vLLM extension, for benchmarks")
+    n: int = Field(1, ge=1, description="refused unless 1")
+    best_of: int | None = Field(None, ge=1, description="refused unless 1")
+    logprobs: int | None = Field(None, ge=0, le=5, description="refused")
+    suffix: Text | None = Field(None, description="refused")
+
+    # The same fields as a chat completion's, read the same way.
+    include_usage = ChatCompletionRequest.include_usage
+    stop_sequences = ChatCompletionRequest.stop_sequences
+
+
+class CompletionChoice(BaseModel):
+    index: int = 0
+    text: str
+    finish_reason: str | None
+    logprobs: None = None
+
+
+class TextCompletion(BaseModel):
+    """A whole text completion, or (`stream`) one chunk of one: the same object."""
+
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: CompletionUsage | None = None
+
+
+class EmbeddingRequest(BaseModel):
+    """`POST /v1/embeddings`. Token arrays as input are refused (400, `input`): their
+    tokens would be another model's. Any other field is kept (`model_extra`) to be
+    refused, 400 `unknown_parameter`."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: Text
+    input: Text | list[Text] | list[int] | list[list[int]] = Field(
+        description="a string or a list of strings, each not empty; at most "
+        "CHATPIPE_MAX_EMBEDDING_INPUTS, each within the model's window")
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = Field(None, ge=1, description="refused unless the model's own")
+    user: Text | None = None
+
+
+class Embedding(BaseModel):
+    object: Literal["embedding"] = "embedding"
+    index: int
+    embedding: list[float] | str = Field(
+        description="the vector; base64: its little-endian float32 bytes")
+
+
+class EmbeddingUsage(BaseModel):
+    prompt_tokens: int
+    total_tokens: int
+
+
+class EmbeddingList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[Embedding]
+    model: str
+    usage: EmbeddingUsage

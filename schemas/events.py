@@ -161,6 +161,11 @@ class GenerationRequest(Event):
         None, description="a native turn whose tool calls chatpipe runs (chat.tools)",
         exclude_if=_unset)
     created_at: float = Field(default_factory=now)
+    # --- text completions (/v1/completions) -------------------------------------------
+    prompt: str | None = Field(
+        None, description="a text completion's prompt, tokenized as it is (no chat "
+        "template); `messages` is then empty", exclude_if=_unset)
+    # --- end of text completions ------------------------------------------------------
 
     @property
     def answer_id(self) -> str:
@@ -170,7 +175,10 @@ class GenerationRequest(Event):
 
     @property
     def last_user_message(self) -> str:
-        """The text of the newest user message: what this turn asks ("" if none)."""
+        """The text of the newest user message, or a text completion's prompt: what this
+        turn asks ("" if none)."""
+        if self.prompt is not None:
+            return self.prompt
         return next((m.content for m in reversed(self.messages) if m.role is Role.USER), "")
 
 

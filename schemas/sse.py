@@ -34,7 +34,7 @@ from typing import Any
 import orjson
 from pydantic import BaseModel, Field
 
-from schemas.api import ChatCompletionChunk, ErrorBody, ErrorDetail
+from schemas.api import ChatCompletionChunk, ErrorBody, ErrorDetail, TextCompletion
 from schemas.events import (
     CacheOutcome,
     DeliverEvent,
@@ -206,7 +206,7 @@ PING = b": ping\n\n"
 """A comment line: keeps idle connections open through proxies; readers skip it."""
 
 
-def openai_chunk(chunk: ChatCompletionChunk) -> bytes:
+def openai_chunk(chunk: ChatCompletionChunk | TextCompletion) -> bytes:
     return _event(chunk)
 
 

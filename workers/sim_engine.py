@@ -71,8 +71,10 @@ class ReplyPlan:
     tool_calls: ToolCalls | None = None
 
 
-def prompt_token_count(messages: tuple[ChatMessage, ...]) -> int:
-    return sum(len(message.content.split()) for message in messages)
+def prompt_token_count(request: GenerationRequest) -> int:
+    """One token a word, of every message or of a text completion's prompt."""
+    texts = [m.content for m in request.messages]
+    return sum(len(text.split()) for text in [*texts, request.prompt or ""])
 
 
 def plan_reply(request: GenerationRequest) -> ReplyPlan:
@@ -215,7 +217,7 @@ class SimEngine:
         self, request: GenerationRequest, continuation: Continuation | None = None
     ) -> AsyncIterator[EngineOutput]:
         plan = plan_reply(request)
-        prompt_tokens = prompt_token_count(request.messages)
+        prompt_tokens = prompt_token_count(request)
         aborted = asyncio.Event()
         self._aborts.setdefault(request.request_id, set()).add(aborted)
         # The plan is a pure function of the request: a continuation resumes it exactly.

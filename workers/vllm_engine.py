@@ -25,7 +25,13 @@ from contextlib import aclosing
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from common.prompt import prompt_token_ids, template_messages, template_tools, text_ids
+from common.prompt import (
+    completion_prompt_ids,
+    prompt_token_ids,
+    template_messages,
+    template_tools,
+    text_ids,
+)
 from schemas.events import (
     GenerationRequest,
     Logprobs,
@@ -233,9 +239,12 @@ class VllmEngine:
         """The engine's prompt, and how many of its tokens are the request's own prompt
         (a continuation's answer so far is completion, counted once as such). No
         message's content, nor the answer so far, can become a special token
-        (`common.prompt`)."""
-        token_ids = prompt_token_ids(self._tokenizer, template_messages(request.messages),
-                                     template_tools(request.tool_use))
+        (`common.prompt`); a text completion's prompt is its text as it is."""
+        if request.prompt is not None:
+            token_ids = completion_prompt_ids(self._tokenizer, request.prompt)
+        else:
+            token_ids = prompt_token_ids(self._tokenizer, template_messages(request.messages),
+                                         template_tools(request.tool_use))
         prompt_tokens = len(token_ids)
         if continuation is not None and continuation.token_ids:
             token_ids = token_ids + list(continuation.token_ids)  # the answer so far, exactly

@@ -56,6 +56,25 @@ include-path = "/v1/responses"
 include-method = "POST"
 checks.positive_data_acceptance.expected-statuses = [
     "2xx", "3xx", "400", "401", "403", "404", "409", "413", "429", "5xx"]
+
+# OpenAI's text completion request, declared whole: the fields chatpipe cannot honour
+# (n > 1, logprobs, suffix, penalties, token arrays) are refused with a 400 naming them,
+# and a prompt must fit the model's window in tokens (413).
+[[operations]]
+include-path = "/v1/completions"
+include-method = "POST"
+checks.positive_data_acceptance.expected-statuses = [
+    "2xx", "400", "401", "403", "404", "413", "429", "5xx"]
+
+# An embedding request's texts are checked beyond the schema: token arrays and empty
+# texts are refused (400), the model is the embedding model's id (404), a text must fit
+# the model's window and a request holds a bounded count of them (413), `dimensions`
+# must be the model's own (400).
+[[operations]]
+include-path = "/v1/embeddings"
+include-method = "POST"
+checks.positive_data_acceptance.expected-statuses = [
+    "2xx", "400", "401", "404", "413", "429", "5xx"]
 """
 
 

@@ -55,7 +55,8 @@ USAGE = Usage(prompt_tokens=7, completion_tokens=2, cached_tokens=3)
 
 def is_background(request: GenerationRequest) -> bool:
     """A title or summary the gateway asks for on its own."""
-    return request.messages[0].content in (TITLE_INSTRUCTIONS, SUMMARY_INSTRUCTIONS)
+    return bool(request.messages) and request.messages[0].content in (TITLE_INSTRUCTIONS,
+                                                                      SUMMARY_INSTRUCTIONS)
 
 
 class ScriptedStream:
