@@ -18,7 +18,10 @@ def listening_addresses(pid: int) -> set[tuple[str, int]]:
     """(address, port) of every TCP socket process `pid` listens on, from /proc."""
     inodes = set()
     for fd in Path(f"/proc/{pid}/fd").iterdir():
-        target = os.readlink(fd)
+        try:
+            target = os.readlink(fd)
+        except FileNotFoundError:  # closed since the listing: not a listener
+            continue
         if target.startswith("socket:["):
             inodes.add(target[len("socket:["):-1])
     found = set()

@@ -73,7 +73,8 @@ def uses(monkeypatch: pytest.MonkeyPatch) -> set[Use]:
     # Each stage gets its own named KafkaConfig where the wiring hands it one.
     for factory, stage in (("gateway_pipeline", "gateway"), ("scheduler_stage", "scheduler"),
                            ("safety_stage", "safety"), ("recorder_stage", "recorder"),
-                           ("BillingStage", "billing"), ("worker_stage", "worker")):
+                           ("BillingStage", "billing"), ("worker_stage", "worker"),
+                           ("tools_stage", "tools")):
         original = getattr(wiring, factory)
         monkeypatch.setattr(wiring, factory, lambda kafka, *rest, _o=original, _s=stage:
                             _o(tagged(_s, kafka), *rest))
@@ -109,12 +110,18 @@ async def test_every_topic_a_stage_uses_is_granted_to_its_kafka_user(
         # An answer the safety stage retracts.
         retracted = await post_message(client, await conversation(), {"content": RETRACTED})
         assert retracted.of("retract")
+        # An answer that calls a server tool: the worker hands the round to chat.tools,
+        # the tools stage answers on chat.tokens and queues the next round.
+        tooled = await post_message(client, await conversation(), {
+            "content": '[[sim:call=calculator {"expression": "6*7"}]] [[sim:reply=42]]',
+            "tool_choice": "auto", "max_tokens": 64})
+        assert tooled.of("tool_result") and tooled.ended_with_done, tooled
         # Records nobody can read: each consumer dead-letters them.
         producer = AIOKafkaProducer(bootstrap_servers=stack.kafka.bootstrap_servers)
         await producer.start()
         try:
             for topic in (topics.requests_topic(topics.Tier.FREE), topics.TOKENS,
-                          topics.ANSWERS, topics.USAGE, stack.pipeline.reply_to):
+                          topics.ANSWERS, topics.USAGE, topics.TOOLS, stack.pipeline.reply_to):
                 await producer.send_and_wait(topic, b"not an event " + uuid.uuid4().bytes,
                                              key=b"acl-check")
         finally:
@@ -132,8 +139,12 @@ async def test_every_topic_a_stage_uses_is_granted_to_its_kafka_user(
             ("safety", W, Resource.TOPIC, topics.MODERATION),
             ("recorder", R, Resource.TOPIC, topics.ANSWERS),
             ("billing", R, Resource.TOPIC, topics.USAGE),
+            ("worker", W, Resource.TOPIC, topics.TOOLS),
+            ("tools", R, Resource.TOPIC, topics.TOOLS),
+            ("tools", W, Resource.TOPIC, topics.TOKENS),
+            ("tools", W, Resource.TOPIC, topics.requests_topic(settings.default_tier)),
             *((stage, W, Resource.TOPIC, topics.DLQ)
-              for stage in ("gateway", "scheduler", "safety", "recorder", "billing")),
+              for stage in ("gateway", "scheduler", "safety", "recorder", "billing", "tools")),
         }
         try:
             await until(lambda: expected <= uses)
