@@ -57,6 +57,8 @@ class ToolsStage:
 
     async def _run(self, tool_round: ToolRound, tp: TopicPartition, offset: int) -> None:
         request = tool_round.request
+        log.info("round %s of %s: running %d call(s)", request.request_id,
+                 request.answer_id, len(tool_round.calls.calls))
         try:
             caller = caller_of(tool_round)
             outcomes = await asyncio.gather(

@@ -1,0 +1,143 @@
+"""A tools stage (`chat.tools`, issue 16 point 2) that dies loses no round: a round
+paused on its worker waits on `chat.tools` for the next tools stage, which runs it
+(its offset is committed only once its results and next round are acknowledged), and
+the client sees the answer whole: one `tool_call`, one `tool_result`, the text. A
+client whose round waits longer than the stream stall timeout gets an error event,
+never a hang, and its answer is cancelled: the round queued once a tools stage is back
+generates nothing."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+
+import httpx
+import pytest
+import pytest_asyncio
+
+from bench import fault_scenarios as scenarios
+from bench.fault_scenarios import PIPELINE_SETTINGS
+from bench.process_pipeline import Pipeline, running_pipeline
+from schemas import topics
+from schemas.codec import TOKEN_EVENT
+from schemas.events import GenerationDone, RequestStatus, TokenChunk, ToolResult, ToolRound
+from tests.e2e.test_files import LIGHTHOUSE, upload
+from tests.e2e.test_server_tools import ANSWER, ask, calling, step
+from tests.support import SseResult, post_message
+
+pytestmark = pytest.mark.timeout(120)
+
+TOOLS = "tools"
+PATIENT_STALL_S = 60.0
+"""The stall timeout of the gateway the answers are read through: longer than a
+restart of the tools stage (a SIGKILLed member's session runs out first)."""
+STALL_S = 3.0
+"""The stall timeout of the `impatient` gateway."""
+
+
+@pytest_asyncio.fixture(scope="module")
+async def pipeline(tmp_path_factory) -> Pipeline:
+    settings = {**PIPELINE_SETTINGS, "stream_stall_s": PATIENT_STALL_S}
+    async with running_pipeline(tmp_path_factory.mktemp("tools"), **settings) as pipe:
+        for stage in ("scheduler", "safety", "recorder", TOOLS, "gateway"):
+            await pipe.start(stage)
+        await pipe.start("impatient", "gateway", stream_stall_s=STALL_S)
+        await pipe.start("w1", "worker")
+        await pipe.wait_for_workers("w1")
+        await pipe.wait_for_gateway()
+        await pipe.wait_for_gateway("impatient")
+        yield pipe
+
+
+async def test_a_round_waits_for_a_killed_tools_stage_and_ends_whole(pipeline):
+    pipeline.kill(TOOLS)
+    async with pipeline.http() as client:
+        [cid] = await scenarios.conversations(client, 1)
+        asked = asyncio.create_task(ask(client, cid, calling(
+            "calculator", {"expression": "(6 + 1) * 6"})))
+        await paused_round(pipeline, cid)
+        assert await results_of(pipeline, cid) == [], "no tools stage ran the round"
+        await pipeline.restart(TOOLS)
+        result = await asyncio.wait_for(asked, 30)
+    call, answer = step(result)
+    assert json.loads(answer["content"]) == {"expression": "(6 + 1) * 6", "result": 42}
+    assert result.text == ANSWER
+    assert result.of("done")[-1].json()["status"] == "finished_stopped"
+
+
+async def test_a_round_in_hand_at_sigterm_is_run_by_the_next_tools_stage(pipeline):
+    async with pipeline.http() as client:
+        uploaded = await upload(client, "lighthouse.md", LIGHTHOUSE.encode(), "text/markdown")
+        assert uploaded.status_code == 200, uploaded.text
+        mark = await without_embedding_model(pipeline)
+        [cid] = await scenarios.conversations(client, 1)
+        asked = asyncio.create_task(ask(client, cid, calling(
+            "search_documents", {"query": "who lights the lamp at dusk"})))
+        await pipeline.wait_for_log(TOOLS, "running 1 call(s)", after=mark)
+        pipeline.signal(TOOLS, signal.SIGTERM)
+        assert await pipeline.exited(TOOLS) == 0
+        assert await results_of(pipeline, cid) == [], "the round was stopped, not finished"
+        await pipeline.restart(TOOLS)
+        result = await asyncio.wait_for(asked, 30)
+    _, answer = step(result)
+    assert json.loads(answer["content"])["results"][0]["filename"] == "lighthouse.md"
+    assert result.text == ANSWER
+
+
+async def test_a_round_waiting_past_the_stall_timeout_ends_the_stream_in_error(pipeline):
+    pipeline.kill(TOOLS)
+    try:
+        async with pipeline.http("impatient") as client:
+            [cid] = await scenarios.conversations(client, 1)
+            result = await asyncio.wait_for(stalled(client, cid), STALL_S + 15)
+    finally:
+        await pipeline.restart(TOOLS)
+    kinds = [e.event for e in result.events if e.event != "request" and not e.is_done]
+    assert kinds == ["tool_call", "error"], kinds
+    assert result.of("error")[0].json()["code"] == "stalled"
+    assert result.ended_with_done
+    # The gateway cancelled the answer: its next round, queued once the tools stage is
+    # back, ends at once on the worker, generating nothing.
+    answer_id = result.request["request_id"]
+    [done] = await pipeline.find(
+        topics.TOKENS, TOKEN_EVENT,
+        lambda e: isinstance(e, GenerationDone) and e.request_id == answer_id)
+    assert (done.attempt, done.status) == (1, RequestStatus.FINISHED_ABORTED)
+    assert not await pipeline.find(
+        topics.TOKENS, TOKEN_EVENT,
+        lambda e: isinstance(e, TokenChunk) and e.request_id == answer_id, timeout_s=1.0)
+
+
+async def without_embedding_model(pipeline: Pipeline) -> int:
+    """A tools stage that has not loaded the embedding model: its first search loads it
+    (seconds), so a round of `search_documents` is in hand that long. Its log size."""
+    started = pipeline.stages[TOOLS].log.read_text().rsplit(f"--- start {TOOLS}", 1)[-1]
+    if "SentenceTransformer" in started:
+        pipeline.signal(TOOLS, signal.SIGTERM)  # a graceful stop: no session to wait out
+        await pipeline.exited(TOOLS)
+        await pipeline.restart(TOOLS)
+    return pipeline.log_size(TOOLS)
+
+
+async def stalled(client: httpx.AsyncClient, cid: str) -> SseResult:
+    result = await post_message(client, cid, {
+        "content": calling("calculator", {"expression": "1 + 1"}), "max_tokens": 64,
+        "tool_choice": "auto"})
+    assert result.status == 200, result
+    return result
+
+
+async def paused_round(pipeline: Pipeline, conversation_id: str) -> ToolRound:
+    """The conversation's round as its worker put it on `chat.tools`."""
+    [paused] = await pipeline.find(topics.TOOLS, ToolRound,
+                                   lambda r: r.request.conversation_id == conversation_id)
+    return paused
+
+
+async def results_of(pipeline: Pipeline, conversation_id: str) -> list[ToolResult]:
+    """The conversation's tool results on `chat.tokens` so far."""
+    return await pipeline.find(
+        topics.TOKENS, TOKEN_EVENT,
+        lambda e: isinstance(e, ToolResult) and e.conversation_id == conversation_id,
+        timeout_s=1.0)
