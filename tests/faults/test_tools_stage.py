@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import signal
 
 import httpx
 import pytest
@@ -22,7 +21,6 @@ from bench.process_pipeline import Pipeline, running_pipeline
 from schemas import topics
 from schemas.codec import TOKEN_EVENT
 from schemas.events import GenerationDone, RequestStatus, TokenChunk, ToolResult, ToolRound
-from tests.e2e.test_files import LIGHTHOUSE, upload
 from tests.e2e.test_server_tools import ANSWER, ask, calling, step
 from tests.support import SseResult, post_message
 
@@ -66,25 +64,6 @@ async def test_a_round_waits_for_a_killed_tools_stage_and_ends_whole(pipeline):
     assert result.of("done")[-1].json()["status"] == "finished_stopped"
 
 
-async def test_a_round_in_hand_at_sigterm_is_run_by_the_next_tools_stage(pipeline):
-    async with pipeline.http() as client:
-        uploaded = await upload(client, "lighthouse.md", LIGHTHOUSE.encode(), "text/markdown")
-        assert uploaded.status_code == 200, uploaded.text
-        mark = await without_embedding_model(pipeline)
-        [cid] = await scenarios.conversations(client, 1)
-        asked = asyncio.create_task(ask(client, cid, calling(
-            "search_documents", {"query": "who lights the lamp at dusk"})))
-        await pipeline.wait_for_log(TOOLS, "running 1 call(s)", after=mark)
-        pipeline.signal(TOOLS, signal.SIGTERM)
-        assert await pipeline.exited(TOOLS) == 0
-        assert await results_of(pipeline, cid) == [], "the round was stopped, not finished"
-        await pipeline.restart(TOOLS)
-        result = await asyncio.wait_for(asked, 30)
-    _, answer = step(result)
-    assert json.loads(answer["content"])["results"][0]["filename"] == "lighthouse.md"
-    assert result.text == ANSWER
-
-
 async def test_a_round_waiting_past_the_stall_timeout_ends_the_stream_in_error(pipeline):
     pipeline.kill(TOOLS)
     try:
@@ -107,17 +86,6 @@ async def test_a_round_waiting_past_the_stall_timeout_ends_the_stream_in_error(p
     assert not await pipeline.find(
         topics.TOKENS, TOKEN_EVENT,
         lambda e: isinstance(e, TokenChunk) and e.request_id == answer_id, timeout_s=1.0)
-
-
-async def without_embedding_model(pipeline: Pipeline) -> int:
-    """A tools stage that has not loaded the embedding model: its first search loads it
-    (seconds), so a round of `search_documents` is in hand that long. Its log size."""
-    started = pipeline.stages[TOOLS].log.read_text().rsplit(f"--- start {TOOLS}", 1)[-1]
-    if "SentenceTransformer" in started:
-        pipeline.signal(TOOLS, signal.SIGTERM)  # a graceful stop: no session to wait out
-        await pipeline.exited(TOOLS)
-        await pipeline.restart(TOOLS)
-    return pipeline.log_size(TOOLS)
 
 
 async def stalled(client: httpx.AsyncClient, cid: str) -> SseResult:
