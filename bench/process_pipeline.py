@@ -176,22 +176,6 @@ class Pipeline:
         if pending:
             raise TimeoutError(f"workers not ready after {timeout_s}s: {sorted(pending)}")
 
-    async def wait_for_log(self, name: str, text: str, after: int = 0,
-                           timeout_s: float = 30.0) -> None:
-        """Until the stage's log holds `text` past its first `after` bytes (`log_size`)."""
-        log = self.stages[name].log
-        deadline = time.monotonic() + timeout_s
-        while text.encode() not in log.read_bytes()[after:]:
-            self._check_running(name)
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{name} did not log {text!r} in {timeout_s}s")
-            await asyncio.sleep(0.05)
-
-    def log_size(self, name: str) -> int:
-        """Bytes the stage's log holds now (for `wait_for_log`'s `after`)."""
-        log = self.stages[name].log
-        return log.stat().st_size if log.exists() else 0
-
     def _check_running(self, name: str) -> None:
         entry = self.stages[name]
         if not entry.running:
