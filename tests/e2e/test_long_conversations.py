@@ -101,9 +101,12 @@ async def test_summary_replaces_the_oldest_turns_and_every_prompt_fits(
         cid = await new_conversation(client)
         for question in QUESTIONS:
             await say(client, cid, question + ANSWER, max_tokens=MAX_TOKENS)
-        summaries = await _summaries(summary_stack, cid)
+        await _summaries(summary_stack, cid)
         last = await say(client, cid, "And what did we talk about first?" + ANSWER,
                          max_tokens=MAX_TOKENS)
+        # Read again: the background job may have stored a newer summary meanwhile, and
+        # the last prompt carries whichever was the newest when it was built.
+        summaries = await summary_stack.store.list_summaries(cid)
 
     requests = await turn_prompts(summary_stack, cid, len(QUESTIONS) + 1)
     assert_within_window(requests, counter)
