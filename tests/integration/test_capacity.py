@@ -26,12 +26,11 @@ TOKENS_PER_S = 40.0
 
 
 @contextlib.asynccontextmanager
-async def sim_pipeline(tmp_path, slots: int, in_process_worker: bool = True,
-                       **overrides: object) -> AsyncIterator[Stack]:
+async def sim_pipeline(tmp_path, slots: int, **overrides: object) -> AsyncIterator[Stack]:
     # No generated titles: their free-tier requests would join the queues measured here.
     settings = stack_settings(tmp_path, engine="sim", max_slots=slots, auto_titles=False,
                               sim_tokens_per_s=TOKENS_PER_S, **overrides)
-    engine = SimEngine(settings.model_name, slots, TOKENS_PER_S, 1e6) if in_process_worker else None
+    engine = SimEngine(settings.model_name, slots, TOKENS_PER_S, 1e6)
     async with running_stack(settings, engine) as stack:
         for tier in Tier:
             for user in ("a", "b", "c"):
