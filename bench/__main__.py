@@ -85,6 +85,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         help="capacity: tokens/s per stream")
     parser.add_argument("--hold", type=float, default=6.0,
                         help="capacity: seconds each stream lasts")
+    parser.add_argument("--idle-seconds", type=float, default=10.0,
+                        help="capacity: seconds the stack's idle CPU is measured (0: skip)")
+    parser.add_argument("--probes", type=int, default=10,
+                        help="capacity: requests one at a time after the idle spell (0: skip)")
     parser.add_argument("--quiet-wait", type=float, default=60.0,
                         help="seconds to wait at most for other processes to go quiet "
                              "before each phase (0: do not wait)")
@@ -106,7 +110,7 @@ async def full_run(args: argparse.Namespace, command: str) -> BenchRun:
                         disconnects=args.disconnects, runs=args.runs,
                         quiet_wait_s=min(args.quiet_wait, 15.0), patient_until=patient_until)
     host = machine()
-    run = BenchRun(command, host["date"], host, cfg, workload)
+    run = BenchRun(command, host["date"], host, cfg, workload, chatpipe_engine=args.engine)
     logs = Path(tempfile.mkdtemp(prefix="chatpipe-bench-"))
     log.info("logs in %s", logs)
     settings = dict(args.settings)
@@ -127,7 +131,8 @@ async def full_run(args: argparse.Namespace, command: str) -> BenchRun:
     if not args.skip_capacity:
         plan = CapacityPlan(streams=args.streams, tokens_per_s=args.stream_rate,
                             hold_s=args.hold, quiet_wait_s=min(args.quiet_wait, 15.0),
-                            patient_until=patient_until)
+                            patient_until=patient_until, idle_s=args.idle_seconds,
+                            probes=args.probes)
         await _quiet(args, patient_until)
         run.capacity = await _phase(run, "capacity", capacity(plan, logs / "capacity",
                                                               **settings))
@@ -157,7 +162,7 @@ def smoke_args(args: argparse.Namespace) -> argparse.Namespace:
     """A run of seconds: sim engine, two small levels, a few disconnects, one capacity level."""
     args.engine, args.levels, args.rounds, args.max_tokens = "sim", (1, 4), 2, 16
     args.disconnects, args.streams, args.stream_rate, args.hold = 6, (20,), 20.0, 2.0
-    args.quiet_wait, args.runs = 0.0, 1
+    args.quiet_wait, args.runs, args.idle_seconds, args.probes = 0.0, 1, 2.0, 2
     args.settings = [("sim_tokens_per_s", "200"), ("kafka_idle_after_s", "1"), *args.settings]
     return args
 
@@ -174,7 +179,8 @@ async def profile_run(args: argparse.Namespace) -> Path:
 async def capacity_run(args: argparse.Namespace) -> str:
     """The capacity phase alone, with the idle stack's cost; --out/capacity.md."""
     plan = CapacityPlan(streams=args.streams, tokens_per_s=args.stream_rate, hold_s=args.hold,
-                        quiet_wait_s=min(args.quiet_wait, 15.0))
+                        quiet_wait_s=min(args.quiet_wait, 15.0), idle_s=args.idle_seconds,
+                        probes=args.probes)
     logs = Path(tempfile.mkdtemp(prefix="chatpipe-capacity-"))
     text = summary(await capacity(plan, logs, **dict(args.settings)))
     args.out.mkdir(parents=True, exist_ok=True)

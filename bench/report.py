@@ -35,6 +35,8 @@ class BenchRun:
     capacity: CapacityRun | None = None
     duration_s: float = 0.0
     failures: list[str] = field(default_factory=list)
+    chatpipe_engine: str = "vllm"
+    """The engine of the chatpipe side: `vllm`, or `sim` (no vLLM anywhere)."""
 
     def side(self, name: str) -> SideRun | None:
         return next((s for s in self.sides if s.name == name), None)
@@ -115,24 +117,10 @@ def _machine(run: BenchRun) -> str:
 
 def _engine(run: BenchRun) -> str:
     e, w = run.engine, run.workload
-    args = chatpipe_engine_args(e)
-    chatpipe = (f"`CHATPIPE_VLLM_ARGS='{json.dumps(e.vllm_args)}'`" if e.vllm_args
-                else "its default engine args")
-    described = {
-        VLLM: "vLLM's OpenAI server as `vllm serve MODEL` runs it, at its own defaults "
-              "(on the CPU with chatpipe's KV cache size: vLLM's default there reserves 92 % "
-              "of the memory, which must be free at start): "
-              f"`{_server_command(e, same_args=False)}`",
-        CHATPIPE: "`chatpipe up` (gateway, every stage and the engine's front end in one "
-                  f"process, the embedded broker beside it) with {chatpipe}; the engine args "
-                  f"its vLLM engine passes beyond the model: `{json.dumps(args, default=str)}`",
-        VLLM_SAME_ARGS: "vLLM's server with exactly those engine args: "
-                        f"`{_server_command(e, same_args=True)}`",
-    }
     lines = ["## Sides, engine and workload\n",
              f"- model `{e.model.name}` (tiny random-weight Llama), served as `{e.model_name}`"]
-    lines += [f"- **{side.name}**: {described[side.name]}" for side in run.sides
-              if side.name in described]
+    lines += [f"- **{side.name}**: {_described(run, side.name)}" for side in run.sides
+              if side.name in (VLLM, CHATPIPE, VLLM_SAME_ARGS)]
     lines.append(
         f"- streaming `POST /v1/chat/completions`, {w.max_tokens} tokens per answer "
         "(`ignore_eos`), temperature 1, 8 fixed prompts in turn, "
@@ -144,6 +132,27 @@ def _engine(run: BenchRun) -> str:
     lines += [f"- {side.name}: launch to ready (`/health`, or the 'chatpipe is up' line) "
               f"{side.ready_s:.0f} s" for side in run.sides]
     return "\n".join(lines) + "\n"
+
+
+def _described(run: BenchRun, side: str) -> str:
+    """What a side ran (vLLM's engine args are worked out only where a side runs vLLM:
+    that imports vLLM, seconds a sim-only run does without)."""
+    e = run.engine
+    if side == VLLM:
+        return ("vLLM's OpenAI server as `vllm serve MODEL` runs it, at its own defaults "
+                "(on the CPU with chatpipe's KV cache size: vLLM's default there reserves 92 % "
+                "of the memory, which must be free at start): "
+                f"`{_server_command(e, same_args=False)}`")
+    if side == VLLM_SAME_ARGS:
+        return f"vLLM's server with exactly chatpipe's engine args: `{_server_command(e, True)}`"
+    up = ("`chatpipe up` (gateway, every stage and the engine's front end in one process, "
+          "the embedded broker beside it)")
+    if run.chatpipe_engine == "sim":
+        return f"{up} with the sim engine (no vLLM)"
+    chatpipe = (f"`CHATPIPE_VLLM_ARGS='{json.dumps(e.vllm_args)}'`" if e.vllm_args
+                else "its default engine args")
+    args = json.dumps(chatpipe_engine_args(e), default=str)
+    return f"{up} with {chatpipe}; the engine args its vLLM engine passes beyond the model: `{args}`"
 
 
 def _server_command(cfg: EngineConfig, same_args: bool) -> str:
