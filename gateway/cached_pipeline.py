@@ -163,6 +163,9 @@ class CachedPipeline:
     async def feedback(self, event: FeedbackEvent) -> None:
         await self._inner.feedback(event)
 
+    async def usage(self, event: UsageEvent) -> None:
+        await self._inner.usage(event)
+
     def overloaded(self, tier: Tier, model: str) -> float | None:
         return self._inner.overloaded(tier, model)
 

@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import uuid
 
 import numpy as np
 from fastapi import APIRouter
 
 from common.embeddings import EmbeddingModel, embedding_model_name, to_bytes
+from conversations.store import ApiKey
 from gateway.admission import admit, charge_rest
 from gateway.auth import Owner
 from gateway.core import NotFound, TooLarge, Unacceptable
@@ -31,8 +33,13 @@ from gateway.parameters import check_known_fields
 from gateway.rate_limits import text_tokens
 from retrieval.documents import embed
 from schemas.api import Embedding, EmbeddingList, EmbeddingRequest, EmbeddingUsage
+from schemas.events import UsageEvent
+from schemas.lifecycle import RequestStatus
 
 router = APIRouter(tags=["openai"])
+
+EMBEDDING_WORKER = "gateway-embeddings"
+"""`worker_id` of an embedding's usage: the gateway made it, no worker."""
 
 
 @router.post("/embeddings", responses=error_responses(400, 404, 413, 422, 429, 503))
@@ -49,7 +56,19 @@ async def create_embeddings(body: EmbeddingRequest, owner: Owner, deps: Deps) ->
     await charge_rest(deps.gates, owner, estimated, sum(counts))
     check_input_tokens(counts, model.max_input_tokens, name)
     vectors = await embed(model, texts)  # in batches: a turn's retrieval gets a turn
+    await deps.pipeline.usage(embedding_usage(owner, name, sum(counts)))
     return embedding_list(vectors, counts, name, body.encoding_format)
+
+
+def embedding_usage(owner: ApiKey, model: str, tokens: int) -> UsageEvent:
+    """What an embedding request bills, on `chat.usage` as a generation's usage: its
+    input tokens as prompt tokens, no completion, no engine slot (`gpu_ms` 0). Its own
+    request id; no conversation."""
+    return UsageEvent(
+        request_id=f"emb-{uuid.uuid4().hex}", conversation_id="", user_id=owner.user_id,
+        org_id=owner.org_id, tier=owner.tier, model=model, worker_id=EMBEDDING_WORKER,
+        status=RequestStatus.FINISHED_STOPPED, prompt_tokens=tokens, completion_tokens=0,
+        cached_tokens=0, gpu_ms=0.0)  # fmt: skip
 
 
 def served_embedding_model(deps: GatewayDeps) -> str | None:

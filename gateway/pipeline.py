@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Protocol
 
-from schemas.events import Event, FeedbackEvent, GenerationRequest, ModerationEvent
+from schemas.events import Event, FeedbackEvent, GenerationRequest, ModerationEvent, UsageEvent
 from schemas.topics import Tier
 
 
@@ -60,6 +60,10 @@ class Pipeline(Protocol):
 
     async def feedback(self, event: FeedbackEvent) -> None:
         """Record a user's rating of an answer on `chat.feedback` (once the broker has it)."""
+
+    async def usage(self, event: UsageEvent) -> None:
+        """Report on `chat.usage` what no worker reports: work the gateway did itself
+        (embeddings), billed and counted against the budgets like a generation's."""
 
     def overloaded(self, tier: Tier, model: str) -> float | None:
         """Retry-After seconds while the scheduler deciding for `model` sheds `tier`'s

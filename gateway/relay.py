@@ -134,6 +134,9 @@ class KafkaPipeline:
         await self.requests.publisher.send_and_wait(topics.FEEDBACK, event,
                                                     key=event.conversation_id)
 
+    async def usage(self, event: UsageEvent) -> None:
+        await self.requests.publisher.send(topics.USAGE, event, key=event.user_id)
+
     def forget(self, request_id: str) -> None:
         self.requests.forget(request_id)
 

@@ -145,6 +145,21 @@ async def test_embeddings_as_floats_and_base64_with_usage(sim_stack):
     assert np.allclose(default.data[0].embedding, vectors[0], atol=1e-6)
 
 
+async def test_an_embeddings_tokens_are_billed_to_its_user_and_org(sim_stack):
+    org, user = f"org-{uuid.uuid4().hex[:6]}", f"user-{uuid.uuid4().hex[:6]}"
+    client = await as_owner(sim_stack, user, org)
+    answer = await client.embeddings.create(model=await minilm_id(client),
+                                            input=["bill me", "and me too"])
+    tokens = answer.usage.prompt_tokens
+    ledger = SQLiteLedger(sim_stack.settings.database_path)
+    await ledger.open()
+    try:
+        for account in (Account.user(org, user), Account.org(org)):
+            assert await until_used(ledger, account, tokens) == tokens
+    finally:
+        await ledger.close()
+
+
 @pytest.mark.parametrize(("request_body", "error", "code"), [
     ({"input": "x", "dimensions": 128}, openai.BadRequestError, "unsupported_dimensions"),
     ({"input": [[101, 102]]}, openai.BadRequestError, "unsupported_input"),

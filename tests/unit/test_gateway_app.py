@@ -43,6 +43,7 @@ from schemas.events import (
     Retract,
     Role,
     Usage,
+    UsageEvent,
 )
 from schemas.lifecycle import RequestStatus
 from schemas.topics import Tier
@@ -115,6 +116,7 @@ class ScriptedPipeline:
         self.held: list[tuple[str, float]] = []
         self.resumed: list[tuple[str, str]] = []
         self.feedback_events: list[FeedbackEvent] = []
+        self.usage_events: list[UsageEvent] = []
 
     @property
     def reply_to(self) -> str:
@@ -163,6 +165,9 @@ class ScriptedPipeline:
 
     async def feedback(self, event: FeedbackEvent) -> None:
         self.feedback_events.append(event)
+
+    async def usage(self, event: UsageEvent) -> None:
+        self.usage_events.append(event)
 
     def overloaded(self, tier: Tier, model: str) -> float | None:
         return self.shedding.get(tier)

@@ -344,6 +344,21 @@ async def test_embeddings_as_floats_and_base64_in_input_order(sdk, embedder):
     assert embedder.calls == [2, 1]
 
 
+async def test_an_embedding_is_billed_on_chat_usage_and_a_refused_one_is_not(
+        sdk, client, pipeline):
+    answer = await sdk.embeddings.create(model=BUNDLED_MODEL, input=["the cat sat", "a dog"])
+    refused = await client.post("/v1/embeddings", headers=ALICE,
+                                json={"model": BUNDLED_MODEL, "input": ["a", ""]})
+    assert refused.status_code == 400
+
+    [usage] = pipeline.usage_events
+    assert (usage.user_id, usage.org_id, usage.model) == ("alice", "org-a", BUNDLED_MODEL)
+    assert usage.prompt_tokens == answer.usage.prompt_tokens == 3 + 2 + 2 + 2
+    assert (usage.completion_tokens, usage.cached_tokens, usage.gpu_ms) == (0, 0, 0.0)
+    assert usage.status == RequestStatus.FINISHED_STOPPED
+    assert usage.request_id.startswith("emb-") and usage.conversation_id == ""
+
+
 async def test_the_sdks_default_base64_decodes_to_the_floats(sdk):
     default = await sdk.embeddings.create(model=BUNDLED_MODEL, input="the cat sat")
     floats = await sdk.embeddings.create(model=BUNDLED_MODEL, input="the cat sat",
