@@ -325,8 +325,10 @@ def tools_stage(kafka: KafkaConfig, settings: Settings, store: ConversationStore
     built: dict[str, Callable[[], ServerTool]] = {
         "calculator": Calculator, "clock": Clock,
         "search_documents": lambda: SearchDocuments(store, documents)}
+    searches = "search_documents" in settings.server_tools
     return ToolsStage(kafka, Toolbox([built[name]() for name in settings.server_tools],
-                                     settings.server_tool_timeout_s))
+                                     settings.server_tool_timeout_s),
+                      warm_up=documents.warm_up if searches else None)
 
 
 def recorder_stage(kafka: KafkaConfig, store: ConversationStore,

@@ -74,6 +74,10 @@ class Documents:
         self._embedder = embedder
         self._ingesting = asyncio.Lock()
 
+    async def warm_up(self) -> None:
+        """Load the embedding model now, so that the first search does not wait for it."""
+        await self._embedder()
+
     async def add(self, upload: Upload) -> StoredFile:
         """Read, chunk, embed and store `upload`. Raises `FileTooLarge`, `TooManyChunks`,
         `retrieval.extract.UnsupportedFile` or `UnreadableFile`, storing nothing."""

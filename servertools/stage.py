@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
+from collections.abc import Awaitable, Callable
 
 from aiokafka.structs import ConsumerRecord, TopicPartition
 
@@ -32,18 +34,33 @@ GROUP = "chatpipe-tools"
 
 
 class ToolsStage:
-    def __init__(self, kafka: KafkaConfig, toolbox: Toolbox) -> None:
+    def __init__(self, kafka: KafkaConfig, toolbox: Toolbox,
+                 warm_up: Callable[[], Awaitable[None]] | None = None) -> None:
+        """`warm_up`: loads what the tools need (the embedding model of search_documents)
+        beside the consumer, so the first round after a start does not wait for it."""
         self.toolbox = toolbox
+        self._warm_up = warm_up
         self._rounds: set[asyncio.Task[None]] = set()
         self.runner = StageRunner(kafka, STAGE, GROUP, [topics.TOOLS], poll_ms=100,
                                   commit_on_revoke=True, busy_while=lambda: bool(self._rounds))
 
     async def run(self) -> None:
+        warming = asyncio.create_task(self._warmed()) if self._warm_up else None
         try:
             await self.runner.run(self._handle)
         finally:
-            for task in self._rounds:
+            for task in [*self._rounds, *([warming] if warming else [])]:
                 task.cancel()
+
+    async def _warmed(self) -> None:
+        started = time.monotonic()
+        try:
+            await self._warm_up()  # type: ignore[misc]  # set: run() checked
+        except Exception:  # noqa: BLE001 - the first round loads it, or reports the failure
+            log.warning("warming up failed; the first round that needs it loads it",
+                        exc_info=True)
+            return
+        log.info("warmed up in %.1f s", time.monotonic() - started)
 
     async def _handle(self, record: ConsumerRecord) -> None:
         tool_round = decode_record(ToolRound, record)

@@ -59,6 +59,13 @@ async def test_a_round_waits_for_a_killed_tools_stage_and_ends_whole(pipeline):
         await pipeline.restart(TOOLS)
         result = await asyncio.wait_for(asked, 30)
     call, answer = step(result)
+    # It loads search_documents' embedding model at start, though no round searched.
+    for _ in range(300):
+        if "warmed up in" in pipeline.log_tail(TOOLS, 200):
+            break
+        await asyncio.sleep(0.1)
+    else:
+        raise AssertionError(pipeline.log_tail(TOOLS, 40))
     assert json.loads(answer["content"]) == {"expression": "(6 + 1) * 6", "result": 42}
     assert result.text == ANSWER
     assert result.of("done")[-1].json()["status"] == "finished_stopped"
