@@ -224,6 +224,15 @@ class Scheduler:
     def _in_order(self) -> Iterator[GenerationRequest]:
         return itertools.chain.from_iterable(self._queues[tier] for tier in _TIERS)
 
+    def _head(self) -> list[GenerationRequest]:
+        """The first QUEUE_HEAD of `_in_order()`, without copying any tier's order."""
+        head: list[GenerationRequest] = []
+        for tier in _TIERS:
+            head += self._queues[tier].first(QUEUE_HEAD - len(head))
+            if len(head) == QUEUE_HEAD:
+                break
+        return head
+
     def request(self, request_id: str) -> GenerationRequest | None:
         """The request, waiting or running, if known here."""
         flight = self.registry.flight(request_id)
@@ -282,7 +291,7 @@ class Scheduler:
         interval = self.policy.queue_update_interval_s
         each_s = self.throughput.seconds_each()
         updates: list[QueueUpdate] = []
-        for position, request in enumerate(itertools.islice(self._in_order(), QUEUE_HEAD)):
+        for position, request in enumerate(self._head()):
             shown = self._shown.get(request.request_id)
             if shown is None or shown.position != position or now - shown.at >= interval:
                 updates.append(self._show(request, position, now, each_s))
@@ -339,10 +348,7 @@ class Scheduler:
     def on_dispatched(self, request: GenerationRequest, worker_id: str, offset: int) -> None:
         """The assignment of `request` (as sent: with its stream) is on `chat.work`
         at `offset`."""
-        worker = self.workers.get(worker_id)
-        flight = worker.in_flight.get(request.request_id) if worker is not None else None
-        if flight is not None:
-            flight.request, flight.offset = request, offset
+        self.registry.acknowledged(worker_id, request, offset)
 
     def remove_lost_workers(self) -> list[str]:
         """Forget workers whose heartbeats stopped and queue what they held again,

@@ -26,6 +26,7 @@ from schemas.events import (
 
 DECISION_MEMORY = 100_000
 V = TypeVar("V")
+_NONE: frozenset[str] = frozenset()
 _dispatch_order = itertools.count()
 _registration_order = itertools.count()
 
@@ -122,8 +123,26 @@ class WorkerState:
             if flight is not None and flight.offset is not None and not self.has_read(flight):
                 yield flight
 
+    def first_unread(self) -> dict[int, int]:
+        """Per partition, the offset of its first assignment it has not read yet."""
+        first: dict[int, int] = {}
+        for flight in self.unread():
+            partition, offset = flight.partition, flight.offset
+            assert offset is not None
+            if offset < first.get(partition, offset + 1):
+                first[partition] = offset
+        return first
+
+    def knows_all_it_runs(self) -> bool:
+        """Every request its last heartbeat lists is in flight here: O(1), from the
+        counts. After a refresh, the flights it does not list are exactly those not
+        started, and it lists none of those; a flight learned from the heartbeat since
+        (listed, not started yet) makes this False, which only costs the full check."""
+        return len(self.active) == len(self.in_flight) - len(self._unstarted)
+
     def refresh(self, heartbeat: WorkerHeartbeat, now: float) -> Settled:
         lost: list[InFlight] = []
+        listed = self.active  # what the previous heartbeat listed
         if heartbeat.incarnation != self.incarnation:
             # Another process under this worker id: what the last one held is lost.
             if self.incarnation:
@@ -141,20 +160,36 @@ class WorkerState:
         self.free_kv_blocks = heartbeat.free_kv_blocks
         self.stopping = heartbeat.stopping
         self.last_seen = now
-        settled = self._settle(frozenset(heartbeat.handed_back))
+        handed_back = frozenset(heartbeat.handed_back) if heartbeat.handed_back else _NONE
+        settled = self._settle(listed, handed_back)
         settled.lost = lost
-        self.load = len(self.active | self.in_flight.keys())
+        # What it runs and what it was handed and does not list yet (not started).
+        self.load = len(self.active) + len(self._unstarted)
         return settled
 
-    def _settle(self, handed_back: frozenset[str]) -> Settled:
-        """Set operations over what the heartbeat lists; a loop only over the flights
-        whose state changed (started now, or not running), in dispatch order."""
+    def _settle(self, listed: frozenset[str], handed_back: frozenset[str]) -> Settled:
+        """What changed since the heartbeat that listed `listed`, by set operations that
+        never copy the whole running set; a loop only over the flights whose state
+        changed (started now, or not running), in dispatch order.
+
+        A flight is started, and then listed by the previous heartbeat, or it is not
+        started (`_unstarted`): so the flights the heartbeat does not list are those
+        listed before and not now, and those not started (none is listed now). A flight
+        learned from a heartbeat is not started and listed: the next one settles it."""
         settled = Settled()
-        for request_id in self._unstarted & self.active:
-            self.in_flight[request_id].started = True
-        self._unstarted -= self.active
-        changed = self.in_flight.keys() - (self.active - handed_back)
-        for flight in sorted((self.in_flight[r] for r in changed), key=_in_order):
+        in_flight, unstarted, active = self.in_flight, self._unstarted, self.active
+        if unstarted:
+            started = unstarted & active
+            for request_id in started:
+                in_flight[request_id].started = True
+            unstarted -= started
+        changed = {r for r in listed - active if r in in_flight}
+        changed |= unstarted
+        if handed_back:
+            changed.update(r for r in handed_back if r in in_flight)
+        if not changed:
+            return settled
+        for flight in sorted((in_flight[r] for r in changed), key=_in_order):
             if flight.request_id in handed_back:
                 settled.handed_back.append(flight)
             elif flight.started or (flight.offset is not None and self.has_read(flight)):
@@ -163,8 +198,8 @@ class WorkerState:
                 continue
             else:
                 settled.orphaned.append(flight)
-            del self.in_flight[flight.request_id]
-            self._unstarted.discard(flight.request_id)
+            del in_flight[flight.request_id]
+            unstarted.discard(flight.request_id)
         return settled
 
 
@@ -195,6 +230,7 @@ class Registry:
         self._claimed: dict[int, int] = {}
         self._holder: dict[str, WorkerState] = {}  # request id -> the worker it is in flight on
         self._free = FreeSlots()
+        self._unread = _FirstUnread()
 
     def worker(self, worker_id: str, model: str, now: float) -> WorkerState:
         """The worker's state; a new one has no partitions, hence no free slot, until
@@ -219,6 +255,15 @@ class Registry:
         worker.add_flight(flight)
         self._holder[flight.request_id] = worker
         self._free.changed(worker)
+        self._unread.stale(worker.worker_id)
+
+    def acknowledged(self, worker_id: str, request: GenerationRequest, offset: int) -> None:
+        """The assignment of `request` (as sent) is on `chat.work` at `offset`."""
+        worker = self.workers.get(worker_id)
+        flight = worker.in_flight.get(request.request_id) if worker is not None else None
+        if flight is not None:
+            flight.request, flight.offset = request, offset
+            self._unread.stale(worker_id)
 
     def decide(self, request_id: str, decision: Decision) -> None:
         remember(self.decided, request_id, decision, DECISION_MEMORY)
@@ -236,6 +281,7 @@ class Registry:
         if worker is not None:
             worker.pop_flight(request_id)
             self._free.changed(worker)
+            self._unread.stale(worker.worker_id)
 
     def on_heartbeat(self, heartbeat: WorkerHeartbeat, now: float,
                      waiting: Container[str]) -> Settled:
@@ -246,6 +292,10 @@ class Registry:
         for flights in (settled.finished, settled.orphaned, settled.handed_back, settled.lost):
             for flight in flights:
                 self._forget(worker, flight.request_id)
+        self._unread.stale(worker.worker_id)
+        if not heartbeat.handed_back and worker.knows_all_it_runs():
+            self._free.changed(worker)
+            return settled  # nothing it runs or hands back is unknown here
         handed_back = set(heartbeat.handed_back)
         not_here = heartbeat.assignments.keys() - worker.in_flight.keys()
         for request_id in [r for r in heartbeat.assignments if r in not_here and not (
@@ -272,21 +322,16 @@ class Registry:
         lost = [w for w in self.workers.values() if w.last_seen < deadline]
         for worker in lost:
             del self.workers[worker.worker_id]
+            self._unread.stale(worker.worker_id)
             for request_id in worker.in_flight:
                 self._forget(worker, request_id)
         return lost
 
     def unread(self) -> dict[int, int]:
         """Per `chat.work` partition, the first assignment in flight that its worker has
-        not read yet."""
-        unread: dict[int, int] = {}
-        for worker in self.workers.values():
-            if not worker._unstarted:  # most workers: every flight started
-                continue
-            for flight in worker.unread():
-                unread[flight.partition] = min(unread.get(flight.partition, flight.offset),
-                                               flight.offset)
-        return unread
+        not read yet. Only the workers changed since the last call are looked at
+        (`_FirstUnread`): O(changes), for the journal's commit after every batch."""
+        return self._unread.first(self.workers)
 
     def restore(self, partition: int, offset: int,
                 event: WorkAssignment | Unserved | SchedulerClaim, now: float) -> None:
@@ -311,6 +356,47 @@ class Registry:
     def _later(self, request_id: str, decision: Decision) -> bool:
         known = self.decided.get(request_id)
         return known is None or known < decision
+
+
+class _FirstUnread:
+    """`Registry.unread`, kept up to date: every change to a worker's flights, their
+    offsets or what it consumed marks the worker stale, and a call recomputes only the
+    stale workers' first unread offsets (each over its flights not started)."""
+
+    def __init__(self) -> None:
+        self._stale: set[str] = set()
+        self._of: dict[str, dict[int, int]] = {}  # worker id -> partition -> offset
+        self._by: dict[int, dict[str, int]] = {}  # partition -> worker id -> offset
+        self._first: dict[int, int] = {}  # partition -> the lowest of `_by`
+
+    def stale(self, worker_id: str) -> None:
+        self._stale.add(worker_id)
+
+    def first(self, workers: dict[str, WorkerState]) -> dict[int, int]:
+        for worker_id in self._stale:
+            worker = workers.get(worker_id)
+            now = worker.first_unread() if worker is not None else {}
+            before = self._of.pop(worker_id, {})
+            if now:
+                self._of[worker_id] = now
+            for partition in before.keys() - now.keys():
+                by = self._by[partition]
+                del by[worker_id]
+                self._set(partition, by)
+            for partition, offset in now.items():
+                if before.get(partition) != offset:
+                    by = self._by.setdefault(partition, {})
+                    by[worker_id] = offset
+                    self._set(partition, by)
+        self._stale.clear()
+        return dict(self._first)
+
+    def _set(self, partition: int, by: dict[str, int]) -> None:
+        if by:
+            self._first[partition] = min(by.values())
+        else:
+            del self._by[partition]
+            self._first.pop(partition, None)
 
 
 class FreeSlots:
