@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import itertools
 from collections import OrderedDict, deque
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator
 
 from schemas.events import GenerationRequest
 
@@ -64,47 +64,35 @@ class FairQueue:
             del self._orgs[org_id]
         return request
 
+    def first(self, count: int) -> list[GenerationRequest]:
+        """The first `count` requests of `iter(self)`. While there are at least `count`
+        orgs, in O(count) with nothing copied: each org has one turn, its first user's
+        first request, before any has a second."""
+        if len(self._orgs) < count:
+            return list(itertools.islice(self, count))
+        return [next(iter(users.values()))[0]
+                for users in itertools.islice(self._orgs.values(), count)]
+
     def __iter__(self) -> Iterator[GenerationRequest]:
         """Requests in the order `pop` would hand them out, without popping: the first
-        k cost O(k) (after a copy of the orgs' order). The walk copies each org's users
-        and each user's queue when it first reaches them, so the queue may change
-        meanwhile: what it yields then is the order as it was, and may hold requests no
-        longer queued."""
-        return self._walk(copy=True)
-
-    def first(self, count: int) -> list[GenerationRequest]:
-        """The first `count` requests of `iter(self)`, in O(count): nothing is copied
-        (the queue does not change while they are read). While there are at least
-        `count` orgs, they are the first request of each of the first `count` orgs'
-        first user: each org has one turn before any has a second."""
-        if count <= 0:
-            return []
-        if len(self._orgs) >= count:
-            return [next(iter(users.values()))[0]
-                    for users in itertools.islice(self._orgs.values(), count)]
-        return list(itertools.islice(self._walk(copy=False), count))
-
-    def _walk(self, copy: bool) -> Iterator[GenerationRequest]:
-        """Nested round robin over orgs, then users, then each user's queue. `copy`:
-        each level as it was when the walk reached it; else the live queue, which
-        must not change during the walk."""
-        orgs = _Turns(tuple(self._orgs) if copy else self._orgs, len(self._orgs))
+        k cost O(k). The walk copies each org's users and each user's queue when it
+        first reaches them, so the queue may change meanwhile: what it yields then is
+        the order as it was, and may hold requests no longer queued."""
+        orgs = _Turns(tuple(self._orgs))
         users: dict[str, _Turns] = {}
-        queues: dict[tuple[str, str], Sequence[GenerationRequest]] = {}
+        queues: dict[tuple[str, str], tuple[GenerationRequest, ...]] = {}
         taken: dict[tuple[str, str], int] = {}
         while orgs.left:
             org_id = orgs.take()
             turns = users.get(org_id)
             if turns is None:
-                org = self._orgs.get(org_id, {})
-                turns = users[org_id] = _Turns(tuple(org) if copy else org, len(org))
+                turns = users[org_id] = _Turns(tuple(self._orgs.get(org_id, ())))
             if turns.left:
                 user_id = turns.take()
                 key = (org_id, user_id)
                 queue = queues.get(key)
                 if queue is None:
-                    live = self._orgs.get(org_id, {}).get(user_id, ())
-                    queue = queues[key] = tuple(live) if copy else live
+                    queue = queues[key] = tuple(self._orgs.get(org_id, {}).get(user_id, ()))
                 index = taken.get(key, 0)
                 if index < len(queue):
                     yield queue[index]
@@ -117,10 +105,10 @@ class _Turns:
     """Keys in round robin: a key taken comes again after every other one while it
     has `more`."""
 
-    def __init__(self, keys: Iterable[str], count: int) -> None:
+    def __init__(self, keys: tuple[str, ...]) -> None:
         self._first = iter(keys)
         self._again: deque[str] = deque()
-        self.left = count
+        self.left = len(keys)
 
     def take(self) -> str:
         key = next(self._first, None)
