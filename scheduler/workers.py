@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 from collections import OrderedDict
 from collections.abc import Container, Iterator
 from dataclasses import dataclass, field
@@ -231,6 +232,8 @@ class Registry:
         self._holder: dict[str, WorkerState] = {}  # request id -> the worker it is in flight on
         self._free = FreeSlots()
         self._unread = _FirstUnread()
+        self._seen_since = -math.inf
+        """No worker was last heard of before this (`remove_lost` scans only after it)."""
 
     def worker(self, worker_id: str, model: str, now: float) -> WorkerState:
         """The worker's state; a new one has no partitions, hence no free slot, until
@@ -238,6 +241,7 @@ class Registry:
         worker = self.workers.get(worker_id)
         if worker is None:
             worker = self.workers[worker_id] = WorkerState(worker_id, model, (), 0, now)
+            self._seen_since = min(self._seen_since, now)
         return worker
 
     def most_free(self, model: str) -> WorkerState | None:
@@ -289,6 +293,7 @@ class Registry:
         (after a restart): known only by its assignment's place on `chat.work`."""
         worker = self.worker(heartbeat.worker_id, heartbeat.model, now)
         settled = worker.refresh(heartbeat, now)
+        self._seen_since = min(self._seen_since, now)
         for flights in (settled.finished, settled.orphaned, settled.handed_back, settled.lost):
             for flight in flights:
                 self._forget(worker, flight.request_id)
@@ -318,8 +323,14 @@ class Registry:
             del self._holder[request_id]
 
     def remove_lost(self, deadline: float) -> list[WorkerState]:
-        """Forget the workers last heard of before `deadline`; returns them."""
+        """Forget the workers last heard of before `deadline`; returns them. A worker's
+        `last_seen` only moves on (a heartbeat), so no scan is needed until `deadline`
+        passes the earliest one of the last scan."""
+        if deadline <= self._seen_since:
+            return []
         lost = [w for w in self.workers.values() if w.last_seen < deadline]
+        self._seen_since = min((w.last_seen for w in self.workers.values()
+                                if w.last_seen >= deadline), default=math.inf)
         for worker in lost:
             del self.workers[worker.worker_id]
             self._unread.stale(worker.worker_id)
