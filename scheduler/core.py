@@ -452,7 +452,7 @@ class Scheduler:
     def _pick_worker(self, request: GenerationRequest, model: str) -> WorkerState | None:
         """The conversation's previous worker while its load is under the affinity
         bound, else the worker of `model` with the most free slots."""
-        previous = self.workers.get(self._affinity.get(request.conversation_id, ""))
+        previous = self.registry.workers.get(self._affinity.get(request.conversation_id, ""))
         if (previous is not None and previous.model == model and previous.free_slots > 0
                 and previous.load < self.policy.affinity_max_load * previous.max_slots):
             return previous

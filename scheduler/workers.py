@@ -9,6 +9,7 @@ most free slots in logarithmic time.
 
 from __future__ import annotations
 
+import functools
 import heapq
 import itertools
 import math
@@ -47,7 +48,7 @@ class InFlight:
     started: bool = False
     """A heartbeat listed it running: once it is not, it has ended (wherever its
     partition went meanwhile)."""
-    order: int = field(default_factory=lambda: next(_dispatch_order))
+    order: int = field(default_factory=_dispatch_order.__next__)
 
 
 @dataclass(slots=True)
@@ -77,7 +78,7 @@ class WorkerState:
     _next_partition: Iterator[int] | None = None
     load: int = 0
     """Requests it runs or has been handed: `active` and `in_flight` together."""
-    registered: int = field(default_factory=lambda: next(_registration_order))
+    registered: int = field(default_factory=_registration_order.__next__)
     _unstarted: set[str] = field(default_factory=set)
 
     @property
@@ -221,6 +222,12 @@ class Decision:
         return (self.attempt, self.code is not None) < (other.attempt, other.code is not None)
 
 
+@functools.cache
+def _handed_out(attempt: int) -> Decision:
+    """`Decision(attempt)`, one per attempt (it is immutable)."""
+    return Decision(attempt)
+
+
 class Registry:
     """Every worker with the requests handed to it, and the last decision about each
     recent request, so a request is never handed out twice nor ended and then run."""
@@ -251,9 +258,11 @@ class Registry:
 
     def hand_out(self, worker: WorkerState, request: GenerationRequest, partition: int,
                  now: float, offset: int | None = None) -> None:
-        self.drop(request.request_id)
-        self._add(worker, InFlight(request.request_id, request, partition, now, offset))
-        self.decide(request.request_id, Decision(request.attempt))
+        request_id = request.request_id
+        if request_id in self._holder:
+            self.drop(request_id)
+        self._add(worker, InFlight(request_id, request, partition, now, offset))
+        self.decide(request_id, _handed_out(request.attempt))
 
     def _add(self, worker: WorkerState, flight: InFlight) -> None:
         worker.add_flight(flight)
@@ -376,12 +385,11 @@ class _FirstUnread:
 
     def __init__(self) -> None:
         self._stale: set[str] = set()
+        self.stale = self._stale.add
+        """Mark a worker (by id) stale."""
         self._of: dict[str, dict[int, int]] = {}  # worker id -> partition -> offset
         self._by: dict[int, dict[str, int]] = {}  # partition -> worker id -> offset
         self._first: dict[int, int] = {}  # partition -> the lowest of `_by`
-
-    def stale(self, worker_id: str) -> None:
-        self._stale.add(worker_id)
 
     def first(self, workers: dict[str, WorkerState]) -> dict[int, int]:
         for worker_id in self._stale:
@@ -448,7 +456,8 @@ class FreeSlots:
 
 def remember(memory: OrderedDict[str, V], key: str, value: V, limit: int) -> None:
     """Set `key` as the newest entry of a memory of at most `limit` entries."""
+    if key in memory:
+        memory.move_to_end(key)
     memory[key] = value
-    memory.move_to_end(key)
     while len(memory) > limit:
         memory.popitem(last=False)
