@@ -170,25 +170,11 @@ class WorkerState:
         return settled
 
     def _settle(self, listed: frozenset[str], handed_back: frozenset[str]) -> Settled:
-        """What changed since the heartbeat that listed `listed`, by set operations that
-        never copy the whole running set; a loop only over the flights whose state
-        changed (started now, or not running), in dispatch order.
-
-        A flight is started, and then listed by the previous heartbeat, or it is not
-        started (`_unstarted`): so the flights the heartbeat does not list are those
-        listed before and not now, and those not started (none is listed now). A flight
-        learned from a heartbeat is not started and listed: the next one settles it."""
+        """A loop only over the flights whose state changed (`_changed`: not running, or
+        handed back), in dispatch order."""
         settled = Settled()
-        in_flight, unstarted, active = self.in_flight, self._unstarted, self.active
-        if unstarted:
-            started = unstarted & active
-            for request_id in started:
-                in_flight[request_id].started = True
-            unstarted -= started
-        changed = {r for r in listed - active if r in in_flight}
-        changed |= unstarted
-        if handed_back:
-            changed.update(r for r in handed_back if r in in_flight)
+        in_flight = self.in_flight
+        changed = self._changed(listed, handed_back)
         if not changed:
             return settled
         for flight in sorted((in_flight[r] for r in changed), key=_in_order):
@@ -201,8 +187,28 @@ class WorkerState:
             else:
                 settled.orphaned.append(flight)
             del in_flight[flight.request_id]
-            unstarted.discard(flight.request_id)
+            self._unstarted.discard(flight.request_id)
         return settled
+
+    def _changed(self, listed: frozenset[str], handed_back: frozenset[str]) -> set[str]:
+        """Mark the flights listed now started; return those not listed now or handed
+        back, by set operations that never copy the whole running set.
+
+        A flight is started, and then listed by the previous heartbeat (`listed`), or
+        not started (`_unstarted`): so the flights not listed now are those listed before
+        and not now, and those not started (none of which is listed now). A flight
+        learned from a heartbeat is not started and listed: the next one settles it."""
+        in_flight, unstarted, active = self.in_flight, self._unstarted, self.active
+        if unstarted:
+            started = unstarted & active
+            for request_id in started:
+                in_flight[request_id].started = True
+            unstarted -= started
+        changed = {r for r in listed - active if r in in_flight}
+        changed |= unstarted
+        if handed_back:
+            changed.update(r for r in handed_back if r in in_flight)
+        return changed
 
 
 def _in_order(flight: InFlight) -> int:
@@ -307,9 +313,20 @@ class Registry:
             for flight in flights:
                 self._forget(worker, flight.request_id)
         self._unread.stale(worker.worker_id)
-        if not heartbeat.handed_back and worker.knows_all_it_runs():
-            self._free.changed(worker)
-            return settled  # nothing it runs or hands back is unknown here
+        if self._may_tell_of_unknown(worker, heartbeat):
+            self._learn(worker, heartbeat, now, waiting, settled)
+        self._free.changed(worker)
+        return settled
+
+    def _may_tell_of_unknown(self, worker: WorkerState, heartbeat: WorkerHeartbeat) -> bool:
+        """Whether the refreshed worker may run, or hand back, a request not in flight
+        here: O(1), from the counts (`knows_all_it_runs`)."""
+        return bool(heartbeat.handed_back) or not worker.knows_all_it_runs()
+
+    def _learn(self, worker: WorkerState, heartbeat: WorkerHeartbeat, now: float,
+               waiting: Container[str], settled: Settled) -> None:
+        """What the worker runs (in flight on it now) or hands back (in `settled`) that is
+        not known here, unless it waits here."""
         handed_back = set(heartbeat.handed_back)
         not_here = heartbeat.assignments.keys() - worker.in_flight.keys()
         for request_id in [r for r in heartbeat.assignments if r in not_here and not (
@@ -323,8 +340,6 @@ class Registry:
                     settled.handed_back.append(flight)
                 else:
                     self._add(worker, flight)
-        self._free.changed(worker)
-        return settled
 
     def _forget(self, worker: WorkerState, request_id: str) -> None:
         """`request_id` is no longer in flight on `worker`."""

@@ -9,63 +9,28 @@ full computation does."""
 from __future__ import annotations
 
 import random
-from collections.abc import Container
 from dataclasses import dataclass, field
 
 import pytest
 
 from scheduler.fair_queue import FairQueue
-from scheduler.workers import Decision, InFlight, Registry, Settled, WorkerState
-from schemas.events import WorkerHeartbeat
+from scheduler.workers import Registry, Settled, WorkerState
+from schemas.events import GenerationRequest, WorkerHeartbeat
 from tests.unit.test_scheduler_core import make_request
 
 
 class FullSettleWorker(WorkerState):
-    """The settle without fast paths: set operations over all that a heartbeat lists."""
+    """The settle without fast paths: set operations over all that a heartbeat lists
+    and every flight (the refresh around it is the registry's own)."""
 
     __slots__ = ()
 
-    def refresh(self, heartbeat: WorkerHeartbeat, now: float) -> Settled:
-        lost: list[InFlight] = []
-        if heartbeat.incarnation != self.incarnation:
-            if self.incarnation:
-                lost, self.in_flight = list(self.in_flight.values()), {}
-                self._unstarted.clear()
-            self.incarnation = heartbeat.incarnation
-        if heartbeat.partitions != self.partitions:
-            self._next_partition = None
-        self.model = heartbeat.model
-        self.partitions = heartbeat.partitions
-        self.max_slots = heartbeat.max_slots
-        self.active = frozenset(heartbeat.active)
-        self.consumed = dict(heartbeat.consumed)
-        self.engine_waiting = heartbeat.waiting
-        self.free_kv_blocks = heartbeat.free_kv_blocks
-        self.stopping = heartbeat.stopping
-        self.last_seen = now
-        settled = self._full_settle(frozenset(heartbeat.handed_back))
-        settled.lost = lost
-        self.load = len(self.active | self.in_flight.keys())
-        return settled
-
-    def _full_settle(self, handed_back: frozenset[str]) -> Settled:
-        settled = Settled()
+    def _changed(self, listed: frozenset[str], handed_back: frozenset[str]) -> set[str]:
+        """Over every flight and everything listed (not only what changed since `listed`)."""
         for request_id in self._unstarted & self.active:
             self.in_flight[request_id].started = True
         self._unstarted -= self.active
-        changed = self.in_flight.keys() - (self.active - handed_back)
-        for flight in sorted((self.in_flight[r] for r in changed), key=lambda f: f.order):
-            if flight.request_id in handed_back:
-                settled.handed_back.append(flight)
-            elif flight.started or (flight.offset is not None and self.has_read(flight)):
-                settled.finished.append(flight)
-            elif flight.offset is None or flight.partition in self.partitions:
-                continue
-            else:
-                settled.orphaned.append(flight)
-            del self.in_flight[flight.request_id]
-            self._unstarted.discard(flight.request_id)
-        return settled
+        return set(self.in_flight.keys() - (self.active - handed_back))
 
 
 class FullRegistry(Registry):
@@ -78,28 +43,8 @@ class FullRegistry(Registry):
             worker = self.workers[worker_id] = FullSettleWorker(worker_id, model, (), 0, now)
         return worker
 
-    def on_heartbeat(self, heartbeat: WorkerHeartbeat, now: float,
-                     waiting: Container[str]) -> Settled:
-        worker = self.worker(heartbeat.worker_id, heartbeat.model, now)
-        settled = worker.refresh(heartbeat, now)
-        for flights in (settled.finished, settled.orphaned, settled.handed_back, settled.lost):
-            for flight in flights:
-                self._forget(worker, flight.request_id)
-        handed_back = set(heartbeat.handed_back)
-        not_here = heartbeat.assignments.keys() - worker.in_flight.keys()
-        for request_id in [r for r in heartbeat.assignments if r in not_here and not (
-                r in self.decided or r in self._holder)] if not_here else ():
-            if (request_id in worker.active or request_id in handed_back) and (
-                    request_id not in waiting):
-                partition, offset = heartbeat.assignments[request_id]
-                flight = InFlight(request_id, None, partition, now, offset)
-                self.decide(request_id, Decision(-1))
-                if request_id in handed_back:
-                    settled.handed_back.append(flight)
-                else:
-                    self._add(worker, flight)
-        self._free.changed(worker)
-        return settled
+    def _may_tell_of_unknown(self, worker: WorkerState, heartbeat: WorkerHeartbeat) -> bool:
+        return True  # every heartbeat's assignments are looked through
 
     def unread(self) -> dict[int, int]:
         """Every worker's flights not started (a flight it runs, it has read)."""
@@ -154,15 +99,16 @@ class Run:
         self.ends: dict[int, int] = {}  # partition -> next offset on chat.work
         self.now = 0.0
         self.serial = 0
+        self.unacknowledged: list[tuple[str, GenerationRequest, int]] = []
         self.seen = {"finished": 0, "orphaned": 0, "handed_back": 0, "lost": 0,
                      "learned": 0, "unread": 0, "workers lost": 0}
 
     def step(self) -> None:
         self.now += self.rng.uniform(0.0, 0.3)
         action = self.rng.choices(
-            [self.dispatch, self.read, self.end, self.hand_back, self.restart, self.move,
-             self.unknown, self.drop, self.beat, self.lose],
-            [20, 10, 10, 2, 1, 1, 2, 2, 25, 1])[0]
+            [self.dispatch, self.acknowledge, self.read, self.end, self.hand_back,
+             self.restart, self.move, self.unknown, self.drop, self.beat, self.lose],
+            [20, 6, 10, 10, 2, 1, 1, 2, 2, 25, 1])[0]
         action()
 
     def both(self) -> tuple[Registry, Registry]:
@@ -182,9 +128,17 @@ class Run:
         offset = self.ends.get(partition, 0)
         self.ends[partition] = offset + 1
         engine.unread.append((partition, offset, request.request_id))
-        if self.rng.random() < 0.9:  # acknowledged (else its write is not confirmed yet)
+        self.unacknowledged.append((engine.worker_id, request, offset))
+        if self.rng.random() < 0.6:  # else acknowledged later, or never
+            self.acknowledge()
+
+    def acknowledge(self) -> None:
+        """A write not acknowledged yet is now (its worker may have read it already)."""
+        if self.unacknowledged:
+            worker_id, request, offset = self.unacknowledged.pop(
+                self.rng.randrange(len(self.unacknowledged)))
             for registry in self.both():
-                registry.acknowledged(engine.worker_id, request, offset)
+                registry.acknowledged(worker_id, request, offset)
 
     def read(self) -> None:
         engine = self.rng.choice(list(self.engines.values()))
@@ -260,6 +214,8 @@ class Run:
 
     def check(self) -> None:
         assert _state(self.fast) == _state(self.full)
+        for worker in self.fast.workers.values():  # the load kept as a count
+            assert worker.load == len(worker.active | worker.in_flight.keys())
         unread = self.fast.unread()
         assert unread == self.full.unread()
         self.seen["unread"] += bool(unread)
