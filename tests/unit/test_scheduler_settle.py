@@ -2,7 +2,8 @@
 replace, through randomized runs: a heartbeat settled from what changed since the last
 one against set operations over everything it lists; the unknown flights a heartbeat
 tells of looked for only when the counts say one may be there; the journal's unread
-floors kept per changed worker against a scan of every flight; lost workers found
+floors kept per changed worker against a walk over every worker's flights not
+started; lost workers found
 without a scan until one can be lost. Each must leave the registry exactly as the
 full computation does."""
 
@@ -89,8 +90,9 @@ class Engine:
 
 
 class Run:
-    """The two registries driven alike by random dispatches, reads, ends, hand-backs,
-    restarts, partition moves, unknown flights, drops and lost workers."""
+    """The two registries driven alike by random dispatches, acknowledgements (late or
+    never), reads, ends, hand-backs, restarts, partition moves, unknown flights, drops
+    and lost workers."""
 
     def __init__(self, seed: int, workers: int = 4) -> None:
         self.rng = random.Random(seed)
