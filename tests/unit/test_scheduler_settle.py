@@ -3,9 +3,8 @@ replace, through randomized runs: a heartbeat settled from what changed since th
 one against set operations over everything it lists; the unknown flights a heartbeat
 tells of looked for only when the counts say one may be there; the journal's unread
 floors kept per changed worker against a walk over every worker's flights not
-started; lost workers found
-without a scan until one can be lost. Each must leave the registry exactly as the
-full computation does."""
+started; lost workers found without a scan until one can be lost. Each must leave the
+registry exactly as the full computation does."""
 
 from __future__ import annotations
 
