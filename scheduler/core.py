@@ -110,12 +110,6 @@ class QueueUpdate:
 
 
 @dataclass(slots=True)
-class _Shown:
-    position: int
-    at: float
-
-
-@dataclass(slots=True)
 class _Sweep:
     """A walk over the queue in order, a few hundred requests per call: a request's
     position is where the walk found it less those ahead of it gone since."""
@@ -139,7 +133,7 @@ class Scheduler:
         self._waiting: dict[str, GenerationRequest] = {}
         self._deadlines: list[tuple[float, str]] = []  # heap of first attempts' deadlines
         self._credit: dict[Tier, float] = {tier: 0.0 for tier in _TIERS}
-        self._shown: dict[str, _Shown] = {}
+        self._shown: dict[str, tuple[int, float]] = {}  # request id -> (position, when)
         self._sweep: _Sweep | None = None
         self._swept_at = self._updated_at = -math.inf
         self._affinity: OrderedDict[str, str] = OrderedDict()
@@ -147,6 +141,9 @@ class Scheduler:
         self.registry = Registry()
         self._cancelled_unseen: OrderedDict[str, None] = OrderedDict()
         self._unknown: dict[str, InFlight] = {}
+        self._shares = tuple(  # each tier with a minimum share, and the tiers above it
+            (lower, share, tuple(t for t in _TIERS if _RANK[t] < _RANK[lower]))
+            for lower in _TIERS if (share := policy.min_share.get(lower, 0.0)))
 
     # --- requests -------------------------------------------------------------------
 
@@ -166,8 +163,8 @@ class Scheduler:
             del self._cancelled_unseen[request_id]
             return Admission(request, end_code=CANCELLED)
         request, reason = self._route_simple(request)
-        wait_s = self.expected_wait_s(request.tier, extra=1)
         bound = self.policy.max_wait_s.get(request.tier)
+        wait_s = None if bound is None else self.expected_wait_s(request.tier, extra=1)
         if wait_s is not None and bound is not None and wait_s > bound:
             return Admission(request, end_code=OVERLOADED,
                              retry_after_s=_retry_after(wait_s - bound))
@@ -223,6 +220,15 @@ class Scheduler:
 
     def _in_order(self) -> Iterator[GenerationRequest]:
         return itertools.chain.from_iterable(self._queues[tier] for tier in _TIERS)
+
+    def _head(self) -> list[GenerationRequest]:
+        """The first QUEUE_HEAD of `_in_order()`, without copying any tier's order."""
+        head: list[GenerationRequest] = []
+        for tier in _TIERS:
+            head += self._queues[tier].first(QUEUE_HEAD - len(head))
+            if len(head) == QUEUE_HEAD:
+                break
+        return head
 
     def request(self, request_id: str) -> GenerationRequest | None:
         """The request, waiting or running, if known here."""
@@ -282,9 +288,10 @@ class Scheduler:
         interval = self.policy.queue_update_interval_s
         each_s = self.throughput.seconds_each()
         updates: list[QueueUpdate] = []
-        for position, request in enumerate(itertools.islice(self._in_order(), QUEUE_HEAD)):
-            shown = self._shown.get(request.request_id)
-            if shown is None or shown.position != position or now - shown.at >= interval:
+        shown_at = self._shown.get
+        for position, request in enumerate(self._head()):
+            shown = shown_at(request.request_id)
+            if shown is None or shown[0] != position or now - shown[1] >= interval:
                 updates.append(self._show(request, position, now, each_s))
         if self._sweep is None and now - self._swept_at >= interval:
             self._sweep, self._swept_at = _Sweep(self._in_order(), now), now
@@ -300,22 +307,25 @@ class Scheduler:
                   each_s: float | None) -> None:
         sweep = self._sweep
         assert sweep is not None
-        walked = sweep.walked
+        walked, gone, started_at = sweep.walked, sweep.gone, sweep.started_at
+        waiting, shown_at = self._waiting.get, self._shown.get
         for request in itertools.islice(sweep.order, steps):
-            position = sweep.walked - sweep.gone
-            sweep.walked += 1
-            if self._waiting.get(request.request_id) is not request:
-                sweep.gone += 1  # handed out, cancelled or queued again since
+            position = walked - gone
+            walked += 1
+            request_id = request.request_id
+            if waiting(request_id) is not request:
+                gone += 1  # handed out, cancelled or queued again since
                 continue
-            shown = self._shown.get(request.request_id)
-            if position >= QUEUE_HEAD and (shown is None or shown.at < sweep.started_at):
+            shown = shown_at(request_id)
+            if position >= QUEUE_HEAD and (shown is None or shown[1] < started_at):
                 updates.append(self._show(request, position, now, each_s))
-        if sweep.walked - walked < steps:
+        if walked - sweep.walked < steps:
             self._sweep = None
+        sweep.walked, sweep.gone = walked, gone
 
     def _show(self, request: GenerationRequest, position: int, now: float,
               each_s: float | None) -> QueueUpdate:
-        self._shown[request.request_id] = _Shown(position, now)
+        self._shown[request.request_id] = (position, now)
         return QueueUpdate(request, position + 1,
                            None if each_s is None else int((position + 1) * each_s * 1000))
 
@@ -339,10 +349,7 @@ class Scheduler:
     def on_dispatched(self, request: GenerationRequest, worker_id: str, offset: int) -> None:
         """The assignment of `request` (as sent: with its stream) is on `chat.work`
         at `offset`."""
-        worker = self.workers.get(worker_id)
-        flight = worker.in_flight.get(request.request_id) if worker is not None else None
-        if flight is not None:
-            flight.request, flight.offset = request, offset
+        self.registry.acknowledged(worker_id, request, offset)
 
     def remove_lost_workers(self) -> list[str]:
         """Forget workers whose heartbeats stopped and queue what they held again,
@@ -406,22 +413,26 @@ class Scheduler:
             dispatches.append(placed)
 
     def _next_tier(self, blocked: set[Tier]) -> Tier | None:
-        candidates = [t for t in _TIERS if t not in blocked and self._queues[t]]
-        if not candidates:
-            return None
-        owed = [t for t in candidates if self._credit[t] >= 1.0]
-        return owed[-1] if owed else candidates[0]
+        """The lowest tier owed a slot (full credit), else the highest with requests."""
+        first = owed = None
+        for tier in _TIERS:
+            if tier in blocked or not self._queues[tier]:
+                continue
+            if first is None:
+                first = tier
+            if self._credit[tier] >= 1.0:
+                owed = tier
+        return first if owed is None else owed
 
     def _account(self, tier: Tier) -> None:
         """While a higher tier keeps a lower one waiting, every dispatch earns the lower
         tier its share of a slot; a full credit buys it the next one."""
-        if self._credit[tier] >= 1.0:
-            self._credit[tier] -= 1.0
-        for lower in _TIERS:
-            share = self.policy.min_share.get(lower, 0.0)
-            higher_busy = any(self._queues[t] for t in _TIERS if _RANK[t] < _RANK[lower])
-            if share and self._queues[lower] and (higher_busy or lower == tier):
-                self._credit[lower] = min(1.0, self._credit[lower] + share)
+        credit, queues = self._credit, self._queues
+        if credit[tier] >= 1.0:
+            credit[tier] -= 1.0
+        for lower, share, higher in self._shares:
+            if queues[lower] and (lower == tier or any(queues[t] for t in higher)):
+                credit[lower] = min(1.0, credit[lower] + share)
 
     def _place(self, request: GenerationRequest) -> Dispatch | None:
         worker = self._pick_worker(request, request.model)
@@ -441,7 +452,7 @@ class Scheduler:
     def _pick_worker(self, request: GenerationRequest, model: str) -> WorkerState | None:
         """The conversation's previous worker while its load is under the affinity
         bound, else the worker of `model` with the most free slots."""
-        previous = self.workers.get(self._affinity.get(request.conversation_id, ""))
+        previous = self.registry.workers.get(self._affinity.get(request.conversation_id, ""))
         if (previous is not None and previous.model == model and previous.free_slots > 0
                 and previous.load < self.policy.affinity_max_load * previous.max_slots):
             return previous

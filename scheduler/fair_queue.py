@@ -9,6 +9,7 @@ Push, peek and pop take constant time; `remove` looks only at its user's queue.
 
 from __future__ import annotations
 
+import itertools
 from collections import OrderedDict, deque
 from collections.abc import Iterator
 
@@ -62,6 +63,15 @@ class FairQueue:
         if not users:
             del self._orgs[org_id]
         return request
+
+    def first(self, count: int) -> list[GenerationRequest]:
+        """The first `count` requests of `iter(self)`. While there are at least `count`
+        orgs, in O(count) with nothing copied: each org has one turn, its first user's
+        first request, before any has a second."""
+        if len(self._orgs) < count:
+            return list(itertools.islice(self, count))
+        return [next(iter(users.values()))[0]
+                for users in itertools.islice(self._orgs.values(), count)]
 
     def __iter__(self) -> Iterator[GenerationRequest]:
         """Requests in the order `pop` would hand them out, without popping: the first

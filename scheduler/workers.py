@@ -9,8 +9,10 @@ most free slots in logarithmic time.
 
 from __future__ import annotations
 
+import functools
 import heapq
 import itertools
+import math
 from collections import OrderedDict
 from collections.abc import Container, Iterator
 from dataclasses import dataclass, field
@@ -26,6 +28,7 @@ from schemas.events import (
 
 DECISION_MEMORY = 100_000
 V = TypeVar("V")
+_NONE: frozenset[str] = frozenset()
 _dispatch_order = itertools.count()
 _registration_order = itertools.count()
 
@@ -45,7 +48,7 @@ class InFlight:
     started: bool = False
     """A heartbeat listed it running: once it is not, it has ended (wherever its
     partition went meanwhile)."""
-    order: int = field(default_factory=lambda: next(_dispatch_order))
+    order: int = field(default_factory=_dispatch_order.__next__)
 
 
 @dataclass(slots=True)
@@ -75,7 +78,7 @@ class WorkerState:
     _next_partition: Iterator[int] | None = None
     load: int = 0
     """Requests it runs or has been handed: `active` and `in_flight` together."""
-    registered: int = field(default_factory=lambda: next(_registration_order))
+    registered: int = field(default_factory=_registration_order.__next__)
     _unstarted: set[str] = field(default_factory=set)
 
     @property
@@ -122,8 +125,26 @@ class WorkerState:
             if flight is not None and flight.offset is not None and not self.has_read(flight):
                 yield flight
 
+    def first_unread(self) -> dict[int, int]:
+        """Per partition, the offset of its first assignment it has not read yet."""
+        first: dict[int, int] = {}
+        for flight in self.unread():
+            partition, offset = flight.partition, flight.offset
+            assert offset is not None
+            if offset < first.get(partition, offset + 1):
+                first[partition] = offset
+        return first
+
+    def knows_all_it_runs(self) -> bool:
+        """Every request its last heartbeat lists is in flight here: O(1), from the
+        counts. After a refresh, the flights it does not list are exactly those not
+        started, and it lists none of those; a flight learned from the heartbeat since
+        (listed, not started yet) makes this False, which only costs the full check."""
+        return len(self.active) == len(self.in_flight) - len(self._unstarted)
+
     def refresh(self, heartbeat: WorkerHeartbeat, now: float) -> Settled:
         lost: list[InFlight] = []
+        listed = self.active  # what the previous heartbeat listed
         if heartbeat.incarnation != self.incarnation:
             # Another process under this worker id: what the last one held is lost.
             if self.incarnation:
@@ -141,20 +162,22 @@ class WorkerState:
         self.free_kv_blocks = heartbeat.free_kv_blocks
         self.stopping = heartbeat.stopping
         self.last_seen = now
-        settled = self._settle(frozenset(heartbeat.handed_back))
+        handed_back = frozenset(heartbeat.handed_back) if heartbeat.handed_back else _NONE
+        settled = self._settle(listed, handed_back)
         settled.lost = lost
-        self.load = len(self.active | self.in_flight.keys())
+        # What it runs and what it was handed and does not list yet (not started).
+        self.load = len(self.active) + len(self._unstarted)
         return settled
 
-    def _settle(self, handed_back: frozenset[str]) -> Settled:
-        """Set operations over what the heartbeat lists; a loop only over the flights
-        whose state changed (started now, or not running), in dispatch order."""
+    def _settle(self, listed: frozenset[str], handed_back: frozenset[str]) -> Settled:
+        """A loop only over the flights whose state changed (`_changed`: not running, or
+        handed back), in dispatch order."""
         settled = Settled()
-        for request_id in self._unstarted & self.active:
-            self.in_flight[request_id].started = True
-        self._unstarted -= self.active
-        changed = self.in_flight.keys() - (self.active - handed_back)
-        for flight in sorted((self.in_flight[r] for r in changed), key=_in_order):
+        in_flight = self.in_flight
+        changed = self._changed(listed, handed_back)
+        if not changed:
+            return settled
+        for flight in sorted((in_flight[r] for r in changed), key=_in_order):
             if flight.request_id in handed_back:
                 settled.handed_back.append(flight)
             elif flight.started or (flight.offset is not None and self.has_read(flight)):
@@ -163,9 +186,29 @@ class WorkerState:
                 continue
             else:
                 settled.orphaned.append(flight)
-            del self.in_flight[flight.request_id]
+            del in_flight[flight.request_id]
             self._unstarted.discard(flight.request_id)
         return settled
+
+    def _changed(self, listed: frozenset[str], handed_back: frozenset[str]) -> set[str]:
+        """Mark the flights listed now started; return those not listed now or handed
+        back, by set operations that never copy the whole running set.
+
+        A flight is started, and then listed by the previous heartbeat (`listed`), or
+        not started (`_unstarted`): so the flights not listed now are those listed before
+        and not now, and those not started (none of which is listed now). A flight
+        learned from a heartbeat is not started and listed: the next one settles it."""
+        in_flight, unstarted, active = self.in_flight, self._unstarted, self.active
+        if unstarted:
+            started = unstarted & active
+            for request_id in started:
+                in_flight[request_id].started = True
+            unstarted -= started
+        changed = {r for r in listed - active if r in in_flight}
+        changed |= unstarted
+        if handed_back:
+            changed.update(r for r in handed_back if r in in_flight)
+        return changed
 
 
 def _in_order(flight: InFlight) -> int:
@@ -185,6 +228,12 @@ class Decision:
         return (self.attempt, self.code is not None) < (other.attempt, other.code is not None)
 
 
+@functools.cache
+def _handed_out(attempt: int) -> Decision:
+    """`Decision(attempt)`, one per attempt (it is immutable)."""
+    return Decision(attempt)
+
+
 class Registry:
     """Every worker with the requests handed to it, and the last decision about each
     recent request, so a request is never handed out twice nor ended and then run."""
@@ -195,6 +244,9 @@ class Registry:
         self._claimed: dict[int, int] = {}
         self._holder: dict[str, WorkerState] = {}  # request id -> the worker it is in flight on
         self._free = FreeSlots()
+        self._unread = _FirstUnread()
+        self._seen_since = -math.inf
+        """No worker was last heard of before this (`remove_lost` scans only after it)."""
 
     def worker(self, worker_id: str, model: str, now: float) -> WorkerState:
         """The worker's state; a new one has no partitions, hence no free slot, until
@@ -202,6 +254,7 @@ class Registry:
         worker = self.workers.get(worker_id)
         if worker is None:
             worker = self.workers[worker_id] = WorkerState(worker_id, model, (), 0, now)
+            self._seen_since = min(self._seen_since, now)
         return worker
 
     def most_free(self, model: str) -> WorkerState | None:
@@ -211,14 +264,25 @@ class Registry:
 
     def hand_out(self, worker: WorkerState, request: GenerationRequest, partition: int,
                  now: float, offset: int | None = None) -> None:
-        self.drop(request.request_id)
-        self._add(worker, InFlight(request.request_id, request, partition, now, offset))
-        self.decide(request.request_id, Decision(request.attempt))
+        request_id = request.request_id
+        if request_id in self._holder:
+            self.drop(request_id)
+        self._add(worker, InFlight(request_id, request, partition, now, offset))
+        self.decide(request_id, _handed_out(request.attempt))
 
     def _add(self, worker: WorkerState, flight: InFlight) -> None:
         worker.add_flight(flight)
         self._holder[flight.request_id] = worker
         self._free.changed(worker)
+        self._unread.stale(worker.worker_id)
+
+    def acknowledged(self, worker_id: str, request: GenerationRequest, offset: int) -> None:
+        """The assignment of `request` (as sent) is on `chat.work` at `offset`."""
+        worker = self.workers.get(worker_id)
+        flight = worker.in_flight.get(request.request_id) if worker is not None else None
+        if flight is not None:
+            flight.request, flight.offset = request, offset
+            self._unread.stale(worker_id)
 
     def decide(self, request_id: str, decision: Decision) -> None:
         remember(self.decided, request_id, decision, DECISION_MEMORY)
@@ -236,6 +300,7 @@ class Registry:
         if worker is not None:
             worker.pop_flight(request_id)
             self._free.changed(worker)
+            self._unread.stale(worker.worker_id)
 
     def on_heartbeat(self, heartbeat: WorkerHeartbeat, now: float,
                      waiting: Container[str]) -> Settled:
@@ -243,9 +308,25 @@ class Registry:
         (after a restart): known only by its assignment's place on `chat.work`."""
         worker = self.worker(heartbeat.worker_id, heartbeat.model, now)
         settled = worker.refresh(heartbeat, now)
+        self._seen_since = min(self._seen_since, now)
         for flights in (settled.finished, settled.orphaned, settled.handed_back, settled.lost):
             for flight in flights:
                 self._forget(worker, flight.request_id)
+        self._unread.stale(worker.worker_id)
+        if self._may_tell_of_unknown(worker, heartbeat):
+            self._learn(worker, heartbeat, now, waiting, settled)
+        self._free.changed(worker)
+        return settled
+
+    def _may_tell_of_unknown(self, worker: WorkerState, heartbeat: WorkerHeartbeat) -> bool:
+        """Whether the refreshed worker may run, or hand back, a request not in flight
+        here: O(1), from the counts (`knows_all_it_runs`)."""
+        return bool(heartbeat.handed_back) or not worker.knows_all_it_runs()
+
+    def _learn(self, worker: WorkerState, heartbeat: WorkerHeartbeat, now: float,
+               waiting: Container[str], settled: Settled) -> None:
+        """What the worker runs (in flight on it now) or hands back (in `settled`) that is
+        not known here, unless it waits here."""
         handed_back = set(heartbeat.handed_back)
         not_here = heartbeat.assignments.keys() - worker.in_flight.keys()
         for request_id in [r for r in heartbeat.assignments if r in not_here and not (
@@ -259,8 +340,6 @@ class Registry:
                     settled.handed_back.append(flight)
                 else:
                     self._add(worker, flight)
-        self._free.changed(worker)
-        return settled
 
     def _forget(self, worker: WorkerState, request_id: str) -> None:
         """`request_id` is no longer in flight on `worker`."""
@@ -268,25 +347,26 @@ class Registry:
             del self._holder[request_id]
 
     def remove_lost(self, deadline: float) -> list[WorkerState]:
-        """Forget the workers last heard of before `deadline`; returns them."""
+        """Forget the workers last heard of before `deadline`; returns them. A worker's
+        `last_seen` only moves on (a heartbeat), so no scan is needed until `deadline`
+        passes the earliest one of the last scan."""
+        if deadline <= self._seen_since:
+            return []
         lost = [w for w in self.workers.values() if w.last_seen < deadline]
+        self._seen_since = min((w.last_seen for w in self.workers.values()
+                                if w.last_seen >= deadline), default=math.inf)
         for worker in lost:
             del self.workers[worker.worker_id]
+            self._unread.stale(worker.worker_id)
             for request_id in worker.in_flight:
                 self._forget(worker, request_id)
         return lost
 
     def unread(self) -> dict[int, int]:
         """Per `chat.work` partition, the first assignment in flight that its worker has
-        not read yet."""
-        unread: dict[int, int] = {}
-        for worker in self.workers.values():
-            if not worker._unstarted:  # most workers: every flight started
-                continue
-            for flight in worker.unread():
-                unread[flight.partition] = min(unread.get(flight.partition, flight.offset),
-                                               flight.offset)
-        return unread
+        not read yet. Only the workers changed since the last call are looked at
+        (`_FirstUnread`): O(changes), for the journal's commit after every batch."""
+        return self._unread.first(self.workers)
 
     def restore(self, partition: int, offset: int,
                 event: WorkAssignment | Unserved | SchedulerClaim, now: float) -> None:
@@ -311,6 +391,46 @@ class Registry:
     def _later(self, request_id: str, decision: Decision) -> bool:
         known = self.decided.get(request_id)
         return known is None or known < decision
+
+
+class _FirstUnread:
+    """`Registry.unread`, kept up to date: every change to a worker's flights, their
+    offsets or what it consumed marks the worker stale, and a call recomputes only the
+    stale workers' first unread offsets (each over its flights not started)."""
+
+    def __init__(self) -> None:
+        self._stale: set[str] = set()
+        self.stale = self._stale.add
+        """Mark a worker (by id) stale."""
+        self._of: dict[str, dict[int, int]] = {}  # worker id -> partition -> offset
+        self._by: dict[int, dict[str, int]] = {}  # partition -> worker id -> offset
+        self._first: dict[int, int] = {}  # partition -> the lowest of `_by`
+
+    def first(self, workers: dict[str, WorkerState]) -> dict[int, int]:
+        for worker_id in self._stale:
+            worker = workers.get(worker_id)
+            now = worker.first_unread() if worker is not None else {}
+            before = self._of.pop(worker_id, {})
+            if now:
+                self._of[worker_id] = now
+            for partition in before.keys() - now.keys():
+                by = self._by[partition]
+                del by[worker_id]
+                self._set(partition, by)
+            for partition, offset in now.items():
+                if before.get(partition) != offset:
+                    by = self._by.setdefault(partition, {})
+                    by[worker_id] = offset
+                    self._set(partition, by)
+        self._stale.clear()
+        return dict(self._first)
+
+    def _set(self, partition: int, by: dict[str, int]) -> None:
+        if by:
+            self._first[partition] = min(by.values())
+        else:
+            del self._by[partition]
+            self._first.pop(partition, None)
 
 
 class FreeSlots:
@@ -351,7 +471,8 @@ class FreeSlots:
 
 def remember(memory: OrderedDict[str, V], key: str, value: V, limit: int) -> None:
     """Set `key` as the newest entry of a memory of at most `limit` entries."""
+    if key in memory:
+        memory.move_to_end(key)
     memory[key] = value
-    memory.move_to_end(key)
     while len(memory) > limit:
         memory.popitem(last=False)
