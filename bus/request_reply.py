@@ -128,7 +128,7 @@ class RequestReplyClient:
         self.publisher = Publisher(self._producer)
         self._consumer = self.kafka.consumer()
         # A client with open streams keeps fetching often even while a request queues.
-        self._consumer.busy_while(lambda: bool(self._streams))
+        self._consumer.busy_while(lambda: len(self._streams))
         await self._consumer.start()
         self._consumer.assign([TopicPartition(self.reply_to, p) for p in range(self.partitions)]
                               + list(self._also_read))

@@ -104,15 +104,15 @@ class StageRunner:
         on_revoke: Callable[[TopicPartition], None] | None = None,
         commit_on_revoke: bool = False,
         on_assign: Callable[[set[TopicPartition]], None] | None = None,
-        busy_while: Callable[[], bool] | None = None,
+        busy_while: Callable[[], int] | None = None,
         wakes: Callable[[str], bool] | None = None,
         assign: bool = False,
         commit_rule: Callable[[Offsets], Offsets] | None = None,
         after_commit: Callable[[Offsets], Awaitable[None]] | None = None,
     ) -> None:
         """`bulk`: off a stream's path, so it fetches less often (`KafkaConfig.consumer`).
-        `busy_while`, `wakes`: the stage's word on when it has work and which topics'
-        records are work (`PacedConsumer.busy_while`).
+        `busy_while`, `wakes`: the stage's word on how much work it has (streams open)
+        and which topics' records are work (`PacedConsumer.busy_while`).
         `on_assign`: told the partitions this member holds after a rebalance.
         `assign`: read every partition by assignment, never joining the group.
         `commit_rule`: of the offsets done and below their floors, those to commit now.

@@ -110,6 +110,8 @@ def kafka_from_settings(settings: Settings, bootstrap_servers: str) -> KafkaConf
         bulk_fetch_max_wait_ms=settings.kafka_bulk_fetch_max_wait_ms,
         idle_fetch_wait_ms=settings.kafka_idle_fetch_wait_ms,
         idle_after_s=settings.kafka_idle_after_s,
+        loaded_fetch_wait_ms=settings.kafka_loaded_fetch_wait_ms,
+        loaded_streams=settings.kafka_loaded_streams,
         linger_ms=settings.kafka_linger_ms,
         security_protocol=settings.kafka_security_protocol,
         sasl_mechanism=settings.kafka_sasl_mechanism,

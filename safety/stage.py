@@ -50,7 +50,7 @@ class SafetyStage:
             kafka, STAGE, GROUP, [topics.TOKENS], poll_ms=100,
             commit_floor=lambda tp: self.core.commit_floor(tp.partition),
             on_revoke=lambda tp: self.core.forget_partition(tp.partition),
-            busy_while=lambda: self.core.open_count > 0)
+            busy_while=lambda: self.core.open_count)
         self._gone_topics: dict[str, float] = {}  # delivery topic -> dropped until
 
     async def run(self) -> None:

@@ -36,7 +36,7 @@ class ToolsStage:
         self.toolbox = toolbox
         self._rounds: set[asyncio.Task[None]] = set()
         self.runner = StageRunner(kafka, STAGE, GROUP, [topics.TOOLS], poll_ms=100,
-                                  commit_on_revoke=True, busy_while=lambda: bool(self._rounds))
+                                  commit_on_revoke=True, busy_while=lambda: len(self._rounds))
 
     async def run(self) -> None:
         try:
