@@ -66,6 +66,11 @@ class Settings(BaseSettings):
         "kafka_loaded_streams streams or more (0 = never longer): under load fewer, larger "
         "fetches (on Tansu each busy fetch takes its whole wait), each hop up to this long"
     )
+    kafka_loaded_linger_ms: int = Field(
+        10, ge=0, description="while a worker runs kafka_loaded_streams answers or more, its "
+        "chunks wait up to this long to go out together (fewer, larger produce requests; "
+        "0 = kafka_linger_ms always)"
+    )
     kafka_loaded_streams: int = Field(
         32, ge=1, description="streams a stage carries from which it fetches every "
         "kafka_loaded_fetch_wait_ms"
