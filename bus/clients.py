@@ -37,6 +37,9 @@ class KafkaConfig:
     loaded_fetch_wait_ms: int = 0
     """The fetch wait of a consumer whose stage carries `loaded_streams` or more; 0: none."""
     loaded_streams: int = 32
+    first_event_fetch_wait_ms: int = 0
+    """The fetch wait of a consumer whose stage awaits a stream's first event (below
+    `loaded_streams`); 0: `fetch_max_wait_ms`."""
     linger_ms: int = 0
     loaded_linger_ms: int = 0
     """The linger of a producer whose stage carries `loaded_streams` or more and sends
@@ -99,7 +102,8 @@ class KafkaConfig:
         if idle_ms > wait_ms or self.loaded_fetch_wait_ms > wait_ms:
             pace = FetchPace(wait_ms, max(idle_ms, wait_ms), self.idle_after_s,
                              loaded_ms=self.loaded_fetch_wait_ms,
-                             loaded_at=self.loaded_streams)
+                             loaded_at=self.loaded_streams,
+                             eager_ms=0 if bulk else self.first_event_fetch_wait_ms)
         return PacedConsumer(
             *topics,
             pace=pace,

@@ -16,6 +16,11 @@ sets how many fetches a second the consumer and the broker pay for, and each one
 brings more records. What that costs: each hop of a stream adds up to `loaded_ms`
 instead of `busy_ms` while the stage is that loaded (a few ms p50 per hop, where
 the time to first token is already queueing); one stream at a time never waits it.
+
+Below that load, a stage that knows a stream's first event is on its way (the gateway
+once it has queued a request, safety once an attempt's marker came) fetches every
+`eager_ms` until it comes: on Tansu that takes a few ms off each such hop of the time
+to first token, for a few more fetches only while a stream starts.
 """
 
 from __future__ import annotations
@@ -58,6 +63,9 @@ class FetchPace:
     loaded_ms: int = 0
     """The wait while the stage carries `loaded_at` streams or more; 0: never longer."""
     loaded_at: int = 0
+    eager: Callable[[], bool] = lambda: False
+    """A stream's first event is on its way to this consumer: `eager_ms`, below the load."""
+    eager_ms: int = 0
     clock: Callable[[], float] = time.monotonic
     idle: bool = False
     _active_at: float = field(default=-1.0)
@@ -75,6 +83,8 @@ class FetchPace:
             return self.idle_ms
         if self.loaded_ms > self.busy_ms and self.loaded_at > 0 and load >= self.loaded_at:
             return self.loaded_ms
+        if 0 < self.eager_ms < self.busy_ms and self.eager():
+            return self.eager_ms
         return self.busy_ms
 
     def woken(self) -> int:
@@ -96,12 +106,15 @@ class PacedConsumer(AIOKafkaConsumer):
         self.pace = pace
 
     def busy_while(self, busy: Callable[[], int],
-                   wakes: Callable[[str], bool] | None = None) -> None:
-        """The stage's own word on how much work it has (streams open: 0 is none), and
-        which topics' records are work (with none, a poll keeps its own timeout to see
-        `busy` turn true)."""
+                   wakes: Callable[[str], bool] | None = None,
+                   eager: Callable[[], bool] | None = None) -> None:
+        """The stage's own word on how much work it has (streams open: 0 is none), which
+        topics' records are work (with none, a poll keeps its own timeout to see `busy`
+        turn true), and when a stream's first event is on its way (`FetchPace.eager`)."""
         if self.pace is not None:
             self.pace.busy = busy
+            if eager is not None:
+                self.pace.eager = eager
             if wakes is not None:
                 self.pace.wakes = wakes
                 self.pace.long_polls = wakes is not NO_RECORDS

@@ -66,6 +66,12 @@ class Settings(BaseSettings):
         "kafka_loaded_streams streams or more (0 = never longer): under load fewer, larger "
         "fetches (on Tansu each busy fetch takes its whole wait), each hop up to this long"
     )
+    kafka_first_event_fetch_wait_ms: int = Field(
+        5, ge=0, description="fetch wait of the gateway and safety while a stream's first "
+        "event is on its way to them (below kafka_loaded_streams; 0 = kafka_fetch_max_wait_ms): "
+        "a few ms less per hop of the time to first token on a broker that answers fetches on "
+        "their wait (Tansu)"
+    )
     kafka_loaded_linger_ms: int = Field(
         10, ge=0, description="while a worker runs kafka_loaded_streams answers or more, its "
         "chunks wait up to this long to go out together (fewer, larger produce requests; "

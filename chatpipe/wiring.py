@@ -112,6 +112,7 @@ def kafka_from_settings(settings: Settings, bootstrap_servers: str) -> KafkaConf
         idle_after_s=settings.kafka_idle_after_s,
         loaded_fetch_wait_ms=settings.kafka_loaded_fetch_wait_ms,
         loaded_streams=settings.kafka_loaded_streams,
+        first_event_fetch_wait_ms=settings.kafka_first_event_fetch_wait_ms,
         loaded_linger_ms=settings.kafka_loaded_linger_ms,
         linger_ms=settings.kafka_linger_ms,
         security_protocol=settings.kafka_security_protocol,

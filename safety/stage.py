@@ -50,7 +50,8 @@ class SafetyStage:
             kafka, STAGE, GROUP, [topics.TOKENS], poll_ms=100,
             commit_floor=lambda tp: self.core.commit_floor(tp.partition),
             on_revoke=lambda tp: self.core.forget_partition(tp.partition),
-            busy_while=lambda: self.core.open_count)
+            busy_while=lambda: self.core.open_count,
+            eager=lambda: self.core.awaiting_first_chunk)
         self._gone_topics: dict[str, float] = {}  # delivery topic -> dropped until
 
     async def run(self) -> None:

@@ -143,3 +143,15 @@ async def test_the_linger_reaches_the_batches_aiokafka_creates():
     assert producer._message_accumulator._linger_time == 0
     assert "self._linger_time" in inspect.getsource(MessageAccumulator._append_batch)
     await producer.stop()
+
+
+def test_a_stage_awaiting_a_first_event_fetches_eagerly_unless_loaded():
+    streams, eager = 1, True
+    pace = FetchPace(20, 250, idle_after_s=1.0, busy=lambda: streams, eager=lambda: eager,
+                     eager_ms=5, loaded_ms=50, loaded_at=32)
+    assert pace.polled({}) == 5
+    eager = False
+    assert pace.polled({}) == 20
+    streams, eager = 40, True
+    assert pace.polled({}) == 50
+    assert FetchPace(20, 250, 1.0, eager=lambda: True).polled({}) == 20  # no eager_ms: none

@@ -449,3 +449,12 @@ def test_a_failure_ends_the_stream_and_stops_the_generation():
     [end] = [o.event for o in outputs if isinstance(o, Deliver)]
     assert isinstance(end, DeliveryError) and end.code == "safety_error" and end.seq == 2
     assert core.open_count == 0
+
+
+def test_a_generation_awaits_its_first_chunk_from_its_marker_on():
+    core = core_with()
+    assert not core.awaiting_first_chunk
+    run(core, [marker_of(0)])
+    assert core.awaiting_first_chunk, "the marker says a stream is starting"
+    run(core, [chunk_of(0, "a")])
+    assert not core.awaiting_first_chunk
