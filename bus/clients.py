@@ -41,9 +41,6 @@ class KafkaConfig:
     """The fetch wait of a consumer whose stage awaits a stream's first event (below
     `loaded_streams`); 0: `fetch_max_wait_ms`."""
     linger_ms: int = 0
-    loaded_linger_ms: int = 0
-    """The linger of a producer whose stage carries `loaded_streams` or more and sends
-    from many tasks (the worker's chunks: `set_linger`); 0: `linger_ms` always."""
     security_protocol: str = "PLAINTEXT"
     sasl_mechanism: str = "SCRAM-SHA-512"
     sasl_username: str | None = None
@@ -119,15 +116,6 @@ class KafkaConfig:
 
 
 QUIET_FACTOR = 4
-
-
-def set_linger(producer: AIOKafkaProducer, linger_ms: int) -> None:
-    """How long the batches the producer starts from now on wait for more records before
-    they are sent. aiokafka (0.14) reads it from its accumulator for every batch it
-    creates and has no public setter."""
-    accumulator = getattr(producer, "_message_accumulator", None)
-    if accumulator is not None:
-        accumulator._linger_time = linger_ms / 1000
 
 
 def kafka_config(kafka: KafkaConfig | str) -> KafkaConfig:

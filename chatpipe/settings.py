@@ -72,11 +72,6 @@ class Settings(BaseSettings):
         "a few ms less per hop of the time to first token on a broker that answers fetches on "
         "their wait (Tansu)"
     )
-    kafka_loaded_linger_ms: int = Field(
-        10, ge=0, description="while a worker runs kafka_loaded_streams answers or more, its "
-        "chunks wait up to this long to go out together (fewer, larger produce requests; "
-        "0 = kafka_linger_ms always)"
-    )
     kafka_loaded_streams: int = Field(
         32, ge=1, description="streams a stage carries from which it fetches every "
         "kafka_loaded_fetch_wait_ms"

@@ -113,7 +113,6 @@ def kafka_from_settings(settings: Settings, bootstrap_servers: str) -> KafkaConf
         loaded_fetch_wait_ms=settings.kafka_loaded_fetch_wait_ms,
         loaded_streams=settings.kafka_loaded_streams,
         first_event_fetch_wait_ms=settings.kafka_first_event_fetch_wait_ms,
-        loaded_linger_ms=settings.kafka_loaded_linger_ms,
         linger_ms=settings.kafka_linger_ms,
         security_protocol=settings.kafka_security_protocol,
         sasl_mechanism=settings.kafka_sasl_mechanism,

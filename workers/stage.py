@@ -29,7 +29,7 @@ import uuid
 from aiokafka import AIOKafkaConsumer
 from aiokafka.structs import ConsumerRecord, TopicPartition
 
-from bus.clients import KafkaConfig, set_linger
+from bus.clients import KafkaConfig
 from bus.fetch_pace import NO_RECORDS, PacedConsumer
 from bus.produce_failures import RecordRejected
 from bus.stage_runner import StageRunner
@@ -103,7 +103,7 @@ class WorkerStage:
             control.assign(await topic_partitions(control, topics.CONTROL))
             starting.pop_all()
         self._control = control
-        self._follow_load()
+        self._follow_cancels()
         self.publisher = self.runner.publisher
         self.started.set()
         watch_worker(self.engine)
@@ -186,8 +186,8 @@ class WorkerStage:
             STAGE, "generate", self._generate(request, tp, record.offset),
             request_id=request.request_id, attempt=request.attempt, model=request.model))
         self._tasks[request.request_id] = task
-        task.add_done_callback(lambda _: self._follow_load())
-        self._follow_load()
+        task.add_done_callback(lambda _: self._follow_cancels())
+        self._follow_cancels()
 
     async def _generate(self, request: GenerationRequest, tp: TopicPartition, offset: int) -> None:
         attempt = Attempt(request, self.worker_id, self.config.pacing, time.monotonic, time.time)
@@ -275,21 +275,13 @@ class WorkerStage:
             log.info("cancel %s: %s", running, event.reason)
             await self.engine.abort(running)
 
-    def _follow_load(self) -> None:
+    def _follow_cancels(self) -> None:
         """Read `chat.control` while answers run, not while none does (an idle worker's
         fetches cost it and the broker; the cancels for answers that start later are
-        read when they start: its records wait on the bus meanwhile). While it runs
-        `loaded_streams` answers or more, their chunks (each sent from its own task)
-        linger up to `loaded_linger_ms` to go out in fewer produce requests."""
+        read when they start: its records wait on the bus meanwhile)."""
         control: PacedConsumer | None = getattr(self, "_control", None)
-        if control is None:
-            return
-        running = len(self.book.running)
-        control.listen(control.assignment(), running > 0)
-        loaded = running >= self.kafka.loaded_streams
-        set_linger(self.runner.publisher.producer,
-                   self.kafka.loaded_linger_ms if loaded and self.kafka.loaded_linger_ms
-                   else self.kafka.linger_ms)
+        if control is not None:
+            control.listen(control.assignment(), bool(self.book.running))
 
     # --- rebalances, heartbeats --------------------------------------------------------
 

@@ -129,21 +129,6 @@ async def test_a_consumer_stops_fetching_partitions_and_resumes_them_with_the_sh
     assert consumer.pace.polled({}) == 20  # awake from now on, not idle
 
 
-async def test_the_linger_reaches_the_batches_aiokafka_creates():
-    import inspect
-
-    from aiokafka.producer.message_accumulator import MessageAccumulator
-
-    from bus.clients import set_linger
-
-    producer = KafkaConfig("127.0.0.1:1").producer()
-    set_linger(producer, 10)
-    assert producer._message_accumulator._linger_time == 0.01
-    set_linger(producer, 0)
-    assert producer._message_accumulator._linger_time == 0
-    assert "self._linger_time" in inspect.getsource(MessageAccumulator._append_batch)
-    await producer.stop()
-
 
 def test_a_stage_awaiting_a_first_event_fetches_eagerly_unless_loaded():
     streams, eager = 1, True
