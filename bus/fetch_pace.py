@@ -34,6 +34,8 @@ from aiokafka.structs import ConsumerRecord, TopicPartition
 
 from schemas import topics
 
+Batch = Mapping[TopicPartition, list[ConsumerRecord]]
+"""What one poll returned."""
 BEATS = frozenset({topics.SCHEDULER, topics.WORKERS, topics.CONTROL})
 """Topics that carry periodic status and heartbeats: their records alone are no work."""
 
@@ -63,14 +65,15 @@ class FetchPace:
     loaded_ms: int = 0
     """The wait while the stage carries `loaded_at` streams or more; 0: never longer."""
     loaded_at: int = 0
-    eager: Callable[[], bool] = lambda: False
-    """A stream's first event is on its way to this consumer: `eager_ms`, below the load."""
+    eager: Callable[[Batch], bool] = lambda batch: False
+    """Told the poll's records (not yet handled): a stream's first event is on its way to
+    this consumer, so the next fetch waits `eager_ms` (below the load)."""
     eager_ms: int = 0
     clock: Callable[[], float] = time.monotonic
     idle: bool = False
     _active_at: float = field(default=-1.0)
 
-    def polled(self, batch: Mapping[TopicPartition, list[ConsumerRecord]]) -> int:
+    def polled(self, batch: Batch) -> int:
         """Take a poll's records; returns the wait the next fetch should use."""
         now = self.clock()
         load = self.busy()
@@ -83,7 +86,7 @@ class FetchPace:
             return self.idle_ms
         if self.loaded_ms > self.busy_ms and self.loaded_at > 0 and load >= self.loaded_at:
             return self.loaded_ms
-        if 0 < self.eager_ms < self.busy_ms and self.eager():
+        if 0 < self.eager_ms < self.busy_ms and self.eager(batch):
             return self.eager_ms
         return self.busy_ms
 
@@ -107,7 +110,7 @@ class PacedConsumer(AIOKafkaConsumer):
 
     def busy_while(self, busy: Callable[[], int],
                    wakes: Callable[[str], bool] | None = None,
-                   eager: Callable[[], bool] | None = None) -> None:
+                   eager: Callable[[Batch], bool] | None = None) -> None:
         """The stage's own word on how much work it has (streams open: 0 is none), which
         topics' records are work (with none, a poll keeps its own timeout to see `busy`
         turn true), and when a stream's first event is on its way (`FetchPace.eager`)."""

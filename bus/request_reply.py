@@ -130,7 +130,7 @@ class RequestReplyClient:
         self._consumer = self.kafka.consumer()
         # A client with open streams keeps fetching often even while a request queues.
         self._consumer.busy_while(lambda: len(self._streams),
-                                  eager=lambda: bool(self._awaiting))
+                                  eager=lambda _: bool(self._awaiting))
         await self._consumer.start()
         self._consumer.assign([TopicPartition(self.reply_to, p) for p in range(self.partitions)]
                               + list(self._also_read))

@@ -66,7 +66,7 @@ from aiokafka import AIOKafkaProducer, ConsumerRebalanceListener
 from aiokafka.structs import ConsumerRecord, TopicPartition
 
 from bus.clients import KafkaConfig
-from bus.fetch_pace import PacedConsumer
+from bus.fetch_pace import Batch, PacedConsumer
 from bus.offsets import OffsetTracker
 from bus.produce_failures import RetryingPublisher
 from bus.subscriber import FailureHandler, RecordHandler, consume
@@ -106,7 +106,7 @@ class StageRunner:
         on_assign: Callable[[set[TopicPartition]], None] | None = None,
         busy_while: Callable[[], int] | None = None,
         wakes: Callable[[str], bool] | None = None,
-        eager: Callable[[], bool] | None = None,
+        eager: Callable[[Batch], bool] | None = None,
         assign: bool = False,
         commit_rule: Callable[[Offsets], Offsets] | None = None,
         after_commit: Callable[[Offsets], Awaitable[None]] | None = None,

@@ -23,6 +23,7 @@ from aiokafka.errors import UnknownTopicOrPartitionError
 from aiokafka.structs import ConsumerRecord
 
 from bus.clients import KafkaConfig
+from bus.fetch_pace import Batch
 from bus.produce_failures import PIPELINE_REJECTED, PIPELINE_REJECTED_MESSAGE, RecordRejected
 from bus.stage_runner import StageRunner
 from bus.subscriber import decode_record
@@ -31,7 +32,7 @@ from moderation.policy import SafetyPolicy
 from ops.metrics import DELIVERIES_DROPPED, RETRACTIONS, SAFETY_CHECK_TIME
 from safety.core import Check, Output, SafetyConfig, SafetyCore, records
 from schemas import topics
-from schemas.codec import TOKEN_EVENT, EventDecodeError
+from schemas.codec import EVENT_TYPE_HEADER, TOKEN_EVENT, EventDecodeError
 from schemas.events import ModerationEvent, StreamEvent
 
 log = logging.getLogger(__name__)
@@ -39,6 +40,8 @@ log = logging.getLogger(__name__)
 STAGE = "safety"
 GROUP = "chatpipe-safety"
 GONE_S = 600.0
+ATTEMPT_MARKER = (EVENT_TYPE_HEADER, b"attempt")
+"""The header of an `AttemptStarted` record (`schemas.codec.headers`)."""
 
 
 class SafetyStage:
@@ -51,7 +54,7 @@ class SafetyStage:
             commit_floor=lambda tp: self.core.commit_floor(tp.partition),
             on_revoke=lambda tp: self.core.forget_partition(tp.partition),
             busy_while=lambda: self.core.open_count,
-            eager=lambda: self.core.awaiting_first_chunk)
+            eager=lambda batch: self.core.awaiting_first_chunk or _starts_a_stream(batch))
         self._gone_topics: dict[str, float] = {}  # delivery topic -> dropped until
 
     async def run(self) -> None:
@@ -116,6 +119,12 @@ class SafetyStage:
         for request_id in self.core.expire(time.monotonic()):
             log.warning("gave up on generation %s: no event for %.0f s", request_id,
                         self.core.idle_timeout_s)
+
+
+def _starts_a_stream(batch: Batch) -> bool:
+    """An attempt's marker is among a poll's records: its first chunk is on its way."""
+    return any(ATTEMPT_MARKER in record.headers
+               for records in batch.values() for record in records)
 
 
 def _gateway_gone(exc: RecordRejected) -> bool:

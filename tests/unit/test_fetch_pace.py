@@ -132,11 +132,11 @@ async def test_a_consumer_stops_fetching_partitions_and_resumes_them_with_the_sh
 
 def test_a_stage_awaiting_a_first_event_fetches_eagerly_unless_loaded():
     streams, eager = 1, True
-    pace = FetchPace(20, 250, idle_after_s=1.0, busy=lambda: streams, eager=lambda: eager,
+    pace = FetchPace(20, 250, idle_after_s=1.0, busy=lambda: streams, eager=lambda _: eager,
                      eager_ms=5, loaded_ms=50, loaded_at=32)
     assert pace.polled({}) == 5
     eager = False
     assert pace.polled({}) == 20
     streams, eager = 40, True
     assert pace.polled({}) == 50
-    assert FetchPace(20, 250, 1.0, eager=lambda: True).polled({}) == 20  # no eager_ms: none
+    assert FetchPace(20, 250, 1.0, eager=lambda _: True).polled({}) == 20  # no eager_ms: none

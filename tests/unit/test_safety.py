@@ -458,3 +458,19 @@ def test_a_generation_awaits_its_first_chunk_from_its_marker_on():
     assert core.awaiting_first_chunk, "the marker says a stream is starting"
     run(core, [chunk_of(0, "a")])
     assert not core.awaiting_first_chunk
+
+
+def test_a_poll_with_an_attempt_s_marker_says_a_first_chunk_is_on_its_way():
+    from aiokafka.structs import ConsumerRecord, TopicPartition
+
+    from safety.stage import _starts_a_stream
+    from schemas.codec import encode, headers
+
+    def polled(event):
+        record = ConsumerRecord("chat.tokens", 0, 0, 0, 0, None, encode(event), None, 0, 0,
+                                headers(event))
+        return {TopicPartition("chat.tokens", 0): [record]}
+
+    assert _starts_a_stream(polled(marker_of(0)))
+    assert not _starts_a_stream(polled(chunk_of(0, "a")))
+    assert not _starts_a_stream({})
