@@ -3,7 +3,7 @@ for stored answers, `chat.answers` out (DESIGN §7). The decisions are `safety.c
 the consume/commit/rebalance loop is the stage runner's (`bus.stage_runner`).
 
 Commit policy: per partition, below the first event of any generation still open, so
-a restart reads every open stream again from its start; the core drops what it has
+a restart reads every open stream again from its start; at most every COMMIT_EVERY_S; the core drops what it has
 seen (one answer rule) and its delivery ids are the stream's positions, so the
 gateway and the recorder drop what they already have. A record whose processing
 raises is dead-lettered and its stream ends with `error` (`safety_error`, or
@@ -25,7 +25,7 @@ from aiokafka.structs import ConsumerRecord
 from bus.clients import KafkaConfig
 from bus.fetch_pace import Batch
 from bus.produce_failures import PIPELINE_REJECTED, PIPELINE_REJECTED_MESSAGE, RecordRejected
-from bus.stage_runner import StageRunner
+from bus.stage_runner import Offsets, StageRunner
 from bus.subscriber import decode_record
 from moderation.classifiers import Verdict, first_verdict
 from moderation.policy import SafetyPolicy
@@ -40,6 +40,9 @@ log = logging.getLogger(__name__)
 STAGE = "safety"
 GROUP = "chatpipe-safety"
 GONE_S = 600.0
+COMMIT_EVERY_S = 1.0
+"""Commits at most this often (not after every fetch): a restart reads at most this much
+more of streams already finished, which every reader drops by delivery id."""
 ATTEMPT_MARKER = (EVENT_TYPE_HEADER, b"attempt")
 """The header of an `AttemptStarted` record (`schemas.codec.headers`)."""
 
@@ -54,7 +57,9 @@ class SafetyStage:
             commit_floor=lambda tp: self.core.commit_floor(tp.partition),
             on_revoke=lambda tp: self.core.forget_partition(tp.partition),
             busy_while=lambda: self.core.open_count,
-            eager=lambda batch: self.core.awaiting_first_chunk or _starts_a_stream(batch))
+            eager=lambda batch: self.core.awaiting_first_chunk or _starts_a_stream(batch),
+            commit_rule=self._commit_due)
+        self._committed_at = float("-inf")
         self._gone_topics: dict[str, float] = {}  # delivery topic -> dropped until
 
     async def run(self) -> None:
@@ -102,6 +107,14 @@ class SafetyStage:
                 rejected = rejected or exc
         if rejected is not None:
             raise rejected
+
+    def _commit_due(self, offsets: Offsets) -> Offsets:
+        """The done offsets, once COMMIT_EVERY_S has passed since the last commit."""
+        now = time.monotonic()
+        if not offsets or now - self._committed_at < COMMIT_EVERY_S:
+            return {}
+        self._committed_at = now
+        return offsets
 
     async def _on_failure(self, record: ConsumerRecord, exc: Exception) -> None:
         try:

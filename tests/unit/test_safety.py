@@ -474,3 +474,19 @@ def test_a_poll_with_an_attempt_s_marker_says_a_first_chunk_is_on_its_way():
     assert _starts_a_stream(polled(marker_of(0)))
     assert not _starts_a_stream(polled(chunk_of(0, "a")))
     assert not _starts_a_stream({})
+
+
+def test_safety_commits_at_most_once_a_second(monkeypatch):
+    import safety.stage
+
+    stage, _ = stage_with()
+    now = [100.0]
+    monkeypatch.setattr(safety.stage.time, "monotonic", lambda: now[0])
+    done = {TopicPartition(topics.TOKENS, 0): 3}
+    assert stage._commit_due(done) == done, "the first commit at once"
+    now[0] += 0.5
+    assert stage._commit_due({TopicPartition(topics.TOKENS, 0): 5}) == {}
+    now[0] += 0.5
+    assert stage._commit_due({TopicPartition(topics.TOKENS, 0): 5}) == {
+        TopicPartition(topics.TOKENS, 0): 5}
+    assert stage._commit_due({}) == {}
