@@ -3,14 +3,14 @@ for stored answers, `chat.answers` out (DESIGN §7). The decisions are `safety.c
 the consume/commit/rebalance loop is the stage runner's (`bus.stage_runner`).
 
 Commit policy: per partition, below the first event of any generation still open, so
-a restart reads every open stream again from its start; at most every COMMIT_EVERY_S; the core drops what it has
-seen (one answer rule) and its delivery ids are the stream's positions, so the
-gateway and the recorder drop what they already have. A record whose processing
-raises is dead-lettered and its stream ends with `error` (`safety_error`, or
-`pipeline_rejected` when the bus refused one of its records). A delivery to a gateway's
-topic that no longer exists (deleted with its gateway) is dropped and counted, and so is
-every later one to that topic for GONE_S: nobody reads it, and a stream resumed on
-another gateway goes on there (`chat.answers`).
+a restart reads every open stream again from its start; at most every COMMIT_EVERY_S.
+The core drops what it has seen (one answer rule) and its delivery ids are the
+stream's positions, so the gateway and the recorder drop what they already have. A
+record whose processing raises is dead-lettered and its stream ends with `error`
+(`safety_error`, or `pipeline_rejected` when the bus refused one of its records). A
+delivery to a gateway's topic that no longer exists (deleted with its gateway) is
+dropped and counted, and so is every later one to that topic for GONE_S: nobody reads
+it, and a stream resumed on another gateway goes on there (`chat.answers`).
 """
 
 from __future__ import annotations

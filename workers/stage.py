@@ -75,6 +75,7 @@ class WorkerStage:
             [topics.work_topic(config.shard)], poll_ms=100, commit_on_revoke=True,
             on_assign=self._assigned, busy_while=lambda: len(self.book.running))
         self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._control: PacedConsumer | None = None  # set by `run`
 
     @property
     def worker_id(self) -> str:
@@ -279,9 +280,8 @@ class WorkerStage:
         """Read `chat.control` while answers run, not while none does (an idle worker's
         fetches cost it and the broker; the cancels for answers that start later are
         read when they start: its records wait on the bus meanwhile)."""
-        control: PacedConsumer | None = getattr(self, "_control", None)
-        if control is not None:
-            control.listen(control.assignment(), bool(self.book.running))
+        if self._control is not None:
+            self._control.listen(self._control.assignment(), bool(self.book.running))
 
     # --- rebalances, heartbeats --------------------------------------------------------
 
