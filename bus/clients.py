@@ -34,6 +34,12 @@ class KafkaConfig:
     idle_fetch_wait_ms: int = 0
     """The fetch wait of a consumer idle for `idle_after_s` (bus.fetch_pace); 0: none."""
     idle_after_s: float = 10.0
+    loaded_fetch_wait_ms: int = 0
+    """The fetch wait of a consumer whose stage carries `loaded_streams` or more; 0: none."""
+    loaded_streams: int = 32
+    first_event_fetch_wait_ms: int = 0
+    """The fetch wait of a consumer whose stage awaits a stream's first event (below
+    `loaded_streams`); 0: `fetch_max_wait_ms`."""
     linger_ms: int = 0
     security_protocol: str = "PLAINTEXT"
     sasl_mechanism: str = "SCRAM-SHA-512"
@@ -85,12 +91,16 @@ class KafkaConfig:
         `bulk`: off a stream's path (recorder, billing), so it fetches less often. Once
         idle (`consumer.busy_while` says when it is not) it fetches every
         `idle_fetch_wait_ms`, or QUIET_FACTOR times that for bulk consumers (nobody
-        waits on them)."""
+        waits on them); while it says it carries `loaded_streams` or more, every
+        `loaded_fetch_wait_ms`."""
         wait_ms = self.bulk_fetch_max_wait_ms if bulk else self.fetch_max_wait_ms
         idle_ms = self.idle_fetch_wait_ms * (QUIET_FACTOR if bulk else 1)
         pace = None
-        if idle_ms > wait_ms:
-            pace = FetchPace(wait_ms, idle_ms, self.idle_after_s)
+        if idle_ms > wait_ms or self.loaded_fetch_wait_ms > wait_ms:
+            pace = FetchPace(wait_ms, max(idle_ms, wait_ms), self.idle_after_s,
+                             loaded_ms=self.loaded_fetch_wait_ms,
+                             loaded_at=self.loaded_streams,
+                             eager_ms=0 if bulk else self.first_event_fetch_wait_ms)
         return PacedConsumer(
             *topics,
             pace=pace,

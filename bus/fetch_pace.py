@@ -1,4 +1,5 @@
-"""How long a consumer's fetches wait at the broker: short while it has work, long once idle.
+"""How long a consumer's fetches wait at the broker: short while it has work, long once idle,
+and longer again while it carries many streams.
 
 Tansu answers a fetch only when its wait (`fetch_max_wait_ms`) is over, records or not
 (DESIGN §11), so an idle consumer costs the broker and its own process one fetch per
@@ -8,12 +9,24 @@ matters (or the stage saying it is busy) brings the short wait back for the next
 What that costs: a record that arrives while an idle fetch waits is read up to
 `idle_ms` later, once per hop, for the first request after a quiet spell. Apache Kafka
 answers a fetch as soon as a record is there, so there a long wait costs nothing.
+
+Under load (the stage says it carries at least `loaded_at` streams) a fetch waits
+`loaded_ms`: on Tansu every fetch of a busy consumer takes its whole wait, so the wait
+sets how many fetches a second the consumer and the broker pay for, and each one
+brings more records. What that costs: each hop of a stream adds up to `loaded_ms`
+instead of `busy_ms` while the stage is that loaded (a few ms p50 per hop, where
+the time to first token is already queueing); one stream at a time never waits it.
+
+Below that load, a stage that knows a stream's first event is on its way (the gateway
+once it has queued a request, safety once an attempt's marker came) fetches every
+`eager_ms` until it comes: on Tansu that takes a few ms off each such hop of the time
+to first token, for a few more fetches only while a stream starts.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from aiokafka import AIOKafkaConsumer
@@ -21,12 +34,14 @@ from aiokafka.structs import ConsumerRecord, TopicPartition
 
 from schemas import topics
 
+Batch = Mapping[TopicPartition, list[ConsumerRecord]]
+"""What one poll returned."""
 BEATS = frozenset({topics.SCHEDULER, topics.WORKERS, topics.CONTROL})
 """Topics that carry periodic status and heartbeats: their records alone are no work."""
 
 
-def never() -> bool:
-    return False
+def never() -> int:
+    return 0
 
 
 def NO_RECORDS(topic: str) -> bool:
@@ -40,25 +55,46 @@ class FetchPace:
     busy_ms: int
     idle_ms: int
     idle_after_s: float
-    busy: Callable[[], bool] = never
-    """The stage has work in hand (streams open): keep the short wait."""
+    busy: Callable[[], int] = never
+    """How much work the stage has in hand (streams open; a bool will do): any keeps
+    the short wait, `loaded_at` or more the loaded one."""
     wakes: Callable[[str], bool] = lambda topic: topic not in BEATS
     """Topics whose records are work; by default any but status and heartbeats."""
     long_polls: bool = True
     """While idle a poll may wait as long as a fetch (only records end idleness)."""
+    loaded_ms: int = 0
+    """The wait while the stage carries `loaded_at` streams or more; 0: never longer."""
+    loaded_at: int = 0
+    eager: Callable[[Batch], bool] = lambda batch: False
+    """Told the poll's records (not yet handled): a stream's first event is on its way to
+    this consumer, so the next fetch waits `eager_ms` (below the load)."""
+    eager_ms: int = 0
     clock: Callable[[], float] = time.monotonic
     idle: bool = False
     _active_at: float = field(default=-1.0)
 
-    def polled(self, batch: Mapping[TopicPartition, list[ConsumerRecord]]) -> int:
+    def polled(self, batch: Batch) -> int:
         """Take a poll's records; returns the wait the next fetch should use."""
         now = self.clock()
-        if self._active_at < 0 or self.busy() or any(self.wakes(tp.topic) for tp in batch):
+        load = self.busy()
+        if self._active_at < 0 or load or any(self.wakes(tp.topic) for tp in batch):
             self._active_at = now
             self.idle = False
         elif now - self._active_at >= self.idle_after_s:
             self.idle = True
-        return self.idle_ms if self.idle else self.busy_ms
+        if self.idle:
+            return self.idle_ms
+        if self.loaded_ms > self.busy_ms and self.loaded_at > 0 and load >= self.loaded_at:
+            return self.loaded_ms
+        if 0 < self.eager_ms < self.busy_ms and self.eager(batch):
+            return self.eager_ms
+        return self.busy_ms
+
+    def woken(self) -> int:
+        """The stage has work again now: the short wait, from the next fetch on."""
+        self._active_at = self.clock()
+        self.idle = False
+        return self.busy_ms
 
     def poll_ms(self, poll_ms: int) -> int:
         """How long a poll may wait for records."""
@@ -72,15 +108,33 @@ class PacedConsumer(AIOKafkaConsumer):
         super().__init__(*topics, **config)
         self.pace = pace
 
-    def busy_while(self, busy: Callable[[], bool],
-                   wakes: Callable[[str], bool] | None = None) -> None:
-        """The stage's own word on when it has work (and which topics' records are work;
-        with none, a poll keeps its own timeout to see `busy` turn true)."""
+    def busy_while(self, busy: Callable[[], int],
+                   wakes: Callable[[str], bool] | None = None,
+                   eager: Callable[[Batch], bool] | None = None) -> None:
+        """The stage's own word on how much work it has (streams open: 0 is none), which
+        topics' records are work (with none, a poll keeps its own timeout to see `busy`
+        turn true), and when a stream's first event is on its way (`FetchPace.eager`)."""
         if self.pace is not None:
             self.pace.busy = busy
+            if eager is not None:
+                self.pace.eager = eager
             if wakes is not None:
                 self.pace.wakes = wakes
                 self.pace.long_polls = wakes is not NO_RECORDS
+
+    def listen(self, partitions: Iterable[TopicPartition], on: bool) -> None:
+        """Fetch from `partitions` (resumed; the first fetch with the short wait, not an
+        idle one) or not at all (paused: no fetch for them, their records wait there)."""
+        paused = self.paused()
+        partitions = tuple(tp for tp in partitions if (tp in paused) is on)
+        if not partitions:
+            return
+        if not on:
+            self.pause(*partitions)
+            return
+        if self.pace is not None:
+            set_fetch_wait(self, self.pace.woken())
+        self.resume(*partitions)
 
     async def getmany(self, *partitions: TopicPartition, timeout_ms: int = 0,
                       max_records: int | None = None) -> dict[TopicPartition, list[ConsumerRecord]]:

@@ -110,6 +110,7 @@ class RequestReplyClient:
         self._also_read = dict(also_read or {})
         self._on_reroute = on_reroute
         self._streams: dict[str, DeliveryStream] = {}
+        self._awaiting: set[str] = set()  # submitted, no event back yet
         self._tasks: list[asyncio.Task[None]] = []
         self._beat_acked_at = 0.0
 
@@ -128,7 +129,8 @@ class RequestReplyClient:
         self.publisher = Publisher(self._producer)
         self._consumer = self.kafka.consumer()
         # A client with open streams keeps fetching often even while a request queues.
-        self._consumer.busy_while(lambda: bool(self._streams))
+        self._consumer.busy_while(lambda: len(self._streams),
+                                  eager=lambda _: bool(self._awaiting))
         await self._consumer.start()
         self._consumer.assign([TopicPartition(self.reply_to, p) for p in range(self.partitions)]
                               + list(self._also_read))
@@ -153,6 +155,7 @@ class RequestReplyClient:
         """Queue `request`; its stream is registered before the request is sent."""
         stream = DeliveryStream(self, request.request_id)
         self._streams[request.request_id] = stream
+        self._awaiting.add(request.request_id)
         try:
             await self.publisher.send_and_wait(
                 topics.requests_topic(request.tier), request, key=request.conversation_id
@@ -172,6 +175,7 @@ class RequestReplyClient:
 
     def forget(self, request_id: str) -> None:
         self._streams.pop(request_id, None)
+        self._awaiting.discard(request_id)
 
     def rewind(self) -> None:
         """The broker lost every record (an embedded broker restarted): read every
@@ -237,6 +241,7 @@ class RequestReplyClient:
             return
         stream = self._streams.get(event.request_id)
         if stream is not None:
+            self._awaiting.discard(event.request_id)
             stream.put(event)
 
 

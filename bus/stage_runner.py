@@ -66,7 +66,7 @@ from aiokafka import AIOKafkaProducer, ConsumerRebalanceListener
 from aiokafka.structs import ConsumerRecord, TopicPartition
 
 from bus.clients import KafkaConfig
-from bus.fetch_pace import PacedConsumer
+from bus.fetch_pace import Batch, PacedConsumer
 from bus.offsets import OffsetTracker
 from bus.produce_failures import RetryingPublisher
 from bus.subscriber import FailureHandler, RecordHandler, consume
@@ -104,15 +104,17 @@ class StageRunner:
         on_revoke: Callable[[TopicPartition], None] | None = None,
         commit_on_revoke: bool = False,
         on_assign: Callable[[set[TopicPartition]], None] | None = None,
-        busy_while: Callable[[], bool] | None = None,
+        busy_while: Callable[[], int] | None = None,
         wakes: Callable[[str], bool] | None = None,
+        eager: Callable[[Batch], bool] | None = None,
         assign: bool = False,
         commit_rule: Callable[[Offsets], Offsets] | None = None,
         after_commit: Callable[[Offsets], Awaitable[None]] | None = None,
     ) -> None:
         """`bulk`: off a stream's path, so it fetches less often (`KafkaConfig.consumer`).
-        `busy_while`, `wakes`: the stage's word on when it has work and which topics'
-        records are work (`PacedConsumer.busy_while`).
+        `busy_while`, `wakes`, `eager`: the stage's word on how much work it has (streams
+        open), which topics' records are work and when a stream's first event is on its
+        way (`PacedConsumer.busy_while`).
         `on_assign`: told the partitions this member holds after a rebalance.
         `assign`: read every partition by assignment, never joining the group.
         `commit_rule`: of the offsets done and below their floors, those to commit now.
@@ -130,6 +132,7 @@ class StageRunner:
         self.on_assign = on_assign
         self.busy_while = busy_while
         self.wakes = wakes
+        self.eager = eager
         self.assign = assign
         self.commit_rule = commit_rule
         self.after_commit = after_commit
@@ -153,7 +156,7 @@ class StageRunner:
         self.publisher = RetryingPublisher(self._producer)
         self.consumer = self.kafka.consumer(group_id=self.group, bulk=self.bulk)
         if self.busy_while is not None:
-            self.consumer.busy_while(self.busy_while, self.wakes)
+            self.consumer.busy_while(self.busy_while, self.wakes, self.eager)
         if not self.assign:
             self.consumer.subscribe(list(self.topics), listener=_Rebalance(self))
         await self._producer.start()

@@ -61,6 +61,21 @@ class Settings(BaseSettings):
         10.0, ge=0, description="a consumer with no work this long fetches every "
         "kafka_idle_fetch_wait_ms"
     )
+    kafka_loaded_fetch_wait_ms: int = Field(
+        50, ge=0, description="fetch wait of a stream-path stage while it carries "
+        "kafka_loaded_streams streams or more (0 = never longer): under load fewer, larger "
+        "fetches (on Tansu each busy fetch takes its whole wait), each hop up to this long"
+    )
+    kafka_first_event_fetch_wait_ms: int = Field(
+        5, ge=0, description="fetch wait of the gateway and safety while a stream's first "
+        "event is on its way to them (below kafka_loaded_streams; 0 = kafka_fetch_max_wait_ms): "
+        "a few ms less per hop of the time to first token on a broker that answers fetches on "
+        "their wait (Tansu)"
+    )
+    kafka_loaded_streams: int = Field(
+        32, ge=1, description="streams a stage carries from which it fetches every "
+        "kafka_loaded_fetch_wait_ms"
+    )
     kafka_security_protocol: Literal["PLAINTEXT", "SASL_PLAINTEXT", "SASL_SSL", "SSL"] = Field(
         "PLAINTEXT", description="how the stages reach Kafka; compose and k8s use SASL_PLAINTEXT "
         "with one SCRAM credential per stage (the embedded broker: PLAINTEXT on loopback)"

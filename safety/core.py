@@ -113,10 +113,13 @@ class _Generation:
     gate: OutputGate
     log: AnswerLog = field(default_factory=AnswerLog)
     filtered: bool = False
+    fed: bool = False
+    """A chunk of it came: its first event for the client is out (or held back)."""
     logprobs: list[tuple[int, Logprobs]] = field(default_factory=list)
     """Held chunks' log probabilities, each with where its chunk's text ends in the gate."""
 
     def feed(self, chunk: TokenChunk) -> None:
+        self.fed = True
         self.gate.feed(chunk.text)
         if chunk.logprobs:
             self.logprobs.append((len(self.gate.text), chunk.logprobs))
@@ -207,6 +210,11 @@ class SafetyCore:
     @property
     def open_count(self) -> int:
         return len(self._open)
+
+    @property
+    def awaiting_first_chunk(self) -> bool:
+        """An open generation has had no chunk yet (its attempt's marker came)."""
+        return any(not generation.fed for generation in self._open.values())
 
     def _end(self, end: StreamEnd, generation: _Generation) -> list[Output]:
         self._forget(end.request_id)

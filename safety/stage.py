@@ -3,14 +3,14 @@ for stored answers, `chat.answers` out (DESIGN §7). The decisions are `safety.c
 the consume/commit/rebalance loop is the stage runner's (`bus.stage_runner`).
 
 Commit policy: per partition, below the first event of any generation still open, so
-a restart reads every open stream again from its start; the core drops what it has
-seen (one answer rule) and its delivery ids are the stream's positions, so the
-gateway and the recorder drop what they already have. A record whose processing
-raises is dead-lettered and its stream ends with `error` (`safety_error`, or
-`pipeline_rejected` when the bus refused one of its records). A delivery to a gateway's
-topic that no longer exists (deleted with its gateway) is dropped and counted, and so is
-every later one to that topic for GONE_S: nobody reads it, and a stream resumed on
-another gateway goes on there (`chat.answers`).
+a restart reads every open stream again from its start; at most every COMMIT_EVERY_S.
+The core drops what it has seen (one answer rule) and its delivery ids are the
+stream's positions, so the gateway and the recorder drop what they already have. A
+record whose processing raises is dead-lettered and its stream ends with `error`
+(`safety_error`, or `pipeline_rejected` when the bus refused one of its records). A
+delivery to a gateway's topic that no longer exists (deleted with its gateway) is
+dropped and counted, and so is every later one to that topic for GONE_S: nobody reads
+it, and a stream resumed on another gateway goes on there (`chat.answers`).
 """
 
 from __future__ import annotations
@@ -23,15 +23,16 @@ from aiokafka.errors import UnknownTopicOrPartitionError
 from aiokafka.structs import ConsumerRecord
 
 from bus.clients import KafkaConfig
+from bus.fetch_pace import Batch
 from bus.produce_failures import PIPELINE_REJECTED, PIPELINE_REJECTED_MESSAGE, RecordRejected
-from bus.stage_runner import StageRunner
+from bus.stage_runner import Offsets, StageRunner
 from bus.subscriber import decode_record
 from moderation.classifiers import Verdict, first_verdict
 from moderation.policy import SafetyPolicy
 from ops.metrics import DELIVERIES_DROPPED, RETRACTIONS, SAFETY_CHECK_TIME
 from safety.core import Check, Output, SafetyConfig, SafetyCore, records
 from schemas import topics
-from schemas.codec import TOKEN_EVENT, EventDecodeError
+from schemas.codec import EVENT_TYPE_HEADER, TOKEN_EVENT, EventDecodeError
 from schemas.events import ModerationEvent, StreamEvent
 
 log = logging.getLogger(__name__)
@@ -39,6 +40,11 @@ log = logging.getLogger(__name__)
 STAGE = "safety"
 GROUP = "chatpipe-safety"
 GONE_S = 600.0
+COMMIT_EVERY_S = 1.0
+"""Commits at most this often (not after every fetch): a restart reads at most this much
+more of streams already finished, which every reader drops by delivery id."""
+ATTEMPT_MARKER = (EVENT_TYPE_HEADER, b"attempt")
+"""The header of an `AttemptStarted` record (`schemas.codec.headers`)."""
 
 
 class SafetyStage:
@@ -50,7 +56,10 @@ class SafetyStage:
             kafka, STAGE, GROUP, [topics.TOKENS], poll_ms=100,
             commit_floor=lambda tp: self.core.commit_floor(tp.partition),
             on_revoke=lambda tp: self.core.forget_partition(tp.partition),
-            busy_while=lambda: self.core.open_count > 0)
+            busy_while=lambda: self.core.open_count,
+            eager=lambda batch: self.core.awaiting_first_chunk or _starts_a_stream(batch),
+            commit_rule=self._commit_due)
+        self._committed_at = float("-inf")
         self._gone_topics: dict[str, float] = {}  # delivery topic -> dropped until
 
     async def run(self) -> None:
@@ -99,6 +108,14 @@ class SafetyStage:
         if rejected is not None:
             raise rejected
 
+    def _commit_due(self, offsets: Offsets) -> Offsets:
+        """The done offsets, once COMMIT_EVERY_S has passed since the last commit."""
+        now = time.monotonic()
+        if not offsets or now - self._committed_at < COMMIT_EVERY_S:
+            return {}
+        self._committed_at = now
+        return offsets
+
     async def _on_failure(self, record: ConsumerRecord, exc: Exception) -> None:
         try:
             event = decode_record(TOKEN_EVENT, record)
@@ -115,6 +132,12 @@ class SafetyStage:
         for request_id in self.core.expire(time.monotonic()):
             log.warning("gave up on generation %s: no event for %.0f s", request_id,
                         self.core.idle_timeout_s)
+
+
+def _starts_a_stream(batch: Batch) -> bool:
+    """An attempt's marker is among a poll's records: its first chunk is on its way."""
+    return any(ATTEMPT_MARKER in record.headers
+               for records in batch.values() for record in records)
 
 
 def _gateway_gone(exc: RecordRejected) -> bool:

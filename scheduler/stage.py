@@ -140,9 +140,10 @@ class SchedulerStage:
     def _delivering(self) -> set[str]:
         return {request.reply_to for request in (*self.core.waiting(), *self.core.running())}
 
-    def _busy(self) -> bool:
-        return self.core.waiting_count > 0 or any(
-            worker.in_flight for worker in self.core.registry.workers.values())
+    def _busy(self) -> int:
+        """Requests waiting or in flight: the streams this scheduler carries."""
+        return self.core.waiting_count + sum(
+            len(worker.in_flight) for worker in self.core.registry.workers.values())
 
     # --- start: claim and replay ------------------------------------------------------
 

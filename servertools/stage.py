@@ -42,7 +42,7 @@ class ToolsStage:
         self._warm_up = warm_up
         self._rounds: set[asyncio.Task[None]] = set()
         self.runner = StageRunner(kafka, STAGE, GROUP, [topics.TOOLS], poll_ms=100,
-                                  commit_on_revoke=True, busy_while=lambda: bool(self._rounds))
+                                  commit_on_revoke=True, busy_while=lambda: len(self._rounds))
 
     async def run(self) -> None:
         warming = asyncio.create_task(self._warmed()) if self._warm_up else None

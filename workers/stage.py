@@ -30,7 +30,7 @@ from aiokafka import AIOKafkaConsumer
 from aiokafka.structs import ConsumerRecord, TopicPartition
 
 from bus.clients import KafkaConfig
-from bus.fetch_pace import NO_RECORDS
+from bus.fetch_pace import NO_RECORDS, PacedConsumer
 from bus.produce_failures import RecordRejected
 from bus.stage_runner import StageRunner
 from bus.subscriber import consume, decode_record
@@ -73,8 +73,9 @@ class WorkerStage:
         self.runner = StageRunner(
             kafka, STAGE, f"{GROUP}-{config.shard}" if config.shard else GROUP,
             [topics.work_topic(config.shard)], poll_ms=100, commit_on_revoke=True,
-            on_assign=self._assigned, busy_while=lambda: bool(self.book.running))
+            on_assign=self._assigned, busy_while=lambda: len(self.book.running))
         self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._control: PacedConsumer | None = None  # set by `run`
 
     @property
     def worker_id(self) -> str:
@@ -90,11 +91,11 @@ class WorkerStage:
         return self.runner.consumer
 
     async def run(self) -> None:
-        # Not a quiet consumer: when work comes after a quiet spell, this consumer's
-        # fetch in flight is an idle one, and a cancel waits it out (GPU time wasted).
+        # Cancels matter only while answers run: while none does, this consumer does not
+        # fetch at all (`_follow_cancels`), and its first fetch when work comes has the
+        # short wait. New work wakes the work consumer, not this one.
         control = self.kafka.consumer()
-        # Cancels matter only while answers run; new work wakes the work consumer too.
-        control.busy_while(lambda: bool(self.book.running), wakes=NO_RECORDS)
+        control.busy_while(lambda: len(self.book.running), wakes=NO_RECORDS)
         async with contextlib.AsyncExitStack() as starting:  # what started stops if one fails
             await self.runner.start()
             starting.push_async_callback(self.runner.stop)
@@ -102,6 +103,8 @@ class WorkerStage:
             starting.push_async_callback(control.stop)
             control.assign(await topic_partitions(control, topics.CONTROL))
             starting.pop_all()
+        self._control = control
+        self._follow_cancels()
         self.publisher = self.runner.publisher
         self.started.set()
         watch_worker(self.engine)
@@ -180,9 +183,12 @@ class WorkerStage:
             return
         tp = TopicPartition(record.topic, record.partition)
         self.runner.tracker.started(tp, record.offset)
-        self._tasks[request.request_id] = asyncio.create_task(tracing.in_span(
+        task = asyncio.create_task(tracing.in_span(
             STAGE, "generate", self._generate(request, tp, record.offset),
             request_id=request.request_id, attempt=request.attempt, model=request.model))
+        self._tasks[request.request_id] = task
+        task.add_done_callback(lambda _: self._follow_cancels())
+        self._follow_cancels()
 
     async def _generate(self, request: GenerationRequest, tp: TopicPartition, offset: int) -> None:
         attempt = Attempt(request, self.worker_id, self.config.pacing, time.monotonic, time.time)
@@ -269,6 +275,13 @@ class WorkerStage:
         if running is not None:
             log.info("cancel %s: %s", running, event.reason)
             await self.engine.abort(running)
+
+    def _follow_cancels(self) -> None:
+        """Read `chat.control` while answers run, not while none does (an idle worker's
+        fetches cost it and the broker; the cancels for answers that start later are
+        read when they start: its records wait on the bus meanwhile)."""
+        if self._control is not None:
+            self._control.listen(self._control.assignment(), bool(self.book.running))
 
     # --- rebalances, heartbeats --------------------------------------------------------
 

@@ -80,3 +80,63 @@ def test_aiokafka_builds_fetch_requests_from_the_attribute_set_here():
     from aiokafka.consumer.fetcher import Fetcher
 
     assert "self._fetch_max_wait_ms" in inspect.getsource(Fetcher._get_actions_per_node)
+
+
+def test_a_loaded_stage_fetches_with_the_loaded_wait_and_short_again_below_it():
+    clock = Clock()
+    streams = 0
+    pace = FetchPace(20, 250, idle_after_s=1.0, busy=lambda: streams, clock=clock,
+                     loaded_ms=50, loaded_at=32)
+    streams = 31
+    assert pace.polled({}) == 20
+    streams = 32
+    assert pace.polled({}) == 50
+    streams = 1
+    assert pace.polled({}) == 20
+    streams = 0
+    clock.now = 5.0
+    assert pace.polled({}) == 250
+
+
+def test_no_loaded_wait_unless_set_and_longer_than_the_busy_one():
+    assert FetchPace(20, 250, 1.0, busy=lambda: 500).polled({}) == 20
+    assert FetchPace(20, 250, 1.0, busy=lambda: 500, loaded_ms=10, loaded_at=1).polled({}) == 20
+    assert FetchPace(20, 250, 1.0, busy=lambda: True, loaded_ms=50, loaded_at=2).polled({}) == 20
+
+
+async def test_the_loaded_wait_alone_makes_a_paced_consumer():
+    consumer = KafkaConfig("127.0.0.1:1", loaded_fetch_wait_ms=50, loaded_streams=8).consumer()
+    assert consumer.pace is not None
+    assert (consumer.pace.busy_ms, consumer.pace.idle_ms) == (20, 20)
+    assert (consumer.pace.loaded_ms, consumer.pace.loaded_at) == (50, 8)
+
+
+async def test_a_consumer_stops_fetching_partitions_and_resumes_them_with_the_short_wait():
+    clock = Clock()
+    consumer = KafkaConfig("127.0.0.1:1", idle_fetch_wait_ms=250).consumer()
+    consumer.pace.clock = clock
+    consumer._fetcher = type("Fetcher", (), {"_fetch_max_wait_ms": 250})()
+    partitions = [TopicPartition(topics.CONTROL, 0), TopicPartition(topics.CONTROL, 1)]
+    consumer.assign(partitions)
+    consumer.pace.polled({})
+    clock.now = 20.0
+    assert consumer.pace.polled({}) == 250
+    consumer.listen(partitions, on=False)
+    assert consumer.paused() == set(partitions)
+    consumer.listen(partitions, on=True)
+    assert consumer.paused() == set()
+    assert consumer._fetcher._fetch_max_wait_ms == 20
+    assert consumer.pace.polled({}) == 20  # awake from now on, not idle
+
+
+
+def test_a_stage_awaiting_a_first_event_fetches_eagerly_unless_loaded():
+    streams, eager = 1, True
+    pace = FetchPace(20, 250, idle_after_s=1.0, busy=lambda: streams, eager=lambda _: eager,
+                     eager_ms=5, loaded_ms=50, loaded_at=32)
+    assert pace.polled({}) == 5
+    eager = False
+    assert pace.polled({}) == 20
+    streams, eager = 40, True
+    assert pace.polled({}) == 50
+    assert FetchPace(20, 250, 1.0, eager=lambda _: True).polled({}) == 20  # no eager_ms: none

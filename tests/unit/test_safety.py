@@ -449,3 +449,44 @@ def test_a_failure_ends_the_stream_and_stops_the_generation():
     [end] = [o.event for o in outputs if isinstance(o, Deliver)]
     assert isinstance(end, DeliveryError) and end.code == "safety_error" and end.seq == 2
     assert core.open_count == 0
+
+
+def test_a_generation_awaits_its_first_chunk_from_its_marker_on():
+    core = core_with()
+    assert not core.awaiting_first_chunk
+    run(core, [marker_of(0)])
+    assert core.awaiting_first_chunk, "the marker says a stream is starting"
+    run(core, [chunk_of(0, "a")])
+    assert not core.awaiting_first_chunk
+
+
+def test_a_poll_with_an_attempt_s_marker_says_a_first_chunk_is_on_its_way():
+    from aiokafka.structs import ConsumerRecord, TopicPartition
+
+    from safety.stage import _starts_a_stream
+    from schemas.codec import encode, headers
+
+    def polled(event):
+        record = ConsumerRecord("chat.tokens", 0, 0, 0, 0, None, encode(event), None, 0, 0,
+                                headers(event))
+        return {TopicPartition("chat.tokens", 0): [record]}
+
+    assert _starts_a_stream(polled(marker_of(0)))
+    assert not _starts_a_stream(polled(chunk_of(0, "a")))
+    assert not _starts_a_stream({})
+
+
+def test_safety_commits_at_most_once_a_second(monkeypatch):
+    import safety.stage
+
+    stage, _ = stage_with()
+    now = [100.0]
+    monkeypatch.setattr(safety.stage.time, "monotonic", lambda: now[0])
+    done = {TopicPartition(topics.TOKENS, 0): 3}
+    assert stage._commit_due(done) == done, "the first commit at once"
+    now[0] += 0.5
+    assert stage._commit_due({TopicPartition(topics.TOKENS, 0): 5}) == {}
+    now[0] += 0.5
+    assert stage._commit_due({TopicPartition(topics.TOKENS, 0): 5}) == {
+        TopicPartition(topics.TOKENS, 0): 5}
+    assert stage._commit_due({}) == {}

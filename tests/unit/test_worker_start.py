@@ -13,7 +13,7 @@ class FakeConsumer:
         self.metadata_fails = metadata_fails
         self.started = self.stopped = False
 
-    def busy_while(self, busy, wakes=None) -> None:
+    def busy_while(self, busy, wakes=None, eager=None) -> None:
         pass
 
     def subscribe(self, topics, listener=None) -> None:
