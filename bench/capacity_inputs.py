@@ -45,8 +45,8 @@ class Inputs:
                                  "(gateway/rate_limits.py)")
     prefix_cached_fraction: float = _in(
         0.75, "of prompt tokens", f"assumption, under the 0.806 measured over 10 turns of one "
-        f"conversation ({RESULTS} line 373): KV eviction under load loses some",
-        (373, "0.806 overall"))
+        f"conversation ({RESULTS} line 391): KV eviction under load loses some",
+        (391, "0.806 overall"))
     decode_tokens_per_s_70b: float = _in(
         2242.99 / 4, "output tokens/s per GPU", "published: 2,242.99 output tokens/s on "
         "4×H100-80GB-SXM, Llama-3.1-70B-Instruct-FP8, vLLM 0.5.4, 320 ShareGPT prompts at "
@@ -102,12 +102,14 @@ class Inputs:
     stage_load: float = _in(0.6, "of a core", "assumption: a Python stage process uses one "
                             "core; run it at 60 %")
     scheduler_decisions_per_s: float = _measured(
-        5359, "decisions per core-second", 429, "| 100 % | 5,359 |",
-        "one scheduler core, 1,000 workers, 10,000 waiting (`python -m bench scheduler_sim`)")
-    gateway_streams: float = _measured(2000, "streams per process", 409,
+        9143, "decisions per core-second", 559, "| 27–28 % | 9,143–9,634 each |",
+        "one scheduler shard's core, 500 workers, 5,000 waiting, heap frozen: the lowest of "
+        "six (`python -m bench scheduler_sim --workers 1000 --shards 2 --kafka-seconds 0 "
+        "--seconds 15 --gc-freeze`, 2026-12-01)")
+    gateway_streams: float = _measured(2000, "streams per process", 427,
                                        "| 2000 | 2000 | 40,010 |",
-                                       "one gateway process held 2,000, not 3,000 (line 410)")
-    gateway_tokens_per_s: float = _measured(40010, "tokens/s per process", 409,
+                                       "one gateway process held 2,000, not 3,000 (line 428)")
+    gateway_tokens_per_s: float = _measured(40010, "tokens/s per process", 427,
                                             "| 2000 | 2000 | 40,010 |")
     gateway_load: float = _in(0.7, "of the held level", "assumption: headroom for a "
                               "gateway's loss and uneven balancing")
