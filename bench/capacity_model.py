@@ -365,8 +365,9 @@ CAVEATS = """\
   recorder stored into SQLite there; on Cassandra its work is the database's, counted
   under Cassandra.
 - **The scheduler's** decisions per second are its core's, measured in the sim on one core of
-  the development machine; its p99 there is CPython's full-collection pause (bench/RESULTS.md),
-  and sharding is measured in the sim only, not a deployment setting yet.
+  the development machine, per shard (`CHATPIPE_SCHEDULER_SHARDS`; k8s/sharded), with the
+  heap frozen (`CHATPIPE_SCHEDULER_GC_FREEZE_S`): without it the p99 is CPython's
+  full-collection pause (bench/RESULTS.md).
 - **Cassandra's** per-node rates are assumptions: no Cassandra server runs here
   (DESIGN §11); the statements per turn are counted from the two stores' code
   (`conversations/cassandra_store.py`, `ledger/cassandra.py`).
