@@ -95,12 +95,12 @@ class KafkaConfig:
         `loaded_fetch_wait_ms`."""
         wait_ms = self.bulk_fetch_max_wait_ms if bulk else self.fetch_max_wait_ms
         idle_ms = self.idle_fetch_wait_ms * (QUIET_FACTOR if bulk else 1)
+        eager_ms = 0 if bulk else self.first_event_fetch_wait_ms
         pace = None
-        if idle_ms > wait_ms or self.loaded_fetch_wait_ms > wait_ms:
+        if idle_ms > wait_ms or self.loaded_fetch_wait_ms > wait_ms or 0 < eager_ms < wait_ms:
             pace = FetchPace(wait_ms, max(idle_ms, wait_ms), self.idle_after_s,
                              loaded_ms=self.loaded_fetch_wait_ms,
-                             loaded_at=self.loaded_streams,
-                             eager_ms=0 if bulk else self.first_event_fetch_wait_ms)
+                             loaded_at=self.loaded_streams, eager_ms=eager_ms)
         return PacedConsumer(
             *topics,
             pace=pace,

@@ -111,6 +111,13 @@ async def test_the_loaded_wait_alone_makes_a_paced_consumer():
     assert (consumer.pace.loaded_ms, consumer.pace.loaded_at) == (50, 8)
 
 
+async def test_the_first_event_wait_alone_makes_a_paced_consumer():
+    consumer = KafkaConfig("127.0.0.1:1", first_event_fetch_wait_ms=5).consumer()
+    assert consumer.pace is not None and consumer.pace.eager_ms == 5
+    assert KafkaConfig("127.0.0.1:1", first_event_fetch_wait_ms=5).consumer(
+        bulk=True).pace is None  # nobody waits on a bulk consumer's first event
+
+
 async def test_a_consumer_stops_fetching_partitions_and_resumes_them_with_the_short_wait():
     clock = Clock()
     consumer = KafkaConfig("127.0.0.1:1", idle_fetch_wait_ms=250).consumer()
