@@ -45,22 +45,14 @@ class ToolsStage:
                                   commit_on_revoke=True, busy_while=lambda: len(self._rounds))
 
     async def run(self) -> None:
-        warming = asyncio.create_task(self._warmed()) if self._warm_up else None
+        warming = asyncio.create_task(_warmed(self._warm_up)) if self._warm_up else None
         try:
             await self.runner.run(self._handle)
         finally:
-            for task in [*self._rounds, *([warming] if warming else [])]:
+            for task in self._rounds:
                 task.cancel()
-
-    async def _warmed(self) -> None:
-        started = time.monotonic()
-        try:
-            await self._warm_up()  # type: ignore[misc]  # set: run() checked
-        except Exception:  # noqa: BLE001 - the first round loads it, or reports the failure
-            log.warning("warming up failed; the first round that needs it loads it",
-                        exc_info=True)
-            return
-        log.info("warmed up in %.1f s", time.monotonic() - started)
+            if warming is not None:
+                warming.cancel()
 
     async def _handle(self, record: ConsumerRecord) -> None:
         tool_round = decode_record(ToolRound, record)
@@ -93,3 +85,14 @@ class ToolsStage:
         except Exception:  # noqa: BLE001 - one round's failure must not stop the stage
             log.exception("tool round of %s failed", request.request_id)
         self.runner.tracker.done(tp, offset)
+
+
+async def _warmed(warm_up: Callable[[], Awaitable[None]]) -> None:
+    started = time.monotonic()
+    try:
+        await warm_up()
+    except Exception:  # noqa: BLE001 - the first round loads it, or reports the failure
+        log.warning("warming up failed; the first round that needs it loads it",
+                    exc_info=True)
+        return
+    log.info("warmed up in %.1f s", time.monotonic() - started)
