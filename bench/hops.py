@@ -1,11 +1,14 @@
-"""Where chatpipe's time to first token goes, hop by hop, from Kafka record timestamps.
+"""Where chatpipe's time to first token goes, hop by hop, from Kafka record timestamps,
+and what the answer's end waits after the engine is done.
 
 For each request: the client sends it → the gateway's GenerationRequest on
 `chat.requests.<tier>` → the scheduler's WorkAssignment on `chat.work` → the
 worker's first TokenChunk on `chat.tokens` → safety's first Delta on
-`chat.deliver.<gateway>` → the client's first content chunk. Each record's
-timestamp is its producer's clock at send (the same machine's clock as the
-client's); the milliseconds between two points are the hop's share of TTFT.
+`chat.deliver.<gateway>` → the client's first content chunk. Then the end: the
+worker's Done on `chat.tokens` → safety's Done on `chat.deliver.<gateway>` → the
+client's `[DONE]`. Each record's timestamp is its producer's clock at send (the same
+machine's clock as the client's); the milliseconds between two points are the hop's
+share.
 """
 
 from __future__ import annotations
@@ -23,6 +26,12 @@ from bench.sse_client import StreamRecord
 from schemas import topics
 
 HOPS = ("gateway in", "scheduler", "worker + engine", "safety", "gateway out")
+"""The time to first token."""
+END_HOPS = ("safety, done", "gateway out, done")
+"""From the worker's Done to the client's `[DONE]`."""
+KAFKA_HOPS = 6
+"""Records a request waits for on the way: four before its first token (gateway in,
+scheduler, safety, gateway out), two after its last (safety, gateway out)."""
 _REQUEST_ID = re.compile(rb'"request_id":"([^"]+)"')
 
 
@@ -57,7 +66,8 @@ async def first_seen(bootstrap: str, topic_names: list[str], event_type: str, wa
 
 
 async def ttft_hops(bootstrap: str, records: list[StreamRecord]) -> dict[str, tuple[float, float]]:
-    """p50 and p90 in ms of every hop, over the requests seen at every point."""
+    """p50 and p90 in ms of every hop (`HOPS`, then `END_HOPS`), over the requests seen at
+    every point."""
     done = [r for r in records if r.request_id and r.times]
     wanted = {r.request_id for r in done if r.request_id}
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
@@ -69,13 +79,20 @@ async def ttft_hops(bootstrap: str, records: list[StreamRecord]) -> dict[str, tu
     stops = ((topics.request_topics(), "request"), ([topics.WORK], "work"),
              ([topics.TOKENS], "chunk"), (deliver, "delta"))
     points = [await first_seen(bootstrap, names, kind, wanted) for names, kind in stops]
+    ends = [await first_seen(bootstrap, names, "done", wanted)
+            for names in ([topics.TOKENS], deliver)]
     samples: dict[str, list[float]] = defaultdict(list)
     for record in done:
         rid = record.request_id or ""
-        if not all(rid in point for point in points):
-            continue
-        times = [record.wall_started, *(point[rid] for point in points),
-                 record.wall(record.times[0])]
-        for hop, start, end in zip(HOPS, times, times[1:], strict=False):
-            samples[hop].append((end - start) * 1000)
-    return {hop: (percentile(samples[hop], 50), percentile(samples[hop], 90)) for hop in HOPS}
+        if all(rid in point for point in points):
+            _add(samples, HOPS, [record.wall_started, *(point[rid] for point in points),
+                                 record.wall(record.times[0])])
+        if record.ended and all(rid in point for point in ends):
+            _add(samples, END_HOPS, [*(point[rid] for point in ends), record.wall(record.ended)])
+    return {hop: (percentile(samples[hop], 50), percentile(samples[hop], 90))
+            for hop in (*HOPS, *END_HOPS)}
+
+
+def _add(samples: dict[str, list[float]], hops: tuple[str, ...], times: list[float]) -> None:
+    for hop, start, end in zip(hops, times, times[1:], strict=False):
+        samples[hop].append((end - start) * 1000)

@@ -8,14 +8,24 @@ import math
 import os
 import platform
 import shlex
+import statistics
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench import plots
 from bench.capacity import CapacityRun, idle_cores
-from bench.compare import CHATPIPE, VLLM, VLLM_SAME_ARGS, SideRun, Workload
-from bench.hops import HOPS
+from bench.compare import (
+    CHATPIPE,
+    INTERLEAVED_QUIET_CORES,
+    VLLM,
+    VLLM_SAME_ARGS,
+    Level,
+    SideRun,
+    Workload,
+    paired_ratios,
+)
+from bench.hops import END_HOPS, HOPS, KAFKA_HOPS
 from bench.processes import EngineConfig, chatpipe_engine_args, vllm_server_argv
 
 TTFT_MARGIN_MS = 15.0
@@ -129,6 +139,13 @@ def _engine(run: BenchRun) -> str:
         f"first one warm-up round at every level ({w.warmup_tokens}-token answers), then "
         f"each level {w.runs} time(s), the run with the most tokens/s kept (same rule on every "
         "side); rate limits lifted on chatpipe, and a refused request counts as not done")
+    if any(lv.runs_tokens_per_s for side in run.sides for lv in side.levels):
+        lines.append(
+            "- **interleaved** (`--interleave`): every side was started first; each level then "
+            "ran on one side after the other, the order reversed every run (A B, B A, …), "
+            f"each run once the other sides used under {INTERLEAVED_QUIET_CORES} cores (an "
+            "idle chatpipe stack backs its fetches off after 10 s), so the runs compared are "
+            "seconds apart instead of minutes")
     lines += [f"- {side.name}: launch to ready (`/health`, or the 'chatpipe is up' line) "
               f"{side.ready_s:.0f} s" for side in run.sides]
     return "\n".join(lines) + "\n"
@@ -191,11 +208,15 @@ def _targets(run: BenchRun) -> str:
                 continue
             a, b, c = lv.stats, other.stats, lv.stats.concurrency
             ratio = a.tokens_per_s / b.tokens_per_s if b.tokens_per_s else float("nan")
-            rows.append(f"| tokens/s at c={c} ≥ {THROUGHPUT_RATIO}× {label} | {ratio:.2f}× | "
-                        f"{_met(ratio >= THROUGHPUT_RATIO)} |")
-            itl = a.itl_ms[0] / b.itl_ms[0] if b.itl_ms[0] else float("nan")
-            rows.append(f"| ITL p50 at c={c} ≤ {ITL_RATIO}× {label} | {itl:.2f}× | "
-                        f"{_met(itl <= ITL_RATIO)} |")
+            rows.append(f"| tokens/s at c={c} ≥ {THROUGHPUT_RATIO}× {label} | {ratio:.2f}×"
+                        f"{_paired(lv, other)} | {_met(ratio >= THROUGHPUT_RATIO)} |")
+            if b.itl_ms[0] > 0:
+                itl = a.itl_ms[0] / b.itl_ms[0]
+                rows.append(f"| ITL p50 at c={c} ≤ {ITL_RATIO}× {label} | {itl:.2f}× | "
+                            f"{_met(itl <= ITL_RATIO)} |")
+            else:  # most of its chunks reached the client in one read with the one before
+                rows.append(f"| ITL p50 at c={c} ≤ {ITL_RATIO}× {label} | n/a ({label}: "
+                            f"{_fmt(b.itl_ms[0], 1)} ms) | n/a |")
         a1, b1 = cp.level(1), base.level(1)
         if a1 and b1:
             delta = a1.stats.ttft_ms[0] - b1.stats.ttft_ms[0]
@@ -209,6 +230,15 @@ def _targets(run: BenchRun) -> str:
                     f"(max {c.generated_after_max:.0f}) vs {c.interval_tokens:.1f} | "
                     f"{_met(met)} |")
     return "\n".join(rows) + "\n"
+
+
+def _paired(side: Level, base: Level) -> str:
+    """Interleaved runs: the median and range of the ratios of runs that ran side by side."""
+    pairs = paired_ratios(side, base)
+    if not pairs:
+        return ""
+    return (f" (run by run, seconds apart: median {statistics.median(pairs):.2f}×, "
+            f"{min(pairs):.2f}–{max(pairs):.2f}×)")
 
 
 def _met(ok: bool) -> str:
@@ -259,16 +289,19 @@ def _hops(run: BenchRun) -> str:
     side = run.side(CHATPIPE)
     if side is None or not any(lv.ttft_hops for lv in side.levels):
         return ""
-    lines = ["## Where chatpipe's time to first token goes\n",
+    lines = ["## Where chatpipe's time goes\n",
              "p50 / p90 ms per hop, from the Kafka record timestamps of each request's "
              "first event on `chat.requests.*`, `chat.work`, `chat.tokens` (first chunk) and "
              "`chat.deliver.*` (first delta), and the client's send and first-chunk times. "
-             "*worker + engine* holds the engine's own time to first token.\n",
-             "| c | " + " | ".join(HOPS) + " | TTFT p50 |",
-             "|---|" + "---|" * (len(HOPS) + 1)]
+             "*worker + engine* holds the engine's own time to first token. The last two "
+             "columns are the answer's end: the worker's Done on `chat.tokens` → safety's "
+             "Done on `chat.deliver.*` → the client's `[DONE]`.\n",
+             "| c | " + " | ".join((*HOPS, *END_HOPS)) + " | TTFT p50 |",
+             "|---|" + "---|" * (len(HOPS) + len(END_HOPS) + 1)]
     for lv in side.levels:
         if lv.ttft_hops:
-            cells = [f"{_fmt(lv.ttft_hops[h][0])} / {_fmt(lv.ttft_hops[h][1])}" for h in HOPS]
+            cells = [f"{_fmt(lv.ttft_hops[h][0])} / {_fmt(lv.ttft_hops[h][1])}"
+                     if h in lv.ttft_hops else "n/a" for h in (*HOPS, *END_HOPS)]
             lines.append(f"| {lv.stats.concurrency} | " + " | ".join(cells) +
                          f" | {_fmt(lv.stats.ttft_ms[0])} |")
     if side.fetch_delay_ms is not None:
@@ -277,12 +310,46 @@ def _hops(run: BenchRun) -> str:
             f"\nThe embedded broker's floor: on the same broker, a record waits {p50:.1f} ms "
             f"(p50; p90 {p90:.1f} ms) between a producer's acknowledged send and a consumer's "
             "fetch returning it (`bench/fetch_timer.py` at the stages' fetch wait): Tansu "
-            "answers a fetch on its timer, not when data arrives. Four Kafka hops lie before "
-            f"the first token (gateway in, scheduler, safety, gateway out): about "
+            "answers a fetch on its timer, not when data arrives. Four records are fetched "
+            "before the first token (the request by the scheduler, the assignment by the "
+            "worker, the first chunk by safety, the first delta by the gateway): about "
             f"{4 * p50:.0f} ms of chatpipe's time to first token is this broker's timer, "
             "whatever the stages do. Apache Kafka answers a fetch as soon as a record "
             "arrives (`fetch.min.bytes` 1).")
+        lines.append(_floor_caps(run, side, p50))
     return "\n".join(lines) + "\n"
+
+
+def _floor_caps(run: BenchRun, side: SideRun, hop_ms: float) -> str:
+    """What the broker's timer alone leaves of vLLM's tokens/s: in a closed loop each client
+    waits out a request's every hop before it sends the next, so a request that takes
+    `t` on vLLM's server takes at least `t` + KAFKA_HOPS × `hop_ms` through chatpipe."""
+    base = run.side(VLLM)
+    if base is None:
+        return ""
+    lines = [f"\nWhat that floor alone leaves of vLLM's tokens/s in this closed loop: a "
+             f"request waits for {KAFKA_HOPS} fetches on this broker (four before its first "
+             "token; two after its last: the worker's Done by safety, safety's by the "
+             "gateway), so a client whose request takes *t* on vLLM's server (at its "
+             f"defaults) waits *t* + {KAFKA_HOPS} × {hop_ms:.1f} ms through chatpipe before "
+             "it sends the next, were the stages and the broker to use no CPU at all. Where "
+             "the engine's step time hardly depends on how many sequences it runs (low "
+             "concurrency), that caps the ratio; where it does (high concurrency), fewer "
+             "sequences in the batch run faster steps and the cap is only an estimate:\n",
+             "| c | request on vLLM ms | + broker floor ms | tokens/s ratio it leaves at most "
+             "| measured |",
+             "|---|---|---|---|---|"]
+    for lv in side.levels:
+        other = base.level(lv.stats.concurrency)
+        if other is None or not other.stats.completed:
+            continue
+        b = other.stats
+        took_ms = b.concurrency * b.wall_s / b.completed * 1000
+        floor_ms = KAFKA_HOPS * hop_ms
+        measured = lv.stats.tokens_per_s / b.tokens_per_s if b.tokens_per_s else float("nan")
+        lines.append(f"| {b.concurrency} | {took_ms:.0f} | {floor_ms:.0f} | "
+                     f"{took_ms / (took_ms + floor_ms):.2f}× | {measured:.2f}× |")
+    return "\n".join(lines)
 
 
 def _cpu(run: BenchRun) -> str:
