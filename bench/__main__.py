@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import logging
 import resource
@@ -30,16 +29,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from bench.capacity import STAGES, CapacityPlan, capacity, summary
-from bench.compare import (
-    SideRun,
-    Workload,
-    chatpipe_extras,
-    chatpipe_side,
-    chatpipe_up,
-    interleaved,
-    vllm_side,
-    vllm_up,
-)
+from bench.compare import Workload, chatpipe_side, vllm_side
 from bench.cpu import wait_for_quiet
 from bench.processes import EngineConfig
 from bench.profiles import profiler_command, write_summary
@@ -105,10 +95,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--patience", type=float, default=14.0,
                         help="minutes into the run after which nothing waits for quiet or "
                              "runs a level again (bounds the run's time)")
-    parser.add_argument("--interleave", action="store_true",
-                        help="start every side first, then run each level on one side after "
-                             "the other, the order reversed each run (CPU only: two engines "
-                             "at vLLM's defaults do not share one GPU)")
     parser.add_argument("--runs", type=int, default=2,
                         help="runs per level on every side; the one with the most tokens/s is kept")
     parser.add_argument("--set", dest="settings", type=_setting, action="append", default=[],
@@ -129,22 +115,19 @@ async def full_run(args: argparse.Namespace, command: str) -> BenchRun:
     log.info("logs in %s", logs)
     settings = dict(args.settings)
     vllm = args.engine == "vllm" and not args.skip_vllm
-    if vllm and args.interleave:
+    if vllm:
         await _quiet(args, patient_until)
-        run.sides += await _phase(run, "interleaved sides", _interleaved(
-            args, cfg, workload, logs, settings)) or []
-    else:
-        sides = [("chatpipe up", chatpipe_side(cfg, workload, logs / "chatpipe", args.engine,
-                                               **settings))]
-        if vllm:
-            sides.insert(0, ("vLLM server", vllm_side(cfg, workload, logs / "vllm")))
-        if vllm and not args.skip_same_args:
-            sides.append(("vLLM server, chatpipe's engine args",
-                          vllm_side(cfg, workload, logs / "vllm-same-args", same_args=True)))
-        for name, phase in sides:
-            await _quiet(args, patient_until)
-            side = await _phase(run, name, phase)
-            run.sides += [side] if side else []
+        side = await _phase(run, "vLLM server", vllm_side(cfg, workload, logs / "vllm"))
+        run.sides += [side] if side else []
+    await _quiet(args, patient_until)
+    side = await _phase(run, "chatpipe up", chatpipe_side(cfg, workload, logs / "chatpipe",
+                                                          args.engine, **settings))
+    run.sides += [side] if side else []
+    if vllm and not args.skip_same_args:
+        await _quiet(args, patient_until)
+        side = await _phase(run, "vLLM server, chatpipe's engine args",
+                            vllm_side(cfg, workload, logs / "vllm-same-args", same_args=True))
+        run.sides += [side] if side else []
     if not args.skip_capacity:
         plan = CapacityPlan(streams=args.streams, tokens_per_s=args.stream_rate,
                             hold_s=args.hold, quiet_wait_s=min(args.quiet_wait, 15.0),
@@ -155,21 +138,6 @@ async def full_run(args: argparse.Namespace, command: str) -> BenchRun:
                                                               **settings))
     run.duration_s = time.monotonic() - started
     return run
-
-
-async def _interleaved(args: argparse.Namespace, cfg: EngineConfig, workload: Workload,
-                       logs: Path, settings: dict[str, object]) -> list[SideRun]:
-    """Every side up at once, each level run on one after the other (`compare.interleaved`)."""
-    async with contextlib.AsyncExitStack() as stack:
-        up = [await stack.enter_async_context(vllm_up(cfg, logs / "vllm")),
-              await stack.enter_async_context(chatpipe_up(cfg, logs / "chatpipe", args.engine,
-                                                          **settings))]
-        if not args.skip_same_args:
-            up.append(await stack.enter_async_context(
-                vllm_up(cfg, logs / "vllm-same-args", same_args=True)))
-        await interleaved(up, workload)
-        await chatpipe_extras(up[1], workload)
-        return [contender.side for contender in up]
 
 
 async def _phase(run: BenchRun, name: str, phase: Awaitable[T]) -> T | None:

@@ -1,21 +1,15 @@
 """Side by side: vLLM's OpenAI server as `vllm serve` runs it, `chatpipe up`, and vLLM's
 server again with chatpipe's own engine arguments; same model and load.
 
-By default no two sides run at once (two cores): each side is started, warmed up at
-every concurrency level (every batch shape the levels make), driven through every level
-by the same client, metered, stopped. `interleaved` starts every side first and runs
-each level on one side after the other (the order turned round every run), each
-run once the others have gone quiet: on a machine whose speed drifts within minutes,
-the runs compared are seconds apart instead of minutes. On one GPU two engines at
-vLLM's defaults do not fit beside each other; there, run the sides one after the other.
+No two sides run at once (two cores). Each side is started, warmed up at every
+concurrency level (every batch shape the levels make), driven through every
+level by the same client, metered, stopped.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -82,8 +76,6 @@ class Level:
     """chatpipe only: p50/p90 ms of each hop of the time to first token."""
     tries: int = 1
     """Runs of this level; the kept one had the most tokens/s."""
-    runs_tokens_per_s: list[float] = field(default_factory=list)
-    """Interleaved: the delivered tokens/s of every run, in the order they ran."""
 
 
 @dataclass
@@ -101,91 +93,24 @@ class SideRun:
         return next((lv for lv in self.levels if lv.stats.concurrency == concurrency), None)
 
 
-@dataclass
-class Contender:
-    """A side that is up: where to send its load and what to meter."""
-
-    side: SideRun
-    target: Target
-    services: list[Service]
-    bootstrap: str | None = None
-    """chatpipe: its broker, where per-chunk token counts and the hops are read back."""
-
-
 async def drive(side: SideRun, target: Target, services: list[Service], workload: Workload,
                 bootstrap: str | None = None) -> None:
     """Warm up, then every level; with `bootstrap`, per-chunk token counts come from chat.tokens."""
-    contender = Contender(side, target, services, bootstrap)
     prompts = fixed_prompts()
-    await _warm_up(contender, workload, prompts)
+    for concurrency in workload.levels:
+        await closed_loop(target, concurrency, concurrency, prompts, workload.warmup_tokens)
     for concurrency in workload.levels:
         run, use, tries = await _best_run(target, services, workload, concurrency, prompts)
-        await _record(contender, concurrency, run, use, tries)
-
-
-async def interleaved(contenders: list[Contender], workload: Workload) -> None:
-    """Every level on every side in turn, `workload.runs` times, the order reversed each
-    time (A B, B A, …); each run starts once the other sides have gone quiet (under
-    INTERLEAVED_QUIET_CORES, INTERLEAVED_QUIET_WAIT_S at most). Each side keeps its run
-    with the most tokens/s, as `drive` does."""
-    prompts = fixed_prompts()
-    for contender in contenders:
-        await _warm_up(contender, workload, prompts)
-    for concurrency in workload.levels:
-        runs: dict[str, list[tuple[LevelRun, cpu.CpuUse]]] = {c.side.name: [] for c in contenders}
-        for turn in range(max(1, workload.runs)):
-            for contender in contenders if turn % 2 == 0 else contenders[::-1]:
-                await cpu.wait_for_quiet(INTERLEAVED_QUIET_WAIT_S, contender.services,
-                                         quiet_cores=INTERLEAVED_QUIET_CORES)
-                before = cpu.snapshot(contender.services)
-                run = await closed_loop(contender.target, concurrency,
-                                        workload.requests(concurrency), prompts,
-                                        workload.max_tokens)
-                runs[contender.side.name].append((run, cpu.between(before, cpu.snapshot(
-                    contender.services))))
-        for contender in contenders:
-            tried = runs[contender.side.name]
-            run, use = max(tried, key=lambda ran: _delivered_per_s(ran[0]))
-            level = await _record(contender, concurrency, run, use, len(tried))
-            level.runs_tokens_per_s = [_delivered_per_s(ran) for ran, _ in tried]
-
-
-INTERLEAVED_QUIET_CORES = 0.06
-"""Interleaved, a run waits until the sides not under load use less than this: an idle
-chatpipe stack backs its fetches off after `kafka_idle_after_s` (to ~0.04 cores), so a
-vLLM run does not pay for chatpipe's fetching."""
-INTERLEAVED_QUIET_WAIT_S = 20.0
-
-
-def paired_ratios(side: Level, base: Level) -> list[float]:
-    """Interleaved: run i of `side` over run i of `base` (the two ran seconds apart)."""
-    return [a / b for a, b in zip(side.runs_tokens_per_s, base.runs_tokens_per_s, strict=False)
-            if b > 0]
-
-
-async def _warm_up(contender: Contender, workload: Workload, prompts: list[str]) -> None:
-    """One round at every level: every batch shape the levels make."""
-    for concurrency in workload.levels:
-        await closed_loop(contender.target, concurrency, concurrency, prompts,
-                          workload.warmup_tokens)
-
-
-async def _record(contender: Contender, concurrency: int, run: LevelRun, use: cpu.CpuUse,
-                  tries: int) -> Level:
-    """The kept run of one level as the side's `Level` (chatpipe: with what its topics say)."""
-    counts = hops = None
-    if contender.bootstrap is not None:
-        ids = [r.request_id for r in run.records if r.request_id]
-        logged = await token_chunks(contender.bootstrap, ids)
-        counts = {rid: content_chunk_tokens(chunks) for rid, chunks in logged.items()}
-        hops = await ttft_hops(contender.bootstrap, run.records)
-    side = contender.side
-    stats, samples = level_stats(side.name, concurrency, run.records, run.wall_s, counts)
-    level = Level(stats, samples, use, hops, tries)
-    side.levels.append(level)
-    log.info("%s c=%d: %d/%d done, %.0f tok/s, ttft p50 %.0f ms", side.name, concurrency,
-             stats.completed, stats.requests, stats.tokens_per_s, stats.ttft_ms[0])
-    return level
+        counts = hops = None
+        if bootstrap is not None:
+            ids = [r.request_id for r in run.records if r.request_id]
+            logged = await token_chunks(bootstrap, ids)
+            counts = {rid: content_chunk_tokens(chunks) for rid, chunks in logged.items()}
+            hops = await ttft_hops(bootstrap, run.records)
+        stats, samples = level_stats(side.name, concurrency, run.records, run.wall_s, counts)
+        side.levels.append(Level(stats, samples, use, hops, tries))
+        log.info("%s c=%d: %d/%d done, %.0f tok/s, ttft p50 %.0f ms", side.name, concurrency,
+                 stats.completed, stats.requests, stats.tokens_per_s, stats.ttft_ms[0])
 
 
 async def _best_run(target: Target, services: list[Service], workload: Workload,
@@ -217,20 +142,14 @@ async def vllm_side(cfg: EngineConfig, workload: Workload, log_dir: Path,
                     same_args: bool = False) -> SideRun:
     """vLLM's server as `vllm serve MODEL` runs it, or (`same_args`) with chatpipe's own
     engine arguments."""
-    async with vllm_up(cfg, log_dir, same_args) as contender:
-        await drive(contender.side, contender.target, contender.services, workload)
-        return contender.side
-
-
-@contextlib.asynccontextmanager
-async def vllm_up(cfg: EngineConfig, log_dir: Path, same_args: bool = False,
-                  ) -> AsyncIterator[Contender]:
     port = free_port()
     server = start_vllm_server(cfg, port, API_KEY, log_dir, same_args)
     try:
         side = SideRun(VLLM_SAME_ARGS if same_args else VLLM, await vllm_ready(server, port))
         log.info("%s ready in %.0f s", side.name, side.ready_s)
-        yield Contender(side, Target("vllm", port, API_KEY, cfg.model_name), [server])
+        target = Target("vllm", port, API_KEY, cfg.model_name)
+        await drive(side, target, [server], workload)
+        return side
     finally:
         server.stop()
 
@@ -238,16 +157,6 @@ async def vllm_up(cfg: EngineConfig, log_dir: Path, same_args: bool = False,
 async def chatpipe_side(cfg: EngineConfig, workload: Workload, log_dir: Path, engine: str = "vllm",
                         name: str = CHATPIPE, **settings: object) -> SideRun:
     """`chatpipe up` on a broker of our own, so its topics can be read afterwards."""
-    async with chatpipe_up(cfg, log_dir, engine, name, **settings) as contender:
-        await drive(contender.side, contender.target, contender.services, workload,
-                    contender.bootstrap)
-        await chatpipe_extras(contender, workload)
-        return contender.side
-
-
-@contextlib.asynccontextmanager
-async def chatpipe_up(cfg: EngineConfig, log_dir: Path, engine: str = "vllm",
-                      name: str = CHATPIPE, **settings: object) -> AsyncIterator[Contender]:
     broker, bootstrap = start_broker(log_dir)
     up: Service | None = None
     try:
@@ -257,25 +166,18 @@ async def chatpipe_up(cfg: EngineConfig, log_dir: Path, engine: str = "vllm",
         up = start_chatpipe_up(env, port, log_dir, engine)
         side = SideRun(name, await chatpipe_up_ready(up), settings=dict(settings))
         log.info("chatpipe up (%s) ready in %.0f s", engine, side.ready_s)
-        yield Contender(side, Target(name, port, API_KEY, cfg.model_name), [up, broker],
-                        bootstrap)
+        target = Target(name, port, API_KEY, cfg.model_name)
+        await drive(side, target, [up, broker], workload, bootstrap)
+        wait_ms = settings.get("kafka_fetch_max_wait_ms",
+                               Settings.model_fields["kafka_fetch_max_wait_ms"].default)
+        found = await fetch_timer.measure(bootstrap, int(wait_ms))  # type: ignore[call-overload]
+        side.fetch_delay_ms = (percentile(found, 50), percentile(found, 90))
+        if workload.disconnects:
+            coalesce_ms = settings.get("coalesce_ms", Settings.model_fields["coalesce_ms"].default)
+            coalesce_s = float(coalesce_ms) / 1000  # type: ignore[arg-type]
+            side.cancel = await cancel.chatpipe_waste(target, bootstrap, workload, coalesce_s)
+        return side
     finally:
         if up is not None:
             up.stop()
         broker.stop()
-
-
-async def chatpipe_extras(contender: Contender, workload: Workload) -> None:
-    """After the levels: the broker's own fetch timer, then the cancellation waste."""
-    side, bootstrap = contender.side, contender.bootstrap
-    assert bootstrap is not None
-    wait_ms = side.settings.get("kafka_fetch_max_wait_ms",
-                                Settings.model_fields["kafka_fetch_max_wait_ms"].default)
-    found = await fetch_timer.measure(bootstrap, int(wait_ms))  # type: ignore[call-overload]
-    side.fetch_delay_ms = (percentile(found, 50), percentile(found, 90))
-    if workload.disconnects:
-        coalesce_ms = side.settings.get("coalesce_ms",
-                                        Settings.model_fields["coalesce_ms"].default)
-        coalesce_s = float(coalesce_ms) / 1000  # type: ignore[arg-type]
-        side.cancel = await cancel.chatpipe_waste(contender.target, bootstrap, workload,
-                                                  coalesce_s)

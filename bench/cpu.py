@@ -67,16 +67,14 @@ QUIET_CORES = 0.3
 
 
 async def wait_for_quiet(max_wait_s: float, services: list[Service] | None = None,
-                         window_s: float = 2.0, quiet_cores: float | None = None) -> float:
+                         window_s: float = 2.0) -> float:
     """Wait (at most `max_wait_s`) until processes other than `services` and this one
-    use under `quiet_cores` (QUIET_CORES) over `window_s`; returns the cores they used in
-    the last window."""
-    quiet = QUIET_CORES if quiet_cores is None else quiet_cores
+    use under QUIET_CORES over `window_s`; returns the cores they used in the last window."""
     deadline = time.monotonic() + max_wait_s
     while True:
         before = snapshot(services or [])
         await asyncio.sleep(window_s)
         use = between(before, snapshot(services or []))
         foreign = use.cores(use.foreign)
-        if foreign < quiet or time.monotonic() >= deadline:
+        if foreign < QUIET_CORES or time.monotonic() >= deadline:
             return foreign

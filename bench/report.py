@@ -8,7 +8,6 @@ import math
 import os
 import platform
 import shlex
-import statistics
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,13 +16,10 @@ from bench import plots
 from bench.capacity import CapacityRun, idle_cores
 from bench.compare import (
     CHATPIPE,
-    INTERLEAVED_QUIET_CORES,
     VLLM,
     VLLM_SAME_ARGS,
-    Level,
     SideRun,
     Workload,
-    paired_ratios,
 )
 from bench.hops import END_HOPS, HOPS, KAFKA_HOPS
 from bench.processes import EngineConfig, chatpipe_engine_args, vllm_server_argv
@@ -139,13 +135,6 @@ def _engine(run: BenchRun) -> str:
         f"first one warm-up round at every level ({w.warmup_tokens}-token answers), then "
         f"each level {w.runs} time(s), the run with the most tokens/s kept (same rule on every "
         "side); rate limits lifted on chatpipe, and a refused request counts as not done")
-    if any(lv.runs_tokens_per_s for side in run.sides for lv in side.levels):
-        lines.append(
-            "- **interleaved** (`--interleave`): every side was started first; each level then "
-            "ran on one side after the other, the order reversed every run (A B, B A, …), "
-            f"each run once the other sides used under {INTERLEAVED_QUIET_CORES} cores (an "
-            "idle chatpipe stack backs its fetches off after 10 s), so the runs compared are "
-            "seconds apart instead of minutes")
     lines += [f"- {side.name}: launch to ready (`/health`, or the 'chatpipe is up' line) "
               f"{side.ready_s:.0f} s" for side in run.sides]
     return "\n".join(lines) + "\n"
@@ -208,8 +197,8 @@ def _targets(run: BenchRun) -> str:
                 continue
             a, b, c = lv.stats, other.stats, lv.stats.concurrency
             ratio = a.tokens_per_s / b.tokens_per_s if b.tokens_per_s else float("nan")
-            rows.append(f"| tokens/s at c={c} ≥ {THROUGHPUT_RATIO}× {label} | {ratio:.2f}×"
-                        f"{_paired(lv, other)} | {_met(ratio >= THROUGHPUT_RATIO)} |")
+            rows.append(f"| tokens/s at c={c} ≥ {THROUGHPUT_RATIO}× {label} | {ratio:.2f}× | "
+                        f"{_met(ratio >= THROUGHPUT_RATIO)} |")
             if b.itl_ms[0] > 0:
                 itl = a.itl_ms[0] / b.itl_ms[0]
                 rows.append(f"| ITL p50 at c={c} ≤ {ITL_RATIO}× {label} | {itl:.2f}× | "
@@ -230,15 +219,6 @@ def _targets(run: BenchRun) -> str:
                     f"(max {c.generated_after_max:.0f}) vs {c.interval_tokens:.1f} | "
                     f"{_met(met)} |")
     return "\n".join(rows) + "\n"
-
-
-def _paired(side: Level, base: Level) -> str:
-    """Interleaved runs: the median and range of the ratios of runs that ran side by side."""
-    pairs = paired_ratios(side, base)
-    if not pairs:
-        return ""
-    return (f" (run by run, seconds apart: median {statistics.median(pairs):.2f}×, "
-            f"{min(pairs):.2f}–{max(pairs):.2f}×)")
 
 
 def _met(ok: bool) -> str:
