@@ -20,7 +20,9 @@ the time to first token is already queueing); one stream at a time never waits i
 Below that load, a stage that knows a stream's first event is on its way (the gateway
 once it has queued a request, safety once an attempt's marker came) fetches every
 `eager_ms` until it comes: on Tansu that takes a few ms off each such hop of the time
-to first token, for a few more fetches only while a stream starts.
+to first token, for a few more fetches only while a stream starts. The gateway says so
+as it queues (`PacedConsumer.expect`), not at its next poll: a poll returns only with
+records, so at one stream at a time the first event itself would be the first to say.
 """
 
 from __future__ import annotations
@@ -90,6 +92,18 @@ class FetchPace:
             return self.eager_ms
         return self.busy_ms
 
+    def expecting(self) -> int | None:
+        """The stage has just sent what a stream's first event answers (the gateway queued
+        a request): the wait from the next fetch on, or None under load (the loaded wait
+        stays). Told at once, not at the next poll: a poll returns only with records, and
+        meanwhile aiokafka builds each next fetch with the wait it has."""
+        load = self.busy()
+        if self.loaded_ms > self.busy_ms and self.loaded_at > 0 and load >= self.loaded_at:
+            return None
+        self._active_at = self.clock()
+        self.idle = False
+        return self.eager_ms if 0 < self.eager_ms < self.busy_ms else self.busy_ms
+
     def woken(self) -> int:
         """The stage has work again now: the short wait, from the next fetch on."""
         self._active_at = self.clock()
@@ -121,6 +135,11 @@ class PacedConsumer(AIOKafkaConsumer):
             if wakes is not None:
                 self.pace.wakes = wakes
                 self.pace.long_polls = wakes is not NO_RECORDS
+
+    def expect(self) -> None:
+        """A stream's first event is on its way to this consumer now (`FetchPace.expecting`)."""
+        if self.pace is not None and (wait_ms := self.pace.expecting()) is not None:
+            set_fetch_wait(self, wait_ms)
 
     def listen(self, partitions: Iterable[TopicPartition], on: bool) -> None:
         """Fetch from `partitions` (resumed; the first fetch with the short wait, not an

@@ -156,6 +156,7 @@ class RequestReplyClient:
         stream = DeliveryStream(self, request.request_id)
         self._streams[request.request_id] = stream
         self._awaiting.add(request.request_id)
+        self._consumer.expect()
         try:
             await self.publisher.send_and_wait(
                 topics.requests_topic(request.tier), request, key=request.conversation_id

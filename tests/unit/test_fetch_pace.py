@@ -147,3 +147,27 @@ def test_a_stage_awaiting_a_first_event_fetches_eagerly_unless_loaded():
     streams, eager = 40, True
     assert pace.polled({}) == 50
     assert FetchPace(20, 250, 1.0, eager=lambda _: True).polled({}) == 20  # no eager_ms: none
+
+
+def test_a_stage_that_expects_a_first_event_fetches_eagerly_from_the_next_fetch():
+    """The gateway queues a request: eager at once (a poll returns only with records, so at
+    one stream at a time the first event itself would be the first poll to say so), awake
+    if it was idle, and never shorter than the loaded wait under load."""
+    clock, streams = Clock(), 1
+    pace = FetchPace(20, 250, idle_after_s=1.0, busy=lambda: streams, eager_ms=5,
+                     loaded_ms=50, loaded_at=32, clock=clock)
+    assert pace.expecting() == 5
+    streams, clock.now = 0, 5.0
+    assert pace.polled({}) == 250
+    assert pace.expecting() == 5 and not pace.idle
+    streams = 40
+    assert pace.expecting() is None
+    assert FetchPace(20, 250, 1.0).expecting() == 20  # no eager wait: the short one
+
+
+async def test_expect_sets_the_wait_aiokafka_builds_the_next_fetch_with():
+    consumer = KafkaConfig("127.0.0.1:1", first_event_fetch_wait_ms=5).consumer()
+    consumer._fetcher = type("Fetcher", (), {"_fetch_max_wait_ms": 20})()
+    consumer.busy_while(lambda: 1)
+    consumer.expect()
+    assert consumer._fetcher._fetch_max_wait_ms == 5
