@@ -45,8 +45,8 @@ class Inputs:
                                  "(gateway/rate_limits.py)")
     prefix_cached_fraction: float = _in(
         0.75, "of prompt tokens", f"assumption, under the 0.806 measured over 10 turns of one "
-        f"conversation ({RESULTS} line 400): KV eviction under load loses some",
-        (400, "0.806 overall"))
+        f"conversation ({RESULTS} line 410): KV eviction under load loses some",
+        (410, "0.806 overall"))
     decode_tokens_per_s_70b: float = _in(
         2242.99 / 4, "output tokens/s per GPU", "published: 2,242.99 output tokens/s on "
         "4×H100-80GB-SXM, Llama-3.1-70B-Instruct-FP8, vLLM 0.5.4, 320 ShareGPT prompts at "
@@ -86,31 +86,31 @@ class Inputs:
         "(the gateway decoded ~12k events/s, a few MB/s, at one core)")
     partitions_per_broker: float = _in(4000, "partition replicas", "assumption: common "
                                        "guidance for a Kafka broker")
-    cpu_gateway: float = _measured(0.031, "CPU s per 1k tokens", 273, CPU_ROW,
+    cpu_gateway: float = _measured(0.031, "CPU s per 1k tokens", 283, CPU_ROW,
                                    "the pipeline at 500 streams, sim engine, 2026-11-30 "
                                    "(the slower VM)")
-    cpu_safety: float = _measured(0.022, "CPU s per 1k tokens", 273, CPU_ROW)
-    cpu_worker: float = _measured(0.034, "CPU s per 1k tokens", 273, CPU_ROW,
+    cpu_safety: float = _measured(0.022, "CPU s per 1k tokens", 283, CPU_ROW)
+    cpu_worker: float = _measured(0.034, "CPU s per 1k tokens", 283, CPU_ROW,
                                   "chatpipe's worker, not the engine")
-    cpu_recorder: float = _measured(0.0005, "CPU s per 1k tokens", 273, CPU_ROW,
+    cpu_recorder: float = _measured(0.0005, "CPU s per 1k tokens", 283, CPU_ROW,
                                     "which reads 0.000: half its last digit")
-    cpu_scheduler: float = _measured(0.009, "CPU s per 1k tokens", 273, CPU_ROW,
+    cpu_scheduler: float = _measured(0.009, "CPU s per 1k tokens", 283, CPU_ROW,
                                      "its work is per request")
-    cpu_billing: float = _measured(0.003, "CPU s per 1k tokens", 273, CPU_ROW,
+    cpu_billing: float = _measured(0.003, "CPU s per 1k tokens", 283, CPU_ROW,
                                    "its work is per request")
     bench_tokens_per_request: float = _measured(120, "tokens", 150,
                                                 "20 tokens/s for 6 s (120 tokens)")
     stage_load: float = _in(0.6, "of a core", "assumption: a Python stage process uses one "
                             "core; run it at 60 %")
     scheduler_decisions_per_s: float = _measured(
-        9143, "decisions per core-second", 568, "| 27–28 % | 9,143–9,634 each |",
+        9143, "decisions per core-second", 578, "| 27–28 % | 9,143–9,634 each |",
         "one scheduler shard's core, 500 workers, 5,000 waiting, heap frozen: the lowest of "
         "six (`python -m bench scheduler_sim --workers 1000 --shards 2 --kafka-seconds 0 "
         "--seconds 15 --gc-freeze`, 2026-12-01)")
-    gateway_streams: float = _measured(2000, "streams per process", 436,
+    gateway_streams: float = _measured(2000, "streams per process", 446,
                                        "| 2000 | 2000 | 40,010 |",
-                                       "one gateway process held 2,000, not 3,000 (line 437)")
-    gateway_tokens_per_s: float = _measured(40010, "tokens/s per process", 436,
+                                       "one gateway process held 2,000, not 3,000 (line 447)")
+    gateway_tokens_per_s: float = _measured(40010, "tokens/s per process", 446,
                                             "| 2000 | 2000 | 40,010 |")
     gateway_load: float = _in(0.7, "of the held level", "assumption: headroom for a "
                               "gateway's loss and uneven balancing")
