@@ -30,8 +30,8 @@ HOPS = ("gateway in", "scheduler", "worker + engine", "safety", "gateway out")
 END_HOPS = ("safety, done", "gateway out, done")
 """From the worker's Done to the client's `[DONE]`."""
 KAFKA_HOPS = 6
-"""Records a request waits for on the way: four before its first token (gateway in,
-scheduler, safety, gateway out), two after its last (safety, gateway out)."""
+"""Fetches a request waits for on its way: four before its first token (by the scheduler,
+the worker, safety and the gateway), two after its last (safety's, the gateway's)."""
 _REQUEST_ID = re.compile(rb'"request_id":"([^"]+)"')
 
 

@@ -14,13 +14,7 @@ from pathlib import Path
 
 from bench import plots
 from bench.capacity import CapacityRun, idle_cores
-from bench.compare import (
-    CHATPIPE,
-    VLLM,
-    VLLM_SAME_ARGS,
-    SideRun,
-    Workload,
-)
+from bench.compare import CHATPIPE, VLLM, VLLM_SAME_ARGS, SideRun, Workload
 from bench.hops import END_HOPS, HOPS, KAFKA_HOPS
 from bench.processes import EngineConfig, chatpipe_engine_args, vllm_server_argv
 

@@ -86,7 +86,7 @@ class FetchPace:
             self.idle = True
         if self.idle:
             return self.idle_ms
-        if self.loaded_ms > self.busy_ms and self.loaded_at > 0 and load >= self.loaded_at:
+        if self._loaded(load):
             return self.loaded_ms
         if 0 < self.eager_ms < self.busy_ms and self.eager(batch):
             return self.eager_ms
@@ -97,12 +97,14 @@ class FetchPace:
         a request): the wait from the next fetch on, or None under load (the loaded wait
         stays). Told at once, not at the next poll: a poll returns only with records, and
         meanwhile aiokafka builds each next fetch with the wait it has."""
-        load = self.busy()
-        if self.loaded_ms > self.busy_ms and self.loaded_at > 0 and load >= self.loaded_at:
+        if self._loaded(self.busy()):
             return None
         self._active_at = self.clock()
         self.idle = False
         return self.eager_ms if 0 < self.eager_ms < self.busy_ms else self.busy_ms
+
+    def _loaded(self, load: int) -> bool:
+        return self.loaded_ms > self.busy_ms and self.loaded_at > 0 and load >= self.loaded_at
 
     def woken(self) -> int:
         """The stage has work again now: the short wait, from the next fetch on."""
