@@ -275,7 +275,7 @@ def _hops(run: BenchRun) -> str:
     for lv in side.levels:
         if lv.ttft_hops:
             cells = [f"{_fmt(lv.ttft_hops[h][0])} / {_fmt(lv.ttft_hops[h][1])}"
-                     if h in lv.ttft_hops else "n/a" for h in (*HOPS, *END_HOPS)]
+                     for h in (*HOPS, *END_HOPS)]
             lines.append(f"| {lv.stats.concurrency} | " + " | ".join(cells) +
                          f" | {_fmt(lv.stats.ttft_ms[0])} |")
     if side.fetch_delay_ms is not None:
@@ -313,13 +313,13 @@ def _floor_caps(run: BenchRun, side: SideRun, hop_ms: float) -> str:
              "| c | request on vLLM ms | + broker floor ms | tokens/s ratio it leaves at most "
              "| measured |",
              "|---|---|---|---|---|"]
+    floor_ms = KAFKA_HOPS * hop_ms
     for lv in side.levels:
         other = base.level(lv.stats.concurrency)
         if other is None or not other.stats.completed:
             continue
         b = other.stats
         took_ms = b.concurrency * b.wall_s / b.completed * 1000
-        floor_ms = KAFKA_HOPS * hop_ms
         measured = lv.stats.tokens_per_s / b.tokens_per_s if b.tokens_per_s else float("nan")
         lines.append(f"| {b.concurrency} | {took_ms:.0f} | {floor_ms:.0f} | "
                      f"{took_ms / (took_ms + floor_ms):.2f}× | {measured:.2f}× |")

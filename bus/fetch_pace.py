@@ -88,7 +88,7 @@ class FetchPace:
             return self.idle_ms
         if self._loaded(load):
             return self.loaded_ms
-        if 0 < self.eager_ms < self.busy_ms and self.eager(batch):
+        if self._eager_set() and self.eager(batch):
             return self.eager_ms
         return self.busy_ms
 
@@ -99,12 +99,14 @@ class FetchPace:
         meanwhile aiokafka builds each next fetch with the wait it has."""
         if self._loaded(self.busy()):
             return None
-        self._active_at = self.clock()
-        self.idle = False
-        return self.eager_ms if 0 < self.eager_ms < self.busy_ms else self.busy_ms
+        busy_ms = self.woken()
+        return self.eager_ms if self._eager_set() else busy_ms
 
     def _loaded(self, load: int) -> bool:
         return self.loaded_ms > self.busy_ms and self.loaded_at > 0 and load >= self.loaded_at
+
+    def _eager_set(self) -> bool:
+        return 0 < self.eager_ms < self.busy_ms
 
     def woken(self) -> int:
         """The stage has work again now: the short wait, from the next fetch on."""
