@@ -1,6 +1,6 @@
 """The capacity model's inputs (`bench/capacity_model.py`): every number it starts from,
 each with its unit and where it comes from — the seed, an assumption and its reason, a
-line of bench/RESULTS.md, or a published vLLM result."""
+section of bench/RESULTS.md and the text it quotes there, or a published vLLM result."""
 
 from __future__ import annotations
 
@@ -12,18 +12,24 @@ LAMBDA = ("https://github.com/LambdaLabsML/vllm-benchmark/blob/main/benchmark_v0
 SEED = "seed (issue 15)"
 
 
+PREFIX = "Growing history and the prefix cache (issue 5)"
+GATEWAY = "How many streams one gateway process holds (issue 11)"
+CAPACITY = "Pipeline capacity (sim engine, one process per stage)"
+CHEAPER_CORE = "A cheaper core (issue 15, point 3, 2026-12-01)"
+TARGETS = "Reading the targets (issue 11)"
 CPU_ROW = "| 500 | 0.003 | 0.034 | 0.031 | 0.000 | 0.022 | 0.009 | 0.034 | 0.134 |"
 
 
-def _in(value: float, unit: str, source: str, quote: tuple[int, str] | None = None) -> float:
-    """An input: its unit and source; `quote` = (line, text) of bench/RESULTS.md it cites."""
+def _in(value: float, unit: str, source: str, quote: tuple[str, str] | None = None) -> float:
+    """An input: its unit and source; `quote` = (section, text) of bench/RESULTS.md it cites."""
     return field(default=value, metadata={"unit": unit, "source": source, "quote": quote})
 
 
-def _measured(value: float, unit: str, line: int, quote: str, note: str = "") -> float:
-    """An input read off bench/RESULTS.md: `quote` is on `line` there (a test checks)."""
-    return _in(value, unit, f"measured: {RESULTS} line {line}" + (f", {note}" if note else ""),
-               (line, quote))
+def _measured(value: float, unit: str, section: str, quote: str, note: str = "") -> float:
+    """An input read off bench/RESULTS.md: `quote` is in its section `section`, once (a test
+    checks). A section, not a line number: regenerating the file moves its lines."""
+    return _in(value, unit, f"measured: {RESULTS}, *{section}*" + (f", {note}" if note else ""),
+               (section, quote))
 
 
 @dataclass(frozen=True)
@@ -45,8 +51,8 @@ class Inputs:
                                  "(gateway/rate_limits.py)")
     prefix_cached_fraction: float = _in(
         0.75, "of prompt tokens", f"assumption, under the 0.806 measured over 10 turns of one "
-        f"conversation ({RESULTS} line 410): KV eviction under load loses some",
-        (410, "0.806 overall"))
+        f"conversation ({RESULTS}, *{PREFIX}*): KV eviction under load loses some",
+        (PREFIX, "0.806 overall"))
     decode_tokens_per_s_70b: float = _in(
         2242.99 / 4, "output tokens/s per GPU", "published: 2,242.99 output tokens/s on "
         "4×H100-80GB-SXM, Llama-3.1-70B-Instruct-FP8, vLLM 0.5.4, 320 ShareGPT prompts at "
@@ -86,31 +92,32 @@ class Inputs:
         "(the gateway decoded ~12k events/s, a few MB/s, at one core)")
     partitions_per_broker: float = _in(4000, "partition replicas", "assumption: common "
                                        "guidance for a Kafka broker")
-    cpu_gateway: float = _measured(0.031, "CPU s per 1k tokens", 283, CPU_ROW,
+    cpu_gateway: float = _measured(0.031, "CPU s per 1k tokens", TARGETS, CPU_ROW,
                                    "the pipeline at 500 streams, sim engine, 2026-11-30 "
                                    "(the slower VM)")
-    cpu_safety: float = _measured(0.022, "CPU s per 1k tokens", 283, CPU_ROW)
-    cpu_worker: float = _measured(0.034, "CPU s per 1k tokens", 283, CPU_ROW,
+    cpu_safety: float = _measured(0.022, "CPU s per 1k tokens", TARGETS, CPU_ROW)
+    cpu_worker: float = _measured(0.034, "CPU s per 1k tokens", TARGETS, CPU_ROW,
                                   "chatpipe's worker, not the engine")
-    cpu_recorder: float = _measured(0.0005, "CPU s per 1k tokens", 283, CPU_ROW,
+    cpu_recorder: float = _measured(0.0005, "CPU s per 1k tokens", TARGETS, CPU_ROW,
                                     "which reads 0.000: half its last digit")
-    cpu_scheduler: float = _measured(0.009, "CPU s per 1k tokens", 283, CPU_ROW,
+    cpu_scheduler: float = _measured(0.009, "CPU s per 1k tokens", TARGETS, CPU_ROW,
                                      "its work is per request")
-    cpu_billing: float = _measured(0.003, "CPU s per 1k tokens", 283, CPU_ROW,
+    cpu_billing: float = _measured(0.003, "CPU s per 1k tokens", TARGETS, CPU_ROW,
                                    "its work is per request")
-    bench_tokens_per_request: float = _measured(120, "tokens", 150,
+    bench_tokens_per_request: float = _measured(120, "tokens", CAPACITY,
                                                 "20 tokens/s for 6 s (120 tokens)")
     stage_load: float = _in(0.6, "of a core", "assumption: a Python stage process uses one "
                             "core; run it at 60 %")
     scheduler_decisions_per_s: float = _measured(
-        9143, "decisions per core-second", 578, "| 27–28 % | 9,143–9,634 each |",
+        9143, "decisions per core-second", CHEAPER_CORE, "| 27–28 % | 9,143–9,634 each |",
         "one scheduler shard's core, 500 workers, 5,000 waiting, heap frozen: the lowest of "
         "six (`python -m bench scheduler_sim --workers 1000 --shards 2 --kafka-seconds 0 "
         "--seconds 15 --gc-freeze`, 2026-12-01)")
-    gateway_streams: float = _measured(2000, "streams per process", 446,
+    gateway_streams: float = _measured(2000, "streams per process", GATEWAY,
                                        "| 2000 | 2000 | 40,010 |",
-                                       "one gateway process held 2,000, not 3,000 (line 447)")
-    gateway_tokens_per_s: float = _measured(40010, "tokens/s per process", 446,
+                                       "one gateway process held 2,000, not 3,000 (the next "
+                                       "row)")
+    gateway_tokens_per_s: float = _measured(40010, "tokens/s per process", GATEWAY,
                                             "| 2000 | 2000 | 40,010 |")
     gateway_load: float = _in(0.7, "of the held level", "assumption: headroom for a "
                               "gateway's loss and uneven balancing")

@@ -338,9 +338,9 @@ output below is computed from the inputs table, with its formula beside it, at t
 average and at the peak (three times the average). Four kinds of input: the seed's
 numbers (issue 15), assumptions (each with its reason: change one in
 `bench/capacity_inputs.py` and regenerate), figures measured on this project's 2-core
-machine (a line of `bench/RESULTS.md`), and a published vLLM result for the GPUs. Event
-and row sizes are measured here: `bench/capacity_sizes.py` encodes real `schemas`
-events with the project's codec and binds real Cassandra rows.
+machine (a section of `bench/RESULTS.md` and the text quoted from it), and a published
+vLLM result for the GPUs. Event and row sizes are measured here: `bench/capacity_sizes.py`
+encodes real `schemas` events with the project's codec and binds real Cassandra rows.
 """
 
 CAVEATS = """\
