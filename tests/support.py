@@ -1,13 +1,17 @@
-"""Test helpers: a native answer stream read whole (`post_message`, `SseResult`)."""
+"""Test helpers: a native answer stream read whole (`post_message`, `SseResult`), a
+minimal generation request (`generation_request`), a condition awaited (`until`)."""
 
 from __future__ import annotations
 
+import asyncio
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 
+from schemas.events import ChatMessage, GenerationRequest, Role
 from schemas.sse import SSEMessage, read_messages
 
 
@@ -46,3 +50,18 @@ async def post_message(client: httpx.AsyncClient, conversation_id: str, body: di
             await response.aread()
             return SseResult(response.status_code)
         return SseResult(200, await read_sse(response))
+
+
+def generation_request(reply_to: str) -> GenerationRequest:
+    """A one-message request of a fresh id, answered on `reply_to`."""
+    return GenerationRequest(
+        request_id=f"r-{uuid.uuid4().hex[:8]}", conversation_id="c", message_id="m",
+        user_id="u", org_id="o", tier="free", model="tiny", reply_to=reply_to,
+        messages=(ChatMessage(role=Role.USER, content="hello"),))
+
+
+async def until(condition: Callable[[], bool], timeout_s: float = 30.0) -> None:
+    """Until `condition()` holds, checked every 0.1 s; TimeoutError after `timeout_s`."""
+    async with asyncio.timeout(timeout_s):
+        while not condition():
+            await asyncio.sleep(0.1)

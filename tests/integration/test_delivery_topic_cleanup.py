@@ -23,7 +23,7 @@ from bus.topics import create_topics, delete_topics, ensure_topics, list_topics
 from scheduler.core import Policy
 from scheduler.stage import SchedulerStage
 from schemas import topics
-from schemas.events import ChatMessage, GenerationRequest, Role
+from tests.support import generation_request
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -55,13 +55,6 @@ def client(kafka: KafkaConfig, name: str) -> RequestReplyClient:
                               heartbeat_interval_s=0.1)
 
 
-def request(reply_to: str) -> GenerationRequest:
-    return GenerationRequest(
-        request_id=f"r-{uuid.uuid4().hex[:8]}", conversation_id="c", message_id="m",
-        user_id="u", org_id="o", tier="free", model="tiny", reply_to=reply_to,
-        messages=(ChatMessage(role=Role.USER, content="hello"),))
-
-
 async def until(condition: Callable[[], object], timeout_s: float = 30.0) -> None:
     async with asyncio.timeout(timeout_s):
         while not await condition():
@@ -76,7 +69,7 @@ async def test_the_topics_of_gone_gateways_are_deleted_those_still_used_kept(kaf
     async with running_scheduler(kafka) as scheduler, live:
         await dead.start()
         await waiting.start()
-        queued = request(waiting.reply_to)
+        queued = generation_request(waiting.reply_to)
         await waiting.submit(queued)
 
         async def queued_there() -> bool:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 
 import pytest
 import pytest_asyncio
@@ -17,7 +17,8 @@ from bus.broker import EmbeddedBroker
 from bus.clients import KafkaConfig, Publisher
 from bus.request_reply import RequestReplyClient
 from bus.topics import ensure_topics
-from schemas.events import ChatMessage, Delta, GenerationRequest, Role
+from schemas.events import Delta
+from tests.support import generation_request, until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -36,21 +37,12 @@ def fetch_wait(client: RequestReplyClient) -> int:
     return client._consumer._fetcher._fetch_max_wait_ms
 
 
-async def until(condition: Callable[[], bool], timeout_s: float = 10.0) -> None:
-    async with asyncio.timeout(timeout_s):
-        while not condition():
-            await asyncio.sleep(0.02)
-
-
 async def test_the_first_event_wait_starts_when_the_request_is_queued(kafka):
     async with RequestReplyClient(kafka, f"gw-{uuid.uuid4().hex[:6]}", partitions=1,
                                   heartbeat_interval_s=0.2) as client:
         await asyncio.sleep(0.5)  # polls with nothing to read: the usual wait
         assert fetch_wait(client) == BUSY_MS
-        request = GenerationRequest(
-            request_id=f"r-{uuid.uuid4().hex[:8]}", conversation_id="c", message_id="m",
-            user_id="u", org_id="o", tier="free", model="tiny", reply_to=client.reply_to,
-            messages=(ChatMessage(role=Role.USER, content="hello"),))
+        request = generation_request(client.reply_to)
         stream = await client.submit(request)
         assert fetch_wait(client) == FIRST_EVENT_MS  # before any poll returned
         producer = kafka.producer()
@@ -62,5 +54,5 @@ async def test_the_first_event_wait_starts_when_the_request_is_queued(kafka):
                 assert [e.text for e in await stream.take()] == ["hi"]
         finally:
             await producer.stop()
-        await until(lambda: fetch_wait(client) == BUSY_MS)  # the first event is in
+        await until(lambda: fetch_wait(client) == BUSY_MS, timeout_s=10)  # the first event is in
         await stream.aclose()

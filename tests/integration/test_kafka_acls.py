@@ -24,7 +24,7 @@ from chatpipe.kafka_acls import GRANTS, Operation, Resource, allowed
 from schemas import topics
 from schemas.sse import read_messages
 from tests.fixtures.stack import client_for
-from tests.support import post_message
+from tests.support import post_message, until
 
 TAG = "acl-check:"
 R, W, C = Operation.READ, Operation.WRITE, Operation.CREATE
@@ -79,12 +79,6 @@ def uses(monkeypatch: pytest.MonkeyPatch) -> set[Use]:
         monkeypatch.setattr(wiring, factory, lambda kafka, *rest, _o=original, _s=stage:
                             _o(tagged(_s, kafka), *rest))
     return seen
-
-
-async def until(condition: Callable[[], bool], timeout_s: float = 30.0) -> None:
-    async with asyncio.timeout(timeout_s):
-        while not condition():
-            await asyncio.sleep(0.1)
 
 
 async def test_every_topic_a_stage_uses_is_granted_to_its_kafka_user(
