@@ -29,9 +29,12 @@ HOPS = ("gateway in", "scheduler", "worker + engine", "safety", "gateway out")
 """The time to first token."""
 END_HOPS = ("safety, done", "gateway out, done")
 """From the worker's Done to the client's `[DONE]`."""
-KAFKA_HOPS = 6
-"""Fetches a request waits for on its way: four before its first token (by the scheduler,
-the worker, safety and the gateway), two after its last (safety's, the gateway's)."""
+FIRST_TOKEN_FETCHES = len(HOPS) - 1
+"""Fetches before the first token: every hop but the gateway's intake ends with one (by the
+scheduler, the worker, safety and the gateway)."""
+KAFKA_HOPS = FIRST_TOKEN_FETCHES + len(END_HOPS)
+"""Fetches a request waits for on its way: those before its first token, and one per hop
+after its last (safety's, the gateway's)."""
 _REQUEST_ID = re.compile(rb'"request_id":"([^"]+)"')
 
 

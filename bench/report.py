@@ -15,7 +15,7 @@ from pathlib import Path
 from bench import plots
 from bench.capacity import CapacityRun, idle_cores
 from bench.compare import CHATPIPE, VLLM, VLLM_SAME_ARGS, SideRun, Workload
-from bench.hops import END_HOPS, HOPS, KAFKA_HOPS
+from bench.hops import END_HOPS, FIRST_TOKEN_FETCHES, HOPS, KAFKA_HOPS
 from bench.processes import EngineConfig, chatpipe_engine_args, vllm_server_argv
 
 TTFT_MARGIN_MS = 15.0
@@ -287,7 +287,7 @@ def _hops(run: BenchRun) -> str:
             "answers a fetch on its timer, not when data arrives. Four records are fetched "
             "before the first token (the request by the scheduler, the assignment by the "
             "worker, the first chunk by safety, the first delta by the gateway): about "
-            f"{4 * p50:.0f} ms of chatpipe's time to first token is this broker's timer, "
+            f"{FIRST_TOKEN_FETCHES * p50:.0f} ms of chatpipe's time to first token is this broker's timer, "
             "whatever the stages do. Apache Kafka answers a fetch as soon as a record "
             "arrives (`fetch.min.bytes` 1).")
         lines.append(_floor_caps(run, side, p50))
