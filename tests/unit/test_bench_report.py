@@ -1,6 +1,12 @@
-"""`python -m bench` rewrites its own part of bench/RESULTS.md and keeps the rest."""
+"""`python -m bench` rewrites its own part of bench/RESULTS.md and keeps the rest; its
+hop table shows the answer's end and what the broker's floor leaves of vLLM's tokens/s."""
 
-from bench.report import BEGIN, END, _merged
+from bench.compare import CHATPIPE, VLLM, Level, SideRun, Workload
+from bench.cpu import CpuUse
+from bench.hops import END_HOPS, HOPS
+from bench.metrics import LevelStats
+from bench.processes import EngineConfig
+from bench.report import BEGIN, END, BenchRun, _hops, _merged
 
 
 def test_a_new_file_holds_only_the_run(tmp_path):
@@ -23,10 +29,6 @@ def test_a_file_without_markers_is_replaced(tmp_path):
 
 
 def _level(side, concurrency, completed, wall_s, tokens, hops=None):
-    from bench.compare import Level
-    from bench.cpu import CpuUse
-    from bench.metrics import LevelStats
-
     nan2 = (float("nan"), float("nan"))
     stats = LevelStats(side, concurrency, completed, completed, wall_s, tokens, (5.0, 6.0),
                        nan2, nan2, nan2, 1.0, 0, {})
@@ -34,11 +36,6 @@ def _level(side, concurrency, completed, wall_s, tokens, hops=None):
 
 
 def _run(hop_ms):
-    from bench.compare import CHATPIPE, VLLM, SideRun, Workload
-    from bench.hops import END_HOPS, HOPS
-    from bench.processes import EngineConfig
-    from bench.report import BenchRun
-
     hops = {hop: (3.0, 4.0) for hop in (*HOPS, *END_HOPS)}
     vllm = SideRun(VLLM, 1.0, [_level(VLLM, 1, 8, 0.8, 1024), _level(VLLM, 8, 32, 1.6, 4096)])
     chatpipe = SideRun(CHATPIPE, 1.0, [_level(CHATPIPE, 1, 8, 1.2, 1024, hops),
@@ -51,16 +48,12 @@ def _run(hop_ms):
 def test_the_broker_floor_caps_a_closed_loop_by_six_fetches_per_request():
     """A request of 100 ms on vLLM (8 in 0.8 s, one at a time) takes at least 100 + 6 × 5 ms
     through chatpipe: at most 100 / 130 of vLLM's tokens/s, whatever the stages cost."""
-    from bench.report import _hops
-
     text = _hops(_run(5.0))
     assert "| 1 | 100 | 30 | 0.77× | 0.67× |" in text
     assert "| 8 | 400 | 30 | 0.93× | 0.80× |" in text  # 8 clients × 1.6 s / 32 requests
 
 
 def test_the_hop_table_shows_the_answers_end():
-    from bench.report import _hops
-
     text = _hops(_run(5.0))
     assert "| safety, done | gateway out, done |" in text
     assert text.count("| 3 / 4 ") == 2 * 7
