@@ -140,6 +140,10 @@ class Scheduler:
         self.throughput = Throughput(clock=clock)
         self.registry = Registry()
         self._cancelled_unseen: OrderedDict[str, None] = OrderedDict()
+        self._cancelled_answers: OrderedDict[str, None] = OrderedDict()
+        """Answers a client cancelled: a later tool round of one ends when it comes."""
+        self._waiting_rounds: dict[str, str] = {}
+        """A server-tools turn's answer id -> its round waiting here."""
         self._unknown: dict[str, InFlight] = {}
         self._shares = tuple(  # each tier with a minimum share, and the tiers above it
             (lower, share, tuple(t for t in _TIERS if _RANK[t] < _RANK[lower]))
@@ -162,6 +166,8 @@ class Scheduler:
         if request_id in self._cancelled_unseen:
             del self._cancelled_unseen[request_id]
             return Admission(request, end_code=CANCELLED)
+        if request_id != request.answer_id and request.answer_id in self._cancelled_answers:
+            return Admission(request, end_code=CANCELLED)
         request, reason = self._route_simple(request)
         bound = self.policy.max_wait_s.get(request.tier)
         wait_s = None if bound is None else self.expected_wait_s(request.tier, extra=1)
@@ -174,6 +180,8 @@ class Scheduler:
     def _enqueue(self, request: GenerationRequest, front: bool = False) -> None:
         self._queues[request.tier].push(request, front=front)
         self._waiting[request.request_id] = request
+        if request.request_id != request.answer_id:
+            self._waiting_rounds[request.answer_id] = request.request_id
         if request.attempt == 0 and request.deadline is not None:
             heapq.heappush(self._deadlines, (request.deadline, request.request_id))
 
@@ -186,6 +194,14 @@ class Scheduler:
         if len(request.last_user_message) > limit:
             return request, None
         return _rerouted(request, small), "simple_request"
+
+    def cancel_answer(self, answer_id: str) -> GenerationRequest | None:
+        """A client's cancel, which names the answer: drop its request waiting here (a
+        server-tools turn's round), as `cancel` does, and end any later round of it when
+        it comes: the round running now may still pause on tool calls, and `chat.tools`
+        then queues the next one, which must not reach a worker."""
+        remember(self._cancelled_answers, answer_id, None, DECISION_MEMORY)
+        return self.cancel(self._waiting_rounds.get(answer_id, answer_id))
 
     def cancel(self, request_id: str) -> GenerationRequest | None:
         """Drop a waiting request; returns it, or None if it is not waiting. A cancel
@@ -207,7 +223,9 @@ class Scheduler:
         self.registry.decide(request.request_id, Decision(request.attempt, code))
 
     def _forget(self, request_id: str) -> None:
-        self._waiting.pop(request_id, None)
+        request = self._waiting.pop(request_id, None)
+        if request is not None and request.request_id != request.answer_id:
+            self._waiting_rounds.pop(request.answer_id, None)
         self._shown.pop(request_id, None)
 
     @property

@@ -204,9 +204,10 @@ class SchedulerStage:
                                   record.offset)
 
     async def _on_cancel(self, cancel: Cancel) -> None:
-        """A cancel ends a waiting request here. A conditional one (a gateway's resume
-        grace ran out) counts only while that gateway still relays the stream, and for
-        a running request is passed on to the workers as a plain cancel."""
+        """A cancel ends a waiting request here, and any later tool round of its answer
+        when that comes (`Scheduler.cancel_answer`). A conditional one (a gateway's
+        resume grace ran out) counts only while that gateway still relays the stream,
+        and for a running request is passed on to the workers as a plain cancel."""
         if cancel.held_by is not None:
             request = self.core.request(cancel.request_id)
             asked_through = request.reply_to if request is not None else None
@@ -214,7 +215,7 @@ class SchedulerStage:
                 log.info("request %s resumed elsewhere: %s's cancel is dropped",
                          cancel.request_id, cancel.held_by)
                 return
-        request = self.core.cancel(cancel.request_id)
+        request = self.core.cancel_answer(cancel.request_id)
         if request is not None:
             await self._end_unserved(request, CANCELLED)
         elif cancel.held_by is not None and (not self.shard.sharded

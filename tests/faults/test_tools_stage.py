@@ -4,7 +4,7 @@ paused on its worker waits on `chat.tools` for the next tools stage, which runs 
 the client sees the answer whole: one `tool_call`, one `tool_result`, the text. A
 client whose round waits longer than the stream stall timeout gets an error event,
 never a hang, and its answer is cancelled: the round queued once a tools stage is back
-generates nothing."""
+ends at the scheduler, never reaching a worker."""
 
 from __future__ import annotations
 
@@ -19,8 +19,18 @@ from bench import fault_scenarios as scenarios
 from bench.fault_scenarios import PIPELINE_SETTINGS
 from bench.process_pipeline import Pipeline, running_pipeline
 from schemas import topics
-from schemas.codec import TOKEN_EVENT
-from schemas.events import GenerationDone, RequestStatus, TokenChunk, ToolResult, ToolRound
+from scheduler.journal import CANCELLED
+from schemas.codec import TOKEN_EVENT, WORK_EVENT
+from schemas.events import (
+    GenerationDone,
+    RequestStatus,
+    TokenChunk,
+    ToolResult,
+    ToolRound,
+    Unserved,
+    WorkAssignment,
+)
+from schemas.tools import round_request_id
 from tests.e2e.test_server_tools import ANSWER, ask, calling, step
 from tests.support import SseResult, post_message
 
@@ -84,12 +94,21 @@ async def test_a_round_waiting_past_the_stall_timeout_ends_the_stream_in_error(p
     assert result.of("error")[0].json()["code"] == "stalled"
     assert result.ended_with_done
     # The gateway cancelled the answer: its next round, queued once the tools stage is
-    # back, ends at once on the worker, generating nothing.
+    # back, ends at the scheduler, never handed to a worker, generating nothing.
     answer_id = result.request["request_id"]
     [done] = await pipeline.find(
         topics.TOKENS, TOKEN_EVENT,
         lambda e: isinstance(e, GenerationDone) and e.request_id == answer_id)
     assert (done.attempt, done.status) == (1, RequestStatus.FINISHED_ABORTED)
+    next_round = round_request_id(answer_id, 1)
+    [unserved] = await pipeline.find(
+        topics.WORK, WORK_EVENT,
+        lambda e: isinstance(e, Unserved) and e.request_id == next_round)
+    assert unserved.code == CANCELLED
+    assert not await pipeline.find(
+        topics.WORK, WORK_EVENT,
+        lambda e: isinstance(e, WorkAssignment) and e.request.request_id == next_round,
+        timeout_s=1.0)
     assert not await pipeline.find(
         topics.TOKENS, TOKEN_EVENT,
         lambda e: isinstance(e, TokenChunk) and e.request_id == answer_id, timeout_s=1.0)

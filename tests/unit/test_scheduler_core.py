@@ -8,6 +8,7 @@ import pytest
 
 from scheduler.core import Policy, Scheduler
 from scheduler.fair_queue import FairQueue
+from scheduler.journal import CANCELLED
 from schemas.events import (
     ChatMessage,
     GenerationRequest,
@@ -15,6 +16,7 @@ from schemas.events import (
     StreamPosition,
     WorkerHeartbeat,
 )
+from schemas.tools import ServerToolTurn, round_request_id
 from schemas.topics import Tier
 
 
@@ -284,6 +286,37 @@ def test_cancel_waiting_request_is_never_dispatched():
     core.add_request(make_request("a"))
     assert core.cancel("a") is not None
     assert core.cancel("a") is None
+    core.on_heartbeat(heartbeat())
+    assert core.schedule() == []
+
+
+def tool_round(answer_id: str, round_: int) -> GenerationRequest:
+    """Round `round_` of a server-tools turn whose answer is `answer_id`."""
+    return make_request(answer_id).model_copy(update={
+        "request_id": round_request_id(answer_id, round_), "attempt": round_,
+        "server_tools": ServerToolTurn(answer_id=answer_id, round=round_, max_rounds=4)})
+
+
+def test_a_cancelled_answers_later_tool_round_ends_when_it_comes():
+    """The cancel came while the first round ran; it paused on tool calls, and
+    `chat.tools` queued the next round: it never reaches a worker."""
+    core = make_scheduler()
+    core.on_heartbeat(heartbeat(slots=4))
+    core.add_request(tool_round("a", 0))
+    [first] = core.schedule()
+    sent(core, first, 0, 10)
+    assert core.cancel_answer("a") is None  # running: the workers abort it
+    assert core.add_request(tool_round("a", 1)).end_code == CANCELLED
+    assert core.add_request(tool_round("b", 1)).end_code is None, "another answer's round"
+    assert ids(core.schedule()) == ["b.tool1"]
+
+
+def test_a_cancel_of_the_answer_drops_its_tool_round_waiting():
+    core = make_scheduler()
+    core.add_request(tool_round("a", 2))
+    dropped = core.cancel_answer("a")
+    assert dropped is not None and dropped.request_id == "a.tool2"
+    assert core.cancel_answer("a") is None
     core.on_heartbeat(heartbeat())
     assert core.schedule() == []
 
