@@ -42,6 +42,7 @@ from schemas.events import (
     WorkAssignment,
     WorkerHeartbeat,
 )
+from schemas.tools import RoundsHeld
 from schemas.topics import Tier
 
 AFFINITY_MEMORY = 100_000
@@ -142,8 +143,7 @@ class Scheduler:
         self._cancelled_unseen: OrderedDict[str, None] = OrderedDict()
         self._cancelled_answers: OrderedDict[str, None] = OrderedDict()
         """Answers a client cancelled: a later tool round of one ends when it comes."""
-        self._waiting_rounds: dict[str, str] = {}
-        """A server-tools turn's answer id -> its round waiting here."""
+        self._waiting_rounds = RoundsHeld()
         self._unknown: dict[str, InFlight] = {}
         self._shares = tuple(  # each tier with a minimum share, and the tiers above it
             (lower, share, tuple(t for t in _TIERS if _RANK[t] < _RANK[lower]))
@@ -180,8 +180,7 @@ class Scheduler:
     def _enqueue(self, request: GenerationRequest, front: bool = False) -> None:
         self._queues[request.tier].push(request, front=front)
         self._waiting[request.request_id] = request
-        if request.request_id != request.answer_id:
-            self._waiting_rounds[request.answer_id] = request.request_id
+        self._waiting_rounds.hold(request)
         if request.attempt == 0 and request.deadline is not None:
             heapq.heappush(self._deadlines, (request.deadline, request.request_id))
 
@@ -201,7 +200,7 @@ class Scheduler:
         it comes: the round running now may still pause on tool calls, and `chat.tools`
         then queues the next one, which must not reach a worker."""
         remember(self._cancelled_answers, answer_id, None, DECISION_MEMORY)
-        return self.cancel(self._waiting_rounds.get(answer_id, answer_id))
+        return self.cancel(self._waiting_rounds.named(answer_id))
 
     def cancel(self, request_id: str) -> GenerationRequest | None:
         """Drop a waiting request; returns it, or None if it is not waiting. A cancel
@@ -224,8 +223,8 @@ class Scheduler:
 
     def _forget(self, request_id: str) -> None:
         request = self._waiting.pop(request_id, None)
-        if request is not None and request.request_id != request.answer_id:
-            self._waiting_rounds.pop(request.answer_id, None)
+        if request is not None:
+            self._waiting_rounds.release(request)
         self._shown.pop(request_id, None)
 
     @property

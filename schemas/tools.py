@@ -10,9 +10,12 @@ again, is `workers.tool_calls`.
 from __future__ import annotations
 
 import hashlib
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+if TYPE_CHECKING:
+    from schemas.events import GenerationRequest
 
 FUNCTION_NAME = r"^[A-Za-z0-9_-]{1,64}$"
 """What OpenAI accepts as a function's name."""
@@ -127,6 +130,28 @@ def round_request_id(answer_id: str, round_: int) -> str:
     """The request id of a turn's `round_`th tool round: a function of the turn, so a
     round published twice (a redelivered `chat.tools` record) is one request."""
     return answer_id if round_ == 0 else f"{answer_id}.tool{round_}"
+
+
+class RoundsHeld:
+    """What a cancel names among a stage's requests. A cancel names the answer
+    (`GenerationRequest.answer_id`, the first round's id); a server-tools turn's later
+    round has an id of its own (`round_request_id`), so a stage holding one keeps it here.
+    An answer has one round at a time: the next is queued once this one paused."""
+
+    def __init__(self) -> None:
+        self._by_answer: dict[str, str] = {}
+
+    def hold(self, request: GenerationRequest) -> None:
+        if request.request_id != request.answer_id:
+            self._by_answer[request.answer_id] = request.request_id
+
+    def release(self, request: GenerationRequest) -> None:
+        if self._by_answer.get(request.answer_id) == request.request_id:
+            del self._by_answer[request.answer_id]
+
+    def named(self, answer_id: str) -> str:
+        """The request a cancel of `answer_id` names here: its round held, else itself."""
+        return self._by_answer.get(answer_id, answer_id)
 
 
 class ToolStep(BaseModel):

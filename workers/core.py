@@ -33,7 +33,7 @@ from schemas.events import (
     stream_fields,
 )
 from schemas.lifecycle import RequestStatus
-from schemas.tools import ToolCalls
+from schemas.tools import RoundsHeld, ToolCalls
 from workers.coalesce import ChunkPacing, Coalescer, Pending
 from workers.engine import Continuation, EngineOutput, EngineStats
 
@@ -89,8 +89,7 @@ class WorkerBook:
         self._epochs: dict[int, int] = {}
         self._finished: OrderedDict[tuple[str, int], None] = OrderedDict()
         self._cancelled: OrderedDict[str, None] = OrderedDict()
-        self._rounds: dict[str, str] = {}
-        """A server-tools turn's answer id -> its round running here (cancels name the answer)."""
+        self._rounds = RoundsHeld()
 
     def claimed(self, partition: int, epoch: int) -> None:
         """A scheduler's claim on `partition`: assignments of older epochs are fenced."""
@@ -107,8 +106,7 @@ class WorkerBook:
             self.handed_back[request_id] = (partition, offset)
             return Take.HAND_BACK
         self.running[request_id] = (partition, offset)
-        if request.answer_id != request_id:
-            self._rounds[request.answer_id] = request_id
+        self._rounds.hold(request)
         return Take.RUN
 
     def _ours(self, assignment: WorkAssignment, partition: int) -> bool:
@@ -126,7 +124,7 @@ class WorkerBook:
     def ended(self, request: GenerationRequest) -> None:
         """The attempt ended (or found its answer ended already): a copy is skipped."""
         self.running.pop(request.request_id, None)
-        self._rounds.pop(request.answer_id, None)
+        self._rounds.release(request)
         _remember(self._finished, (request.request_id, request.attempt))
 
     def hand_back(self, request_id: str) -> bool:
@@ -151,7 +149,7 @@ class WorkerBook:
         if cancel.held_by is not None:
             return None
         _remember(self._cancelled, cancel.request_id)
-        request_id = self._rounds.get(cancel.request_id, cancel.request_id)
+        request_id = self._rounds.named(cancel.request_id)
         return request_id if request_id in self.running else None
 
     def cancelled(self, answer_id: str) -> bool:
