@@ -104,12 +104,18 @@ def report(con: duckdb.DuckDBPyConnection, period: Period) -> dict[str, Any]:
     """Every answer for `period`, JSON-ready."""
     [totals] = _rows(con, TOTALS, period)
     by_tier = _rows(con, REQUESTS, period)
-    totals.update({name: sum(row[name] for row in by_tier)
-                   for name in ("requests", "cancellations", "retractions", "blocked_inputs")})
-    per_minute = [{**row, "minute": iso_time(row["minute"])}
-                  for row in _rows(con, TOKENS_PER_MINUTE, period)]
+    totals.update(
+        {
+            name: sum(row[name] for row in by_tier)
+            for name in ("requests", "cancellations", "retractions", "blocked_inputs")
+        }
+    )
+    per_minute = [
+        {**row, "minute": iso_time(row["minute"])} for row in _rows(con, TOKENS_PER_MINUTE, period)
+    ]
     return {
-        "since": iso_time(period.since), "until": iso_time(period.until),
+        "since": iso_time(period.since),
+        "until": iso_time(period.until),
         "totals": totals,
         "tokens": _rows(con, TOKENS, period),
         "requests": by_tier,
@@ -125,10 +131,16 @@ def iso_time(epoch_s: float) -> str:
 def render(answer: dict[str, Any]) -> str:
     """The report as plain-text tables."""
     totals = answer["totals"]
-    lines = [f"chatpipe analytics {answer['since']} .. {answer['until']}",
-             "totals: " + ", ".join(f"{name} {value}" for name, value in totals.items()), ""]
-    for title, key in (("tokens by tier, model and org", "tokens"),
-                       ("requests by tier", "requests"), ("time to first token", "ttft_ms")):
+    lines = [
+        f"chatpipe analytics {answer['since']} .. {answer['until']}",
+        "totals: " + ", ".join(f"{name} {value}" for name, value in totals.items()),
+        "",
+    ]
+    for title, key in (
+        ("tokens by tier, model and org", "tokens"),
+        ("requests by tier", "requests"),
+        ("time to first token", "ttft_ms"),
+    ):
         lines += [title, *text_table(answer[key]), ""]
     return "\n".join(lines).rstrip() + "\n"
 
@@ -137,11 +149,15 @@ def text_table(rows: list[dict[str, Any]]) -> list[str]:
     if not rows:
         return ["  (none)"]
     header = list(rows[0])
-    cells = [header, *[["" if row[name] is None else str(row[name]) for name in header]
-                       for row in rows]]
+    cells = [
+        header,
+        *[["" if row[name] is None else str(row[name]) for name in header] for row in rows],
+    ]
     widths = [max(len(line[i]) for line in cells) for i in range(len(header))]
-    return ["  " + "  ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip()
-            for line in cells]
+    return [
+        "  " + "  ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip()
+        for line in cells
+    ]
 
 
 class PlotUnavailable(RuntimeError):
@@ -173,8 +189,12 @@ def plot_tokens_per_minute(answer: dict[str, Any], path: Path) -> None:
     minutes = _every_minute(row["minute"] for row in answer["tokens_per_minute"])
     figure, axes = plt.subplots(figsize=(9, 4.5))
     for tier, per_minute in sorted(tokens.items()):
-        axes.plot([datetime.fromisoformat(m) for m in minutes],
-                  [per_minute.get(m, 0) for m in minutes], marker="o", label=tier)
+        axes.plot(
+            [datetime.fromisoformat(m) for m in minutes],
+            [per_minute.get(m, 0) for m in minutes],
+            marker="o",
+            label=tier,
+        )
     if tokens:
         axes.legend(title="tier")
     else:
@@ -183,12 +203,18 @@ def plot_tokens_per_minute(answer: dict[str, Any], path: Path) -> None:
     axes.set_xlabel("minute (UTC)")
     axes.set_ylim(bottom=0)
     if minutes:  # a single point would otherwise span years of minute ticks
-        axes.set_xlim(datetime.fromisoformat(minutes[0]) - timedelta(seconds=30),
-                      datetime.fromisoformat(minutes[-1]) + timedelta(seconds=30))
-    axes.xaxis.set_major_locator(matplotlib.dates.MinuteLocator(
-        interval=max(1, -(-len(minutes) // 10)), tz=UTC))
-    axes.xaxis.set_major_formatter(matplotlib.dates.DateFormatter(
-        "%H:%M" if len(minutes) <= 24 * 60 else "%m-%d %H:%M", tz=UTC))
+        axes.set_xlim(
+            datetime.fromisoformat(minutes[0]) - timedelta(seconds=30),
+            datetime.fromisoformat(minutes[-1]) + timedelta(seconds=30),
+        )
+    axes.xaxis.set_major_locator(
+        matplotlib.dates.MinuteLocator(interval=max(1, -(-len(minutes) // 10)), tz=UTC)
+    )
+    axes.xaxis.set_major_formatter(
+        matplotlib.dates.DateFormatter(
+            "%H:%M" if len(minutes) <= 24 * 60 else "%m-%d %H:%M", tz=UTC
+        )
+    )
     axes.set_ylabel("completion tokens")
     figure.autofmt_xdate()
     figure.tight_layout()

@@ -58,8 +58,14 @@ WHERE alias IS NOT NULL AND ($alias IS NULL OR alias = $alias)
 GROUP BY ALL
 """
 
-_EMPTY = {"requests": 0, "ttft_p50_ms": None, "ttft_p90_ms": None, "tokens_per_s": None,
-          "retractions": 0, "regenerations": 0}
+_EMPTY = {
+    "requests": 0,
+    "ttft_p50_ms": None,
+    "ttft_p90_ms": None,
+    "tokens_per_s": None,
+    "retractions": 0,
+    "regenerations": 0,
+}
 
 
 def _rows(con: duckdb.DuckDBPyConnection, sql: str, params: dict[str, Any]
@@ -73,8 +79,10 @@ def versions(con: duckdb.DuckDBPyConnection, period: Period, alias: str | None =
              ) -> list[dict[str, Any]]:  # fmt: skip
     """One row per (alias, version) seen in `period` (of `alias` only, if given)."""
     params = {**period.params(), "alias": alias}
-    rows = {(row["alias"], row["version"]): {**row, "feedback_up": 0, "feedback_down": 0}
-            for row in _rows(con, BY_VERSION, params)}
+    rows = {
+        (row["alias"], row["version"]): {**row, "feedback_up": 0, "feedback_down": 0}
+        for row in _rows(con, BY_VERSION, params)
+    }
     for rated in _rows(con, FEEDBACK, params):
         key = (rated["alias"], rated["version"])
         row = rows.setdefault(key, {"alias": key[0], "version": key[1], **_EMPTY})
@@ -85,12 +93,18 @@ def versions(con: duckdb.DuckDBPyConnection, period: Period, alias: str | None =
 def rollout_report(con: duckdb.DuckDBPyConnection, period: Period, alias: str | None = None
                    ) -> dict[str, Any]:  # fmt: skip
     """The comparison for `period`, JSON-ready."""
-    return {"since": iso_time(period.since), "until": iso_time(period.until), "alias": alias,
-            "versions": versions(con, period, alias)}
+    return {
+        "since": iso_time(period.since),
+        "until": iso_time(period.until),
+        "alias": alias,
+        "versions": versions(con, period, alias),
+    }
 
 
 def render(answer: dict[str, Any]) -> str:
     """The comparison as a plain-text table."""
-    title = f"chatpipe rollout {answer['alias'] or 'every alias'} " \
+    title = (
+        f"chatpipe rollout {answer['alias'] or 'every alias'} "
         f"{answer['since']} .. {answer['until']}"
+    )
     return "\n".join([title, *text_table(answer["versions"])]) + "\n"

@@ -33,8 +33,13 @@ from schemas.events import (
     UsageEvent,
 )
 
-TOPICS: tuple[str, ...] = (*topics.request_topics(), topics.TOKENS, topics.USAGE,
-                           topics.MODERATION, topics.FEEDBACK)
+TOPICS: tuple[str, ...] = (
+    *topics.request_topics(),
+    topics.TOKENS,
+    topics.USAGE,
+    topics.MODERATION,
+    topics.FEEDBACK,
+)
 """Every topic the analytics consumer reads."""
 
 
@@ -54,35 +59,105 @@ class Table:
 _SOURCE = (("topic", "VARCHAR"), ("partition", "INTEGER"), ("offset", "BIGINT"))
 """Where each row was read: every table ends with these."""
 
-USAGE = Table("usage", (
-    ("request_id", "VARCHAR"), ("attempt", "INTEGER"), ("conversation_id", "VARCHAR"),
-    ("user_id", "VARCHAR"), ("org_id", "VARCHAR"), ("tier", "VARCHAR"), ("model", "VARCHAR"),
-    ("requested_model", "VARCHAR"), ("worker_id", "VARCHAR"), ("status", "VARCHAR"),
-    ("prompt_tokens", "BIGINT"), ("completion_tokens", "BIGINT"),
-    ("prior_completion_tokens", "BIGINT"), ("cached_tokens", "BIGINT"), ("gpu_ms", "DOUBLE"),
-    ("created_at", "DOUBLE"), *_SOURCE), key=("request_id", "attempt"))
-REQUESTS = Table("requests", (
-    ("request_id", "VARCHAR"), ("attempt", "INTEGER"), ("conversation_id", "VARCHAR"),
-    ("user_id", "VARCHAR"), ("org_id", "VARCHAR"), ("tier", "VARCHAR"), ("model", "VARCHAR"),
-    ("max_tokens", "INTEGER"), ("created_at", "DOUBLE"), ("alias", "VARCHAR"),
-    ("parent_id", "VARCHAR"), *_SOURCE), key=("request_id", "attempt"))
-FIRST_CHUNKS = Table("first_chunks", (
-    ("request_id", "VARCHAR"), ("attempt", "INTEGER"), ("tier", "VARCHAR"), ("model", "VARCHAR"),
-    ("sent_at", "DOUBLE"), *_SOURCE), key=("request_id", "attempt"))
-ENDS = Table("ends", (
-    ("request_id", "VARCHAR"), ("attempt", "INTEGER"), ("seq", "INTEGER"), ("tier", "VARCHAR"),
-    ("model", "VARCHAR"), ("status", "VARCHAR"), ("code", "VARCHAR"), ("sent_at", "DOUBLE"),
-    *_SOURCE), key=("request_id", "attempt"))
-MODERATION = Table("moderation", (
-    ("request_id", "VARCHAR"), ("conversation_id", "VARCHAR"), ("user_id", "VARCHAR"),
-    ("message_id", "VARCHAR"), ("action", "VARCHAR"), ("category", "VARCHAR"),
-    ("created_at", "DOUBLE"), *_SOURCE),
-    key=("request_id", "conversation_id", "message_id", "action"))
-FEEDBACK = Table("feedback", (
-    ("message_id", "VARCHAR"), ("conversation_id", "VARCHAR"), ("request_id", "VARCHAR"),
-    ("user_id", "VARCHAR"), ("org_id", "VARCHAR"), ("model", "VARCHAR"), ("alias", "VARCHAR"),
-    ("rating", "VARCHAR"), ("text", "VARCHAR"), ("created_at", "DOUBLE"), *_SOURCE),
-    key=("topic", "partition", "offset"))
+USAGE = Table(
+    "usage",
+    (
+        ("request_id", "VARCHAR"),
+        ("attempt", "INTEGER"),
+        ("conversation_id", "VARCHAR"),
+        ("user_id", "VARCHAR"),
+        ("org_id", "VARCHAR"),
+        ("tier", "VARCHAR"),
+        ("model", "VARCHAR"),
+        ("requested_model", "VARCHAR"),
+        ("worker_id", "VARCHAR"),
+        ("status", "VARCHAR"),
+        ("prompt_tokens", "BIGINT"),
+        ("completion_tokens", "BIGINT"),
+        ("prior_completion_tokens", "BIGINT"),
+        ("cached_tokens", "BIGINT"),
+        ("gpu_ms", "DOUBLE"),
+        ("created_at", "DOUBLE"),
+        *_SOURCE,
+    ),
+    key=("request_id", "attempt"),
+)
+REQUESTS = Table(
+    "requests",
+    (
+        ("request_id", "VARCHAR"),
+        ("attempt", "INTEGER"),
+        ("conversation_id", "VARCHAR"),
+        ("user_id", "VARCHAR"),
+        ("org_id", "VARCHAR"),
+        ("tier", "VARCHAR"),
+        ("model", "VARCHAR"),
+        ("max_tokens", "INTEGER"),
+        ("created_at", "DOUBLE"),
+        ("alias", "VARCHAR"),
+        ("parent_id", "VARCHAR"),
+        *_SOURCE,
+    ),
+    key=("request_id", "attempt"),
+)
+FIRST_CHUNKS = Table(
+    "first_chunks",
+    (
+        ("request_id", "VARCHAR"),
+        ("attempt", "INTEGER"),
+        ("tier", "VARCHAR"),
+        ("model", "VARCHAR"),
+        ("sent_at", "DOUBLE"),
+        *_SOURCE,
+    ),
+    key=("request_id", "attempt"),
+)
+ENDS = Table(
+    "ends",
+    (
+        ("request_id", "VARCHAR"),
+        ("attempt", "INTEGER"),
+        ("seq", "INTEGER"),
+        ("tier", "VARCHAR"),
+        ("model", "VARCHAR"),
+        ("status", "VARCHAR"),
+        ("code", "VARCHAR"),
+        ("sent_at", "DOUBLE"),
+        *_SOURCE,
+    ),
+    key=("request_id", "attempt"),
+)
+MODERATION = Table(
+    "moderation",
+    (
+        ("request_id", "VARCHAR"),
+        ("conversation_id", "VARCHAR"),
+        ("user_id", "VARCHAR"),
+        ("message_id", "VARCHAR"),
+        ("action", "VARCHAR"),
+        ("category", "VARCHAR"),
+        ("created_at", "DOUBLE"),
+        *_SOURCE,
+    ),
+    key=("request_id", "conversation_id", "message_id", "action"),
+)
+FEEDBACK = Table(
+    "feedback",
+    (
+        ("message_id", "VARCHAR"),
+        ("conversation_id", "VARCHAR"),
+        ("request_id", "VARCHAR"),
+        ("user_id", "VARCHAR"),
+        ("org_id", "VARCHAR"),
+        ("model", "VARCHAR"),
+        ("alias", "VARCHAR"),
+        ("rating", "VARCHAR"),
+        ("text", "VARCHAR"),
+        ("created_at", "DOUBLE"),
+        *_SOURCE,
+    ),
+    key=("topic", "partition", "offset"),
+)
 """Every rating counts (a user may change their mind): one row per record."""
 TABLES = (USAGE, REQUESTS, FIRST_CHUNKS, ENDS, MODERATION, FEEDBACK)
 
@@ -111,43 +186,136 @@ def rows_of(record: Record) -> list[tuple[Table, Row]]:
     sent_at = record.timestamp_ms / 1000
     if record.topic.startswith(topics.REQUESTS_PREFIX) and kind == "request":
         request = decode(GenerationRequest, record.value)
-        return [(REQUESTS, (request.request_id, request.attempt, request.conversation_id,
-                            request.user_id, request.org_id, request.tier.value, request.model,
-                            request.sampling.max_tokens, request.created_at, request.alias,
-                            request.parent_id, *source))]
+        return [
+            (
+                REQUESTS,
+                (
+                    request.request_id,
+                    request.attempt,
+                    request.conversation_id,
+                    request.user_id,
+                    request.org_id,
+                    request.tier.value,
+                    request.model,
+                    request.sampling.max_tokens,
+                    request.created_at,
+                    request.alias,
+                    request.parent_id,
+                    *source,
+                ),
+            )
+        ]
     if record.topic == topics.USAGE and kind == "usage":
         usage = decode(UsageEvent, record.value)
-        return [(USAGE, (usage.request_id, usage.attempt, usage.conversation_id, usage.user_id,
-                         usage.org_id, usage.tier.value, usage.model, usage.requested_model,
-                         usage.worker_id, usage.status.value, usage.prompt_tokens,
-                         usage.completion_tokens, usage.prior_completion_tokens,
-                         usage.cached_tokens, usage.gpu_ms, usage.created_at, *source))]
+        return [
+            (
+                USAGE,
+                (
+                    usage.request_id,
+                    usage.attempt,
+                    usage.conversation_id,
+                    usage.user_id,
+                    usage.org_id,
+                    usage.tier.value,
+                    usage.model,
+                    usage.requested_model,
+                    usage.worker_id,
+                    usage.status.value,
+                    usage.prompt_tokens,
+                    usage.completion_tokens,
+                    usage.prior_completion_tokens,
+                    usage.cached_tokens,
+                    usage.gpu_ms,
+                    usage.created_at,
+                    *source,
+                ),
+            )
+        ]
     if record.topic == topics.MODERATION and kind == "moderation":
         event = decode(ModerationEvent, record.value)
-        return [(MODERATION, (event.request_id, event.conversation_id, event.user_id,
-                              event.message_id, event.action, event.category,
-                              event.created_at, *source))]
+        return [
+            (
+                MODERATION,
+                (
+                    event.request_id,
+                    event.conversation_id,
+                    event.user_id,
+                    event.message_id,
+                    event.action,
+                    event.category,
+                    event.created_at,
+                    *source,
+                ),
+            )
+        ]
     if record.topic == topics.FEEDBACK and kind == "feedback":
         feedback = decode(FeedbackEvent, record.value)
-        return [(FEEDBACK, (feedback.message_id, feedback.conversation_id, feedback.request_id,
-                            feedback.user_id, feedback.org_id, feedback.model, feedback.alias,
-                            feedback.rating, feedback.text, feedback.created_at, *source))]
+        return [
+            (
+                FEEDBACK,
+                (
+                    feedback.message_id,
+                    feedback.conversation_id,
+                    feedback.request_id,
+                    feedback.user_id,
+                    feedback.org_id,
+                    feedback.model,
+                    feedback.alias,
+                    feedback.rating,
+                    feedback.text,
+                    feedback.created_at,
+                    *source,
+                ),
+            )
+        ]
     if record.topic != topics.TOKENS:
         return []
     if kind == "chunk":
         if _payload(record.value).get("seq") != 0:
             return []  # the stream's first chunk (seq 0, whichever attempt sent it) only
         chunk = decode(TokenChunk, record.value)
-        return [(FIRST_CHUNKS, (chunk.request_id, chunk.attempt, _tier(chunk.tier), chunk.model,
-                                sent_at, *source))]
+        return [
+            (
+                FIRST_CHUNKS,
+                (chunk.request_id, chunk.attempt, _tier(chunk.tier), chunk.model, sent_at, *source),
+            )
+        ]
     if kind == "done":
         done = decode(GenerationDone, record.value)
-        return [(ENDS, (done.request_id, done.attempt, done.seq, _tier(done.tier), done.model,
-                        done.status.value, None, sent_at, *source))]
+        return [
+            (
+                ENDS,
+                (
+                    done.request_id,
+                    done.attempt,
+                    done.seq,
+                    _tier(done.tier),
+                    done.model,
+                    done.status.value,
+                    None,
+                    sent_at,
+                    *source,
+                ),
+            )
+        ]
     if kind == "error":
         error = decode(GenerationError, record.value)
-        return [(ENDS, (error.request_id, error.attempt, error.seq, _tier(error.tier),
-                        error.model, "error", error.code, sent_at, *source))]
+        return [
+            (
+                ENDS,
+                (
+                    error.request_id,
+                    error.attempt,
+                    error.seq,
+                    _tier(error.tier),
+                    error.model,
+                    "error",
+                    error.code,
+                    sent_at,
+                    *source,
+                ),
+            )
+        ]
     return []
 
 

@@ -35,16 +35,25 @@ class IngestCounts:
 
 
 class AnalyticsStage:
-    def __init__(self, kafka: KafkaConfig, warehouse: Warehouse, group: str = GROUP,
-                 flush_s: float = 5.0) -> None:
+    def __init__(
+        self, kafka: KafkaConfig, warehouse: Warehouse, group: str = GROUP, flush_s: float = 5.0
+    ) -> None:
         self.warehouse = warehouse
         self.flush_s = flush_s
         self.counts = IngestCounts()
         self._pending: dict[Table, list[Row]] = {}
         self._unwritten: dict[TopicPartition, int] = {}
         """Per partition, the first offset whose rows are not in a file yet."""
-        self.runner = StageRunner(kafka, STAGE, group, TOPICS, bulk=True, max_records=5000,
-                                  commit_floor=self._unwritten.get, on_revoke=self._revoked)
+        self.runner = StageRunner(
+            kafka,
+            STAGE,
+            group,
+            TOPICS,
+            bulk=True,
+            max_records=5000,
+            commit_floor=self._unwritten.get,
+            on_revoke=self._revoked,
+        )
 
     async def run(self, until_idle: bool = False, idle_s: float = 10.0) -> IngestCounts:
         """Consume until cancelled; with `until_idle`, stop once every partition is read
@@ -62,8 +71,10 @@ class AnalyticsStage:
             nonlocal flushed_at, idle
             consumer = self.runner.consumer
             now = time.monotonic()
-            idle = until_idle and (await _caught_up(consumer) or bool(
-                consumer.assignment() and now - last_record_at > idle_s))
+            idle = until_idle and (
+                await _caught_up(consumer)
+                or bool(consumer.assignment() and now - last_record_at > idle_s)
+            )
             if idle or now - flushed_at >= self.flush_s:
                 await self._flush()
                 flushed_at = now
@@ -77,10 +88,16 @@ class AnalyticsStage:
         self._unwritten.setdefault(tp, record.offset)
         self.counts.records += 1
         event_type = dict(record.headers or ()).get(EVENT_TYPE_HEADER)
-        rows = rows_of(Record(record.topic, record.partition, record.offset,
-                              record.timestamp,
-                              event_type.decode() if event_type is not None else None,
-                              record.value))
+        rows = rows_of(
+            Record(
+                record.topic,
+                record.partition,
+                record.offset,
+                record.timestamp,
+                event_type.decode() if event_type is not None else None,
+                record.value,
+            )
+        )
         for table, row in rows:
             self._pending.setdefault(table, []).append(row)
 

@@ -43,8 +43,13 @@ class Warehouse:
                 if not (self.data_dir / table.name / EMPTY_FILE).exists():
                     self._write(con, table, [], EMPTY_FILE)
 
-    def _write(self, con: duckdb.DuckDBPyConnection, table: Table, rows: Sequence[Row],
-               name: str | None = None) -> Path:
+    def _write(
+        self,
+        con: duckdb.DuckDBPyConnection,
+        table: Table,
+        rows: Sequence[Row],
+        name: str | None = None,
+    ) -> Path:
         directory = self.data_dir / table.name
         directory.mkdir(parents=True, exist_ok=True)
         name = name or f"{time.time_ns()}-{uuid.uuid4().hex[:8]}.parquet"
@@ -66,7 +71,9 @@ class Warehouse:
             database.parent.mkdir(parents=True, exist_ok=True)
         con = duckdb.connect(str(database) if database is not None else ":memory:")
         for table in TABLES:
-            con.execute(f'CREATE OR REPLACE VIEW "{table.name}" AS {view_sql(self.data_dir, table)}')
+            con.execute(
+                f'CREATE OR REPLACE VIEW "{table.name}" AS {view_sql(self.data_dir, table)}'
+            )
         return con
 
 
@@ -74,9 +81,11 @@ def view_sql(data_dir: Path, table: Table) -> str:
     """One row per key over every file of `table`: the first read of each."""
     files = _literal(data_dir.resolve() / table.name / "*.parquet")
     key = ", ".join(f'"{column}"' for column in table.key)
-    return (f"SELECT * FROM read_parquet({files}, union_by_name = true) "
-            f'QUALIFY row_number() OVER (PARTITION BY {key} '
-            f'ORDER BY "topic", "partition", "offset") = 1')
+    return (
+        f"SELECT * FROM read_parquet({files}, union_by_name = true) "
+        f"QUALIFY row_number() OVER (PARTITION BY {key} "
+        f'ORDER BY "topic", "partition", "offset") = 1'
+    )
 
 
 def _literal(path: Path) -> str:

@@ -1,16 +1,16 @@
 """`python -m bench [run|smoke|profile] …`: chatpipe beside vLLM's server, and its capacity.
 
-    python -m bench                 # the full run (~15 min): vLLM server at its defaults,
-                                    # chatpipe up, vLLM server with chatpipe's engine args, capacity
-    python -m bench smoke --out D   # seconds: chatpipe with the sim engine, tiny load
-    python -m bench profile --streams 100   # stages under pyinstrument; bench/PROFILE.md
-    python -m bench faults          # ~2 min: fault scenarios (bench/fault_scenarios.py), bench/RESULTS.md
-    python -m bench gateway         # streams one gateway process holds (--help), RESULTS.md
-    python -m bench capacity --streams 100,300 --out D   # the capacity phase alone, idle cost
-    python -m bench capacity_model [--write]   # what the seed's load needs: docs/CAPACITY.md
-    python -m bench scheduler_sim --workers 1000   # the scheduler core at scale (--help)
-    python -m bench retrieval       # what file_ids add to TTFT (--help), RESULTS.md
-    python -m bench response_cache   # hit ratio, TTFT of a hit against a miss (--help)
+python -m bench                 # the full run (~15 min): vLLM server at its defaults,
+                                # chatpipe up, vLLM server with chatpipe's engine args, capacity
+python -m bench smoke --out D   # seconds: chatpipe with the sim engine, tiny load
+python -m bench profile --streams 100   # stages under pyinstrument; bench/PROFILE.md
+python -m bench faults          # ~2 min: fault scenarios (bench/fault_scenarios.py), bench/RESULTS.md
+python -m bench gateway         # streams one gateway process holds (--help), RESULTS.md
+python -m bench capacity --streams 100,300 --out D   # the capacity phase alone, idle cost
+python -m bench capacity_model [--write]   # what the seed's load needs: docs/CAPACITY.md
+python -m bench scheduler_sim --workers 1000   # the scheduler core at scale (--help)
+python -m bench retrieval       # what file_ids add to TTFT (--help), RESULTS.md
+python -m bench response_cache   # hit ratio, TTFT of a hit against a miss (--help)
 """
 
 from __future__ import annotations
@@ -60,45 +60,93 @@ def _setting(text: str) -> tuple[str, str]:
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("mode", nargs="?", default="run",
-                        choices=("run", "smoke", "profile", "faults", "capacity"))
+    parser = argparse.ArgumentParser(
+        prog="python -m bench",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "mode", nargs="?", default="run", choices=("run", "smoke", "profile", "faults", "capacity")
+    )
     parser.add_argument("--out", type=Path, default=BENCH_DIR, help="where results go")
     parser.add_argument("--model", type=Path, default=DEFAULT_MODEL_DIR)
-    parser.add_argument("--vllm-args", type=_json_object, default={},
-                        help="engine args (JSON) for chatpipe (CHATPIPE_VLLM_ARGS) and the "
-                             "same-args vLLM side; the default side always runs vLLM's defaults")
+    parser.add_argument(
+        "--vllm-args",
+        type=_json_object,
+        default={},
+        help="engine args (JSON) for chatpipe (CHATPIPE_VLLM_ARGS) and the "
+        "same-args vLLM side; the default side always runs vLLM's defaults",
+    )
     parser.add_argument("--levels", type=_ints, default=(1, 8, 32, 64))
     parser.add_argument("--rounds", type=int, default=4, help="requests per client per level")
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--disconnects", type=int, default=48)
-    parser.add_argument("--engine", choices=("vllm", "sim"), default="vllm",
-                        help="chatpipe's engine; sim skips vLLM's server")
+    parser.add_argument(
+        "--engine",
+        choices=("vllm", "sim"),
+        default="vllm",
+        help="chatpipe's engine; sim skips vLLM's server",
+    )
     parser.add_argument("--skip-vllm", action="store_true", help="no vLLM server side")
-    parser.add_argument("--skip-same-args", action="store_true",
-                        help="no vLLM server side with chatpipe's engine args")
+    parser.add_argument(
+        "--skip-same-args",
+        action="store_true",
+        help="no vLLM server side with chatpipe's engine args",
+    )
     parser.add_argument("--skip-capacity", action="store_true")
-    parser.add_argument("--streams", type=_ints, default=(100, 200, 300, 400, 500),
-                        help="capacity levels (concurrent SSE streams)")
-    parser.add_argument("--stream-rate", type=float, default=20.0,
-                        help="capacity: tokens/s per stream")
-    parser.add_argument("--hold", type=float, default=6.0,
-                        help="capacity: seconds each stream lasts")
-    parser.add_argument("--idle-seconds", type=float, default=10.0,
-                        help="capacity: seconds the stack's idle CPU is measured (0: skip)")
-    parser.add_argument("--probes", type=int, default=10,
-                        help="capacity: requests one at a time after the idle spell (0: skip)")
-    parser.add_argument("--quiet-wait", type=float, default=60.0,
-                        help="seconds to wait at most for other processes to go quiet "
-                             "before each phase (0: do not wait)")
-    parser.add_argument("--patience", type=float, default=14.0,
-                        help="minutes into the run after which nothing waits for quiet or "
-                             "runs a level again (bounds the run's time)")
-    parser.add_argument("--runs", type=int, default=2,
-                        help="runs per level on every side; the one with the most tokens/s is kept")
-    parser.add_argument("--set", dest="settings", type=_setting, action="append", default=[],
-                        metavar="NAME=VALUE", help="a chatpipe setting for the chatpipe side")
+    parser.add_argument(
+        "--streams",
+        type=_ints,
+        default=(100, 200, 300, 400, 500),
+        help="capacity levels (concurrent SSE streams)",
+    )
+    parser.add_argument(
+        "--stream-rate", type=float, default=20.0, help="capacity: tokens/s per stream"
+    )
+    parser.add_argument(
+        "--hold", type=float, default=6.0, help="capacity: seconds each stream lasts"
+    )
+    parser.add_argument(
+        "--idle-seconds",
+        type=float,
+        default=10.0,
+        help="capacity: seconds the stack's idle CPU is measured (0: skip)",
+    )
+    parser.add_argument(
+        "--probes",
+        type=int,
+        default=10,
+        help="capacity: requests one at a time after the idle spell (0: skip)",
+    )
+    parser.add_argument(
+        "--quiet-wait",
+        type=float,
+        default=60.0,
+        help="seconds to wait at most for other processes to go quiet "
+        "before each phase (0: do not wait)",
+    )
+    parser.add_argument(
+        "--patience",
+        type=float,
+        default=14.0,
+        help="minutes into the run after which nothing waits for quiet or "
+        "runs a level again (bounds the run's time)",
+    )
+    parser.add_argument(
+        "--runs",
+        type=int,
+        default=2,
+        help="runs per level on every side; the one with the most tokens/s is kept",
+    )
+    parser.add_argument(
+        "--set",
+        dest="settings",
+        type=_setting,
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a chatpipe setting for the chatpipe side",
+    )
     return parser.parse_args(argv)
 
 
@@ -106,9 +154,15 @@ async def full_run(args: argparse.Namespace, command: str) -> BenchRun:
     started = time.monotonic()
     cfg = EngineConfig(model=args.model, vllm_args=args.vllm_args)
     patient_until = started + args.patience * 60
-    workload = Workload(levels=args.levels, rounds=args.rounds, max_tokens=args.max_tokens,
-                        disconnects=args.disconnects, runs=args.runs,
-                        quiet_wait_s=min(args.quiet_wait, 15.0), patient_until=patient_until)
+    workload = Workload(
+        levels=args.levels,
+        rounds=args.rounds,
+        max_tokens=args.max_tokens,
+        disconnects=args.disconnects,
+        runs=args.runs,
+        quiet_wait_s=min(args.quiet_wait, 15.0),
+        patient_until=patient_until,
+    )
     host = machine()
     run = BenchRun(command, host["date"], host, cfg, workload, chatpipe_engine=args.engine)
     logs = Path(tempfile.mkdtemp(prefix="chatpipe-bench-"))
@@ -120,22 +174,30 @@ async def full_run(args: argparse.Namespace, command: str) -> BenchRun:
         side = await _phase(run, "vLLM server", vllm_side(cfg, workload, logs / "vllm"))
         run.sides += [side] if side else []
     await _quiet(args, patient_until)
-    side = await _phase(run, "chatpipe up", chatpipe_side(cfg, workload, logs / "chatpipe",
-                                                          args.engine, **settings))
+    side = await _phase(
+        run, "chatpipe up", chatpipe_side(cfg, workload, logs / "chatpipe", args.engine, **settings)
+    )
     run.sides += [side] if side else []
     if vllm and not args.skip_same_args:
         await _quiet(args, patient_until)
-        side = await _phase(run, "vLLM server, chatpipe's engine args",
-                            vllm_side(cfg, workload, logs / "vllm-same-args", same_args=True))
+        side = await _phase(
+            run,
+            "vLLM server, chatpipe's engine args",
+            vllm_side(cfg, workload, logs / "vllm-same-args", same_args=True),
+        )
         run.sides += [side] if side else []
     if not args.skip_capacity:
-        plan = CapacityPlan(streams=args.streams, tokens_per_s=args.stream_rate,
-                            hold_s=args.hold, quiet_wait_s=min(args.quiet_wait, 15.0),
-                            patient_until=patient_until, idle_s=args.idle_seconds,
-                            probes=args.probes)
+        plan = CapacityPlan(
+            streams=args.streams,
+            tokens_per_s=args.stream_rate,
+            hold_s=args.hold,
+            quiet_wait_s=min(args.quiet_wait, 15.0),
+            patient_until=patient_until,
+            idle_s=args.idle_seconds,
+            probes=args.probes,
+        )
         await _quiet(args, patient_until)
-        run.capacity = await _phase(run, "capacity", capacity(plan, logs / "capacity",
-                                                              **settings))
+        run.capacity = await _phase(run, "capacity", capacity(plan, logs / "capacity", **settings))
     run.duration_s = time.monotonic() - started
     return run
 
@@ -170,17 +232,21 @@ def smoke_args(args: argparse.Namespace) -> argparse.Namespace:
 async def profile_run(args: argparse.Namespace) -> Path:
     """Each stage under pyinstrument while one capacity level runs; --out/PROFILE.md."""
     work = Path(tempfile.mkdtemp(prefix="chatpipe-profile-"))
-    plan = CapacityPlan(streams=args.streams[:1], tokens_per_s=args.stream_rate,
-                        hold_s=args.hold)
+    plan = CapacityPlan(streams=args.streams[:1], tokens_per_s=args.stream_rate, hold_s=args.hold)
     await capacity(plan, work, profiler_command(), work, **dict(args.settings))
     return write_summary(work, STAGES, args.out / "PROFILE.md")
 
 
 async def capacity_run(args: argparse.Namespace) -> str:
     """The capacity phase alone, with the idle stack's cost; --out/capacity.md."""
-    plan = CapacityPlan(streams=args.streams, tokens_per_s=args.stream_rate, hold_s=args.hold,
-                        quiet_wait_s=min(args.quiet_wait, 15.0), idle_s=args.idle_seconds,
-                        probes=args.probes)
+    plan = CapacityPlan(
+        streams=args.streams,
+        tokens_per_s=args.stream_rate,
+        hold_s=args.hold,
+        quiet_wait_s=min(args.quiet_wait, 15.0),
+        idle_s=args.idle_seconds,
+        probes=args.probes,
+    )
     logs = Path(tempfile.mkdtemp(prefix="chatpipe-capacity-"))
     text = summary(await capacity(plan, logs, **dict(args.settings)))
     args.out.mkdir(parents=True, exist_ok=True)

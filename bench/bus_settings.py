@@ -62,8 +62,9 @@ def _split(use: CpuUse) -> tuple[float, float, float]:
     return up, broker, use.tested - up - broker
 
 
-async def measure(settings: dict[str, object], concurrency: int, seconds: float,
-                  log_dir: Path) -> Measured:
+async def measure(
+    settings: dict[str, object], concurrency: int, seconds: float, log_dir: Path
+) -> Measured:
     broker, bootstrap = start_broker(log_dir)
     up: Service | None = None
     try:
@@ -93,8 +94,12 @@ async def measure(settings: dict[str, object], concurrency: int, seconds: float,
         load = cpu.between(before, cpu.snapshot(services))
         kilo = done * 128 / 1000
         return Measured(
-            idle_up, idle_broker, percentile(ttfts, 50), percentile(ttfts, 90),
-            kilo * 1000 / load.wall_s, *(cpu_s / kilo for cpu_s in _split(load)),
+            idle_up,
+            idle_broker,
+            percentile(ttfts, 50),
+            percentile(ttfts, 90),
+            kilo * 1000 / load.wall_s,
+            *(cpu_s / kilo for cpu_s in _split(load)),
         )
     finally:
         if up is not None:
@@ -109,9 +114,11 @@ def table(results: dict[str, Measured], concurrency: int) -> str:
         "|---|---|---|---|---|",
     ]
     for name, m in results.items():
-        lines.append(f"| {name} | {m.idle_up:.2f} / {m.idle_broker:.2f} | "
-                     f"{m.ttft_p50:.0f} / {m.ttft_p90:.0f} | {m.tokens_per_s:.0f} | "
-                     f"{m.cpu_up:.2f} / {m.cpu_broker:.2f} / {m.cpu_engine:.2f} |")
+        lines.append(
+            f"| {name} | {m.idle_up:.2f} / {m.idle_broker:.2f} | "
+            f"{m.ttft_p50:.0f} / {m.ttft_p90:.0f} | {m.tokens_per_s:.0f} | "
+            f"{m.cpu_up:.2f} / {m.cpu_broker:.2f} / {m.cpu_engine:.2f} |"
+        )
     return "\n".join(lines)
 
 
@@ -127,8 +134,11 @@ async def run(concurrency: int, seconds: float) -> dict[str, Measured]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench.bus_settings", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.bus_settings",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--seconds", type=float, default=60.0)
     args = parser.parse_args()

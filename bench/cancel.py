@@ -80,8 +80,9 @@ class HangUp:
         return self.generated - self.received
 
 
-async def chatpipe_waste(target: Target, bootstrap: str, workload: Workload,
-                         coalesce_s: float) -> CancelStats:
+async def chatpipe_waste(
+    target: Target, bootstrap: str, workload: Workload, coalesce_s: float
+) -> CancelStats:
     records = await _hang_ups(target, workload)
     ids = [r.request_id for r in records if r.request_id]
     logged = await token_chunks(bootstrap, ids)
@@ -109,15 +110,19 @@ async def chatpipe_waste(target: Target, bootstrap: str, workload: Workload,
     waste = [h.waste for h in hang_ups]
     after = [h.generated_after for h in hang_ups]
     return CancelStats(
-        disconnects=len(records), measured=len(waste),
-        waste_median=_median(waste), waste_max=float(max(waste)) if waste else None,
+        disconnects=len(records),
+        measured=len(waste),
+        waste_median=_median(waste),
+        waste_max=float(max(waste)) if waste else None,
         waste_mean=sum(waste) / len(waste) if waste else None,
         interval_tokens=percentile(rates, 50) * coalesce_s if rates else None,
         aborted=sum(1 for e in usage.values() if e.status is RequestStatus.FINISHED_ABORTED),
-        cancels_sent=len(cancelled_at), cancel_ms_median=_median(cancel_ms),
+        cancels_sent=len(cancelled_at),
+        cancel_ms_median=_median(cancel_ms),
         in_flight_median=_median([h.published_before - h.received for h in hang_ups]),
         after_median=_median([h.generated - h.published_before for h in hang_ups]),
-        generated_after_median=_median(after), generated_after_max=max(after, default=None),
+        generated_after_median=_median(after),
+        generated_after_max=max(after, default=None),
     )
 
 
@@ -135,7 +140,12 @@ def _median(values: list[int] | list[float]) -> float | None:
 
 
 async def _hang_ups(target: Target, workload: Workload) -> list[StreamRecord]:
-    records = await disconnects(target, workload.disconnects, workload.disconnect_concurrency,
-                                fixed_prompts(), workload.disconnect_max_tokens)
+    records = await disconnects(
+        target,
+        workload.disconnects,
+        workload.disconnect_concurrency,
+        fixed_prompts(),
+        workload.disconnect_max_tokens,
+    )
     await asyncio.sleep(1.0)  # cancels travel, engines stop, usage is published
     return records

@@ -109,37 +109,60 @@ class CapacityRun:
         return max((lv.streams for lv in self.levels if lv.holds), default=0)
 
 
-async def capacity(plan: CapacityPlan, log_dir: Path,
-                   profiler: list[str] | None = None, profile_dir: Path | None = None,
-                   **settings: object) -> CapacityRun:
+async def capacity(
+    plan: CapacityPlan,
+    log_dir: Path,
+    profiler: list[str] | None = None,
+    profile_dir: Path | None = None,
+    **settings: object,
+) -> CapacityRun:
     """Start broker and stages, then hold ever more streams until a level fails."""
     broker, bootstrap = start_broker(log_dir)
     stages: list[Service] = []
     try:
         await broker_ready(broker, bootstrap)
-        env = chatpipe_env(API_KEY, log_dir, bootstrap, **{
-            **settings, "engine": "sim", "sim_tokens_per_s": plan.tokens_per_s,
-            "max_slots": 100_000, "coalesce_ms": plan.coalesce_ms})
-        subprocess.run([CHATPIPE, "topics", "create"], env=child_env(env), check=True,
-                       capture_output=True, timeout=60)
+        env = chatpipe_env(
+            API_KEY,
+            log_dir,
+            bootstrap,
+            **{
+                **settings,
+                "engine": "sim",
+                "sim_tokens_per_s": plan.tokens_per_s,
+                "max_slots": 100_000,
+                "coalesce_ms": plan.coalesce_ms,
+            },
+        )
+        subprocess.run(
+            [CHATPIPE, "topics", "create"],
+            env=child_env(env),
+            check=True,
+            capture_output=True,
+            timeout=60,
+        )
         port = free_port()
         for stage in STAGES:
             wrapper = _profiled(profiler, profile_dir, stage)
-            stages.append(start_stage(stage, {**env, "CHATPIPE_PORT": str(port)}, log_dir,
-                                      wrapper))
+            stages.append(start_stage(stage, {**env, "CHATPIPE_PORT": str(port)}, log_dir, wrapper))
         target = Target("chatpipe-sim", port, API_KEY, "tiny")
         await wait_until(lambda: http_ok(port, "/healthz"), stages[-1], 240, "/healthz")
         await _first_answer(target, stages[-1])
         run = CapacityRun(plan)
-        idle_after_s = float(settings.get("kafka_idle_after_s",
-                                          Settings.model_fields["kafka_idle_after_s"].default))
+        idle_after_s = float(
+            settings.get("kafka_idle_after_s", Settings.model_fields["kafka_idle_after_s"].default)
+        )
         await _idle_and_probes(run, target, [*stages, broker], idle_after_s)
         for streams in plan.streams:
             level = await _level(target, plan, streams, [*stages, broker])
             run.levels.append(level)
-            log.info("capacity %d streams: %d done, %.0f tok/s, %.0f events/s, holds=%s",
-                     streams, level.completed, level.tokens_per_s, level.events_per_s,
-                     level.holds)
+            log.info(
+                "capacity %d streams: %d done, %.0f tok/s, %.0f events/s, holds=%s",
+                streams,
+                level.completed,
+                level.tokens_per_s,
+                level.events_per_s,
+                level.holds,
+            )
             if not level.holds:
                 break
         return run
@@ -149,8 +172,9 @@ async def capacity(plan: CapacityPlan, log_dir: Path,
         broker.stop()
 
 
-async def _idle_and_probes(run: CapacityRun, target: Target, services: list[Service],
-                           idle_after_s: float) -> None:
+async def _idle_and_probes(
+    run: CapacityRun, target: Target, services: list[Service], idle_after_s: float
+) -> None:
     """Cores each process burns with no traffic, then what a request after that idle time
     and requests one at a time wait for their first token."""
     plan = run.plan
@@ -159,8 +183,13 @@ async def _idle_and_probes(run: CapacityRun, target: Target, services: list[Serv
         before = cpu.snapshot(services)
         await asyncio.sleep(plan.idle_s)
         run.idle = cpu.between(before, cpu.snapshot(services))
-        log.info("idle: %.3f cores (%s)", run.idle.cores(run.idle.tested), ", ".join(
-            f"{name} {run.idle.cores(s):.3f}" for name, s in sorted(run.idle.by_process.items())))
+        log.info(
+            "idle: %.3f cores (%s)",
+            run.idle.cores(run.idle.tested),
+            ", ".join(
+                f"{name} {run.idle.cores(s):.3f}" for name, s in sorted(run.idle.by_process.items())
+            ),
+        )
     if plan.probes > 0:
         body = chat_body(target.model, fixed_prompts()[0], 16)
         first = await stream_chat(target, body, timeout_s=30)
@@ -171,9 +200,11 @@ async def _idle_and_probes(run: CapacityRun, target: Target, services: list[Serv
             if record.ttft is not None:
                 ttfts.append(record.ttft * 1000)
         run.ttft_c1_ms = (percentile(ttfts, 50), percentile(ttfts, 90))
-        log.info("TTFT after idle %s ms; one at a time p50 / p90 %.0f / %.0f ms",
-                 f"{run.ttft_after_idle_ms:.0f}" if run.ttft_after_idle_ms else "-",
-                 *run.ttft_c1_ms)
+        log.info(
+            "TTFT after idle %s ms; one at a time p50 / p90 %.0f / %.0f ms",
+            f"{run.ttft_after_idle_ms:.0f}" if run.ttft_after_idle_ms else "-",
+            *run.ttft_c1_ms,
+        )
 
 
 def idle_cores(idle: cpu.CpuUse) -> str:
@@ -187,25 +218,35 @@ def summary(run: CapacityRun) -> str:
     lines = []
     if run.idle is not None:
         idle = run.idle
-        lines += [f"Idle cores per process (no traffic, {idle.wall_s:.0f} s): "
-                  f"{idle_cores(idle)}; foreign {idle.cores(idle.foreign):.2f}", ""]
+        lines += [
+            f"Idle cores per process (no traffic, {idle.wall_s:.0f} s): "
+            f"{idle_cores(idle)}; foreign {idle.cores(idle.foreign):.2f}",
+            "",
+        ]
     if run.ttft_c1_ms is not None:
         after = run.ttft_after_idle_ms
-        lines += [f"TTFT of the first request after idle: "
-                  f"{'-' if after is None else f'{after:.0f}'} ms; then one at a time "
-                  f"p50 / p90: {run.ttft_c1_ms[0]:.0f} / {run.ttft_c1_ms[1]:.0f} ms", ""]
+        lines += [
+            f"TTFT of the first request after idle: "
+            f"{'-' if after is None else f'{after:.0f}'} ms; then one at a time "
+            f"p50 / p90: {run.ttft_c1_ms[0]:.0f} / {run.ttft_c1_ms[1]:.0f} ms",
+            "",
+        ]
     names = sorted({n for lv in run.levels for n in lv.cpu.by_process})
-    lines += ["| streams | done | tok/s | TTFT p50/p99 ms | gap p99 ms | p10 tok/s | holds | "
-              "foreign cores | " + " | ".join(names) + " | all (CPU s / 1k tokens) |",
-              "|---" * (9 + len(names)) + "|"]
+    lines += [
+        "| streams | done | tok/s | TTFT p50/p99 ms | gap p99 ms | p10 tok/s | holds | "
+        "foreign cores | " + " | ".join(names) + " | all (CPU s / 1k tokens) |",
+        "|---" * (9 + len(names)) + "|",
+    ]
     for lv in run.levels:
         per_1k = [f"{lv.cpu_per_1k_tokens(lv.cpu.by_process.get(n, 0.0)):.3f}" for n in names]
         lines.append(
             f"| {lv.streams} | {lv.completed} | {lv.tokens_per_s:.0f} | "
             f"{lv.ttft_ms[0]:.0f}/{lv.ttft_ms[1]:.0f} | {lv.chunk_gap_p99_ms:.0f} | "
             f"{lv.stream_rate_p10:.1f} | {'yes' if lv.holds else 'no'} | "
-            f"{lv.cpu.cores(lv.cpu.foreign):.2f} | " + " | ".join(per_1k) +
-            f" | {lv.cpu_per_1k_tokens(lv.cpu.tested):.3f} |")
+            f"{lv.cpu.cores(lv.cpu.foreign):.2f} | "
+            + " | ".join(per_1k)
+            + f" | {lv.cpu_per_1k_tokens(lv.cpu.tested):.3f} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -227,8 +268,9 @@ async def _first_answer(target: Target, gateway: Service, timeout_s: float = 60)
     raise TimeoutError("the sim pipeline answered no request")
 
 
-async def _level(target: Target, plan: CapacityPlan, streams: int,
-                 services: list[Service]) -> CapacityLevel:
+async def _level(
+    target: Target, plan: CapacityPlan, streams: int, services: list[Service]
+) -> CapacityLevel:
     if plan.quiet_wait_s > 0 and time.monotonic() < plan.patient_until:
         await cpu.wait_for_quiet(plan.quiet_wait_s, services)
     before = cpu.snapshot(services)
@@ -241,14 +283,21 @@ async def _level(target: Target, plan: CapacityPlan, streams: int,
     ttft_ms = (percentile(ttft, 50) * 1000, percentile(ttft, 99) * 1000)
     tokens_per_s, events_per_s = _steady_rates(done)
     rate_p10 = percentile(rates, 10)
-    holds = (len(done) == streams and rate_p10 >= 0.9 * plan.tokens_per_s
-             and ttft_ms[1] < 1000)
+    holds = len(done) == streams and rate_p10 >= 0.9 * plan.tokens_per_s and ttft_ms[1] < 1000
     return CapacityLevel(
-        streams=streams, completed=len(done), wall_s=run.wall_s,
+        streams=streams,
+        completed=len(done),
+        wall_s=run.wall_s,
         tokens=sum(int(r.usage["completion_tokens"]) for r in done if r.usage),
-        chunks=sum(len(r.times) for r in run.records), ttft_ms=ttft_ms,
-        chunk_gap_p99_ms=percentile(gaps, 99) * 1000, stream_rate_p10=rate_p10,
-        tokens_per_s=tokens_per_s, events_per_s=events_per_s, cpu=use, holds=holds)
+        chunks=sum(len(r.times) for r in run.records),
+        ttft_ms=ttft_ms,
+        chunk_gap_p99_ms=percentile(gaps, 99) * 1000,
+        stream_rate_p10=rate_p10,
+        tokens_per_s=tokens_per_s,
+        events_per_s=events_per_s,
+        cpu=use,
+        holds=holds,
+    )
 
 
 def _steady_rates(records: list[StreamRecord]) -> tuple[float, float]:

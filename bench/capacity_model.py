@@ -80,8 +80,9 @@ class Sheet:
         self.lines: list[Line] = []
         self.notes: dict[str, str] = {}
 
-    def add(self, section: str, name: str, formula: str, values: Sequence[float],
-            unit: str = "") -> Pair:
+    def add(
+        self, section: str, name: str, formula: str, values: Sequence[float], unit: str = ""
+    ) -> Pair:
         self.lines.append(Line(section, name, formula, values[0], values[-1], unit))
         return list(values)
 
@@ -94,8 +95,9 @@ def prefill_tokens_per_s(i: Inputs, params: float) -> float:
     return i.prefill_mfu * i.gpu_fp8_flops / (2 * params)
 
 
-def gpus(output_tps: float, prompt_tps: float, decode: float, prefill: float, tp: float,
-         i: Inputs) -> int:
+def gpus(
+    output_tps: float, prompt_tps: float, decode: float, prefill: float, tp: float, i: Inputs
+) -> int:
     """GPUs for a load: decode and prefill time at the target load, in whole replicas."""
     busy = (output_tps / decode + prompt_tps / prefill) / i.gpu_target_load
     return _up(busy / tp) * round(tp)
@@ -111,29 +113,75 @@ def compute(i: Inputs | None = None) -> Model:
     sheet = Sheet()
     add = sheet.add
     s = "Load"
-    turns = add(s, "turns/s", "conversations/day × turns per conversation ÷ 86,400; peak × 3",
-                [turns_per_s(i) * f for f in (1.0, i.peak_to_average)])
-    out = add(s, "output tokens/s", "turns/s × output tokens per turn",
-              [t * i.output_tokens_per_turn for t in turns])
+    turns = add(
+        s,
+        "turns/s",
+        "conversations/day × turns per conversation ÷ 86,400; peak × 3",
+        [turns_per_s(i) * f for f in (1.0, i.peak_to_average)],
+    )
+    out = add(
+        s,
+        "output tokens/s",
+        "turns/s × output tokens per turn",
+        [t * i.output_tokens_per_turn for t in turns],
+    )
     prompt = mean_prompt_tokens(i)
-    add(s, "prompt tokens per turn", "system + user × (n + 1)/2 + answer × (n − 1)/2: the "
-        "mean over turns 1..n", [prompt, prompt], "tokens")
-    prompt_tps = add(s, "prompt tokens/s", "turns/s × prompt tokens per turn",
-                     [t * prompt for t in turns])
-    missed = add(s, "prompt tokens/s past the prefix cache",
-                 "prompt tokens/s × (1 − cached fraction)",
-                 [p * (1 - i.prefix_cached_fraction) for p in prompt_tps])
-    streams = add(s, "concurrent streams", "output tokens/s ÷ a stream's tokens/s",
-                  [o / i.stream_tokens_per_s for o in out])
-    add(s, "tokens per chat.tokens event", "a stream's tokens/s × coalescing interval",
-        [tokens_per_chunk(i)] * 2)
-    add(s, "concurrent streams at the published decode pace",
+    add(
+        s,
+        "prompt tokens per turn",
+        "system + user × (n + 1)/2 + answer × (n − 1)/2: the mean over turns 1..n",
+        [prompt, prompt],
+        "tokens",
+    )
+    prompt_tps = add(
+        s, "prompt tokens/s", "turns/s × prompt tokens per turn", [t * prompt for t in turns]
+    )
+    missed = add(
+        s,
+        "prompt tokens/s past the prefix cache",
+        "prompt tokens/s × (1 − cached fraction)",
+        [p * (1 - i.prefix_cached_fraction) for p in prompt_tps],
+    )
+    streams = add(
+        s,
+        "concurrent streams",
+        "output tokens/s ÷ a stream's tokens/s",
+        [o / i.stream_tokens_per_s for o in out],
+    )
+    add(
+        s,
+        "tokens per chat.tokens event",
+        "a stream's tokens/s × coalescing interval",
+        [tokens_per_chunk(i)] * 2,
+    )
+    add(
+        s,
+        "concurrent streams at the published decode pace",
         "output tokens/s × published ms per token ÷ 1,000",
-        [o * i.published_ms_per_token_70b / 1000 for o in out])
-    workers = _gpus(add, "Llama-3.1-70B FP8, TP 4", i.decode_tokens_per_s_70b, i.params_70b,
-                    i.gpus_per_replica_70b, out, prompt_tps, missed, i)
-    _gpus(add, "Llama-3.1-8B FP8, TP 1", i.decode_tokens_per_s_8b, i.params_8b, 1, out,
-          prompt_tps, missed, i)
+        [o * i.published_ms_per_token_70b / 1000 for o in out],
+    )
+    workers = _gpus(
+        add,
+        "Llama-3.1-70B FP8, TP 4",
+        i.decode_tokens_per_s_70b,
+        i.params_70b,
+        i.gpus_per_replica_70b,
+        out,
+        prompt_tps,
+        missed,
+        i,
+    )
+    _gpus(
+        add,
+        "Llama-3.1-8B FP8, TP 1",
+        i.decode_tokens_per_s_8b,
+        i.params_8b,
+        1,
+        out,
+        prompt_tps,
+        missed,
+        i,
+    )
     _prefix_cache(sheet, i, turns, prompt)
     replicas, shards = _stages(add, i, turns, out)
     gateways = _gateways(add, i, streams, out)
@@ -144,22 +192,48 @@ def compute(i: Inputs | None = None) -> Model:
     return Model(i, tuple(sheet.lines), topics, sheet.notes)
 
 
-def _gpus(add: Callable[..., Pair], label: str, decode: float, params: float, tp: float,
-          out: Pair, prompt_tps: Pair, missed: Pair, i: Inputs) -> Pair:
+def _gpus(
+    add: Callable[..., Pair],
+    label: str,
+    decode: float,
+    params: float,
+    tp: float,
+    out: Pair,
+    prompt_tps: Pair,
+    missed: Pair,
+    i: Inputs,
+) -> Pair:
     """The GPU lines of one model; its engine replicas (one chatpipe worker each)."""
     s = "GPUs"
     prefill = prefill_tokens_per_s(i, params)
-    add(s, f"{label}: prefill tokens/s per GPU", "MFU × FP8 FLOP/s ÷ (2 × parameters)",
-        [prefill, prefill])
-    formula = ("⌈(output tokens/s ÷ decode tokens/s per GPU + {} ÷ prefill tokens/s per GPU) "
-               "÷ target load ÷ TP⌉ × TP")
-    plain = add(s, f"{label}: GPUs without prefix-cache hits", formula.format("prompt tokens/s"),
-                [gpus(o, p, decode, prefill, tp, i) for o, p in zip(out, prompt_tps)])
-    add(s, f"{label}: GPUs with prefix-cache hits",
+    add(
+        s,
+        f"{label}: prefill tokens/s per GPU",
+        "MFU × FP8 FLOP/s ÷ (2 × parameters)",
+        [prefill, prefill],
+    )
+    formula = (
+        "⌈(output tokens/s ÷ decode tokens/s per GPU + {} ÷ prefill tokens/s per GPU) "
+        "÷ target load ÷ TP⌉ × TP"
+    )
+    plain = add(
+        s,
+        f"{label}: GPUs without prefix-cache hits",
+        formula.format("prompt tokens/s"),
+        [gpus(o, p, decode, prefill, tp, i) for o, p in zip(out, prompt_tps)],
+    )
+    add(
+        s,
+        f"{label}: GPUs with prefix-cache hits",
         formula.format("prompt tokens/s past the prefix cache"),
-        [gpus(o, p, decode, prefill, tp, i) for o, p in zip(out, missed)])
-    return add(s, f"{label}: engine replicas = chatpipe workers",
-               "GPUs without prefix-cache hits ÷ TP", [g / tp for g in plain])
+        [gpus(o, p, decode, prefill, tp, i) for o, p in zip(out, missed)],
+    )
+    return add(
+        s,
+        f"{label}: engine replicas = chatpipe workers",
+        "GPUs without prefix-cache hits ÷ TP",
+        [g / tp for g in plain],
+    )
 
 
 def _prefix_cache(sheet: Sheet, i: Inputs, turns: Pair, prompt: float) -> None:
@@ -167,161 +241,321 @@ def _prefix_cache(sheet: Sheet, i: Inputs, turns: Pair, prompt: float) -> None:
     s, add = "Prefix cache (Llama-3.1-70B, TP 4)", sheet.add
     tp = i.gpus_per_replica_70b
     kv = tp * i.gpu_memory_bytes * i.gpu_memory_utilization - i.params_70b  # FP8: 1 byte each
-    add(s, "KV cache per replica", "TP × GPU memory × memory utilization − parameters × 1 "
-        "byte (FP8) ÷ 10⁹", [kv / 1e9] * 2, "GB")
+    add(
+        s,
+        "KV cache per replica",
+        "TP × GPU memory × memory utilization − parameters × 1 byte (FP8) ÷ 10⁹",
+        [kv / 1e9] * 2,
+        "GB",
+    )
     held = kv / ((prompt + i.output_tokens_per_turn) * i.kv_bytes_per_token_70b)
-    add(s, "conversations whose KV one replica holds", "KV cache per replica ÷ ((prompt + "
-        "output tokens per turn) × KV bytes per token)", [held] * 2)
-    served = add(s, "conversations a replica serves between two turns of one",
-                 "turns/s ÷ replicas with prefix-cache hits × think time",
-                 [t / r * i.think_time_s for t, r in zip(turns, _replicas(i, turns))])
+    add(
+        s,
+        "conversations whose KV one replica holds",
+        "KV cache per replica ÷ ((prompt + output tokens per turn) × KV bytes per token)",
+        [held] * 2,
+    )
+    served = add(
+        s,
+        "conversations a replica serves between two turns of one",
+        "turns/s ÷ replicas with prefix-cache hits × think time",
+        [t / r * i.think_time_s for t, r in zip(turns, _replicas(i, turns))],
+    )
     sheet.notes[s] = (
         "The cached fraction assumed holds only if a conversation's blocks are still on its "
         "replica at its next turn (the scheduler sends the turn there: conversation "
-        "affinity). " + (
+        "affinity). "
+        + (
             "Here they are: the replica holds more conversations than it serves in between."
-            if held >= served[-1] else
-            "Here the replica serves more conversations in between than its KV cache holds: "
+            if held >= served[-1]
+            else "Here the replica serves more conversations in between than its KV cache holds: "
             "many conversations' blocks are gone by their next turn, so the cached fraction "
             "needs more room per conversation: an "
             "FP8 KV cache (`kv_cache_dtype=fp8`, half the bytes per token) or KV blocks "
             "offloaded to CPU memory; without either, plan on the GPUs without prefix-cache "
-            "hits."))
+            "hits."
+        )
+    )
 
 
 def _replicas(i: Inputs, turns: Pair) -> Pair:
     """Engine replicas of the 70B model with prefix-cache hits."""
     prompt = mean_prompt_tokens(i)
     prefill = prefill_tokens_per_s(i, i.params_70b)
-    return [gpus(t * i.output_tokens_per_turn, t * prompt * (1 - i.prefix_cached_fraction),
-                 i.decode_tokens_per_s_70b, prefill, i.gpus_per_replica_70b, i)
-            / i.gpus_per_replica_70b for t in turns]
+    return [
+        gpus(
+            t * i.output_tokens_per_turn,
+            t * prompt * (1 - i.prefix_cached_fraction),
+            i.decode_tokens_per_s_70b,
+            prefill,
+            i.gpus_per_replica_70b,
+            i,
+        )
+        / i.gpus_per_replica_70b
+        for t in turns
+    ]
 
 
-def _stages(add: Callable[..., Pair], i: Inputs, turns: Pair, out: Pair
-            ) -> tuple[dict[str, Pair], Pair]:
+def _stages(
+    add: Callable[..., Pair], i: Inputs, turns: Pair, out: Pair
+) -> tuple[dict[str, Pair], Pair]:
     """Each stage's cores from its CPU per 1,000 tokens; replicas of the scaled ones."""
     s = "Stages"
-    per_token = {"gateway": i.cpu_gateway, "safety": i.cpu_safety, "worker": i.cpu_worker,
-                 "recorder": i.cpu_recorder}
+    per_token = {
+        "gateway": i.cpu_gateway,
+        "safety": i.cpu_safety,
+        "worker": i.cpu_worker,
+        "recorder": i.cpu_recorder,
+    }
     per_request = {"scheduler": i.cpu_scheduler, "billing": i.cpu_billing}
-    cores = {stage: add(s, f"{stage} cores", "output tokens/s ÷ 1,000 × CPU s per 1k tokens",
-                        [o / 1000 * cpu for o in out]) for stage, cpu in per_token.items()}
-    cores |= {stage: add(s, f"{stage} cores", "turns/s × bench tokens per request ÷ 1,000 × "
-                         "CPU s per 1k tokens (its work is per request)",
-                         [t * i.bench_tokens_per_request / 1000 * cpu for t in turns])
-              for stage, cpu in per_request.items()}
-    replicas = {stage: add(s, f"{stage} replicas", f"⌈{stage} cores ÷ stage load⌉",
-                           [_up(c / i.stage_load) for c in cores[stage]])
-                for stage in ("safety", "recorder", "billing")}
-    shards = add(s, "scheduler shards", "⌈turns/s ÷ (decisions/s × stage load)⌉",
-                 [_up(t / (i.scheduler_decisions_per_s * i.stage_load)) for t in turns])
+    cores = {
+        stage: add(
+            s,
+            f"{stage} cores",
+            "output tokens/s ÷ 1,000 × CPU s per 1k tokens",
+            [o / 1000 * cpu for o in out],
+        )
+        for stage, cpu in per_token.items()
+    }
+    cores |= {
+        stage: add(
+            s,
+            f"{stage} cores",
+            "turns/s × bench tokens per request ÷ 1,000 × "
+            "CPU s per 1k tokens (its work is per request)",
+            [t * i.bench_tokens_per_request / 1000 * cpu for t in turns],
+        )
+        for stage, cpu in per_request.items()
+    }
+    replicas = {
+        stage: add(
+            s,
+            f"{stage} replicas",
+            f"⌈{stage} cores ÷ stage load⌉",
+            [_up(c / i.stage_load) for c in cores[stage]],
+        )
+        for stage in ("safety", "recorder", "billing")
+    }
+    shards = add(
+        s,
+        "scheduler shards",
+        "⌈turns/s ÷ (decisions/s × stage load)⌉",
+        [_up(t / (i.scheduler_decisions_per_s * i.stage_load)) for t in turns],
+    )
     return replicas, shards
 
 
 def _gateways(add: Callable[..., Pair], i: Inputs, streams: Pair, out: Pair) -> Pair:
     s = "Gateways"
-    by_streams = add(s, "gateways for the streams", "⌈streams ÷ (streams per process × load)⌉",
-                     [_up(n / (i.gateway_streams * i.gateway_load)) for n in streams])
-    by_tokens = add(s, "gateways for the tokens", "⌈output tokens/s ÷ (tokens/s per process × "
-                    "load)⌉", [_up(o / (i.gateway_tokens_per_s * i.gateway_load)) for o in out])
-    return add(s, "gateway replicas", "max(the two above)",
-               [max(a, b) for a, b in zip(by_streams, by_tokens)])
+    by_streams = add(
+        s,
+        "gateways for the streams",
+        "⌈streams ÷ (streams per process × load)⌉",
+        [_up(n / (i.gateway_streams * i.gateway_load)) for n in streams],
+    )
+    by_tokens = add(
+        s,
+        "gateways for the tokens",
+        "⌈output tokens/s ÷ (tokens/s per process × load)⌉",
+        [_up(o / (i.gateway_tokens_per_s * i.gateway_load)) for o in out],
+    )
+    return add(
+        s,
+        "gateway replicas",
+        "max(the two above)",
+        [max(a, b) for a, b in zip(by_streams, by_tokens)],
+    )
 
 
-def _topics(i: Inputs, turns: Pair, workers: Pair, gateways: Pair, replicas: dict[str, Pair],
-            shards: Pair, streams_per_worker: float) -> tuple[TopicLoad, ...]:
+def _topics(
+    i: Inputs,
+    turns: Pair,
+    workers: Pair,
+    gateways: Pair,
+    replicas: dict[str, Pair],
+    shards: Pair,
+    streams_per_worker: float,
+) -> tuple[TopicLoad, ...]:
     """Each topic's traffic; partitions = max(its consumer's replicas, MB/s ÷ per partition)."""
     readers = {  # topic -> (readers of each record, replicas of the consumer that scales)
-        "chat.requests.<tier>": (1, shards), "chat.work": (2, workers),
-        "chat.tokens": (1, replicas["safety"]), "chat.deliver.<gateway>": (1, gateways),
-        "chat.answers": (1, replicas["recorder"]), "chat.usage": (2, replicas["billing"]),
+        "chat.requests.<tier>": (1, shards),
+        "chat.work": (2, workers),
+        "chat.tokens": (1, replicas["safety"]),
+        "chat.deliver.<gateway>": (1, gateways),
+        "chat.answers": (1, replicas["recorder"]),
+        "chat.usage": (2, replicas["billing"]),
     }
     loads = []
     for topic, (events, size) in turn_records(i).items():
         groups, consumers = readers[topic]
         mb = [t * events * size / 1e6 for t in turns]
-        loads.append(TopicLoad(topic, events, size, groups, round(consumers[-1]), mb[0], mb[1],
-                               max(round(consumers[-1]), _up(mb[1] / i.partition_mb_per_s)),
-                               len(Tier) if topic == "chat.requests.<tier>" else 1))
+        loads.append(
+            TopicLoad(
+                topic,
+                events,
+                size,
+                groups,
+                round(consumers[-1]),
+                mb[0],
+                mb[1],
+                max(round(consumers[-1]), _up(mb[1] / i.partition_mb_per_s)),
+                len(Tier) if topic == "chat.requests.<tier>" else 1,
+            )
+        )
     worker_beat, gateway_beat = heartbeat_bytes(streams_per_worker, i)
     for topic, beat, senders, groups in (
-            ("chat.workers", worker_beat, workers, 1),
-            # every worker reads all of chat.control (workers/stage.py assigns it whole)
-            ("chat.control", gateway_beat, gateways, round(workers[-1]) + 1)):
+        ("chat.workers", worker_beat, workers, 1),
+        # every worker reads all of chat.control (workers/stage.py assigns it whole)
+        ("chat.control", gateway_beat, gateways, round(workers[-1]) + 1),
+    ):
         mb = [n / i.heartbeat_s * beat / 1e6 for n in senders]
-        loads.append(TopicLoad(topic, 0, beat, groups, 1, mb[0], mb[1],
-                               _up(mb[1] / i.partition_mb_per_s)))
+        loads.append(
+            TopicLoad(topic, 0, beat, groups, 1, mb[0], mb[1], _up(mb[1] / i.partition_mb_per_s))
+        )
     return tuple(loads)
 
 
 def _kafka(add: Callable[..., Pair], i: Inputs, topics: tuple[TopicLoad, ...]) -> None:
     s = "Kafka"
     rf = i.replication_factor
-    produced = add(s, "Kafka MB/s produced", "Σ topics' MB/s",
-                   [sum(t.average_mb_s for t in topics), sum(t.peak_mb_s for t in topics)])
-    read = add(s, "Kafka MB/s consumed", "Σ topics' MB/s × readers per record",
-               [sum(t.average_mb_s * t.readers_per_record for t in topics),
-                sum(t.peak_mb_s * t.readers_per_record for t in topics)])
-    written = add(s, "brokers' MB/s in (and disk writes)", "produced MB/s × RF",
-                  [p * rf for p in produced])
-    sent = add(s, "brokers' MB/s out", "consumed MB/s + produced MB/s × (RF − 1)",
-               [r + p * (rf - 1) for r, p in zip(read, produced)])
+    produced = add(
+        s,
+        "Kafka MB/s produced",
+        "Σ topics' MB/s",
+        [sum(t.average_mb_s for t in topics), sum(t.peak_mb_s for t in topics)],
+    )
+    read = add(
+        s,
+        "Kafka MB/s consumed",
+        "Σ topics' MB/s × readers per record",
+        [
+            sum(t.average_mb_s * t.readers_per_record for t in topics),
+            sum(t.peak_mb_s * t.readers_per_record for t in topics),
+        ],
+    )
+    written = add(
+        s, "brokers' MB/s in (and disk writes)", "produced MB/s × RF", [p * rf for p in produced]
+    )
+    sent = add(
+        s,
+        "brokers' MB/s out",
+        "consumed MB/s + produced MB/s × (RF − 1)",
+        [r + p * (rf - 1) for r, p in zip(read, produced)],
+    )
     partitions = sum(t.partitions * t.count for t in topics)
-    add(s, "Kafka partitions, all topics", "Σ topics' partitions (sized for the peak)",
-        [partitions] * 2)
-    add(s, "Kafka brokers", "max(RF, ⌈max(MB/s in, MB/s out) ÷ MB/s per broker⌉, ⌈partitions × RF ÷ "
+    add(
+        s,
+        "Kafka partitions, all topics",
+        "Σ topics' partitions (sized for the peak)",
+        [partitions] * 2,
+    )
+    add(
+        s,
+        "Kafka brokers",
+        "max(RF, ⌈max(MB/s in, MB/s out) ÷ MB/s per broker⌉, ⌈partitions × RF ÷ "
         "partition replicas per broker⌉)",
-        [max(rf, _up(max(w, o) / i.broker_mb_per_s), _up(partitions * rf /
-                                                            i.partitions_per_broker))
-         for w, o in zip(written, sent)])
+        [
+            max(
+                rf,
+                _up(max(w, o) / i.broker_mb_per_s),
+                _up(partitions * rf / i.partitions_per_broker),
+            )
+            for w, o in zip(written, sent)
+        ],
+    )
 
 
 def _redis(add: Callable[..., Pair], i: Inputs, turns: Pair) -> None:
     s = "Redis"
-    ops = add(s, "rate-limit commands/s", "turns/s × commands per turn",
-              [t * i.redis_commands_per_turn for t in turns])
-    add(s, "Redis shards, each with a replica", "⌈commands/s ÷ commands/s per shard⌉",
-        [_up(o / i.redis_ops_per_shard) for o in ops])
-    add(s, "Redis memory", "turns/s × 60 s (at most that many users active in a minute) × "
+    ops = add(
+        s,
+        "rate-limit commands/s",
+        "turns/s × commands per turn",
+        [t * i.redis_commands_per_turn for t in turns],
+    )
+    add(
+        s,
+        "Redis shards, each with a replica",
+        "⌈commands/s ÷ commands/s per shard⌉",
+        [_up(o / i.redis_ops_per_shard) for o in ops],
+    )
+    add(
+        s,
+        "Redis memory",
+        "turns/s × 60 s (at most that many users active in a minute) × "
         "4 limits × 2 windows × bytes per key ÷ 10⁶",
-        [t * 60 * 8 * i.redis_bytes_per_key / 1e6 for t in turns], "MB")
+        [t * 60 * 8 * i.redis_bytes_per_key / 1e6 for t in turns],
+        "MB",
+    )
 
 
 def _cassandra(add: Callable[..., Pair], i: Inputs, turns: Pair) -> None:
     s = "Cassandra"
     rf = i.replication_factor
-    writes = add(s, "replica writes/s", "turns/s × (conditional writes × their cost + plain "
-                 "writes) × RF", [t * (i.lwt_per_turn * i.lwt_cost + i.plain_writes_per_turn)
-                                  * rf for t in turns])
-    reads = add(s, "replica reads/s", "turns/s × reads per turn × QUORUM replicas",
-                [t * i.reads_per_turn * i.read_replicas for t in turns])
+    writes = add(
+        s,
+        "replica writes/s",
+        "turns/s × (conditional writes × their cost + plain writes) × RF",
+        [t * (i.lwt_per_turn * i.lwt_cost + i.plain_writes_per_turn) * rf for t in turns],
+    )
+    reads = add(
+        s,
+        "replica reads/s",
+        "turns/s × reads per turn × QUORUM replicas",
+        [t * i.reads_per_turn * i.read_replicas for t in turns],
+    )
     per_turn = stored_bytes_per_turn(i)
-    add(s, "raw bytes stored per turn", "the rows' bound values + row overhead, per row",
-        [per_turn] * 2, "bytes")
-    day = add(s, "Cassandra storage per day", "turns/day × raw bytes per turn × compression × RF ÷ 10¹²",
-              [turns_per_s(i) * 86400 * per_turn * i.cassandra_compression * rf / 1e12] * 2,
-              "TB")
+    add(
+        s,
+        "raw bytes stored per turn",
+        "the rows' bound values + row overhead, per row",
+        [per_turn] * 2,
+        "bytes",
+    )
+    day = add(
+        s,
+        "Cassandra storage per day",
+        "turns/day × raw bytes per turn × compression × RF ÷ 10¹²",
+        [turns_per_s(i) * 86400 * per_turn * i.cassandra_compression * rf / 1e12] * 2,
+        "TB",
+    )
     kept = day[0] * i.retention_days
     add(s, "Cassandra storage kept", "storage per day × retention days", [kept] * 2, "TB")
-    by_load = add(s, "nodes for the load", "max(⌈replica writes/s ÷ per node⌉, ⌈replica "
-                  "reads/s ÷ per node⌉)",
-                  [max(_up(w / i.cassandra_writes_per_node), _up(r / i.cassandra_reads_per_node))
-                   for w, r in zip(writes, reads)])
-    add(s, "Cassandra nodes", "max(RF, nodes for the load, ⌈storage kept ÷ TB per node⌉)",
-        [max(rf, n, _up(kept / i.cassandra_tb_per_node)) for n in by_load])
+    by_load = add(
+        s,
+        "nodes for the load",
+        "max(⌈replica writes/s ÷ per node⌉, ⌈replica reads/s ÷ per node⌉)",
+        [
+            max(_up(w / i.cassandra_writes_per_node), _up(r / i.cassandra_reads_per_node))
+            for w, r in zip(writes, reads)
+        ],
+    )
+    add(
+        s,
+        "Cassandra nodes",
+        "max(RF, nodes for the load, ⌈storage kept ÷ TB per node⌉)",
+        [max(rf, n, _up(kept / i.cassandra_tb_per_node)) for n in by_load],
+    )
 
 
 # --- docs/CAPACITY.md ------------------------------------------------------------------------
 
 HEADLINE = (
-    "turns/s", "output tokens/s", "concurrent streams",
+    "turns/s",
+    "output tokens/s",
+    "concurrent streams",
     "Llama-3.1-70B FP8, TP 4: GPUs without prefix-cache hits",
     "Llama-3.1-70B FP8, TP 4: GPUs with prefix-cache hits",
     "Llama-3.1-70B FP8, TP 4: engine replicas = chatpipe workers",
-    "gateway replicas", "safety replicas", "scheduler shards", "Kafka MB/s produced",
-    "Kafka partitions, all topics", "Kafka brokers", "Cassandra storage per day",
-    "Cassandra nodes", "Redis shards, each with a replica",
+    "gateway replicas",
+    "safety replicas",
+    "scheduler shards",
+    "Kafka MB/s produced",
+    "Kafka partitions, all topics",
+    "Kafka brokers",
+    "Cassandra storage per day",
+    "Cassandra nodes",
+    "Redis shards, each with a replica",
 )
 
 INTRO = """\
@@ -391,40 +625,79 @@ def _number(x: float) -> str:
 
 
 def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
-    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header),
-            *("| " + " | ".join(row) + " |" for row in rows)]
+    return [
+        "| " + " | ".join(header) + " |",
+        "|" + "---|" * len(header),
+        *("| " + " | ".join(row) + " |" for row in rows),
+    ]
 
 
 def render(m: Model) -> str:
     out = [INTRO, "## Headline", ""]
-    out += _table(("quantity", "average", "peak"),
-                  [(f"{line.name}{f' ({line.unit})' if line.unit else ''}",
-                    _number(line.average), _number(line.peak))
-                   for line in map(m.line, HEADLINE)])
+    out += _table(
+        ("quantity", "average", "peak"),
+        [
+            (
+                f"{line.name}{f' ({line.unit})' if line.unit else ''}",
+                _number(line.average),
+                _number(line.peak),
+            )
+            for line in map(m.line, HEADLINE)
+        ],
+    )
     out += ["", "## Inputs", ""]
-    out += _table(("input", "value", "unit", "source"),
-                  [(f.name, _number(getattr(m.inputs, f.name)), f.metadata["unit"],
-                    f.metadata["source"]) for f in fields(m.inputs)])
+    out += _table(
+        ("input", "value", "unit", "source"),
+        [
+            (f.name, _number(getattr(m.inputs, f.name)), f.metadata["unit"], f.metadata["source"])
+            for f in fields(m.inputs)
+        ],
+    )
     sections = dict.fromkeys(line.section for line in m.lines)
     for section in sections:
         out += ["", f"## {section}", ""]
-        out += _table(("quantity", "formula", "average", "peak"),
-                      [(f"{line.name}{f' ({line.unit})' if line.unit else ''}", line.formula,
-                        _number(line.average), _number(line.peak))
-                       for line in m.lines if line.section == section])
+        out += _table(
+            ("quantity", "formula", "average", "peak"),
+            [
+                (
+                    f"{line.name}{f' ({line.unit})' if line.unit else ''}",
+                    line.formula,
+                    _number(line.average),
+                    _number(line.peak),
+                )
+                for line in m.lines
+                if line.section == section
+            ],
+        )
         if section in m.notes:
             out += ["", m.notes[section]]
         if section == "Kafka":
             out += ["", *TOPICS_TEXT.splitlines(), ""]
-            out += _table(("topic", "events per turn", "bytes per event", "events/s peak",
-                           "MB/s average", "MB/s peak", "readers per record", "partitions"),
-                          [(f"`{t.topic}`", _number(t.events_per_turn) if t.events_per_turn
-                            else "1 per sender per s", _number(t.bytes_per_event),
-                            _number(t.peak_mb_s * 1e6 / t.bytes_per_event),
-                            _number(t.average_mb_s), _number(t.peak_mb_s),
-                            _number(t.readers_per_record), _number(t.partitions)
-                            + (f" × {t.count} topics" if t.count > 1 else ""))
-                           for t in m.topics])
+            out += _table(
+                (
+                    "topic",
+                    "events per turn",
+                    "bytes per event",
+                    "events/s peak",
+                    "MB/s average",
+                    "MB/s peak",
+                    "readers per record",
+                    "partitions",
+                ),
+                [
+                    (
+                        f"`{t.topic}`",
+                        _number(t.events_per_turn) if t.events_per_turn else "1 per sender per s",
+                        _number(t.bytes_per_event),
+                        _number(t.peak_mb_s * 1e6 / t.bytes_per_event),
+                        _number(t.average_mb_s),
+                        _number(t.peak_mb_s),
+                        _number(t.readers_per_record),
+                        _number(t.partitions) + (f" × {t.count} topics" if t.count > 1 else ""),
+                    )
+                    for t in m.topics
+                ],
+            )
     return "\n".join([*out, "", CAVEATS])
 
 
@@ -441,9 +714,11 @@ carried all requests), delivery one per gateway (one topic each). Every worker r
 
 
 def main(argv: list[str], doc: Path = DOC) -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench capacity_model",
-                                     description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m bench capacity_model",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--write", action="store_true", help=f"regenerate {doc}")
     args = parser.parse_args(argv)
     text = render(compute())

@@ -58,17 +58,31 @@ def record_bytes(event: Event, key: str, i: Inputs) -> int:
 
 def request_event(turn: int, i: Inputs) -> GenerationRequest:
     """The request of the conversation's `turn` (1-based): system prompt, history, message."""
-    history: list[ChatMessage] = [ChatMessage(role=Role.SYSTEM,
-                                              content=text(i.system_prompt_tokens, i))]
+    history: list[ChatMessage] = [
+        ChatMessage(role=Role.SYSTEM, content=text(i.system_prompt_tokens, i))
+    ]
     for _ in range(turn - 1):
-        history += [ChatMessage(role=Role.USER, content=text(i.user_message_tokens, i)),
-                    ChatMessage(role=Role.ASSISTANT, content=text(i.output_tokens_per_turn, i))]
+        history += [
+            ChatMessage(role=Role.USER, content=text(i.user_message_tokens, i)),
+            ChatMessage(role=Role.ASSISTANT, content=text(i.output_tokens_per_turn, i)),
+        ]
     history.append(ChatMessage(role=Role.USER, content=text(i.user_message_tokens, i)))
     return GenerationRequest(
-        request_id=REQUEST, conversation_id=CONVERSATION, message_id=MESSAGE, parent_id=PARENT,
-        user_id=USER, org_id=ORG, tier=Tier.PRO, model=MODEL, messages=tuple(history),
-        sampling=SamplingOptions(max_tokens=1024), reply_to=REPLY_TO, deadline=AT + 600,
-        cache_salt=ORG, created_at=AT)
+        request_id=REQUEST,
+        conversation_id=CONVERSATION,
+        message_id=MESSAGE,
+        parent_id=PARENT,
+        user_id=USER,
+        org_id=ORG,
+        tier=Tier.PRO,
+        model=MODEL,
+        messages=tuple(history),
+        sampling=SamplingOptions(max_tokens=1024),
+        reply_to=REPLY_TO,
+        deadline=AT + 600,
+        cache_salt=ORG,
+        created_at=AT,
+    )
 
 
 def tokens_per_chunk(i: Inputs) -> float:
@@ -80,23 +94,49 @@ def turn_records(i: Inputs) -> dict[str, tuple[float, float]]:
     """Topic -> (events per turn, mean bytes per event) for one turn, from real events."""
     n = round(i.turns_per_conversation)
     request = sum(record_bytes(request_event(k, i), CONVERSATION, i) for k in range(1, n + 1))
-    work = sum(record_bytes(WorkAssignment(worker_id=WORKER, incarnation=WORKER,
-                                           request=request_event(k, i), dispatched_at=AT),
-                            CONVERSATION, i) for k in range(1, n + 1))
+    work = sum(
+        record_bytes(
+            WorkAssignment(
+                worker_id=WORKER, incarnation=WORKER, request=request_event(k, i), dispatched_at=AT
+            ),
+            CONVERSATION,
+            i,
+        )
+        for k in range(1, n + 1)
+    )
     chunks = i.output_tokens_per_turn / tokens_per_chunk(i)
     usage = _usage(i)
-    started = AttemptStarted(request_id=REQUEST, attempt=0, conversation_id=CONVERSATION,
-                             worker_id=WORKER, sent_at=AT)
+    started = AttemptStarted(
+        request_id=REQUEST, attempt=0, conversation_id=CONVERSATION, worker_id=WORKER, sent_at=AT
+    )
     generated = GenerationDone(**_stream(), seq=201, status=STOPPED, usage=usage)
     done = DeliveryDone(request_id=REQUEST, seq=201, status=STOPPED, usage=usage, model=MODEL)
-    marker = AnswerStarted(request_id=REQUEST, conversation_id=CONVERSATION, message_id=MESSAGE,
-                           parent_id=PARENT, user_id=USER, model=MODEL, reply_to=REPLY_TO,
-                           created_at=AT)
-    used = UsageEvent(request_id=REQUEST, conversation_id=CONVERSATION, user_id=USER, org_id=ORG,
-                      tier=Tier.PRO, model=MODEL, worker_id=WORKER, status=STOPPED,
-                      prompt_tokens=usage.prompt_tokens, completion_tokens=usage.completion_tokens,
-                      prior_completion_tokens=0, cached_tokens=usage.cached_tokens,
-                      gpu_ms=10234.5, created_at=AT)
+    marker = AnswerStarted(
+        request_id=REQUEST,
+        conversation_id=CONVERSATION,
+        message_id=MESSAGE,
+        parent_id=PARENT,
+        user_id=USER,
+        model=MODEL,
+        reply_to=REPLY_TO,
+        created_at=AT,
+    )
+    used = UsageEvent(
+        request_id=REQUEST,
+        conversation_id=CONVERSATION,
+        user_id=USER,
+        org_id=ORG,
+        tier=Tier.PRO,
+        model=MODEL,
+        worker_id=WORKER,
+        status=STOPPED,
+        prompt_tokens=usage.prompt_tokens,
+        completion_tokens=usage.completion_tokens,
+        prior_completion_tokens=0,
+        cached_tokens=usage.cached_tokens,
+        gpu_ms=10234.5,
+        created_at=AT,
+    )
 
     def stream(per_chunk: Callable[[int], Event], *ends: Event) -> tuple[float, float]:
         """`chunks` events of `per_chunk`, then `ends`: (events, mean bytes)."""
@@ -119,18 +159,34 @@ STOPPED = RequestStatus.FINISHED_STOPPED
 
 def _usage(i: Inputs) -> Usage:
     prompt = round(mean_prompt_tokens(i))
-    return Usage(prompt_tokens=prompt, completion_tokens=round(i.output_tokens_per_turn),
-                 cached_tokens=round(prompt * i.prefix_cached_fraction))
+    return Usage(
+        prompt_tokens=prompt,
+        completion_tokens=round(i.output_tokens_per_turn),
+        cached_tokens=round(prompt * i.prefix_cached_fraction),
+    )
 
 
 def _stream() -> dict:
-    return {"request_id": REQUEST, "conversation_id": CONVERSATION, "message_id": MESSAGE,
-            "parent_id": PARENT, "model": MODEL, "reply_to": REPLY_TO, "tier": Tier.PRO}
+    return {
+        "request_id": REQUEST,
+        "conversation_id": CONVERSATION,
+        "message_id": MESSAGE,
+        "parent_id": PARENT,
+        "model": MODEL,
+        "reply_to": REPLY_TO,
+        "tier": Tier.PRO,
+    }
 
 
 def _chunk(tokens: int, i: Inputs) -> TokenChunk:
-    return TokenChunk(**_stream(), seq=120, text=text(tokens, i), token_count=tokens,
-                      completion_tokens=250, token_ids=tuple(range(100000, 100000 + tokens)))
+    return TokenChunk(
+        **_stream(),
+        seq=120,
+        text=text(tokens, i),
+        token_count=tokens,
+        completion_tokens=250,
+        token_ids=tuple(range(100000, 100000 + tokens)),
+    )
 
 
 def _delta(tokens: int, i: Inputs) -> Delta:
@@ -147,11 +203,20 @@ def _at_mean_chunk(size_of: Callable[[int], int], i: Inputs) -> float:
 def heartbeat_bytes(streams_per_worker: float, i: Inputs) -> tuple[int, int]:
     """(worker heartbeat, gateway heartbeat) bytes; a worker's lists its active requests."""
     active = tuple(f"{k:032x}" for k in range(math.ceil(streams_per_worker)))
-    worker = WorkerHeartbeat(worker_id=WORKER, incarnation=WORKER, model=MODEL, partitions=(7,),
-                             max_slots=256, active=active, consumed={7: 123456789},
-                             assignments={r: (7, 123456789) for r in active},
-                             running=len(active), peak_running=len(active),
-                             free_kv_blocks=12000, sent_at=AT)
+    worker = WorkerHeartbeat(
+        worker_id=WORKER,
+        incarnation=WORKER,
+        model=MODEL,
+        partitions=(7,),
+        max_slots=256,
+        active=active,
+        consumed={7: 123456789},
+        assignments={r: (7, 123456789) for r in active},
+        running=len(active),
+        peak_running=len(active),
+        free_kv_blocks=12000,
+        sent_at=AT,
+    )
     gateway = GatewayHeartbeat(gateway_id=GATEWAY, reply_to=REPLY_TO, sent_at=AT)
     return record_bytes(worker, WORKER, i), record_bytes(gateway, GATEWAY, i)
 
@@ -159,24 +224,49 @@ def heartbeat_bytes(streams_per_worker: float, i: Inputs) -> tuple[int, int]:
 def stored_bytes_per_turn(i: Inputs) -> float:
     """Raw bytes a turn adds to Cassandra: two message rows, their id rows, the request row,
     the ledger's charged row; the values as the stores bind them."""
+
     def row(values: tuple) -> float:
-        size = sum(len(v.encode()) if isinstance(v, str) else 8 if isinstance(v, float)
-                   else 4 if isinstance(v, int) else 0 for v in values)
+        size = sum(
+            len(v.encode())
+            if isinstance(v, str)
+            else 8
+            if isinstance(v, float)
+            else 4
+            if isinstance(v, int)
+            else 0
+            for v in values
+        )
         return size + i.row_overhead_bytes
 
     usage = _usage(i)
 
     def message(role: Role, tokens: float) -> tuple:
-        return message_values(StoredMessage(
-            MESSAGE, CONVERSATION, 11, role, text(tokens, i), PARENT, MODEL,
-            usage.completion_tokens, STOPPED, REQUEST, AT, usage.prompt_tokens,
-            usage.cached_tokens))
+        return message_values(
+            StoredMessage(
+                MESSAGE,
+                CONVERSATION,
+                11,
+                role,
+                text(tokens, i),
+                PARENT,
+                MODEL,
+                usage.completion_tokens,
+                STOPPED,
+                REQUEST,
+                AT,
+                usage.prompt_tokens,
+                usage.cached_tokens,
+            )
+        )
 
-    messages = (row(message(Role.USER, i.user_message_tokens))
-                + row(message(Role.ASSISTANT, i.output_tokens_per_turn)))
+    messages = row(message(Role.USER, i.user_message_tokens)) + row(
+        message(Role.ASSISTANT, i.output_tokens_per_turn)
+    )
     ids = 2 * row((MESSAGE, CONVERSATION, 11))
-    request = row(astuple(RequestRecord(REQUEST, CONVERSATION, MESSAGE, USER, 3, 123456789,
-                                        REPLY_TO, AT, ORG)))
-    charge = row((REQUEST, usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens,
-                  AT))
+    request = row(
+        astuple(
+            RequestRecord(REQUEST, CONVERSATION, MESSAGE, USER, 3, 123456789, REPLY_TO, AT, ORG)
+        )
+    )
+    charge = row((REQUEST, usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens, AT))
     return messages + ids + request + charge

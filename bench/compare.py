@@ -93,8 +93,13 @@ class SideRun:
         return next((lv for lv in self.levels if lv.stats.concurrency == concurrency), None)
 
 
-async def drive(side: SideRun, target: Target, services: list[Service], workload: Workload,
-                bootstrap: str | None = None) -> None:
+async def drive(
+    side: SideRun,
+    target: Target,
+    services: list[Service],
+    workload: Workload,
+    bootstrap: str | None = None,
+) -> None:
     """Warm up, then every level; with `bootstrap`, per-chunk token counts come from chat.tokens."""
     prompts = fixed_prompts()
     for concurrency in workload.levels:
@@ -109,12 +114,24 @@ async def drive(side: SideRun, target: Target, services: list[Service], workload
             hops = await ttft_hops(bootstrap, run.records)
         stats, samples = level_stats(side.name, concurrency, run.records, run.wall_s, counts)
         side.levels.append(Level(stats, samples, use, hops, tries))
-        log.info("%s c=%d: %d/%d done, %.0f tok/s, ttft p50 %.0f ms", side.name, concurrency,
-                 stats.completed, stats.requests, stats.tokens_per_s, stats.ttft_ms[0])
+        log.info(
+            "%s c=%d: %d/%d done, %.0f tok/s, ttft p50 %.0f ms",
+            side.name,
+            concurrency,
+            stats.completed,
+            stats.requests,
+            stats.tokens_per_s,
+            stats.ttft_ms[0],
+        )
 
 
-async def _best_run(target: Target, services: list[Service], workload: Workload,
-                    concurrency: int, prompts: list[str]) -> tuple[LevelRun, cpu.CpuUse, int]:
+async def _best_run(
+    target: Target,
+    services: list[Service],
+    workload: Workload,
+    concurrency: int,
+    prompts: list[str],
+) -> tuple[LevelRun, cpu.CpuUse, int]:
     """`workload.runs` runs of one level (fewer once out of time); the one with the most
     delivered tokens/s, so a run slowed by other work on a shared machine is not kept."""
     best: tuple[LevelRun, cpu.CpuUse] | None = None
@@ -124,8 +141,9 @@ async def _best_run(target: Target, services: list[Service], workload: Workload,
         if workload.quiet_wait_s > 0 and workload.patient():
             await cpu.wait_for_quiet(workload.quiet_wait_s, services)
         before = cpu.snapshot(services)
-        run = await closed_loop(target, concurrency, workload.requests(concurrency), prompts,
-                                workload.max_tokens)
+        run = await closed_loop(
+            target, concurrency, workload.requests(concurrency), prompts, workload.max_tokens
+        )
         use = cpu.between(before, cpu.snapshot(services))
         if best is None or _delivered_per_s(run) > _delivered_per_s(best[0]):
             best = (run, use)
@@ -138,8 +156,9 @@ def _delivered_per_s(run: LevelRun) -> float:
     return tokens / run.wall_s if run.wall_s > 0 else 0.0
 
 
-async def vllm_side(cfg: EngineConfig, workload: Workload, log_dir: Path,
-                    same_args: bool = False) -> SideRun:
+async def vllm_side(
+    cfg: EngineConfig, workload: Workload, log_dir: Path, same_args: bool = False
+) -> SideRun:
     """vLLM's server as `vllm serve MODEL` runs it, or (`same_args`) with chatpipe's own
     engine arguments."""
     port = free_port()
@@ -154,8 +173,14 @@ async def vllm_side(cfg: EngineConfig, workload: Workload, log_dir: Path,
         server.stop()
 
 
-async def chatpipe_side(cfg: EngineConfig, workload: Workload, log_dir: Path, engine: str = "vllm",
-                        name: str = CHATPIPE, **settings: object) -> SideRun:
+async def chatpipe_side(
+    cfg: EngineConfig,
+    workload: Workload,
+    log_dir: Path,
+    engine: str = "vllm",
+    name: str = CHATPIPE,
+    **settings: object,
+) -> SideRun:
     """`chatpipe up` on a broker of our own, so its topics can be read afterwards."""
     broker, bootstrap = start_broker(log_dir)
     up: Service | None = None
@@ -168,8 +193,9 @@ async def chatpipe_side(cfg: EngineConfig, workload: Workload, log_dir: Path, en
         log.info("chatpipe up (%s) ready in %.0f s", engine, side.ready_s)
         target = Target(name, port, API_KEY, cfg.model_name)
         await drive(side, target, [up, broker], workload, bootstrap)
-        wait_ms = settings.get("kafka_fetch_max_wait_ms",
-                               Settings.model_fields["kafka_fetch_max_wait_ms"].default)
+        wait_ms = settings.get(
+            "kafka_fetch_max_wait_ms", Settings.model_fields["kafka_fetch_max_wait_ms"].default
+        )
         found = await fetch_timer.measure(bootstrap, int(wait_ms))  # type: ignore[call-overload]
         side.fetch_delay_ms = (percentile(found, 50), percentile(found, 90))
         if workload.disconnects:

@@ -54,20 +54,23 @@ class CpuUse:
 
 
 def between(before: CpuSnapshot, after: CpuSnapshot) -> CpuUse:
-    by_process = {name: after.by_process[name] - before.by_process.get(name, 0.0)
-                  for name in after.by_process}
+    by_process = {
+        name: after.by_process[name] - before.by_process.get(name, 0.0) for name in after.by_process
+    }
     client = after.client - before.client
     busy = after.machine_busy - before.machine_busy
-    return CpuUse(after.at - before.at, by_process, client,
-                  max(0.0, busy - sum(by_process.values()) - client))
+    return CpuUse(
+        after.at - before.at, by_process, client, max(0.0, busy - sum(by_process.values()) - client)
+    )
 
 
 QUIET_CORES = 0.3
 """Other processes using less than this are "quiet"."""
 
 
-async def wait_for_quiet(max_wait_s: float, services: list[Service] | None = None,
-                         window_s: float = 2.0) -> float:
+async def wait_for_quiet(
+    max_wait_s: float, services: list[Service] | None = None, window_s: float = 2.0
+) -> float:
     """Wait (at most `max_wait_s`) until processes other than `services` and this one
     use under QUIET_CORES over `window_s`; returns the cores they used in the last window."""
     deadline = time.monotonic() + max_wait_s

@@ -42,10 +42,16 @@ SIDE_STAGES = ("scheduler", "safety", "recorder", "billing")
 DEV_USER = "dev"
 
 PIPELINE_SETTINGS: dict[str, object] = dict(
-    max_slots=64, sim_tokens_per_s=TOKENS_PER_S, worker_lost_after_s=LOST_AFTER_S,
-    heartbeat_interval_s=0.5, resume_grace_s=RESUME_GRACE_S, stream_stall_s=STALL_S,
-    drain_timeout_s=DRAIN_S, user_requests_per_minute=100_000,
-    org_requests_per_minute=100_000, user_tokens_per_minute=100_000_000,
+    max_slots=64,
+    sim_tokens_per_s=TOKENS_PER_S,
+    worker_lost_after_s=LOST_AFTER_S,
+    heartbeat_interval_s=0.5,
+    resume_grace_s=RESUME_GRACE_S,
+    stream_stall_s=STALL_S,
+    drain_timeout_s=DRAIN_S,
+    user_requests_per_minute=100_000,
+    org_requests_per_minute=100_000,
+    user_tokens_per_minute=100_000_000,
     org_tokens_per_minute=100_000_000,
 )
 
@@ -64,8 +70,9 @@ class FaultResult:
 
     @property
     def clean(self) -> bool:
-        return (self.finished == self.streams and self.tokens_missing == 0
-                and self.tokens_repeated == 0)
+        return (
+            self.finished == self.streams and self.tokens_missing == 0 and self.tokens_repeated == 0
+        )
 
 
 @contextlib.asynccontextmanager
@@ -118,8 +125,17 @@ class Streams:
             first, seen = asyncio.Event(), Watched()
             self._first.append(first)
             self.watched.append(seen)
-            self._tasks.append(asyncio.create_task(watch(
-                self.clients, cid, body(tokens, f"{label} {i}"), seen=seen, first_delta=first)))
+            self._tasks.append(
+                asyncio.create_task(
+                    watch(
+                        self.clients,
+                        cid,
+                        body(tokens, f"{label} {i}"),
+                        seen=seen,
+                        first_delta=first,
+                    )
+                )
+            )
 
     async def streaming(self, timeout_s: float = 30.0) -> set[str]:
         """Once every answer has shown its first piece: their request ids."""
@@ -135,13 +151,18 @@ class Streams:
 async def requests_of(pipe: Pipeline, watched: list[Watched]) -> dict[str, GenerationRequest]:
     """The requests as the gateway queued them (the dev user is in the free tier)."""
     wanted = {w.request_id for w in watched if w.ids}
-    found = await pipe.find(topics.requests_topic(Tier.FREE), GenerationRequest,
-                            lambda r: r.request_id in wanted, count=len(wanted))
+    found = await pipe.find(
+        topics.requests_topic(Tier.FREE),
+        GenerationRequest,
+        lambda r: r.request_id in wanted,
+        count=len(wanted),
+    )
     return {r.request_id: r for r in found}
 
 
-async def judge(pipe: Pipeline, scenario: str, watched: list[Watched],
-                **details: Any) -> FaultResult:
+async def judge(
+    pipe: Pipeline, scenario: str, watched: list[Watched], **details: Any
+) -> FaultResult:
     """Each answer against what an uninterrupted run of its request streams."""
     requests = await requests_of(pipe, watched)
     missing = repeated = 0
@@ -150,16 +171,23 @@ async def judge(pipe: Pipeline, scenario: str, watched: list[Watched],
         lost, extra = token_diff(expected, seen.text)
         missing, repeated = missing + lost, repeated + extra
     return FaultResult(
-        scenario=scenario, streams=len(watched), finished=sum(w.finished for w in watched),
-        tokens_missing=missing, tokens_repeated=repeated,
+        scenario=scenario,
+        streams=len(watched),
+        finished=sum(w.finished for w in watched),
+        tokens_missing=missing,
+        tokens_repeated=repeated,
         max_stall_ms=round(max(w.max_stall_s() for w in watched) * 1000),
-        details=details)
+        details=details,
+    )
 
 
 async def assignments(pipe: Pipeline, request_ids: set[str]) -> list[WorkAssignment]:
     records = await read_to_end(pipe.kafka.bootstrap_servers, topics.WORK, WORK_EVENT)
-    return [e for _, _, e in records
-            if isinstance(e, WorkAssignment) and e.request.request_id in request_ids]
+    return [
+        e
+        for _, _, e in records
+        if isinstance(e, WorkAssignment) and e.request.request_id in request_ids
+    ]
 
 
 async def busiest_worker(pipe: Pipeline, watched_ids: set[str]) -> str:
@@ -182,12 +210,16 @@ async def tokens_billed(pipe: Pipeline, user: str = DEV_USER) -> int:
         await ledger.close()
 
 
-async def billed_once(pipe: Pipeline, before: int, watched: list[Watched],
-                      timeout_s: float = 20.0) -> tuple[int, int]:
+async def billed_once(
+    pipe: Pipeline, before: int, watched: list[Watched], timeout_s: float = 20.0
+) -> tuple[int, int]:
     """(tokens the ledger added, tokens the answers used): equal when every prompt and
     every generated token is billed exactly once. Waits for billing to catch up."""
-    used = sum(w.end["usage"]["prompt_tokens"] + w.end["usage"]["completion_tokens"]
-               for w in watched if w.end and "usage" in w.end)
+    used = sum(
+        w.end["usage"]["prompt_tokens"] + w.end["usage"]["completion_tokens"]
+        for w in watched
+        if w.end and "usage" in w.end
+    )
     deadline = time.monotonic() + timeout_s
     while True:
         added = await tokens_billed(pipe) - before
@@ -216,9 +248,15 @@ async def worker_crash(pipe: Pipeline, streams: int = 64) -> FaultResult:
     moved = {a.request.request_id for a in await assignments(pipe, ids) if a.request.attempt > 0}
     await pipe.restart(victim)
     await pipe.wait_for_workers(victim)
-    return await judge(pipe, f"SIGKILL one of two workers under {streams} streams", watched,
-                       continued=len(moved), tokens_billed=added, tokens_used=used,
-                       stall_bound_ms=round((LOST_AFTER_S + 2) * 1000))
+    return await judge(
+        pipe,
+        f"SIGKILL one of two workers under {streams} streams",
+        watched,
+        continued=len(moved),
+        tokens_billed=added,
+        tokens_used=used,
+        stall_bound_ms=round((LOST_AFTER_S + 2) * 1000),
+    )
 
 
 async def worker_drain(pipe: Pipeline, streams: int = 16) -> FaultResult:
@@ -234,14 +272,23 @@ async def worker_drain(pipe: Pipeline, streams: int = 16) -> FaultResult:
         exit_code = await pipe.exited(victim, timeout_s=DRAIN_S + 20)
         exited_after = time.monotonic() - signalled
         watched = await running.results()
-    handed_back = {rid for h in await pipe.find(
-        topics.WORKERS, WorkerHeartbeat, lambda h: h.worker_id == victim and bool(h.handed_back))
-        for rid in h.handed_back}
+    handed_back = {
+        rid
+        for h in await pipe.find(
+            topics.WORKERS, WorkerHeartbeat, lambda h: h.worker_id == victim and bool(h.handed_back)
+        )
+        for rid in h.handed_back
+    }
     await pipe.restart(victim)
     await pipe.wait_for_workers(victim)
-    return await judge(pipe, f"SIGTERM (drain) one of two workers under {streams} streams",
-                       watched, exit_code=exit_code, exited_after_s=round(exited_after, 1),
-                       handed_back=len(handed_back & ids))
+    return await judge(
+        pipe,
+        f"SIGTERM (drain) one of two workers under {streams} streams",
+        watched,
+        exit_code=exit_code,
+        exited_after_s=round(exited_after, 1),
+        handed_back=len(handed_back & ids),
+    )
 
 
 async def gateway_death(pipe: Pipeline, streams: int = 16) -> FaultResult:
@@ -260,13 +307,18 @@ async def gateway_death(pipe: Pipeline, streams: int = 16) -> FaultResult:
             stored_equal += stored is not None and stored["content"] == seen.text
     await pipe.restart("g1")
     await pipe.wait_for_gateway("g1")
-    return await judge(pipe, f"SIGKILL the gateway relaying {streams} streams", watched,
-                       resumed=sum(w.connections > 1 for w in watched),
-                       stored_equal=stored_equal)
+    return await judge(
+        pipe,
+        f"SIGKILL the gateway relaying {streams} streams",
+        watched,
+        resumed=sum(w.connections > 1 for w in watched),
+        stored_equal=stored_equal,
+    )
 
 
-async def scheduler_restart(pipe: Pipeline, running: int = 16, queued: int = 8,
-                            down_s: float = 1.0) -> FaultResult:
+async def scheduler_restart(
+    pipe: Pipeline, running: int = 16, queued: int = 8, down_s: float = 1.0
+) -> FaultResult:
     """SIGKILL the scheduler while answers stream and more arrive; start it again after
     `down_s`. Running answers go on; the new ones start once it is back."""
     async with pipe.http("g1") as client:
@@ -284,21 +336,25 @@ async def scheduler_restart(pipe: Pipeline, running: int = 16, queued: int = 8,
     first_after_restart = max(seen.deltas[0][2] for seen in late.watched) - restarted
     ids = {seen.request_id for seen in watched}
     runs = Counter((a.request.request_id, a.request.attempt) for a in await assignments(pipe, ids))
-    return await judge(pipe, f"SIGKILL the scheduler under {running} streams, {queued} more "
-                       f"arriving, back after {down_s:g} s", watched,
-                       queued_started_within_s=round(first_after_restart, 2),
-                       dispatched_twice=sum(n > 1 for n in runs.values()))
+    return await judge(
+        pipe,
+        f"SIGKILL the scheduler under {running} streams, {queued} more "
+        f"arriving, back after {down_s:g} s",
+        watched,
+        queued_started_within_s=round(first_after_restart, 2),
+        dispatched_twice=sum(n > 1 for n in runs.values()),
+    )
 
 
 async def stored_answer(client: httpx.AsyncClient, seen: Watched) -> dict[str, Any] | None:
     """The answer as `GET /v1/conversations/{id}` shows it now."""
     detail = (await client.get(f"/v1/conversations/{seen.conversation_id}")).json()
-    return next((m for m in detail["messages"] if m["message_id"] == seen.ids["message_id"]),
-                None)
+    return next((m for m in detail["messages"] if m["message_id"] == seen.ids["message_id"]), None)
 
 
-async def stored_once_ended(client: httpx.AsyncClient, seen: Watched,
-                            timeout_s: float = 10.0) -> dict[str, Any] | None:
+async def stored_once_ended(
+    client: httpx.AsyncClient, seen: Watched, timeout_s: float = 10.0
+) -> dict[str, Any] | None:
     """The stored answer once it is no longer in progress (the recorder stores an answer
     no gateway relayed to its end a moment after that end)."""
     deadline = time.monotonic() + timeout_s
@@ -311,8 +367,9 @@ async def stored_once_ended(client: httpx.AsyncClient, seen: Watched,
 
 async def usage_of(pipe: Pipeline, request_id: str, timeout_s: float = 20.0) -> UsageEvent:
     """The last usage event of the request's attempts."""
-    [usage] = await pipe.find(topics.USAGE, UsageEvent, lambda u: u.request_id == request_id,
-                              timeout_s=timeout_s)
+    [usage] = await pipe.find(
+        topics.USAGE, UsageEvent, lambda u: u.request_id == request_id, timeout_s=timeout_s
+    )
     return usage
 
 

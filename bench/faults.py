@@ -36,23 +36,31 @@ async def run_all() -> list[FaultResult]:
 
 def markdown(results: list[FaultResult], when: str) -> str:
     lines = [
-        BEGIN, "## Faults: every stream finishes (issue 10)", "",
-        "```sh", COMMAND, "```", "",
+        BEGIN,
+        "## Faults: every stream finishes (issue 10)",
+        "",
+        "```sh",
+        COMMAND,
+        "```",
+        "",
         f"Run on {when}: every stage its own process on the embedded broker, sim engine "
         f"({scenarios.TOKENS_PER_S:g} tokens/s per answer), two workers, two gateways, "
         f"worker lost after {scenarios.LOST_AFTER_S:g} s, drain timeout "
         f"{scenarios.DRAIN_S:g} s. Tokens missing or repeated compare each answer the "
         "user saw with the sim engine's plan for its request (what an uninterrupted run "
         "streams); the longest pause is from the request to the first piece, between "
-        "pieces, or from the last piece to the end.", "",
+        "pieces, or from the last piece to the end.",
+        "",
         "| scenario | streams | finished | tokens missing | tokens repeated | max stall ms "
         "| also measured |",
         "|---|---|---|---|---|---|---|",
     ]
     for r in results:
         extra = ", ".join(f"{k.replace('_', ' ')}: {v}" for k, v in r.details.items())
-        lines.append(f"| {r.scenario} | {r.streams} | {r.finished} | {r.tokens_missing} | "
-                     f"{r.tokens_repeated} | {r.max_stall_ms:.0f} | {extra} |")
+        lines.append(
+            f"| {r.scenario} | {r.streams} | {r.finished} | {r.tokens_missing} | "
+            f"{r.tokens_repeated} | {r.max_stall_ms:.0f} | {extra} |"
+        )
     lines += ["", END]
     return "\n".join(lines)
 

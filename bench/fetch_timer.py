@@ -24,8 +24,13 @@ TOPIC = "bench.fetch-timer"
 
 
 async def delays(bootstrap: str, producer: AIOKafkaProducer, wait_ms: int) -> list[float]:
-    consumer = AIOKafkaConsumer(TOPIC, bootstrap_servers=bootstrap, fetch_max_wait_ms=wait_ms,
-                                auto_offset_reset="latest", group_id=f"fetch-timer-{wait_ms}")
+    consumer = AIOKafkaConsumer(
+        TOPIC,
+        bootstrap_servers=bootstrap,
+        fetch_max_wait_ms=wait_ms,
+        auto_offset_reset="latest",
+        group_id=f"fetch-timer-{wait_ms}",
+    )
     await consumer.start()
     try:
         await consumer.getmany(timeout_ms=1000)  # joined, positioned at the end
@@ -59,8 +64,9 @@ async def run() -> dict[int, list[float]]:
         await producer.start()
         try:
             await producer.send_and_wait(TOPIC, b"x")
-            return {wait: await delays(broker.bootstrap_servers, producer, wait)
-                    for wait in WAITS_MS}
+            return {
+                wait: await delays(broker.bootstrap_servers, producer, wait) for wait in WAITS_MS
+            }
         finally:
             await producer.stop()
 
@@ -70,8 +76,10 @@ def main() -> None:
     print("| fetch_max_wait_ms | delay p50 ms | p90 | max |")
     print("|---|---|---|---|")
     for wait, found in results.items():
-        print(f"| {wait} | {percentile(found, 50):.0f} | {percentile(found, 90):.0f} | "
-              f"{max(found):.0f} |")
+        print(
+            f"| {wait} | {percentile(found, 50):.0f} | {percentile(found, 90):.0f} | "
+            f"{max(found):.0f} |"
+        )
 
 
 if __name__ == "__main__":

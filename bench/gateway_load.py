@@ -51,15 +51,38 @@ class _FedStream:
         """The next delta (the safety stage's delivery form), and `done` after the last."""
         text_tokens = min(per_chunk, self.tokens - self.sent)
         self.sent += text_tokens
-        events = [(orjson.dumps({
-            "type": "delta", "request_id": self.request_id, "attempt": self.attempt,
-            "seq": self.seq, "text": "w " * text_tokens}), DELTA_HEADERS)]
+        events = [
+            (
+                orjson.dumps(
+                    {
+                        "type": "delta",
+                        "request_id": self.request_id,
+                        "attempt": self.attempt,
+                        "seq": self.seq,
+                        "text": "w " * text_tokens,
+                    }
+                ),
+                DELTA_HEADERS,
+            )
+        ]
         self.seq += 1
         if self.sent >= self.tokens:
-            events.append((orjson.dumps({
-                "type": "done", "request_id": self.request_id, "attempt": self.attempt,
-                "seq": self.seq, "status": "finished_length", "model": self.model,
-                "usage": {"prompt_tokens": 8, "completion_tokens": self.sent}}), DONE_HEADERS))
+            events.append(
+                (
+                    orjson.dumps(
+                        {
+                            "type": "done",
+                            "request_id": self.request_id,
+                            "attempt": self.attempt,
+                            "seq": self.seq,
+                            "status": "finished_length",
+                            "model": self.model,
+                            "usage": {"prompt_tokens": 8, "completion_tokens": self.sent},
+                        }
+                    ),
+                    DONE_HEADERS,
+                )
+            )
         return events
 
 
@@ -81,8 +104,13 @@ async def feed(bootstrap: str, tokens_per_s: float, chunk_ms: float) -> None:
     await producer.start()
     requests = [topics.requests_topic(tier) for tier in Tier]
     await consumer.topics()
-    consumer.assign([TopicPartition(topic, p) for topic in requests
-                     for p in consumer.partitions_for_topic(topic) or ()])
+    consumer.assign(
+        [
+            TopicPartition(topic, p)
+            for topic in requests
+            for p in consumer.partitions_for_topic(topic) or ()
+        ]
+    )
     interval = chunk_ms / 1000
     per_chunk = max(1, round(tokens_per_s * interval))
     heap: list[_FedStream] = []
@@ -98,10 +126,18 @@ async def feed(bootstrap: str, tokens_per_s: float, chunk_ms: float) -> None:
                     topic = request["reply_to"]
                     if topic not in partitions:
                         partitions[topic] = sorted(await producer.partitions_for(topic))
-                    heapq.heappush(heap, _FedStream(
-                        time.monotonic(), request["request_id"], request.get("attempt", 0),
-                        request["conversation_id"].encode(), topic, request["model"],
-                        request["sampling"]["max_tokens"]))
+                    heapq.heappush(
+                        heap,
+                        _FedStream(
+                            time.monotonic(),
+                            request["request_id"],
+                            request.get("attempt", 0),
+                            request["conversation_id"].encode(),
+                            topic,
+                            request["model"],
+                            request["sampling"]["max_tokens"],
+                        ),
+                    )
 
     async def send_due() -> None:
         while True:
@@ -112,8 +148,9 @@ async def feed(bootstrap: str, tokens_per_s: float, chunk_ms: float) -> None:
                 stats["late_ms"] = max(stats["late_ms"], (now - stream.due) * 1000)
                 partition = keyed_partition(stream.key, partitions[stream.reply_to], ())
                 for value, headers in stream.next_events(per_chunk):
-                    await _append(producer, batches, stream.reply_to, partition, stream.key,
-                                  value, headers)
+                    await _append(
+                        producer, batches, stream.reply_to, partition, stream.key, value, headers
+                    )
                     stats["events"] += 1
                 if stream.sent < stream.tokens:
                     stream.due += interval
@@ -133,9 +170,15 @@ async def feed(bootstrap: str, tokens_per_s: float, chunk_ms: float) -> None:
         await producer.stop()
 
 
-async def _append(producer: AIOKafkaProducer, batches: dict[tuple[str, int], BatchBuilder],
-                  topic: str, partition: int, key: bytes, value: bytes,
-                  headers: list[tuple[str, bytes]]) -> None:
+async def _append(
+    producer: AIOKafkaProducer,
+    batches: dict[tuple[str, int], BatchBuilder],
+    topic: str,
+    partition: int,
+    key: bytes,
+    value: bytes,
+    headers: list[tuple[str, bytes]],
+) -> None:
     """Add one record to this tick's batch for (topic, partition); a full one goes out."""
     batch = batches.get((topic, partition))
     if batch is None:
@@ -149,8 +192,16 @@ async def _append(producer: AIOKafkaProducer, batches: dict[tuple[str, int], Bat
 # --- the readers ---------------------------------------------------------------------
 
 
-async def read(port: int, total: int, index: int, readers: int, ramp_s: float,
-               start_at: float, max_tokens: int, out: Path) -> None:
+async def read(
+    port: int,
+    total: int,
+    index: int,
+    readers: int,
+    ramp_s: float,
+    start_at: float,
+    max_tokens: int,
+    out: Path,
+) -> None:
     """Streams index, index + readers, … of `total`, each opened at its place in the ramp;
     per-stream results and merged histograms to `out` (JSON)."""
     from bench.sse_client import Target, native_turn
@@ -161,12 +212,18 @@ async def read(port: int, total: int, index: int, readers: int, ramp_s: float,
 
     async def one(i: int) -> StreamRecord:
         await asyncio.sleep(max(0.0, start_at + ramp_s * i / total - offset - loop.time()))
-        return await native_turn(target, f"stream {i}: tell me a story", max_tokens,
-                                 timeout_s=ramp_s + max_tokens + 120)
+        return await native_turn(
+            target, f"stream {i}: tell me a story", max_tokens, timeout_s=ramp_s + max_tokens + 120
+        )
 
     records = await asyncio.gather(*(one(i) for i in range(index, total, readers)))
-    result: dict = {"streams": [], "gaps_ms": Counter(), "tokens_at": Counter(),
-                    "events_at": Counter(), "errors": []}
+    result: dict = {
+        "streams": [],
+        "gaps_ms": Counter(),
+        "tokens_at": Counter(),
+        "events_at": Counter(),
+        "errors": [],
+    }
     for record in records:
         result["streams"].append(_stream_summary(record, result))
         if record.error is not None:
@@ -187,11 +244,13 @@ def _stream_summary(record: StreamRecord, result: dict) -> dict:
     for a, b in zip(record.times, record.times[1:], strict=False):
         result["gaps_ms"][int((b - a) * 1000)] += 1
     span = record.times[-1] - record.times[0] if len(record.times) > 1 else 0.0
-    return {"completed": record.completed,
-            "ttft": record.ttft,
-            "rate": (sum(counts) - counts[0]) / span if span > 0 else None,
-            "first": walls[0] if walls else None,
-            "last": walls[-1] if walls else None}
+    return {
+        "completed": record.completed,
+        "ttft": record.ttft,
+        "rate": (sum(counts) - counts[0]) / span if span > 0 else None,
+        "first": walls[0] if walls else None,
+        "last": walls[-1] if walls else None,
+    }
 
 
 def main(argv: list[str]) -> None:
@@ -201,8 +260,18 @@ def main(argv: list[str]) -> None:
         asyncio.run(feed(args[0], float(args[1]), float(args[2])))
     elif role == "read":
         port, total, index, readers = map(int, args[:4])
-        asyncio.run(read(port, total, index, readers, float(args[4]), float(args[5]),
-                         int(args[6]), Path(args[7])))
+        asyncio.run(
+            read(
+                port,
+                total,
+                index,
+                readers,
+                float(args[4]),
+                float(args[5]),
+                int(args[6]),
+                Path(args[7]),
+            )
+        )
     else:
         raise SystemExit(f"unknown role {role!r}")
 

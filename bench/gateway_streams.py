@@ -131,13 +131,36 @@ async def _fresh_level(plan: GatewayPlan, streams: int, work: Path) -> GatewayLe
     try:
         await broker_ready(broker, bootstrap)
         port = free_port()
-        env = chatpipe_env(API_KEY, work, bootstrap, auto_titles=False, max_model_len=1 << 20,
-                           max_tokens_limit=1 << 20, port=port, **plan.settings)
-        subprocess.run([CHATPIPE, "topics", "create"], env=child_env(env),  # noqa: ASYNC221
-                       check=True, capture_output=True, timeout=60)
-        feeder = Service("feeder", [PYTHON, "-m", "bench.gateway_load", "feed", bootstrap,
-                                    str(plan.tokens_per_s), str(plan.chunk_ms)],
-                         work / "feeder.log")
+        env = chatpipe_env(
+            API_KEY,
+            work,
+            bootstrap,
+            auto_titles=False,
+            max_model_len=1 << 20,
+            max_tokens_limit=1 << 20,
+            port=port,
+            **plan.settings,
+        )
+        subprocess.run(
+            [CHATPIPE, "topics", "create"],
+            env=child_env(env),  # noqa: ASYNC221
+            check=True,
+            capture_output=True,
+            timeout=60,
+        )
+        feeder = Service(
+            "feeder",
+            [
+                PYTHON,
+                "-m",
+                "bench.gateway_load",
+                "feed",
+                bootstrap,
+                str(plan.tokens_per_s),
+                str(plan.chunk_ms),
+            ],
+            work / "feeder.log",
+        )
         gateway = start_stage("gateway", env, work)
         services += [feeder, gateway]
         await wait_until(lambda: http_ok(port, "/healthz"), gateway, 240, "/healthz")
@@ -150,8 +173,9 @@ async def _fresh_level(plan: GatewayPlan, streams: int, work: Path) -> GatewayLe
             service.stop()
 
 
-async def _level(plan: GatewayPlan, port: int, streams: int, work: Path,
-                 services: list[Service]) -> GatewayLevel:
+async def _level(
+    plan: GatewayPlan, port: int, streams: int, work: Path, services: list[Service]
+) -> GatewayLevel:
     _, feeder, gateway = services
     before = {s.name: sum(s.cpu_by_process().values()) for s in services}
     busy_before = _machine_busy()
@@ -160,41 +184,64 @@ async def _level(plan: GatewayPlan, port: int, streams: int, work: Path,
     sampler = asyncio.create_task(rss.sample())
     spy = asyncio.create_task(_py_spy(plan, gateway.pid, streams))
     steady = asyncio.create_task(_steady_cores(plan, streams, services))
-    result = await _read(plan, port, streams, plan.max_tokens(streams),
-                         work / "streams", services)
+    result = await _read(plan, port, streams, plan.max_tokens(streams), work / "streams", services)
     wall = time.time() - started
     sampler.cancel()
     await asyncio.gather(spy, return_exceptions=True)
     steady_cores = steady.result() if steady.done() else {}
     steady.cancel()
-    cores = {s.name: (sum(s.cpu_by_process().values()) - before[s.name]) / wall
-             for s in services}
+    cores = {s.name: (sum(s.cpu_by_process().values()) - before[s.name]) / wall for s in services}
     cores["readers"] = result["reader_cpu_s"] / wall
     cores["other"] = max(0.0, (_machine_busy() - busy_before) / wall - sum(cores.values()))
-    return _summary(plan, streams, result, cores, steady_cores, rss.peak_mb,
-                    _feeder_late_ms(feeder, started, time.time()))
+    return _summary(
+        plan,
+        streams,
+        result,
+        cores,
+        steady_cores,
+        rss.peak_mb,
+        _feeder_late_ms(feeder, started, time.time()),
+    )
 
 
-async def _steady_cores(plan: GatewayPlan, streams: int,
-                        services: list[Service]) -> dict[str, float]:
+async def _steady_cores(
+    plan: GatewayPlan, streams: int, services: list[Service]
+) -> dict[str, float]:
     """Cores per service from 2 s after the ramp to 2 s before the first streams end."""
     await asyncio.sleep(1.0 + plan.ramp_s(streams) + 2.0)
     before = {s.name: sum(s.cpu_by_process().values()) for s in services}
     seconds = max(1.0, plan.steady_s - 4.0)
     await asyncio.sleep(seconds)
-    return {s.name: (sum(s.cpu_by_process().values()) - before[s.name]) / seconds
-            for s in services}
+    return {s.name: (sum(s.cpu_by_process().values()) - before[s.name]) / seconds for s in services}
 
 
-async def _read(plan: GatewayPlan, port: int, streams: int, max_tokens: int, out: Path,
-                services: list[Service]) -> dict:
+async def _read(
+    plan: GatewayPlan, port: int, streams: int, max_tokens: int, out: Path, services: list[Service]
+) -> dict:
     """Open `streams` streams over the ramp in `plan.readers` processes; merged results."""
     readers = max(1, min(plan.readers, streams))
     start_at = time.time() + 1.0
-    procs = [Service(f"reader-{i}", [
-        PYTHON, "-m", "bench.gateway_load", "read", str(port), str(streams), str(i),
-        str(readers), str(plan.ramp_s(streams)), str(start_at), str(max_tokens),
-        str(out / f"reader-{i}.json")], out / f"reader-{i}.log") for i in range(readers)]
+    procs = [
+        Service(
+            f"reader-{i}",
+            [
+                PYTHON,
+                "-m",
+                "bench.gateway_load",
+                "read",
+                str(port),
+                str(streams),
+                str(i),
+                str(readers),
+                str(plan.ramp_s(streams)),
+                str(start_at),
+                str(max_tokens),
+                str(out / f"reader-{i}.json"),
+            ],
+            out / f"reader-{i}.log",
+        )
+        for i in range(readers)
+    ]
     timeout = start_at - time.time() + plan.ramp_s(streams) + max_tokens / plan.tokens_per_s
     deadline = time.monotonic() + timeout * 2 + 60
     try:
@@ -217,8 +264,14 @@ async def _read(plan: GatewayPlan, port: int, streams: int, max_tokens: int, out
 
 
 def _merged(parts: list[dict]) -> dict:
-    merged: dict = {"streams": [], "gaps_ms": Counter(), "tokens_at": Counter(),
-                    "events_at": Counter(), "errors": [], "reader_cpu_s": 0.0}
+    merged: dict = {
+        "streams": [],
+        "gaps_ms": Counter(),
+        "tokens_at": Counter(),
+        "events_at": Counter(),
+        "errors": [],
+        "reader_cpu_s": 0.0,
+    }
     for part in parts:
         merged["streams"] += part["streams"]
         merged["errors"] += part["errors"]
@@ -229,9 +282,15 @@ def _merged(parts: list[dict]) -> dict:
     return merged
 
 
-def _summary(plan: GatewayPlan, streams: int, result: dict, cores: dict[str, float],
-             steady_cores: dict[str, float], rss_mb: float,
-             feeder_late_ms: float) -> GatewayLevel:
+def _summary(
+    plan: GatewayPlan,
+    streams: int,
+    result: dict,
+    cores: dict[str, float],
+    steady_cores: dict[str, float],
+    rss_mb: float,
+    feeder_late_ms: float,
+) -> GatewayLevel:
     done = [s for s in result["streams"] if s["completed"]]
     rates = sorted(s["rate"] for s in done if s["rate"] is not None)
     ttfts = sorted(s["ttft"] * 1000 for s in done if s["ttft"] is not None)
@@ -247,15 +306,28 @@ def _summary(plan: GatewayPlan, streams: int, result: dict, cores: dict[str, flo
     gap = (_hist_percentile(gaps, 50), _hist_percentile(gaps, 99))
     rate_p10 = _percentile(rates, 10)
     rate_min = rates[0] if rates else float("nan")
-    holds = (len(done) == streams and rate_min >= MIN_STREAM_RATE
-             and rate_p10 >= 0.9 * plan.tokens_per_s and gap[1] <= MAX_GAP_P99_MS)
+    holds = (
+        len(done) == streams
+        and rate_min >= MIN_STREAM_RATE
+        and rate_p10 >= 0.9 * plan.tokens_per_s
+        and gap[1] <= MAX_GAP_P99_MS
+    )
     return GatewayLevel(
-        streams=streams, completed=len(done), tokens_per_s=tokens_per_s,
-        events_per_s=events_per_s, gap_ms=gap, rate_p10=rate_p10, rate_min=rate_min,
-        ttft_ms=(_percentile(ttfts, 50), _percentile(ttfts, 99)), cores=cores,
+        streams=streams,
+        completed=len(done),
+        tokens_per_s=tokens_per_s,
+        events_per_s=events_per_s,
+        gap_ms=gap,
+        rate_p10=rate_p10,
+        rate_min=rate_min,
+        ttft_ms=(_percentile(ttfts, 50), _percentile(ttfts, 99)),
+        cores=cores,
         steady_cores=steady_cores,
-        gateway_rss_mb=rss_mb, feeder_late_ms=feeder_late_ms, holds=holds,
-        errors=sorted(Counter(result["errors"]))[:5])
+        gateway_rss_mb=rss_mb,
+        feeder_late_ms=feeder_late_ms,
+        holds=holds,
+        errors=sorted(Counter(result["errors"]))[:5],
+    )
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -299,10 +371,21 @@ async def _py_spy(plan: GatewayPlan, pid: int, streams: int) -> None:
     plan.profile_dir.mkdir(parents=True, exist_ok=True)
     await asyncio.sleep(1.0 + plan.ramp_s(streams))
     spy = await asyncio.create_subprocess_exec(
-        str(Path(PYTHON).with_name("py-spy")), "record", "--gil", "--nonblocking",
-        "--format", "raw", "-d", str(int(plan.steady_s * 0.8)), "-p", str(pid),
-        "-o", str(plan.profile_dir / f"gateway-{streams}.txt"),
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        str(Path(PYTHON).with_name("py-spy")),
+        "record",
+        "--gil",
+        "--nonblocking",
+        "--format",
+        "raw",
+        "-d",
+        str(int(plan.steady_s * 0.8)),
+        "-p",
+        str(pid),
+        "-o",
+        str(plan.profile_dir / f"gateway-{streams}.txt"),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     await spy.wait()
 
 
@@ -319,33 +402,44 @@ def _feeder_late_ms(feeder: Service, since: float, until: float) -> float:
 # --- the report ----------------------------------------------------------------------
 
 
-def markdown(plan: GatewayPlan, levels: list[GatewayLevel], command: str,
-             host: dict[str, str]) -> str:
+def markdown(
+    plan: GatewayPlan, levels: list[GatewayLevel], command: str, host: dict[str, str]
+) -> str:
     lines = [
-        BEGIN, "## How many streams one gateway process holds (issue 11)", "",
-        "```sh", command, "```", "",
-        (f"Run on {host['date']}, commit `{host['commit']}` plus the working tree; "
-         f"{host['cpu']}, `nproc` = {host['nproc']}, load average at start {host['loadavg']}. "
-         "Only the gateway is under test: the embedded broker, one `chatpipe gateway` "
-         "process (limits lifted, titles off), a feeder process standing in for scheduler, "
-         "workers and safety (it answers each request on the gateway's delivery topic: "
-         f"a delta of {plan.tokens_per_chunk} tokens every {plan.chunk_ms:g} ms, "
-         f"{plan.tokens_per_s:g} tokens/s per stream, the first at once, then done), and "
-         f"{plan.readers} reader processes that open the streams through the native API "
-         f"({plan.ramp_per_s:g} new streams/s: create a conversation, post, read the SSE "
-         f"answer; the gateway stores each answer before it shows its end). Every stream "
-         f"lasts the ramp plus {plan.steady_s:g} s, so all are open together for that long; "
-         "each level runs on a fresh broker and gateway. "
-         f"A level holds when every stream completes, the slowest reads ≥ "
-         f"{MIN_STREAM_RATE:g} tokens/s and the slowest tenth ≥ 90 % of the fed rate, and "
-         f"the p99 gap between deltas is ≤ {MAX_GAP_P99_MS:g} ms. Tokens/s and events/s "
-         "are delivered while every stream was open; gateway cores while every stream was "
-         "open / over the whole level (ramp included); the other CPU over the whole level, "
-         "*other* = the rest of the machine (other work on a shared "
-         "machine); RSS the gateway's peak."), "",
-        ("| streams | completed | tokens/s | SSE events/s | gap p50 / p99 ms "
-         "| slowest 10% tokens/s (min) | TTFT p50 / p99 ms | gateway cores (all open / level) | gateway RSS MB "
-         "| feeder, readers, broker, other cores | holds |"),
+        BEGIN,
+        "## How many streams one gateway process holds (issue 11)",
+        "",
+        "```sh",
+        command,
+        "```",
+        "",
+        (
+            f"Run on {host['date']}, commit `{host['commit']}` plus the working tree; "
+            f"{host['cpu']}, `nproc` = {host['nproc']}, load average at start {host['loadavg']}. "
+            "Only the gateway is under test: the embedded broker, one `chatpipe gateway` "
+            "process (limits lifted, titles off), a feeder process standing in for scheduler, "
+            "workers and safety (it answers each request on the gateway's delivery topic: "
+            f"a delta of {plan.tokens_per_chunk} tokens every {plan.chunk_ms:g} ms, "
+            f"{plan.tokens_per_s:g} tokens/s per stream, the first at once, then done), and "
+            f"{plan.readers} reader processes that open the streams through the native API "
+            f"({plan.ramp_per_s:g} new streams/s: create a conversation, post, read the SSE "
+            f"answer; the gateway stores each answer before it shows its end). Every stream "
+            f"lasts the ramp plus {plan.steady_s:g} s, so all are open together for that long; "
+            "each level runs on a fresh broker and gateway. "
+            f"A level holds when every stream completes, the slowest reads ≥ "
+            f"{MIN_STREAM_RATE:g} tokens/s and the slowest tenth ≥ 90 % of the fed rate, and "
+            f"the p99 gap between deltas is ≤ {MAX_GAP_P99_MS:g} ms. Tokens/s and events/s "
+            "are delivered while every stream was open; gateway cores while every stream was "
+            "open / over the whole level (ramp included); the other CPU over the whole level, "
+            "*other* = the rest of the machine (other work on a shared "
+            "machine); RSS the gateway's peak."
+        ),
+        "",
+        (
+            "| streams | completed | tokens/s | SSE events/s | gap p50 / p99 ms "
+            "| slowest 10% tokens/s (min) | TTFT p50 / p99 ms | gateway cores (all open / level) | gateway RSS MB "
+            "| feeder, readers, broker, other cores | holds |"
+        ),
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for lv in levels:
@@ -357,7 +451,8 @@ def markdown(plan: GatewayPlan, levels: list[GatewayLevel], command: str,
             f"| {lv.steady_cores.get('gateway', math.nan):.2f} / {c.get('gateway', 0):.2f} "
             f"| {lv.gateway_rss_mb:.0f} | {c.get('feeder', 0):.2f}, "
             f"{c.get('readers', 0):.2f}, {c.get('broker', 0):.2f}, {c.get('other', 0):.2f} "
-            f"| {'yes' if lv.holds else '**no**'} |")
+            f"| {'yes' if lv.holds else '**no**'} |"
+        )
     lines += ["", _what_breaks(plan, levels), "", END]
     return "\n".join(lines)
 
@@ -374,22 +469,30 @@ def _what_breaks(plan: GatewayPlan, levels: list[GatewayLevel]) -> str:
         return text + "No level broke; the curve stops at the largest level run."
     failed = []
     if broken.completed < broken.streams:
-        failed.append(f"{broken.streams - broken.completed} streams did not complete "
-                      f"({'; '.join(broken.errors[:2])})")
+        failed.append(
+            f"{broken.streams - broken.completed} streams did not complete "
+            f"({'; '.join(broken.errors[:2])})"
+        )
     if broken.gap_ms[1] > MAX_GAP_P99_MS:
         failed.append(f"p99 gap {broken.gap_ms[1]:.0f} ms")
     if broken.rate_p10 < 0.9 * plan.tokens_per_s or broken.rate_min < MIN_STREAM_RATE:
-        failed.append(f"slowest streams at {broken.rate_p10:.1f} (p10) / "
-                      f"{broken.rate_min:.1f} (min) tokens/s")
-    text += (f"At {broken.streams} streams: {', '.join(failed)}, with the gateway at "
-             f"{broken.steady_cores.get('gateway', math.nan):.2f} cores while all streams "
-             f"were open (one event loop: ~1 core is all it can use) and the feeder at most {broken.feeder_late_ms:.0f} ms behind its "
-             "schedule.")
-    profile = (plan.profile_dir / f"gateway-{broken.streams}.txt"
-               if plan.profile_dir is not None else None)
+        failed.append(
+            f"slowest streams at {broken.rate_p10:.1f} (p10) / {broken.rate_min:.1f} (min) tokens/s"
+        )
+    text += (
+        f"At {broken.streams} streams: {', '.join(failed)}, with the gateway at "
+        f"{broken.steady_cores.get('gateway', math.nan):.2f} cores while all streams "
+        f"were open (one event loop: ~1 core is all it can use) and the feeder at most {broken.feeder_late_ms:.0f} ms behind its "
+        "schedule."
+    )
+    profile = (
+        plan.profile_dir / f"gateway-{broken.streams}.txt" if plan.profile_dir is not None else None
+    )
     if profile is not None and profile.exists():
-        text += (f" Where the gateway's time goes at that level (py-spy, GIL held, share "
-                 f"of samples by innermost chatpipe/library frame): {_top_frames(profile)}.")
+        text += (
+            f" Where the gateway's time goes at that level (py-spy, GIL held, share "
+            f"of samples by innermost chatpipe/library frame): {_top_frames(profile)}."
+        )
     return text
 
 
@@ -421,23 +524,42 @@ def cli(argv: list[str], out: Path) -> None:
     parser.add_argument("--ramp-per-s", type=float, default=GatewayPlan.ramp_per_s)
     parser.add_argument("--steady", type=float, default=GatewayPlan.steady_s)
     parser.add_argument("--readers", type=int, default=GatewayPlan.readers)
-    parser.add_argument("--py-spy", type=Path, default=None, metavar="DIR",
-                        help="record the gateway's stacks at each level into DIR")
-    parser.add_argument("--set", dest="settings", action="append", default=[],
-                        metavar="NAME=VALUE", help="a chatpipe setting for the gateway")
+    parser.add_argument(
+        "--py-spy",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="record the gateway's stacks at each level into DIR",
+    )
+    parser.add_argument(
+        "--set",
+        dest="settings",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a chatpipe setting for the gateway",
+    )
     parser.add_argument("--out", type=Path, default=out, help="where RESULTS.md is")
     parser.add_argument("--no-write", action="store_true", help="print the section only")
     args = parser.parse_args(argv)
-    plan = GatewayPlan(tuple(int(n) for n in args.levels.split(",") if n), args.rate,
-                       args.chunk_ms, args.ramp_per_s, args.steady, args.readers, args.py_spy,
-                       dict(setting.split("=", 1) for setting in args.settings))
+    plan = GatewayPlan(
+        tuple(int(n) for n in args.levels.split(",") if n),
+        args.rate,
+        args.chunk_ms,
+        args.ramp_per_s,
+        args.steady,
+        args.readers,
+        args.py_spy,
+        dict(setting.split("=", 1) for setting in args.settings),
+    )
     host = machine()
     work = Path(tempfile.mkdtemp(prefix="chatpipe-gateway-bench-"))
     log.info("logs in %s", work)
     levels = asyncio.run(run(plan, work))
     (work / "levels.json").write_text(json.dumps([asdict(lv) for lv in levels], indent=1))
-    report = markdown(plan, levels, shlex.join([".venv/bin/python", "-m", "bench", "gateway",
-                                                *argv]), host)
+    report = markdown(
+        plan, levels, shlex.join([".venv/bin/python", "-m", "bench", "gateway", *argv]), host
+    )
     if not args.no_write:
         write(report, args.out / "RESULTS.md", BEGIN, END)
     print(report)

@@ -38,17 +38,25 @@ after its last (safety's, the gateway's)."""
 _REQUEST_ID = re.compile(rb'"request_id":"([^"]+)"')
 
 
-async def first_seen(bootstrap: str, topic_names: list[str], event_type: str, wanted: set[str],
-                     timeout_s: float = 20) -> dict[str, float]:
+async def first_seen(
+    bootstrap: str, topic_names: list[str], event_type: str, wanted: set[str], timeout_s: float = 20
+) -> dict[str, float]:
     """Epoch seconds of the first `event_type` record on any of `topic_names`, per request."""
     marker = f'"type":"{event_type}"'.encode()
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
-                                fetch_max_wait_ms=20, max_partition_fetch_bytes=8 << 20)
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap,
+        enable_auto_commit=False,
+        fetch_max_wait_ms=20,
+        max_partition_fetch_bytes=8 << 20,
+    )
     await consumer.start()
     try:
         await consumer.topics()
-        partitions = [TopicPartition(name, p) for name in topic_names
-                      for p in sorted(consumer.partitions_for_topic(name) or ())]
+        partitions = [
+            TopicPartition(name, p)
+            for name in topic_names
+            for p in sorted(consumer.partitions_for_topic(name) or ())
+        ]
         consumer.assign(partitions)
         for tp in partitions:
             consumer.seek(tp, 0)
@@ -79,21 +87,35 @@ async def ttft_hops(bootstrap: str, records: list[StreamRecord]) -> dict[str, tu
         deliver = [t for t in await admin.list_topics() if t.startswith(topics.DELIVER_PREFIX)]
     finally:
         await admin.close()
-    stops = ((topics.request_topics(), "request"), ([topics.WORK], "work"),
-             ([topics.TOKENS], "chunk"), (deliver, "delta"))
+    stops = (
+        (topics.request_topics(), "request"),
+        ([topics.WORK], "work"),
+        ([topics.TOKENS], "chunk"),
+        (deliver, "delta"),
+    )
     points = [await first_seen(bootstrap, names, kind, wanted) for names, kind in stops]
-    ends = [await first_seen(bootstrap, names, "done", wanted)
-            for names in ([topics.TOKENS], deliver)]
+    ends = [
+        await first_seen(bootstrap, names, "done", wanted) for names in ([topics.TOKENS], deliver)
+    ]
     samples: dict[str, list[float]] = defaultdict(list)
     for record in done:
         rid = record.request_id or ""
         if all(rid in point for point in points):
-            _add(samples, HOPS, [record.wall_started, *(point[rid] for point in points),
-                                 record.wall(record.times[0])])
+            _add(
+                samples,
+                HOPS,
+                [
+                    record.wall_started,
+                    *(point[rid] for point in points),
+                    record.wall(record.times[0]),
+                ],
+            )
         if record.ended and all(rid in point for point in ends):
             _add(samples, END_HOPS, [*(point[rid] for point in ends), record.wall(record.ended)])
-    return {hop: (percentile(samples[hop], 50), percentile(samples[hop], 90))
-            for hop in (*HOPS, *END_HOPS)}
+    return {
+        hop: (percentile(samples[hop], 50), percentile(samples[hop], 90))
+        for hop in (*HOPS, *END_HOPS)
+    }
 
 
 def _add(samples: dict[str, list[float]], hops: tuple[str, ...], times: list[float]) -> None:

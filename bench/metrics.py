@@ -76,8 +76,13 @@ class LevelStats:
         return self.tokens / self.wall_s if self.wall_s > 0 else 0.0
 
 
-def level_stats(side: str, concurrency: int, records: list[StreamRecord], wall_s: float,
-                pipeline_tokens: dict[str, list[int]] | None = None) -> tuple[LevelStats, dict]:
+def level_stats(
+    side: str,
+    concurrency: int,
+    records: list[StreamRecord],
+    wall_s: float,
+    pipeline_tokens: dict[str, list[int]] | None = None,
+) -> tuple[LevelStats, dict]:
     """Summary of one level, and its raw samples (for plots)."""
     done = [r for r in records if r.completed]
     ttft = [r.ttft for r in done if r.ttft is not None]
@@ -97,14 +102,21 @@ def level_stats(side: str, concurrency: int, records: list[StreamRecord], wall_s
         chunked_tokens += sum(counts)
         chunks += len(counts)
     stats = LevelStats(
-        side=side, concurrency=concurrency, requests=len(records), completed=len(done),
-        wall_s=wall_s, tokens=sum(int(r.usage["completion_tokens"]) for r in done if r.usage),
-        ttft_ms=_p50_p99(ttft), itl_ms=_p50_p99(itl), tpot_ms=_p50_p99(tpot),
+        side=side,
+        concurrency=concurrency,
+        requests=len(records),
+        completed=len(done),
+        wall_s=wall_s,
+        tokens=sum(int(r.usage["completion_tokens"]) for r in done if r.usage),
+        ttft_ms=_p50_p99(ttft),
+        itl_ms=_p50_p99(itl),
+        tpot_ms=_p50_p99(tpot),
         chunk_gap_ms=_p50_p99(gaps),
         tokens_per_chunk=chunked_tokens / chunks if chunks else float("nan"),
         unmatched=unmatched,
-        errors=dict(Counter((r.error or "no usage or [DONE]")[:120]
-                            for r in records if not r.completed)),
+        errors=dict(
+            Counter((r.error or "no usage or [DONE]")[:120] for r in records if not r.completed)
+        ),
     )
     return stats, {"ttft": ttft, "itl": itl, "chunk_gap": gaps}
 

@@ -41,12 +41,14 @@ def jain(values: list[float]) -> float:
     return sum(values) ** 2 / (len(values) * sum(v * v for v in values)) if values else 1.0
 
 
-async def one_request(client: httpx.AsyncClient, tier: Tier, user: str,
-                      results: list[dict]) -> None:
+async def one_request(
+    client: httpx.AsyncClient, tier: Tier, user: str, results: list[dict]
+) -> None:
     started = time.monotonic()
     conversation = (await client.post("/v1/conversations", json={})).json()
     async with client.stream(
-        "POST", f"/v1/conversations/{conversation['conversation_id']}/messages",
+        "POST",
+        f"/v1/conversations/{conversation['conversation_id']}/messages",
         json={"content": f"hello from {user}", "max_tokens": MAX_TOKENS, "ignore_eos": True},
     ) as response:
         if response.status_code != 200:
@@ -57,26 +59,39 @@ async def one_request(client: httpx.AsyncClient, tier: Tier, user: str,
     deltas = [e for e in events if e.event == "delta"]
     errors = [e.json()["code"] for e in events if e.event == "error"]
     outcome = "served" if deltas else (errors[0] if errors else "empty")
-    results.append(dict(tier=tier, user=user, outcome=outcome,
-                        ttft=(deltas[0].at - started) if deltas else None))
+    results.append(
+        dict(
+            tier=tier, user=user, outcome=outcome, ttft=(deltas[0].at - started) if deltas else None
+        )
+    )
 
 
 async def run() -> str:
     tmp = Path(tempfile.mkdtemp(prefix="overload-"))
     settings = stack_settings(
-        tmp, engine="sim", max_slots=SLOTS, sim_tokens_per_s=TOKENS_PER_S, auto_titles=False,
+        tmp,
+        engine="sim",
+        max_slots=SLOTS,
+        sim_tokens_per_s=TOKENS_PER_S,
+        auto_titles=False,
         tier_max_wait_s={"enterprise": 30.0, "pro": 10.0, "free": 4.0},
-        user_requests_per_minute=100_000, org_requests_per_minute=100_000,
-        user_tokens_per_minute=100_000_000, org_tokens_per_minute=100_000_000,
-        sim_prompt_tokens_per_s=1e6)
+        user_requests_per_minute=100_000,
+        org_requests_per_minute=100_000,
+        user_tokens_per_minute=100_000_000,
+        org_tokens_per_minute=100_000_000,
+        sim_prompt_tokens_per_s=1e6,
+    )
     results: list[dict] = []
     async with running_sim_stack(settings) as stack:
         users = [(tier, f"{tier}-{i}") for tier, n in USERS.items() for i in range(n)]
         for tier, user in users:
             await stack.store.add_api_key(user, ApiKey(user, f"org-{user}", tier))
-        clients = {user: httpx.AsyncClient(base_url=stack.base_url, timeout=120,
-                                           headers={"Authorization": f"Bearer {user}"})
-                   for _, user in users}
+        clients = {
+            user: httpx.AsyncClient(
+                base_url=stack.base_url, timeout=120, headers={"Authorization": f"Bearer {user}"}
+            )
+            for _, user in users
+        }
         tasks = []
         count = int(DURATION_S * OFFERED_PER_S)
         for i in range(count):
@@ -90,20 +105,29 @@ async def run() -> str:
 
 
 def report(results: list[dict]) -> str:
-    lines = ["| tier | offered | served | shed | TTFT p50 ms | TTFT p99 ms |",
-             "|---|---|---|---|---|---|"]
+    lines = [
+        "| tier | offered | served | shed | TTFT p50 ms | TTFT p99 ms |",
+        "|---|---|---|---|---|---|",
+    ]
     for tier in Tier:
         mine = [r for r in results if r["tier"] == tier]
         served = [r["ttft"] for r in mine if r["outcome"] == "served"]
         shed = [r for r in mine if r["outcome"] in ("http 503", "overloaded")]
-        lines.append(f"| {tier} | {len(mine)} | {len(served)} | {len(shed)} "
-                     f"({len(shed) / max(1, len(mine)):.0%}) | "
-                     f"{percentile(served, 0.5) * 1000:.0f} | {percentile(served, 0.99) * 1000:.0f} |")
+        lines.append(
+            f"| {tier} | {len(mine)} | {len(served)} | {len(shed)} "
+            f"({len(shed) / max(1, len(mine)):.0%}) | "
+            f"{percentile(served, 0.5) * 1000:.0f} | {percentile(served, 0.99) * 1000:.0f} |"
+        )
     free_users = sorted({r["user"] for r in results if r["tier"] == Tier.FREE})
-    per_user = [sum(1 for r in results if r["user"] == u and r["outcome"] == "served")
-                for u in free_users]
-    ttfts = [statistics.median([r["ttft"] for r in results if r["user"] == u
-                                and r["outcome"] == "served"] or [0.0]) for u in free_users]
+    per_user = [
+        sum(1 for r in results if r["user"] == u and r["outcome"] == "served") for u in free_users
+    ]
+    ttfts = [
+        statistics.median(
+            [r["ttft"] for r in results if r["user"] == u and r["outcome"] == "served"] or [0.0]
+        )
+        for u in free_users
+    ]
     shed_total = sum(1 for r in results if r["outcome"] in ("http 503", "overloaded"))
     other = sorted({r["outcome"] for r in results} - {"served", "http 503", "overloaded"})
     lines += [

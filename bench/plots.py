@@ -40,16 +40,21 @@ def latency(sides: list[SideRun], path: Path) -> None:
     levels = sorted({lv.stats.concurrency for side in sides for lv in side.levels})
     fig, axes = plt.subplots(2, len(levels), figsize=(3.4 * len(levels), 6), squeeze=False)
     for col, concurrency in enumerate(levels):
-        for row, (metric, label) in enumerate((("ttft", "time to first token (ms)"),
-                                               ("itl", "inter-token latency (ms)"))):
+        for row, (metric, label) in enumerate(
+            (("ttft", "time to first token (ms)"), ("itl", "inter-token latency (ms)"))
+        ):
             ax = axes[row][col]
             for side in sides:
                 level = side.level(concurrency)
                 if level is None or not level.samples[metric]:
                     continue
                 values = np.sort(np.asarray(level.samples[metric]) * 1000)
-                ax.plot(values, np.linspace(0, 1, len(values)), label=side.name,
-                        color=COLORS.get(side.name))
+                ax.plot(
+                    values,
+                    np.linspace(0, 1, len(values)),
+                    label=side.name,
+                    color=COLORS.get(side.name),
+                )
             _log_x(ax)
             ax.set_xlabel(label)
             ax.grid(alpha=0.3)
@@ -68,8 +73,13 @@ def capacity(run: CapacityRun, path: Path) -> None:
     streams = [lv.streams for lv in run.levels]
     left.plot(streams, [lv.tokens_per_s for lv in run.levels], marker="o", label="tokens/s")
     left.plot(streams, [lv.events_per_s for lv in run.levels], marker="s", label="SSE events/s")
-    left.plot(streams, [s * run.plan.tokens_per_s for s in streams], ls="--", color="grey",
-              label="offered tokens/s")
+    left.plot(
+        streams,
+        [s * run.plan.tokens_per_s for s in streams],
+        ls="--",
+        color="grey",
+        label="offered tokens/s",
+    )
     left.set_xlabel("concurrent SSE streams (one gateway)")
     left.set_title(f"sim engine, {run.plan.tokens_per_s:g} tokens/s per stream")
     left.grid(alpha=0.3)
@@ -78,9 +88,14 @@ def capacity(run: CapacityRun, path: Path) -> None:
     bottom = np.zeros(len(run.levels))
     xs = np.arange(len(run.levels))
     for name in [*names, "client"]:
-        values = np.array([lv.cpu_per_1k_tokens(lv.cpu.client if name == "client"
-                                                else lv.cpu.by_process.get(name, 0.0))
-                           for lv in run.levels])
+        values = np.array(
+            [
+                lv.cpu_per_1k_tokens(
+                    lv.cpu.client if name == "client" else lv.cpu.by_process.get(name, 0.0)
+                )
+                for lv in run.levels
+            ]
+        )
         right.bar(xs, values, bottom=bottom, label=name)
         bottom += values
     right.set_xticks(xs, [str(s) for s in streams])

@@ -80,15 +80,21 @@ class Pipeline:
 
     def env(self, **settings: object) -> dict[str, str]:
         values: dict[str, object] = {
-            "engine": "sim", "model": DEFAULT_MODEL_DIR, "dev_api_key": API_KEY,
+            "engine": "sim",
+            "model": DEFAULT_MODEL_DIR,
+            "dev_api_key": API_KEY,
             "key_secret": KEY_SECRET,
-            "database_path": self.tmp_path / "chatpipe.db", "auto_titles": False,
-            "heartbeat_interval_s": 0.5, "worker_lost_after_s": 3.0,
-            **self.settings, **settings,
+            "database_path": self.tmp_path / "chatpipe.db",
+            "auto_titles": False,
+            "heartbeat_interval_s": 0.5,
+            "worker_lost_after_s": 3.0,
+            **self.settings,
+            **settings,
         }
         env = {**os.environ, "KAFKA_BOOTSTRAP_SERVERS": self.broker.bootstrap_servers}
-        env.update({f"CHATPIPE_{name.upper()}": _env_value(value)
-                    for name, value in values.items()})
+        env.update(
+            {f"CHATPIPE_{name.upper()}": _env_value(value) for name, value in values.items()}
+        )
         return env
 
     async def start(self, name: str, stage: str | None = None, **settings: object) -> Stage:
@@ -111,9 +117,14 @@ class Pipeline:
             log.flush()
             entry.started_at = time.time()
             entry.process = subprocess.Popen(
-                [sys.executable, "-m", "chatpipe.cli", entry.stage], env=entry.env, cwd=REPO,
-                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                start_new_session=True)
+                [sys.executable, "-m", "chatpipe.cli", entry.stage],
+                env=entry.env,
+                cwd=REPO,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
 
     def kill(self, name: str) -> None:
         """SIGKILL the stage's whole process group, as a crash would."""
@@ -171,8 +182,9 @@ class Pipeline:
             pending.discard(heartbeat.worker_id)
             return True
 
-        await self.find(topics.WORKERS, WorkerHeartbeat, ready, count=len(names),
-                        timeout_s=timeout_s)
+        await self.find(
+            topics.WORKERS, WorkerHeartbeat, ready, count=len(names), timeout_s=timeout_s
+        )
         if pending:
             raise TimeoutError(f"workers not ready after {timeout_s}s: {sorted(pending)}")
 
@@ -188,8 +200,9 @@ class Pipeline:
 
     def http(self, name: str = "gateway", api_key: str = API_KEY) -> httpx.AsyncClient:
         """A client of the gateway `name` (close it, or use it in `async with`)."""
-        return httpx.AsyncClient(base_url=self.base_url(name), timeout=60,
-                                 headers={"Authorization": f"Bearer {api_key}"})
+        return httpx.AsyncClient(
+            base_url=self.base_url(name), timeout=60, headers={"Authorization": f"Bearer {api_key}"}
+        )
 
     async def send(self, topic: str, event: Event, key: str | None = None) -> None:
         """Put `event` on the bus as a stage would (acknowledged when this returns)."""
@@ -199,8 +212,14 @@ class Pipeline:
             self._publisher = Publisher(producer)
         await self._publisher.send_and_wait(topic, event, key=key)
 
-    async def find(self, topic: str, kind: Any, match: Callable[[Any], bool], count: int = 1,
-                   timeout_s: float = 30.0) -> list[Any]:
+    async def find(
+        self,
+        topic: str,
+        kind: Any,
+        match: Callable[[Any], bool],
+        count: int = 1,
+        timeout_s: float = 30.0,
+    ) -> list[Any]:
         """Events of `topic` (from its start) that `match`, up to `count` (`find_events`)."""
         return await find_events(self.kafka, topic, kind, match, count, timeout_s)
 
@@ -211,8 +230,11 @@ class Pipeline:
 
     def print_logs(self) -> None:
         for name in self.stages:
-            print(f"===== {name} (last lines of {self.stages[name].log}) =====\n"
-                  f"{self.log_tail(name)}", flush=True)
+            print(
+                f"===== {name} (last lines of {self.stages[name].log}) =====\n"
+                f"{self.log_tail(name)}",
+                flush=True,
+            )
 
     async def close(self) -> None:
         for name, entry in self.stages.items():
@@ -242,9 +264,10 @@ async def running_pipeline(tmp_path: Path, **settings: object) -> AsyncIterator[
     async with EmbeddedBroker() as broker:
         shards = settings.get("scheduler_shards") or {}  # each its own chat.work.<shard>
         assert isinstance(shards, dict)
-        layout = TopicLayout(**{k: v for k, v in settings.items()
-                                if k in ("topic_partitions", "work_partitions")},
-                             shards=tuple(shards))
+        layout = TopicLayout(
+            **{k: v for k, v in settings.items() if k in ("topic_partitions", "work_partitions")},
+            shards=tuple(shards),
+        )
         await ensure_topics(broker.bootstrap_servers, layout)
         pipeline = Pipeline(tmp_path, broker, settings)
         try:

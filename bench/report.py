@@ -44,14 +44,26 @@ class BenchRun:
 
 def machine() -> dict[str, str]:
     """What `date`, `nproc` and `free -g` say, plus the CPU and the load."""
+
     def sh(*argv: str) -> str:
         return subprocess.run(argv, capture_output=True, text=True).stdout.strip()
 
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text()
-                .splitlines() if line.startswith("model name")), platform.processor())
-    return {"date": sh("date"), "nproc": sh("nproc"), "free_g": sh("free", "-g"), "cpu": cpu,
-            "loadavg": " ".join(f"{x:.2f}" for x in os.getloadavg()),
-            "commit": sh("git", "rev-parse", "--short", "HEAD")}
+    cpu = next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        ),
+        platform.processor(),
+    )
+    return {
+        "date": sh("date"),
+        "nproc": sh("nproc"),
+        "free_g": sh("free", "-g"),
+        "cpu": cpu,
+        "loadavg": " ".join(f"{x:.2f}" for x in os.getloadavg()),
+        "commit": sh("git", "rev-parse", "--short", "HEAD"),
+    }
 
 
 def write(run: BenchRun, out_dir: Path) -> Path:
@@ -68,7 +80,10 @@ def write(run: BenchRun, out_dir: Path) -> Path:
     return path
 
 
-BEGIN, END = "<!-- written by python -m bench: begin -->", "<!-- written by python -m bench: end -->"
+BEGIN, END = (
+    "<!-- written by python -m bench: begin -->",
+    "<!-- written by python -m bench: end -->",
+)
 
 
 def _merged(path: Path, report: str) -> str:
@@ -97,7 +112,8 @@ def markdown(run: BenchRun) -> str:
         f"Run on {run.machine['date']} ({run.duration_s / 60:.1f} min), commit "
         f"`{run.machine['commit']}` plus the working tree. Regenerate with:\n",
         f"```sh\n{run.command}\n```\n",
-        _machine(run), _engine(run),
+        _machine(run),
+        _engine(run),
     ]
     if run.failures:
         parts.append("## Failed phases\n\n" + "".join(f"- {f}\n" for f in run.failures))
@@ -111,16 +127,23 @@ def markdown(run: BenchRun) -> str:
 
 def _machine(run: BenchRun) -> str:
     m = run.machine
-    return (f"## Machine\n\n- CPU: {m['cpu']}, `nproc` = {m['nproc']}, no GPU\n"
-            f"- load average at start: {m['loadavg']}\n- `free -g`:\n\n```\n{m['free_g']}\n```\n")
+    return (
+        f"## Machine\n\n- CPU: {m['cpu']}, `nproc` = {m['nproc']}, no GPU\n"
+        f"- load average at start: {m['loadavg']}\n- `free -g`:\n\n```\n{m['free_g']}\n```\n"
+    )
 
 
 def _engine(run: BenchRun) -> str:
     e, w = run.engine, run.workload
-    lines = ["## Sides, engine and workload\n",
-             f"- model `{e.model.name}` (tiny random-weight Llama), served as `{e.model_name}`"]
-    lines += [f"- **{side.name}**: {_described(run, side.name)}" for side in run.sides
-              if side.name in (VLLM, CHATPIPE, VLLM_SAME_ARGS)]
+    lines = [
+        "## Sides, engine and workload\n",
+        f"- model `{e.model.name}` (tiny random-weight Llama), served as `{e.model_name}`",
+    ]
+    lines += [
+        f"- **{side.name}**: {_described(run, side.name)}"
+        for side in run.sides
+        if side.name in (VLLM, CHATPIPE, VLLM_SAME_ARGS)
+    ]
     lines.append(
         f"- streaming `POST /v1/chat/completions`, {w.max_tokens} tokens per answer "
         "(`ignore_eos`), temperature 1, 8 fixed prompts in turn, "
@@ -128,9 +151,13 @@ def _engine(run: BenchRun) -> str:
         f"{w.rounds} requests per client per level (at least {w.min_requests}); "
         f"first one warm-up round at every level ({w.warmup_tokens}-token answers), then "
         f"each level {w.runs} time(s), the run with the most tokens/s kept (same rule on every "
-        "side); rate limits lifted on chatpipe, and a refused request counts as not done")
-    lines += [f"- {side.name}: launch to ready (`/health`, or the 'chatpipe is up' line) "
-              f"{side.ready_s:.0f} s" for side in run.sides]
+        "side); rate limits lifted on chatpipe, and a refused request counts as not done"
+    )
+    lines += [
+        f"- {side.name}: launch to ready (`/health`, or the 'chatpipe is up' line) "
+        f"{side.ready_s:.0f} s"
+        for side in run.sides
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -139,20 +166,29 @@ def _described(run: BenchRun, side: str) -> str:
     that imports vLLM, seconds a sim-only run does without)."""
     e = run.engine
     if side == VLLM:
-        return ("vLLM's OpenAI server as `vllm serve MODEL` runs it, at its own defaults "
-                "(on the CPU with chatpipe's KV cache size: vLLM's default there reserves 92 % "
-                "of the memory, which must be free at start): "
-                f"`{_server_command(e, same_args=False)}`")
+        return (
+            "vLLM's OpenAI server as `vllm serve MODEL` runs it, at its own defaults "
+            "(on the CPU with chatpipe's KV cache size: vLLM's default there reserves 92 % "
+            "of the memory, which must be free at start): "
+            f"`{_server_command(e, same_args=False)}`"
+        )
     if side == VLLM_SAME_ARGS:
         return f"vLLM's server with exactly chatpipe's engine args: `{_server_command(e, True)}`"
-    up = ("`chatpipe up` (gateway, every stage and the engine's front end in one process, "
-          "the embedded broker beside it)")
+    up = (
+        "`chatpipe up` (gateway, every stage and the engine's front end in one process, "
+        "the embedded broker beside it)"
+    )
     if run.chatpipe_engine == "sim":
         return f"{up} with the sim engine (no vLLM)"
-    chatpipe = (f"`CHATPIPE_VLLM_ARGS='{json.dumps(e.vllm_args)}'`" if e.vllm_args
-                else "its default engine args")
+    chatpipe = (
+        f"`CHATPIPE_VLLM_ARGS='{json.dumps(e.vllm_args)}'`"
+        if e.vllm_args
+        else "its default engine args"
+    )
     args = json.dumps(chatpipe_engine_args(e), default=str)
-    return f"{up} with {chatpipe}; the engine args its vLLM engine passes beyond the model: `{args}`"
+    return (
+        f"{up} with {chatpipe}; the engine args its vLLM engine passes beyond the model: `{args}`"
+    )
 
 
 def _server_command(cfg: EngineConfig, same_args: bool) -> str:
@@ -179,8 +215,10 @@ def _targets(run: BenchRun) -> str:
     rows = ["## Targets\n", "| target | measured | met |", "|---|---|---|"]
     done = sum(lv.stats.completed for lv in cp.levels)
     asked = sum(lv.stats.requests for lv in cp.levels)
-    rows.append(f"| every chatpipe request completed (a refusal is a failure) | {done}/{asked} | "
-                f"{'yes' if done == asked else 'no'} |")
+    rows.append(
+        f"| every chatpipe request completed (a refusal is a failure) | {done}/{asked} | "
+        f"{'yes' if done == asked else 'no'} |"
+    )
     for name, label in BASELINES.items():
         base = run.side(name)
         if base is None:
@@ -191,27 +229,37 @@ def _targets(run: BenchRun) -> str:
                 continue
             a, b, c = lv.stats, other.stats, lv.stats.concurrency
             ratio = a.tokens_per_s / b.tokens_per_s if b.tokens_per_s else float("nan")
-            rows.append(f"| tokens/s at c={c} ≥ {THROUGHPUT_RATIO}× {label} | {ratio:.2f}× | "
-                        f"{_met(ratio >= THROUGHPUT_RATIO)} |")
+            rows.append(
+                f"| tokens/s at c={c} ≥ {THROUGHPUT_RATIO}× {label} | {ratio:.2f}× | "
+                f"{_met(ratio >= THROUGHPUT_RATIO)} |"
+            )
             if b.itl_ms[0] > 0:
                 itl = a.itl_ms[0] / b.itl_ms[0]
-                rows.append(f"| ITL p50 at c={c} ≤ {ITL_RATIO}× {label} | {itl:.2f}× | "
-                            f"{_met(itl <= ITL_RATIO)} |")
+                rows.append(
+                    f"| ITL p50 at c={c} ≤ {ITL_RATIO}× {label} | {itl:.2f}× | "
+                    f"{_met(itl <= ITL_RATIO)} |"
+                )
             else:  # most of its chunks reached the client in one read with the one before
-                rows.append(f"| ITL p50 at c={c} ≤ {ITL_RATIO}× {label} | n/a ({label}: "
-                            f"{_fmt(b.itl_ms[0], 1)} ms) | n/a |")
+                rows.append(
+                    f"| ITL p50 at c={c} ≤ {ITL_RATIO}× {label} | n/a ({label}: "
+                    f"{_fmt(b.itl_ms[0], 1)} ms) | n/a |"
+                )
         a1, b1 = cp.level(1), base.level(1)
         if a1 and b1:
             delta = a1.stats.ttft_ms[0] - b1.stats.ttft_ms[0]
-            rows.append(f"| TTFT p50 at c=1 ≤ {label} + {TTFT_MARGIN_MS:g} ms | "
-                        f"{delta:+.0f} ms | {_met(delta <= TTFT_MARGIN_MS)} |")
+            rows.append(
+                f"| TTFT p50 at c=1 ≤ {label} + {TTFT_MARGIN_MS:g} ms | "
+                f"{delta:+.0f} ms | {_met(delta <= TTFT_MARGIN_MS)} |"
+            )
     c = cp.cancel
     if c and c.generated_after_median is not None and c.interval_tokens is not None:
         met = c.generated_after_median <= c.interval_tokens
-        rows.append(f"| cancellation waste (tokens generated after the hang-up, median) ≤ one "
-                    f"coalescing interval of tokens | {c.generated_after_median:.1f} tokens "
-                    f"(max {c.generated_after_max:.0f}) vs {c.interval_tokens:.1f} | "
-                    f"{_met(met)} |")
+        rows.append(
+            f"| cancellation waste (tokens generated after the hang-up, median) ≤ one "
+            f"coalescing interval of tokens | {c.generated_after_median:.1f} tokens "
+            f"(max {c.generated_after_max:.0f}) vs {c.interval_tokens:.1f} | "
+            f"{_met(met)} |"
+        )
     return "\n".join(rows) + "\n"
 
 
@@ -221,13 +269,14 @@ def _met(ok: bool) -> str:
 
 def _comparison(run: BenchRun) -> str:
     cp = run.side(CHATPIPE)
-    lines = ["## Latency and throughput\n",
-             "Latencies in ms (p50 / p99). ITL is per token (chunk gap ÷ tokens in the chunk, "
-             "one sample per token); TPOT is per request (first to last chunk ÷ tokens after "
-             "the first chunk); the chunk gap is the pause a reader sees.\n",
-             "| c | side | done | tokens/s | TTFT | ITL per token | TPOT | chunk gap | "
-             "tokens/chunk |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "## Latency and throughput\n",
+        "Latencies in ms (p50 / p99). ITL is per token (chunk gap ÷ tokens in the chunk, "
+        "one sample per token); TPOT is per request (first to last chunk ÷ tokens after "
+        "the first chunk); the chunk gap is the pause a reader sees.\n",
+        "| c | side | done | tokens/s | TTFT | ITL per token | TPOT | chunk gap | tokens/chunk |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for side in run.sides:
         for lv in side.levels:
             s = lv.stats
@@ -237,24 +286,30 @@ def _comparison(run: BenchRun) -> str:
                 f"{_fmt(s.itl_ms[0], 1)} / {_fmt(s.itl_ms[1], 1)} | "
                 f"{_fmt(s.tpot_ms[0], 1)} / {_fmt(s.tpot_ms[1], 1)} | "
                 f"{_fmt(s.chunk_gap_ms[0], 1)} / {_fmt(s.chunk_gap_ms[1], 1)} | "
-                f"{_fmt(s.tokens_per_chunk, 1)} |")
+                f"{_fmt(s.tokens_per_chunk, 1)} |"
+            )
     for name, label in BASELINES.items():
         vllm = run.side(name)
         if vllm is None or cp is None:
             continue
-        lines += ["", f"Ratios chatpipe / {label}:\n",
-                  "| c | tokens/s | TTFT p50 | TTFT p99 | ITL p50 | ITL p99 | TPOT p50 |",
-                  "|---|---|---|---|---|---|---|"]
+        lines += [
+            "",
+            f"Ratios chatpipe / {label}:\n",
+            "| c | tokens/s | TTFT p50 | TTFT p99 | ITL p50 | ITL p99 | TPOT p50 |",
+            "|---|---|---|---|---|---|---|",
+        ]
         for lv in cp.levels:
             base = vllm.level(lv.stats.concurrency)
             if base is None:
                 continue
             a, b = lv.stats, base.stats
-            lines.append(f"| {a.concurrency} | {_ratio(a.tokens_per_s, b.tokens_per_s)} | "
-                         f"{_ratio(a.ttft_ms[0], b.ttft_ms[0])} | "
-                         f"{_ratio(a.ttft_ms[1], b.ttft_ms[1])} | "
-                         f"{_ratio(a.itl_ms[0], b.itl_ms[0])} | {_ratio(a.itl_ms[1], b.itl_ms[1])} "
-                         f"| {_ratio(a.tpot_ms[0], b.tpot_ms[0])} |")
+            lines.append(
+                f"| {a.concurrency} | {_ratio(a.tokens_per_s, b.tokens_per_s)} | "
+                f"{_ratio(a.ttft_ms[0], b.ttft_ms[0])} | "
+                f"{_ratio(a.ttft_ms[1], b.ttft_ms[1])} | "
+                f"{_ratio(a.itl_ms[0], b.itl_ms[0])} | {_ratio(a.itl_ms[1], b.itl_ms[1])} "
+                f"| {_ratio(a.tpot_ms[0], b.tpot_ms[0])} |"
+            )
     lines.append("\n![throughput](throughput.png)\n\n![latency](latency.png)\n")
     return "\n".join(lines)
 
@@ -263,21 +318,28 @@ def _hops(run: BenchRun) -> str:
     side = run.side(CHATPIPE)
     if side is None or not any(lv.ttft_hops for lv in side.levels):
         return ""
-    lines = ["## Where chatpipe's time goes\n",
-             "p50 / p90 ms per hop, from the Kafka record timestamps of each request's "
-             "first event on `chat.requests.*`, `chat.work`, `chat.tokens` (first chunk) and "
-             "`chat.deliver.*` (first delta), and the client's send and first-chunk times. "
-             "*worker + engine* holds the engine's own time to first token. The last two "
-             "columns are the answer's end: the worker's Done on `chat.tokens` → safety's "
-             "Done on `chat.deliver.*` → the client's `[DONE]`.\n",
-             "| c | " + " | ".join((*HOPS, *END_HOPS)) + " | TTFT p50 |",
-             "|---|" + "---|" * (len(HOPS) + len(END_HOPS) + 1)]
+    lines = [
+        "## Where chatpipe's time goes\n",
+        "p50 / p90 ms per hop, from the Kafka record timestamps of each request's "
+        "first event on `chat.requests.*`, `chat.work`, `chat.tokens` (first chunk) and "
+        "`chat.deliver.*` (first delta), and the client's send and first-chunk times. "
+        "*worker + engine* holds the engine's own time to first token. The last two "
+        "columns are the answer's end: the worker's Done on `chat.tokens` → safety's "
+        "Done on `chat.deliver.*` → the client's `[DONE]`.\n",
+        "| c | " + " | ".join((*HOPS, *END_HOPS)) + " | TTFT p50 |",
+        "|---|" + "---|" * (len(HOPS) + len(END_HOPS) + 1),
+    ]
     for lv in side.levels:
         if lv.ttft_hops:
-            cells = [f"{_fmt(lv.ttft_hops[h][0])} / {_fmt(lv.ttft_hops[h][1])}"
-                     for h in (*HOPS, *END_HOPS)]
-            lines.append(f"| {lv.stats.concurrency} | " + " | ".join(cells) +
-                         f" | {_fmt(lv.stats.ttft_ms[0])} |")
+            cells = [
+                f"{_fmt(lv.ttft_hops[h][0])} / {_fmt(lv.ttft_hops[h][1])}"
+                for h in (*HOPS, *END_HOPS)
+            ]
+            lines.append(
+                f"| {lv.stats.concurrency} | "
+                + " | ".join(cells)
+                + f" | {_fmt(lv.stats.ttft_ms[0])} |"
+            )
     if side.fetch_delay_ms is not None:
         p50, p90 = side.fetch_delay_ms
         lines.append(
@@ -289,7 +351,8 @@ def _hops(run: BenchRun) -> str:
             "worker, the first chunk by safety, the first delta by the gateway): about "
             f"{FIRST_TOKEN_FETCHES * p50:.0f} ms of chatpipe's time to first token is this broker's timer, "
             "whatever the stages do. Apache Kafka answers a fetch as soon as a record "
-            "arrives (`fetch.min.bytes` 1).")
+            "arrives (`fetch.min.bytes` 1)."
+        )
         lines.append(_floor_caps(run, side, p50))
     return "\n".join(lines) + "\n"
 
@@ -301,18 +364,20 @@ def _floor_caps(run: BenchRun, side: SideRun, hop_ms: float) -> str:
     base = run.side(VLLM)
     if base is None:
         return ""
-    lines = [f"\nWhat that floor alone leaves of vLLM's tokens/s in this closed loop: a "
-             f"request waits for {KAFKA_HOPS} fetches on this broker (four before its first "
-             "token; two after its last: the worker's Done by safety, safety's by the "
-             "gateway), so a client whose request takes *t* on vLLM's server (at its "
-             f"defaults) waits *t* + {KAFKA_HOPS} × {hop_ms:.1f} ms through chatpipe before "
-             "it sends the next, were the stages and the broker to use no CPU at all. Where "
-             "the engine's step time hardly depends on how many sequences it runs (low "
-             "concurrency), that caps the ratio; where it does (high concurrency), fewer "
-             "sequences in the batch run faster steps and the cap is only an estimate:\n",
-             "| c | request on vLLM ms | + broker floor ms | tokens/s ratio it leaves at most "
-             "| measured |",
-             "|---|---|---|---|---|"]
+    lines = [
+        f"\nWhat that floor alone leaves of vLLM's tokens/s in this closed loop: a "
+        f"request waits for {KAFKA_HOPS} fetches on this broker (four before its first "
+        "token; two after its last: the worker's Done by safety, safety's by the "
+        "gateway), so a client whose request takes *t* on vLLM's server (at its "
+        f"defaults) waits *t* + {KAFKA_HOPS} × {hop_ms:.1f} ms through chatpipe before "
+        "it sends the next, were the stages and the broker to use no CPU at all. Where "
+        "the engine's step time hardly depends on how many sequences it runs (low "
+        "concurrency), that caps the ratio; where it does (high concurrency), fewer "
+        "sequences in the batch run faster steps and the cap is only an estimate:\n",
+        "| c | request on vLLM ms | + broker floor ms | tokens/s ratio it leaves at most "
+        "| measured |",
+        "|---|---|---|---|---|",
+    ]
     floor_ms = KAFKA_HOPS * hop_ms
     for lv in side.levels:
         other = base.level(lv.stats.concurrency)
@@ -321,60 +386,72 @@ def _floor_caps(run: BenchRun, side: SideRun, hop_ms: float) -> str:
         b = other.stats
         took_ms = b.concurrency * b.wall_s / b.completed * 1000
         measured = lv.stats.tokens_per_s / b.tokens_per_s if b.tokens_per_s else float("nan")
-        lines.append(f"| {b.concurrency} | {took_ms:.0f} | {floor_ms:.0f} | "
-                     f"{took_ms / (took_ms + floor_ms):.2f}× | {measured:.2f}× |")
+        lines.append(
+            f"| {b.concurrency} | {took_ms:.0f} | {floor_ms:.0f} | "
+            f"{took_ms / (took_ms + floor_ms):.2f}× | {measured:.2f}× |"
+        )
     return "\n".join(lines)
 
 
 def _cpu(run: BenchRun) -> str:
-    lines = ["## CPU per 1,000 delivered tokens\n",
-             "CPU seconds by process tree member. `chatpipe-up` is one process holding the "
-             "gateway, every stage and vLLM's AsyncLLM front end; `VLLM::*` are the engine's "
-             "own processes. `foreign` is CPU used on the machine by anything else during the "
-             "level (other work on a shared machine), in cores; a level measured while other "
-             "processes used more than 0.3 cores is measured once more and the quieter try "
-             "kept (`tries`).\n",
-             "| c | side | process: CPU s / 1k tokens | all under test | client | "
-             "foreign cores | tries |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [
+        "## CPU per 1,000 delivered tokens\n",
+        "CPU seconds by process tree member. `chatpipe-up` is one process holding the "
+        "gateway, every stage and vLLM's AsyncLLM front end; `VLLM::*` are the engine's "
+        "own processes. `foreign` is CPU used on the machine by anything else during the "
+        "level (other work on a shared machine), in cores; a level measured while other "
+        "processes used more than 0.3 cores is measured once more and the quieter try "
+        "kept (`tries`).\n",
+        "| c | side | process: CPU s / 1k tokens | all under test | client | "
+        "foreign cores | tries |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for side in run.sides:
         for lv in side.levels:
             per_k = 1000 / lv.stats.tokens if lv.stats.tokens else float("nan")
-            procs = ", ".join(f"{name} {seconds * per_k:.2f}"
-                              for name, seconds in sorted(lv.cpu.by_process.items()))
-            lines.append(f"| {lv.stats.concurrency} | {side.name} | {procs} | "
-                         f"{lv.cpu.tested * per_k:.2f} | {lv.cpu.client * per_k:.2f} | {lv.cpu.cores(lv.cpu.foreign):.2f} | "
-                         f"{lv.tries} |")
+            procs = ", ".join(
+                f"{name} {seconds * per_k:.2f}"
+                for name, seconds in sorted(lv.cpu.by_process.items())
+            )
+            lines.append(
+                f"| {lv.stats.concurrency} | {side.name} | {procs} | "
+                f"{lv.cpu.tested * per_k:.2f} | {lv.cpu.client * per_k:.2f} | {lv.cpu.cores(lv.cpu.foreign):.2f} | "
+                f"{lv.tries} |"
+            )
     return "\n".join(lines) + "\n"
 
 
 def _cancel(run: BenchRun) -> str:
-    lines = ["## Cancellation waste\n",
-             "Clients hang up after 2, 4, 8 or 16 content chunks "
-             f"({run.workload.disconnect_concurrency} at a time, answers of "
-             f"{run.workload.disconnect_max_tokens} tokens). *Generated after* = tokens the "
-             "engine made after the hang-up (usage − tokens published by then − what the "
-             "stream's rate made since its last publish, at most one interval): the waste "
-             "the target is about. *Not received* = usage − tokens the client received, "
-             "split into *in flight* (already on `chat.tokens` at the hang-up: delivery "
-             "latency, generated before it) and *after* (published after the hang-up or "
-             "never: an upper bound of *generated after*).\n",
-             "| side | disconnects | measured | generated after: median | max | "
-             "not received: median | max | mean | in flight | after | "
-             "one coalescing interval (tokens) | Cancel published | hang-up → Cancel ms | "
-             "usage says aborted |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "## Cancellation waste\n",
+        "Clients hang up after 2, 4, 8 or 16 content chunks "
+        f"({run.workload.disconnect_concurrency} at a time, answers of "
+        f"{run.workload.disconnect_max_tokens} tokens). *Generated after* = tokens the "
+        "engine made after the hang-up (usage − tokens published by then − what the "
+        "stream's rate made since its last publish, at most one interval): the waste "
+        "the target is about. *Not received* = usage − tokens the client received, "
+        "split into *in flight* (already on `chat.tokens` at the hang-up: delivery "
+        "latency, generated before it) and *after* (published after the hang-up or "
+        "never: an upper bound of *generated after*).\n",
+        "| side | disconnects | measured | generated after: median | max | "
+        "not received: median | max | mean | in flight | after | "
+        "one coalescing interval (tokens) | Cancel published | hang-up → Cancel ms | "
+        "usage says aborted |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for side in run.sides:
         c = side.cancel
         if c is None:
             continue
-        lines.append(f"| {side.name} | {c.disconnects} | {c.measured} | "
-                     f"{_fmt(c.generated_after_median, 1)} | {_fmt(c.generated_after_max, 1)} | "
-                     f"{_fmt(c.waste_median, 1)} "
-                     f"| {_fmt(c.waste_max)} | {_fmt(c.waste_mean, 1)} | "
-                     f"{_fmt(c.in_flight_median, 1)} | {_fmt(c.after_median, 1)} | "
-                     f"{_fmt(c.interval_tokens, 1)} | {c.cancels_sent} | "
-                     f"{_fmt(c.cancel_ms_median, 1)} | {c.aborted} |")
+        lines.append(
+            f"| {side.name} | {c.disconnects} | {c.measured} | "
+            f"{_fmt(c.generated_after_median, 1)} | {_fmt(c.generated_after_max, 1)} | "
+            f"{_fmt(c.waste_median, 1)} "
+            f"| {_fmt(c.waste_max)} | {_fmt(c.waste_mean, 1)} | "
+            f"{_fmt(c.in_flight_median, 1)} | {_fmt(c.after_median, 1)} | "
+            f"{_fmt(c.interval_tokens, 1)} | {c.cancels_sent} | "
+            f"{_fmt(c.cancel_ms_median, 1)} | {c.aborted} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -396,30 +473,43 @@ def _capacity(cap: CapacityRun) -> str:
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for lv in cap.levels:
-        lines.append(f"| {lv.streams} | {lv.completed} | {lv.streams * plan.tokens_per_s:.0f} | "
-                     f"{_fmt(lv.tokens_per_s)} | {_fmt(lv.events_per_s)} | "
-                     f"{_fmt(lv.ttft_ms[0])} / {_fmt(lv.ttft_ms[1])} | "
-                     f"{_fmt(lv.chunk_gap_p99_ms)} | {_fmt(lv.stream_rate_p10, 1)} | "
-                     f"{'yes' if lv.holds else 'no'} | {lv.cpu.cores(lv.cpu.foreign):.2f} |")
+        lines.append(
+            f"| {lv.streams} | {lv.completed} | {lv.streams * plan.tokens_per_s:.0f} | "
+            f"{_fmt(lv.tokens_per_s)} | {_fmt(lv.events_per_s)} | "
+            f"{_fmt(lv.ttft_ms[0])} / {_fmt(lv.ttft_ms[1])} | "
+            f"{_fmt(lv.chunk_gap_p99_ms)} | {_fmt(lv.stream_rate_p10, 1)} | "
+            f"{'yes' if lv.holds else 'no'} | {lv.cpu.cores(lv.cpu.foreign):.2f} |"
+        )
     names = sorted({n for lv in cap.levels for n in lv.cpu.by_process})
-    lines += ["", "CPU seconds per 1,000 delivered tokens, per stage:\n",
-              "| streams | " + " | ".join(names) + " | all stages + broker | client |",
-              "|---|" + "---|" * (len(names) + 2)]
+    lines += [
+        "",
+        "CPU seconds per 1,000 delivered tokens, per stage:\n",
+        "| streams | " + " | ".join(names) + " | all stages + broker | client |",
+        "|---|" + "---|" * (len(names) + 2),
+    ]
     for lv in cap.levels:
         cells = [f"{lv.cpu_per_1k_tokens(lv.cpu.by_process.get(n, 0.0)):.3f}" for n in names]
-        lines.append(f"| {lv.streams} | " + " | ".join(cells) +
-                     f" | {lv.cpu_per_1k_tokens(lv.cpu.tested):.3f} | "
-                     f"{lv.cpu_per_1k_tokens(lv.cpu.client):.3f} |")
+        lines.append(
+            f"| {lv.streams} | "
+            + " | ".join(cells)
+            + f" | {lv.cpu_per_1k_tokens(lv.cpu.tested):.3f} | "
+            f"{lv.cpu_per_1k_tokens(lv.cpu.client):.3f} |"
+        )
     if cap.idle is not None:
         idle = cap.idle
-        lines += ["", f"The stack with no traffic ({idle.wall_s:.0f} s, once its consumers "
-                  f"backed off), cores per process: {idle_cores(idle)} (other processes "
-                  f"meanwhile: {idle.cores(idle.foreign):.2f})."]
+        lines += [
+            "",
+            f"The stack with no traffic ({idle.wall_s:.0f} s, once its consumers "
+            f"backed off), cores per process: {idle_cores(idle)} (other processes "
+            f"meanwhile: {idle.cores(idle.foreign):.2f}).",
+        ]
     if cap.ttft_c1_ms is not None:
-        lines.append(f"\nThe first request after that idle spell: TTFT "
-                     f"{_fmt(cap.ttft_after_idle_ms)} ms; then one at a time p50 / p90 "
-                     f"{cap.ttft_c1_ms[0]:.0f} / {cap.ttft_c1_ms[1]:.0f} ms (each idle "
-                     "consumer's in-flight fetch waits out its long wait once per hop).")
+        lines.append(
+            f"\nThe first request after that idle spell: TTFT "
+            f"{_fmt(cap.ttft_after_idle_ms)} ms; then one at a time p50 / p90 "
+            f"{cap.ttft_c1_ms[0]:.0f} / {cap.ttft_c1_ms[1]:.0f} ms (each idle "
+            "consumer's in-flight fetch waits out its long wait once per hop)."
+        )
     lines.append("\n![capacity](capacity.png)\n")
     return "\n".join(lines)
 
@@ -434,15 +524,20 @@ def _capacity_targets(cap: CapacityRun) -> str:
     at_100 = next((lv for lv in cap.levels if lv.streams == 100), None)
     if at_100 is not None:
         per_1k = at_100.cpu_per_1k_tokens(at_100.cpu.tested)
-        rows.append(f"| CPU per 1,000 delivered tokens, all stages + broker, 100 streams ≤ "
-                    f"{PIPELINE_CPU_AT_100} s | {per_1k:.3f} s | "
-                    f"{_met(per_1k <= PIPELINE_CPU_AT_100)} |")
+        rows.append(
+            f"| CPU per 1,000 delivered tokens, all stages + broker, 100 streams ≤ "
+            f"{PIPELINE_CPU_AT_100} s | {per_1k:.3f} s | "
+            f"{_met(per_1k <= PIPELINE_CPU_AT_100)} |"
+        )
     if cap.idle is not None:
         cores = cap.idle.cores(cap.idle.tested)
-        rows.append(f"| idle stack ≤ {IDLE_CORES} cores | {cores:.3f} | "
-                    f"{_met(cores <= IDLE_CORES)} |")
-    rows.append(f"| concurrent streams held ≥ {STREAMS_HELD} | {cap.max_held} | "
-                f"{_met(cap.max_held >= STREAMS_HELD)} |")
+        rows.append(
+            f"| idle stack ≤ {IDLE_CORES} cores | {cores:.3f} | {_met(cores <= IDLE_CORES)} |"
+        )
+    rows.append(
+        f"| concurrent streams held ≥ {STREAMS_HELD} | {cap.max_held} | "
+        f"{_met(cap.max_held >= STREAMS_HELD)} |"
+    )
     return "\n".join(rows) + "\n"
 
 

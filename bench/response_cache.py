@@ -52,8 +52,11 @@ def prompts(requests: int, distinct: int, seed: int = 0) -> list[str]:
 async def ask(client: httpx.AsyncClient, prompt: str) -> Turn:
     cid = (await client.post("/v1/conversations", json={})).json()["conversation_id"]
     started = time.monotonic()
-    async with client.stream("POST", f"/v1/conversations/{cid}/messages", json={
-            "content": prompt, "temperature": 0, "max_tokens": 64}) as response:
+    async with client.stream(
+        "POST",
+        f"/v1/conversations/{cid}/messages",
+        json={"content": prompt, "temperature": 0, "max_tokens": 64},
+    ) as response:
         events = await read_messages(response.aiter_lines())
     first = next(e.at for e in events if e.event == "delta")
     done = next(e.json() for e in events if e.event == "done")
@@ -73,9 +76,12 @@ async def run(requests: int, distinct: int, clients: int) -> str:
                               user_requests_per_minute=100_000)  # fmt: skip
     queue = list(prompts(requests, distinct))
     turns: list[Turn] = []
-    async with running_sim_stack(settings) as stack, httpx.AsyncClient(
-            base_url=stack.base_url, headers={"Authorization": f"Bearer {API_KEY}"},
-            timeout=120) as client:
+    async with (
+        running_sim_stack(settings) as stack,
+        httpx.AsyncClient(
+            base_url=stack.base_url, headers={"Authorization": f"Bearer {API_KEY}"}, timeout=120
+        ) as client,
+    ):
         await stack.store.set_org_settings(OrgSettings(DEV_USER, response_cache=True))
         before = dispatched()
 
@@ -90,29 +96,41 @@ async def run(requests: int, distinct: int, clients: int) -> str:
     return report(turns, sent, elapsed, requests, distinct, clients)
 
 
-def report(turns: list[Turn], sent: float, elapsed: float, requests: int, distinct: int,
-           clients: int) -> str:
-    lines = [f"{requests} first turns from {distinct} prompts (Zipf-like), {clients} clients, "
-             f"sim engine at {TOKENS_PER_S:.0f} tokens/s, 4 slots, replay at "
-             f"{TOKENS_PER_S:.0f} tokens/s; {elapsed:.1f} s in all", "",
-             "| outcome | requests | TTFT p50 / p99 ms | whole answer p50 ms |",
-             "|---|---|---|---|"]
+def report(
+    turns: list[Turn], sent: float, elapsed: float, requests: int, distinct: int, clients: int
+) -> str:
+    lines = [
+        f"{requests} first turns from {distinct} prompts (Zipf-like), {clients} clients, "
+        f"sim engine at {TOKENS_PER_S:.0f} tokens/s, 4 slots, replay at "
+        f"{TOKENS_PER_S:.0f} tokens/s; {elapsed:.1f} s in all",
+        "",
+        "| outcome | requests | TTFT p50 / p99 ms | whole answer p50 ms |",
+        "|---|---|---|---|",
+    ]
     for outcome in ("hit", "miss"):
         picked = [t for t in turns if t.cache == outcome]
         if picked:
             ttft = [t.ttft_s for t in picked]
-            lines.append(f"| {outcome} | {len(picked)} | {percentile(ttft, 0.5) * 1000:.0f} / "
-                         f"{percentile(ttft, 0.99) * 1000:.0f} | "
-                         f"{percentile([t.total_s for t in picked], 0.5) * 1000:.0f} |")
+            lines.append(
+                f"| {outcome} | {len(picked)} | {percentile(ttft, 0.5) * 1000:.0f} / "
+                f"{percentile(ttft, 0.99) * 1000:.0f} | "
+                f"{percentile([t.total_s for t in picked], 0.5) * 1000:.0f} |"
+            )
     hits = sum(t.cache == "hit" for t in turns)
-    lines += ["", f"- hit ratio {hits / len(turns):.0%} ({hits} of {len(turns)}); "
-              f"requests dispatched to the engine: {sent:.0f}"]
+    lines += [
+        "",
+        f"- hit ratio {hits / len(turns):.0%} ({hits} of {len(turns)}); "
+        f"requests dispatched to the engine: {sent:.0f}",
+    ]
     return "\n".join(lines)
 
 
 def cli(argv: list[str]) -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench response_cache", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m bench response_cache",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--requests", type=int, default=120)
     parser.add_argument("--prompts", type=int, default=30)
     parser.add_argument("--clients", type=int, default=4)

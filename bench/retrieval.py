@@ -54,8 +54,13 @@ class Corpus:
 def documents(chunks: int, rng: random.Random) -> list[bytes]:
     """`FILES` texts of random paragraphs, about `chunks` chunks in all."""
     per_file = max(1, chunks * 2 // FILES)
-    return ["\n\n".join(" ".join(rng.choice(WORDS) for _ in range(PARAGRAPH_WORDS)) + "."
-                        for _ in range(per_file)).encode() for _ in range(FILES)]
+    return [
+        "\n\n".join(
+            " ".join(rng.choice(WORDS) for _ in range(PARAGRAPH_WORDS)) + "."
+            for _ in range(per_file)
+        ).encode()
+        for _ in range(FILES)
+    ]
 
 
 async def turn(client: httpx.AsyncClient, question: str, file_ids: list[str]) -> tuple[float, int]:
@@ -75,8 +80,9 @@ async def turn(client: httpx.AsyncClient, question: str, file_ids: list[str]) ->
 async def measure(stack: Stack, client: httpx.AsyncClient, chunks: int, requests: int,
                   rng: random.Random) -> Corpus:  # fmt: skip
     started = time.monotonic()
-    ids = [await upload(client, f"doc{i}.txt", data)
-           for i, data in enumerate(documents(chunks, rng))]
+    ids = [
+        await upload(client, f"doc{i}.txt", data) for i, data in enumerate(documents(chunks, rng))
+    ]
     upload_s = time.monotonic() - started
     files = [await stack.store.get_file(f["id"]) for f in ids]
     search = stack.gateway.state.deps.documents.search
@@ -96,8 +102,9 @@ async def measure(stack: Stack, client: httpx.AsyncClient, chunks: int, requests
 
 
 async def upload(client: httpx.AsyncClient, name: str, data: bytes) -> dict:
-    response = await client.post("/v1/files", data={"purpose": "assistants"},
-                                 files={"file": (name, data, "text/plain")})
+    response = await client.post(
+        "/v1/files", data={"purpose": "assistants"}, files={"file": (name, data, "text/plain")}
+    )
     response.raise_for_status()
     return response.json()
 
@@ -115,12 +122,17 @@ async def turns_during_upload(client: httpx.AsyncClient, chunks: int, requests: 
 
 
 async def run(corpora: list[int], requests: int) -> list[Corpus]:
-    settings = stack_settings(Path(tempfile.mkdtemp(prefix="retrieval-bench-")), engine="sim",
-                              sim_tokens_per_s=200.0, max_slots=4, auto_titles=False,
-                              user_requests_per_minute=1_000_000,
-                              org_requests_per_minute=1_000_000,
-                              user_tokens_per_minute=1_000_000_000,
-                              org_tokens_per_minute=1_000_000_000)
+    settings = stack_settings(
+        Path(tempfile.mkdtemp(prefix="retrieval-bench-")),
+        engine="sim",
+        sim_tokens_per_s=200.0,
+        max_slots=4,
+        auto_titles=False,
+        user_requests_per_minute=1_000_000,
+        org_requests_per_minute=1_000_000,
+        user_tokens_per_minute=1_000_000_000,
+        org_tokens_per_minute=1_000_000_000,
+    )
     rng = random.Random(16)
     async with running_sim_stack(settings) as stack, httpx.AsyncClient(
             base_url=stack.base_url, headers={"Authorization": f"Bearer {API_KEY}"},
@@ -134,16 +146,21 @@ def ms(values: list[float], q: float, scale: float = 1000.0) -> str:
 
 
 def markdown(results: list[Corpus], command: str, host: dict[str, str], requests: int) -> str:
-    lines = [BEGIN, "## What retrieval adds to time to first token (issue 16)", "",
-             f"Command: `{command}` (bench/retrieval.py). Run {host['date']}, {host['nproc']} "
-             f"cores ({host['cpu']}), load average {host['loadavg']} at the end, commit "
-             f"{host['commit']}. Sim engine (200 tokens/s, prefill 5,000 prompt tokens/s), "
-             f"{requests} turns of each kind per corpus, one at a time, interleaved; each "
-             "in a new conversation; top 4 chunks of 800 characters.", "",
-             "| chunks searched | upload (s, chunks/s) | search p50 / p90 ms | TTFT p50 / p90 ms "
-             "without files | with files | added at p50 | prompt tokens without / with | "
-             "TTFT p50 / p90 ms without files, during an upload (turns) |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        BEGIN,
+        "## What retrieval adds to time to first token (issue 16)",
+        "",
+        f"Command: `{command}` (bench/retrieval.py). Run {host['date']}, {host['nproc']} "
+        f"cores ({host['cpu']}), load average {host['loadavg']} at the end, commit "
+        f"{host['commit']}. Sim engine (200 tokens/s, prefill 5,000 prompt tokens/s), "
+        f"{requests} turns of each kind per corpus, one at a time, interleaved; each "
+        "in a new conversation; top 4 chunks of 800 characters.",
+        "",
+        "| chunks searched | upload (s, chunks/s) | search p50 / p90 ms | TTFT p50 / p90 ms "
+        "without files | with files | added at p50 | prompt tokens without / with | "
+        "TTFT p50 / p90 ms without files, during an upload (turns) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for r in results:
         added = (percentile(r.ttft_grounded, 0.5) - percentile(r.ttft_plain, 0.5)) * 1000
         lines.append(
@@ -152,7 +169,8 @@ def markdown(results: list[Corpus], command: str, host: dict[str, str], requests
             f"{ms(r.ttft_plain, 0.5)} / {ms(r.ttft_plain, 0.9)} | "
             f"{ms(r.ttft_grounded, 0.5)} / {ms(r.ttft_grounded, 0.9)} | {added:+.0f} | "
             f"{r.prompt_plain} / {r.prompt_grounded} | {ms(r.ttft_during_upload, 0.5)} / "
-            f"{ms(r.ttft_during_upload, 0.9)} ({len(r.ttft_during_upload)}) |")
+            f"{ms(r.ttft_during_upload, 0.9)} ({len(r.ttft_during_upload)}) |"
+        )
     return "\n".join([*lines, "", END])
 
 

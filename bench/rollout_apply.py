@@ -25,9 +25,15 @@ CHANGES = 20
 
 
 async def apply_delays_ms() -> list[float]:
-    settings = stack_settings(Path(tempfile.mkdtemp()), engine="sim", model=DEFAULT_MODEL_DIR,
-                              model_name="v1", served_models=["v1", "v2"],
-                              model_aliases={"chat": {"v1": 0.5, "v2": 0.5}}, auto_titles=False)
+    settings = stack_settings(
+        Path(tempfile.mkdtemp()),
+        engine="sim",
+        model=DEFAULT_MODEL_DIR,
+        model_name="v1",
+        served_models=["v1", "v2"],
+        model_aliases={"chat": {"v1": 0.5, "v2": 0.5}},
+        auto_titles=False,
+    )
     async with running_sim_stack(settings) as stack:
         aliases = stack.gateway.state.deps.aliases
         producer = stack.kafka.producer()
@@ -39,7 +45,8 @@ async def apply_delays_ms() -> list[float]:
                 weights = {"v1": float(change + 1), "v2": 1.0}
                 start = time.monotonic()
                 await Publisher(producer).send_and_wait(
-                    topics.ROLLOUT, RolloutSet(alias="chat", weights=weights), key="chat")
+                    topics.ROLLOUT, RolloutSet(alias="chat", weights=weights), key="chat"
+                )
                 while aliases.weights("chat") != weights:
                     await asyncio.sleep(0.001)
                 delays.append((time.monotonic() - start) * 1000)
@@ -50,8 +57,10 @@ async def apply_delays_ms() -> list[float]:
 
 def main() -> None:
     delays = asyncio.run(apply_delays_ms())
-    print(f"{len(delays)} weight changes: p50 {percentile(delays, 50):.0f} ms, "
-          f"max {max(delays):.0f} ms from send to the gateway using them")
+    print(
+        f"{len(delays)} weight changes: p50 {percentile(delays, 50):.0f} ms, "
+        f"max {max(delays):.0f} ms from send to the gateway using them"
+    )
 
 
 if __name__ == "__main__":

@@ -31,8 +31,13 @@ RATE = 100.0
 
 
 async def probe(bootstrap: str, into: str, out: str) -> list[float]:
-    reader = AIOKafkaConsumer(out, bootstrap_servers=bootstrap, auto_offset_reset="latest",
-                              fetch_max_wait_ms=5, group_id=None)
+    reader = AIOKafkaConsumer(
+        out,
+        bootstrap_servers=bootstrap,
+        auto_offset_reset="latest",
+        fetch_max_wait_ms=5,
+        group_id=None,
+    )
     await reader.start()
     await asyncio.sleep(1.0)
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=0)
@@ -59,8 +64,10 @@ async def probe(bootstrap: str, into: str, out: str) -> list[float]:
 
 def summary(name: str, lat: list[float]) -> str:
     ms = sorted(x * 1000 for x in lat)
-    return (f"{name:12s} n={len(ms)} p50={statistics.median(ms):.1f} ms "
-            f"p90={ms[int(len(ms) * 0.9)]:.1f} ms p99={ms[int(len(ms) * 0.99)]:.1f} ms")
+    return (
+        f"{name:12s} n={len(ms)} p50={statistics.median(ms):.1f} ms "
+        f"p90={ms[int(len(ms) * 0.9)]:.1f} ms p99={ms[int(len(ms) * 0.99)]:.1f} ms"
+    )
 
 
 async def ours(bootstrap: str) -> list[float]:
@@ -85,8 +92,13 @@ async def faststream(bootstrap: str) -> list[float]:
 
     broker = KafkaBroker(bootstrap)
 
-    @broker.subscriber("in2", group_id="hop-faststream", auto_offset_reset="earliest",
-                       fetch_max_wait_ms=20, ack_policy=AckPolicy.ACK)
+    @broker.subscriber(
+        "in2",
+        group_id="hop-faststream",
+        auto_offset_reset="earliest",
+        fetch_max_wait_ms=20,
+        ack_policy=AckPolicy.ACK,
+    )
     @broker.publisher("out2")
     async def handle(body: bytes) -> bytes:
         return body
@@ -101,7 +113,9 @@ async def faststream(bootstrap: str) -> list[float]:
 
 async def main() -> None:
     async with EmbeddedBroker() as broker:
-        await create_topics(broker.bootstrap_servers, {t: 1 for t in ("in1", "out1", "in2", "out2")})
+        await create_topics(
+            broker.bootstrap_servers, {t: 1 for t in ("in1", "out1", "in2", "out2")}
+        )
         for _ in range(2):
             print(summary("StageRunner", await ours(broker.bootstrap_servers)), flush=True)
             print(summary("FastStream", await faststream(broker.bootstrap_servers)), flush=True)

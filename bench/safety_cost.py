@@ -36,11 +36,14 @@ async def classifier_latency() -> list[str]:
     from common.embeddings import SentenceEmbedder
 
     classifiers = {
-        "rules (3 categories + PII)": RuleClassifier(settings.safety_rule_categories,
-                                                     settings.safety_output_pii),
+        "rules (3 categories + PII)": RuleClassifier(
+            settings.safety_rule_categories, settings.safety_output_pii
+        ),
         "embedding (all-MiniLM-L6-v2)": EmbeddingClassifier(
-            SentenceEmbedder(), settings.safety_embedding_exemplars,
-            settings.safety_embedding_threshold),
+            SentenceEmbedder(),
+            settings.safety_embedding_exemplars,
+            settings.safety_embedding_threshold,
+        ),
     }
     rows = []
     for name, classifier in classifiers.items():
@@ -49,25 +52,39 @@ async def classifier_latency() -> list[str]:
             started = time.perf_counter()
             await classifier.classify(text)
             times.append(time.perf_counter() - started)
-        rows.append(f"| {name} | {percentile(times, 0.5) * 1000:.3f} | "
-                    f"{percentile(times, 0.99) * 1000:.3f} |")
+        rows.append(
+            f"| {name} | {percentile(times, 0.5) * 1000:.3f} | "
+            f"{percentile(times, 0.99) * 1000:.3f} |"
+        )
     return rows
 
 
 async def ttft_with_window(window_chars: int) -> float:
     tmp = Path(tempfile.mkdtemp(prefix="safety-"))
-    settings = stack_settings(tmp, engine="sim", sim_tokens_per_s=50.0, auto_titles=False,
-                              safety_window_chars=window_chars, max_slots=4,
-                              sim_prompt_tokens_per_s=1e6)
+    settings = stack_settings(
+        tmp,
+        engine="sim",
+        sim_tokens_per_s=50.0,
+        auto_titles=False,
+        safety_window_chars=window_chars,
+        max_slots=4,
+        sim_prompt_tokens_per_s=1e6,
+    )
     ttfts = []
-    async with running_sim_stack(settings) as stack, httpx.AsyncClient(
-            base_url=stack.base_url, headers={"Authorization": f"Bearer {API_KEY}"},
-            timeout=60) as client:
+    async with (
+        running_sim_stack(settings) as stack,
+        httpx.AsyncClient(
+            base_url=stack.base_url, headers={"Authorization": f"Bearer {API_KEY}"}, timeout=60
+        ) as client,
+    ):
         for _ in range(REQUESTS):
             cid = (await client.post("/v1/conversations", json={})).json()["conversation_id"]
             started = time.monotonic()
-            async with client.stream("POST", f"/v1/conversations/{cid}/messages", json={
-                    "content": "hi", "max_tokens": 40, "ignore_eos": True}) as response:
+            async with client.stream(
+                "POST",
+                f"/v1/conversations/{cid}/messages",
+                json={"content": "hi", "max_tokens": 40, "ignore_eos": True},
+            ) as response:
                 events = await read_messages(response.aiter_lines())
             ttfts.append(next(e.at for e in events if e.event == "delta") - started)
     return percentile(ttfts, 0.5)
@@ -78,10 +95,15 @@ async def run() -> str:
     lines += await classifier_latency()
     base = await ttft_with_window(0)
     windowed = await ttft_with_window(64)
-    lines += ["", "| window | TTFT p50 ms (sim engine, 50 tokens/s, ~5 characters a token) |",
-              "|---|---|", f"| 0 characters | {base * 1000:.0f} |",
-              f"| 64 characters | {windowed * 1000:.0f} |",
-              "", f"- the 64-character window added {(windowed - base) * 1000:.0f} ms to TTFT p50"]
+    lines += [
+        "",
+        "| window | TTFT p50 ms (sim engine, 50 tokens/s, ~5 characters a token) |",
+        "|---|---|",
+        f"| 0 characters | {base * 1000:.0f} |",
+        f"| 64 characters | {windowed * 1000:.0f} |",
+        "",
+        f"- the 64-character window added {(windowed - base) * 1000:.0f} ms to TTFT p50",
+    ]
     return "\n".join(lines)
 
 

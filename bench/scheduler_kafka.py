@@ -51,8 +51,9 @@ class Counts:
     waiting: list[int] = field(default_factory=list)
 
 
-def kafka_run(workers: int, seconds: float, seed: int = 15, waiting: int = 1000,
-              shards: int = 1) -> str:
+def kafka_run(
+    workers: int, seconds: float, seed: int = 15, waiting: int = 1000, shards: int = 1
+) -> str:
     """One run; the line to print."""
     return asyncio.run(_run(workers, seconds, seed, waiting, shards))
 
@@ -89,8 +90,13 @@ async def _run(workers: int, seconds: float, seed: int, waiting: int, shards: in
     rng = random.Random(seed)
     tmp = Path(tempfile.mkdtemp(prefix="chatpipe-scheduler-sim-"))
     layout = Layout(workers, shards)
-    async with running_pipeline(tmp, work_partitions=layout.partitions(), tier_max_wait_s={},
-                                worker_lost_after_s=10.0, **layout.settings()) as pipe:
+    async with running_pipeline(
+        tmp,
+        work_partitions=layout.partitions(),
+        tier_max_wait_s={},
+        worker_lost_after_s=10.0,
+        **layout.settings(),
+    ) as pipe:
         await create_topics(pipe.kafka, {REPLY_TO: 1})
         if shards == 1:
             await pipe.start("scheduler")
@@ -99,16 +105,24 @@ async def _run(workers: int, seconds: float, seed: int, waiting: int, shards: in
         producer = pipe.kafka.producer()
         await producer.start()
         publisher = Publisher(producer)
-        sim = [SimWorker(f"kw{i}", layout.model(i % shards), rng.choice(SLOT_CHOICES),
-                         layout.place(i)[1]) for i in range(workers)]
+        sim = [
+            SimWorker(
+                f"kw{i}", layout.model(i % shards), rng.choice(SLOT_CHOICES), layout.place(i)[1]
+            )
+            for i in range(workers)
+        ]
         placed = {layout.place(i): worker for i, worker in enumerate(sim)}
         for worker in sim:
-            await publisher.send(topics.WORKERS, worker.heartbeat(time.time()),
-                                 key=worker.worker_id)
+            await publisher.send(
+                topics.WORKERS, worker.heartbeat(time.time()), key=worker.worker_id
+            )
         counts = Counts()
-        reader = AIOKafkaConsumer(bootstrap_servers=pipe.broker.bootstrap_servers,
-                                  group_id=None, enable_auto_commit=False,
-                                  fetch_max_wait_ms=20)
+        reader = AIOKafkaConsumer(
+            bootstrap_servers=pipe.broker.bootstrap_servers,
+            group_id=None,
+            enable_auto_commit=False,
+            fetch_max_wait_ms=20,
+        )
         await reader.start()
         reader.assign([TopicPartition(*place) for place in placed])
         await reader.seek_to_beginning()
@@ -117,7 +131,8 @@ async def _run(workers: int, seconds: float, seed: int, waiting: int, shards: in
             ends: list[tuple[float, int, SimWorker, str]] = []
             loops = asyncio.gather(
                 _read_work(reader, placed, ends, counts, rng),
-                _drive(publisher, sim, ends, counts, rng, waiting, layout))
+                _drive(publisher, sim, ends, counts, rng, waiting, layout),
+            )
             measured_from = started + WARMUP_S
             task = asyncio.ensure_future(loops)
             await asyncio.sleep(WARMUP_S)
@@ -136,14 +151,20 @@ async def _run(workers: int, seconds: float, seed: int, waiting: int, shards: in
                 raise RuntimeError(f"{name} exited:\n" + pipe.log_tail(name))
     mean_waiting = sum(counts.waiting) / len(counts.waiting) if counts.waiting else 0
     processes = f"{shards} shard processes" if shards > 1 else "chatpipe.cli scheduler"
-    return (f"kafka stage ({processes} on the embedded broker), {workers} "
-            f"simulated workers, ~{mean_waiting:,.0f} waiting: {decided} assignments read "
-            f"in {elapsed:.1f} s: {decided / elapsed:,.0f} decisions/s end to end")
+    return (
+        f"kafka stage ({processes} on the embedded broker), {workers} "
+        f"simulated workers, ~{mean_waiting:,.0f} waiting: {decided} assignments read "
+        f"in {elapsed:.1f} s: {decided / elapsed:,.0f} decisions/s end to end"
+    )
 
 
-async def _read_work(reader: AIOKafkaConsumer, placed: dict[tuple[str, int], SimWorker],
-                     ends: list[tuple[float, int, SimWorker, str]], counts: Counts,
-                     rng: random.Random) -> None:
+async def _read_work(
+    reader: AIOKafkaConsumer,
+    placed: dict[tuple[str, int], SimWorker],
+    ends: list[tuple[float, int, SimWorker, str]],
+    counts: Counts,
+    rng: random.Random,
+) -> None:
     """Each worker reads its partition: an assignment starts, to end after its time."""
     while True:
         batches = await reader.getmany(timeout_ms=100)
@@ -157,14 +178,21 @@ async def _read_work(reader: AIOKafkaConsumer, placed: dict[tuple[str, int], Sim
                     continue
                 rid = event.request.request_id
                 worker.running[rid] = (tp.partition, record.offset)
-                heapq.heappush(ends, (now + rng.expovariate(1 / SERVICE_S), next(SERIAL),
-                                      worker, rid))
+                heapq.heappush(
+                    ends, (now + rng.expovariate(1 / SERVICE_S), next(SERIAL), worker, rid)
+                )
                 counts.decided += 1
 
 
-async def _drive(publisher: Publisher, sim: list[SimWorker],
-                 ends: list[tuple[float, int, SimWorker, str]], counts: Counts,
-                 rng: random.Random, waiting: int, layout: Layout) -> None:
+async def _drive(
+    publisher: Publisher,
+    sim: list[SimWorker],
+    ends: list[tuple[float, int, SimWorker, str]],
+    counts: Counts,
+    rng: random.Random,
+    waiting: int,
+    layout: Layout,
+) -> None:
     """Every 10 ms: answers end (their workers heartbeat), the waiting set is topped up
     (the shards' models in turn); every worker heartbeats at least once a second."""
     arrivals = Arrivals(rng)
@@ -179,14 +207,20 @@ async def _drive(publisher: Publisher, sim: list[SimWorker],
         dirty |= {w.worker_id: w for w in sim if now - beat_at[w.worker_id] >= 1.0}
         for worker in dirty.values():
             beat_at[worker.worker_id] = now
-            await publisher.send(topics.WORKERS, worker.heartbeat(time.time()),
-                                 key=worker.worker_id)
+            await publisher.send(
+                topics.WORKERS, worker.heartbeat(time.time()), key=worker.worker_id
+            )
         counts.waiting.append(counts.published - counts.decided)
         for _ in range(max(0, waiting - (counts.published - counts.decided))):
-            request = arrivals.next(now, time.time()).model_copy(update={
-                "reply_to": REPLY_TO, "deadline": None,
-                "model": layout.model(arrivals.serial % layout.shards)})
-            await publisher.send(topics.requests_topic(request.tier), request,
-                                 key=request.conversation_id)
+            request = arrivals.next(now, time.time()).model_copy(
+                update={
+                    "reply_to": REPLY_TO,
+                    "deadline": None,
+                    "model": layout.model(arrivals.serial % layout.shards),
+                }
+            )
+            await publisher.send(
+                topics.requests_topic(request.tier), request, key=request.conversation_id
+            )
             counts.published += 1
         await asyncio.sleep(0.01)

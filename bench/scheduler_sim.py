@@ -62,9 +62,18 @@ CANCEL_RUNNING = 0.01
 RESTART_EVERY_S = 2.0
 """A worker process restarts this often (virtual seconds): what it ran goes out again."""
 DEADLINE_S = {Tier.FREE: 120.0}
-CORE_CALLS = ("on_heartbeat", "queue_updates", "schedule", "unread_assignments",
-              "add_request", "on_dispatched", "cancel", "status", "remove_lost_workers",
-              "expire")
+CORE_CALLS = (
+    "on_heartbeat",
+    "queue_updates",
+    "schedule",
+    "unread_assignments",
+    "add_request",
+    "on_dispatched",
+    "cancel",
+    "status",
+    "remove_lost_workers",
+    "expire",
+)
 """The core's calls that `--breakdown` times one by one."""
 CORE_CLOCK = time.process_time
 """The core's time: this process's CPU time, garbage collections included, so that
@@ -75,10 +84,15 @@ do not count as the scheduler's."""
 def policy() -> Policy:
     """A production-like policy: minimum shares, routing, a fallback; no shedding bound
     (the run holds the waiting set at its size on purpose)."""
-    return Policy(min_share={Tier.PRO: 0.2, Tier.FREE: 0.1}, affinity_max_load=0.9,
-                  fallback_models={BIG: SMALL}, small_model=SMALL,
-                  simple_request_max_chars=40, queue_update_interval_s=1.0,
-                  worker_lost_after_s=5.0)
+    return Policy(
+        min_share={Tier.PRO: 0.2, Tier.FREE: 0.1},
+        affinity_max_load=0.9,
+        fallback_models={BIG: SMALL},
+        small_model=SMALL,
+        simple_request_max_chars=40,
+        queue_update_interval_s=1.0,
+        worker_lost_after_s=5.0,
+    )
 
 
 @dataclass
@@ -99,12 +113,25 @@ class Arrivals:
         deadline = DEADLINE_S.get(tier)
         rid = f"r{self.serial}"
         return GenerationRequest.model_construct(
-            request_id=rid, attempt=0, conversation_id=f"c{user}-{self.serial % 7}",
-            message_id=f"m{self.serial}", parent_id=None, user_id=f"u{user}",
-            org_id=f"o{user % self.orgs}", tier=tier, model=BIG,
-            messages=prompt, sampling=_sampling(answer),
-            reply_to="chat.deliver.gw", deadline=None if deadline is None else wall + deadline,
-            cache_salt=None, store=True, requested_model=None, stream=None, created_at=wall)
+            request_id=rid,
+            attempt=0,
+            conversation_id=f"c{user}-{self.serial % 7}",
+            message_id=f"m{self.serial}",
+            parent_id=None,
+            user_id=f"u{user}",
+            org_id=f"o{user % self.orgs}",
+            tier=tier,
+            model=BIG,
+            messages=prompt,
+            sampling=_sampling(answer),
+            reply_to="chat.deliver.gw",
+            deadline=None if deadline is None else wall + deadline,
+            cache_salt=None,
+            store=True,
+            requested_model=None,
+            stream=None,
+            created_at=wall,
+        )
 
 
 @functools.cache
@@ -132,11 +159,22 @@ class SimWorker:
 
     def heartbeat(self, wall: float) -> WorkerHeartbeat:
         return WorkerHeartbeat.model_construct(
-            worker_id=self.worker_id, incarnation=self.incarnation, model=self.model,
-            partitions=(self.partition,), max_slots=self.slots, active=tuple(self.running),
-            consumed={self.partition: self.consumed}, assignments=dict(self.running),
-            handed_back=(), running=len(self.running), waiting=0, peak_running=0,
-            free_kv_blocks=None, stopping=False, sent_at=wall)
+            worker_id=self.worker_id,
+            incarnation=self.incarnation,
+            model=self.model,
+            partitions=(self.partition,),
+            max_slots=self.slots,
+            active=tuple(self.running),
+            consumed={self.partition: self.consumed},
+            assignments=dict(self.running),
+            handed_back=(),
+            running=len(self.running),
+            waiting=0,
+            peak_running=0,
+            free_kv_blocks=None,
+            stopping=False,
+            sent_at=wall,
+        )
 
 
 @dataclass
@@ -190,8 +228,15 @@ class CoreSim:
     the core time of its whole step: the first record of the batch waited that long.
     `rate` (decisions/s offered) sets how fast slots free: the slots' decode speed."""
 
-    def __init__(self, workers: int, waiting: int, rate: float = 5000.0, seed: int = 15,
-                 tick_s: float = 0.002, gc_freeze: bool = False) -> None:
+    def __init__(
+        self,
+        workers: int,
+        waiting: int,
+        rate: float = 5000.0,
+        seed: int = 15,
+        tick_s: float = 0.002,
+        gc_freeze: bool = False,
+    ) -> None:
         self.rng = random.Random(seed)
         self.now = 1000.0
         self.tick_s = tick_s
@@ -208,15 +253,15 @@ class CoreSim:
         self.ends: list[tuple[float, str, str]] = []  # (simulated end, worker, rid)
         self.cancels: list[tuple[float, str]] = []
         self.dirty: set[str] = set()
-        self.beats = [(self.now + HEARTBEAT_S * i / workers, w) for i, w in
-                      enumerate(self.workers)]
+        self.beats = [(self.now + HEARTBEAT_S * i / workers, w) for i, w in enumerate(self.workers)]
         self.next_restart = self.now + RESTART_EVERY_S
         self.timings = Timings()
         self.filling = False
         self.heap = HeapFreezer(1.0 if gc_freeze else 0.0, lambda: self.now)
 
-    def run(self, seconds: float, warmup_s: float = 3.0,
-            warm: Callable[[], object] = lambda: None) -> Timings:
+    def run(
+        self, seconds: float, warmup_s: float = 3.0, warm: Callable[[], object] = lambda: None
+    ) -> Timings:
         """Warm up (fill every slot, `warmup_s` simulated), call `warm` (other shards
         wait there for each other), then measure for `seconds` of wall time."""
         for worker in self.workers.values():
@@ -247,8 +292,9 @@ class CoreSim:
             t.timed(lambda r=request: self.core.add_request(r))
             t.admitted += 1
             if self.rng.random() < CANCEL_WAITING:
-                heapq.heappush(self.cancels, (self.now + self.rng.uniform(0.5, 5.0),
-                                              request.request_id))
+                heapq.heappush(
+                    self.cancels, (self.now + self.rng.uniform(0.5, 5.0), request.request_id)
+                )
         while self.cancels and self.cancels[0][0] <= self.now:
             _, rid = heapq.heappop(self.cancels)
             t.timed(lambda r=rid: self.core.cancel(r))
@@ -274,22 +320,26 @@ class CoreSim:
             service = dispatch.request.sampling.max_tokens / self.tokens_per_s
             if self.filling:  # as if running for a while: what is left of a running answer
                 mu, sigma = ANSWER_TOKENS
-                service = (self.rng.random() * self.rng.lognormvariate(mu + sigma**2, sigma)
-                           / self.tokens_per_s)
+                service = (
+                    self.rng.random()
+                    * self.rng.lognormvariate(mu + sigma**2, sigma)
+                    / self.tokens_per_s
+                )
             elif self.rng.random() < CANCEL_RUNNING:
                 service *= self.rng.random()  # cancelled while running: it ends early
             self.workers[dispatch.worker_id].unread.append(
-                (offset, dispatch.request.request_id, service))
+                (offset, dispatch.request.request_id, service)
+            )
         return len(sent)
 
     def time_each_call(self) -> None:
         """Count the core time of each of CORE_CALLS in `timings.by_call`."""
         for name in CORE_CALLS:
-            setattr(self.core, name, functools.partial(self._timed_call, name,
-                                                       getattr(self.core, name)))
+            setattr(
+                self.core, name, functools.partial(self._timed_call, name, getattr(self.core, name))
+            )
 
-    def _timed_call(self, name: str, call: Callable[..., Any], *args: Any,
-                    **kwargs: Any) -> Any:
+    def _timed_call(self, name: str, call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         started = CORE_CLOCK()
         try:
             return call(*args, **kwargs)
@@ -348,13 +398,15 @@ class CoreSim:
 def report(label: str, timings: Timings) -> str:
     waiting = timings.waiting_seen
     busy = timings.core_s / timings.virtual_s if timings.virtual_s else 0.0
-    return (f"{label}: {timings.decisions} decisions in {timings.virtual_s:.2f} s "
-            f"({timings.rate():,.0f}/s), core busy {busy:.0%} "
-            f"(capacity {timings.capacity():,.0f}/s); {timings.heartbeats} heartbeats, "
-            f"{timings.admitted} admitted; waiting {min(waiting)}-{max(waiting)} "
-            f"(mean {statistics.fmean(waiting):,.0f}); decision latency p50 "
-            f"{statistics.median(timings.latencies_ms):.2f} ms, p99 {timings.p99_ms():.2f} ms, "
-            f"max {max(timings.latencies_ms):.2f} ms{_breakdown(timings)}")
+    return (
+        f"{label}: {timings.decisions} decisions in {timings.virtual_s:.2f} s "
+        f"({timings.rate():,.0f}/s), core busy {busy:.0%} "
+        f"(capacity {timings.capacity():,.0f}/s); {timings.heartbeats} heartbeats, "
+        f"{timings.admitted} admitted; waiting {min(waiting)}-{max(waiting)} "
+        f"(mean {statistics.fmean(waiting):,.0f}); decision latency p50 "
+        f"{statistics.median(timings.latencies_ms):.2f} ms, p99 {timings.p99_ms():.2f} ms, "
+        f"max {max(timings.latencies_ms):.2f} ms{_breakdown(timings)}"
+    )
 
 
 def _breakdown(timings: Timings) -> str:
@@ -362,34 +414,58 @@ def _breakdown(timings: Timings) -> str:
         return ""
     ranked = sorted(timings.by_call.items(), key=lambda item: -item[1])
     return "; core time by call: " + ", ".join(
-        f"{name} {seconds / timings.core_s:.0%}" for name, seconds in ranked if seconds)
+        f"{name} {seconds / timings.core_s:.0%}" for name, seconds in ranked if seconds
+    )
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m bench scheduler_sim", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m bench scheduler_sim",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--workers", type=int, default=1000)
-    parser.add_argument("--waiting", type=int, default=10_000,
-                        help="requests held waiting throughout the run")
-    parser.add_argument("--seconds", type=float, default=20.0,
-                        help="wall seconds of the measured core run")
-    parser.add_argument("--kafka-seconds", type=float, default=20.0,
-                        help="seconds of the run through the Kafka stage; 0: none")
+    parser.add_argument(
+        "--waiting", type=int, default=10_000, help="requests held waiting throughout the run"
+    )
+    parser.add_argument(
+        "--seconds", type=float, default=20.0, help="wall seconds of the measured core run"
+    )
+    parser.add_argument(
+        "--kafka-seconds",
+        type=float,
+        default=20.0,
+        help="seconds of the run through the Kafka stage; 0: none",
+    )
     parser.add_argument("--kafka-workers", type=int, default=20)
-    parser.add_argument("--rate", type=float, default=5000.0,
-                        help="decisions/s offered: slots free this fast (above what the "
-                             "core carries, the run measures its capacity)")
-    parser.add_argument("--shards", type=int, default=1,
-                        help="scheduler shards, each with its share of the workers, the "
-                             "waiting set and the rate, each its own process, measured "
-                             "together; decisions/s summed")
-    parser.add_argument("--gc-freeze", action="store_true",
-                        help="freeze the heap every simulated second (gc.freeze, "
-                             "HeapFreezer), as the stage does with "
-                             "CHATPIPE_SCHEDULER_GC_FREEZE_S=1")
-    parser.add_argument("--breakdown", action="store_true",
-                        help="time each of the core's calls too: the share of core time "
-                             "each takes (the timing adds a little to each call)")
+    parser.add_argument(
+        "--rate",
+        type=float,
+        default=5000.0,
+        help="decisions/s offered: slots free this fast (above what the "
+        "core carries, the run measures its capacity)",
+    )
+    parser.add_argument(
+        "--shards",
+        type=int,
+        default=1,
+        help="scheduler shards, each with its share of the workers, the "
+        "waiting set and the rate, each its own process, measured "
+        "together; decisions/s summed",
+    )
+    parser.add_argument(
+        "--gc-freeze",
+        action="store_true",
+        help="freeze the heap every simulated second (gc.freeze, "
+        "HeapFreezer), as the stage does with "
+        "CHATPIPE_SCHEDULER_GC_FREEZE_S=1",
+    )
+    parser.add_argument(
+        "--breakdown",
+        action="store_true",
+        help="time each of the core's calls too: the share of core time "
+        "each takes (the timing adds a little to each call)",
+    )
     parser.add_argument("--seed", type=int, default=15)
     return parser.parse_args(argv)
 
@@ -400,15 +476,22 @@ def cli(argv: list[str]) -> None:
     runs = shard_runs(args, shards)
     for shard, run in enumerate(runs):
         label = f"shard {shard + 1}/{shards} (its own process), " if shards > 1 else ""
-        print(report(f"core, {label}{args.workers // shards} workers, "
-                     f"{args.rate / shards:,.0f}/s offered", run), flush=True)
+        print(
+            report(
+                f"core, {label}{args.workers // shards} workers, "
+                f"{args.rate / shards:,.0f}/s offered",
+                run,
+            ),
+            flush=True,
+        )
     rate = sum(run.rate() for run in runs)
     p99_ms = max(run.p99_ms() for run in runs)
     if args.kafka_seconds > 0:
         from bench.scheduler_kafka import kafka_run
 
-        print(kafka_run(args.kafka_workers, args.kafka_seconds, args.seed, shards=shards),
-              flush=True)
+        print(
+            kafka_run(args.kafka_workers, args.kafka_seconds, args.seed, shards=shards), flush=True
+        )
     if shards > 1:
         print(f"{shards} shards together: {rate:,.0f} decisions/s, the worst p99 {p99_ms:.2f} ms")
     print(f"decisions/s={rate:.0f} p99_ms={p99_ms:.2f}")
@@ -416,8 +499,13 @@ def cli(argv: list[str]) -> None:
 
 def _sim(args: argparse.Namespace, shard: int, shards: int) -> CoreSim:
     """Shard `shard` of `shards`: its share of the workers, the waiting set and the rate."""
-    sim = CoreSim(args.workers // shards, args.waiting // shards, args.rate / shards,
-                  seed=args.seed + shard, gc_freeze=args.gc_freeze)
+    sim = CoreSim(
+        args.workers // shards,
+        args.waiting // shards,
+        args.rate / shards,
+        seed=args.seed + shard,
+        gc_freeze=args.gc_freeze,
+    )
     if args.breakdown:
         sim.time_each_call()
     return sim
@@ -429,9 +517,12 @@ def shard_runs(args: argparse.Namespace, shards: int) -> list[Timings]:
     context = multiprocessing.get_context("spawn")
     barrier = context.Barrier(shards)
     results = context.Queue()
-    processes = [context.Process(target=_shard_process, args=(args, shard, shards, barrier,
-                                                              results), daemon=True)
-                 for shard in range(shards)]
+    processes = [
+        context.Process(
+            target=_shard_process, args=(args, shard, shards, barrier, results), daemon=True
+        )
+        for shard in range(shards)
+    ]
     for process in processes:
         process.start()
     found = dict(results.get(timeout=args.seconds + 600) for _ in processes)
@@ -440,8 +531,9 @@ def shard_runs(args: argparse.Namespace, shards: int) -> list[Timings]:
     return [found[shard] for shard in range(shards)]
 
 
-def _shard_process(args: argparse.Namespace, shard: int, shards: int, barrier: Any,
-                   results: Any) -> None:
+def _shard_process(
+    args: argparse.Namespace, shard: int, shards: int, barrier: Any, results: Any
+) -> None:
     sim = _stage_process_sim(args, shard, shards)
     results.put((shard, sim.run(args.seconds, warm=barrier.wait)))
 

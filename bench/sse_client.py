@@ -72,35 +72,44 @@ class StreamRecord:
 
 def chat_body(model: str, prompt: str, max_tokens: int) -> bytes:
     """The request every benchmark sends: fixed prompt, fixed length (ignore_eos)."""
-    return orjson.dumps({
-        "model": model,
-        "messages": [{"role": "user", "content": prompt}],
-        "max_tokens": max_tokens,
-        "ignore_eos": True,
-        "temperature": 1.0,
-        "top_p": 1.0,
-        "stream": True,
-        "stream_options": {"include_usage": True, "continuous_usage_stats": True},
-    })
+    return orjson.dumps(
+        {
+            "model": model,
+            "messages": [{"role": "user", "content": prompt}],
+            "max_tokens": max_tokens,
+            "ignore_eos": True,
+            "temperature": 1.0,
+            "top_p": 1.0,
+            "stream": True,
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+        }
+    )
 
 
-async def stream_chat(target: Target, body: bytes, disconnect_after: int | None = None,
-                      timeout_s: float = 300) -> StreamRecord:
+async def stream_chat(
+    target: Target, body: bytes, disconnect_after: int | None = None, timeout_s: float = 300
+) -> StreamRecord:
     """Stream one completion; with `disconnect_after`, hang up after that many content chunks."""
     record = StreamRecord(started=time.perf_counter(), wall_started=time.time())
     try:
         async with asyncio.timeout(timeout_s):
-            await _exchange(target, "/v1/chat/completions", body, record, _on_event,
-                            disconnect_after)
+            await _exchange(
+                target, "/v1/chat/completions", body, record, _on_event, disconnect_after
+            )
     except (OSError, TimeoutError, asyncio.IncompleteReadError) as exc:
         record.error = f"{type(exc).__name__}: {exc}"
     record.ended = time.perf_counter()
     return record
 
 
-async def _exchange(target: Target, path: str, body: bytes, record: StreamRecord,
-                    on_event: Callable[[StreamRecord, SSEMessage, float], None],
-                    disconnect_after: int | None = None) -> None:
+async def _exchange(
+    target: Target,
+    path: str,
+    body: bytes,
+    record: StreamRecord,
+    on_event: Callable[[StreamRecord, SSEMessage, float], None],
+    disconnect_after: int | None = None,
+) -> None:
     """One streamed request: every SSE event to `on_event` with the time its read
     returned; hangs up after `disconnect_after` content chunks."""
     reader, writer = await asyncio.open_connection(target.host, target.port)
@@ -159,8 +168,9 @@ def _on_chunk(record: StreamRecord, chunk: dict[str, Any], now: float) -> None:
 # --- the native API (`POST /v1/conversations/{id}/messages`) -------------------------
 
 
-async def native_turn(target: Target, content: str, max_tokens: int,
-                      timeout_s: float = 300) -> StreamRecord:
+async def native_turn(
+    target: Target, content: str, max_tokens: int, timeout_s: float = 300
+) -> StreamRecord:
     """Create a conversation, post one message and stream its answer (native SSE:
     `event: delta` … `event: done`, then `data: [DONE]`). `times`/`texts` hold the
     deltas; `usage` comes from the done event."""
@@ -172,8 +182,7 @@ async def native_turn(target: Target, content: str, max_tokens: int,
                 record.status, record.error = status, f"HTTP {status}: {reply[:300]!r}"
                 return record
             path = f"/v1/conversations/{orjson.loads(reply)['conversation_id']}/messages"
-            body = orjson.dumps({"content": content, "max_tokens": max_tokens,
-                                 "ignore_eos": True})
+            body = orjson.dumps({"content": content, "max_tokens": max_tokens, "ignore_eos": True})
             record.started, record.wall_started = time.perf_counter(), time.time()
             await _exchange(target, path, body, record, _on_native_event)
     except (OSError, TimeoutError, asyncio.IncompleteReadError) as exc:

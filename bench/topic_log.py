@@ -30,9 +30,14 @@ class LoggedChunk:
     has_text: bool
 
 
-async def read_events(bootstrap: str, topic: str, kind: Any, wanted: set[str],
-                      ends: Callable[[Any], bool], timeout_s: float = 30,
-                      ) -> list[tuple[int, Any]]:
+async def read_events(
+    bootstrap: str,
+    topic: str,
+    kind: Any,
+    wanted: set[str],
+    ends: Callable[[Any], bool],
+    timeout_s: float = 30,
+) -> list[tuple[int, Any]]:
     """(record timestamp ms, event) of every decodable event of `topic`, read until every
     request in `wanted` has had an event that `ends` it, or the timeout."""
     found: list[tuple[int, Any]] = []
@@ -49,9 +54,14 @@ async def read_events(bootstrap: str, topic: str, kind: Any, wanted: set[str],
     return found
 
 
-
-async def find_events(kafka: KafkaConfig, topic: str, kind: Any, match: Callable[[Any], bool],
-                      count: int = 1, timeout_s: float = 30.0) -> list[Any]:
+async def find_events(
+    kafka: KafkaConfig,
+    topic: str,
+    kind: Any,
+    match: Callable[[Any], bool],
+    count: int = 1,
+    timeout_s: float = 30.0,
+) -> list[Any]:
     """Read `topic` from the start until `count` decodable events satisfy `match`."""
     found: list[Any] = []
     async with aclosing(replay(kafka.bootstrap_servers, topic, kind, timeout_s)) as events:
@@ -62,18 +72,27 @@ async def find_events(kafka: KafkaConfig, topic: str, kind: Any, match: Callable
                     break
     return found
 
-async def token_chunks(bootstrap: str, request_ids: Iterable[str],
-                       timeout_s: float = 30) -> dict[str, list[LoggedChunk]]:
+
+async def token_chunks(
+    bootstrap: str, request_ids: Iterable[str], timeout_s: float = 30
+) -> dict[str, list[LoggedChunk]]:
     """Per request, its token chunks in stream order (duplicates dropped)."""
     wanted = set(request_ids)
-    found = await read_events(bootstrap, topics.TOKENS, TOKEN_EVENT, wanted,
-                              lambda e: isinstance(e, GenerationDone | GenerationError), timeout_s)
+    found = await read_events(
+        bootstrap,
+        topics.TOKENS,
+        TOKEN_EVENT,
+        wanted,
+        lambda e: isinstance(e, GenerationDone | GenerationError),
+        timeout_s,
+    )
     chunks: dict[str, dict[tuple[int, int], LoggedChunk]] = {rid: {} for rid in wanted}
     for at_ms, event in found:
         if isinstance(event, TokenChunk) and event.request_id in wanted:
             chunks[event.request_id].setdefault(
                 (event.attempt, event.seq),
-                LoggedChunk(at_ms, event.token_count, event.completion_tokens, bool(event.text)))
+                LoggedChunk(at_ms, event.token_count, event.completion_tokens, bool(event.text)),
+            )
     return {rid: [by_seq[key] for key in sorted(by_seq)] for rid, by_seq in chunks.items()}
 
 
@@ -94,19 +113,26 @@ def content_chunk_tokens(chunks: list[LoggedChunk]) -> list[int]:
     return counts
 
 
-async def cancels(bootstrap: str, request_ids: Iterable[str],
-                  timeout_s: float = 5) -> dict[str, float]:
+async def cancels(
+    bootstrap: str, request_ids: Iterable[str], timeout_s: float = 5
+) -> dict[str, float]:
     """When the gateway published a Cancel on `chat.control`, per request (epoch seconds)."""
     wanted = set(request_ids)
-    found = await read_events(bootstrap, topics.CONTROL, CONTROL_EVENT, wanted,
-                              lambda e: isinstance(e, Cancel), timeout_s)
-    return {e.request_id: at_ms / 1000 for at_ms, e in found
-            if isinstance(e, Cancel) and e.request_id in wanted}
+    found = await read_events(
+        bootstrap, topics.CONTROL, CONTROL_EVENT, wanted, lambda e: isinstance(e, Cancel), timeout_s
+    )
+    return {
+        e.request_id: at_ms / 1000
+        for at_ms, e in found
+        if isinstance(e, Cancel) and e.request_id in wanted
+    }
 
 
-async def usage_events(bootstrap: str, request_ids: Iterable[str],
-                       timeout_s: float = 30) -> dict[str, UsageEvent]:
+async def usage_events(
+    bootstrap: str, request_ids: Iterable[str], timeout_s: float = 30
+) -> dict[str, UsageEvent]:
     wanted = set(request_ids)
-    found = await read_events(bootstrap, topics.USAGE, UsageEvent, wanted, lambda e: True,
-                              timeout_s)
+    found = await read_events(
+        bootstrap, topics.USAGE, UsageEvent, wanted, lambda e: True, timeout_s
+    )
     return {e.request_id: e for _, e in found if e.request_id in wanted}

@@ -57,8 +57,11 @@ class Watched:
     @property
     def finished(self) -> bool:
         """It ended with `done` and the answer's own end (not cut short)."""
-        return self.end_event == "done" and self.end is not None and \
-            self.end["status"] in ("finished_stopped", "finished_length")
+        return (
+            self.end_event == "done"
+            and self.end is not None
+            and self.end["status"] in ("finished_stopped", "finished_length")
+        )
 
     def max_stall_s(self) -> float:
         """The longest wait for the next piece: from the request to the first delta,
@@ -81,9 +84,15 @@ def token_diff(expected: str, got: str) -> tuple[int, int]:
     return missing, extra
 
 
-async def watch(clients: Sequence[httpx.AsyncClient], conversation_id: str,
-                body: dict[str, Any], *, seen: Watched | None = None,
-                first_delta: asyncio.Event | None = None, give_up_s: float = 60.0) -> Watched:
+async def watch(
+    clients: Sequence[httpx.AsyncClient],
+    conversation_id: str,
+    body: dict[str, Any],
+    *,
+    seen: Watched | None = None,
+    first_delta: asyncio.Event | None = None,
+    give_up_s: float = 60.0,
+) -> Watched:
     """POST a message on `clients[0]` and read the answer to its end (into `seen`, which
     the caller may look at meanwhile). When the connection breaks, resume on the next
     client in turn (`Last-Event-ID`), retrying until `give_up_s`."""
@@ -102,7 +111,8 @@ async def watch(clients: Sequence[httpx.AsyncClient], conversation_id: str,
             else:
                 headers = {} if seen.last_id is None else {"Last-Event-ID": str(seen.last_id)}
                 request = client.build_request(
-                    "GET", f"/v1/requests/{seen.request_id}/events", headers=headers)
+                    "GET", f"/v1/requests/{seen.request_id}/events", headers=headers
+                )
             await _read(client, request, seen, first_delta)
         except BROKEN:
             if not seen.ids:
@@ -111,8 +121,12 @@ async def watch(clients: Sequence[httpx.AsyncClient], conversation_id: str,
     return seen
 
 
-async def _read(client: httpx.AsyncClient, request: httpx.Request, seen: Watched,
-                first_delta: asyncio.Event | None) -> None:
+async def _read(
+    client: httpx.AsyncClient,
+    request: httpx.Request,
+    seen: Watched,
+    first_delta: asyncio.Event | None,
+) -> None:
     response = await client.send(request, stream=True)
     try:
         if response.status_code != 200:
@@ -157,13 +171,16 @@ class Reading:
         return self.seen
 
 
-async def reading(clients: Sequence[httpx.AsyncClient], conversation_id: str,
-                  body: dict[str, Any], seen: Watched | None = None) -> Reading:
+async def reading(
+    clients: Sequence[httpx.AsyncClient],
+    conversation_id: str,
+    body: dict[str, Any],
+    seen: Watched | None = None,
+) -> Reading:
     """Start reading an answer in the background (resuming `seen`, if given); returns
     once a piece is in."""
     seen, first = seen or Watched(), asyncio.Event()
-    task = asyncio.create_task(watch(clients, conversation_id, body, seen=seen,
-                                     first_delta=first))
+    task = asyncio.create_task(watch(clients, conversation_id, body, seen=seen, first_delta=first))
     waiter = asyncio.create_task(first.wait())
     await asyncio.wait([task, waiter], return_when=asyncio.FIRST_COMPLETED)
     waiter.cancel()

@@ -31,11 +31,16 @@ def charges_for(event: UsageEvent, periods: Sequence[Period] = PERIODS) -> Bill:
     """The bill of one usage event: its request's prompt, the completion tokens of the
     earlier attempts it continued + its own, and its cached tokens, charged to its user
     and org in each period of its `created_at`."""
-    reported = Tokens(event.prompt_tokens,
-                      event.prior_completion_tokens + event.completion_tokens,
-                      event.cached_tokens)
-    return Bill(reported, tuple(
-        (account, period, period_of(event.created_at, period).key)
-        for account in (Account.user(event.org_id, event.user_id), Account.org(event.org_id))
-        for period in periods
-    ))
+    reported = Tokens(
+        event.prompt_tokens,
+        event.prior_completion_tokens + event.completion_tokens,
+        event.cached_tokens,
+    )
+    return Bill(
+        reported,
+        tuple(
+            (account, period, period_of(event.created_at, period).key)
+            for account in (Account.user(event.org_id, event.user_id), Account.org(event.org_id))
+            for period in periods
+        ),
+    )

@@ -35,5 +35,7 @@ class BillingStage:
 
     async def _handle(self, record: ConsumerRecord) -> None:
         event = decode_record(UsageEvent, record)
-        await retried(lambda: self.ledger.record(usage_key(event), charges_for(event)),
-                      f"billing {event.request_id}")
+        await retried(
+            lambda: self.ledger.record(usage_key(event), charges_for(event)),
+            f"billing {event.request_id}",
+        )

@@ -51,20 +51,27 @@ class KafkaConfig:
 
     def __post_init__(self) -> None:
         if self.security_protocol.startswith("SASL_") and not (
-                self.sasl_username and self.sasl_password):
-            raise ValueError(f"{self.security_protocol} needs CHATPIPE_KAFKA_SASL_USERNAME and "
-                             "CHATPIPE_KAFKA_SASL_PASSWORD (this stage's Kafka credential)")
+            self.sasl_username and self.sasl_password
+        ):
+            raise ValueError(
+                f"{self.security_protocol} needs CHATPIPE_KAFKA_SASL_USERNAME and "
+                "CHATPIPE_KAFKA_SASL_PASSWORD (this stage's Kafka credential)"
+            )
 
     def connection(self) -> dict[str, Any]:
         """aiokafka's keywords for reaching the broker, the same for every producer,
         consumer and admin client: its address and this process's credential."""
-        kwargs: dict[str, Any] = {"bootstrap_servers": self.bootstrap_servers,
-                                  "client_id": self.client_id,
-                                  "security_protocol": self.security_protocol}
+        kwargs: dict[str, Any] = {
+            "bootstrap_servers": self.bootstrap_servers,
+            "client_id": self.client_id,
+            "security_protocol": self.security_protocol,
+        }
         if self.security_protocol.startswith("SASL_"):
-            kwargs |= {"sasl_mechanism": self.sasl_mechanism,
-                       "sasl_plain_username": self.sasl_username,
-                       "sasl_plain_password": self.sasl_password}
+            kwargs |= {
+                "sasl_mechanism": self.sasl_mechanism,
+                "sasl_plain_username": self.sasl_username,
+                "sasl_plain_password": self.sasl_password,
+            }
         if self.security_protocol in ("SSL", "SASL_SSL"):
             kwargs["ssl_context"] = create_ssl_context(cafile=self.ssl_cafile)
         return kwargs
@@ -84,8 +91,12 @@ class KafkaConfig:
             partitioner=keyed_partition,
         )
 
-    def consumer(self, *topics: str, group_id: str | None = None, bulk: bool = False,
-                 ) -> PacedConsumer:
+    def consumer(
+        self,
+        *topics: str,
+        group_id: str | None = None,
+        bulk: bool = False,
+    ) -> PacedConsumer:
         """A consumer that never auto-commits: each stage decides when an event is done.
 
         `bulk`: off a stream's path (recorder, billing), so it fetches less often. Once
@@ -98,9 +109,14 @@ class KafkaConfig:
         eager_ms = 0 if bulk else self.first_event_fetch_wait_ms
         pace = None
         if idle_ms > wait_ms or self.loaded_fetch_wait_ms > wait_ms or 0 < eager_ms < wait_ms:
-            pace = FetchPace(wait_ms, max(idle_ms, wait_ms), self.idle_after_s,
-                             loaded_ms=self.loaded_fetch_wait_ms,
-                             loaded_at=self.loaded_streams, eager_ms=eager_ms)
+            pace = FetchPace(
+                wait_ms,
+                max(idle_ms, wait_ms),
+                self.idle_after_s,
+                loaded_ms=self.loaded_fetch_wait_ms,
+                loaded_at=self.loaded_streams,
+                eager_ms=eager_ms,
+            )
         return PacedConsumer(
             *topics,
             pace=pace,
@@ -124,8 +140,9 @@ def kafka_config(kafka: KafkaConfig | str) -> KafkaConfig:
     return kafka if isinstance(kafka, KafkaConfig) else KafkaConfig(bootstrap_servers=kafka)
 
 
-def keyed_partition(key: bytes | None, all_partitions: Sequence[int],
-                    available: Sequence[int]) -> int:
+def keyed_partition(
+    key: bytes | None, all_partitions: Sequence[int], available: Sequence[int]
+) -> int:
     """Kafka's default partitioner (murmur2 of the key, as the Java client), with the hash
     cached: every chunk of a conversation carries the same key, and aiokafka's murmur2
     is pure Python."""

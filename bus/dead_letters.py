@@ -25,8 +25,14 @@ async def dead_letter(publisher: Publisher, stage: str, record: ConsumerRecord, 
     raw = record.value or b""
     kept = raw[:MAX_KEPT_BYTES]
     value = kept.decode(errors="replace")
-    log.warning("%s: dead-lettering %s[%d]@%d: %s", stage, record.topic, record.partition,
-                record.offset, error)
+    log.warning(
+        "%s: dead-lettering %s[%d]@%d: %s",
+        stage,
+        record.topic,
+        record.partition,
+        record.offset,
+        error,
+    )
     await publisher.send_and_wait(
         DLQ,
         DeadLetter(
@@ -39,8 +45,10 @@ async def dead_letter(publisher: Publisher, stage: str, record: ConsumerRecord, 
             truncated=len(raw) > MAX_KEPT_BYTES,
             error=error[:2000],
             value_base64=None if value.encode() == kept else base64.b64encode(kept).decode(),
-            headers=tuple((name, base64.b64encode(data or b"").decode())
-                          for name, data in record.headers or ()),
+            headers=tuple(
+                (name, base64.b64encode(data or b"").decode())
+                for name, data in record.headers or ()
+            ),
             timestamp_ms=record.timestamp,
         ),
         key=key,

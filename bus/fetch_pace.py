@@ -126,9 +126,12 @@ class PacedConsumer(AIOKafkaConsumer):
         super().__init__(*topics, **config)
         self.pace = pace
 
-    def busy_while(self, busy: Callable[[], int],
-                   wakes: Callable[[str], bool] | None = None,
-                   eager: Callable[[Batch], bool] | None = None) -> None:
+    def busy_while(
+        self,
+        busy: Callable[[], int],
+        wakes: Callable[[str], bool] | None = None,
+        eager: Callable[[Batch], bool] | None = None,
+    ) -> None:
         """The stage's own word on how much work it has (streams open: 0 is none), which
         topics' records are work (with none, a poll keeps its own timeout to see `busy`
         turn true), and when a stream's first event is on its way (`FetchPace.eager`)."""
@@ -159,10 +162,10 @@ class PacedConsumer(AIOKafkaConsumer):
             set_fetch_wait(self, self.pace.woken())
         self.resume(*partitions)
 
-    async def getmany(self, *partitions: TopicPartition, timeout_ms: int = 0,
-                      max_records: int | None = None) -> dict[TopicPartition, list[ConsumerRecord]]:
-        batch = await super().getmany(*partitions, timeout_ms=timeout_ms,
-                                      max_records=max_records)
+    async def getmany(
+        self, *partitions: TopicPartition, timeout_ms: int = 0, max_records: int | None = None
+    ) -> dict[TopicPartition, list[ConsumerRecord]]:
+        batch = await super().getmany(*partitions, timeout_ms=timeout_ms, max_records=max_records)
         if self.pace is not None:
             set_fetch_wait(self, self.pace.polled(batch))
         return batch

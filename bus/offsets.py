@@ -35,8 +35,10 @@ class OffsetTracker:
         """Per partition, the next offset to read: what the consumer has taken."""
         return dict(self._next)
 
-    def to_commit(self, floor: Callable[[TopicPartition], int | None] | None = None,
-                  ) -> dict[TopicPartition, int]:
+    def to_commit(
+        self,
+        floor: Callable[[TopicPartition], int | None] | None = None,
+    ) -> dict[TopicPartition, int]:
         """Offsets to commit now (only partitions whose watermark moved). `floor` gives,
         per partition, an offset the stage still needs (e.g. the first event of a stream
         it has not finished), or None: the watermark never passes it."""

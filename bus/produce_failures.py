@@ -43,9 +43,13 @@ class ProduceFailure(Enum):
     """The bus refuses this record: end what it belongs to, dead-letter it, go on."""
 
 
-_WAITED_OUT = (errors.KafkaConnectionError, errors.NodeNotReadyError,
-               errors.NoBrokersAvailable, errors.KafkaTimeoutError,
-               errors.RequestTimedOutError)
+_WAITED_OUT = (
+    errors.KafkaConnectionError,
+    errors.NodeNotReadyError,
+    errors.NoBrokersAvailable,
+    errors.KafkaTimeoutError,
+    errors.RequestTimedOutError,
+)
 """Not all flagged `retriable` by aiokafka, yet only the bus's state: e.g. a batch
 that expired while the broker was away."""
 
@@ -88,18 +92,21 @@ class RetryingPublisher(Publisher):
     `send_and_wait` waits for, is seen: a record `send` enqueued that the broker later
     refuses is only logged (a stage that must know sends it with `send_and_wait`)."""
 
-    async def send(self, topic: str, event: Event, key: str | None = None,
-                   partition: int | None = None) -> asyncio.Future[RecordMetadata]:
+    async def send(
+        self, topic: str, event: Event, key: str | None = None, partition: int | None = None
+    ) -> asyncio.Future[RecordMetadata]:
         future = await self._retried(super().send, topic, event, key, partition)
         future.add_done_callback(lambda f: _log_lost(topic, f))
         return future
 
-    async def send_and_wait(self, topic: str, event: Event, key: str | None = None,
-                            partition: int | None = None) -> RecordMetadata:
+    async def send_and_wait(
+        self, topic: str, event: Event, key: str | None = None, partition: int | None = None
+    ) -> RecordMetadata:
         return await self._retried(super().send_and_wait, topic, event, key, partition)
 
-    async def _retried(self, send, topic: str, event: Event, key: str | None,
-                       partition: int | None):
+    async def _retried(
+        self, send, topic: str, event: Event, key: str | None, partition: int | None
+    ):
         if not _TOPIC_NAME.fullmatch(topic):
             raise RecordRejected(topic, ValueError("not a valid topic name"))
         failures = 0
@@ -112,9 +119,14 @@ class RetryingPublisher(Publisher):
                 if produce_failure(exc) is ProduceFailure.RECORD:
                     raise RecordRejected(topic, exc) from exc
                 failures += 1
-                log.warning("sending %s to %s failed (%s: %s); retrying, %d failures",
-                            getattr(event, "type", type(event).__name__), topic,
-                            type(exc).__name__, exc, failures)
+                log.warning(
+                    "sending %s to %s failed (%s: %s); retrying, %d failures",
+                    getattr(event, "type", type(event).__name__),
+                    topic,
+                    type(exc).__name__,
+                    exc,
+                    failures,
+                )
                 await asyncio.sleep(retry_delay(failures))
 
 

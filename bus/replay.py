@@ -21,8 +21,9 @@ from bus.topics import topic_partitions
 from schemas.codec import EventDecodeError, decode
 
 
-async def replay(kafka: KafkaConfig | str, topic: str, kind: Any,
-                 timeout_s: float) -> AsyncIterator[tuple[int, Any]]:
+async def replay(
+    kafka: KafkaConfig | str, topic: str, kind: Any, timeout_s: float
+) -> AsyncIterator[tuple[int, Any]]:
     """(record timestamp ms, event) for every decodable event of `topic`, from offset 0
     of every partition, as records arrive, until `timeout_s` has passed; records that
     do not decode as `kind` are skipped; LookupError if the topic does not exist. Stop
@@ -50,14 +51,23 @@ async def replay(kafka: KafkaConfig | str, topic: str, kind: Any,
 
 def _reader(kafka: KafkaConfig | str, **options: Any) -> AIOKafkaConsumer:
     """A consumer outside any group, reading where it is told to."""
-    return AIOKafkaConsumer(**kafka_config(kafka).connection(), enable_auto_commit=False,
-                            fetch_max_wait_ms=20, max_partition_fetch_bytes=8 << 20,
-                            **options)
+    return AIOKafkaConsumer(
+        **kafka_config(kafka).connection(),
+        enable_auto_commit=False,
+        fetch_max_wait_ms=20,
+        max_partition_fetch_bytes=8 << 20,
+        **options,
+    )
 
 
-async def read_between(kafka: KafkaConfig | str, topic: str, bounds: dict[int, tuple[int, int]],
-                       kind: Any, timeout_s: float = 10.0,
-                       key: bytes | None = None) -> list[tuple[int, int, Any]]:
+async def read_between(
+    kafka: KafkaConfig | str,
+    topic: str,
+    bounds: dict[int, tuple[int, int]],
+    kind: Any,
+    timeout_s: float = 10.0,
+    key: bytes | None = None,
+) -> list[tuple[int, int, Any]]:
     """(partition, offset, event) for every record of `topic` in `[start, end)` of each
     partition's bounds, in partition order: a read up to a known end (Tansu cannot say
     where a partition ends, DESIGN §11). Records that do not decode as `kind` are
@@ -69,17 +79,23 @@ async def read_between(kafka: KafkaConfig | str, topic: str, bounds: dict[int, t
     return await _read(kafka, topic, wanted, kind, timeout_s, key)
 
 
-async def read_to_end(kafka: KafkaConfig | str, topic: str, kind: Any,
-                      timeout_s: float = 10.0) -> list[tuple[int, int, Any]]:
+async def read_to_end(
+    kafka: KafkaConfig | str, topic: str, kind: Any, timeout_s: float = 10.0
+) -> list[tuple[int, int, Any]]:
     """(partition, offset, event) for every record of `topic` from offset 0 up to where
     each partition ends when it is first fetched (the high watermark a fetch reports,
     which Tansu gets right), in partition order; records not of `kind` are skipped."""
     return await _read(kafka, topic, None, kind, timeout_s)
 
 
-async def _read(kafka: KafkaConfig | str, topic: str, bounds: dict[int, tuple[int, int]] | None,
-                kind: Any, timeout_s: float, key: bytes | None = None,
-                ) -> list[tuple[int, int, Any]]:
+async def _read(
+    kafka: KafkaConfig | str,
+    topic: str,
+    bounds: dict[int, tuple[int, int]] | None,
+    kind: Any,
+    timeout_s: float,
+    key: bytes | None = None,
+) -> list[tuple[int, int, Any]]:
     """`bounds` None: every partition from 0 to its first reported end."""
     consumer = _reader(kafka)
     await consumer.start()
@@ -89,9 +105,13 @@ async def _read(kafka: KafkaConfig | str, topic: str, bounds: dict[int, tuple[in
         else:
             starts = {TopicPartition(topic, p): start for p, (start, _) in bounds.items()}
         records = await _read_partitions(
-            consumer, starts,
+            consumer,
+            starts,
             (lambda tp, _: bounds[tp.partition][1]) if bounds is not None else _first_end,
-            (lambda r: r.key == key) if key is not None else None, timeout_s, idle=False)
+            (lambda r: r.key == key) if key is not None else None,
+            timeout_s,
+            idle=False,
+        )
     finally:
         await consumer.stop()
     found: list[tuple[int, int, Any]] = []
@@ -101,26 +121,33 @@ async def _read(kafka: KafkaConfig | str, topic: str, bounds: dict[int, tuple[in
     return found
 
 
-async def existing_partitions(kafka: KafkaConfig | str, topics: Collection[str] | None = None,
-                              ) -> dict[str, list[TopicPartition]]:
+async def existing_partitions(
+    kafka: KafkaConfig | str,
+    topics: Collection[str] | None = None,
+) -> dict[str, list[TopicPartition]]:
     """The partitions of each of `topics` the broker has (of every topic without)."""
     consumer = _reader(kafka)
     await consumer.start()
     try:
         names = await consumer.topics()
         wanted = sorted(names if topics is None else set(topics) & set(names))
-        return {topic: [TopicPartition(topic, p)
-                        for p in sorted(consumer.partitions_for_topic(topic) or ())]
-                for topic in wanted}
+        return {
+            topic: [
+                TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())
+            ]
+            for topic in wanted
+        }
     finally:
         await consumer.stop()
 
 
-async def read_records(kafka: KafkaConfig | str, starts: Mapping[TopicPartition, int],
-                       keep: Callable[[ConsumerRecord], bool] | None = None,
-                       idle_timeout_s: float = 30.0,
-                       stops: Mapping[TopicPartition, int] | None = None,
-                       ) -> list[ConsumerRecord]:
+async def read_records(
+    kafka: KafkaConfig | str,
+    starts: Mapping[TopicPartition, int],
+    keep: Callable[[ConsumerRecord], bool] | None = None,
+    idle_timeout_s: float = 30.0,
+    stops: Mapping[TopicPartition, int] | None = None,
+) -> list[ConsumerRecord]:
     """Every record of each partition from its start offset up to where the partition
     ended when first fetched (the high watermark a fetch reports), or its `stops` offset
     if that is sooner, kept by `keep`, in partition order: what the bus holds now, of
@@ -132,8 +159,13 @@ async def read_records(kafka: KafkaConfig | str, starts: Mapping[TopicPartition,
     await consumer.start()
     try:
         return await _read_partitions(
-            consumer, starts, lambda tp, end: min(end, (stops or {}).get(tp, end)), keep,
-            idle_timeout_s, idle=True)
+            consumer,
+            starts,
+            lambda tp, end: min(end, (stops or {}).get(tp, end)),
+            keep,
+            idle_timeout_s,
+            idle=True,
+        )
     finally:
         await consumer.stop()
 
@@ -143,9 +175,12 @@ def _first_end(_: TopicPartition, end: int) -> int:
 
 
 async def _read_partitions(
-    consumer: AIOKafkaConsumer, starts: Mapping[TopicPartition, int],
+    consumer: AIOKafkaConsumer,
+    starts: Mapping[TopicPartition, int],
     end_of: Callable[[TopicPartition, int], int],
-    keep: Callable[[ConsumerRecord], bool] | None, timeout_s: float, idle: bool,
+    keep: Callable[[ConsumerRecord], bool] | None,
+    timeout_s: float,
+    idle: bool,
 ) -> list[ConsumerRecord]:
     """The one reading loop: each partition from its start up to `end_of(partition, the
     end its first fetch reports)`, records kept by `keep`, sorted by topic, partition and
@@ -175,17 +210,23 @@ async def _read_partitions(
                 if consumer.highwater(tp) is None:
                     continue  # not fetched yet: its end comes with its first fetch
                 ends[tp] = end_of(tp, consumer.highwater(tp))
-            found.extend(record for record in batch.get(tp, [])
-                         if record.offset < ends[tp] and (keep is None or keep(record)))
+            found.extend(
+                record
+                for record in batch.get(tp, [])
+                if record.offset < ends[tp] and (keep is None or keep(record))
+            )
             if await consumer.position(tp) >= ends[tp]:
                 del open_[tp]
                 consumer.pause(tp)
     return sorted(found, key=lambda r: (r.topic, r.partition, r.offset))
 
 
-async def offsets_at(kafka: KafkaConfig | str, partitions: Collection[TopicPartition],
-                     time_ms: int, believable: Callable[[list[Any], int], bool],
-                     ) -> dict[TopicPartition, int | None] | None:
+async def offsets_at(
+    kafka: KafkaConfig | str,
+    partitions: Collection[TopicPartition],
+    time_ms: int,
+    believable: Callable[[list[Any], int], bool],
+) -> dict[TopicPartition, int | None] | None:
     """The first offset of each partition whose record is at or after `time_ms` (None:
     no record that late), from the broker's `offsets_for_times`; None when the broker
     cannot say, or says what `believable` rejects once the records at and before each
@@ -201,12 +242,23 @@ async def offsets_at(kafka: KafkaConfig | str, partitions: Collection[TopicParti
     said = {tp: (a.offset, a.timestamp) for tp, a in answers.items() if a is not None}
     if any(offset < 0 or stamp < time_ms for offset, stamp in said.values()):
         return None
-    around = await read_records(kafka, {tp: max(offset - 1, 0) for tp, (offset, _) in said.items()},
-                                stops={tp: offset + 1 for tp, (offset, _) in said.items()})
+    around = await read_records(
+        kafka,
+        {tp: max(offset - 1, 0) for tp, (offset, _) in said.items()},
+        stops={tp: offset + 1 for tp, (offset, _) in said.items()},
+    )
     stamps = {(r.topic, r.partition, r.offset): r.timestamp for r in around}
-    checked = [None if tp not in said else (
-        said[tp][0], said[tp][1], stamps.get((tp.topic, tp.partition, said[tp][0])),
-        stamps.get((tp.topic, tp.partition, said[tp][0] - 1))) for tp in answers]
+    checked = [
+        None
+        if tp not in said
+        else (
+            said[tp][0],
+            said[tp][1],
+            stamps.get((tp.topic, tp.partition, said[tp][0])),
+            stamps.get((tp.topic, tp.partition, said[tp][0] - 1)),
+        )
+        for tp in answers
+    ]
     if not believable(checked, time_ms):
         return None
     return {tp: said[tp][0] if tp in said else None for tp in answers}

@@ -98,10 +98,17 @@ class RequestReplyClient:
     handler (a failing record is dead-lettered). `on_reroute(request_id)`: another
     reader relays that stream now (a `Reroute` on the delivery topic)."""
 
-    def __init__(self, kafka: KafkaConfig, client_id: str, partitions: int = 4,
-                 heartbeat_interval_s: float = 1.0, *, stage: str = "gateway",
-                 also_read: Mapping[TopicPartition, RecordHandler] | None = None,
-                 on_reroute: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self,
+        kafka: KafkaConfig,
+        client_id: str,
+        partitions: int = 4,
+        heartbeat_interval_s: float = 1.0,
+        *,
+        stage: str = "gateway",
+        also_read: Mapping[TopicPartition, RecordHandler] | None = None,
+        on_reroute: Callable[[str], None] | None = None,
+    ) -> None:
         self.kafka = kafka
         self.client_id = client_id
         self.partitions = partitions
@@ -129,13 +136,16 @@ class RequestReplyClient:
         self.publisher = Publisher(self._producer)
         self._consumer = self.kafka.consumer()
         # A client with open streams keeps fetching often even while a request queues.
-        self._consumer.busy_while(lambda: len(self._streams),
-                                  eager=lambda _: bool(self._awaiting))
+        self._consumer.busy_while(lambda: len(self._streams), eager=lambda _: bool(self._awaiting))
         await self._consumer.start()
-        self._consumer.assign([TopicPartition(self.reply_to, p) for p in range(self.partitions)]
-                              + list(self._also_read))
-        self._tasks = [asyncio.create_task(self._read(), name=f"{self.stage}-delivery"),
-                       asyncio.create_task(self._beat(), name=f"{self.stage}-heartbeats")]
+        self._consumer.assign(
+            [TopicPartition(self.reply_to, p) for p in range(self.partitions)]
+            + list(self._also_read)
+        )
+        self._tasks = [
+            asyncio.create_task(self._read(), name=f"{self.stage}-delivery"),
+            asyncio.create_task(self._beat(), name=f"{self.stage}-heartbeats"),
+        ]
 
     async def stop(self) -> None:
         for task in self._tasks:
@@ -166,13 +176,16 @@ class RequestReplyClient:
             raise
         return stream
 
-    async def cancel(self, request_id: str, reason: str = "client_disconnected",
-                     held_by: str | None = None) -> None:
+    async def cancel(
+        self, request_id: str, reason: str = "client_disconnected", held_by: str | None = None
+    ) -> None:
         """Publish a cancel; with `held_by`, one the scheduler passes on only while that
         delivery topic still relays the stream (nobody resumed it elsewhere)."""
         await self.publisher.send_and_wait(
-            topics.CONTROL, Cancel(request_id=request_id, reason=reason, held_by=held_by),
-            key=request_id)
+            topics.CONTROL,
+            Cancel(request_id=request_id, reason=reason, held_by=held_by),
+            key=request_id,
+        )
 
     def forget(self, request_id: str) -> None:
         self._streams.pop(request_id, None)
@@ -195,8 +208,11 @@ class RequestReplyClient:
             try:
                 if time.monotonic() - self._beat_acked_at > TOPIC_RECHECK_S:
                     await self._create_topic()  # the scheduler may have judged this gone
-                sent = await self.publisher.send(topics.CONTROL, heartbeat.model_copy(
-                    update={"sent_at": time.time()}), key=self.reply_to)
+                sent = await self.publisher.send(
+                    topics.CONTROL,
+                    heartbeat.model_copy(update={"sent_at": time.time()}),
+                    key=self.reply_to,
+                )
                 sent.add_done_callback(self._beat_acked)
             except Exception:
                 log.warning("%s heartbeat failed", self.stage, exc_info=True)

@@ -139,10 +139,13 @@ class StageRunner:
         self.tracker = OffsetTracker()
         self._producer: AIOKafkaProducer | None = None
 
-    async def run(self, handle: RecordHandler,
-                  after_batch: Callable[[], Awaitable[None]] | None = None,
-                  on_failure: FailureHandler | None = None,
-                  until: Callable[[], bool] | None = None) -> None:
+    async def run(
+        self,
+        handle: RecordHandler,
+        after_batch: Callable[[], Awaitable[None]] | None = None,
+        on_failure: FailureHandler | None = None,
+        until: Callable[[], bool] | None = None,
+    ) -> None:
         """Start, consume until cancelled (or until `until()` is true after a batch's
         step and commit), then stop."""
         await self.start()
@@ -194,10 +197,13 @@ class StageRunner:
             if self._producer is not None:
                 await self._producer.stop()
 
-    async def consume(self, handle: RecordHandler,
-                      after_batch: Callable[[], Awaitable[None]] | None = None,
-                      on_failure: FailureHandler | None = None,
-                      until: Callable[[], bool] | None = None) -> None:
+    async def consume(
+        self,
+        handle: RecordHandler,
+        after_batch: Callable[[], Awaitable[None]] | None = None,
+        on_failure: FailureHandler | None = None,
+        until: Callable[[], bool] | None = None,
+    ) -> None:
         """The loop alone (`start` first): handle each record, then after each batch the
         stage's `after_batch` and the commit."""
 
@@ -210,9 +216,18 @@ class StageRunner:
                 await after_batch()
             await self.commit()
 
-        await consume(self.consumer, self.stage, self.publisher, handled, step,
-                      poll_ms=self.poll_ms, tracker=self.tracker, on_failure=on_failure,
-                      max_records=self.max_records, until=until)
+        await consume(
+            self.consumer,
+            self.stage,
+            self.publisher,
+            handled,
+            step,
+            poll_ms=self.poll_ms,
+            tracker=self.tracker,
+            on_failure=on_failure,
+            max_records=self.max_records,
+            until=until,
+        )
 
     async def commit(self) -> None:
         """Commit every partition's done records (below its floor, as the stage's rule

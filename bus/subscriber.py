@@ -67,8 +67,9 @@ async def consume(
                     except Exception as exc:  # noqa: BLE001 - any failure is dead-lettered
                         await failed(stage, publisher, record, exc, on_failure)
                         if tracker is not None:
-                            tracker.seen(TopicPartition(record.topic, record.partition),
-                                         record.offset)
+                            tracker.seen(
+                                TopicPartition(record.topic, record.partition), record.offset
+                            )
         if after_batch is None:
             continue
         try:
@@ -79,19 +80,30 @@ async def consume(
         except Exception:
             log.exception("%s: after-batch step failed; retrying", stage)
             await asyncio.sleep(
-                AFTER_BATCH_BACKOFF_S[min(failures, len(AFTER_BATCH_BACKOFF_S) - 1)])
+                AFTER_BATCH_BACKOFF_S[min(failures, len(AFTER_BATCH_BACKOFF_S) - 1)]
+            )
             failures += 1
 
 
-async def failed(stage: str, publisher: Publisher, record: ConsumerRecord, exc: Exception,
-                 on_failure: FailureHandler | None = None) -> None:
+async def failed(
+    stage: str,
+    publisher: Publisher,
+    record: ConsumerRecord,
+    exc: Exception,
+    on_failure: FailureHandler | None = None,
+) -> None:
     """Dead-letter `record` with the error, then let the stage end what it belonged to.
     Neither step may stop the stage: their own failures are only logged."""
     error = f"{type(exc).__name__}: {exc}"
     tracing.failed(exc)
     if not isinstance(exc, ValueError):
-        log.error("%s: failed on %s@%d", stage, record.topic, record.offset,
-                  exc_info=(type(exc), exc, exc.__traceback__))
+        log.error(
+            "%s: failed on %s@%d",
+            stage,
+            record.topic,
+            record.offset,
+            exc_info=(type(exc), exc, exc.__traceback__),
+        )
     try:
         await dead_letter(publisher, stage, record, error)
         dead_lettered(stage, exc)
@@ -102,5 +114,6 @@ async def failed(stage: str, publisher: Publisher, record: ConsumerRecord, exc: 
     try:
         await on_failure(record, exc)
     except Exception:
-        log.exception("%s: could not end what %s@%d belonged to", stage, record.topic,
-                      record.offset)
+        log.exception(
+            "%s: could not end what %s@%d belonged to", stage, record.topic, record.offset
+        )

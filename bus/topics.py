@@ -69,14 +69,17 @@ async def create_topics(
         await admin.close()
 
 
-async def ensure_topics(kafka: KafkaConfig | str, layout: TopicLayout = TopicLayout(),
-                        ) -> list[str]:
+async def ensure_topics(
+    kafka: KafkaConfig | str,
+    layout: TopicLayout = TopicLayout(),
+) -> list[str]:
     """The shared topics, laid out as `layout` says; returns the names created."""
     return await create_topics(kafka, layout.partitions(), layout.replication_factor)
 
 
-async def topic_partitions(consumer: AIOKafkaConsumer, topic: str,
-                           wait_s: float = 0.0) -> list[TopicPartition]:
+async def topic_partitions(
+    consumer: AIOKafkaConsumer, topic: str, wait_s: float = 0.0
+) -> list[TopicPartition]:
     """The partitions of `topic`, in order, from freshly read metadata; waits up to
     `wait_s` for a topic just created, then LookupError."""
     deadline = time.monotonic() + wait_s

@@ -15,10 +15,13 @@ from chatpipe.settings import Settings
 
 analytics_app = typer.Typer(
     no_args_is_help=True,
-    help="Usage, tokens and moderation as Parquet tables, queried with DuckDB.")
+    help="Usage, tokens and moderation as Parquet tables, queried with DuckDB.",
+)
 
-DB_HELP = "the DuckDB database (views over the Parquet files); default: analytics.duckdb " \
+DB_HELP = (
+    "the DuckDB database (views over the Parquet files); default: analytics.duckdb "
     "beside CHATPIPE_DATABASE_PATH"
+)
 DATA_HELP = "the Parquet directory; default: analytics/ beside the database"
 
 
@@ -28,20 +31,19 @@ def locations(db: Path | None, data: Path | None) -> tuple[Path, Path]:
     return database, data or database.parent / "analytics"
 
 
-def read_topics(until_idle: bool, db: Path | None, data: Path | None, group: str | None,
-                flush_s: float) -> str:
+def read_topics(
+    until_idle: bool, db: Path | None, data: Path | None, group: str | None, flush_s: float
+) -> str:
     """Run the analytics consumer (to the topics' ends with `until_idle`); what it read."""
     from analytics.stage import GROUP, AnalyticsStage
     from analytics.warehouse import Warehouse
     from chatpipe.ops_commands import operator_kafka
 
     _, data_dir = locations(db, data)
-    stage = AnalyticsStage(operator_kafka(Settings()), Warehouse(data_dir), group or GROUP,
-                           flush_s)
+    stage = AnalyticsStage(operator_kafka(Settings()), Warehouse(data_dir), group or GROUP, flush_s)
     counts = asyncio.run(stage.run(until_idle=until_idle))
     rows = ", ".join(f"{table} {n}" for table, n in sorted(counts.rows.items())) or "no rows"
-    return (f"read {counts.records} records: {rows}; {counts.files} Parquet files "
-            f"in {data_dir}")
+    return f"read {counts.records} records: {rows}; {counts.files} Parquet files in {data_dir}"
 
 
 def period_of(since: str, until: str | None) -> Any:
@@ -52,22 +54,31 @@ def period_of(since: str, until: str | None) -> Any:
 
     now_ms = round(time.time() * 1000)
     try:
-        return Period(parse_time(since, now_ms) / 1000,
-                      (parse_time(until, now_ms) if until else now_ms) / 1000)
+        return Period(
+            parse_time(since, now_ms) / 1000,
+            (parse_time(until, now_ms) if until else now_ms) / 1000,
+        )
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
 
 
 @analytics_app.command("ingest")
 def ingest(
-    until_idle: Annotated[bool, typer.Option(
-        "--until-idle", help="consume what is there, then stop (default: run as a stage)")
+    until_idle: Annotated[
+        bool,
+        typer.Option(
+            "--until-idle", help="consume what is there, then stop (default: run as a stage)"
+        ),
     ] = False,
     db: Annotated[Path | None, typer.Option(help=DB_HELP)] = None,
     data: Annotated[Path | None, typer.Option(help=DATA_HELP)] = None,
-    group: Annotated[str | None, typer.Option(
-        help="consumer group (default chatpipe-analytics); a new one reads every topic "
-        "from its start")] = None,
+    group: Annotated[
+        str | None,
+        typer.Option(
+            help="consumer group (default chatpipe-analytics); a new one reads every topic "
+            "from its start"
+        ),
+    ] = None,
     flush_s: Annotated[float, typer.Option(help="seconds between Parquet writes")] = 5.0,
 ) -> None:
     """Read chat.usage, chat.requests.*, chat.tokens, chat.moderation and chat.feedback
@@ -77,12 +88,13 @@ def ingest(
 
 @analytics_app.command("report")
 def report(
-    since: Annotated[str, typer.Option(help="period start: 90s, 10m, 2h, 1d or ISO 8601")
-                     ] = "1h",
+    since: Annotated[str, typer.Option(help="period start: 90s, 10m, 2h, 1d or ISO 8601")] = "1h",
     until: Annotated[str | None, typer.Option(help="period end (default: now)")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="one JSON object")] = False,
-    plot: Annotated[Path | None, typer.Option(
-        help="write a PNG of tokens per minute by tier here (needs matplotlib)")] = None,
+    plot: Annotated[
+        Path | None,
+        typer.Option(help="write a PNG of tokens per minute by tier here (needs matplotlib)"),
+    ] = None,
     db: Annotated[Path | None, typer.Option(help=DB_HELP)] = None,
     data: Annotated[Path | None, typer.Option(help=DATA_HELP)] = None,
 ) -> None:

@@ -198,8 +198,12 @@ def keys_create(
     org: Annotated[str, typer.Option(help="the user's org (tenant)")],
     tier: Annotated[Tier, typer.Option(help="the key's tier", case_sensitive=False)],
     name: Annotated[str, typer.Option(help="a label for `keys list`")] = "",
-    expires_in: Annotated[float | None, typer.Option(
-        "--expires-in", metavar="DAYS", help="expire after this many days; default: never")] = None,
+    expires_in: Annotated[
+        float | None,
+        typer.Option(
+            "--expires-in", metavar="DAYS", help="expire after this many days; default: never"
+        ),
+    ] = None,
 ) -> None:
     """Create an API key for a user of an org; it is printed once, on the last line.
 
@@ -212,7 +216,8 @@ def keys_create(
         raise typer.BadParameter("--user and --org must not be empty")
     if expires_in is not None and not 0 < expires_in <= MAX_EXPIRES_IN_DAYS:
         raise typer.BadParameter(
-            f"--expires-in must be a number of days above 0, at most {MAX_EXPIRES_IN_DAYS}")
+            f"--expires-in must be a number of days above 0, at most {MAX_EXPIRES_IN_DAYS}"
+        )
     settings = cli_settings(Settings())
     if key_secret(settings) is None:
         typer.echo(f"chatpipe keys create: {NO_SECRET}", err=True)
@@ -220,8 +225,15 @@ def keys_create(
     key_id, key = new_key()
     now = time.time()
     expires_at = now + expires_in * 86_400 if expires_in is not None else None
-    row = ApiKey(user_id=user, org_id=org, tier=tier, created_at=now, key_id=key_id, name=name,
-                 expires_at=expires_at)
+    row = ApiKey(
+        user_id=user,
+        org_id=org,
+        tier=tier,
+        created_at=now,
+        key_id=key_id,
+        name=name,
+        expires_at=expires_at,
+    )
 
     async def create(store: ConversationStore) -> ApiKey | None:
         await store.add_api_key(key, row)
@@ -286,11 +298,15 @@ def keys_revoke(key_id: Annotated[str, typer.Argument(metavar="KEY_ID")]) -> Non
 @orgs_app.command("set")
 def orgs_set(
     org: Annotated[str, typer.Argument(metavar="ORG")],
-    response_cache: Annotated[bool, typer.Option(
-        "--response-cache/--no-response-cache",
-        help="replay exact repeats of the org's single-turn, temperature-0 requests from "
-        "the response cache (kept CHATPIPE_RESPONSE_CACHE_TTL_S, never shared with another "
-        "org)")] = False,
+    response_cache: Annotated[
+        bool,
+        typer.Option(
+            "--response-cache/--no-response-cache",
+            help="replay exact repeats of the org's single-turn, temperature-0 requests from "
+            "the response cache (kept CHATPIPE_RESPONSE_CACHE_TTL_S, never shared with another "
+            "org)",
+        ),
+    ] = False,
 ) -> None:
     """Set an org's settings; every gateway uses them from the org's next request."""
     if not org.strip():
@@ -325,8 +341,9 @@ def orgs_list(
 @schemas_app.command("export")
 def schemas_export(
     directory: Annotated[Path, typer.Argument(metavar="DIR")],
-    check: Annotated[bool, typer.Option(help="write nothing; exit 1 if DIR is out of date")
-                     ] = False,
+    check: Annotated[
+        bool, typer.Option(help="write nothing; exit 1 if DIR is out of date")
+    ] = False,
 ) -> None:
     """Write a JSON Schema per event version and an AsyncAPI 3 document into DIR."""
     from schemas.contracts import IncompatibleChange, check_compatible, export, stale
@@ -342,8 +359,10 @@ def schemas_export(
     except IncompatibleChange as exc:
         typer.echo(f"chatpipe schemas export: {exc}", err=True)
         raise typer.Exit(1) from None
-    typer.echo(f"{len(written)} contract files written to {directory}"
-               + "".join(f"\n  {path}" for path in written))
+    typer.echo(
+        f"{len(written)} contract files written to {directory}"
+        + "".join(f"\n  {path}" for path in written)
+    )
 
 
 @app.command("make-tiny-model")
@@ -362,8 +381,9 @@ def make_tiny_model(
 @app.command()
 def chat(
     url: Annotated[str, typer.Option(help="the gateway")] = "http://127.0.0.1:8000",
-    api_key: Annotated[str | None, typer.Option(envvar="CHATPIPE_API_KEY",
-                                                help="printed by `chatpipe up`")] = None,
+    api_key: Annotated[
+        str | None, typer.Option(envvar="CHATPIPE_API_KEY", help="printed by `chatpipe up`")
+    ] = None,
     model: Annotated[str | None, typer.Option(help="default: the gateway's")] = None,
     conversation: Annotated[str | None, typer.Option(help="continue this conversation")] = None,
 ) -> None:

@@ -41,15 +41,30 @@ def client_stream(reads: Iterable[ReadRecord], request_id: str) -> ClientStream:
     """The stream of `request_id` from its records (any order: each partition is read
     in offset order here). LookupError without the request's `GenerationRequest`."""
     reads = sorted(reads, key=lambda r: (r.record.topic, r.record.partition, r.record.offset))
-    request = next((r.event for r in reads if isinstance(r.event, GenerationRequest)
-                    and r.event.request_id == request_id), None)
+    request = next(
+        (
+            r.event
+            for r in reads
+            if isinstance(r.event, GenerationRequest) and r.event.request_id == request_id
+        ),
+        None,
+    )
     if request is None:
         raise LookupError(f"no request {request_id} on the request topics")
-    payload = sse.RequestPayload(request_id=request_id, message_id=request.message_id,
-                                 user_message_id=request.parent_id or "")
+    payload = sse.RequestPayload(
+        request_id=request_id,
+        message_id=request.message_id,
+        user_message_id=request.parent_id or "",
+    )
     frames = [sse.request_event(payload)]
-    source = next((topic for topic in (request.reply_to, topics.ANSWERS)
-                   if any(_delivery(r, topic, request_id) for r in reads)), None)
+    source = next(
+        (
+            topic
+            for topic in (request.reply_to, topics.ANSWERS)
+            if any(_delivery(r, topic, request_id) for r in reads)
+        ),
+        None,
+    )
     relay = StreamRelay()
     for read in reads:
         if source is not None and _delivery(read, source, request_id):
@@ -62,5 +77,8 @@ def client_stream(reads: Iterable[ReadRecord], request_id: str) -> ClientStream:
 
 
 def _delivery(read: ReadRecord, topic: str, request_id: str) -> bool:
-    return (read.record.topic == topic and isinstance(read.event, DeliveryEvent)
-            and read.event.request_id == request_id)
+    return (
+        read.record.topic == topic
+        and isinstance(read.event, DeliveryEvent)
+        and read.event.request_id == request_id
+    )

@@ -24,24 +24,32 @@ API_KEY = "test-dev-key"
 def stack_settings(tmp: Path, **overrides: object) -> Settings:
     """Settings of a stack on its own embedded broker, free port and database under
     `tmp`, quick to notice a dropped stream; `overrides` win."""
-    return Settings(**{
-        "kafka_bootstrap_servers": None,
-        "port": 0,
-        "dev_api_key": API_KEY,
-        "database_path": tmp / "chatpipe.db",
-        "coalesce_ms": 50,
-        "heartbeat_interval_s": 0.5,
-        # A dropped stream frees its slot soon (tests of the grace itself set their own).
-        "resume_grace_s": 0.5,
-        **overrides,
-    })
+    return Settings(
+        **{
+            "kafka_bootstrap_servers": None,
+            "port": 0,
+            "dev_api_key": API_KEY,
+            "database_path": tmp / "chatpipe.db",
+            "coalesce_ms": 50,
+            "heartbeat_interval_s": 0.5,
+            # A dropped stream frees its slot soon (tests of the grace itself set their own).
+            "resume_grace_s": 0.5,
+            **overrides,
+        }
+    )
 
 
 def running_sim_stack(settings: Settings) -> contextlib.AbstractAsyncContextManager[Stack]:
     """Every stage in process around a sim engine made from `settings`."""
-    return running_engine_stack(settings, SimEngine(
-        settings.model_name, settings.max_slots, settings.sim_tokens_per_s,
-        settings.sim_prompt_tokens_per_s))
+    return running_engine_stack(
+        settings,
+        SimEngine(
+            settings.model_name,
+            settings.max_slots,
+            settings.sim_tokens_per_s,
+            settings.sim_prompt_tokens_per_s,
+        ),
+    )
 
 
 @contextlib.asynccontextmanager

@@ -91,8 +91,14 @@ GRANTS: dict[str, tuple[Grant, ...]] = {
         *on_prefix(topics.DELIVER_PREFIX, R, W, C),
         *reads(topics.SCHEDULER, topics.ANSWERS, topics.ROLLOUT),  # model aliases' weights
         # chat.usage: an answer replayed from the response cache (gateway.cached_pipeline)
-        *writes(topics.ANSWERS, topics.CONTROL, topics.MODERATION, topics.USAGE, topics.FEEDBACK,
-                topics.DLQ),
+        *writes(
+            topics.ANSWERS,
+            topics.CONTROL,
+            topics.MODERATION,
+            topics.USAGE,
+            topics.FEEDBACK,
+            topics.DLQ,
+        ),
     ),
     "scheduler": (
         *on_prefix(topics.REQUESTS_PREFIX, R),
@@ -102,8 +108,9 @@ GRANTS: dict[str, tuple[Grant, ...]] = {
         # request's end and each attempt's start marker go on chat.tokens. It deletes
         # the delivery topics of gateways that are gone (scheduler.delivery_topics).
         *on_prefix(topics.DELIVER_PREFIX, W, Operation.DELETE),
-        *writes(topics.SCHEDULER, topics.WORK, topics.TOKENS, topics.CONTROL, topics.ANSWERS,
-                topics.DLQ),
+        *writes(
+            topics.SCHEDULER, topics.WORK, topics.TOKENS, topics.CONTROL, topics.ANSWERS, topics.DLQ
+        ),
         joins(SCHEDULER_GROUP, prefixed=True),  # a shard's group: chatpipe-scheduler-<shard>
     ),
     "worker": (
@@ -130,6 +137,7 @@ GRANTS: dict[str, tuple[Grant, ...]] = {
     ),
 }
 
+
 def allowed(user: str, operation: Operation, resource: Resource, name: str) -> bool:
     """Whether the table lets `user` do `operation` on `name`."""
     grants = (*GRANTS.get(user, ()), *EVERY_STAGE)
@@ -148,8 +156,12 @@ def _acl_lines(user: str, grants: tuple[Grant, ...]) -> list[str]:
         operations[grant.resource, grant.name, grant.prefixed].append(grant.operation)
     lines = []
     for (resource, name, prefixed), ops in operations.items():
-        args = [user, *(a for op in ops for a in ("--operation", op.value)),
-                f"--{resource.value}", name]
+        args = [
+            user,
+            *(a for op in ops for a in ("--operation", op.value)),
+            f"--{resource.value}",
+            name,
+        ]
         if prefixed:
             args += ["--resource-pattern-type", "prefixed"]
         lines.append("allow " + shlex.join(args))

@@ -62,11 +62,16 @@ def _print_lines(lines: list[dict[str, Any]]) -> None:
 @replay_app.command("request")
 def replay_request(
     request_id: Annotated[str, typer.Argument(metavar="REQUEST_ID")],
-    as_client: Annotated[bool, typer.Option(
-        "--as-client", help="the native SSE stream the client was sent, rebuilt")] = False,
-    since: Annotated[str | None, typer.Option(
-        help=f"read records from TIME on (less to read on a large cluster): {TIME_HELP}",
-        metavar="TIME")] = None,
+    as_client: Annotated[
+        bool, typer.Option("--as-client", help="the native SSE stream the client was sent, rebuilt")
+    ] = False,
+    since: Annotated[
+        str | None,
+        typer.Option(
+            help=f"read records from TIME on (less to read on a large cluster): {TIME_HELP}",
+            metavar="TIME",
+        ),
+    ] = None,
 ) -> None:
     """A request's whole life across the topics, in order.
 
@@ -96,15 +101,19 @@ def _print_client_stream(reads: list[Any], request_id: str) -> None:
         _fail(str(exc))
     typer.echo(stream.body.decode(), nl=False)
     if not stream.ended:
-        typer.echo(f"chatpipe: the stream of {request_id} has no end on the bus (still "
-                   "running, or it ended outside the bus)", err=True)
+        typer.echo(
+            f"chatpipe: the stream of {request_id} has no end on the bus (still "
+            "running, or it ended outside the bus)",
+            err=True,
+        )
 
 
 @replay_app.command("conversation")
 def replay_conversation(
     conversation_id: Annotated[str, typer.Argument(metavar="ID")],
-    since: Annotated[str | None, typer.Option(
-        help=f"its requests from TIME on: {TIME_HELP}", metavar="TIME")] = None,
+    since: Annotated[
+        str | None, typer.Option(help=f"its requests from TIME on: {TIME_HELP}", metavar="TIME")
+    ] = None,
 ) -> None:
     """Every request of a conversation, in order, as `replay request` shows one.
 
@@ -130,10 +139,13 @@ def replay_conversation(
 @replay_app.command("topic")
 def replay_topic(
     topic: Annotated[str, typer.Argument(metavar="TOPIC")],
-    from_offset: Annotated[int | None, typer.Option(
-        "--from-offset", min=0, help="start at this offset of every partition")] = None,
-    since: Annotated[str | None, typer.Option(help=f"records from TIME on: {TIME_HELP}",
-                                              metavar="TIME")] = None,
+    from_offset: Annotated[
+        int | None,
+        typer.Option("--from-offset", min=0, help="start at this offset of every partition"),
+    ] = None,
+    since: Annotated[
+        str | None, typer.Option(help=f"records from TIME on: {TIME_HELP}", metavar="TIME")
+    ] = None,
     until: Annotated[str | None, typer.Option(help="records up to TIME", metavar="TIME")] = None,
     key: Annotated[str | None, typer.Option(help="records of this key only")] = None,
     limit: Annotated[int | None, typer.Option(min=1, help="the first N records")] = None,
@@ -148,8 +160,11 @@ def replay_topic(
         raise typer.BadParameter("give --from-offset or --since, not both")
     since_ms, until_ms = _time(since, "--since"), _time(until, "--until")
     try:
-        reads = asyncio.run(topic_records(operator_kafka(Settings()), topic, from_offset,
-                                          since_ms, until_ms, key, limit))
+        reads = asyncio.run(
+            topic_records(
+                operator_kafka(Settings()), topic, from_offset, since_ms, until_ms, key, limit
+            )
+        )
     except LookupError as exc:
         _fail(str(exc))
     _print_lines([record_line(read) for read in reads])
@@ -159,8 +174,9 @@ def replay_topic(
 def dlq_list(
     as_json: Annotated[bool, typer.Option("--json", help="one JSON object a line")] = False,
     topic: Annotated[str | None, typer.Option(help="dead letters of this topic only")] = None,
-    since: Annotated[str | None, typer.Option(help=f"from TIME on: {TIME_HELP}",
-                                              metavar="TIME")] = None,
+    since: Annotated[
+        str | None, typer.Option(help=f"from TIME on: {TIME_HELP}", metavar="TIME")
+    ] = None,
 ) -> None:
     """The dead letters: id, when, source topic, partition, offset, stage, key, error.
 
@@ -174,7 +190,8 @@ def dlq_list(
         _print_lines(listed)
         return
     table = [list(LIST_FIELDS)] + [
-        [_cell(row[f]) for f in LIST_FIELDS[:-1]] + [_cell(row["error"], 80)] for row in listed]
+        [_cell(row[f]) for f in LIST_FIELDS[:-1]] + [_cell(row["error"], 80)] for row in listed
+    ]
     widths = [max(len(line[i]) for line in table) for i in range(len(LIST_FIELDS))]
     for line in table:
         typer.echo("  ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip())
@@ -200,5 +217,6 @@ def dlq_retry(
         sent = asyncio.run(retry_dead_letter(operator_kafka(Settings()), letter_id, force))
     except (LookupError, ValueError, AlreadyRetried) as exc:
         _fail(str(exc))
-    typer.echo(f"retried {sent.letter_id}: {sent.topic} partition {sent.partition} "
-               f"offset {sent.offset}")
+    typer.echo(
+        f"retried {sent.letter_id}: {sent.topic} partition {sent.partition} offset {sent.offset}"
+    )

@@ -21,8 +21,8 @@ from schemas import topics
 from schemas.events import RolloutSet
 
 rollout_app = typer.Typer(
-    no_args_is_help=True,
-    help="Model aliases' weighted versions: set, roll back, show, compare.")
+    no_args_is_help=True, help="Model aliases' weighted versions: set, roll back, show, compare."
+)
 
 
 def _history(kafka: Any, settings: Settings, alias: str | None = None
@@ -69,8 +69,12 @@ def _kafka(settings: Settings) -> Any:
 @rollout_app.command("set")
 def set_weights(
     alias: Annotated[str, typer.Argument(help="the alias clients ask for, e.g. chat")],
-    weights: Annotated[list[str], typer.Argument(
-        metavar="VERSION=WEIGHT...", help="served models and their weights, e.g. v1=0.9 v2=0.1")],
+    weights: Annotated[
+        list[str],
+        typer.Argument(
+            metavar="VERSION=WEIGHT...", help="served models and their weights, e.g. v1=0.9 v2=0.1"
+        ),
+    ],
 ) -> None:
     """Give ALIAS these weights on every gateway, from their next request on."""
     settings = Settings()
@@ -85,16 +89,22 @@ def set_weights(
 @rollout_app.command("rollback")
 def rollback(
     alias: Annotated[str, typer.Argument(help="the alias to roll back")],
-    to: Annotated[str | None, typer.Option(
-        "--to", metavar="VERSION", help="this version alone at 100 % (default: the weights "
-        "before the current ones)")] = None,
+    to: Annotated[
+        str | None,
+        typer.Option(
+            "--to",
+            metavar="VERSION",
+            help="this version alone at 100 % (default: the weights before the current ones)",
+        ),
+    ] = None,
 ) -> None:
     """Put ALIAS back on its previous weights, or on one version."""
     settings = Settings()
     kafka = _kafka(settings)
     try:
-        weights = rollback_weights(alias, _history(kafka, settings, alias)[alias], to,
-                                   settings.models)
+        weights = rollback_weights(
+            alias, _history(kafka, settings, alias)[alias], to, settings.models
+        )
     except RolloutError as exc:
         raise typer.BadParameter(str(exc), param_hint="ALIAS") from None
     _publish(kafka, RolloutSet(alias=alias, weights=weights, action="rollback"))
@@ -107,8 +117,9 @@ def show(
 ) -> None:
     """The weights every gateway applies now: each alias's newest."""
     settings = Settings()
-    current = {alias: history[-1] for alias, history in _history(_kafka(settings),
-                                                                 settings).items()}
+    current = {
+        alias: history[-1] for alias, history in _history(_kafka(settings), settings).items()
+    }
     if as_json:
         typer.echo(json.dumps(current, indent=2))
         return
@@ -119,12 +130,16 @@ def show(
 @rollout_app.command("report")
 def report(
     alias: Annotated[str | None, typer.Argument(help="one alias (default: every one)")] = None,
-    since: Annotated[str, typer.Option(help="period start: 90s, 10m, 2h, 1d or ISO 8601")
-                     ] = "1h",
+    since: Annotated[str, typer.Option(help="period start: 90s, 10m, 2h, 1d or ISO 8601")] = "1h",
     until: Annotated[str | None, typer.Option(help="period end (default: now)")] = None,
-    ingest: Annotated[bool, typer.Option(
-        "--ingest", help="first read what the topics hold now into the tables "
-        "(`chatpipe analytics ingest --until-idle`)")] = False,
+    ingest: Annotated[
+        bool,
+        typer.Option(
+            "--ingest",
+            help="first read what the topics hold now into the tables "
+            "(`chatpipe analytics ingest --until-idle`)",
+        ),
+    ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="one JSON object")] = False,
     db: Annotated[Path | None, typer.Option(help=DB_HELP)] = None,
     data: Annotated[Path | None, typer.Option(help=DATA_HELP)] = None,

@@ -43,42 +43,56 @@ class Settings(BaseSettings):
     )
     kafka_heartbeat_interval_ms: int = Field(1000, description="consumer group heartbeat")
     kafka_fetch_max_wait_ms: int = Field(
-        20, ge=1, description="fetch wait of the stages on a stream's path (scheduler, worker, "
+        20,
+        ge=1,
+        description="fetch wait of the stages on a stream's path (scheduler, worker, "
         "safety, gateway). Tansu answers a fetch only after this wait (Apache Kafka returns as "
-        "soon as data is there), so each hop adds up to it: lower = faster, more fetches"
+        "soon as data is there), so each hop adds up to it: lower = faster, more fetches",
     )
     kafka_bulk_fetch_max_wait_ms: int = Field(
-        100, ge=1, description="fetch wait of the stages off the stream's path "
-        "(recorder, billing): fewer, larger fetches"
+        100,
+        ge=1,
+        description="fetch wait of the stages off the stream's path "
+        "(recorder, billing): fewer, larger fetches",
     )
     kafka_idle_fetch_wait_ms: int = Field(
-        500, ge=0, description="fetch wait of a consumer with nothing to do for "
+        500,
+        ge=0,
+        description="fetch wait of a consumer with nothing to do for "
         "kafka_idle_after_s (4x for consumers nobody waits on; 0 = never longer): an idle "
         "stack fetches less, and the first request after a quiet spell waits up to this long "
-        "once per hop (Apache Kafka answers a fetch when data comes: there it costs nothing)"
+        "once per hop (Apache Kafka answers a fetch when data comes: there it costs nothing)",
     )
     kafka_idle_after_s: float = Field(
-        10.0, ge=0, description="a consumer with no work this long fetches every "
-        "kafka_idle_fetch_wait_ms"
+        10.0,
+        ge=0,
+        description="a consumer with no work this long fetches every kafka_idle_fetch_wait_ms",
     )
     kafka_loaded_fetch_wait_ms: int = Field(
-        50, ge=0, description="fetch wait of a stream-path stage while it carries "
+        50,
+        ge=0,
+        description="fetch wait of a stream-path stage while it carries "
         "kafka_loaded_streams streams or more (0 = never longer): under load fewer, larger "
-        "fetches (on Tansu each busy fetch takes its whole wait), each hop up to this long"
+        "fetches (on Tansu each busy fetch takes its whole wait), each hop up to this long",
     )
     kafka_first_event_fetch_wait_ms: int = Field(
-        5, ge=0, description="fetch wait of the gateway and safety while a stream's first "
+        5,
+        ge=0,
+        description="fetch wait of the gateway and safety while a stream's first "
         "event is on its way to them (below kafka_loaded_streams; 0 = kafka_fetch_max_wait_ms): "
         "a few ms less per hop of the time to first token on a broker that answers fetches on "
-        "their wait (Tansu)"
+        "their wait (Tansu)",
     )
     kafka_loaded_streams: int = Field(
-        32, ge=1, description="streams a stage carries from which it fetches every "
-        "kafka_loaded_fetch_wait_ms"
+        32,
+        ge=1,
+        description="streams a stage carries from which it fetches every "
+        "kafka_loaded_fetch_wait_ms",
     )
     kafka_security_protocol: Literal["PLAINTEXT", "SASL_PLAINTEXT", "SASL_SSL", "SSL"] = Field(
-        "PLAINTEXT", description="how the stages reach Kafka; compose and k8s use SASL_PLAINTEXT "
-        "with one SCRAM credential per stage (the embedded broker: PLAINTEXT on loopback)"
+        "PLAINTEXT",
+        description="how the stages reach Kafka; compose and k8s use SASL_PLAINTEXT "
+        "with one SCRAM credential per stage (the embedded broker: PLAINTEXT on loopback)",
     )
     kafka_sasl_mechanism: Literal["SCRAM-SHA-256", "SCRAM-SHA-512", "PLAIN"] = Field(
         "SCRAM-SHA-512", description="SASL mechanism with a SASL_* security protocol"
@@ -105,27 +119,34 @@ class Settings(BaseSettings):
     model: Path = Field(DEFAULT_MODEL_DIR, description="local HF model directory")
     model_name: str = Field("tiny", description="name clients ask for")
     max_model_len: int = Field(
-        2048, description="context length (prompt + answer) conversations are fitted into for a"
-        " model not in context_window_tokens; at most the engine's (vLLM: the model's own)"
+        2048,
+        description="context length (prompt + answer) conversations are fitted into for a"
+        " model not in context_window_tokens; at most the engine's (vLLM: the model's own)",
     )
     vllm_args: dict[str, Any] = Field(
-        default_factory=dict, description='vllm engine: AsyncEngineArgs fields over vLLM\'s'
-        ' defaults, e.g. {"max_num_seqs": 64} (README: Engine configuration)'
+        default_factory=dict,
+        description="vllm engine: AsyncEngineArgs fields over vLLM's"
+        ' defaults, e.g. {"max_num_seqs": 64} (README: Engine configuration)',
     )
     tool_parser: str = Field(
-        "hermes", description="vllm engine: vLLM's tool parser for the model (as `vllm serve "
-        "--tool-call-parser` names it), which finds the calls in an answer to tool_choice auto"
+        "hermes",
+        description="vllm engine: vLLM's tool parser for the model (as `vllm serve "
+        "--tool-call-parser` names it), which finds the calls in an answer to tool_choice auto",
     )
     max_slots: int = Field(
-        32, ge=1, description="sim engine: requests it runs at once (vllm: vLLM's max_num_seqs,"
-        " set in vllm_args)"
+        32,
+        ge=1,
+        description="sim engine: requests it runs at once (vllm: vLLM's max_num_seqs,"
+        " set in vllm_args)",
     )
     sim_tokens_per_s: float = Field(
-        50.0, gt=0,
+        50.0,
+        gt=0,
         description="sim engine: tokens per second per stream",
     )
     sim_prompt_tokens_per_s: float = Field(
-        5000.0, gt=0,
+        5000.0,
+        gt=0,
         description="sim engine: prompt tokens per second (time to first token)",
     )
 
@@ -136,9 +157,11 @@ class Settings(BaseSettings):
     )
     coalesce_ms: float = Field(50.0, ge=0, description="token chunk interval after the first")
     coalesce_max_chunks_per_s: float = Field(
-        1000.0, ge=0, description="chunk events per second one worker aims to stay under: with "
+        1000.0,
+        ge=0,
+        description="chunk events per second one worker aims to stay under: with "
         "many streams the chunk interval widens (up to coalesce_max_ms); 0 = never widen. "
-        "Fewer events, less pipeline CPU, longer pauses between chunks"
+        "Fewer events, less pipeline CPU, longer pauses between chunks",
     )
     coalesce_max_ms: float = Field(200.0, ge=0, description="widest chunk interval under load")
     heartbeat_interval_s: float = Field(1.0, description="worker heartbeat period on chat.workers")
@@ -146,8 +169,10 @@ class Settings(BaseSettings):
         5.0, description="a worker silent this long is lost; its requests are dispatched again"
     )
     drain_timeout_s: float = Field(
-        30.0, ge=0, description="on SIGTERM a worker takes no new work and lets running answers "
-        "finish this long, then hands the rest to other workers as continuations"
+        30.0,
+        ge=0,
+        description="on SIGTERM a worker takes no new work and lets running answers "
+        "finish this long, then hands the rest to other workers as continuations",
     )
     ready_file: Path | None = Field(
         None, description="touched once the engine is loaded and on every heartbeat (probes)"
@@ -157,9 +182,12 @@ class Settings(BaseSettings):
     host: str = Field("127.0.0.1", description="gateway listen address")
     port: int = Field(8000, description="gateway listen port")
     metrics_port: int | None = Field(
-        None, ge=1, le=65535, description="a stage run alone serves its Prometheus metrics at "
+        None,
+        ge=1,
+        le=65535,
+        description="a stage run alone serves its Prometheus metrics at "
         "/metrics on this port, on every interface; unset = not served (the gateway serves "
-        "/metrics on its own port too, `chatpipe up` every stage's there)"
+        "/metrics on its own port too, `chatpipe up` every stage's there)",
     )
     gateway_id: str = Field(
         default_factory=lambda: f"gw-{uuid.uuid4().hex[:8]}",
@@ -172,16 +200,20 @@ class Settings(BaseSettings):
         "this is set",
     )
     key_secret: SecretStr | None = Field(
-        None, description="HMAC secret API keys are stored under; required outside `chatpipe up` "
-        "(which keeps a generated one beside its database); changing it invalidates every key"
+        None,
+        description="HMAC secret API keys are stored under; required outside `chatpipe up` "
+        "(which keeps a generated one beside its database); changing it invalidates every key",
     )
     api_docs: bool | None = Field(
-        None, description="serve /docs and /openapi.json; unset = on under `chatpipe up`, off "
-        "for a gateway run alone"
+        None,
+        description="serve /docs and /openapi.json; unset = on under `chatpipe up`, off "
+        "for a gateway run alone",
     )
     max_body_bytes: int = Field(
-        1 << 20, ge=1024, description="largest request body; a larger one gets 413 before it "
-        "is read or its key checked"
+        1 << 20,
+        ge=1024,
+        description="largest request body; a larger one gets 413 before it "
+        "is read or its key checked",
     )
     header_read_timeout_s: float = Field(
         10.0, gt=0, description="a client must send a request's headers within this long"
@@ -196,7 +228,8 @@ class Settings(BaseSettings):
     max_stop_chars: int = Field(64, ge=1, description="longest stop sequence, in characters")
     max_tools: int = Field(128, ge=1, description="most tools one OpenAI-API request may offer")
     max_choices: int = Field(
-        8, ge=1, description="most choices (`n`) one OpenAI-API request may ask for")
+        8, ge=1, description="most choices (`n`) one OpenAI-API request may ask for"
+    )
     default_tier: Tier = Field(Tier.FREE, description="tier of the development user")
     default_max_tokens: int = Field(256, description="answer length when a request names none")
     max_tokens_limit: int = Field(
@@ -205,28 +238,38 @@ class Settings(BaseSettings):
     max_message_chars: int = Field(32_000, description="longest message accepted (400 above)")
     request_timeout_s: float = Field(300.0, description="deadline of a queued request")
     resume_grace_s: float = Field(
-        15.0, ge=0, description="native API: a dropped stream's generation goes on this long "
-        "waiting for the client to resume it (`Last-Event-ID`) before it is cancelled"
+        15.0,
+        ge=0,
+        description="native API: a dropped stream's generation goes on this long "
+        "waiting for the client to resume it (`Last-Event-ID`) before it is cancelled",
     )
     deliver_topic_ttl_s: float = Field(
-        3600.0, ge=0, description="the scheduler deletes a gateway's chat.deliver.<id> topic "
+        3600.0,
+        ge=0,
+        description="the scheduler deletes a gateway's chat.deliver.<id> topic "
         "once the gateway has been silent this long and no request waiting or running "
-        "delivers to it; longer than resume_grace_s; 0: never deleted"
+        "delivers to it; longer than resume_grace_s; 0: never deleted",
     )
     response_cache_ttl_s: float = Field(
-        86400.0, ge=0, description="response cache: how long an answer is kept for the orgs "
-        "that opted in (`chatpipe orgs set ORG --response-cache`); 0: no response cache"
+        86400.0,
+        ge=0,
+        description="response cache: how long an answer is kept for the orgs "
+        "that opted in (`chatpipe orgs set ORG --response-cache`); 0: no response cache",
     )
     response_cache_tokens_per_s: float = Field(
         50.0, gt=0, description="response cache: the pace a cached answer is replayed at"
     )
     stream_stall_s: float = Field(
-        30.0, gt=0, description="a stream that gets no event this long ends with error "
-        "`stalled` and its generation is cancelled"
+        30.0,
+        gt=0,
+        description="a stream that gets no event this long ends with error "
+        "`stalled` and its generation is cancelled",
     )
     generation_idle_timeout_s: float = Field(
-        120.0, gt=0, description="the safety stage and the recorder give up on a generation "
-        "with no event this long (its commit floor moves on; the stored answer ends in error)"
+        120.0,
+        gt=0,
+        description="the safety stage and the recorder give up on a generation "
+        "with no event this long (its commit floor moves on; the stored answer ends in error)",
     )
 
     # --- scheduling (DESIGN §5) --------------------------------------------------
@@ -252,27 +295,33 @@ class Settings(BaseSettings):
         default_factory=dict, description="model -> smaller model used when it is saturated"
     )
     model_aliases: dict[str, dict[str, float]] = Field(
-        default_factory=dict, description="alias -> {version (a served model): weight}, "
+        default_factory=dict,
+        description="alias -> {version (a served model): weight}, "
         'e.g. {"chat": {"v1": 0.9, "v2": 0.1}}: the starting weights; `chatpipe rollout` '
-        "changes them live")
+        "changes them live",
+    )
     small_model: str | None = Field(None, description="model for simple requests")
     simple_request_max_chars: int = Field(
         0, description="route prompts up to this many characters to small_model; 0 = off"
     )
     scheduler_shards: dict[str, list[str]] = Field(
-        default_factory=dict, description='schedulers by model, e.g. {"big": ["llama-70b"]}: '
+        default_factory=dict,
+        description='schedulers by model, e.g. {"big": ["llama-70b"]}: '
         "each named shard decides for its models alone, on its own chat.work.<shard>; the "
-        "unnamed scheduler for every other model (README: Scale)"
+        "unnamed scheduler for every other model (README: Scale)",
     )
     scheduler_shard: str = Field(
-        "", description="the shard this scheduler process decides for (a key of "
-        "scheduler_shards); empty: the unnamed one. `chatpipe up` runs one of each"
+        "",
+        description="the shard this scheduler process decides for (a key of "
+        "scheduler_shards); empty: the unnamed one. `chatpipe up` runs one of each",
     )
     scheduler_gc_freeze_s: float = Field(
-        0.0, ge=0, description="a scheduler process moves what it holds out of CPython's "
+        0.0,
+        ge=0,
+        description="a scheduler process moves what it holds out of CPython's "
         "garbage collector's sight (gc.freeze) this often, so full collections do not walk "
         "every waiting and running request (README: Scale); 0: never. For a process that "
-        "runs the scheduler alone (`chatpipe scheduler`): it freezes the whole process"
+        "runs the scheduler alone (`chatpipe scheduler`): it freezes the whole process",
     )
 
     # --- rate limits and quotas (gateway) -----------------------------------------
@@ -328,7 +377,9 @@ class Settings(BaseSettings):
         default_factory=lambda: {
             "violence": ["I am going to hurt you badly", "how do I attack someone"],
             "self_harm": ["I want to end my life", "ways to hurt myself"],
-        }, description="category -> example texts for the embedding classifier")
+        },
+        description="category -> example texts for the embedding classifier",
+    )
     safety_embedding_threshold: float = Field(
         0.6, description="cosine similarity at which the embedding classifier trips"
     )
@@ -400,7 +451,8 @@ class Settings(BaseSettings):
     )
     summary_max_tokens: int = Field(256, ge=16, description="length limit of a summary")
     auto_titles: bool = Field(
-        True, description="title a conversation after its first exchange (a free-tier request"
+        True,
+        description="title a conversation after its first exchange (a free-tier request"
         " to summary_model); off: the first message is the title",
     )
     retrieve_top_k: int = Field(4, ge=1, description="earlier exchanges retrieved at most")
@@ -416,8 +468,10 @@ class Settings(BaseSettings):
     # --- end of conversations and context ---------------------------------------------
     # --- embeddings API (/v1/embeddings, served by embedding_model in the gateway) -----
     max_embedding_inputs: int = Field(
-        64, ge=1, description="texts one /v1/embeddings request may embed (413 "
-        "too_many_inputs); each within the model's own window (413 input_too_long)"
+        64,
+        ge=1,
+        description="texts one /v1/embeddings request may embed (413 "
+        "too_many_inputs); each within the model's own window (413 input_too_long)",
     )
     # --- end of embeddings API ---------------------------------------------------------
     # --- users' files (retrieval) --------------------------------------------------------
@@ -428,8 +482,10 @@ class Settings(BaseSettings):
         1000, ge=1, description="most chunks one file may make (413 too_many_chunks)"
     )
     file_chunk_chars: int = Field(
-        800, ge=100, description="a file's chunks: at most this many characters, cut at "
-        "paragraphs where possible"
+        800,
+        ge=100,
+        description="a file's chunks: at most this many characters, cut at "
+        "paragraphs where possible",
     )
     file_chunk_overlap_chars: int = Field(
         100, ge=0, description="characters a chunk repeats from the one before it"
@@ -450,11 +506,14 @@ class Settings(BaseSettings):
         "empty: none",
     )
     server_tool_timeout_s: float = Field(
-        10.0, gt=0, description="a server tool call running longer gives the model an error "
-        "result")
+        10.0, gt=0, description="a server tool call running longer gives the model an error result"
+    )
     max_tool_rounds: int = Field(
-        4, ge=1, description="tool rounds one native turn may take; after them the model is "
-        "shown no tools and answers in text")
+        4,
+        ge=1,
+        description="tool rounds one native turn may take; after them the model is "
+        "shown no tools and answers in text",
+    )
     # --- end of server-side tools ----------------------------------------------------------
 
     @model_validator(mode="after")
@@ -489,8 +548,10 @@ class Settings(BaseSettings):
     @model_validator(mode="after")
     def _check_engine_slots(self) -> Settings:
         if self.engine == "vllm" and "max_slots" in self.model_fields_set:
-            raise ValueError("max_slots is the sim engine's: the vllm engine runs vLLM's"
-                             """ max_num_seqs, e.g. CHATPIPE_VLLM_ARGS='{"max_num_seqs": 64}'""")
+            raise ValueError(
+                "max_slots is the sim engine's: the vllm engine runs vLLM's"
+                """ max_num_seqs, e.g. CHATPIPE_VLLM_ARGS='{"max_num_seqs": 64}'"""
+            )
         return self
 
     @model_validator(mode="after")
@@ -501,18 +562,22 @@ class Settings(BaseSettings):
                 raise ValueError(f"scheduler shard {shard!r}: lowercase letters, digits and -")
             for model in models:
                 if model in owners:
-                    raise ValueError(f"model {model!r} is in shards {owners[model]!r} and "
-                                     f"{shard!r}: one scheduler decides for a model")
+                    raise ValueError(
+                        f"model {model!r} is in shards {owners[model]!r} and "
+                        f"{shard!r}: one scheduler decides for a model"
+                    )
                 owners[model] = shard
         if self.scheduler_shard and self.scheduler_shard not in self.scheduler_shards:
-            raise ValueError(f"scheduler_shard {self.scheduler_shard!r} is not a key of "
-                             "scheduler_shards")
+            raise ValueError(
+                f"scheduler_shard {self.scheduler_shard!r} is not a key of scheduler_shards"
+            )
         return self
 
     def shard_of(self, model: str) -> str:
         """The scheduler shard deciding for `model` ("" : the unnamed one)."""
-        return next((shard for shard, models in self.scheduler_shards.items()
-                     if model in models), "")
+        return next(
+            (shard for shard, models in self.scheduler_shards.items() if model in models), ""
+        )
 
     def shard_models(self, shard: str) -> frozenset[str] | None:
         """The models `shard` decides for; None for the unnamed one: every model no
@@ -531,8 +596,10 @@ def settings_table() -> str:
     for name, field in Settings.model_fields.items():
         env = f"`CHATPIPE_{name.upper()}`"
         if isinstance(field.validation_alias, AliasChoices):  # the standard name first
-            names = sorted(map(str, field.validation_alias.choices),
-                           key=lambda alias: alias.startswith("CHATPIPE_"))
+            names = sorted(
+                map(str, field.validation_alias.choices),
+                key=lambda alias: alias.startswith("CHATPIPE_"),
+            )
             env = " or ".join(f"`{alias}`" for alias in names)
         if field.default_factory is not None and name.endswith("_id"):
             default = "random per process"

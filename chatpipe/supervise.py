@@ -54,8 +54,13 @@ class Supervisor:
     Before `restarting` is set (start-up) and after `stop()`, a stage that stops ends its
     task instead, with the stage's error: a stage that cannot start fails the start."""
 
-    def __init__(self, sleep: Sleep = asyncio.sleep, clock: Clock = time.monotonic,
-                 stop_grace_s: float = 1.0, stop_timeout_s: float = 10.0) -> None:
+    def __init__(
+        self,
+        sleep: Sleep = asyncio.sleep,
+        clock: Clock = time.monotonic,
+        stop_grace_s: float = 1.0,
+        stop_timeout_s: float = 10.0,
+    ) -> None:
         self.tasks: dict[str, asyncio.Task[None]] = {}
         self.stages: dict[str, Any] = {}
         self.restarting = False
@@ -67,13 +72,13 @@ class Supervisor:
         self._stop_grace_s = stop_grace_s
         self._stop_timeout_s = stop_timeout_s
 
-    def start(self, name: str, build: Callable[[], S],
-              run: Callable[[S], Awaitable[None]] = _run) -> S:
+    def start(
+        self, name: str, build: Callable[[], S], run: Callable[[S], Awaitable[None]] = _run
+    ) -> S:
         """Build a stage and run it (`stage.run()` unless told) in a task named `name`;
         returns the stage built, `stages[name]` the one running now."""
         stage = self.stages[name] = build()
-        self.tasks[name] = asyncio.create_task(self._supervise(name, stage, build, run),
-                                               name=name)
+        self.tasks[name] = asyncio.create_task(self._supervise(name, stage, build, run), name=name)
         return stage
 
     @contextlib.asynccontextmanager
@@ -93,16 +98,20 @@ class Supervisor:
                 run.cancel()
             _, runs = await asyncio.wait(runs, timeout=self._stop_grace_s)
         if runs:
-            log.warning("still stopping after %.0f s: %s", self._stop_timeout_s,
-                        ", ".join(sorted(stopping[run] for run in runs)))
+            log.warning(
+                "still stopping after %.0f s: %s",
+                self._stop_timeout_s,
+                ", ".join(sorted(stopping[run] for run in runs)),
+            )
         try:
             yield
         finally:
             self._paused = set()
             self._unpaused.set()
 
-    async def _supervise(self, name: str, first: S, build: Callable[[], S],
-                         run: Callable[[S], Awaitable[None]]) -> None:
+    async def _supervise(
+        self, name: str, first: S, build: Callable[[], S], run: Callable[[S], Awaitable[None]]
+    ) -> None:
         backoff = Backoff()
         stage: S | None = first
         while True:
@@ -129,8 +138,13 @@ class Supervisor:
                 return
             stage = None
             delay = backoff.after(self._clock() - started)
-            log.error("%s stopped: %s; restarting in %.1f s", name,
-                      repr(error) if error else "it returned", delay, exc_info=error)
+            log.error(
+                "%s stopped: %s; restarting in %.1f s",
+                name,
+                repr(error) if error else "it returned",
+                delay,
+                exc_info=error,
+            )
             await self._sleep(delay)
 
     async def stop(self) -> None:
@@ -156,9 +170,13 @@ class Broker(Protocol):
     async def restart(self) -> None: ...
 
 
-async def keep_broker(broker: Broker, create_topics: Callable[[], Awaitable[object]],
-                      pause: Pause = contextlib.nullcontext, sleep: Sleep = asyncio.sleep,
-                      clock: Clock = time.monotonic) -> None:
+async def keep_broker(
+    broker: Broker,
+    create_topics: Callable[[], Awaitable[object]],
+    pause: Pause = contextlib.nullcontext,
+    sleep: Sleep = asyncio.sleep,
+    clock: Clock = time.monotonic,
+) -> None:
     """Whenever the embedded broker's process exits, start a new one on the same port and
     create the topics again, retrying both with a backoff until they work. Tansu keeps
     everything in memory, so nothing survives. `pause()` is held meanwhile: Tansu takes a
@@ -169,8 +187,12 @@ async def keep_broker(broker: Broker, create_topics: Callable[[], Awaitable[obje
         up_since = clock()
         code = await broker.exited()
         delay = backoff.after(clock() - up_since)
-        log.error("embedded broker exited with code %d; restarting it on the same port in "
-                  "%.1f s — every topic, message and committed offset is gone", code, delay)
+        log.error(
+            "embedded broker exited with code %d; restarting it on the same port in "
+            "%.1f s — every topic, message and committed offset is gone",
+            code,
+            delay,
+        )
         async with pause():
             while True:
                 await sleep(delay)
@@ -180,15 +202,20 @@ async def keep_broker(broker: Broker, create_topics: Callable[[], Awaitable[obje
                     break
                 except Exception as exc:  # noqa: BLE001 - keep trying, and keep saying so
                     delay = backoff.after(0.0)
-                    log.error("could not restart the embedded broker: %r; trying again in "
-                              "%.1f s", exc, delay)
-        log.warning("embedded broker restarted on %s, with empty topics",
-                    broker.bootstrap_servers)
+                    log.error(
+                        "could not restart the embedded broker: %r; trying again in %.1f s",
+                        exc,
+                        delay,
+                    )
+        log.warning("embedded broker restarted on %s, with empty topics", broker.bootstrap_servers)
 
 
 @contextlib.asynccontextmanager
-async def broker_kept_up(broker: Broker, create_topics: Callable[[], Awaitable[object]],
-                         pause: Pause = contextlib.nullcontext) -> AsyncIterator[None]:
+async def broker_kept_up(
+    broker: Broker,
+    create_topics: Callable[[], Awaitable[object]],
+    pause: Pause = contextlib.nullcontext,
+) -> AsyncIterator[None]:
     """`keep_broker` for as long as the `async with` block runs."""
     task = asyncio.create_task(keep_broker(broker, create_topics, pause), name="broker")
     try:

@@ -48,7 +48,8 @@ _ESCAPE_SEQUENCE = re.compile(
     r"|\x9b[0-?]*[ -/]*[@-~]"  # the same as C1 controls
     r"|[\x90\x98\x9d\x9e\x9f].*?(?:\x07|\x9c|\x1b\\|\Z)"
     r"|\x1b[ -/]*[0-~]",  # the rest: reset (ESC c), charsets, keypad modes
-    re.DOTALL)
+    re.DOTALL,
+)
 _CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
 """C0 controls but newline and tab, DEL, C1 controls, and the bidi overrides and isolates
 that make a line read differently from what it holds."""
@@ -300,8 +301,7 @@ class TerminalChat:
     def _send(self, text: str) -> None:
         if self.conversation_id is None:
             self.conversation_id = self.api.new_conversation()
-        self._start(Answer(f"/v1/conversations/{self.conversation_id}/messages",
-                           {"content": text}))
+        self._start(Answer(f"/v1/conversations/{self.conversation_id}/messages", {"content": text}))
 
     def _regenerate(self) -> None:
         if self.conversation_id is None or self.last_answer is None:
@@ -374,9 +374,11 @@ class TerminalChat:
                 wait, noted = RESUME_FIRST_WAIT_S, False
                 deadline = time.monotonic() + RESUME_TIMEOUT_S
             elif time.monotonic() > deadline:
-                return (f"[connection lost: no way back to the answer for "
-                        f"{RESUME_TIMEOUT_S:.0f} s ({broke!r}); /open the conversation for "
-                        "what was saved]")
+                return (
+                    f"[connection lost: no way back to the answer for "
+                    f"{RESUME_TIMEOUT_S:.0f} s ({broke!r}); /open the conversation for "
+                    "what was saved]"
+                )
             if not noted:
                 self._say_in_passing(("\n" if answer.mid_line else "") + RECONNECTING)
                 answer.mid_line, noted = False, True

@@ -76,9 +76,12 @@ def _configure_logging() -> None:
     logging.getLogger("aiokafka").setLevel(logging.WARNING)
 
 
-async def open_kafka(settings: Settings, stack: contextlib.AsyncExitStack,
-                     own_topics: Mapping[str, int] | None = None,
-                     pause: Pause = contextlib.nullcontext) -> KafkaConfig:
+async def open_kafka(
+    settings: Settings,
+    stack: contextlib.AsyncExitStack,
+    own_topics: Mapping[str, int] | None = None,
+    pause: Pause = contextlib.nullcontext,
+) -> KafkaConfig:
     """The configured Kafka, or an embedded broker living as long as `stack`. That one is
     started again on its port whenever it exits, empty (DESIGN §11), with the shared
     topics and `own_topics` (read then) created again; `pause()` is held meanwhile."""
@@ -88,11 +91,21 @@ async def open_kafka(settings: Settings, stack: contextlib.AsyncExitStack,
     else:
         broker = await stack.enter_async_context(EmbeddedBroker())
         # The embedded broker has no users: it listens on loopback only (bus.broker).
-        kafka = kafka_from_settings(settings.model_copy(update={
-            "kafka_security_protocol": "PLAINTEXT"}), broker.bootstrap_servers)
-        await stack.enter_async_context(broker_kept_up(broker, lambda: create_topics(
-            kafka, {**topic_layout(settings).partitions(), **(own_topics or {})},
-            settings.kafka_replication_factor), pause))
+        kafka = kafka_from_settings(
+            settings.model_copy(update={"kafka_security_protocol": "PLAINTEXT"}),
+            broker.bootstrap_servers,
+        )
+        await stack.enter_async_context(
+            broker_kept_up(
+                broker,
+                lambda: create_topics(
+                    kafka,
+                    {**topic_layout(settings).partitions(), **(own_topics or {})},
+                    settings.kafka_replication_factor,
+                ),
+                pause,
+            )
+        )
     await ensure_topics(kafka, topic_layout(settings))
     return kafka
 
@@ -123,31 +136,42 @@ def kafka_from_settings(settings: Settings, bootstrap_servers: str) -> KafkaConf
 
 
 def topic_layout(settings: Settings) -> TopicLayout:
-    return TopicLayout(settings.topic_partitions, settings.work_partitions,
-                       settings.kafka_replication_factor,
-                       shards=tuple(settings.scheduler_shards))
+    return TopicLayout(
+        settings.topic_partitions,
+        settings.work_partitions,
+        settings.kafka_replication_factor,
+        shards=tuple(settings.scheduler_shards),
+    )
 
 
 def build_engine(settings: Settings) -> Engine:
     if settings.engine == "sim":
         from workers.sim_engine import SimEngine
 
-        return SimEngine(settings.model_name, settings.max_slots, settings.sim_tokens_per_s,
-                         settings.sim_prompt_tokens_per_s)
+        return SimEngine(
+            settings.model_name,
+            settings.max_slots,
+            settings.sim_tokens_per_s,
+            settings.sim_prompt_tokens_per_s,
+        )
     from workers.vllm_engine import VllmEngine
 
-    return VllmEngine(settings.model, settings.model_name, settings.vllm_args,
-                      tool_parser=settings.tool_parser)
+    return VllmEngine(
+        settings.model, settings.model_name, settings.vllm_args, tool_parser=settings.tool_parser
+    )
 
 
 def build_store(settings: Settings) -> ConversationStore:
     if settings.store == "cassandra":
         from conversations.cassandra_store import CassandraStore
 
-        return CassandraStore(settings.cassandra_hosts, settings.cassandra_keyspace,
-                              create_schema=settings.cassandra_create_schema,
-                              replication_factor=settings.cassandra_replication_factor,
-                              key_secret=key_secret(settings))
+        return CassandraStore(
+            settings.cassandra_hosts,
+            settings.cassandra_keyspace,
+            create_schema=settings.cassandra_create_schema,
+            replication_factor=settings.cassandra_replication_factor,
+            key_secret=key_secret(settings),
+        )
     return SQLiteStore(settings.database_path, key_secret=key_secret(settings))
 
 
@@ -157,44 +181,57 @@ def build_ledger(settings: Settings) -> UsageLedger:
     if settings.store == "cassandra":
         from ledger.cassandra import CassandraLedger
 
-        return CassandraLedger(settings.cassandra_hosts, settings.cassandra_keyspace,
-                               create_schema=settings.cassandra_create_schema,
-                               replication_factor=settings.cassandra_replication_factor)
+        return CassandraLedger(
+            settings.cassandra_hosts,
+            settings.cassandra_keyspace,
+            create_schema=settings.cassandra_create_schema,
+            replication_factor=settings.cassandra_replication_factor,
+        )
     return SQLiteLedger(settings.database_path)
 
 
 def gateway_pipeline(kafka: KafkaConfig, settings: Settings) -> KafkaPipeline:
     """A gateway's Kafka side, keeping its model aliases current from chat.rollout."""
-    return KafkaPipeline(kafka, settings.gateway_id,
-                         heartbeat_interval_s=settings.heartbeat_interval_s,
-                         aliases=ModelAliases(settings.model_aliases, settings.models))
+    return KafkaPipeline(
+        kafka,
+        settings.gateway_id,
+        heartbeat_interval_s=settings.heartbeat_interval_s,
+        aliases=ModelAliases(settings.model_aliases, settings.models),
+    )
 
 
-def safety_policy(settings: Settings, client: RequestReplyClient | None, *,
-                  output_only: bool = False) -> SafetyPolicy:
+def safety_policy(
+    settings: Settings, client: RequestReplyClient | None, *, output_only: bool = False
+) -> SafetyPolicy:
     """The classifiers of the input and output checks, made once per process (the
     embedding model loads once); the judge, input only, asks through `client` (a
     gateway's, started). A safety stage run alone builds the output check only."""
     if output_only:
         settings = settings.model_copy(update={"safety_input_classifiers": {}})
     if not settings.safety_judge_model and any(
-            "judge" in names for names in settings.safety_input_classifiers.values()):
-        raise ValueError("CHATPIPE_SAFETY_INPUT_CLASSIFIERS names the judge: "
-                         "set CHATPIPE_SAFETY_JUDGE_MODEL, the model it asks")
+        "judge" in names for names in settings.safety_input_classifiers.values()
+    ):
+        raise ValueError(
+            "CHATPIPE_SAFETY_INPUT_CLASSIFIERS names the judge: "
+            "set CHATPIPE_SAFETY_JUDGE_MODEL, the model it asks"
+        )
     ask = None
     if settings.safety_judge_model and client is not None:
         from safety.judge import judge_ask
 
         ask = judge_ask(client, settings.safety_judge_model)
-    return build_policy(PolicyConfig(
-        input_classifiers=settings.safety_input_classifiers,
-        output_classifiers=settings.safety_output_classifiers,
-        rule_categories=settings.safety_rule_categories,
-        input_pii=settings.safety_input_pii,
-        output_pii=settings.safety_output_pii,
-        embedding_exemplars=settings.safety_embedding_exemplars,
-        embedding_threshold=settings.safety_embedding_threshold,
-    ), ask)
+    return build_policy(
+        PolicyConfig(
+            input_classifiers=settings.safety_input_classifiers,
+            output_classifiers=settings.safety_output_classifiers,
+            rule_categories=settings.safety_rule_categories,
+            input_pii=settings.safety_input_pii,
+            output_pii=settings.safety_output_pii,
+            embedding_exemplars=settings.safety_embedding_exemplars,
+            embedding_threshold=settings.safety_embedding_threshold,
+        ),
+        ask,
+    )
 
 
 def gateway_config(settings: Settings) -> GatewayConfig:
@@ -237,41 +274,60 @@ def gateway_config(settings: Settings) -> GatewayConfig:
             org_tokens_per_minute=settings.org_tokens_per_minute,
             storage=settings.rate_limit_storage,
         ),
-        quotas=QuotaConfig(user_token_budget=settings.user_token_budget,
-                           org_token_budget=settings.org_token_budget,
-                           period=settings.budget_period),
+        quotas=QuotaConfig(
+            user_token_budget=settings.user_token_budget,
+            org_token_budget=settings.org_token_budget,
+            period=settings.budget_period,
+        ),
         request_timeout_s=settings.request_timeout_s,
         stream_stall_s=settings.stream_stall_s,
         resume_grace_s=settings.resume_grace_s,
         max_body_bytes=settings.max_body_bytes,
         body_read_timeout_s=settings.body_read_timeout_s,
         auto_titles=settings.auto_titles,
-        files=FileLimits(max_file_bytes=settings.max_file_bytes,
-                         max_chunks=settings.max_file_chunks,
-                         chunk_chars=settings.file_chunk_chars,
-                         overlap_chars=settings.file_chunk_overlap_chars,
-                         top_k=settings.file_top_k, min_score=settings.file_min_score),
-        response_cache=ResponseCacheConfig(ttl_s=settings.response_cache_ttl_s,
-                                           tokens_per_s=settings.response_cache_tokens_per_s,
-                                           system_prompt=settings.system_prompt),
-        server_tools=ServerToolsConfig(tools=catalog.specs(settings.server_tools),
-                                       max_rounds=settings.max_tool_rounds),
+        files=FileLimits(
+            max_file_bytes=settings.max_file_bytes,
+            max_chunks=settings.max_file_chunks,
+            chunk_chars=settings.file_chunk_chars,
+            overlap_chars=settings.file_chunk_overlap_chars,
+            top_k=settings.file_top_k,
+            min_score=settings.file_min_score,
+        ),
+        response_cache=ResponseCacheConfig(
+            ttl_s=settings.response_cache_ttl_s,
+            tokens_per_s=settings.response_cache_tokens_per_s,
+            system_prompt=settings.system_prompt,
+        ),
+        server_tools=ServerToolsConfig(
+            tools=catalog.specs(settings.server_tools), max_rounds=settings.max_tool_rounds
+        ),
         max_embedding_inputs=settings.max_embedding_inputs,
     )
 
 
-def build_gateway_deps(settings: Settings, store: ConversationStore, pipeline: KafkaPipeline,
-                       ledger: UsageLedger, safety: SafetyPolicy) -> GatewayDeps:
+def build_gateway_deps(
+    settings: Settings,
+    store: ConversationStore,
+    pipeline: KafkaPipeline,
+    ledger: UsageLedger,
+    safety: SafetyPolicy,
+) -> GatewayDeps:
     config = gateway_config(settings)
     context = ContextBuilder.from_config(config.context)
     cached = config.response_cache
     served: Pipeline = (CachedPipeline(pipeline, pipeline, store, cached) if cached.ttl_s > 0
                         else pipeline)  # fmt: skip
-    return GatewayDeps(config, store, served, context,
-                       rate_limiter=RateLimiter.from_config(config.rate_limits),
-                       quotas=QuotaGate.from_config(config.quotas, ledger),
-                       safety=safety, aliases=pipeline.aliases,
-                       documents=Documents(store, context.embedding_model, config.files))
+    return GatewayDeps(
+        config,
+        store,
+        served,
+        context,
+        rate_limiter=RateLimiter.from_config(config.rate_limits),
+        quotas=QuotaGate.from_config(config.quotas, ledger),
+        safety=safety,
+        aliases=pipeline.aliases,
+        documents=Documents(store, context.embedding_model, config.files),
+    )
 
 
 DEV_KEY_NAME = "development key"
@@ -285,8 +341,10 @@ async def ensure_dev_key(store: ConversationStore, settings: Settings) -> str:
     The development keys stored before (an earlier start's random key, or an earlier
     CHATPIPE_DEV_API_KEY) are revoked: only the key printed last opens."""
     key = settings.dev_api_key or f"cp-dev-{secrets.token_urlsafe(18)}"
-    await store.add_api_key(key, ApiKey(user_id=DEV_USER, org_id=DEV_USER,
-                                        tier=settings.default_tier, name=DEV_KEY_NAME))
+    await store.add_api_key(
+        key,
+        ApiKey(user_id=DEV_USER, org_id=DEV_USER, tier=settings.default_tier, name=DEV_KEY_NAME),
+    )
     current = await store.find_api_key(key)
     if current is not None and current.revoked_at is not None:
         log.warning("the development key (CHATPIPE_DEV_API_KEY) was revoked: choose another")
@@ -299,43 +357,65 @@ async def ensure_dev_key(store: ConversationStore, settings: Settings) -> str:
 
 
 def worker_stage(kafka: KafkaConfig, engine: Engine, settings: Settings) -> WorkerStage:
-    pacing = ChunkPacing(settings.coalesce_ms / 1000, settings.coalesce_max_ms / 1000,
-                         settings.coalesce_max_chunks_per_s)
-    return WorkerStage(kafka, engine, WorkerConfig(
-        settings.worker_id, pacing, settings.heartbeat_interval_s, settings.ready_file,
-        shard=settings.shard_of(settings.model_name)))
+    pacing = ChunkPacing(
+        settings.coalesce_ms / 1000,
+        settings.coalesce_max_ms / 1000,
+        settings.coalesce_max_chunks_per_s,
+    )
+    return WorkerStage(
+        kafka,
+        engine,
+        WorkerConfig(
+            settings.worker_id,
+            pacing,
+            settings.heartbeat_interval_s,
+            settings.ready_file,
+            shard=settings.shard_of(settings.model_name),
+        ),
+    )
 
 
 def safety_stage(kafka: KafkaConfig, settings: Settings, policy: SafetyPolicy) -> SafetyStage:
-    return SafetyStage(kafka, policy, SafetyConfig(
-        window_chars=settings.safety_window_chars,
-        overlap_chars=settings.safety_overlap_chars,
-        sentences=settings.safety_sentence_window,
-        idle_timeout_s=settings.generation_idle_timeout_s,
-    ))
+    return SafetyStage(
+        kafka,
+        policy,
+        SafetyConfig(
+            window_chars=settings.safety_window_chars,
+            overlap_chars=settings.safety_overlap_chars,
+            sentences=settings.safety_sentence_window,
+            idle_timeout_s=settings.generation_idle_timeout_s,
+        ),
+    )
 
 
 def build_documents(settings: Settings, store: ConversationStore) -> Documents:
     """A user's files searched (retrieval), outside a gateway: the tools stage's."""
     config = gateway_config(settings)
-    return Documents(store, ContextBuilder.from_config(config.context).embedding_model,
-                     config.files)
+    return Documents(
+        store, ContextBuilder.from_config(config.context).embedding_model, config.files
+    )
 
 
-def tools_stage(kafka: KafkaConfig, settings: Settings, store: ConversationStore,
-                documents: Documents) -> ToolsStage:
+def tools_stage(
+    kafka: KafkaConfig, settings: Settings, store: ConversationStore, documents: Documents
+) -> ToolsStage:
     """The chat.tools stage with the server tools an operator turned on."""
     built: dict[str, Callable[[], ServerTool]] = {
-        "calculator": Calculator, "clock": Clock,
-        "search_documents": lambda: SearchDocuments(store, documents)}
+        "calculator": Calculator,
+        "clock": Clock,
+        "search_documents": lambda: SearchDocuments(store, documents),
+    }
     searches = "search_documents" in settings.server_tools
-    return ToolsStage(kafka, Toolbox([built[name]() for name in settings.server_tools],
-                                     settings.server_tool_timeout_s),
-                      warm_up=documents.warm_up if searches else None)
+    return ToolsStage(
+        kafka,
+        Toolbox([built[name]() for name in settings.server_tools], settings.server_tool_timeout_s),
+        warm_up=documents.warm_up if searches else None,
+    )
 
 
-def recorder_stage(kafka: KafkaConfig, store: ConversationStore,
-                   settings: Settings) -> RecorderStage:
+def recorder_stage(
+    kafka: KafkaConfig, store: ConversationStore, settings: Settings
+) -> RecorderStage:
     return RecorderStage(kafka, store, settings.generation_idle_timeout_s)
 
 
@@ -347,10 +427,14 @@ def scheduling_policy(settings: Settings, shard: Shard = Shard()) -> Policy:
         max_wait_s=settings.tier_max_wait_s,
         affinity_max_load=settings.affinity_max_load,
         tier_models=settings.tier_models,
-        fallback_models={model: fallback for model, fallback in settings.fallback_models.items()
-                         if inside(model) and inside(fallback)},
-        small_model=settings.small_model if settings.small_model and inside(
-            settings.small_model) else None,
+        fallback_models={
+            model: fallback
+            for model, fallback in settings.fallback_models.items()
+            if inside(model) and inside(fallback)
+        },
+        small_model=settings.small_model
+        if settings.small_model and inside(settings.small_model)
+        else None,
         simple_request_max_chars=settings.simple_request_max_chars,
         queue_update_interval_s=settings.queue_update_interval_s,
         worker_lost_after_s=settings.worker_lost_after_s,
@@ -359,15 +443,19 @@ def scheduling_policy(settings: Settings, shard: Shard = Shard()) -> Policy:
     )
 
 
-def scheduler_stage(kafka: KafkaConfig, settings: Settings,
-                    shard: str | None = None) -> SchedulerStage:
+def scheduler_stage(
+    kafka: KafkaConfig, settings: Settings, shard: str | None = None
+) -> SchedulerStage:
     """The scheduler of `shard` (default: the settings' `scheduler_shard`). Only the
     unnamed shard's deletes the delivery topics of gone gateways (one janitor)."""
-    of = Shard.of(settings.scheduler_shards,
-                  settings.scheduler_shard if shard is None else shard)
-    return SchedulerStage(kafka, scheduling_policy(settings, of),
-                          deliver_topic_ttl_s=0.0 if of.name else settings.deliver_topic_ttl_s,
-                          shard=of, gc_freeze_s=settings.scheduler_gc_freeze_s)
+    of = Shard.of(settings.scheduler_shards, settings.scheduler_shard if shard is None else shard)
+    return SchedulerStage(
+        kafka,
+        scheduling_policy(settings, of),
+        deliver_topic_ttl_s=0.0 if of.name else settings.deliver_topic_ttl_s,
+        shard=of,
+        gc_freeze_s=settings.scheduler_gc_freeze_s,
+    )
 
 
 class _EmbeddedServer(uvicorn.Server):
@@ -378,15 +466,21 @@ class _EmbeddedServer(uvicorn.Server):
         yield
 
 
-def gateway_server(deps: GatewayDeps, settings: Settings, *,
-                   docs_by_default: bool = True) -> uvicorn.Server:
+def gateway_server(
+    deps: GatewayDeps, settings: Settings, *, docs_by_default: bool = True
+) -> uvicorn.Server:
     """The gateway's HTTP server: headers bounded in time (`header_read_timeout_s`),
     bodies by the app; /docs and /openapi.json with `api_docs` (unset: `docs_by_default`,
     on under `chatpipe up`, off for a gateway run alone)."""
     api_docs = docs_by_default if settings.api_docs is None else settings.api_docs
-    config = uvicorn.Config(create_app(deps, api_docs=api_docs), host=settings.host,
-                            port=settings.port, log_level="warning", lifespan="on",
-                            http=guarded_protocol(settings.header_read_timeout_s))
+    config = uvicorn.Config(
+        create_app(deps, api_docs=api_docs),
+        host=settings.host,
+        port=settings.port,
+        log_level="warning",
+        lifespan="on",
+        http=guarded_protocol(settings.header_read_timeout_s),
+    )
     return _EmbeddedServer(config)
 
 
@@ -394,8 +488,11 @@ def gateway_server(deps: GatewayDeps, settings: Settings, *,
 async def serving_metrics(port: int) -> AsyncIterator[None]:
     """This process's Prometheus metrics (ops.metrics) at /metrics on `port`, on every
     interface, while the context lasts: a stage run alone, for a scraper to reach."""
-    server = _EmbeddedServer(uvicorn.Config(metrics_app(), host="0.0.0.0", port=port,
-                                            log_level="warning", lifespan="off"))
+    server = _EmbeddedServer(
+        uvicorn.Config(
+            metrics_app(), host="0.0.0.0", port=port, log_level="warning", lifespan="off"
+        )
+    )
     task = asyncio.create_task(server.serve(), name="metrics")
     try:
         yield
@@ -412,8 +509,9 @@ async def _until_stopped(tasks: dict[str, asyncio.Task[None]]) -> None:
         loop.add_signal_handler(signum, stop.set)
     stopper = asyncio.create_task(stop.wait())
     try:
-        done, _ = await asyncio.wait([stopper, *tasks.values()],
-                                     return_when=asyncio.FIRST_COMPLETED)
+        done, _ = await asyncio.wait(
+            [stopper, *tasks.values()], return_when=asyncio.FIRST_COMPLETED
+        )
     finally:
         stopper.cancel()
         for signum in (signal.SIGINT, signal.SIGTERM):
@@ -452,8 +550,10 @@ async def running_stack(settings: Settings, engine: Engine | None) -> AsyncItera
     async with contextlib.AsyncExitStack() as stack:
         supervisor = Supervisor()
         delivery_topic: dict[str, int] = {}  # once the pipeline has one
-        shards = {shard: f"scheduler-{shard}" if shard else "scheduler"
-                  for shard in ("", *settings.scheduler_shards)}  # one scheduler each
+        shards = {
+            shard: f"scheduler-{shard}" if shard else "scheduler"
+            for shard in ("", *settings.scheduler_shards)
+        }  # one scheduler each
         kafka_stages = (*shards.values(), "safety", "recorder", "billing", "tools", "worker")
         pipelines: list[KafkaPipeline] = []
 
@@ -479,24 +579,42 @@ async def running_stack(settings: Settings, engine: Engine | None) -> AsyncItera
         delivery_topic[pipeline.reply_to] = pipeline.partitions
         policy = safety_policy(settings, pipeline.requests)  # one for input and output
         deps = build_gateway_deps(settings, store, pipeline, ledger, policy)
-        server = supervisor.start("gateway", lambda: gateway_server(deps, settings),
-                                  uvicorn.Server.serve)
-        schedulers = {shard: supervisor.start(name, functools.partial(
-            scheduler_stage, kafka, settings, shard)) for shard, name in shards.items()}
+        server = supervisor.start(
+            "gateway", lambda: gateway_server(deps, settings), uvicorn.Server.serve
+        )
+        schedulers = {
+            shard: supervisor.start(
+                name, functools.partial(scheduler_stage, kafka, settings, shard)
+            )
+            for shard, name in shards.items()
+        }
         scheduler = schedulers[settings.shard_of(settings.model_name)]
         supervisor.start("safety", lambda: safety_stage(kafka, settings, policy))
         supervisor.start("recorder", lambda: recorder_stage(kafka, store, settings))
         supervisor.start("billing", lambda: BillingStage(kafka, ledger))
-        supervisor.start("tools", lambda: tools_stage(kafka, settings, store, deps.documents
-                                                      or build_documents(settings, store)))
+        supervisor.start(
+            "tools",
+            lambda: tools_stage(
+                kafka, settings, store, deps.documents or build_documents(settings, store)
+            ),
+        )
         if engine is not None:
             supervisor.start("worker", lambda: worker_stage(kafka, engine, settings))
         try:
-            await _until_ready(server, scheduler, supervisor.tasks,
-                               expect_worker=engine is not None)
+            await _until_ready(
+                server, scheduler, supervisor.tasks, expect_worker=engine is not None
+            )
             supervisor.restarting = True
-            yield Stack(settings, kafka, store, pipeline, engine, api_key, supervisor.tasks,
-                        server.config.app)
+            yield Stack(
+                settings,
+                kafka,
+                store,
+                pipeline,
+                engine,
+                api_key,
+                supervisor.tasks,
+                server.config.app,
+            )
         finally:
             supervisor.restarting = False
             supervisor.stages["gateway"].should_exit = True
@@ -519,15 +637,22 @@ def _freeze_startup_objects() -> None:
     gc.set_threshold(*GC_THRESHOLDS)
 
 
-async def _until_ready(server: uvicorn.Server, scheduler: SchedulerStage | None,
-                       tasks: dict[str, asyncio.Task[None]], expect_worker: bool,
-                       timeout_s: float = 180.0) -> None:
+async def _until_ready(
+    server: uvicorn.Server,
+    scheduler: SchedulerStage | None,
+    tasks: dict[str, asyncio.Task[None]],
+    expect_worker: bool,
+    timeout_s: float = 180.0,
+) -> None:
     """The gateway listens and, with an in-process worker, the scheduler has seen it
     take its chat.work partitions (a consumer-group join takes seconds)."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
-    while not server.started or (expect_worker and scheduler is not None and not any(
-            w.partitions for w in scheduler.core.workers.values())):
+    while not server.started or (
+        expect_worker
+        and scheduler is not None
+        and not any(w.partitions for w in scheduler.core.workers.values())
+    ):
         for task in tasks.values():
             if task.done():
                 task.result()
@@ -548,8 +673,12 @@ async def run_all(settings: Settings) -> None:
         async with running_stack(settings, engine) as stack:
             _freeze_startup_objects()
             print(f"chatpipe is up: {stack.base_url}/  API key: {stack.api_key}", flush=True)
-            with published_run(settings.database_path, stack.kafka.bootstrap_servers,
-                               stack.base_url, not settings.kafka_bootstrap_servers):
+            with published_run(
+                settings.database_path,
+                stack.kafka.bootstrap_servers,
+                stack.base_url,
+                not settings.kafka_bootstrap_servers,
+            ):
                 await _until_stopped(stack.tasks)
     finally:
         await engine.stop()
@@ -591,13 +720,15 @@ async def run_stage(stage: str, settings: Settings) -> None:
                 runners["recorder"] = lambda: recorder_stage(kafka, store, settings).run()
             elif stage == "tools":
                 runners["tools"] = lambda: tools_stage(
-                    kafka, settings, store, build_documents(settings, store)).run()
+                    kafka, settings, store, build_documents(settings, store)
+                ).run()
             else:
                 if settings.dev_api_key:  # the dev user only when asked for
                     await ensure_dev_key(store, settings)
                 pipeline = await stack.enter_async_context(gateway_pipeline(kafka, settings))
-                deps = build_gateway_deps(settings, store, pipeline, ledger,
-                                          safety_policy(settings, pipeline.requests))
+                deps = build_gateway_deps(
+                    settings, store, pipeline, ledger, safety_policy(settings, pipeline.requests)
+                )
                 server = gateway_server(deps, settings, docs_by_default=False)
                 runners["gateway"] = server.serve
         worker: WorkerStage | None = None

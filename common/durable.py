@@ -15,19 +15,28 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 BACKOFF_S = (0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
-_TRANSIENT_NAMES = {"Unavailable", "NoHostAvailable", "OperationTimedOut", "WriteTimeout",
-                    "ReadTimeout", "CoordinationFailure"}
+_TRANSIENT_NAMES = {
+    "Unavailable",
+    "NoHostAvailable",
+    "OperationTimedOut",
+    "WriteTimeout",
+    "ReadTimeout",
+    "CoordinationFailure",
+}
 
 
 def is_transient(error: BaseException) -> bool:
     """A store error that goes away by itself (SQLite busy or locked, Cassandra
     unavailable or timing out, a network error): retry, do not dead-letter."""
-    return (isinstance(error, sqlite3.OperationalError | OSError | TimeoutError)
-            or type(error).__name__ in _TRANSIENT_NAMES)
+    return (
+        isinstance(error, sqlite3.OperationalError | OSError | TimeoutError)
+        or type(error).__name__ in _TRANSIENT_NAMES
+    )
 
 
-async def retried(write: Callable[[], Awaitable[T]], what: str,
-                  give_up_after_s: float | None = None) -> T:
+async def retried(
+    write: Callable[[], Awaitable[T]], what: str, give_up_after_s: float | None = None
+) -> T:
     """`write()` until it succeeds; a transient failure waits and tries again (by
     default forever: the stage stalls rather than lose the event; with
     `give_up_after_s`, the last failure raises once that time has passed), any other

@@ -76,16 +76,18 @@ class SentenceEmbedder:
     def token_counts(self, texts: list[str]) -> list[int]:
         """Tokens of each text as the model reads it, special tokens included, uncut."""
         with self._lock:
-            encoded = self._model.tokenizer(texts, add_special_tokens=True, truncation=False,
-                                            verbose=False)
+            encoded = self._model.tokenizer(
+                texts, add_special_tokens=True, truncation=False, verbose=False
+            )
         return [len(ids) for ids in encoded["input_ids"]]
 
     def embed(self, texts: list[str]) -> np.ndarray:
         if not texts:
             return np.zeros((0, 0), dtype=np.float32)
         with self._lock:
-            vectors = self._model.encode(texts, normalize_embeddings=True,
-                                         convert_to_numpy=True, show_progress_bar=False)
+            vectors = self._model.encode(
+                texts, normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False
+            )
         return np.asarray(vectors, dtype=np.float32)
 
 

@@ -37,8 +37,11 @@ from schemas.events import ChatMessage
 from schemas.tools import ToolUse
 
 
-def prompt_token_ids(tokenizer: Any, messages: Sequence[dict[str, Any]],
-                     tools: Sequence[dict[str, Any]] | None = None) -> list[int]:
+def prompt_token_ids(
+    tokenizer: Any,
+    messages: Sequence[dict[str, Any]],
+    tools: Sequence[dict[str, Any]] | None = None,
+) -> list[int]:
     """The prompt of `messages` (role/content dicts, `template_messages`) with the
     generation prompt, and the `tools` shown to the model (OpenAI function tools) as the
     template shows them: the template's special tokens, each content encoded as text only.
@@ -50,7 +53,10 @@ def prompt_token_ids(tokenizer: Any, messages: Sequence[dict[str, Any]],
     placeholders = [f"{marker}{i}{marker}" for i in range(len(messages))]
     rendered = tokenizer.apply_chat_template(
         [{**m, "content": p} for m, p in zip(messages, placeholders, strict=True)],
-        tools=list(tools) if tools else None, tokenize=False, add_generation_prompt=True)
+        tools=list(tools) if tools else None,
+        tokenize=False,
+        add_generation_prompt=True,
+    )
     if rendered.count(marker) != 2 * len(messages):
         raise ValueError("the chat template drops or repeats a message's content")
     ids: list[int] = []
@@ -82,10 +88,16 @@ def template_messages(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
         entry: dict[str, Any] = {"role": message.role.value, "content": message.content}
         if message.tool_calls:
             entry["tool_calls"] = [
-                {"id": call.id, "type": call.type,
-                 "function": {"name": call.function.name,
-                              "arguments": _arguments_object(call.function.arguments)}}
-                for call in message.tool_calls]
+                {
+                    "id": call.id,
+                    "type": call.type,
+                    "function": {
+                        "name": call.function.name,
+                        "arguments": _arguments_object(call.function.arguments),
+                    },
+                }
+                for call in message.tool_calls
+            ]
         if message.tool_call_id is not None:
             entry["tool_call_id"] = message.tool_call_id
         dicts.append(entry)
@@ -157,7 +169,7 @@ def _spelled(tokenizer: Any, guard: _Guard, text: str) -> list[int]:
     start = 0
     for found in guard.pattern.finditer(text):
         content = found.group()
-        ids += _split_specials(tokenizer, text[start:found.start()])
+        ids += _split_specials(tokenizer, text[start : found.start()])
         ids += _split_specials(tokenizer, content[0]) + _spelled(tokenizer, guard, content[1:])
         start = found.end()
     return ids + _split_specials(tokenizer, text[start:])
@@ -196,14 +208,21 @@ def _make_guard(tokenizer: Any, stamp: int) -> _Guard:
     decoder = tokenizer.added_tokens_decoder
     # A non-special added token of whitespace only (Gemma adds runs of newlines and
     # spaces) cannot forge a turn: it stays what the model was trained to see.
-    added = {i: t.content for i, t in decoder.items()
-             if t.content and (t.special or not t.content.isspace())}
+    added = {
+        i: t.content
+        for i, t in decoder.items()
+        if t.content and (t.special or not t.content.isspace())
+    }
     contents = sorted(set(added.values()), key=len, reverse=True)
     pattern = re.compile("|".join(map(re.escape, contents))) if contents else re.compile(r"(?!)")
-    return _Guard(stamp=stamp, added_ids=frozenset(added),
-                  special_ids=frozenset(i for i in added if decoder[i].special),
-                  firsts=tuple(sorted({c[0] for c in contents})), pattern=pattern,
-                  plain=_plain_backend(tokenizer) if contents else None)
+    return _Guard(
+        stamp=stamp,
+        added_ids=frozenset(added),
+        special_ids=frozenset(i for i in added if decoder[i].special),
+        firsts=tuple(sorted({c[0] for c in contents})),
+        pattern=pattern,
+        plain=_plain_backend(tokenizer) if contents else None,
+    )
 
 
 def _plain_backend(tokenizer: Any) -> Any:

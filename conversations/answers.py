@@ -56,13 +56,24 @@ class AnswerBuilder:
             case Routed():
                 self.model = event.model
             case DeliveredToolCall():
-                self.tool_steps.append(ToolStep(
-                    type="tool_call", id=event.call.id, name=event.call.function.name,
-                    arguments=event.call.function.arguments))
+                self.tool_steps.append(
+                    ToolStep(
+                        type="tool_call",
+                        id=event.call.id,
+                        name=event.call.function.name,
+                        arguments=event.call.function.arguments,
+                    )
+                )
             case DeliveredToolResult():
-                self.tool_steps.append(ToolStep(
-                    type="tool_result", id=event.call_id, name=event.name,
-                    content=event.content, error=event.error))
+                self.tool_steps.append(
+                    ToolStep(
+                        type="tool_result",
+                        id=event.call_id,
+                        name=event.name,
+                        content=event.content,
+                        error=event.error,
+                    )
+                )
         return True
 
     @property
@@ -101,6 +112,5 @@ async def finish_answer(store: ConversationStore, message: NewMessage) -> bool:
     """Store an ended answer (`ConversationStore.finish_answer`) with its tool steps;
     the steps are saved again by whoever stores it (they replace, the same steps)."""
     if message.tool_steps:
-        await store.save_tool_steps(message.conversation_id, message.message_id,
-                                    message.tool_steps)
+        await store.save_tool_steps(message.conversation_id, message.message_id, message.tool_steps)
     return await store.finish_answer(message)

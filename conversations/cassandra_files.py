@@ -84,8 +84,9 @@ class CassandraFiles:
 
     async def save_citations(self, conversation_id: str, message_id: str,
                              citations: Sequence[Citation]) -> None:  # fmt: skip
-        await self._run("insert_citations",
-                        (conversation_id, message_id, citations_json(citations)))
+        await self._run(
+            "insert_citations", (conversation_id, message_id, citations_json(citations))
+        )
 
     async def list_citations(self, conversation_id: str) -> dict[str, list[Citation]]:
         rows = await self._run("select_citations", (conversation_id,))
@@ -93,8 +94,7 @@ class CassandraFiles:
 
     async def save_tool_steps(self, conversation_id: str, message_id: str,
                               steps: Sequence[ToolStep]) -> None:  # fmt: skip
-        await self._run("insert_tool_steps",
-                        (conversation_id, message_id, tool_steps_json(steps)))
+        await self._run("insert_tool_steps", (conversation_id, message_id, tool_steps_json(steps)))
 
     async def list_tool_steps(self, conversation_id: str) -> dict[str, list[ToolStep]]:
         rows = await self._run("select_tool_steps", (conversation_id,))

@@ -159,13 +159,17 @@ TABLES = (
     """CREATE TABLE IF NOT EXISTS {ks}.files (
     file_id text PRIMARY KEY,
     org_id text,
-    user_id text,""" + _FILE_FIELDS + """
+    user_id text,"""
+    + _FILE_FIELDS
+    + """
     created_at double)""",
     """CREATE TABLE IF NOT EXISTS {ks}.files_by_owner (
     org_id text,
     user_id text,
     created_at double,
-    file_id text,""" + _FILE_FIELDS + """
+    file_id text,"""
+    + _FILE_FIELDS
+    + """
     PRIMARY KEY ((org_id, user_id), created_at, file_id)
 ) WITH CLUSTERING ORDER BY (created_at DESC, file_id ASC)""",
     """CREATE TABLE IF NOT EXISTS {ks}.file_chunks (
@@ -282,8 +286,7 @@ STATEMENTS = {
     " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) IF NOT EXISTS",
     "insert_api_key_id": "INSERT INTO {ks}.api_key_ids (key_id, key_hash) VALUES (?, ?)"
     " IF NOT EXISTS",
-    "select_api_key": f"SELECT key_hash, {API_KEY_COLUMNS} FROM {{ks}}.api_keys"
-    " WHERE key_hash = ?",
+    "select_api_key": f"SELECT key_hash, {API_KEY_COLUMNS} FROM {{ks}}.api_keys WHERE key_hash = ?",
     "select_api_keys": f"SELECT key_hash, {API_KEY_COLUMNS} FROM {{ks}}.api_keys",
     "select_api_key_id": "SELECT key_hash FROM {ks}.api_key_ids WHERE key_id = ?",
     # a condition, so a key row deleted meanwhile is not brought back as a stub
@@ -311,14 +314,11 @@ STATEMENTS = {
     "delete_citations": "DELETE FROM {ks}.citations WHERE conversation_id = ?",
     "insert_tool_steps": "INSERT INTO {ks}.tool_steps (conversation_id, message_id, steps)"
     " VALUES (?, ?, ?)",
-    "select_tool_steps": "SELECT message_id, steps FROM {ks}.tool_steps"
-    " WHERE conversation_id = ?",
+    "select_tool_steps": "SELECT message_id, steps FROM {ks}.tool_steps WHERE conversation_id = ?",
     "delete_tool_steps": "DELETE FROM {ks}.tool_steps WHERE conversation_id = ?",
     # orgs and the response cache
-    "insert_org_settings": "INSERT INTO {ks}.org_settings (org_id, response_cache)"
-    " VALUES (?, ?)",
-    "select_org_settings": "SELECT org_id, response_cache FROM {ks}.org_settings"
-    " WHERE org_id = ?",
+    "insert_org_settings": "INSERT INTO {ks}.org_settings (org_id, response_cache) VALUES (?, ?)",
+    "select_org_settings": "SELECT org_id, response_cache FROM {ks}.org_settings WHERE org_id = ?",
     "select_all_org_settings": "SELECT org_id, response_cache FROM {ks}.org_settings",
     "insert_cached_response": f"INSERT INTO {{ks}}.response_cache ({CACHED_RESPONSE_COLUMNS})"
     " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) USING TTL ?",

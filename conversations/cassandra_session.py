@@ -106,7 +106,12 @@ class DriverSession:
         `statements(keyspace)` it creates and prepares; the store's by default (the
         usage ledger passes `ledger.cassandra_schema`)."""
         return await asyncio.to_thread(
-            cls._connect, hosts, keyspace, create_schema, replication_factor, request_timeout_s,
+            cls._connect,
+            hosts,
+            keyspace,
+            create_schema,
+            replication_factor,
+            request_timeout_s,
             schema,
         )
 
@@ -139,8 +144,7 @@ class DriverSession:
                     session.execute(statement, timeout=120.0)
                 cluster.control_connection.wait_for_schema_agreement()
             prepared = {
-                name: session.prepare(text)
-                for name, text in schema.statements(keyspace).items()
+                name: session.prepare(text) for name, text in schema.statements(keyspace).items()
             }
         except BaseException:
             cluster.shutdown()

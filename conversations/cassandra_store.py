@@ -166,27 +166,32 @@ class CassandraStore(CassandraOrgs, CassandraFiles):
         if found is None:
             return
         await self._run("auto_title", (title, conversation_id))
-        await self._run("auto_title_by_owner",
-                        (title, found.org_id, found.user_id, found.created_at, conversation_id))
+        await self._run(
+            "auto_title_by_owner",
+            (title, found.org_id, found.user_id, found.created_at, conversation_id),
+        )
 
-    async def delete_conversation(self, conversation_id: str, user_id: str, *,
-                                  org_id: str) -> bool:
+    async def delete_conversation(self, conversation_id: str, user_id: str, *, org_id: str) -> bool:
         found = await self._owned(conversation_id, org_id, user_id)
         if found is None:
             return False
         owner = (org_id, user_id)
         if not cql.applied(await self._run("delete_conversation", (conversation_id, *owner))):
             return False
-        await self._run("delete_conversation_by_owner",
-                        (*owner, found.created_at, conversation_id))
+        await self._run("delete_conversation_by_owner", (*owner, found.created_at, conversation_id))
         messages = await self.list_messages(conversation_id)
         await asyncio.gather(
             *(self._run("delete_message_id", (m.message_id,)) for m in messages),
             *(self._run("delete_request", (m.request_id,)) for m in messages if m.request_id),
             *(
                 self._run(name, (conversation_id,))
-                for name in ("delete_messages", "delete_summaries", "delete_embeddings",
-                             "delete_citations", "delete_tool_steps")
+                for name in (
+                    "delete_messages",
+                    "delete_summaries",
+                    "delete_embeddings",
+                    "delete_citations",
+                    "delete_tool_steps",
+                )
             ),
         )
         return True
@@ -285,8 +290,9 @@ class CassandraStore(CassandraOrgs, CassandraFiles):
         rows = await self._run("select_messages", (conversation_id,))
         return ConversationTree.of(cql.messages_of(rows), cql.choices_of(rows))
 
-    async def select_message(self, conversation_id: str, user_id: str, message_id: str, *,
-                             org_id: str) -> bool:
+    async def select_message(
+        self, conversation_id: str, user_id: str, message_id: str, *, org_id: str
+    ) -> bool:
         if await self._owned(conversation_id, org_id, user_id) is None:
             return False
         path = ConversationTree(await self.list_messages(conversation_id)).path_to(message_id)
@@ -414,4 +420,3 @@ async def create_schema(hosts: list[str], keyspace: str, replication_factor: int
         hosts, keyspace, create_schema=True, replication_factor=replication_factor
     )
     await session.close()
-

@@ -20,6 +20,7 @@ from conversations.sqlite_schema import FILE_COLUMNS
 from schemas.files import Citation
 from schemas.tools import ToolStep
 
+
 class SQLiteFiles(SQLiteFile):
     """The file methods of `SQLiteStore`."""
 
@@ -32,10 +33,12 @@ class SQLiteFiles(SQLiteFile):
                 found = _get_file(conn, file.file_id)
                 if found is not None:
                     return found
-                conn.execute(f"INSERT INTO files ({FILE_COLUMNS}) VALUES ({placeholders})",
-                             astuple(new))
-                conn.executemany("INSERT INTO file_chunks VALUES (?, ?, ?, ?)",
-                                 [astuple(c) for c in chunks])
+                conn.execute(
+                    f"INSERT INTO files ({FILE_COLUMNS}) VALUES ({placeholders})", astuple(new)
+                )
+                conn.executemany(
+                    "INSERT INTO file_chunks VALUES (?, ?, ?, ?)", [astuple(c) for c in chunks]
+                )
             return new
 
         return await self._run(add)
@@ -47,7 +50,9 @@ class SQLiteFiles(SQLiteFile):
         def select(conn: sqlite3.Connection) -> list[StoredFile]:
             rows = conn.execute(
                 f"SELECT {FILE_COLUMNS} FROM files WHERE org_id = ? AND user_id = ?"
-                " ORDER BY created_at DESC, file_id", (org_id, user_id))
+                " ORDER BY created_at DESC, file_id",
+                (org_id, user_id),
+            )
             return [StoredFile(*row) for row in rows]
 
         return await self._run(select)
@@ -60,7 +65,8 @@ class SQLiteFiles(SQLiteFile):
             with transaction(conn):
                 gone = conn.execute(
                     "DELETE FROM files WHERE file_id = ? AND org_id = ? AND user_id = ?",
-                    (file_id, org_id, user_id)).rowcount
+                    (file_id, org_id, user_id),
+                ).rowcount
                 if gone:
                     conn.execute("DELETE FROM file_chunks WHERE file_id = ?", (file_id,))
             return bool(gone)
@@ -73,7 +79,9 @@ class SQLiteFiles(SQLiteFile):
             for file_id in dict.fromkeys(file_ids):
                 rows = conn.execute(
                     "SELECT file_id, chunk_index, content, vector FROM file_chunks"
-                    " WHERE file_id = ? ORDER BY chunk_index", (file_id,))
+                    " WHERE file_id = ? ORDER BY chunk_index",
+                    (file_id,),
+                )
                 found += [FileChunk(f, i, text, bytes(v)) for f, i, text, v in rows]
             return found
 
@@ -82,14 +90,19 @@ class SQLiteFiles(SQLiteFile):
     async def save_citations(self, conversation_id: str, message_id: str,
                              citations: Sequence[Citation]) -> None:  # fmt: skip
         text = citations_json(citations)
-        await self._run(lambda conn: conn.execute(
-            "INSERT OR REPLACE INTO citations VALUES (?, ?, ?)",
-            (conversation_id, message_id, text)))
+        await self._run(
+            lambda conn: conn.execute(
+                "INSERT OR REPLACE INTO citations VALUES (?, ?, ?)",
+                (conversation_id, message_id, text),
+            )
+        )
 
     async def list_citations(self, conversation_id: str) -> dict[str, list[Citation]]:
         def select(conn: sqlite3.Connection) -> dict[str, list[Citation]]:
-            rows = conn.execute("SELECT message_id, citations FROM citations"
-                                " WHERE conversation_id = ?", (conversation_id,))
+            rows = conn.execute(
+                "SELECT message_id, citations FROM citations WHERE conversation_id = ?",
+                (conversation_id,),
+            )
             return {message_id: citations_of(text) for message_id, text in rows}
 
         return await self._run(select)
@@ -97,20 +110,24 @@ class SQLiteFiles(SQLiteFile):
     async def save_tool_steps(self, conversation_id: str, message_id: str,
                               steps: Sequence[ToolStep]) -> None:  # fmt: skip
         text = tool_steps_json(steps)
-        await self._run(lambda conn: conn.execute(
-            "INSERT OR REPLACE INTO tool_steps VALUES (?, ?, ?)",
-            (conversation_id, message_id, text)))
+        await self._run(
+            lambda conn: conn.execute(
+                "INSERT OR REPLACE INTO tool_steps VALUES (?, ?, ?)",
+                (conversation_id, message_id, text),
+            )
+        )
 
     async def list_tool_steps(self, conversation_id: str) -> dict[str, list[ToolStep]]:
         def select(conn: sqlite3.Connection) -> dict[str, list[ToolStep]]:
-            rows = conn.execute("SELECT message_id, steps FROM tool_steps"
-                                " WHERE conversation_id = ?", (conversation_id,))
+            rows = conn.execute(
+                "SELECT message_id, steps FROM tool_steps WHERE conversation_id = ?",
+                (conversation_id,),
+            )
             return {message_id: tool_steps_of(text) for message_id, text in rows}
 
         return await self._run(select)
 
 
 def _get_file(conn: sqlite3.Connection, file_id: str) -> StoredFile | None:
-    row = conn.execute(f"SELECT {FILE_COLUMNS} FROM files WHERE file_id = ?",
-                       (file_id,)).fetchone()
+    row = conn.execute(f"SELECT {FILE_COLUMNS} FROM files WHERE file_id = ?", (file_id,)).fetchone()
     return StoredFile(*row) if row else None

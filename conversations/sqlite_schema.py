@@ -227,8 +227,17 @@ def api_key_row(row: tuple) -> ApiKey:
 def cached_response_row(row: tuple) -> CachedResponse:
     """A row of `CACHED_RESPONSE_COLUMNS`."""
     key, org_id, model, content, prompt_tokens, completion_tokens, status, created, expires = row
-    return CachedResponse(key, org_id, model, content, prompt_tokens, completion_tokens,
-                          RequestStatus(status), created, expires)
+    return CachedResponse(
+        key,
+        org_id,
+        model,
+        content,
+        prompt_tokens,
+        completion_tokens,
+        RequestStatus(status),
+        created,
+        expires,
+    )
 
 
 def message_values(message: StoredMessage) -> tuple:

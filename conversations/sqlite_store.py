@@ -141,8 +141,7 @@ class SQLiteStore(SQLiteOrgs, SQLiteFiles):
             )
         )
 
-    async def delete_conversation(self, conversation_id: str, user_id: str, *,
-                                  org_id: str) -> bool:
+    async def delete_conversation(self, conversation_id: str, user_id: str, *, org_id: str) -> bool:
         if not org_id:
             return False
 
@@ -155,8 +154,13 @@ class SQLiteStore(SQLiteOrgs, SQLiteFiles):
                 ).rowcount
                 if gone:
                     for table in (
-                        "messages", "branch_choices", "summaries", "embeddings", "citations",
-                        "tool_steps", "requests",
+                        "messages",
+                        "branch_choices",
+                        "summaries",
+                        "embeddings",
+                        "citations",
+                        "tool_steps",
+                        "requests",
                     ):
                         conn.execute(
                             f"DELETE FROM {table} WHERE conversation_id = ?", (conversation_id,)
@@ -220,8 +224,9 @@ class SQLiteStore(SQLiteOrgs, SQLiteFiles):
 
         return await self._run(select)
 
-    async def select_message(self, conversation_id: str, user_id: str, message_id: str, *,
-                             org_id: str) -> bool:
+    async def select_message(
+        self, conversation_id: str, user_id: str, message_id: str, *, org_id: str
+    ) -> bool:
         def select(conn: sqlite3.Connection) -> bool:
             with transaction(conn):
                 if not _owned(_get_conversation(conn, conversation_id), org_id, user_id):

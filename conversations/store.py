@@ -159,7 +159,6 @@ class RequestRecord:
         return owns(self.org_id, self.user_id, owner)
 
 
-
 @dataclass(frozen=True, slots=True)
 class Summary:
     """A rolling summary of a thread from its root up to `through_message_id` included."""
@@ -255,8 +254,7 @@ class ConversationStore(FileStore, Protocol):
     async def set_auto_title(self, conversation_id: str, title: str) -> None:
         """Store the generated title (shown while the user has set none)."""
 
-    async def delete_conversation(self, conversation_id: str, user_id: str, *,
-                                  org_id: str) -> bool:
+    async def delete_conversation(self, conversation_id: str, user_id: str, *, org_id: str) -> bool:
         """Delete it with its messages, branch choices, summaries, embeddings, citations
         and request records.
 
@@ -299,8 +297,9 @@ class ConversationStore(FileStore, Protocol):
     async def get_tree(self, conversation_id: str) -> ConversationTree:
         """Every message with the selected child at each branch point."""
 
-    async def select_message(self, conversation_id: str, user_id: str, message_id: str, *,
-                             org_id: str) -> bool:
+    async def select_message(
+        self, conversation_id: str, user_id: str, message_id: str, *, org_id: str
+    ) -> bool:
         """Put `message_id` on the current thread: select it and each of its ancestors.
 
         The thread then continues below it through the children selected

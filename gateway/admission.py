@@ -62,9 +62,11 @@ async def admit(gates: Gates, owner: ApiKey, tokens: int, model: str) -> None:
     retry_after = gates.pipeline.overloaded(owner.tier, model)
     if retry_after is not None:
         admission_rejected(owner.tier, "overloaded")
-        raise Unavailable("overloaded",
-                          f"the {owner.tier} tier is overloaded; retry in {retry_after:.0f} s",
-                          retry_after_s=math.ceil(retry_after))
+        raise Unavailable(
+            "overloaded",
+            f"the {owner.tier} tier is overloaded; retry in {retry_after:.0f} s",
+            retry_after_s=math.ceil(retry_after),
+        )
     limiter = gates.rate_limiter
     if gates.quotas is not None:
         try:
@@ -89,9 +91,7 @@ async def charge_rest(gates: Gates, owner: ApiKey, estimated: int, actual: int) 
         await gates.rate_limiter.charge_tokens(owner, actual - estimated)
 
 
-async def check_input(
-    gates: Gates, owner: ApiKey, model: str, texts: Sequence[str]
-) -> None:
+async def check_input(gates: Gates, owner: ApiKey, model: str, texts: Sequence[str]) -> None:
     """Classify every message the caller wrote, with the classifiers for its tier and
     model, before anything is queued or stored: a blocked one is refused `content_blocked`
     naming the category, and the decision goes to chat.moderation.
@@ -119,12 +119,19 @@ async def check_input(
             raise safety_unavailable() from exc
         if verdict is None:
             continue
-        await gates.pipeline.moderate(ModerationEvent(
-            user_id=owner.user_id, action="block_input", category=verdict.category,
-            reason=f"{verdict.classifier}: {verdict.reason}"))
-        raise Unacceptable("content_blocked",
-                           f"the message was blocked by the {verdict.category} policy",
-                           param="content")
+        await gates.pipeline.moderate(
+            ModerationEvent(
+                user_id=owner.user_id,
+                action="block_input",
+                category=verdict.category,
+                reason=f"{verdict.classifier}: {verdict.reason}",
+            )
+        )
+        raise Unacceptable(
+            "content_blocked",
+            f"the message was blocked by the {verdict.category} policy",
+            param="content",
+        )
 
 
 def note_response_headers(headers: dict[str, str]) -> None:

@@ -38,8 +38,12 @@ _BODY_ERRORS = (400, 408, 413, 422)
 _SSE_EVENT: Schema = {
     "type": "object",
     "description": "one server-sent event; `data` is JSON, or `[DONE]` on the last",
-    "properties": {"event": {"type": "string"}, "data": {"type": "string"},
-                   "id": {"type": "string"}, "retry": {"type": "integer"}},
+    "properties": {
+        "event": {"type": "string"},
+        "data": {"type": "string"},
+        "id": {"type": "string"},
+        "retry": {"type": "integer"},
+    },
     "required": ["data"],
 }
 
@@ -71,8 +75,9 @@ def _declare_shared_errors(path: str, operation: Schema) -> None:
             stream["schema"] = _SSE_EVENT
 
 
-def _declare_limits(schemas: dict[str, Schema], limits: RequestLimits,
-                    aliases: Sequence[str]) -> None:
+def _declare_limits(
+    schemas: dict[str, Schema], limits: RequestLimits, aliases: Sequence[str]
+) -> None:
     for name in ("PostMessage", "TurnOptions", "ChatCompletionRequest"):
         if name in schemas:
             # As integers: written as floats, 2**64 - 1 would round up to 2**64.
@@ -99,8 +104,12 @@ def _declare_limits(schemas: dict[str, Schema], limits: RequestLimits,
         _constrain(completion, "messages", {"maxItems": limits.max_messages}, "array")
         stop_chars = {"minLength": 1, "maxLength": limits.max_stop_chars}
         _constrain(completion, "stop", stop_chars)
-        _constrain(completion, "stop", {"maxItems": limits.max_stop_sequences,
-                                        "items": {"type": "string", **stop_chars}}, "array")
+        _constrain(
+            completion,
+            "stop",
+            {"maxItems": limits.max_stop_sequences, "items": {"type": "string", **stop_chars}},
+            "array",
+        )
         _constrain(completion, "tools", {"maxItems": limits.max_tools}, "array")
         _declare_parameters(completion, limits)
     _declare_text_completion_limits(schemas, limits, models)
@@ -135,26 +144,35 @@ def _declare_parameters(completion: Schema, limits: RequestLimits) -> None:
     for name in REFUSED:
         properties[name] = {"type": "null", "description": properties[name].get("description")}
     for name, (values, _) in ACCEPTED.items():
-        properties[name] = {"anyOf": [{"enum": values}, {"type": "null"}],
-                            "description": properties[name].get("description")}
+        properties[name] = {
+            "anyOf": [{"enum": values}, {"type": "null"}],
+            "description": properties[name].get("description"),
+        }
     _constrain(completion, "n", {"maximum": limits.max_choices})
     _declare_logit_bias(completion)
     completion.setdefault("allOf", []).append(
-        {"if": {"required": ["top_logprobs"],
-                "properties": {"top_logprobs": {"type": "integer"}}},
-         "then": {"required": ["logprobs"], "properties": {"logprobs": {"const": True}}}})
+        {
+            "if": {
+                "required": ["top_logprobs"],
+                "properties": {"top_logprobs": {"type": "integer"}},
+            },
+            "then": {"required": ["logprobs"], "properties": {"logprobs": {"const": True}}},
+        }
+    )
 
 
 def _declare_logit_bias(completion: Schema) -> None:
     # Token ids, as strings: the document cannot know each model's vocabulary, so it allows
     # the ids every model served has (any tokenizer has more than 10,000); the gateway takes
     # every id of the model's and refuses others (400 invalid_logit_bias).
-    _constrain(completion, "logit_bias", {"propertyNames": {"pattern": "^(0|[1-9][0-9]{0,3})$"}},
-               "object")
+    _constrain(
+        completion, "logit_bias", {"propertyNames": {"pattern": "^(0|[1-9][0-9]{0,3})$"}}, "object"
+    )
 
 
-def _declare_text_completion_limits(schemas: dict[str, Schema], limits: RequestLimits,
-                                    models: Schema) -> None:
+def _declare_text_completion_limits(
+    schemas: dict[str, Schema], limits: RequestLimits, models: Schema
+) -> None:
     if "EmbeddingRequest" in schemas:
         schemas["EmbeddingRequest"]["additionalProperties"] = False
     completion = schemas.get("CompletionRequest")
@@ -168,27 +186,47 @@ def _declare_text_completion_limits(schemas: dict[str, Schema], limits: RequestL
     _constrain(completion, "prompt", {"minLength": 1, "maxLength": limits.max_message_chars})
     stop_chars = {"minLength": 1, "maxLength": limits.max_stop_chars}
     _constrain(completion, "stop", stop_chars)
-    _constrain(completion, "stop", {"maxItems": limits.max_stop_sequences,
-                                    "items": {"type": "string", **stop_chars}}, "array")
+    _constrain(
+        completion,
+        "stop",
+        {"maxItems": limits.max_stop_sequences, "items": {"type": "string", **stop_chars}},
+        "array",
+    )
 
 
 def _declare_tool_rules(schemas: dict[str, Schema]) -> None:
     message, completion = schemas.get("InputMessage"), schemas.get("ChatCompletionRequest")
     if message is not None:
         message["allOf"] = [
-            {"if": {"properties": {"role": {"const": "tool"}}},
-             "then": {"required": ["tool_call_id"],
-                      "properties": {"tool_call_id": {"type": "string", "minLength": 1}}}},
-            {"if": {"properties": {"role": {"not": {"const": "assistant"}}}},
-             "then": {"properties": {"tool_calls": {"type": "null"}}}},
+            {
+                "if": {"properties": {"role": {"const": "tool"}}},
+                "then": {
+                    "required": ["tool_call_id"],
+                    "properties": {"tool_call_id": {"type": "string", "minLength": 1}},
+                },
+            },
+            {
+                "if": {"properties": {"role": {"not": {"const": "assistant"}}}},
+                "then": {"properties": {"tool_calls": {"type": "null"}}},
+            },
         ]
     if completion is not None:
-        completion.setdefault("allOf", []).extend([
-            {"if": {"required": ["tool_choice"], "properties": {"tool_choice": {
-                "anyOf": [{"const": "required"}, {"type": "object"}]}}},
-             "then": {"required": ["tools"],
-                      "properties": {"tools": {"type": "array", "minItems": 1}}}},
-        ])
+        completion.setdefault("allOf", []).extend(
+            [
+                {
+                    "if": {
+                        "required": ["tool_choice"],
+                        "properties": {
+                            "tool_choice": {"anyOf": [{"const": "required"}, {"type": "object"}]}
+                        },
+                    },
+                    "then": {
+                        "required": ["tools"],
+                        "properties": {"tools": {"type": "array", "minItems": 1}},
+                    },
+                },
+            ]
+        )
 
 
 def _seed_range(model: Schema) -> None:

@@ -63,9 +63,12 @@ def create_app(deps: GatewayDeps, *, api_docs: bool = True) -> FastAPI:
     app.add_middleware(HttpSpans)  # a span per request while tracing is on
     app.add_middleware(ResponseHeaders)
     # Added last, so it runs first.
-    app.add_middleware(BodyLimits, max_bytes=config.max_body_bytes,
-                       read_timeout_s=config.body_read_timeout_s,
-                       larger={"/v1/files": config.files.max_file_bytes + UPLOAD_FRAMING})
+    app.add_middleware(
+        BodyLimits,
+        max_bytes=config.max_body_bytes,
+        read_timeout_s=config.body_read_timeout_s,
+        larger={"/v1/files": config.files.max_file_bytes + UPLOAD_FRAMING},
+    )
 
     @app.get("/healthz", tags=["ops"])
     async def healthz() -> dict[str, str]:
@@ -96,6 +99,7 @@ def create_app(deps: GatewayDeps, *, api_docs: bool = True) -> FastAPI:
 def _cached_document(app: FastAPI) -> dict:
     if app.openapi_schema is None:
         deps = app.state.deps
-        app.openapi_schema = api_document(app, deps.config.limits,
-                                          deps.aliases.names if deps.aliases else ())
+        app.openapi_schema = api_document(
+            app, deps.config.limits, deps.aliases.names if deps.aliases else ()
+        )
     return app.openapi_schema

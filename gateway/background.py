@@ -139,10 +139,15 @@ def own_request(
 ) -> GenerationRequest:  # fmt: skip
     """A lowest-priority, unstored request about `owner`'s conversation."""
     return generation_request(
-        user_id=BACKGROUND_ACCOUNT, org_id=BACKGROUND_ACCOUNT, tier=Tier.FREE,
-        cache_salt=owner.org_id, model=model, messages=messages,
+        user_id=BACKGROUND_ACCOUNT,
+        org_id=BACKGROUND_ACCOUNT,
+        tier=Tier.FREE,
+        cache_salt=owner.org_id,
+        model=model,
+        messages=messages,
         sampling=SamplingOptions(max_tokens=max_tokens, temperature=JOB_TEMPERATURE),
-        reply_to=own.pipeline.reply_to, timeout_s=own.config.request_timeout_s,
+        reply_to=own.pipeline.reply_to,
+        timeout_s=own.config.request_timeout_s,
         conversation_id=conversation_id,
     )
 
@@ -154,10 +159,14 @@ async def generate_text(own: OwnRequests, request: GenerationRequest) -> str | N
         return None
     try:
         check_bus_size(own.config.limits, request)
-        generation = await start_generation(own.pipeline, request,
-                                            timers=StreamTimers(own.config.stream_stall_s))
+        generation = await start_generation(
+            own.pipeline, request, timers=StreamTimers(own.config.stream_stall_s)
+        )
     except Refused:
-        log.warning("background request %s not queued (too large for the bus, or the bus refused it)", request.request_id)
+        log.warning(
+            "background request %s not queued (too large for the bus, or the bus refused it)",
+            request.request_id,
+        )
         return None
     async with aclosing(generation.events()) as events:
         answer = await AnswerText().read(events)

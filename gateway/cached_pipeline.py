@@ -59,8 +59,9 @@ REPLAY_WORKER = "response-cache"
 
 
 class ReplayRecorder(Protocol):
-    async def record_replay(self, request: GenerationRequest, events: list[DeliverEvent],
-                            usage: UsageEvent) -> None:
+    async def record_replay(
+        self, request: GenerationRequest, events: list[DeliverEvent], usage: UsageEvent
+    ) -> None:
         """Write a replayed answer where a generated one would be: its events on
         `chat.answers` (a stored request only) and its usage on `chat.usage`."""
 
@@ -68,8 +69,14 @@ class ReplayRecorder(Protocol):
 class CachedPipeline:
     """`Pipeline` over `inner`, with the response cache in front of `submit`."""
 
-    def __init__(self, inner: Pipeline, recorder: ReplayRecorder, store: ConversationStore,
-                 config: ResponseCacheConfig, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        inner: Pipeline,
+        recorder: ReplayRecorder,
+        store: ConversationStore,
+        config: ResponseCacheConfig,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self._inner = inner
         self._recorder = recorder
         self._store = store
@@ -81,13 +88,19 @@ class CachedPipeline:
         key = await self._lookup_key(request)
         if key is None:
             return await self._inner.submit(request)
-        entry = await _bounded(self._store.get_cached_response(key, request.org_id), None,
-                               f"looking up {request.request_id} in the response cache")
+        entry = await _bounded(
+            self._store.get_cached_response(key, request.org_id),
+            None,
+            f"looking up {request.request_id} in the response cache",
+        )
         labels = (request.tier.value, request.model)
         if entry is None:
             RESPONSE_CACHE_LOOKUPS.labels(*labels, "miss").inc()
-            return FillingStream(await self._inner.submit(request), request,
-                                 lambda text, model: self._keep(request, key, text, model))
+            return FillingStream(
+                await self._inner.submit(request),
+                request,
+                lambda text, model: self._keep(request, key, text, model),
+            )
         RESPONSE_CACHE_LOOKUPS.labels(*labels, "hit").inc()
         return await self._replay(request, entry)
 
@@ -96,8 +109,11 @@ class CachedPipeline:
         key = cache_key(request, self._config.system_prompt)
         if key is None:
             return None
-        settings = await _bounded(self._store.get_org_settings(request.org_id), None,
-                                  f"reading org {request.org_id}'s settings")
+        settings = await _bounded(
+            self._store.get_org_settings(request.org_id),
+            None,
+            f"reading org {request.org_id}'s settings",
+        )
         return key if settings is not None and settings.response_cache else None
 
     async def _replay(self, request: GenerationRequest, entry: CachedResponse) -> RequestStream:
@@ -117,14 +133,18 @@ class CachedPipeline:
         stream.on_close = lambda: self._replays.pop(request.request_id, None)
         return stream
 
-    async def _keep(self, request: GenerationRequest, key: str, text: AnswerText,
-                    answered_by: str) -> None:
+    async def _keep(
+        self, request: GenerationRequest, key: str, text: AnswerText, answered_by: str
+    ) -> None:
         now = self._clock()
         entry = entry_to_keep(request, key, text, answered_by, now, self._config.ttl_s)
         if entry is None:
             return
-        kept = await _bounded(self._store.put_cached_response(entry), False,
-                              f"keeping {request.request_id} in the response cache")
+        kept = await _bounded(
+            self._store.put_cached_response(entry),
+            False,
+            f"keeping {request.request_id} in the response cache",
+        )
         if kept is not False:
             RESPONSE_CACHE_FILLS.labels(request.tier.value, request.model).inc()
 
@@ -137,8 +157,9 @@ class CachedPipeline:
     async def start_answer(self, request: GenerationRequest) -> tuple[int, int]:
         return await self._inner.start_answer(request)
 
-    async def follow(self, request_id: str, conversation_id: str, partition: int,
-                     offset: int) -> RequestStream:
+    async def follow(
+        self, request_id: str, conversation_id: str, partition: int, offset: int
+    ) -> RequestStream:
         return await self._inner.follow(request_id, conversation_id, partition, offset)
 
     async def cancel(self, request_id: str, reason: str = "client_disconnected") -> None:
@@ -223,8 +244,15 @@ class ReplayStream:
         if done is None:
             return []
         usage = done.usage.model_copy(update={"completion_tokens": 0})
-        return [done.model_copy(update={"seq": self._next_seq, "usage": usage,
-                                        "status": RequestStatus.FINISHED_ABORTED})]
+        return [
+            done.model_copy(
+                update={
+                    "seq": self._next_seq,
+                    "usage": usage,
+                    "status": RequestStatus.FINISHED_ABORTED,
+                }
+            )
+        ]
 
     def stop(self) -> None:
         """Stop (the client pressed Stop): the next take ends the answer, aborted."""

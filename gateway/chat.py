@@ -91,14 +91,23 @@ async def resume_events(
     after = _event_id(last_event_id_header if last_event_id_header is not None
                       else last_event_id)  # fmt: skip
     answer = await deps.store.get_message(record.message_id)
-    stream = await deps.pipeline.follow(request_id, record.conversation_id,
-                                        record.answers_partition, record.answers_offset)
+    stream = await deps.pipeline.follow(
+        request_id, record.conversation_id, record.answers_partition, record.answers_offset
+    )
     await deps.pipeline.announce_resume(request_id, record.reply_to)
-    generation = Generation(deps.pipeline, request_id, stream, StreamRelay(after_id=after),
-                            native_timers(deps.config), on_end=store_answer(deps.store))
+    generation = Generation(
+        deps.pipeline,
+        request_id,
+        stream,
+        StreamRelay(after_id=after),
+        native_timers(deps.config),
+        on_end=store_answer(deps.store),
+    )
     payload = sse.RequestPayload(
-        request_id=request_id, message_id=record.message_id,
-        user_message_id=(answer.parent_id or "") if answer is not None else "")
+        request_id=request_id,
+        message_id=record.message_id,
+        user_message_id=(answer.parent_id or "") if answer is not None else "",
+    )
     cited = (await deps.store.list_citations(record.conversation_id)).get(record.message_id, [])
     return event_stream(native_events(payload, generation, citations=cited), generation)
 
@@ -137,15 +146,20 @@ def _event_id(raw: str | None) -> int | None:
     try:
         return int(raw)
     except ValueError:
-        raise Unacceptable("invalid_last_event_id", "Last-Event-ID must be an event id "
-                           "(an integer) this stream sent", param="last_event_id") from None
+        raise Unacceptable(
+            "invalid_last_event_id",
+            "Last-Event-ID must be an event id (an integer) this stream sent",
+            param="last_event_id",
+        ) from None
 
 
 async def answer(turns: Turns, turn: Turn) -> EventStreamResponse:
     generation = await send_turn(turns, turn)
-    payload = sse.RequestPayload(request_id=turn.request.request_id,
-                                 message_id=turn.request.message_id,
-                                 user_message_id=turn.user_message.message_id)
+    payload = sse.RequestPayload(
+        request_id=turn.request.request_id,
+        message_id=turn.request.message_id,
+        user_message_id=turn.user_message.message_id,
+    )
     titled = _title_when_answered(turns, turn) if turn.first else None
     events = native_events(payload, generation, titled, citations=list(turn.citations))
     return event_stream(events, generation)
@@ -177,5 +191,6 @@ def _title_when_answered(turns: Turns, turn: Turn) -> Callable[[str], None] | No
     """A first answer that ended well gets a generated title (unless they are off)."""
     if not turns.config.auto_titles:
         return None
-    return lambda answer: start_title(turns.own, turn.owner, turn.request,
-                                      turn.user_message.content, answer)
+    return lambda answer: start_title(
+        turns.own, turn.owner, turn.request, turn.user_message.content, answer
+    )

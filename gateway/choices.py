@@ -26,13 +26,27 @@ from schemas.generation import new_id
 
 def choice_requests(request: GenerationRequest, n: int) -> list[GenerationRequest]:
     """`request` and n - 1 others like it, one per choice."""
-    return [request, *(request.model_copy(update={
-        "request_id": new_id(), "message_id": new_id(),
-        "sampling": choice_sampling(request.sampling, index)}) for index in range(1, n))]
+    return [
+        request,
+        *(
+            request.model_copy(
+                update={
+                    "request_id": new_id(),
+                    "message_id": new_id(),
+                    "sampling": choice_sampling(request.sampling, index),
+                }
+            )
+            for index in range(1, n)
+        ),
+    ]
 
 
-async def start_choices(pipeline: Pipeline, requests: Sequence[GenerationRequest],
-                        live: LiveRequests | None, timers: StreamTimers) -> list[Generation]:
+async def start_choices(
+    pipeline: Pipeline,
+    requests: Sequence[GenerationRequest],
+    live: LiveRequests | None,
+    timers: StreamTimers,
+) -> list[Generation]:
     """One generation per choice; all of them or none (those started are cancelled)."""
     generations: list[Generation] = []
     try:
@@ -90,5 +104,8 @@ def total_usage(usages: Sequence[Usage]) -> Usage:
     first = usages[0]
     if len(usages) == 1:
         return first
-    return Usage(prompt_tokens=first.prompt_tokens, cached_tokens=first.cached_tokens,
-                 completion_tokens=sum(usage.completion_tokens for usage in usages))
+    return Usage(
+        prompt_tokens=first.prompt_tokens,
+        cached_tokens=first.cached_tokens,
+        completion_tokens=sum(usage.completion_tokens for usage in usages),
+    )

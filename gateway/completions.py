@@ -58,11 +58,16 @@ router = APIRouter(tags=["openai"])
 async def completions(
     body: CompletionRequest, owner: Owner, deps: Deps, request: Request
 ) -> TextCompletion | EventStreamResponse:
-    generation_request = to_generation_request(body, owner, deps.config,
-                                                deps.pipeline.reply_to, deps.aliases)
+    generation_request = to_generation_request(
+        body, owner, deps.config, deps.pipeline.reply_to, deps.aliases
+    )
     await admit_generation(generation_request, owner, deps)
-    generation = await start_generation(deps.pipeline, generation_request, deps.live,
-                                        timers=StreamTimers(deps.config.stream_stall_s))
+    generation = await start_generation(
+        deps.pipeline,
+        generation_request,
+        deps.live,
+        timers=StreamTimers(deps.config.stream_stall_s),
+    )
     answer = _TextAnswer(f"cmpl-{generation_request.request_id}", generation_request.model,
                          int(now()), body.include_usage,
                          (generation_request.prompt or "") if body.echo else "")  # fmt: skip
@@ -85,7 +90,10 @@ _UNSUPPORTED: tuple[tuple[str, Callable[[CompletionRequest], bool], str], ...] =
 
 
 def to_generation_request(
-    body: CompletionRequest, owner: ApiKey, config: GatewayConfig, reply_to: str,
+    body: CompletionRequest,
+    owner: ApiKey,
+    config: GatewayConfig,
+    reply_to: str,
     aliases: ModelAliases | None = None,
 ) -> GenerationRequest:
     """The request to queue (pure, charging nothing): refused with a 400 naming the first
@@ -93,8 +101,9 @@ def to_generation_request(
     check_known_fields(body)
     for field, refused, why in _UNSUPPORTED:
         if refused(body):
-            raise Unacceptable("unsupported_parameter", f"{field} is not supported: {why}",
-                               param=field)
+            raise Unacceptable(
+                "unsupported_parameter", f"{field} is not supported: {why}", param=field
+            )
     limits = config.limits
     prompt = completion_prompt(body.prompt, limits.max_message_chars)
     conversation_id = new_id()
@@ -110,24 +119,28 @@ def to_generation_request(
     return request.model_copy(update={"prompt": prompt})
 
 
-def completion_prompt(prompt: str | list[str] | list[int] | list[list[int]],
-                      max_chars: int) -> str:
+def completion_prompt(prompt: str | list[str] | list[int] | list[list[int]], max_chars: int) -> str:
     """The one text prompt: a string, or a list of one string. Several prompts (a batch of
     choices) and token arrays (token ids are one model's) are refused, as is an empty
     prompt or one longer than `max_chars` (413)."""
     if isinstance(prompt, list):
         if len(prompt) != 1 or not isinstance(prompt[0], str):
-            kind = "token arrays" if prompt and not isinstance(prompt[0], str) else \
-                "several prompts"
-            raise Unacceptable("unsupported_prompt", f"{kind} are not taken: send one prompt "
-                               "as a string", param="prompt")
+            kind = (
+                "token arrays" if prompt and not isinstance(prompt[0], str) else "several prompts"
+            )
+            raise Unacceptable(
+                "unsupported_prompt",
+                f"{kind} are not taken: send one prompt as a string",
+                param="prompt",
+            )
         prompt = prompt[0]
     assert isinstance(prompt, str)
     if not prompt:
         raise Unacceptable("empty_prompt", "the prompt is empty", param="prompt")
     if len(prompt) > max_chars:
-        raise TooLarge("prompt_too_long", f"a prompt holds at most {max_chars} characters",
-                       param="prompt")
+        raise TooLarge(
+            "prompt_too_long", f"a prompt holds at most {max_chars} characters", param="prompt"
+        )
     return prompt
 
 
@@ -142,8 +155,9 @@ class _TextAnswer:
     echo: str
     """The prompt, when the client asked for it back before the completion."""
 
-    def completion(self, text: str, reason: str | None,
-                   usage: CompletionUsage | None = None) -> TextCompletion:
+    def completion(
+        self, text: str, reason: str | None, usage: CompletionUsage | None = None
+    ) -> TextCompletion:
         choices = [CompletionChoice(text=text, finish_reason=reason)]
         return TextCompletion(id=self.id, created=self.created, model=self.model,
                               choices=choices, usage=usage)  # fmt: skip
@@ -152,8 +166,11 @@ class _TextAnswer:
         return sse.openai_chunk(self.completion(text, reason))
 
     def usage_chunk(self, usage: CompletionUsage) -> bytes:
-        return sse.openai_chunk(TextCompletion(id=self.id, created=self.created,
-                                               model=self.model, choices=[], usage=usage))
+        return sse.openai_chunk(
+            TextCompletion(
+                id=self.id, created=self.created, model=self.model, choices=[], usage=usage
+            )
+        )
 
 
 async def completion_chunks(answer: _TextAnswer, generation: Generation) -> AsyncIterator[bytes]:

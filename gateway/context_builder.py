@@ -90,8 +90,9 @@ class ContextBuilder:
         if embedder:
             await self.embedding_model()
 
-    async def prompt_tokens(self, model: str, messages: Sequence[ChatMessage],
-                            tools: list[dict[str, Any]] | None = None) -> int:
+    async def prompt_tokens(
+        self, model: str, messages: Sequence[ChatMessage], tools: list[dict[str, Any]] | None = None
+    ) -> int:
         """Tokens of `messages` as `model`'s prompt (its tokenizer and chat template),
         with the `tools` it shows the model."""
         counter = await self._counter(model)

@@ -55,8 +55,11 @@ async def list_conversations(
         page = await store.list_conversations(owner.user_id, org_id=owner.org_id, limit=limit,
                                               cursor=cursor)  # fmt: skip
     except ValueError as error:
-        raise NotFound("cursor_not_found", "no page at this cursor: pass back a "
-                       "next_cursor as it came", param="cursor") from error
+        raise NotFound(
+            "cursor_not_found",
+            "no page at this cursor: pass back a next_cursor as it came",
+            param="cursor",
+        ) from error
     return ConversationList(data=[public(c) for c in page.conversations],
                             next_cursor=page.next_cursor)  # fmt: skip
 
@@ -119,8 +122,10 @@ async def detail(store: ConversationStore, conversation: Conversation) -> Conver
     steps = await store.list_tool_steps(conversation.conversation_id)
     return ConversationDetail(
         **public(conversation).model_dump(),
-        messages=[_message(m, tree, cited.get(m.message_id, []), steps.get(m.message_id, []))
-                  for m in tree.messages],
+        messages=[
+            _message(m, tree, cited.get(m.message_id, []), steps.get(m.message_id, []))
+            for m in tree.messages
+        ],
         roots=[m.message_id for m in tree.children(None)],
         thread=[m.message_id for m in tree.thread()],
     )
@@ -130,8 +135,9 @@ async def delete(deps: GatewayDeps, owner: ApiKey, conversation_id: str) -> None
     for request_id in await deps.store.in_progress_requests(conversation_id):
         await deps.pipeline.cancel(request_id, reason="conversation_deleted")
     await deps.background.cancel(conversation_id)
-    if not await deps.store.delete_conversation(conversation_id, owner.user_id,
-                                                org_id=owner.org_id):
+    if not await deps.store.delete_conversation(
+        conversation_id, owner.user_id, org_id=owner.org_id
+    ):
         raise _not_found(conversation_id)  # deleted meanwhile
 
 

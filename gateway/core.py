@@ -131,15 +131,15 @@ def reply_pending() -> NotYet:
 
 
 def pipeline_unavailable() -> Unavailable:
-    return Unavailable("pipeline_unavailable", "the request could not be queued",
-                       retry_after_s=5)
+    return Unavailable("pipeline_unavailable", "the request could not be queued", retry_after_s=5)
 
 
 def safety_unavailable() -> Unavailable:
     """The input classifiers gave no verdict (the judge failed): neither passed nor
     blocked, the caller may try again."""
-    return Unavailable("safety_unavailable", "the safety check could not run; try again",
-                       retry_after_s=5)
+    return Unavailable(
+        "safety_unavailable", "the safety check could not run; try again", retry_after_s=5
+    )
 
 
 def check_room(built: BuiltContext, model: str, max_tokens: int) -> None:

@@ -90,42 +90,59 @@ def embedding_inputs(body: EmbeddingRequest, served: str | None, max_inputs: int
     if not texts:
         raise Unacceptable("empty_input", "input holds no text", param="input")
     if not all(isinstance(text, str) for text in texts):
-        raise Unacceptable("unsupported_input", "token arrays are not taken: send the text "
-                           "(a string or a list of strings)", param="input")
+        raise Unacceptable(
+            "unsupported_input",
+            "token arrays are not taken: send the text (a string or a list of strings)",
+            param="input",
+        )
     empty = next((index for index, text in enumerate(texts) if not text), None)
     if empty is not None:
-        raise Unacceptable("empty_input", "an input is empty",
-                           param="input" if isinstance(body.input, str) else f"input.{empty}")
+        raise Unacceptable(
+            "empty_input",
+            "an input is empty",
+            param="input" if isinstance(body.input, str) else f"input.{empty}",
+        )
     if len(texts) > max_inputs:
-        raise TooLarge("too_many_inputs", f"one request embeds at most {max_inputs} texts",
-                       param="input")
+        raise TooLarge(
+            "too_many_inputs", f"one request embeds at most {max_inputs} texts", param="input"
+        )
     return texts  # type: ignore[return-value]  # every item is a str, checked above
 
 
 def check_dimensions(dimensions: int | None, model: EmbeddingModel) -> None:
     """Vectors are the model's own length: shortening them is refused, not ignored."""
     if dimensions is not None and dimensions != model.dimensions:
-        raise Unacceptable("unsupported_dimensions", f"{model.name} makes vectors of "
-                           f"{model.dimensions} dimensions only", param="dimensions")
+        raise Unacceptable(
+            "unsupported_dimensions",
+            f"{model.name} makes vectors of {model.dimensions} dimensions only",
+            param="dimensions",
+        )
 
 
 def check_input_tokens(counts: list[int], max_tokens: int, name: str) -> None:
     """A text longer than the model reads would be embedded cut short: refused instead."""
     for index, count in enumerate(counts):
         if count > max_tokens:
-            raise TooLarge("input_too_long", f"input {index} has {count} tokens; {name} "
-                           f"reads at most {max_tokens}", param=f"input.{index}")
+            raise TooLarge(
+                "input_too_long",
+                f"input {index} has {count} tokens; {name} reads at most {max_tokens}",
+                param=f"input.{index}",
+            )
 
 
-def embedding_list(vectors: np.ndarray, counts: list[int], model: str,
-                   encoding_format: str) -> EmbeddingList:
+def embedding_list(
+    vectors: np.ndarray, counts: list[int], model: str, encoding_format: str
+) -> EmbeddingList:
     """The answer: one vector per text in order, as numbers or (`base64`) as the base64
     of its little-endian float32 bytes, as OpenAI sends them."""
-    data = [Embedding(index=index, embedding=_encoded(vector, encoding_format))
-            for index, vector in enumerate(vectors)]
+    data = [
+        Embedding(index=index, embedding=_encoded(vector, encoding_format))
+        for index, vector in enumerate(vectors)
+    ]
     tokens = sum(counts)
-    return EmbeddingList(data=data, model=model,
-                         usage=EmbeddingUsage(prompt_tokens=tokens, total_tokens=tokens))
+    return EmbeddingList(
+        data=data, model=model, usage=EmbeddingUsage(prompt_tokens=tokens, total_tokens=tokens)
+    )
 
 
 def _encoded(vector: np.ndarray, encoding_format: str) -> list[float] | str:
@@ -135,5 +152,6 @@ def _encoded(vector: np.ndarray, encoding_format: str) -> list[float] | str:
 
 
 def _not_served(model: str) -> NotFound:
-    return NotFound("model_not_found", f"model {model!r} is not an embedding model "
-                    "served here", param="model")
+    return NotFound(
+        "model_not_found", f"model {model!r} is not an embedding model served here", param="model"
+    )

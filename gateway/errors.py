@@ -65,8 +65,7 @@ STATUS: dict[type[Refused], int] = {
 
 def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
     """OpenAPI `responses=` for the error statuses a route can answer, each an ErrorBody."""
-    return {status: {"model": ErrorBody, "description": _MEANING[status]}
-            for status in statuses}
+    return {status: {"model": ErrorBody, "description": _MEANING[status]} for status in statuses}
 
 
 _TYPE_BY_STATUS = {

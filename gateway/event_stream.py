@@ -26,9 +26,15 @@ HEADERS = {"Cache-Control": "no-store", "Connection": "keep-alive", "X-Accel-Buf
 class EventStreamResponse(Response):
     media_type = "text/event-stream"
 
-    def __init__(self, frames: AsyncIterator[bytes], headers: Mapping[str, str] | None = None,
-                 background: BackgroundTask | None = None, ping_s: float = 15.0,
-                 send_timeout_s: float = 30.0, status_code: int = 200) -> None:
+    def __init__(
+        self,
+        frames: AsyncIterator[bytes],
+        headers: Mapping[str, str] | None = None,
+        background: BackgroundTask | None = None,
+        ping_s: float = 15.0,
+        send_timeout_s: float = 30.0,
+        status_code: int = 200,
+    ) -> None:
         # `status_code` with an int default: FastAPI reads a response class's default
         # status from its signature when it writes the OpenAPI document.
         self.frames = frames
@@ -44,16 +50,24 @@ class EventStreamResponse(Response):
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         writer = asyncio.current_task()
         assert writer is not None
-        helpers = [asyncio.create_task(self._listen(receive, writer)),
-                   asyncio.create_task(self._keep_alive(send, writer))]
+        helpers = [
+            asyncio.create_task(self._listen(receive, writer)),
+            asyncio.create_task(self._keep_alive(send, writer)),
+        ]
         try:
-            await self._send(send, {"type": "http.response.start", "status": self.status_code,
-                                    "headers": self.raw_headers})
+            await self._send(
+                send,
+                {
+                    "type": "http.response.start",
+                    "status": self.status_code,
+                    "headers": self.raw_headers,
+                },
+            )
             async for frame in self.frames:
-                await self._send(send, {"type": "http.response.body", "body": frame,
-                                        "more_body": True})
-            await self._send(send, {"type": "http.response.body", "body": b"",
-                                    "more_body": False})
+                await self._send(
+                    send, {"type": "http.response.body", "body": frame, "more_body": True}
+                )
+            await self._send(send, {"type": "http.response.body", "body": b"", "more_body": False})
         except asyncio.CancelledError:
             if not self._gone or writer.uncancel() > 0:
                 raise  # cancelled from outside (shutdown), not by the client leaving
@@ -93,8 +107,9 @@ class EventStreamResponse(Response):
             elif loop.time() - self._last_sent >= self.ping_s:
                 try:  # a ping waits for the same full buffer a frame would
                     async with asyncio.timeout(self.send_timeout_s):
-                        await self._send(send, {"type": "http.response.body", "body": PING,
-                                                "more_body": True})
+                        await self._send(
+                            send, {"type": "http.response.body", "body": PING, "more_body": True}
+                        )
                 except (TimeoutError, OSError):
                     self._leave(writer)
                     return

@@ -31,8 +31,9 @@ async def post_feedback(
     return FeedbackAccepted(message_id=message_id, rating=feedback.rating)
 
 
-async def feedback_event(store: ConversationStore, owner: ApiKey, message_id: str,
-                         feedback: MessageFeedback) -> FeedbackEvent:
+async def feedback_event(
+    store: ConversationStore, owner: ApiKey, message_id: str, feedback: MessageFeedback
+) -> FeedbackEvent:
     """The event for `owner`'s feedback on answer `message_id`: `message_not_found` unless
     the message is in a conversation of theirs, `not_an_answer` for a user message."""
     message = await store.get_message(message_id)
@@ -41,8 +42,9 @@ async def feedback_event(store: ConversationStore, owner: ApiKey, message_id: st
     if message is None or conversation is None or not conversation.owned_by(owner):
         raise NotFound("message_not_found", f"no message {message_id!r}")
     if message.role is not Role.ASSISTANT:
-        raise Unacceptable("not_an_answer", "feedback is on an assistant message",
-                           param="message_id")
+        raise Unacceptable(
+            "not_an_answer", "feedback is on an assistant message", param="message_id"
+        )
     return FeedbackEvent(
         message_id=message_id, conversation_id=message.conversation_id,
         request_id=message.request_id, user_id=owner.user_id, org_id=owner.org_id,

@@ -101,7 +101,7 @@ def page(files: list[FileObject], limit: int, after: str | None) -> FileList:
     after an id not listed)."""
     if after is not None:
         ids = [f.id for f in files]
-        files = files[ids.index(after) + 1:] if after in ids else []
+        files = files[ids.index(after) + 1 :] if after in ids else []
     shown = files[:limit]
     return FileList(data=shown, has_more=len(files) > limit,
                     first_id=shown[0].id if shown else None,

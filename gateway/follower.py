@@ -31,8 +31,9 @@ class FollowedAnswer(Inbox[AnswerEvent]):
     """Events of one answer from its marker on, as they are read (duplicates included:
     the reader applies the one answer rule)."""
 
-    def __init__(self, request_id: str, key: bytes, partition: int,
-                 follower: AnswerFollower) -> None:
+    def __init__(
+        self, request_id: str, key: bytes, partition: int, follower: AnswerFollower
+    ) -> None:
         super().__init__()
         self.request_id = request_id
         self.key = key
@@ -54,8 +55,9 @@ class AnswerFollower:
         self._positions: dict[int, int] = {}
         self._lock = asyncio.Lock()
 
-    async def follow(self, request_id: str, conversation_id: str, partition: int,
-                     offset: int) -> FollowedAnswer:
+    async def follow(
+        self, request_id: str, conversation_id: str, partition: int, offset: int
+    ) -> FollowedAnswer:
         """Events of `request_id` on `chat.answers` partition `partition` from `offset`."""
         followed = FollowedAnswer(request_id, conversation_id.encode(), partition, self)
         async with self._lock:

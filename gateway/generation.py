@@ -88,10 +88,17 @@ class LiveRequests:
 
 
 class Generation:
-    def __init__(self, pipeline: Pipeline, request_id: str, stream: RequestStream,
-                 relay: StreamRelay | None = None, timers: StreamTimers = StreamTimers(),
-                 live: LiveRequests | None = None, on_end: OnEnd | None = None,
-                 timing: StreamTiming | None = None) -> None:
+    def __init__(
+        self,
+        pipeline: Pipeline,
+        request_id: str,
+        stream: RequestStream,
+        relay: StreamRelay | None = None,
+        timers: StreamTimers = StreamTimers(),
+        live: LiveRequests | None = None,
+        on_end: OnEnd | None = None,
+        timing: StreamTiming | None = None,
+    ) -> None:
         self.request_id = request_id
         self.relay = relay or StreamRelay()
         self._pipeline = pipeline
@@ -117,8 +124,11 @@ class Generation:
                 try:
                     arrived = await stall.wait(self._stream.take())
                 except TimeoutError:
-                    log.warning("request %s stalled: no event for %.0f s", self.request_id,
-                                self._timers.stall_s)
+                    log.warning(
+                        "request %s stalled: no event for %.0f s",
+                        self.request_id,
+                        self._timers.stall_s,
+                    )
                     shown = [self.relay.stall(self.request_id)]
                     if self._timers.cancels:
                         with anyio.move_on_after(CLOSE_TIMEOUT_S, shield=True):
@@ -179,8 +189,7 @@ class Generation:
         cancellations, not a native `task.cancel()` (the SSE response's own when the client
         leaves, the stall timer's): one landing in the task that asked must not drop the
         cancel, or the engine generates the whole answer for nobody."""
-        sending = asyncio.create_task(self._send_cancel(reason),
-                                      name=f"cancel:{self.request_id}")
+        sending = asyncio.create_task(self._send_cancel(reason), name=f"cancel:{self.request_id}")
         _CANCELS_SENDING.add(sending)
         sending.add_done_callback(_CANCELS_SENDING.discard)
         await asyncio.shield(sending)
@@ -207,12 +216,14 @@ async def start_generation(
         raise pipeline_unavailable() from exc
     if live is not None:
         live.add(request)
-    return Generation(pipeline, request.request_id, stream, relay, timers, live, on_end,
-                      StreamTiming(request))
+    return Generation(
+        pipeline, request.request_id, stream, relay, timers, live, on_end, StreamTiming(request)
+    )
 
 
-def event_stream(frames: AsyncIterator[bytes], generation: Generation,
-                 *others: Generation) -> EventStreamResponse:
+def event_stream(
+    frames: AsyncIterator[bytes], generation: Generation, *others: Generation
+) -> EventStreamResponse:
     """The SSE response of `generation` (and `others`: a completion's other choices);
     closing the generations also covers a stream that never started."""
 
@@ -243,9 +254,14 @@ def merged_deltas(events: list[DeliverEvent]) -> list[DeliverEvent]:
         if len(run) == 1:
             merged.append(run[0])
         elif run:
-            merged.append(run[-1].model_copy(update={
-                "text": "".join(d.text for d in run),
-                "logprobs": tuple(entry for d in run for entry in d.logprobs)}))
+            merged.append(
+                run[-1].model_copy(
+                    update={
+                        "text": "".join(d.text for d in run),
+                        "logprobs": tuple(entry for d in run for entry in d.logprobs),
+                    }
+                )
+            )
         run = []
         if event is not None:
             merged.append(event)
@@ -272,8 +288,7 @@ class _StallTimer:
             self._waiting.cancel()
             return
         # Not due yet, or not waiting (a relay busy writing is no stall): look again.
-        self._handle = self._loop.call_at(due if due > now else now + self._stall_s,
-                                          self._check)
+        self._handle = self._loop.call_at(due if due > now else now + self._stall_s, self._check)
 
     async def wait(self, arrival: Awaitable[T]) -> T:
         """Await `arrival`, for at most `stall_s` (counted from now)."""
@@ -286,8 +301,7 @@ class _StallTimer:
         except asyncio.CancelledError:
             if self._expired and task.uncancel() <= cancelling:
                 self._expired = False
-                self._handle = self._loop.call_at(self._loop.time() + self._stall_s,
-                                                  self._check)
+                self._handle = self._loop.call_at(self._loop.time() + self._stall_s, self._check)
                 raise TimeoutError from None
             raise
         finally:
@@ -309,8 +323,9 @@ async def collected(generation: Generation, request: Request) -> AnswerText:
 AnswerT = TypeVar("AnswerT", bound=AnswerText)
 
 
-async def collected_all(generations: Sequence[Generation], request: Request,
-                        texts: list[AnswerT]) -> list[AnswerT]:
+async def collected_all(
+    generations: Sequence[Generation], request: Request, texts: list[AnswerT]
+) -> list[AnswerT]:
     """`collected` of several answers at once (a completion's choices), each read into
     its text of `texts`: all of them ended by their `DeliveryDone`, or the error of the
     first that failed (which cancels the others)."""

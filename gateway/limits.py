@@ -42,16 +42,21 @@ def served_model(limits: RequestLimits, requested: str | None, tier: Tier) -> st
         # The tier's first allowed model stands in for a default it may not use.
         requested = next((m for m in allowed if m in limits.models), default)
     if requested not in limits.models:
-        raise NotFound("model_not_found", f"model {requested!r} is not served here",
-                       param="model")
+        raise NotFound("model_not_found", f"model {requested!r} is not served here", param="model")
     if allowed is not None and requested not in allowed:
-        raise NotAllowed("model_not_allowed", f"the {tier} tier may not use model {requested!r}",
-                         param="model")
+        raise NotAllowed(
+            "model_not_allowed", f"the {tier} tier may not use model {requested!r}", param="model"
+        )
     return requested
 
 
-def choose_model(limits: RequestLimits, aliases: ModelAliases | None, requested: str | None,
-                 tier: Tier, conversation_id: str) -> ModelChoice:
+def choose_model(
+    limits: RequestLimits,
+    aliases: ModelAliases | None,
+    requested: str | None,
+    tier: Tier,
+    conversation_id: str,
+) -> ModelChoice:
     """`served_model`, or for an alias the version `conversation_id` runs on. A tier
     limited to some models may use an alias it is allowed, or the version picked."""
     choice = aliases.choose(requested, conversation_id) if aliases is not None else None
@@ -59,8 +64,11 @@ def choose_model(limits: RequestLimits, aliases: ModelAliases | None, requested:
         return ModelChoice(served_model(limits, requested, tier))
     allowed = limits.tier_models.get(tier)
     if allowed is not None and choice.alias not in allowed and choice.model not in allowed:
-        raise NotAllowed("model_not_allowed", f"the {tier} tier may not use model "
-                         f"{choice.alias!r}", param="model")
+        raise NotAllowed(
+            "model_not_allowed",
+            f"the {tier} tier may not use model {choice.alias!r}",
+            param="model",
+        )
     return choice
 
 
@@ -77,20 +85,27 @@ def check_message(limits: RequestLimits, content: str, *, allow_empty: bool = Fa
 
 def check_message_count(limits: RequestLimits, count: int) -> None:
     if count > limits.max_messages:
-        raise Invalid("too_many_messages",
-                      f"a request carries at most {limits.max_messages} messages",
-                      param="messages")
+        raise Invalid(
+            "too_many_messages",
+            f"a request carries at most {limits.max_messages} messages",
+            param="messages",
+        )
 
 
 def check_stop(limits: RequestLimits, stop: Sequence[str]) -> None:
     """Stop sequences are matched against every chunk of the answer: few and short."""
     if len(stop) > limits.max_stop_sequences:
-        raise Invalid("too_many_stop_sequences",
-                      f"at most {limits.max_stop_sequences} stop sequences", param="stop")
+        raise Invalid(
+            "too_many_stop_sequences",
+            f"at most {limits.max_stop_sequences} stop sequences",
+            param="stop",
+        )
     if any(len(sequence) > limits.max_stop_chars for sequence in stop):
-        raise Invalid("stop_too_long",
-                      f"a stop sequence holds at most {limits.max_stop_chars} characters",
-                      param="stop")
+        raise Invalid(
+            "stop_too_long",
+            f"a stop sequence holds at most {limits.max_stop_chars} characters",
+            param="stop",
+        )
 
 
 def sampling_options(
@@ -149,6 +164,8 @@ def check_bus_size(limits: RequestLimits, request: GenerationRequest) -> None:
     room = BUS_MESSAGE_BYTES - BUS_HEADROOM_BYTES
     size = bus_bytes(request, limits.models)
     if size > room:
-        raise TooLarge("request_too_large",
-                       f"the request takes {size} bytes on the bus, which carries at most "
-                       f"{room}; send fewer or shorter messages")
+        raise TooLarge(
+            "request_too_large",
+            f"the request takes {size} bytes on the bus, which carries at most "
+            f"{room}; send fewer or shorter messages",
+        )

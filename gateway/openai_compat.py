@@ -113,12 +113,15 @@ async def chat_completions(
 ) -> ChatCompletion | EventStreamResponse:
     generation_request = await admitted_request(completion, owner, deps)
     requests = choice_requests(generation_request, completion.n)
-    generations = await start_choices(deps.pipeline, requests, deps.live,
-                                      StreamTimers(deps.config.stream_stall_s))
+    generations = await start_choices(
+        deps.pipeline, requests, deps.live, StreamTimers(deps.config.stream_stall_s)
+    )
     answer = _Answer.of(generation_request, completion.include_usage)
     if completion.stream:
-        choices = [_StreamedChoice(answer, index, StreamedAnswer(r.tool_use, r.request_id))
-                   for index, r in enumerate(requests)]
+        choices = [
+            _StreamedChoice(answer, index, StreamedAnswer(r.tool_use, r.request_id))
+            for index, r in enumerate(requests)
+        ]
         return event_stream(chunk_events(answer, generations, choices), *generations)
     return await collect(answer, generations, request)
 
@@ -129,14 +132,16 @@ async def admitted_request(
     """The request to queue, once every check has passed: its fields and size (cheap,
     charging nothing), the caller's budgets and rate limits (charged), then its prompt
     in the model's window and every message through the input classifiers."""
-    request = to_generation_request(completion, owner, deps.config, deps.pipeline.reply_to,
-                                    deps.aliases)
+    request = to_generation_request(
+        completion, owner, deps.config, deps.pipeline.reply_to, deps.aliases
+    )
     await admit_generation(request, owner, deps, choices=completion.n)
     return request
 
 
-async def admit_generation(request: GenerationRequest, owner: ApiKey, deps: GatewayDeps,
-                           choices: int = 1) -> None:
+async def admit_generation(
+    request: GenerationRequest, owner: ApiKey, deps: GatewayDeps, choices: int = 1
+) -> None:
     """Every check of an OpenAI-API request after its fields (chat or text completion):
     its size on the bus, the budgets and rate limits (charged, for its `choices`), its
     prompt in the model's window, its logit bias in the model's vocabulary, and what the
@@ -144,15 +149,19 @@ async def admit_generation(request: GenerationRequest, owner: ApiKey, deps: Gate
     check_bus_size(deps.config.limits, request)
     written = [*(m.content for m in request.messages), *filter(None, [request.prompt])]
     prompt = [*written, *tool_texts(request)]
-    await admit(deps.gates, owner, text_tokens(prompt, request.sampling.max_tokens * choices),
-                request.model)
+    await admit(
+        deps.gates, owner, text_tokens(prompt, request.sampling.max_tokens * choices), request.model
+    )
     await check_window(deps.context, request)
     await check_logit_bias(deps.context, request)
     await check_input(deps.gates, owner, request.model, written)
 
 
 def to_generation_request(
-    completion: ChatCompletionRequest, owner: ApiKey, config: GatewayConfig, reply_to: str,
+    completion: ChatCompletionRequest,
+    owner: ApiKey,
+    config: GatewayConfig,
+    reply_to: str,
     aliases: ModelAliases | None = None,
 ) -> GenerationRequest:
     """A completion has no conversation: each is one of its own, so an alias picks a
@@ -190,20 +199,32 @@ async def check_window(context: ContextBuilder, request: GenerationRequest) -> N
             return
         tokens = await context.completion_prompt_tokens(request.model, request.prompt)
         if tokens >= window:
-            raise TooLarge("context_too_long", f"the prompt needs {tokens} tokens; "
-                           f"{request.model} takes {window} in all", param="prompt")
+            raise TooLarge(
+                "context_too_long",
+                f"the prompt needs {tokens} tokens; {request.model} takes {window} in all",
+                param="prompt",
+            )
         return
     tools = template_tools(request.tool_use)
-    most = TEMPLATE_TOKENS + len(orjson.dumps(tools)) + sum(
-        len(m.content.encode()) + TOKENS_PER_MESSAGE
-        + sum(len(c.function.arguments.encode()) + TOKENS_PER_MESSAGE for c in m.tool_calls)
-        for m in request.messages)
+    most = (
+        TEMPLATE_TOKENS
+        + len(orjson.dumps(tools))
+        + sum(
+            len(m.content.encode())
+            + TOKENS_PER_MESSAGE
+            + sum(len(c.function.arguments.encode()) + TOKENS_PER_MESSAGE for c in m.tool_calls)
+            for m in request.messages
+        )
+    )
     if most < window:
         return
     tokens = await context.prompt_tokens(request.model, request.messages, tools)
     if tokens >= window:
-        raise TooLarge("context_too_long", f"the prompt needs {tokens} tokens; "
-                       f"{request.model} takes {window} in all", param="messages")
+        raise TooLarge(
+            "context_too_long",
+            f"the prompt needs {tokens} tokens; {request.model} takes {window} in all",
+            param="messages",
+        )
 
 
 async def check_logit_bias(context: ContextBuilder, request: GenerationRequest) -> None:
@@ -214,8 +235,11 @@ async def check_logit_bias(context: ContextBuilder, request: GenerationRequest) 
     size = await context.vocab_size(request.model)
     unknown = sorted(token for token in bias if token >= size)
     if unknown:
-        raise Unacceptable("invalid_logit_bias", f"logit_bias names token {unknown[0]}; "
-                           f"{request.model} has tokens 0 to {size - 1}", param="logit_bias")
+        raise Unacceptable(
+            "invalid_logit_bias",
+            f"logit_bias names token {unknown[0]}; {request.model} has tokens 0 to {size - 1}",
+            param="logit_bias",
+        )
 
 
 _CONTENT_MARK = "\x00content\x00"
@@ -237,19 +261,45 @@ class _Answer:
 
     @classmethod
     def of(cls, request: GenerationRequest, include_usage: bool) -> _Answer:
-        answer = cls(f"chatcmpl-{request.request_id}", request.model, int(now()), include_usage,
-                     request.tool_use)
+        answer = cls(
+            f"chatcmpl-{request.request_id}",
+            request.model,
+            int(now()),
+            include_usage,
+            request.tool_use,
+        )
         marked = answer.chunk(ChunkDelta(content=_CONTENT_MARK))
         head, found, tail = marked.partition(orjson.dumps(_CONTENT_MARK))
         assert found, "a chunk's JSON must hold its content as orjson writes it"
-        return cls(answer.id, answer.model, answer.created, include_usage, request.tool_use,
-                   (head, tail), request.sampling.logprobs is not None)
+        return cls(
+            answer.id,
+            answer.model,
+            answer.created,
+            include_usage,
+            request.tool_use,
+            (head, tail),
+            request.sampling.logprobs is not None,
+        )
 
-    def chunk(self, delta: ChunkDelta | None, finish_reason: str | None = None, index: int = 0,
-              logprobs: Logprobs = ()) -> bytes:
-        choices = [] if delta is None else [ChunkChoice(
-            index=index, delta=delta, finish_reason=finish_reason,
-            logprobs=ChoiceLogprobs.of(logprobs) if logprobs else None)]
+    def chunk(
+        self,
+        delta: ChunkDelta | None,
+        finish_reason: str | None = None,
+        index: int = 0,
+        logprobs: Logprobs = (),
+    ) -> bytes:
+        choices = (
+            []
+            if delta is None
+            else [
+                ChunkChoice(
+                    index=index,
+                    delta=delta,
+                    finish_reason=finish_reason,
+                    logprobs=ChoiceLogprobs.of(logprobs) if logprobs else None,
+                )
+            ]
+        )
         return sse.openai_chunk(
             ChatCompletionChunk(id=self.id, created=self.created, model=self.model, choices=choices)
         )
@@ -288,8 +338,10 @@ class _StreamedChoice:
                 case Retract():
                     self.retracted = True  # text already sent cannot be taken back here
                 case DeliveryDone():
-                    frames += (answer.chunk(chunk, index=index)
-                               for chunk in self.streamed.end(event, self.retracted))
+                    frames += (
+                        answer.chunk(chunk, index=index)
+                        for chunk in self.streamed.end(event, self.retracted)
+                    )
                     reason = finish_reason(self.streamed.tool_use, event, self.retracted)
                     frames.append(answer.chunk(ChunkDelta(), reason, index=index))
                     self.end = event
@@ -303,25 +355,34 @@ class _StreamedChoice:
         if chunks is None and self.index == 0 and not event.logprobs:
             return [self.answer.content_chunk(event.text)]
         if chunks is None:
-            return [self.answer.chunk(ChunkDelta(content=event.text), index=self.index,
-                                      logprobs=event.logprobs)]
+            return [
+                self.answer.chunk(
+                    ChunkDelta(content=event.text), index=self.index, logprobs=event.logprobs
+                )
+            ]
         return [self.answer.chunk(chunk, index=self.index) for chunk in chunks]
 
 
-async def chunk_events(answer: _Answer, generations: list[Generation],
-                       choices: list[_StreamedChoice]) -> AsyncIterator[bytes]:
+async def chunk_events(
+    answer: _Answer, generations: list[Generation], choices: list[_StreamedChoice]
+) -> AsyncIterator[bytes]:
     """The completion's chunks, each choice's with its index; the usage (asked for)
     once every choice has ended; an error of one choice ends them all."""
-    yield b"".join(answer.chunk(ChunkDelta(role="assistant", content=""), index=choice.index)
-                   for choice in choices)
+    yield b"".join(
+        answer.chunk(ChunkDelta(role="assistant", content=""), index=choice.index)
+        for choice in choices
+    )
     async with aclosing(choice_batches(generations)) as batches:
         async for index, batch in batches:
             choice = choices[index]
             frames = choice.frames(batch)
             ended = [c.end for c in choices if c.end is not None]
             if answer.include_usage and choice.end is not None and len(ended) == len(choices):
-                frames.append(answer.usage_chunk(
-                    CompletionUsage.of(total_usage([end.usage for end in ended]))))
+                frames.append(
+                    answer.usage_chunk(
+                        CompletionUsage.of(total_usage([end.usage for end in ended]))
+                    )
+                )
             if frames:
                 yield b"".join(frames)
             if choice.failed:
@@ -332,20 +393,22 @@ async def chunk_events(answer: _Answer, generations: list[Generation],
     yield sse.done_marker()
 
 
-async def collect(answer: _Answer, generations: list[Generation],
-                  request: Request) -> ChatCompletion:
+async def collect(
+    answer: _Answer, generations: list[Generation], request: Request
+) -> ChatCompletion:
     """The whole answer of every choice; a client that disconnects first cancels the
     generations, and an error of one choice ends them all."""
-    texts = await collected_all(generations, request,
-                                [_ChoiceText() for _ in generations])
+    texts = await collected_all(generations, request, [_ChoiceText() for _ in generations])
     ends = [text.end for text in texts]
     assert all(isinstance(end, DeliveryDone) for end in ends)
     return ChatCompletion(
         id=answer.id,
         created=answer.created,
         model=answer.model,
-        choices=[text.choice(index, answer, end)
-                 for index, (text, end) in enumerate(zip(texts, ends, strict=True))],
+        choices=[
+            text.choice(index, answer, end)
+            for index, (text, end) in enumerate(zip(texts, ends, strict=True))
+        ],
         usage=CompletionUsage.of(total_usage([end.usage for end in ends])),
     )
 
@@ -368,10 +431,14 @@ class _ChoiceText(AnswerText):
 
     def choice(self, index: int, answer: _Answer, end: DeliveryDone) -> Choice:
         retracted = self.retracted
-        return Choice(index=index, message=message(str(self), end, retracted),
-                      finish_reason=finish_reason(answer.tool_use, end, retracted),
-                      logprobs=ChoiceLogprobs.of(tuple(self.logprobs))
-                      if answer.logprobs and not retracted else None)
+        return Choice(
+            index=index,
+            message=message(str(self), end, retracted),
+            finish_reason=finish_reason(answer.tool_use, end, retracted),
+            logprobs=ChoiceLogprobs.of(tuple(self.logprobs))
+            if answer.logprobs and not retracted
+            else None,
+        )
 
 
 def stream_error_chunk(code: str, message: str) -> bytes:

@@ -48,31 +48,37 @@ def check_parameters(completion: ChatCompletionRequest, limits: RequestLimits) -
     check_known_fields(completion)
     for name, why in REFUSED.items():
         if getattr(completion, name) is not None:
-            raise Unacceptable("unsupported_parameter", f"{name} is not supported: {why}",
-                               param=name)
+            raise Unacceptable(
+                "unsupported_parameter", f"{name} is not supported: {why}", param=name
+            )
     for name, (values, why) in ACCEPTED.items():
         value = getattr(completion, name)
         if value is not None and value not in values:
-            raise Unacceptable("unsupported_value",
-                               f"{name} {value!r} is not supported: {why}", param=name)
+            raise Unacceptable(
+                "unsupported_value", f"{name} {value!r} is not supported: {why}", param=name
+            )
     if completion.top_logprobs is not None and not completion.logprobs:
-        raise Unacceptable("invalid_value", "top_logprobs needs logprobs: true",
-                           param="top_logprobs")
+        raise Unacceptable(
+            "invalid_value", "top_logprobs needs logprobs: true", param="top_logprobs"
+        )
     if completion.n > limits.max_choices:
         raise Invalid("too_many_choices", f"n is at most {limits.max_choices}", param="n")
     schema = completion.json_format.get("json_schema")
     if isinstance(schema, dict) and (error := schema_error(schema)) is not None:
-        raise Unacceptable("invalid_response_format", f"response_format's schema is not a "
-                           f"valid JSON Schema: {error}",
-                           param="response_format.json_schema.schema")
+        raise Unacceptable(
+            "invalid_response_format",
+            f"response_format's schema is not a valid JSON Schema: {error}",
+            param="response_format.json_schema.schema",
+        )
 
 
 def check_known_fields(body: BaseModel) -> None:
     """A field the OpenAI request (`body`, kept in its `model_extra`) does not define:
     400 `unknown_parameter` naming it, as OpenAI refuses it."""
     for name in body.model_extra or {}:
-        raise Unacceptable("unknown_parameter",
-                           f"Unrecognized request argument supplied: {name}", param=name)
+        raise Unacceptable(
+            "unknown_parameter", f"Unrecognized request argument supplied: {name}", param=name
+        )
 
 
 def chat_sampling(completion: ChatCompletionRequest, limits: RequestLimits) -> SamplingOptions:
@@ -87,8 +93,11 @@ def chat_sampling(completion: ChatCompletionRequest, limits: RequestLimits) -> S
         seed=completion.seed,
         stop=completion.stop_sequences,
         ignore_eos=completion.ignore_eos,
-        engine={**completion.engine_sampling(), **completion.json_format,
-                **({} if logprobs is None else {"logprobs": logprobs})},
+        engine={
+            **completion.engine_sampling(),
+            **completion.json_format,
+            **({} if logprobs is None else {"logprobs": logprobs}),
+        },
     )
 
 

@@ -40,8 +40,9 @@ class Pipeline(Protocol):
     async def submit(self, request: GenerationRequest) -> RequestStream:
         """Queue the request; the stream is registered before the request is sent."""
 
-    async def follow(self, request_id: str, conversation_id: str, partition: int,
-                     offset: int) -> RequestStream:
+    async def follow(
+        self, request_id: str, conversation_id: str, partition: int, offset: int
+    ) -> RequestStream:
         """A stored answer's events from its marker at (partition, offset) on."""
 
     async def cancel(self, request_id: str, reason: str = "client_disconnected") -> None:
@@ -68,4 +69,3 @@ class Pipeline(Protocol):
     def overloaded(self, tier: Tier, model: str) -> float | None:
         """Retry-After seconds while the scheduler deciding for `model` sheds `tier`'s
         new requests, else None."""
-

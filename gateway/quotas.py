@@ -31,8 +31,10 @@ class Budget:
 
 def budgets_for(owner: ApiKey, user_budget: int | None, org_budget: int | None) -> list[Budget]:
     """The budgets that apply to `owner`, user first; a None budget is off."""
-    budgets = [(Account.user(owner.org_id, owner.user_id), user_budget),
-               (Account.org(owner.org_id), org_budget)]
+    budgets = [
+        (Account.user(owner.org_id, owner.user_id), user_budget),
+        (Account.org(owner.org_id), org_budget),
+    ]
     return [Budget(account, tokens) for account, tokens in budgets if tokens is not None]
 
 
@@ -44,8 +46,10 @@ def exhausted(budgets: Sequence[Budget], used: Mapping[Account, int]) -> Budget 
 def quota_exceeded(budget: Budget, used: int, window: PeriodWindow, now: float) -> ApiError:
     """429 naming the budget, how much of it is used, and when it resets."""
     resets_at = window.end.strftime("%Y-%m-%dT%H:%M:%SZ")
-    message = (f"{budget.account.scope} token budget exhausted: {used} of {budget.tokens}"
-               f" tokens used this {window.period} ({window.key}); it resets at {resets_at}")
+    message = (
+        f"{budget.account.scope} token budget exhausted: {used} of {budget.tokens}"
+        f" tokens used this {window.period} ({window.key}); it resets at {resets_at}"
+    )
     retry_after = max(1, ceil(window.seconds_left(now)))
     return ApiError(429, "quota_exceeded", message, headers={"Retry-After": str(retry_after)})
 
@@ -70,8 +74,12 @@ class QuotaGate:
 
     @classmethod
     def from_config(cls, config: QuotaConfig, ledger: UsageLedger) -> QuotaGate:
-        return cls(ledger, user_budget=config.user_token_budget,
-                   org_budget=config.org_token_budget, period=config.period)
+        return cls(
+            ledger,
+            user_budget=config.user_token_budget,
+            org_budget=config.org_token_budget,
+            period=config.period,
+        )
 
     async def check(self, owner: ApiKey) -> None:
         """Return if every budget of `owner` has tokens left; raise 429 quota_exceeded if not."""

@@ -190,22 +190,29 @@ def rate_limited(check: Check, headers: dict[str, str]) -> ApiError:
     limit, wait = check.limit, check.window.wait_for(check.cost)
     if wait == inf:
         # Waiting cannot help: say so rather than send a Retry-After that lies.
-        message = (f"{limit.name} is {limit.per_minute} and this request needs {check.cost}"
-                   " on its own; send a shorter prompt or a smaller max_tokens")
+        message = (
+            f"{limit.name} is {limit.per_minute} and this request needs {check.cost}"
+            " on its own; send a shorter prompt or a smaller max_tokens"
+        )
         return ApiError(429, "rate_limited", message, headers=headers)
     retry_after = max(1, ceil(wait))
-    message = (f"{limit.name} reached: {check.window.used} of {limit.per_minute} used in the"
-               f" last minute, this request needs {check.cost}; retry in {retry_after} s")
-    return ApiError(429, "rate_limited", message,
-                    headers={"Retry-After": str(retry_after), **headers})
+    message = (
+        f"{limit.name} reached: {check.window.used} of {limit.per_minute} used in the"
+        f" last minute, this request needs {check.cost}; retry in {retry_after} s"
+    )
+    return ApiError(
+        429, "rate_limited", message, headers={"Retry-After": str(retry_after), **headers}
+    )
 
 
 def per_process(uri: str) -> str | None:
     """Why limits kept at `uri` are not shared by several gateways (None: they are): a
     user would get each gateway's limits in full."""
     if uri.removeprefix("async+").startswith("memory://"):
-        return (f"rate limits in {uri} are this gateway's own: with N gateways a user gets "
-                "N times them; set CHATPIPE_RATE_LIMIT_STORAGE=redis://host:6379, shared")
+        return (
+            f"rate limits in {uri} are this gateway's own: with N gateways a user gets "
+            "N times them; set CHATPIPE_RATE_LIMIT_STORAGE=redis://host:6379, shared"
+        )
     return None
 
 
@@ -247,8 +254,9 @@ class RateLimiter:
             if refused is not None:
                 raise rate_limited(refused, ratelimit_headers(checks))
             for check in checks:
-                if not await self.strategy.hit(check.limit.item, *check.limit.identifiers,
-                                               cost=check.cost):
+                if not await self.strategy.hit(
+                    check.limit.item, *check.limit.identifiers, cost=check.cost
+                ):
                     raced = replace(check, window=await self._window(check.limit))
                     raise rate_limited(raced, ratelimit_headers(checks))
         except StorageError as exc:
@@ -268,7 +276,8 @@ class RateLimiter:
                 if limit.quantity == "tokens":
                     item = limit.item
                     await storage.acquire_sliding_window_entry(
-                        item.key_for(*limit.identifiers), UNBOUNDED, item.get_expiry(), tokens)
+                        item.key_for(*limit.identifiers), UNBOUNDED, item.get_expiry(), tokens
+                    )
         except StorageError as exc:
             log.warning("rate limit storage unavailable, tokens not charged: %s", exc)
 
@@ -282,8 +291,10 @@ class RateLimiter:
     async def _checks(self, owner: ApiKey, tokens: int) -> list[Check]:
         limits = limits_for(self.config, owner)
         windows = await asyncio.gather(*(self._window(limit) for limit in limits))
-        return [Check(limit, window, 1 if limit.quantity == "requests" else tokens)
-                for limit, window in zip(limits, windows, strict=True)]
+        return [
+            Check(limit, window, 1 if limit.quantity == "requests" else tokens)
+            for limit, window in zip(limits, windows, strict=True)
+        ]
 
     async def _window(self, limit: Limit) -> WindowCount:
         item = limit.item

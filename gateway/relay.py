@@ -52,9 +52,14 @@ TERMINAL = (DeliveryDone, DeliveryError)
 class KafkaPipeline:
     """`gateway.pipeline.Pipeline` over Kafka; `async with` starts and stops it."""
 
-    def __init__(self, kafka: KafkaConfig, gateway_id: str, partitions: int = 4,
-                 heartbeat_interval_s: float = 1.0, aliases: ModelAliases | None = None,
-                 ) -> None:
+    def __init__(
+        self,
+        kafka: KafkaConfig,
+        gateway_id: str,
+        partitions: int = 4,
+        heartbeat_interval_s: float = 1.0,
+        aliases: ModelAliases | None = None,
+    ) -> None:
         """`aliases`: kept current from `chat.rollout`, read from its start (the last
         record of each alias wins), live from then on."""
         self.kafka = kafka
@@ -63,8 +68,14 @@ class KafkaPipeline:
         also_read = {TopicPartition(topics.SCHEDULER, 0): self._scheduler_status}
         if aliases is not None:
             also_read[TopicPartition(topics.ROLLOUT, 0)] = self._rollout
-        self.requests = RequestReplyClient(kafka, gateway_id, partitions, heartbeat_interval_s,
-                                           also_read=also_read, on_reroute=self.taken)
+        self.requests = RequestReplyClient(
+            kafka,
+            gateway_id,
+            partitions,
+            heartbeat_interval_s,
+            also_read=also_read,
+            on_reroute=self.taken,
+        )
         self.follower = AnswerFollower(kafka)
         self._holds: dict[str, asyncio.Task[None]] = {}
         self._reroutes: set[asyncio.Task[None]] = set()
@@ -100,39 +111,44 @@ class KafkaPipeline:
         """Write the stored answer's marker on `chat.answers`; returns its (partition,
         offset): where any gateway reads the answer from."""
         metadata = await self.requests.publisher.send_and_wait(
-            topics.ANSWERS, answer_started(request), key=request.conversation_id)
+            topics.ANSWERS, answer_started(request), key=request.conversation_id
+        )
         return metadata.partition, metadata.offset
 
-    async def record_replay(self, request: GenerationRequest, events: list[DeliverEvent],
-                            usage: UsageEvent) -> None:
+    async def record_replay(
+        self, request: GenerationRequest, events: list[DeliverEvent], usage: UsageEvent
+    ) -> None:
         """A cached answer replayed without the pipeline (`gateway.cached_pipeline`): a
         stored one's events after its marker on `chat.answers`, as safety writes a
         generated one's, and its usage on `chat.usage`."""
         if request.store:
             for event in events:
-                await self.requests.publisher.send(topics.ANSWERS, event,
-                                                   key=request.conversation_id)
+                await self.requests.publisher.send(
+                    topics.ANSWERS, event, key=request.conversation_id
+                )
         await self.requests.publisher.send(topics.USAGE, usage, key=usage.user_id)
 
     async def submit(self, request: GenerationRequest) -> DeliveryStream:
         return await self.requests.submit(request)
 
-    async def follow(self, request_id: str, conversation_id: str, partition: int,
-                     offset: int) -> FollowedAnswer:
+    async def follow(
+        self, request_id: str, conversation_id: str, partition: int, offset: int
+    ) -> FollowedAnswer:
         """An answer's events from its marker on, read from `chat.answers`."""
         return await self.follower.follow(request_id, conversation_id, partition, offset)
 
-    async def cancel(self, request_id: str, reason: str = "client_disconnected",
-                     held_by: str | None = None) -> None:
+    async def cancel(
+        self, request_id: str, reason: str = "client_disconnected", held_by: str | None = None
+    ) -> None:
         await self.requests.cancel(request_id, reason, held_by)
 
     async def moderate(self, event: ModerationEvent) -> None:
-        await self.requests.publisher.send(topics.MODERATION, event,
-                                           key=event.conversation_id)
+        await self.requests.publisher.send(topics.MODERATION, event, key=event.conversation_id)
 
     async def feedback(self, event: FeedbackEvent) -> None:
-        await self.requests.publisher.send_and_wait(topics.FEEDBACK, event,
-                                                    key=event.conversation_id)
+        await self.requests.publisher.send_and_wait(
+            topics.FEEDBACK, event, key=event.conversation_id
+        )
 
     async def usage(self, event: UsageEvent) -> None:
         await self.requests.publisher.send(topics.USAGE, event, key=event.user_id)
@@ -147,8 +163,9 @@ class KafkaPipeline:
         (here or on another gateway) within `grace_s`."""
         if request_id in self._holds:
             return
-        task = asyncio.create_task(self._hold(request_id, stream, grace_s),
-                                   name=f"hold:{request_id}")
+        task = asyncio.create_task(
+            self._hold(request_id, stream, grace_s), name=f"hold:{request_id}"
+        )
         self._holds[request_id] = task
         task.add_done_callback(lambda _: self._holds.pop(request_id, None))
 
@@ -177,8 +194,9 @@ class KafkaPipeline:
         if held_by == self.reply_to:
             self.taken(request_id)
         else:
-            task = asyncio.create_task(self._tell_holder(held_by, reroute),
-                                       name=f"reroute:{request_id}")
+            task = asyncio.create_task(
+                self._tell_holder(held_by, reroute), name=f"reroute:{request_id}"
+            )
             self._reroutes.add(task)
             task.add_done_callback(self._reroutes.discard)
         await self.requests.publisher.send(topics.CONTROL, reroute, key=request_id)
@@ -189,8 +207,9 @@ class KafkaPipeline:
         try:
             await self.requests.publisher.send(held_by, reroute, key=reroute.request_id)
         except Exception:  # logged; the resume goes on
-            log.info("could not tell %s that %s resumed here", held_by, reroute.request_id,
-                     exc_info=True)
+            log.info(
+                "could not tell %s that %s resumed here", held_by, reroute.request_id, exc_info=True
+            )
 
     def rewind(self) -> None:
         """The broker lost every record (an embedded broker restarted): read this

@@ -94,8 +94,14 @@ def cache_key(request: GenerationRequest, system_prompt: str = "") -> str | None
     return hashlib.sha256(orjson.dumps(keyed, option=orjson.OPT_SORT_KEYS)).hexdigest()
 
 
-def entry_to_keep(request: GenerationRequest, key: str, text: AnswerText, answered_by: str,
-                  now: float, ttl_s: float) -> CachedResponse | None:
+def entry_to_keep(
+    request: GenerationRequest,
+    key: str,
+    text: AnswerText,
+    answered_by: str,
+    now: float,
+    ttl_s: float,
+) -> CachedResponse | None:
     """What to cache of `request`'s ended answer (`text`, by model `answered_by`), or None:
     not answered whole (stopped early, cancelled, failed, retracted), or by another model."""
     end = text.end
@@ -109,8 +115,12 @@ def entry_to_keep(request: GenerationRequest, key: str, text: AnswerText, answer
         status=end.status, created_at=now, expires_at=now + ttl_s)  # fmt: skip
 
 
-def paced_chunks(content: str, tokens: int, tokens_per_s: float, chunk_s: float,
-                 ) -> list[tuple[float, str]]:
+def paced_chunks(
+    content: str,
+    tokens: int,
+    tokens_per_s: float,
+    chunk_s: float,
+) -> list[tuple[float, str]]:
     """`content` (`tokens` long) as (seconds after the start, text) chunks: one every
     `chunk_s`, each about `tokens_per_s * chunk_s` tokens, the first at 0. The text is
     cut at even character positions (a token is about `len(content) / tokens` chars)."""
@@ -120,18 +130,20 @@ def paced_chunks(content: str, tokens: int, tokens_per_s: float, chunk_s: float,
     count = min(len(content), max(1, math.ceil(max(tokens, 1) / per_chunk)))
     cuts = [round(i * len(content) / count) for i in range(count + 1)]
     interval = per_chunk / tokens_per_s
-    return [(i * interval, content[cuts[i]:cuts[i + 1]]) for i in range(count)]
+    return [(i * interval, content[cuts[i] : cuts[i + 1]]) for i in range(count)]
 
 
-def replay(request: GenerationRequest, entry: CachedResponse, tokens_per_s: float,
-           chunk_s: float) -> list[tuple[float, DeliverEvent]]:
+def replay(
+    request: GenerationRequest, entry: CachedResponse, tokens_per_s: float, chunk_s: float
+) -> list[tuple[float, DeliverEvent]]:
     """The delivery events of `entry` replayed for `request`, each with when to show it
     (seconds after the start): paced deltas, then the end with the last of them, its usage
     the entry's tokens marked `cache: "hit"` (the whole prompt counted as cached)."""
     chunks = paced_chunks(entry.content, entry.completion_tokens, tokens_per_s, chunk_s)
     ids = dict(request_id=request.request_id, attempt=request.attempt)
     events: list[tuple[float, DeliverEvent]] = [
-        (at, Delta(**ids, seq=seq, text=text)) for seq, (at, text) in enumerate(chunks)]
+        (at, Delta(**ids, seq=seq, text=text)) for seq, (at, text) in enumerate(chunks)
+    ]
     usage = Usage(prompt_tokens=entry.prompt_tokens, completion_tokens=entry.completion_tokens,
                   cached_tokens=entry.prompt_tokens, cache="hit")  # fmt: skip
     done = DeliveryDone(**ids, seq=len(chunks), status=entry.status, usage=usage,

@@ -60,8 +60,11 @@ def ended(response: ResponseObject, text: str, status: RequestStatus, usage: Usa
     state, reason = response_status(status)
     if state == "failed" and error is None:
         error = ResponseError(code="server_error", message="the answer failed")
-    item = OutputMessage(id=item_id(response), content=[OutputText(text=text)],
-                         status="completed" if state == "completed" else "incomplete")
+    item = OutputMessage(
+        id=item_id(response),
+        content=[OutputText(text=text)],
+        status="completed" if state == "completed" else "incomplete",
+    )
     return response.model_copy(update={
         "status": state, "output": [item], "error": error,
         "incomplete_details": IncompleteDetails(reason=reason) if reason else None,
@@ -72,8 +75,9 @@ def answered(response: ResponseObject, answer: AnswerText) -> ResponseObject:
     """`response` as its collected answer ended (`answer.end` is set)."""
     match end := answer.end:
         case DeliveryError():
-            return ended(response, str(answer), RequestStatus.FINISHED_ERROR, None,
-                         ResponseError.of(end))
+            return ended(
+                response, str(answer), RequestStatus.FINISHED_ERROR, None, ResponseError.of(end)
+            )
         case DeliveryDone():
             status = RequestStatus.FINISHED_FILTERED if answer.retracted else end.status
             return ended(response, str(answer), status, end.usage)
@@ -85,8 +89,11 @@ def stored(response: ResponseObject, message: StoredMessage) -> ResponseObject:
     state, _ = response_status(message.status)
     if state == "in_progress":
         return response.model_copy(update={"status": "in_progress"})
-    usage = Usage(prompt_tokens=message.prompt_tokens, completion_tokens=message.tokens,
-                  cached_tokens=message.cached_tokens)
+    usage = Usage(
+        prompt_tokens=message.prompt_tokens,
+        completion_tokens=message.tokens,
+        cached_tokens=message.cached_tokens,
+    )
     return ended(response, message.content, message.status, usage)
 
 
@@ -126,8 +133,13 @@ class ResponseEvents:
             return []
         match event:
             case Delta() if not self.answer.retracted:
-                return self._after([TextDeltaEvent(sequence_number=HEAD + event.seq,
-                                                   item_id=self.item_id, delta=event.text)])
+                return self._after(
+                    [
+                        TextDeltaEvent(
+                            sequence_number=HEAD + event.seq, item_id=self.item_id, delta=event.text
+                        )
+                    ]
+                )
             case DeliveryDone() | DeliveryError():
                 return self._after(self._end(HEAD + event.seq))
         return []
@@ -135,8 +147,11 @@ class ResponseEvents:
     def _end(self, first: int) -> list[ResponseEvent]:
         final = self.final
         assert final is not None
-        end = ResponseLifecycleEvent(type=_END_EVENT.get(final.status, "response.incomplete"),
-                                     sequence_number=first, response=final)
+        end = ResponseLifecycleEvent(
+            type=_END_EVENT.get(final.status, "response.incomplete"),
+            sequence_number=first,
+            response=final,
+        )
         if final.status == "failed":
             return [end]
         [item] = final.output

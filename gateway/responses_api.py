@@ -97,8 +97,9 @@ async def create_response(
         head, generation = await _start_unstored(deps, owner, body)
     if body.background:
         conversation_id = head.conversation.id if head.conversation is not None else ""
-        deps.background.start((f"response {generation.request_id}", conversation_id),
-                              _read_to_end(generation))
+        deps.background.start(
+            (f"response {generation.request_id}", conversation_id), _read_to_end(generation)
+        )
         if body.stream:
             return await _followed(deps, head, generation.request_id)
         return head.model_copy(update={"status": "queued"})
@@ -142,10 +143,16 @@ async def _followed(deps: GatewayDeps, head: ResponseObject, request_id: str,
     record = await deps.store.get_request(request_id)
     if record is None:
         raise _not_found(head.id)
-    followed = await deps.pipeline.follow(record.request_id, record.conversation_id,
-                                          record.answers_partition, record.answers_offset)
-    generation = Generation(deps.pipeline, record.request_id, followed, StreamRelay(),
-                            StreamTimers(deps.config.stream_stall_s, cancels=False))
+    followed = await deps.pipeline.follow(
+        record.request_id, record.conversation_id, record.answers_partition, record.answers_offset
+    )
+    generation = Generation(
+        deps.pipeline,
+        record.request_id,
+        followed,
+        StreamRelay(),
+        StreamTimers(deps.config.stream_stall_s, cancels=False),
+    )
     return event_stream(response_frames(ResponseEvents(head, after), generation), generation)
 
 
@@ -185,8 +192,13 @@ async def response_frames(events: ResponseEvents, generation: Generation
             if shown:
                 yield _frames(shown)
     if not generation.finished:
-        yield _frames([ResponseErrorEvent(sequence_number=events.last + 1,
-                                          code="stream_interrupted", message=INTERRUPTED)])
+        yield _frames(
+            [
+                ResponseErrorEvent(
+                    sequence_number=events.last + 1, code="stream_interrupted", message=INTERRUPTED
+                )
+            ]
+        )
 
 
 def _frames(events: list[ResponseEvent]) -> bytes:
@@ -197,11 +209,14 @@ async def _start_stored(deps: GatewayDeps, owner: ApiKey, body: ResponseRequest
                         ) -> tuple[ResponseObject, Generation]:  # fmt: skip
     items = body.conversation_items
     if not items or items[-1].role != "user":
-        raise Unacceptable("invalid_input", "input must end with a user message",
-                           param="input")
+        raise Unacceptable("invalid_input", "input must end with a user message", param="input")
     conversation, thread = await _continued(deps.store, owner, body.previous_response_id)
-    options = TurnOptions(model=body.model, max_tokens=body.max_output_tokens,
-                          temperature=body.temperature, top_p=body.top_p)
+    options = TurnOptions(
+        model=body.model,
+        max_tokens=body.max_output_tokens,
+        temperature=body.temperature,
+        top_p=body.top_p,
+    )
     turn = await start_reply(deps.turns, owner, conversation, thread, items[-1].text, options,
                              earlier=[(Role(item.role), item.text) for item in items[:-1]],
                              instructions=body.all_instructions,
@@ -215,10 +230,14 @@ async def _continued(store: ConversationStore, owner: ApiKey, previous: str | No
     """The conversation a response continues and the thread up to `previous`'s answer;
     without one, a new conversation (not stored yet)."""
     if previous is None:
-        return Conversation(conversation_id=uuid.uuid4().hex, user_id=owner.user_id,
-                            title="", created_at=now(), org_id=owner.org_id), []
-    message, conversation = await owned_response(store, owner, previous,
-                                                 "previous_response_id")
+        return Conversation(
+            conversation_id=uuid.uuid4().hex,
+            user_id=owner.user_id,
+            title="",
+            created_at=now(),
+            org_id=owner.org_id,
+        ), []
+    message, conversation = await owned_response(store, owner, previous, "previous_response_id")
     if not answer_ended(message):
         raise reply_pending()
     tree = await store.get_tree(conversation.conversation_id)
@@ -230,9 +249,9 @@ async def _start_unstored(deps: GatewayDeps, owner: ApiKey, body: ResponseReques
     """As a chat completion: the instructions, the previous response's thread, `input`."""
     history: list[StoredMessage] = []
     if body.previous_response_id is not None:
-        message, conversation = await owned_response(deps.store, owner,
-                                                     body.previous_response_id,
-                                                     "previous_response_id")
+        message, conversation = await owned_response(
+            deps.store, owner, body.previous_response_id, "previous_response_id"
+        )
         tree = await deps.store.get_tree(conversation.conversation_id)
         history = prompt_turns(tree.path_to(message.message_id))
     instructions = body.all_instructions
@@ -242,12 +261,17 @@ async def _start_unstored(deps: GatewayDeps, owner: ApiKey, body: ResponseReques
         *(InputMessage(role=item.role, content=item.text) for item in body.conversation_items),
     ]  # fmt: skip
     model = body.model or served_model(deps.config.limits, None, owner.tier)
-    completion = ChatCompletionRequest(model=model, messages=messages,
-                                       max_tokens=body.max_output_tokens,
-                                       temperature=body.temperature, top_p=body.top_p)
+    completion = ChatCompletionRequest(
+        model=model,
+        messages=messages,
+        max_tokens=body.max_output_tokens,
+        temperature=body.temperature,
+        top_p=body.top_p,
+    )
     request = await admitted_request(completion, owner, deps)
-    generation = await start_generation(deps.pipeline, request, deps.live,
-                                        timers=StreamTimers(deps.config.stream_stall_s))
+    generation = await start_generation(
+        deps.pipeline, request, deps.live, timers=StreamTimers(deps.config.stream_stall_s)
+    )
     return _head(body, request), generation
 
 

@@ -34,8 +34,10 @@ def check_weights(alias: str, weights: Weights, served: Collection[str]) -> dict
         raise RolloutError(f"alias {alias!r}: name at least one version")
     unknown = sorted(set(weights) - set(served))
     if unknown:
-        raise RolloutError(f"alias {alias!r}: {', '.join(unknown)} not served here "
-                           f"(served: {', '.join(sorted(served))})")
+        raise RolloutError(
+            f"alias {alias!r}: {', '.join(unknown)} not served here "
+            f"(served: {', '.join(sorted(served))})"
+        )
     for version, weight in weights.items():
         if not weight >= 0 or weight == float("inf"):
             raise RolloutError(f"alias {alias!r}: weight of {version} must be a number >= 0")
@@ -86,16 +88,19 @@ def pick(alias: str, weights: Weights, conversation_id: str) -> str:
     return chosen  # rounding at the very top of the range
 
 
-def rollback_weights(alias: str, history: Sequence[Weights], to: str | None,
-                     served: Collection[str]) -> dict[str, float]:
+def rollback_weights(
+    alias: str, history: Sequence[Weights], to: str | None, served: Collection[str]
+) -> dict[str, float]:
     """The weights a rollback of `alias` sets: `to` alone at 100 %, or (`to` None) the
     weights before the current ones in `history` (oldest first, the current last:
     the settings' weights, then each `chat.rollout` record of the alias)."""
     if to is not None:
         return check_weights(alias, {to: 1.0}, served)
     if len(history) < 2:
-        raise RolloutError(f"alias {alias!r} has no earlier weights to roll back to; "
-                           "name a version: rollback ALIAS --to VERSION")
+        raise RolloutError(
+            f"alias {alias!r} has no earlier weights to roll back to; "
+            "name a version: rollback ALIAS --to VERSION"
+        )
     return check_weights(alias, history[-2], served)
 
 
@@ -114,8 +119,9 @@ class ModelAliases:
 
     def __init__(self, initial: Mapping[str, Weights], served: Collection[str]) -> None:
         self.served = tuple(served)
-        self._weights = {alias: check_weights(alias, weights, self.served)
-                         for alias, weights in initial.items()}
+        self._weights = {
+            alias: check_weights(alias, weights, self.served) for alias, weights in initial.items()
+        }
 
     def apply(self, record: RolloutSet) -> None:
         """Take a `chat.rollout` record (read in order): its weights win from now on.
@@ -135,5 +141,4 @@ class ModelAliases:
         `requested` is no alias (a served model, or unknown: the caller checks it)."""
         if requested is None or requested not in self._weights:
             return None
-        return ModelChoice(pick(requested, self._weights[requested], conversation_id),
-                           requested)
+        return ModelChoice(pick(requested, self._weights[requested], conversation_id), requested)

@@ -21,14 +21,20 @@ def server_tool_use(config: ServerToolsConfig, choice: str) -> ToolUse | None:
     if choice == "none":
         return None
     if not config.tools:
-        raise Unacceptable("invalid_tool_choice", "no server tools are on here "
-                           "(CHATPIPE_SERVER_TOOLS)", param="tool_choice")
+        raise Unacceptable(
+            "invalid_tool_choice",
+            "no server tools are on here (CHATPIPE_SERVER_TOOLS)",
+            param="tool_choice",
+        )
     if choice in ("auto", "required"):
         return ToolUse(tools=config.tools, choice=choice, parallel=True)
     if all(tool.function.name != choice for tool in config.tools):
         names = ", ".join(tool.function.name for tool in config.tools)
-        raise NotFound("tool_not_found", f"tool_choice names {choice!r}, which is not a "
-                       f"server tool on here ({names})", param="tool_choice")
+        raise NotFound(
+            "tool_not_found",
+            f"tool_choice names {choice!r}, which is not a server tool on here ({names})",
+            param="tool_choice",
+        )
     return ToolUse(tools=config.tools, choice="function", function=choice, parallel=False)
 
 
@@ -37,8 +43,11 @@ def with_server_tools(request: GenerationRequest, config: ServerToolsConfig,
     """The turn's first round, offered `tool_use` (unchanged without it)."""
     if tool_use is None:
         return request
-    return request.model_copy(update={
-        "tool_use": tool_use,
-        "server_tools": ServerToolTurn(answer_id=request.request_id,
-                                       max_rounds=config.max_rounds)})
-
+    return request.model_copy(
+        update={
+            "tool_use": tool_use,
+            "server_tools": ServerToolTurn(
+                answer_id=request.request_id, max_rounds=config.max_rounds
+            ),
+        }
+    )

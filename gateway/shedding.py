@@ -27,8 +27,9 @@ class Shedding:
     def retry_after(self, tier: Tier, model: str, now: float) -> float | None:
         """Seconds to wait before retrying while the shard deciding for `model` sheds
         `tier` (its status no older than STATUS_FRESH_S at wall time `now`), else None."""
-        status = next((s for s in self._by_shard.values() if model in s.models),
-                      self._by_shard.get(""))
+        status = next(
+            (s for s in self._by_shard.values() if model in s.models), self._by_shard.get("")
+        )
         if status is None or status.sent_at < now - STATUS_FRESH_S:
             return None
         tier_status = status.tiers.get(tier)

@@ -31,8 +31,10 @@ LINGER_S = 2.0
 
 
 def _refusal(status: int, reason: str) -> bytes:
-    return (f"HTTP/1.1 {status} {reason}\r\ncontent-type: text/plain; charset=utf-8\r\n"
-            f"content-length: {len(reason)}\r\nconnection: close\r\n\r\n{reason}").encode()
+    return (
+        f"HTTP/1.1 {status} {reason}\r\ncontent-type: text/plain; charset=utf-8\r\n"
+        f"content-length: {len(reason)}\r\nconnection: close\r\n\r\n{reason}"
+    ).encode()
 
 
 class _LingeringTransport:

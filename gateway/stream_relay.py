@@ -18,8 +18,11 @@ STALLED_MESSAGE = "the answer stopped arriving; it was cancelled"
 
 
 class StreamRelay:
-    def __init__(self, started: AnswerStarted | None = None, after_id: int | None = None,
-                 ) -> None:
+    def __init__(
+        self,
+        started: AnswerStarted | None = None,
+        after_id: int | None = None,
+    ) -> None:
         self.builder = AnswerBuilder(started) if started is not None else None
         self._log = self.builder.log if self.builder is not None else AnswerLog()
         self.after_id = after_id
@@ -46,8 +49,13 @@ class StreamRelay:
 
     def stall(self, request_id: str) -> DeliveryError:
         """Nothing came for too long: the end the client gets (it takes the next id)."""
-        end = DeliveryError(request_id=request_id, attempt=max(self._log.attempt, 0),
-                            seq=self._log.next_seq, code="stalled", message=STALLED_MESSAGE)
+        end = DeliveryError(
+            request_id=request_id,
+            attempt=max(self._log.attempt, 0),
+            seq=self._log.next_seq,
+            code="stalled",
+            message=STALLED_MESSAGE,
+        )
         # the newest attempt's: an end from an older one would be dropped by the answer rule
         self.add(end)
         return end

@@ -51,8 +51,7 @@ class TokenCounter:
 
         return cls(AutoTokenizer.from_pretrained(str(model_dir)))
 
-    def render(self, messages: list[ChatMessage],
-               tools: list[dict[str, Any]] | None = None) -> str:
+    def render(self, messages: list[ChatMessage], tools: list[dict[str, Any]] | None = None) -> str:
         """The prompt text: chat template with the generation prompt (and `tools`), or a
         plain `role: content` transcript for a tokenizer without a template."""
         dicts = template_messages(messages)
@@ -63,8 +62,9 @@ class TokenCounter:
                 )
         return "".join(f"{m['role']}: {m['content']}\n" for m in dicts) + "assistant: "
 
-    def count_prompt(self, messages: list[ChatMessage],
-                     tools: list[dict[str, Any]] | None = None) -> int:
+    def count_prompt(
+        self, messages: list[ChatMessage], tools: list[dict[str, Any]] | None = None
+    ) -> int:
         """Tokens of the prompt (with the `tools` it shows the model, OpenAI function
         tools): what the engine reports as prompt_tokens."""
         if not self._templated:

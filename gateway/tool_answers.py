@@ -71,8 +71,18 @@ def call_chunks(calls: ToolCalls) -> list[ChunkDelta]:
     """Every call whole, one chunk each (after the text beside them, if any)."""
     chunks = [ChunkDelta(content=calls.content)] if calls.content else []
     for index, call in enumerate(calls.calls):
-        chunks.append(ChunkDelta(tool_calls=[ChunkToolCall(
-            index=index, id=call.id, type="function",
-            function=ChunkFunction(name=call.function.name,
-                                   arguments=call.function.arguments))]))
+        chunks.append(
+            ChunkDelta(
+                tool_calls=[
+                    ChunkToolCall(
+                        index=index,
+                        id=call.id,
+                        type="function",
+                        function=ChunkFunction(
+                            name=call.function.name, arguments=call.function.arguments
+                        ),
+                    )
+                ]
+            )
+        )
     return chunks

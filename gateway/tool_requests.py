@@ -32,8 +32,9 @@ def tool_use(completion: ChatCompletionRequest, limits: RequestLimits) -> ToolUs
     choice = completion.tool_choice
     if not tools:
         if choice not in (None, "none", "auto"):
-            raise Unacceptable("invalid_tool_choice", "a tool choice needs `tools`",
-                               param="tool_choice")
+            raise Unacceptable(
+                "invalid_tool_choice", "a tool choice needs `tools`", param="tool_choice"
+            )
         return None
     _check_tools(tools, limits)
     if choice == "none":
@@ -43,15 +44,19 @@ def tool_use(completion: ChatCompletionRequest, limits: RequestLimits) -> ToolUs
         return ToolUse(tools=tuple(tools), choice=choice or "auto", parallel=parallel)
     name = choice.function.name
     if all(tool.function.name != name for tool in tools):
-        raise NotFound("tool_not_found", f"tool_choice names {name!r}, which is not one of "
-                       "`tools`", param="tool_choice.function.name")
+        raise NotFound(
+            "tool_not_found",
+            f"tool_choice names {name!r}, which is not one of `tools`",
+            param="tool_choice.function.name",
+        )
     return ToolUse(tools=tuple(tools), choice="function", function=name, parallel=parallel)
 
 
 def _check_tools(tools: list[ToolSpec], limits: RequestLimits) -> None:
     if len(tools) > limits.max_tools:
-        raise Unacceptable("too_many_tools", f"a request offers at most {limits.max_tools} "
-                           "tools", param="tools")
+        raise Unacceptable(
+            "too_many_tools", f"a request offers at most {limits.max_tools} tools", param="tools"
+        )
     definitions: dict[str, object] = {}
     for index, tool in enumerate(tools):
         function = tool.function
@@ -61,16 +66,25 @@ def _check_tools(tools: list[ToolSpec], limits: RequestLimits) -> None:
         param = f"tools.{index}.function.parameters"
         error = schema_error(parameters)
         if error is not None:
-            raise Unacceptable("invalid_tools", f"the parameters of {function.name!r} are not "
-                               f"a valid JSON Schema: {error}", param=param)
+            raise Unacceptable(
+                "invalid_tools",
+                f"the parameters of {function.name!r} are not a valid JSON Schema: {error}",
+                param=param,
+            )
         if parameters.get("type", "object") != "object":
-            raise Unacceptable("invalid_tools", f"the parameters of {function.name!r} must "
-                               "describe an object", param=param)
+            raise Unacceptable(
+                "invalid_tools",
+                f"the parameters of {function.name!r} must describe an object",
+                param=param,
+            )
         for name, definition in parameters.get("$defs", {}).items():
             # A required tool choice joins every tool's `$defs` in one schema (as vLLM does).
             if definitions.setdefault(name, definition) != definition:
-                raise Unacceptable("invalid_tools", f"two tools define {name!r} in `$defs` "
-                                   "differently", param=f"{param}.$defs.{name}")
+                raise Unacceptable(
+                    "invalid_tools",
+                    f"two tools define {name!r} in `$defs` differently",
+                    param=f"{param}.$defs.{name}",
+                )
 
 
 def schema_error(schema: dict[str, Any]) -> str | None:
@@ -93,14 +107,25 @@ def chat_messages(messages: list[InputMessage]) -> tuple[ChatMessage, ...]:
         where = f"messages.{index}"
         calls = tuple(message.tool_calls or ())
         if calls and message.role != "assistant":
-            raise Unacceptable("invalid_message", "only an assistant's message carries "
-                               "tool calls", param=f"{where}.tool_calls")
+            raise Unacceptable(
+                "invalid_message",
+                "only an assistant's message carries tool calls",
+                param=f"{where}.tool_calls",
+            )
         if message.role == "tool" and not message.tool_call_id:
-            raise Unacceptable("invalid_message", "a tool message needs the `tool_call_id` "
-                               "of the call it answers", param=f"{where}.tool_call_id")
-        converted.append(ChatMessage(
-            role=message.chat_role, content=message.text, tool_calls=calls,
-            tool_call_id=message.tool_call_id if message.chat_role is Role.TOOL else None))
+            raise Unacceptable(
+                "invalid_message",
+                "a tool message needs the `tool_call_id` of the call it answers",
+                param=f"{where}.tool_call_id",
+            )
+        converted.append(
+            ChatMessage(
+                role=message.chat_role,
+                content=message.text,
+                tool_calls=calls,
+                tool_call_id=message.tool_call_id if message.chat_role is Role.TOOL else None,
+            )
+        )
     return tuple(converted)
 
 

@@ -162,16 +162,28 @@ async def start_regenerate(
     question = regenerated_question(tree, message_id)
     thread = tree.path_to(question.message_id)
     grounding = await ground(turns.documents, files, question.content)
-    built = await _build(turns.context, turns.store, conversation.conversation_id, thread, None,
-                         model, sampling, grounding.documents)
-    await charge_rest(turns.gates, owner, charged,
-                      admission_tokens(built.messages, sampling.max_tokens))
+    built = await _build(
+        turns.context,
+        turns.store,
+        conversation.conversation_id,
+        thread,
+        None,
+        model,
+        sampling,
+        grounding.documents,
+    )
+    await charge_rest(
+        turns.gates, owner, charged, admission_tokens(built.messages, sampling.max_tokens)
+    )
     request = _request(turns, owner, conversation, question.message_id, choice, sampling, built)
     check_bus_size(turns.config.limits, request)
     await check_input(turns.gates, owner, model, [question.content])
     _ask_for_summary(turns.own, owner, model, built)
-    return _tooled(turns, Turn(request=request, user_message=question, owner=owner,
-                               citations=grounding.citations), tool_use)
+    return _tooled(
+        turns,
+        Turn(request=request, user_message=question, owner=owner, citations=grounding.citations),
+        tool_use,
+    )
 
 
 def _tooled(turns: Turns, turn: Turn, tool_use: ToolUse | None) -> Turn:
@@ -225,12 +237,19 @@ async def send_turn(turns: Turns, turn: Turn) -> Generation:
                       reply_to=request.reply_to),
     )  # fmt: skip
     if turn.citations:
-        await turns.store.save_citations(request.conversation_id, request.message_id,
-                                         turn.citations)
+        await turns.store.save_citations(
+            request.conversation_id, request.message_id, turn.citations
+        )
     relay = StreamRelay(answer_started(request))
     try:
-        return await start_generation(turns.pipeline, request, turns.live, relay,
-                                      native_timers(turns.config), store_answer(turns.store))
+        return await start_generation(
+            turns.pipeline,
+            request,
+            turns.live,
+            relay,
+            native_timers(turns.config),
+            store_answer(turns.store),
+        )
     except Refused:
         failed = relay.answer()
         assert failed is not None
@@ -254,8 +273,11 @@ def store_answer(store: ConversationStore) -> OnEnd:
     async def finish(relay: StreamRelay) -> None:
         answer = relay.answer()
         if answer is not None:
-            await retried(lambda: finish_answer(store, answer),
-                          f"storing the end of {answer.message_id}", STORE_END_FOR_S)
+            await retried(
+                lambda: finish_answer(store, answer),
+                f"storing the end of {answer.message_id}",
+                STORE_END_FOR_S,
+            )
 
     return finish
 
@@ -272,17 +294,31 @@ async def _new_user_turn(
     cid = conversation.conversation_id
     model = choice.model
     thread = [*thread, *_unsaved(cid, thread, earlier)]
-    pending = thread[len(thread) - len(earlier):]
-    built = await _build(turns.context, turns.store, cid, thread, content, model, sampling,
-                         grounding.documents, instructions)
-    await charge_rest(turns.gates, owner, charged,
-                      admission_tokens(built.messages, sampling.max_tokens))
+    pending = thread[len(thread) - len(earlier) :]
+    built = await _build(
+        turns.context,
+        turns.store,
+        cid,
+        thread,
+        content,
+        model,
+        sampling,
+        grounding.documents,
+        instructions,
+    )
+    await charge_rest(
+        turns.gates, owner, charged, admission_tokens(built.messages, sampling.max_tokens)
+    )
     user_message_id = new_id()
     request = _request(turns, owner, conversation, user_message_id, choice, sampling, built)
     # Before the message is stored: a refused turn leaves no unanswered message behind.
     check_bus_size(turns.config.limits, request)
-    await check_input(turns.gates, owner, model, [*(m.content for m in pending), content,
-                                                  *([instructions] if instructions else [])])
+    await check_input(
+        turns.gates,
+        owner,
+        model,
+        [*(m.content for m in pending), content, *([instructions] if instructions else [])],
+    )
     if new:
         await turns.store.create_conversation(cid, owner.user_id, org_id=owner.org_id)
     for message in pending:
@@ -301,8 +337,13 @@ async def _new_user_turn(
     if first:
         await turns.store.set_auto_title(cid, fallback_title(content))
     _ask_for_summary(turns.own, owner, model, built)
-    return Turn(request=request, user_message=user_message, owner=owner, first=first,
-                citations=grounding.citations)
+    return Turn(
+        request=request,
+        user_message=user_message,
+        owner=owner,
+        first=first,
+        citations=grounding.citations,
+    )
 
 
 def _answer_options(
@@ -310,8 +351,9 @@ def _answer_options(
 ) -> tuple[ModelChoice, SamplingOptions]:
     """The model (an alias's version for this conversation) and sampling of a turn."""
     limits = turns.config.limits
-    choice = choose_model(limits, turns.aliases, options.model, owner.tier,
-                          conversation.conversation_id)
+    choice = choose_model(
+        limits, turns.aliases, options.model, owner.tier, conversation.conversation_id
+    )
     sampling = sampling_options(
         limits,
         max_tokens=options.max_tokens,
@@ -329,10 +371,21 @@ def _unsaved(conversation_id: str, thread: list[StoredMessage],
     messages: list[StoredMessage] = []
     parent = thread[-1].message_id if thread else None
     for role, content in earlier:
-        messages.append(StoredMessage(
-            message_id=new_id(), conversation_id=conversation_id, seq=0, role=role,
-            content=content, parent_id=parent, model=None, tokens=0,
-            status=RequestStatus.FINISHED_STOPPED, request_id=None, created_at=now()))
+        messages.append(
+            StoredMessage(
+                message_id=new_id(),
+                conversation_id=conversation_id,
+                seq=0,
+                role=role,
+                content=content,
+                parent_id=parent,
+                model=None,
+                tokens=0,
+                status=RequestStatus.FINISHED_STOPPED,
+                request_id=None,
+                created_at=now(),
+            )
+        )
         parent = messages[-1].message_id
     return messages
 
@@ -344,9 +397,16 @@ async def _build(
 ) -> BuiltContext:  # fmt: skip
     """The prompt, refused if the system prompt, summary, excerpts of the user's files
     and new message alone pass the window less max_tokens."""
-    built = await context.build(store, conversation_id, thread, new_message, model=model,
-                                max_tokens=sampling.max_tokens, documents=documents,
-                                instructions=instructions)
+    built = await context.build(
+        store,
+        conversation_id,
+        thread,
+        new_message,
+        model=model,
+        max_tokens=sampling.max_tokens,
+        documents=documents,
+        instructions=instructions,
+    )
     check_room(built, model, sampling.max_tokens)
     return built
 

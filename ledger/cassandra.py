@@ -144,7 +144,8 @@ class CassandraLedger:
         ))  # fmt: skip
         return {
             account: (found[0]["prompt_tokens"] or 0) + (found[0]["completion_tokens"] or 0)
-            if found else 0
+            if found
+            else 0
             for account, found in zip(accounts, rows, strict=True)
         }
 
@@ -156,8 +157,14 @@ class CassandraLedger:
         tokens = Tokens(row["prompt_tokens"], row["completion_tokens"], row["cached_tokens"])
         return _Charged(tokens, row["pending"], row["pending_id"], row["pending_at"])
 
-    async def _claim(self, key: UsageKey, charged: _Charged | None, after: Tokens,
-                     charges: list[Charge], pending_id: str) -> bool:
+    async def _claim(
+        self,
+        key: UsageKey,
+        charged: _Charged | None,
+        after: Tokens,
+        charges: list[Charge],
+        pending_id: str,
+    ) -> bool:
         """Step 3: True if this writer's charge is now the request's, pending."""
         now = self._clock()
         pending = (cql.charges_text(charges), pending_id, now, now)
@@ -166,7 +173,8 @@ class CassandraLedger:
                 rows = await self._db.run("insert_charged", (key, *after, *pending))
             else:
                 rows = await self._db.run(
-                    "update_charged", (*after, *pending, key, *charged.tokens))
+                    "update_charged", (*after, *pending, key, *charged.tokens)
+                )
         except BaseException:
             self._abandoned.add(pending_id)  # it may have taken effect all the same
             raise
@@ -186,8 +194,10 @@ class CassandraLedger:
     async def _finish(self, key: UsageKey, charged: _Charged) -> None:
         """Count the charge pending on `charged`, once its writer has failed to: wait
         while that writer may still be counting it, then take it over."""
-        while (charged.pending_id not in self._abandoned
-               and self._clock() - (charged.pending_at or 0.0) < self._takeover_after_s):
+        while (
+            charged.pending_id not in self._abandoned
+            and self._clock() - (charged.pending_at or 0.0) < self._takeover_after_s
+        ):
             await asyncio.sleep(self._poll_s)
             found = await self._read(key)
             if found is None or found.pending_id is None:
@@ -195,8 +205,9 @@ class CassandraLedger:
             charged = found
         assert charged.pending is not None and charged.pending_id is not None
         mine = uuid.uuid4().hex
-        if applied(await self._db.run("take_pending",
-                                      (mine, self._clock(), key, charged.pending_id))):
+        if applied(
+            await self._db.run("take_pending", (mine, self._clock(), key, charged.pending_id))
+        ):
             self._abandoned.discard(charged.pending_id)
             await self._count(key, mine, cql.charges_of(charged.pending))
 
@@ -204,6 +215,7 @@ class CassandraLedger:
 async def create_schema(hosts: list[str], keyspace: str, replication_factor: int = 1) -> None:
     """Create the ledger's tables (and the keyspace if need be; idempotent): with the
     store's, the deployment's one-off schema job."""
-    session = await DriverSession.connect(hosts, keyspace, create_schema=True,
-                                          replication_factor=replication_factor, schema=cql)
+    session = await DriverSession.connect(
+        hosts, keyspace, create_schema=True, replication_factor=replication_factor, schema=cql
+    )
     await session.close()

@@ -66,9 +66,7 @@ STATEMENTS = {
 
 def schema_cql(keyspace: str, replication_factor: int = 1) -> list[str]:
     """The keyspace (if the store has not made it) and the ledger's tables (idempotent)."""
-    return [keyspace_cql(keyspace, replication_factor)] + [
-        t.format(ks=keyspace) for t in TABLES
-    ]
+    return [keyspace_cql(keyspace, replication_factor)] + [t.format(ks=keyspace) for t in TABLES]
 
 
 def statements(keyspace: str) -> dict[str, str]:
@@ -87,8 +85,8 @@ def charges_text(charges: list[Charge]) -> str:
 
 def charges_of(text: str) -> list[Charge]:
     charges = []
-    for scope, account_id, period, period_key, prompt, completion, cached, requests in (
-        json.loads(text)
+    for scope, account_id, period, period_key, prompt, completion, cached, requests in json.loads(
+        text
     ):
         tokens = Tokens(prompt, completion, cached)
         charges.append(Charge(Account(scope, account_id), period, period_key, tokens, requests))

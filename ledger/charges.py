@@ -93,8 +93,10 @@ def settle(bill: Bill, charged: Tokens | None) -> tuple[Tokens, list[Charge]]:
     if charged is not None and added == Tokens():
         return before, []
     requests = int(charged is None)
-    return after, [Charge(account, period, period_key, added, requests)
-                   for account, period, period_key in bill.totals]
+    return after, [
+        Charge(account, period, period_key, added, requests)
+        for account, period, period_key in bill.totals
+    ]
 
 
 class UsageTotals:

@@ -33,6 +33,9 @@ def period_of(at: float, period: Period) -> PeriodWindow:
         start = moment.replace(hour=0, minute=0, second=0, microsecond=0)
         return PeriodWindow(period, start, start + timedelta(days=1))
     start = moment.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
-    following = (start.replace(year=start.year + 1, month=1) if start.month == 12
-                 else start.replace(month=start.month + 1))
+    following = (
+        start.replace(year=start.year + 1, month=1)
+        if start.month == 12
+        else start.replace(month=start.month + 1)
+    )
     return PeriodWindow(period, start, following)

@@ -139,7 +139,8 @@ class SQLiteLedger(SQLiteFile):
         with transaction(conn):
             row = conn.execute(
                 "SELECT prompt_tokens, completion_tokens, cached_tokens FROM usage_charged"
-                " WHERE request_id = ?", (key,),
+                " WHERE request_id = ?",
+                (key,),
             ).fetchone()
             charged, charges = settle(bill, Tokens(*row) if row else None)
             if charges:

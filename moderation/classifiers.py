@@ -59,13 +59,18 @@ class RuleClassifier:
     name = "rules"
 
     def __init__(self, categories: dict[str, list[str]], pii: Iterable[str] = ()) -> None:
-        rules = [(category, pattern) for category, patterns in categories.items()
-                 for pattern in patterns]
+        rules = [
+            (category, pattern) for category, patterns in categories.items() for pattern in patterns
+        ]
         # One pass over the text for every rule (this runs on each chunk of each stream).
-        self._any = re.compile("|".join(f"(?:{pattern})" for _, pattern in rules),
-                               re.IGNORECASE) if rules else None
-        self._patterns = [(category, re.compile(pattern, re.IGNORECASE))
-                          for category, pattern in rules]
+        self._any = (
+            re.compile("|".join(f"(?:{pattern})" for _, pattern in rules), re.IGNORECASE)
+            if rules
+            else None
+        )
+        self._patterns = [
+            (category, re.compile(pattern, re.IGNORECASE)) for category, pattern in rules
+        ]
         self._pii = set(pii)
 
     async def classify(self, text: str) -> Verdict | None:
@@ -92,8 +97,9 @@ class EmbeddingClassifier:
 
     name = "embedding"
 
-    def __init__(self, embedder: Embedder, exemplars: dict[str, list[str]],
-                 threshold: float) -> None:
+    def __init__(
+        self, embedder: Embedder, exemplars: dict[str, list[str]], threshold: float
+    ) -> None:
         self._embedder = embedder
         self._categories = [c for c, texts in exemplars.items() for _ in texts]
         self._vectors = embedder.embed([t for texts in exemplars.values() for t in texts])

@@ -52,8 +52,7 @@ class SafetyPolicy:
         return _lookup(self.output, tier, model)
 
 
-def _lookup(table: dict[str, list[Classifier]], tier: Tier | None,
-            model: str) -> list[Classifier]:
+def _lookup(table: dict[str, list[Classifier]], tier: Tier | None, model: str) -> list[Classifier]:
     for key in (f"{tier}/{model}", str(tier), "*"):
         if key in table:
             return table[key]
@@ -70,8 +69,10 @@ def build_policy(config: PolicyConfig, ask: Ask | None = None) -> SafetyPolicy:
     check asking it would wait on the consumer that waits on it."""
     for key, names in config.output_classifiers.items():
         if "judge" in names:
-            raise ValueError(f"output classifiers {key!r} name the judge, which can check "
-                             "input only (its own answer passes through the output check)")
+            raise ValueError(
+                f"output classifiers {key!r} name the judge, which can check "
+                "input only (its own answer passes through the output check)"
+            )
     made: dict[tuple[str, str], Classifier] = {}
 
     def make(name: str, direction: str) -> Classifier:
@@ -85,12 +86,15 @@ def build_policy(config: PolicyConfig, ask: Ask | None = None) -> SafetyPolicy:
 
             shared = made.get(("embedding", "any"))
             classifier = shared or EmbeddingClassifier(
-                SentenceEmbedder(), config.embedding_exemplars, config.embedding_threshold)
+                SentenceEmbedder(), config.embedding_exemplars, config.embedding_threshold
+            )
             made[("embedding", "any")] = classifier
         elif name == "judge":
             if ask is None:
-                raise ValueError("the judge classifier needs a way to ask its model (`ask`): "
-                                 "a judge model and a started request/reply client")
+                raise ValueError(
+                    "the judge classifier needs a way to ask its model (`ask`): "
+                    "a judge model and a started request/reply client"
+                )
             classifier = JudgeClassifier(ask, sorted(config.rule_categories))
         else:
             raise ValueError(f"unknown classifier {name!r}")
@@ -98,8 +102,12 @@ def build_policy(config: PolicyConfig, ask: Ask | None = None) -> SafetyPolicy:
         return classifier
 
     return SafetyPolicy(
-        input={key: [make(n, "input") for n in names]
-               for key, names in config.input_classifiers.items()},
-        output={key: [make(n, "output") for n in names]
-                for key, names in config.output_classifiers.items()},
+        input={
+            key: [make(n, "input") for n in names]
+            for key, names in config.input_classifiers.items()
+        },
+        output={
+            key: [make(n, "output") for n in names]
+            for key, names in config.output_classifiers.items()
+        },
     )

@@ -55,8 +55,15 @@ class BusRecord:
     @classmethod
     def of(cls, record: Any) -> BusRecord:
         """From an aiokafka `ConsumerRecord`."""
-        return cls(record.topic, record.partition, record.offset, record.timestamp, record.key,
-                   record.value, tuple((name, data or b"") for name, data in record.headers or ()))
+        return cls(
+            record.topic,
+            record.partition,
+            record.offset,
+            record.timestamp,
+            record.key,
+            record.value,
+            tuple((name, data or b"") for name, data in record.headers or ()),
+        )
 
     def carries(self, text: str) -> bool:
         """`text` appears in the key or value: a cheap test before decoding."""
@@ -88,8 +95,18 @@ _KINDS: dict[str, type[BaseModel] | TypeAdapter[Any]] = {
     topics.TOOLS: ToolRound,
 }
 
-PIPELINE_ORDER = ("requests", topics.WORK, topics.TOKENS, topics.TOOLS, "deliver",
-                  topics.ANSWERS, topics.CONTROL, topics.USAGE, topics.MODERATION, topics.DLQ)
+PIPELINE_ORDER = (
+    "requests",
+    topics.WORK,
+    topics.TOKENS,
+    topics.TOOLS,
+    "deliver",
+    topics.ANSWERS,
+    topics.CONTROL,
+    topics.USAGE,
+    topics.MODERATION,
+    topics.DLQ,
+)
 """Where a topic stands in a request's life: records of the same millisecond are shown
 in this order (the request before its dispatch, a chunk before its delivery)."""
 
@@ -130,10 +147,13 @@ def in_order(reads: Iterable[ReadRecord]) -> list[ReadRecord]:
     timestamp (ties: pipeline order, then topic, partition, offset). A partition's own
     order is never changed, even where its timestamps go back (producers' clocks)."""
     unique = {(r.record.topic, r.record.partition, r.record.offset): r for r in reads}
-    ordered = sorted(unique.values(), key=lambda r: (r.record.topic, r.record.partition,
-                                                     r.record.offset))
-    partitions = [list(group) for _, group in
-                  groupby(ordered, key=lambda r: (r.record.topic, r.record.partition))]
+    ordered = sorted(
+        unique.values(), key=lambda r: (r.record.topic, r.record.partition, r.record.offset)
+    )
+    partitions = [
+        list(group)
+        for _, group in groupby(ordered, key=lambda r: (r.record.topic, r.record.partition))
+    ]
     return list(heapq.merge(*partitions, key=_when))
 
 
@@ -167,13 +187,17 @@ def key_text(key: bytes | None) -> str | None:
         return "base64:" + base64.b64encode(key).decode()
 
 
-def record_line(read: ReadRecord, since_ms: int | None = None,
-                **extra: object) -> dict[str, Any]:
+def record_line(read: ReadRecord, since_ms: int | None = None, **extra: object) -> dict[str, Any]:
     """One JSON object: where the record lies, when, its key and its event (or its raw
     bytes and why they are no event); `t_ms` with `since_ms`: milliseconds after it."""
     r = read.record
-    line: dict[str, Any] = {"topic": r.topic, "partition": r.partition, "offset": r.offset,
-                            "timestamp": iso_time(r.timestamp_ms), "timestamp_ms": r.timestamp_ms}
+    line: dict[str, Any] = {
+        "topic": r.topic,
+        "partition": r.partition,
+        "offset": r.offset,
+        "timestamp": iso_time(r.timestamp_ms),
+        "timestamp_ms": r.timestamp_ms,
+    }
     if since_ms is not None:
         line["t_ms"] = r.timestamp_ms - since_ms
     line |= extra
@@ -185,14 +209,21 @@ def record_line(read: ReadRecord, since_ms: int | None = None,
     return line
 
 
-def window(reads: Iterable[ReadRecord], since_ms: int | None = None,
-           until_ms: int | None = None, key: str | None = None,
-           limit: int | None = None) -> list[ReadRecord]:
+def window(
+    reads: Iterable[ReadRecord],
+    since_ms: int | None = None,
+    until_ms: int | None = None,
+    key: str | None = None,
+    limit: int | None = None,
+) -> list[ReadRecord]:
     """The records of `reads` in order (`in_order`) with a timestamp in
     [since_ms, until_ms] and key `key`, the first `limit` of them."""
     wanted = key.encode() if key is not None else None
-    chosen = [r for r in in_order(reads)
-              if (since_ms is None or r.record.timestamp_ms >= since_ms)
-              and (until_ms is None or r.record.timestamp_ms <= until_ms)
-              and (wanted is None or r.record.key == wanted)]
+    chosen = [
+        r
+        for r in in_order(reads)
+        if (since_ms is None or r.record.timestamp_ms >= since_ms)
+        and (until_ms is None or r.record.timestamp_ms <= until_ms)
+        and (wanted is None or r.record.key == wanted)
+    ]
     return chosen if limit is None else chosen[:limit]

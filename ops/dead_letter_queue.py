@@ -22,8 +22,7 @@ from schemas.topics import DLQ
 
 RETRY_HEADER = "chatpipe-retry-of"
 _ID = re.compile(r"^(?:" + re.escape(DLQ) + r"-)?(\d+)-(\d+)$")
-LIST_FIELDS = ("id", "when", "topic", "partition", "offset", "stage", "key", "retry_of",
-               "error")
+LIST_FIELDS = ("id", "when", "topic", "partition", "offset", "stage", "key", "retry_of", "error")
 """The columns of `dlq list` (its --json gives `truncated` too)."""
 
 
@@ -35,8 +34,9 @@ def parse_dead_letter_id(text: str) -> tuple[int, int]:
     """(partition, offset) on chat.dlq of `chat.dlq-P-O` (or `P-O`); ValueError else."""
     match = _ID.match(text.strip())
     if match is None:
-        raise ValueError(f"not a dead letter id: {text!r} (ids look like {DLQ}-0-12; "
-                         "see `chatpipe dlq list`)")
+        raise ValueError(
+            f"not a dead letter id: {text!r} (ids look like {DLQ}-0-12; see `chatpipe dlq list`)"
+        )
     return int(match.group(1)), int(match.group(2))
 
 
@@ -68,13 +68,15 @@ def dead_letter_row(read: ReadRecord) -> dict[str, Any] | None:
     }
 
 
-def rows(reads: Iterable[ReadRecord], topic: str | None = None,
-         since_ms: int | None = None) -> list[dict[str, Any]]:
+def rows(
+    reads: Iterable[ReadRecord], topic: str | None = None, since_ms: int | None = None
+) -> list[dict[str, Any]]:
     """The dead letters of `reads` in chat.dlq order, of source `topic` and recorded at
     or after `since_ms` when given."""
     listed = []
-    for read in sorted(reads, key=lambda r: (r.record.timestamp_ms, r.record.partition,
-                                             r.record.offset)):
+    for read in sorted(
+        reads, key=lambda r: (r.record.timestamp_ms, r.record.partition, r.record.offset)
+    ):
         row = dead_letter_row(read)
         if row is None or (topic is not None and row["topic"] != topic):
             continue
@@ -99,17 +101,24 @@ def original_record(letter: DeadLetter, letter_id: str) -> OriginalRecord:
     """The original record, marked as a retry of `letter_id` (an older mark replaced);
     ValueError when the dead letter kept only the start of it."""
     if letter.truncated:
-        raise ValueError(f"{letter_id} kept only the first MiB of its record: it cannot be "
-                         "sent again as it was")
-    value = (base64.b64decode(letter.value_base64) if letter.value_base64 is not None
-             else letter.value.encode())
+        raise ValueError(
+            f"{letter_id} kept only the first MiB of its record: it cannot be sent again as it was"
+        )
+    value = (
+        base64.b64decode(letter.value_base64)
+        if letter.value_base64 is not None
+        else letter.value.encode()
+    )
     headers = [(n, v) for n, v in original_headers(letter) if n != RETRY_HEADER]
-    return OriginalRecord(letter.topic, letter.partition,
-                          letter.key.encode() if letter.key is not None else None, value,
-                          [*headers, (RETRY_HEADER, letter_id.encode())])
+    return OriginalRecord(
+        letter.topic,
+        letter.partition,
+        letter.key.encode() if letter.key is not None else None,
+        value,
+        [*headers, (RETRY_HEADER, letter_id.encode())],
+    )
 
 
 def retry_of(records: Iterable[BusRecord], letter_id: str) -> BusRecord | None:
     """The record among `records` that retried `letter_id`, if one did."""
-    return next((r for r in records if header_value(r.headers, RETRY_HEADER) == letter_id),
-                None)
+    return next((r for r in records if header_value(r.headers, RETRY_HEADER) == letter_id), None)

@@ -15,8 +15,12 @@ class HttpSpans:
     when it sends a `traceparent` header; named by the route (`POST /v1/...`), with the
     status and the request id the response names (`X-Request-Id`)."""
 
-    def __init__(self, app: Any, stage: str = "gateway",
-                 untraced: frozenset[str] = frozenset({"/healthz", "/metrics"})) -> None:
+    def __init__(
+        self,
+        app: Any,
+        stage: str = "gateway",
+        untraced: frozenset[str] = frozenset({"/healthz", "/metrics"}),
+    ) -> None:
         self.app = app
         self.stage = stage
         self.untraced = untraced
@@ -29,7 +33,9 @@ class HttpSpans:
         method = scope["method"]
         attributes = {"http.request.method": method, "url.path": scope["path"]}
         with tracing.tracer(self.stage).start_as_current_span(
-                method, context=parent, kind=SpanKind.SERVER, attributes=attributes) as span:
+            method, context=parent, kind=SpanKind.SERVER, attributes=attributes
+        ) as span:
+
             async def send_traced(message: dict[str, Any]) -> None:
                 if message["type"] == "http.response.start":
                     _response_started(span, message)

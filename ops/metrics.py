@@ -42,13 +42,74 @@ from schemas.topics import DELIVER_PREFIX
 disable_created_metrics()  # no `_created` series beside every counter and histogram
 
 # vLLM's bucket families (vllm/v1/metrics/buckets.py).
-TIME_TO_FIRST_TOKEN_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5,
-                               0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0,
-                               2560.0)
-INTER_TOKEN_LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75,
-                               1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
-REQUEST_LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0,
-                           50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+TIME_TO_FIRST_TOKEN_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    640.0,
+    2560.0,
+)
+INTER_TOKEN_LATENCY_BUCKETS = (
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
+REQUEST_LATENCY_BUCKETS = (
+    0.3,
+    0.5,
+    0.8,
+    1.0,
+    1.5,
+    2.0,
+    2.5,
+    5.0,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    40.0,
+    50.0,
+    60.0,
+    120.0,
+    240.0,
+    480.0,
+    960.0,
+    1920.0,
+    7680.0,
+)
 CHECK_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
 # --- gateway ------------------------------------------------------------------------------
@@ -56,77 +117,110 @@ CHECK_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5
 TIME_TO_FIRST_TOKEN = Histogram(
     "chatpipe:time_to_first_token_seconds",
     "From the request's creation at the gateway (admission) to the first delta written to "
-    "its client.", ["tier", "model"], buckets=TIME_TO_FIRST_TOKEN_BUCKETS)
+    "its client.",
+    ["tier", "model"],
+    buckets=TIME_TO_FIRST_TOKEN_BUCKETS,
+)
 INTER_TOKEN_LATENCY = Histogram(
     "chatpipe:inter_token_latency_seconds",
     "Between two frames with deltas written to a client (chunks of coalesced tokens).",
-    ["tier", "model"], buckets=INTER_TOKEN_LATENCY_BUCKETS)
+    ["tier", "model"],
+    buckets=INTER_TOKEN_LATENCY_BUCKETS,
+)
 E2E_REQUEST_LATENCY = Histogram(
     "chatpipe:e2e_request_latency_seconds",
     "From the request's creation at the gateway to the end its client was shown.",
-    ["tier", "model"], buckets=REQUEST_LATENCY_BUCKETS)
+    ["tier", "model"],
+    buckets=REQUEST_LATENCY_BUCKETS,
+)
 REQUEST_SUCCESS = Counter(
     "chatpipe:request_success",
     "Client streams ended, by how: stop, length, abort (cancelled, or the client left "
-    "first), error, content_filter.", ["tier", "model", "finished_reason"])
+    "first), error, content_filter.",
+    ["tier", "model", "finished_reason"],
+)
 ADMISSION_REJECTIONS = Counter(
     "chatpipe:admission_rejections",
     "Requests the gateway refused before queueing them, by reason: overloaded (the tier "
-    "is shed), rate_limited, quota_exceeded.", ["tier", "reason"])
+    "is shed), rate_limited, quota_exceeded.",
+    ["tier", "reason"],
+)
 OPEN_STREAMS = Gauge("chatpipe:open_streams", "Client streams the gateway relays now.")
 RESPONSE_CACHE_LOOKUPS = Counter(
     "chatpipe:response_cache_lookups",
     "Requests of opted-in orgs the gateway looked up in the response cache, by outcome: "
-    "hit (replayed, never queued) or miss (queued).", ["tier", "model", "outcome"])
+    "hit (replayed, never queued) or miss (queued).",
+    ["tier", "model", "outcome"],
+)
 RESPONSE_CACHE_FILLS = Counter(
     "chatpipe:response_cache_fills",
-    "Answers the gateway kept in the response cache after a miss.", ["tier", "model"])
+    "Answers the gateway kept in the response cache after a miss.",
+    ["tier", "model"],
+)
 
 # --- scheduler ----------------------------------------------------------------------------
 
 REQUEST_QUEUE_TIME = Histogram(
     "chatpipe:request_queue_time_seconds",
-    "From the request's creation to its first dispatch to a worker.", ["tier", "model"],
-    buckets=TIME_TO_FIRST_TOKEN_BUCKETS)
+    "From the request's creation to its first dispatch to a worker.",
+    ["tier", "model"],
+    buckets=TIME_TO_FIRST_TOKEN_BUCKETS,
+)
 REQUESTS_UNSERVED = Counter(
     "chatpipe:requests_unserved",
     "Requests the scheduler ended without a worker, by code: overloaded (shed), "
-    "cancelled, deadline_exceeded, dispatch_failed, pipeline_rejected.", ["tier", "code"])
+    "cancelled, deadline_exceeded, dispatch_failed, pipeline_rejected.",
+    ["tier", "code"],
+)
 DELIVERY_TOPICS_DELETED = Counter(
     "chatpipe:delivery_topics_deleted",
-    "chat.deliver.<gateway_id> topics the scheduler deleted: their gateway was gone.")
+    "chat.deliver.<gateway_id> topics the scheduler deleted: their gateway was gone.",
+)
 DELIVERIES_DROPPED = Counter(
     "chatpipe:deliveries_dropped",
-    "Delivery events the safety stage dropped: their gateway's topic was deleted.")
+    "Delivery events the safety stage dropped: their gateway's topic was deleted.",
+)
 
 # --- safety, bus --------------------------------------------------------------------------
 
-RETRACTIONS = Counter("chatpipe:retractions",
-                      "Answers the safety stage retracted, by category.", ["category"])
-SAFETY_CHECK_TIME = Histogram("chatpipe:safety_check_seconds",
-                              "One output check by the safety stage's classifiers.",
-                              buckets=CHECK_BUCKETS)
-DEAD_LETTERS = Counter("chatpipe:dead_letters",
-                       "Records a stage sent to chat.dlq, by stage and error type.",
-                       ["stage", "reason"])
+RETRACTIONS = Counter(
+    "chatpipe:retractions", "Answers the safety stage retracted, by category.", ["category"]
+)
+SAFETY_CHECK_TIME = Histogram(
+    "chatpipe:safety_check_seconds",
+    "One output check by the safety stage's classifiers.",
+    buckets=CHECK_BUCKETS,
+)
+DEAD_LETTERS = Counter(
+    "chatpipe:dead_letters",
+    "Records a stage sent to chat.dlq, by stage and error type.",
+    ["stage", "reason"],
+)
 
 # --- gauges read when scraped -------------------------------------------------------------
 
 LIVE_GAUGES: dict[str, tuple[str, tuple[str, ...]]] = {
     "chatpipe:num_requests_waiting": (
-        "Requests waiting in the scheduler for a worker, by tier.", ("tier",)),
+        "Requests waiting in the scheduler for a worker, by tier.",
+        ("tier",),
+    ),
     "chatpipe:scheduler_expected_wait_seconds": (
         "The scheduler's expected wait of a new request, by tier (shed above its bound).",
-        ("tier",)),
+        ("tier",),
+    ),
     "chatpipe:worker_slots_used": (
-        "Requests a worker's engine holds (running or waiting inside it).", ("model",)),
+        "Requests a worker's engine holds (running or waiting inside it).",
+        ("model",),
+    ),
     "chatpipe:worker_slots_max": ("Requests a worker's engine runs at once.", ("model",)),
     "chatpipe:kv_cache_usage_perc": (
         "Share of the KV cache in use (1 = full), from the engine's scheduler stats.",
-        ("model",)),
+        ("model",),
+    ),
     "chatpipe:consumer_lag": (
         "Records not yet read by a stage's consumer (high watermark - position), per topic.",
-        ("stage", "group", "topic")),
+        ("stage", "group", "topic"),
+    ),
 }
 Sample = tuple[str, tuple[str, ...], float]
 """(metric name in LIVE_GAUGES, its label values, value)"""
@@ -224,8 +318,11 @@ class StreamTiming:
                 break
         if ended:
             end = events[-1]
-            self.ended(_FINISHED_REASON.get(end.status, "error")
-                       if isinstance(end, DeliveryDone) else "error")
+            self.ended(
+                _FINISHED_REASON.get(end.status, "error")
+                if isinstance(end, DeliveryDone)
+                else "error"
+            )
 
     def ended(self, finished_reason: str) -> None:
         """The stream is over (once; a stream closed before its end is `abort`)."""
@@ -233,8 +330,7 @@ class StreamTiming:
             return
         self._ended = True
         REQUEST_SUCCESS.labels(*self._labels, finished_reason).inc()
-        E2E_REQUEST_LATENCY.labels(*self._labels).observe(
-            max(0.0, time.time() - self._created_at))
+        E2E_REQUEST_LATENCY.labels(*self._labels).observe(max(0.0, time.time() - self._created_at))
 
 
 def admission_rejected(tier: str, reason: str) -> None:
@@ -243,11 +339,13 @@ def admission_rejected(tier: str, reason: str) -> None:
 
 # --- scheduler, worker, bus ----------------------------------------------------------------
 
+
 def dispatched(request: GenerationRequest) -> None:
     """A request's first attempt left the queue (a continuation's wait is not counted)."""
     if request.attempt == 0:
         REQUEST_QUEUE_TIME.labels(request.tier.value, request.model).observe(
-            max(0.0, time.time() - request.created_at))
+            max(0.0, time.time() - request.created_at)
+        )
 
 
 def watch_scheduler(stage: Any) -> None:
@@ -259,8 +357,11 @@ def watch_scheduler(stage: Any) -> None:
         for tier, status in stage.core.status().items():
             yield "chatpipe:num_requests_waiting", (tier.value,), status.waiting
             if status.expected_wait_s is not None:
-                yield ("chatpipe:scheduler_expected_wait_seconds", (tier.value,),
-                       status.expected_wait_s)
+                yield (
+                    "chatpipe:scheduler_expected_wait_seconds",
+                    (tier.value,),
+                    status.expected_wait_s,
+                )
 
     watch(samples)
 
@@ -297,8 +398,11 @@ def watch_lag(consumer: Any, stage: str) -> None:
     task = asyncio.current_task()
     if task is not None:
         task.add_done_callback(lambda _: sampler.cancel())
-    watch(lambda: [("chatpipe:consumer_lag", (stage, group, topic), value)
-                   for topic, value in lag.items()])
+    watch(
+        lambda: [
+            ("chatpipe:consumer_lag", (stage, group, topic), value) for topic, value in lag.items()
+        ]
+    )
 
 
 async def _lag_by_topic(consumer: Any) -> dict[str, int]:

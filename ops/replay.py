@@ -22,8 +22,9 @@ def _decoded(records: list[ConsumerRecord]) -> list[ReadRecord]:
     return [decoded(BusRecord.of(record)) for record in records]
 
 
-async def starts_at(kafka: KafkaConfig, partitions: list[TopicPartition],
-                    since_ms: int | None) -> dict[TopicPartition, int]:
+async def starts_at(
+    kafka: KafkaConfig, partitions: list[TopicPartition], since_ms: int | None
+) -> dict[TopicPartition, int]:
     """Where to start reading each partition for records from `since_ms` on: the broker's
     `offsets_for_times` where it answers right (a partition with nothing that late is
     left out), else the first offset (the caller filters by time)."""
@@ -34,8 +35,9 @@ async def starts_at(kafka: KafkaConfig, partitions: list[TopicPartition],
     return {tp: 0 for tp in partitions}
 
 
-async def request_records(kafka: KafkaConfig, request_ids: list[str],
-                          since_ms: int | None = None) -> list[ReadRecord]:
+async def request_records(
+    kafka: KafkaConfig, request_ids: list[str], since_ms: int | None = None
+) -> list[ReadRecord]:
     """Every record of the topics a request crosses (from `since_ms` on) that may belong
     to one of `request_ids` (its bytes carry the id; `request_life.owner` decides)."""
     partitions = await existing_partitions(kafka)
@@ -49,20 +51,28 @@ async def request_records(kafka: KafkaConfig, request_ids: list[str],
     return window(_decoded(records), since_ms)
 
 
-async def conversation_request_ids(kafka: KafkaConfig, conversation_id: str,
-                                   since_ms: int | None = None) -> list[str]:
+async def conversation_request_ids(
+    kafka: KafkaConfig, conversation_id: str, since_ms: int | None = None
+) -> list[str]:
     """The conversation's requests (queued from `since_ms` on), in the order queued."""
     partitions = await existing_partitions(kafka, topics.request_topics())
     wanted = [tp for tps in partitions.values() for tp in tps]
     needle = conversation_id.encode()
-    records = await read_records(kafka, await starts_at(kafka, wanted, since_ms),
-                                 lambda r: needle in (r.value or b""))
+    records = await read_records(
+        kafka, await starts_at(kafka, wanted, since_ms), lambda r: needle in (r.value or b"")
+    )
     return conversation_requests(window(_decoded(records), since_ms), conversation_id)
 
 
-async def topic_records(kafka: KafkaConfig, topic: str, from_offset: int | None = None,
-                        since_ms: int | None = None, until_ms: int | None = None,
-                        key: str | None = None, limit: int | None = None) -> list[ReadRecord]:
+async def topic_records(
+    kafka: KafkaConfig,
+    topic: str,
+    from_offset: int | None = None,
+    since_ms: int | None = None,
+    until_ms: int | None = None,
+    key: str | None = None,
+    limit: int | None = None,
+) -> list[ReadRecord]:
     """`topic`'s records from `from_offset` (each partition) or `since_ms`, up to
     `until_ms`, of key `key`, the first `limit`."""
     partitions = (await existing_partitions(kafka, [topic])).get(topic)
@@ -73,8 +83,9 @@ async def topic_records(kafka: KafkaConfig, topic: str, from_offset: int | None 
     else:
         starts = await starts_at(kafka, partitions, since_ms)
     wanted = key.encode() if key is not None else None
-    records = await read_records(kafka, starts,
-                                 None if wanted is None else lambda r: r.key == wanted)
+    records = await read_records(
+        kafka, starts, None if wanted is None else lambda r: r.key == wanted
+    )
     return window(_decoded(records), since_ms, until_ms, key, limit)
 
 
@@ -107,18 +118,28 @@ async def retry_dead_letter(kafka: KafkaConfig, letter_id: str, force: bool = Fa
     source = TopicPartition(record.topic, record.partition)
     if source not in (await existing_partitions(kafka, [record.topic])).get(record.topic, []):
         raise LookupError(f"{letter_id}: {record.topic} partition {record.partition} is gone")
-    marked = await read_records(kafka, {source: letter.offset + 1},
-                                lambda r: any(name == RETRY_HEADER for name, _ in r.headers))
+    marked = await read_records(
+        kafka,
+        {source: letter.offset + 1},
+        lambda r: any(name == RETRY_HEADER for name, _ in r.headers),
+    )
     earlier = retry_of(map(BusRecord.of, marked), letter_id)
     if earlier is not None and not force:
-        raise AlreadyRetried(f"{letter_id} was retried already: {earlier.topic} partition "
-                             f"{earlier.partition} offset {earlier.offset}; --force sends it "
-                             "again")
+        raise AlreadyRetried(
+            f"{letter_id} was retried already: {earlier.topic} partition "
+            f"{earlier.partition} offset {earlier.offset}; --force sends it "
+            "again"
+        )
     producer = kafka.producer()
     await producer.start()
     try:
-        sent = await producer.send_and_wait(record.topic, record.value, key=record.key,
-                                            partition=record.partition, headers=record.headers)
+        sent = await producer.send_and_wait(
+            record.topic,
+            record.value,
+            key=record.key,
+            partition=record.partition,
+            headers=record.headers,
+        )
     finally:
         await producer.stop()
     return Retried(letter_id, sent.topic, sent.partition, sent.offset)
@@ -126,7 +147,8 @@ async def retry_dead_letter(kafka: KafkaConfig, letter_id: str, force: bool = Fa
 
 async def _dead_letter_at(kafka: KafkaConfig, partition: int, offset: int) -> DeadLetter | None:
     dlq = TopicPartition(topics.DLQ, partition)
-    found = await read_records(kafka, {dlq: offset}, lambda r: r.offset == offset,
-                               stops={dlq: offset + 1})
+    found = await read_records(
+        kafka, {dlq: offset}, lambda r: r.offset == offset, stops={dlq: offset + 1}
+    )
     letter = decoded(BusRecord.of(found[0])).event if found else None
     return letter if isinstance(letter, DeadLetter) else None

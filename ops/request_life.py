@@ -14,8 +14,16 @@ from ops.bus_records import ReadRecord, in_order, record_line
 from schemas import topics
 from schemas.events import DeadLetter, Event, GenerationRequest, WorkAssignment
 
-LIFE_TOPICS_FIXED = (*topics.request_topics(), topics.WORK, topics.TOKENS, topics.ANSWERS,
-                     topics.CONTROL, topics.USAGE, topics.MODERATION, topics.DLQ)
+LIFE_TOPICS_FIXED = (
+    *topics.request_topics(),
+    topics.WORK,
+    topics.TOKENS,
+    topics.ANSWERS,
+    topics.CONTROL,
+    topics.USAGE,
+    topics.MODERATION,
+    topics.DLQ,
+)
 """Where a request leaves records, besides the gateways' `chat.deliver.*` topics."""
 
 
@@ -37,8 +45,7 @@ def owner(read: ReadRecord, request_ids: Collection[str]) -> str | None:
     """The request of `request_ids` that `read` belongs to, if any."""
     event = read.event
     if isinstance(event, DeadLetter):
-        return next((rid for rid in request_ids if rid in event.value or rid == event.key),
-                    None)
+        return next((rid for rid in request_ids if rid in event.value or rid == event.key), None)
     if event is not None:
         rid = request_id_of(event)
         return rid if rid in request_ids else None
@@ -47,8 +54,11 @@ def owner(read: ReadRecord, request_ids: Collection[str]) -> str | None:
 
 def conversation_requests(reads: Iterable[ReadRecord], conversation_id: str) -> list[str]:
     """The ids of the conversation's requests, in the order they were queued."""
-    queued = [r for r in in_order(reads) if isinstance(r.event, GenerationRequest)
-              and r.event.conversation_id == conversation_id]
+    queued = [
+        r
+        for r in in_order(reads)
+        if isinstance(r.event, GenerationRequest) and r.event.conversation_id == conversation_id
+    ]
     return list(dict.fromkeys(r.event.request_id for r in queued))  # type: ignore[union-attr]
 
 

@@ -42,8 +42,9 @@ def run_file(database_path: Path) -> Path | None:
 
 
 @contextlib.contextmanager
-def published_run(database_path: Path, bootstrap_servers: str, gateway_url: str,
-                  embedded_broker: bool) -> Iterator[Path | None]:
+def published_run(
+    database_path: Path, bootstrap_servers: str, gateway_url: str, embedded_broker: bool
+) -> Iterator[Path | None]:
     """The runtime file, there while the block runs (removed after, if still ours)."""
     path = run_file(database_path)
     if path is None:
@@ -75,19 +76,22 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
-def running_stack_info(database_path: Path,
-                       alive: Callable[[int], bool] = pid_alive) -> RunInfo:
+def running_stack_info(database_path: Path, alive: Callable[[int], bool] = pid_alive) -> RunInfo:
     """The running `chatpipe up` of this database; NoRunningStack if there is none."""
     path = run_file(database_path)
     hint = "start `chatpipe up` (in this directory) or set KAFKA_BOOTSTRAP_SERVERS"
     if path is None or not path.exists():
-        raise NoRunningStack(f"no broker: KAFKA_BOOTSTRAP_SERVERS is not set and no running "
-                             f"`chatpipe up` was found ({path or database_path} missing); {hint}")
+        raise NoRunningStack(
+            f"no broker: KAFKA_BOOTSTRAP_SERVERS is not set and no running "
+            f"`chatpipe up` was found ({path or database_path} missing); {hint}"
+        )
     try:
         info = read_run_file(path)
     except (ValueError, TypeError, KeyError) as exc:
         raise NoRunningStack(f"no broker: {path} is unreadable ({exc}); {hint}") from None
     if not alive(info.pid):
-        raise NoRunningStack(f"no broker: {path} is stale (its `chatpipe up`, pid {info.pid}, "
-                             f"is not running); {hint}")
+        raise NoRunningStack(
+            f"no broker: {path} is stale (its `chatpipe up`, pid {info.pid}, "
+            f"is not running); {hint}"
+        )
     return info

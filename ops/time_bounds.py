@@ -9,8 +9,7 @@ from datetime import UTC, datetime
 from typing import NamedTuple
 
 _RELATIVE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)\s*$")
-_UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000,
-            "w": 604_800_000}
+_UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000, "w": 604_800_000}
 
 
 def parse_time(text: str, now_ms: int) -> int:
@@ -25,8 +24,9 @@ def parse_time(text: str, now_ms: int) -> int:
     try:
         moment = datetime.fromisoformat(stripped.replace("Z", "+00:00").replace("z", "+00:00"))
     except ValueError:
-        raise ValueError(f"not a time: {text!r} (give e.g. 10m, 2h, 1d or "
-                         "2026-11-30T16:00:00Z)") from None
+        raise ValueError(
+            f"not a time: {text!r} (give e.g. 10m, 2h, 1d or 2026-11-30T16:00:00Z)"
+        ) from None
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=UTC)
     return round(moment.timestamp() * 1000)
@@ -55,5 +55,9 @@ def time_offsets_believable(answers: Iterable[TimeAnswer | None], target_ms: int
 
 
 def _right(a: TimeAnswer, target_ms: int) -> bool:
-    return (a.offset >= 0 and a.timestamp >= target_ms and a.found_ms == a.timestamp
-            and (a.before_ms is None or a.before_ms < target_ms))
+    return (
+        a.offset >= 0
+        and a.timestamp >= target_ms
+        and a.found_ms == a.timestamp
+        and (a.before_ms is None or a.before_ms < target_ms)
+    )

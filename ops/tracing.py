@@ -148,8 +148,9 @@ def trace_headers() -> tuple[tuple[str, bytes], ...]:
 
 
 def _headers_of(span_context: SpanContext) -> tuple[tuple[str, bytes], ...]:
-    traceparent = _traceparent(span_context.trace_id, span_context.span_id,
-                               span_context.trace_flags)
+    traceparent = _traceparent(
+        span_context.trace_id, span_context.span_id, span_context.trace_flags
+    )
     if not span_context.trace_state:
         return traceparent
     return (*traceparent, (TRACESTATE, span_context.trace_state.to_header().encode()))
@@ -162,8 +163,9 @@ def _traceparent(trace_id: int, span_id: int, flags: int) -> tuple[tuple[str, by
 
 def extract(headers: Iterable[tuple[str, bytes]]) -> otel_context.Context:
     """The context a record's (or a request's) W3C headers carry; an empty one if none."""
-    carrier = {key: value.decode("latin-1") for key, value in headers
-               if key in (TRACEPARENT, TRACESTATE)}
+    carrier = {
+        key: value.decode("latin-1") for key, value in headers if key in (TRACEPARENT, TRACESTATE)
+    }
     return _PROPAGATOR.extract(carrier, context=otel_context.Context())
 
 
@@ -182,7 +184,8 @@ class _Nothing:
 
 _NOTHING = _Nothing()
 _fresh: contextvars.ContextVar[trace.Span | None] = contextvars.ContextVar(
-    "chatpipe_fresh_span", default=None)
+    "chatpipe_fresh_span", default=None
+)
 
 
 def consuming(stage: str, record: ConsumerRecord) -> Any:
@@ -230,8 +233,10 @@ class _Handling:
 
     def __enter__(self) -> None:
         self.span, fresh = self.spans.span_of(self.record, self.traceparent)
-        self.tokens = (otel_context.attach(trace.set_span_in_context(self.span)),
-                       _fresh.set(self.span if fresh else None))
+        self.tokens = (
+            otel_context.attach(trace.set_span_in_context(self.span)),
+            _fresh.set(self.span if fresh else None),
+        )
 
     def __exit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
         context_token, fresh_token = self.tokens
@@ -259,8 +264,11 @@ class _StreamSpans:
         self._sweep()
         parent = extract(record.headers)
         span = self.tracer.start_span(
-            f"{record.topic} process", context=parent, kind=SpanKind.CONSUMER,
-            attributes=_messaging_attributes(record))
+            f"{record.topic} process",
+            context=parent,
+            kind=SpanKind.CONSUMER,
+            attributes=_messaging_attributes(record),
+        )
         self.open[traceparent] = [span, time.time_ns(), 1]
         return span, True
 
@@ -366,18 +374,24 @@ async def _within(held: otel_context.Context, work: Coroutine[Any, Any, T]) -> T
         otel_context.detach(token)
 
 
-def in_span(stage: str, name: str, work: Coroutine[Any, Any, T],
-            **attributes: str | int) -> Coroutine[Any, Any, T]:
+def in_span(
+    stage: str, name: str, work: Coroutine[Any, Any, T], **attributes: str | int
+) -> Coroutine[Any, Any, T]:
     """`work` run in a new span `name` of `stage`, child of the current one; the
     attributes are named `chatpipe.<key>`. `work` itself while off."""
     if _state is None:
         return work
-    return _in_span(_state.tracer(stage), name, work,
-                    {f"chatpipe.{key}": value for key, value in attributes.items()})
+    return _in_span(
+        _state.tracer(stage),
+        name,
+        work,
+        {f"chatpipe.{key}": value for key, value in attributes.items()},
+    )
 
 
-async def _in_span(tracer: Tracer, name: str, work: Coroutine[Any, Any, T],
-                   attributes: dict[str, str | int]) -> T:
+async def _in_span(
+    tracer: Tracer, name: str, work: Coroutine[Any, Any, T], attributes: dict[str, str | int]
+) -> T:
     with tracer.start_as_current_span(name, attributes=attributes):
         return await work
 
@@ -387,7 +401,8 @@ def add_event(name: str, **attributes: str | int) -> None:
     if _state is None:
         return
     trace.get_current_span().add_event(
-        name, {f"chatpipe.{key}": value for key, value in attributes.items()})
+        name, {f"chatpipe.{key}": value for key, value in attributes.items()}
+    )
 
 
 def _nothing() -> None:

@@ -44,8 +44,14 @@ class Recorder:
         self._open: dict[str, _Open] = {}
         self._finished: OrderedDict[str, None] = OrderedDict()
 
-    def on_event(self, event: Event, *, partition: int = 0, offset: int = 0, now: float = 0.0,
-                 ) -> NewMessage | None:
+    def on_event(
+        self,
+        event: Event,
+        *,
+        partition: int = 0,
+        offset: int = 0,
+        now: float = 0.0,
+    ) -> NewMessage | None:
         """Take one event; returns the message to store when its answer ends.
 
         Events of an answer whose `AnswerStarted` marker was not read are ignored (an
@@ -81,8 +87,9 @@ class Recorder:
 
         Commit `min(floor, next offset to read)`: everything of an open answer is then
         read again after a restart."""
-        return min((o.first_offset for o in self._open.values() if o.partition == partition),
-                   default=None)
+        return min(
+            (o.first_offset for o in self._open.values() if o.partition == partition), default=None
+        )
 
     def open_requests(self) -> list[str]:
         """Ids of answers started and not yet finished, oldest first."""

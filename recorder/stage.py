@@ -31,22 +31,29 @@ GROUP = "chatpipe-recorder"
 
 
 class RecorderStage:
-    def __init__(self, kafka: KafkaConfig, store: ConversationStore,
-                 idle_timeout_s: float = 120.0) -> None:
+    def __init__(
+        self, kafka: KafkaConfig, store: ConversationStore, idle_timeout_s: float = 120.0
+    ) -> None:
         self.store = store
         self.recorder = Recorder(idle_timeout_s=idle_timeout_s)
         self.runner = StageRunner(
-            kafka, STAGE, GROUP, [topics.ANSWERS], bulk=True,
+            kafka,
+            STAGE,
+            GROUP,
+            [topics.ANSWERS],
+            bulk=True,
             commit_floor=lambda tp: self.recorder.commit_floor(tp.partition),
-            on_revoke=lambda tp: self.recorder.forget_partition(tp.partition))
+            on_revoke=lambda tp: self.recorder.forget_partition(tp.partition),
+        )
 
     async def run(self) -> None:
         await self.runner.run(self._handle, self._expire)
 
     async def _handle(self, record: ConsumerRecord) -> None:
         event = decode_record(ANSWER_EVENT, record)
-        message = self.recorder.on_event(event, partition=record.partition,
-                                         offset=record.offset, now=time.monotonic())
+        message = self.recorder.on_event(
+            event, partition=record.partition, offset=record.offset, now=time.monotonic()
+        )
         if message is not None:
             await self._store(message)
 
@@ -57,6 +64,5 @@ class RecorderStage:
 
     async def _expire(self) -> None:
         for message in self.recorder.expire(time.monotonic()):
-            log.warning("answer %s stopped without an end; stored as it was",
-                        message.message_id)
+            log.warning("answer %s stopped without an end; stored as it was", message.message_id)
             await self._store(message)

@@ -87,8 +87,10 @@ class Documents:
         kind = file_type(upload.filename, upload.declared_type, upload.data)
         chunks = await asyncio.to_thread(self._chunks, kind, upload.data)
         if len(chunks) > limits.max_chunks:
-            raise TooManyChunks(f"the file makes {len(chunks)} chunks of"
-                                f" {limits.chunk_chars} characters; at most {limits.max_chunks}")
+            raise TooManyChunks(
+                f"the file makes {len(chunks)} chunks of"
+                f" {limits.chunk_chars} characters; at most {limits.max_chunks}"
+            )
         embedder = await self._embedder()
         async with self._ingesting:
             vectors = await embed(embedder, [c.text for c in chunks])

@@ -40,8 +40,10 @@ def file_type(filename: str, declared: str | None, data: bytes) -> str:
     by_declared = _BY_DECLARED.get((declared or "").split(";")[0].strip().lower())
     if by_declared is not None:
         return by_declared
-    raise UnsupportedFile(f"{filename!r} is not text, Markdown or PDF "
-                          f"(.txt, .md or .pdf; content type {declared or 'unset'})")
+    raise UnsupportedFile(
+        f"{filename!r} is not text, Markdown or PDF "
+        f"(.txt, .md or .pdf; content type {declared or 'unset'})"
+    )
 
 
 def extract_text(kind: str, data: bytes) -> str:
@@ -49,8 +51,9 @@ def extract_text(kind: str, data: bytes) -> str:
     text = _pdf_text(data) if kind == PDF else _utf8(data)
     text = text.replace("\r\n", "\n").replace("\r", "\n").replace("\x00", "")
     if not text.strip():
-        raise UnreadableFile("the file holds no text" + (" (a scanned PDF?)" if kind == PDF
-                                                        else ""))
+        raise UnreadableFile(
+            "the file holds no text" + (" (a scanned PDF?)" if kind == PDF else "")
+        )
     return text
 
 

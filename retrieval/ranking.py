@@ -44,7 +44,9 @@ def rank(query: np.ndarray, candidates: Sequence[Candidate], top_k: int,
     if not candidates or top_k < 1:
         return []
     scores = similarities(query, np.stack([from_bytes(c.vector) for c in candidates]))
-    order = sorted(range(len(candidates)), key=lambda i: -float(scores[i]))  # stable: ties keep order
+    order = sorted(
+        range(len(candidates)), key=lambda i: -float(scores[i])
+    )  # stable: ties keep order
     return [Hit(candidates[i], float(scores[i])) for i in order[:top_k]
             if float(scores[i]) >= min_score]  # fmt: skip
 
@@ -55,8 +57,10 @@ def context_block(hits: Sequence[Hit]) -> str | None:
     refer to its sources by number."""
     if not hits:
         return None
-    parts = ["Excerpts from the user's documents, most relevant first. Use them to answer "
-             "when they help, and cite them by their number, like [1]."]
+    parts = [
+        "Excerpts from the user's documents, most relevant first. Use them to answer "
+        "when they help, and cite them by their number, like [1]."
+    ]
     for n, hit in enumerate(hits, start=1):
         c = hit.chunk
         parts.append(f"[{n}] {c.filename} (chunk {c.chunk_index})\n{c.text}")

@@ -139,8 +139,13 @@ class SafetyCore:
         self._open: dict[str, _Generation] = {}
         self._finished: OrderedDict[str, None] = OrderedDict()
 
-    def on_event(self, event: object, partition: int, offset: int, now: float,
-                 ) -> Check | list[Output]:
+    def on_event(
+        self,
+        event: object,
+        partition: int,
+        offset: int,
+        now: float,
+    ) -> Check | list[Output]:
         """Take one `chat.tokens` event; a chunk to classify comes back as a `Check`."""
         request_id = getattr(event, "request_id", None)
         if request_id is None or request_id in self._finished:
@@ -175,19 +180,35 @@ class SafetyCore:
         logprobs = generation.released_logprobs()
         if not released and not logprobs:
             return []
-        return [_deliver(chunk, Delta(request_id=chunk.request_id, attempt=chunk.attempt,
-                                      seq=chunk.seq, text=released, logprobs=logprobs))]
+        return [
+            _deliver(
+                chunk,
+                Delta(
+                    request_id=chunk.request_id,
+                    attempt=chunk.attempt,
+                    seq=chunk.seq,
+                    text=released,
+                    logprobs=logprobs,
+                ),
+            )
+        ]
 
-    def fail(self, event: StreamEvent, code: str = SAFETY_ERROR,
-             message: str = SAFETY_ERROR_MESSAGE) -> list[Output]:
+    def fail(
+        self, event: StreamEvent, code: str = SAFETY_ERROR, message: str = SAFETY_ERROR_MESSAGE
+    ) -> list[Output]:
         """Processing `event` failed: end its stream with `code` and a fixed `message`
         (the cause stays in the adapter's log, never reaches the client), and stop its
         generation."""
         if event.request_id in self._finished:
             return []
         self._forget(event.request_id)
-        end = DeliveryError(request_id=event.request_id, attempt=event.attempt,
-                            seq=event.seq + 1, code=code, message=message)
+        end = DeliveryError(
+            request_id=event.request_id,
+            attempt=event.attempt,
+            seq=event.seq + 1,
+            code=code,
+            message=message,
+        )
         return [Cancel(request_id=event.request_id, reason=code), _deliver(event, end)]
 
     def expire(self, now: float) -> list[str]:
@@ -199,8 +220,9 @@ class SafetyCore:
 
     def commit_floor(self, partition: int) -> int | None:
         """The first offset of a generation still open on `partition`, None if none."""
-        return min((g.first_offset for g in self._open.values() if g.partition == partition),
-                   default=None)
+        return min(
+            (g.first_offset for g in self._open.values() if g.partition == partition), default=None
+        )
 
     def forget_partition(self, partition: int) -> None:
         """A revoked partition: its generations are read again by its next owner."""
@@ -221,38 +243,75 @@ class SafetyCore:
         fields = {"request_id": end.request_id, "attempt": end.attempt, "seq": end.seq + 1}
         if generation.filtered:
             usage = end.usage if isinstance(end, GenerationDone) else Usage()
-            return [_deliver(end, DeliveryDone(**fields, status=RequestStatus.FINISHED_FILTERED,
-                                               usage=usage, model=end.model))]
+            return [
+                _deliver(
+                    end,
+                    DeliveryDone(
+                        **fields,
+                        status=RequestStatus.FINISHED_FILTERED,
+                        usage=usage,
+                        model=end.model,
+                    ),
+                )
+            ]
         outputs: list[Output] = []
         rest = generation.gate.finish()
         logprobs = generation.released_logprobs()
         if rest or logprobs:
-            outputs.append(_deliver(end, Delta(request_id=end.request_id, attempt=end.attempt,
-                                               seq=end.seq, text=rest, logprobs=logprobs)))
+            outputs.append(
+                _deliver(
+                    end,
+                    Delta(
+                        request_id=end.request_id,
+                        attempt=end.attempt,
+                        seq=end.seq,
+                        text=rest,
+                        logprobs=logprobs,
+                    ),
+                )
+            )
         if isinstance(end, GenerationDone):
             final: DeliveryDone | DeliveryError = DeliveryDone(
-                **fields, status=end.status, usage=end.usage, model=end.model,
-                tool_calls=end.tool_calls)
+                **fields,
+                status=end.status,
+                usage=end.usage,
+                model=end.model,
+                tool_calls=end.tool_calls,
+            )
         else:
-            final = DeliveryError(**fields, code=end.code, message=end.message,
-                                  retry_after=end.retry_after)
+            final = DeliveryError(
+                **fields, code=end.code, message=end.message, retry_after=end.retry_after
+            )
         outputs.append(_deliver(end, final))
         return outputs
 
-    def _retract(self, chunk: TokenChunk, generation: _Generation,
-                 verdict: Verdict) -> list[Output]:
+    def _retract(
+        self, chunk: TokenChunk, generation: _Generation, verdict: Verdict
+    ) -> list[Output]:
         generation.filtered = True
         shown = replacement(verdict.category)
         return [
             Cancel(request_id=chunk.request_id, reason="content_filter"),
-            _deliver(chunk, Retract(request_id=chunk.request_id, attempt=chunk.attempt,
-                                    seq=chunk.seq, message_id=chunk.message_id,
-                                    reason=verdict.category, replacement=shown)),
-            ModerationEvent(request_id=chunk.request_id, conversation_id=chunk.conversation_id,
-                            message_id=chunk.message_id, action="retract",
-                            category=verdict.category,
-                            reason=f"{verdict.classifier}: {verdict.reason}",
-                            replacement=shown),
+            _deliver(
+                chunk,
+                Retract(
+                    request_id=chunk.request_id,
+                    attempt=chunk.attempt,
+                    seq=chunk.seq,
+                    message_id=chunk.message_id,
+                    reason=verdict.category,
+                    replacement=shown,
+                ),
+            ),
+            ModerationEvent(
+                request_id=chunk.request_id,
+                conversation_id=chunk.conversation_id,
+                message_id=chunk.message_id,
+                action="retract",
+                category=verdict.category,
+                reason=f"{verdict.classifier}: {verdict.reason}",
+                replacement=shown,
+            ),
         ]
 
     def _forget(self, request_id: str) -> None:
@@ -262,8 +321,9 @@ class SafetyCore:
             self._finished.popitem(last=False)
 
 
-def _deliver(source: StreamEvent,
-             event: Delta | Retract | DeliveryDone | DeliveryError | ToolDelivery) -> Deliver:
+def _deliver(
+    source: StreamEvent, event: Delta | Retract | DeliveryDone | DeliveryError | ToolDelivery
+) -> Deliver:
     return Deliver(event, source.reply_to, source.conversation_id, source.store)
 
 
@@ -272,15 +332,27 @@ def _tool_step(event: ToolCallsMade | ToolResult, generation: _Generation) -> li
     still held (their positions: `ToolCallsMade`), or a result."""
     ids = {"request_id": event.request_id, "attempt": event.attempt}
     if isinstance(event, ToolResult):
-        return [_deliver(event, DeliveredToolResult(
-            **ids, seq=event.seq, call_id=event.call_id, name=event.name,
-            content=event.content, error=event.error))]
+        return [
+            _deliver(
+                event,
+                DeliveredToolResult(
+                    **ids,
+                    seq=event.seq,
+                    call_id=event.call_id,
+                    name=event.name,
+                    content=event.content,
+                    error=event.error,
+                ),
+            )
+        ]
     outputs: list[Output] = []
     rest = generation.gate.finish()
     if rest:
         outputs.append(_deliver(event, Delta(**ids, seq=event.seq, text=rest)))
-    outputs += [_deliver(event, DeliveredToolCall(**ids, seq=event.seq + 1 + index, call=call))
-                for index, call in enumerate(event.calls)]
+    outputs += [
+        _deliver(event, DeliveredToolCall(**ids, seq=event.seq + 1 + index, call=call))
+        for index, call in enumerate(event.calls)
+    ]
     return outputs
 
 

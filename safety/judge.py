@@ -41,10 +41,15 @@ def judge_ask(client: RequestReplyClient, model: str, wait_s: float = JUDGE_WAIT
 
     async def ask(prompt: str) -> str:
         request = generation_request(
-            user_id=JUDGE_USER, org_id=JUDGE_ORG, tier=Tier.FREE, model=model,
+            user_id=JUDGE_USER,
+            org_id=JUDGE_ORG,
+            tier=Tier.FREE,
+            model=model,
             messages=(ChatMessage(role=Role.USER, content=prompt),),
             sampling=SamplingOptions(max_tokens=JUDGE_MAX_TOKENS, temperature=0.0),
-            reply_to=client.reply_to, timeout_s=JUDGE_TIMEOUT_S)
+            reply_to=client.reply_to,
+            timeout_s=JUDGE_TIMEOUT_S,
+        )
         async with asyncio.timeout(wait_s):
             stream = await client.submit(request)
             try:

@@ -16,8 +16,9 @@ SENTENCE_END = re.compile(r"[.!?\n]\s*")
 
 
 class OutputGate:
-    def __init__(self, window_chars: int = 0, overlap_chars: int = 64,
-                 sentences: bool = False) -> None:
+    def __init__(
+        self, window_chars: int = 0, overlap_chars: int = 64, sentences: bool = False
+    ) -> None:
         self.window_chars = window_chars
         self.overlap_chars = overlap_chars
         self.sentences = sentences
@@ -39,7 +40,7 @@ class OutputGate:
 
     def to_check(self) -> str:
         """Unchecked text with `overlap_chars` of checked text before it."""
-        return self._text[max(0, self._checked - self.overlap_chars):]
+        return self._text[max(0, self._checked - self.overlap_chars) :]
 
     def passed(self) -> str:
         """Everything fed is checked: returns the text that may be sent now."""
@@ -58,6 +59,6 @@ class OutputGate:
         return max(self._released, len(self._text) - self.window_chars)
 
     def _release_to(self, cut: int) -> str:
-        out = self._text[self._released:cut]
+        out = self._text[self._released : cut]
         self._released = max(self._released, cut)
         return out

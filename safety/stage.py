@@ -53,12 +53,17 @@ class SafetyStage:
         self.core = SafetyCore(config)
         self.check_seconds: deque[float] = deque(maxlen=100_000)
         self.runner = StageRunner(
-            kafka, STAGE, GROUP, [topics.TOKENS], poll_ms=100,
+            kafka,
+            STAGE,
+            GROUP,
+            [topics.TOKENS],
+            poll_ms=100,
             commit_floor=lambda tp: self.core.commit_floor(tp.partition),
             on_revoke=lambda tp: self.core.forget_partition(tp.partition),
             busy_while=lambda: self.core.open_count,
             eager=lambda batch: self.core.awaiting_first_chunk or _starts_a_stream(batch),
-            commit_rule=self._commit_due)
+            commit_rule=self._commit_due,
+        )
         self._committed_at = float("-inf")
         self._gone_topics: dict[str, float] = {}  # delivery topic -> dropped until
 
@@ -130,17 +135,20 @@ class SafetyStage:
 
     async def _expire(self) -> None:
         for request_id in self.core.expire(time.monotonic()):
-            log.warning("gave up on generation %s: no event for %.0f s", request_id,
-                        self.core.idle_timeout_s)
+            log.warning(
+                "gave up on generation %s: no event for %.0f s",
+                request_id,
+                self.core.idle_timeout_s,
+            )
 
 
 def _starts_a_stream(batch: Batch) -> bool:
     """An attempt's marker is among a poll's records: its first chunk is on its way."""
-    return any(ATTEMPT_MARKER in record.headers
-               for records in batch.values() for record in records)
+    return any(ATTEMPT_MARKER in record.headers for records in batch.values() for record in records)
 
 
 def _gateway_gone(exc: RecordRejected) -> bool:
     """The bus refused a delivery because its gateway's topic does not exist."""
-    return (exc.topic.startswith(topics.DELIVER_PREFIX)
-            and isinstance(exc.cause, UnknownTopicOrPartitionError))
+    return exc.topic.startswith(topics.DELIVER_PREFIX) and isinstance(
+        exc.cause, UnknownTopicOrPartitionError
+    )

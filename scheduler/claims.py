@@ -53,11 +53,20 @@ class Claim:
         claim's offset: every claim after it is read as it comes."""
         self.epoch = int(time.time() * 1000)
         first = await self._send()
-        earlier = await read_between(self.kafka, topics.SCHEDULER,
-                                     {first.partition: (committed, first.offset)},
-                                     SCHEDULER_EVENT)
-        highest = max((e.epoch for _, _, e in earlier
-                       if isinstance(e, SchedulerClaim) and e.shard == self.shard), default=0)
+        earlier = await read_between(
+            self.kafka,
+            topics.SCHEDULER,
+            {first.partition: (committed, first.offset)},
+            SCHEDULER_EVENT,
+        )
+        highest = max(
+            (
+                e.epoch
+                for _, _, e in earlier
+                if isinstance(e, SchedulerClaim) and e.shard == self.shard
+            ),
+            default=0,
+        )
         if highest >= self.epoch:
             self.epoch = highest + 1
             await self._send()
@@ -65,10 +74,17 @@ class Claim:
 
     async def on_journal(self, partitions: list[TopicPartition]) -> dict[int, int]:
         """Claim every partition of this shard's `chat.work`; the offset of each claim."""
-        sent = await asyncio.gather(*(self.publisher.send_and_wait(
-            topics.work_topic(self.shard), self.event(), key=self.scheduler_id,
-            partition=tp.partition)
-            for tp in partitions))
+        sent = await asyncio.gather(
+            *(
+                self.publisher.send_and_wait(
+                    topics.work_topic(self.shard),
+                    self.event(),
+                    key=self.scheduler_id,
+                    partition=tp.partition,
+                )
+                for tp in partitions
+            )
+        )
         return {record.partition: record.offset for record in sent}
 
     async def refresh(self) -> None:
@@ -79,9 +95,9 @@ class Claim:
         return fences(claim, self.scheduler_id, self.epoch, self.shard)
 
     async def _send(self) -> RecordMetadata:
-        sent = await self.publisher.send_and_wait(topics.SCHEDULER, self.event(),
-                                                  key=self.scheduler_id)
-        await self.consumer.commit({TopicPartition(topics.SCHEDULER, sent.partition):
-                                    sent.offset})
+        sent = await self.publisher.send_and_wait(
+            topics.SCHEDULER, self.event(), key=self.scheduler_id
+        )
+        await self.consumer.commit({TopicPartition(topics.SCHEDULER, sent.partition): sent.offset})
         self._sent_at = time.monotonic()
         return sent

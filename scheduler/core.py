@@ -125,8 +125,9 @@ class Scheduler:
     """Waiting set + worker registry. `clock` is monotonic seconds; `wall` is epoch
     (deadlines): the adapter passes its clocks, a test its own."""
 
-    def __init__(self, policy: Policy, *, clock: Callable[[], float],
-                 wall: Callable[[], float]) -> None:
+    def __init__(
+        self, policy: Policy, *, clock: Callable[[], float], wall: Callable[[], float]
+    ) -> None:
         self.policy = policy
         self._clock = clock
         self._wall = wall
@@ -147,7 +148,9 @@ class Scheduler:
         self._unknown: dict[str, InFlight] = {}
         self._shares = tuple(  # each tier with a minimum share, and the tiers above it
             (lower, share, tuple(t for t in _TIERS if _RANK[t] < _RANK[lower]))
-            for lower in _TIERS if (share := policy.min_share.get(lower, 0.0)))
+            for lower in _TIERS
+            if (share := policy.min_share.get(lower, 0.0))
+        )
 
     # --- requests -------------------------------------------------------------------
 
@@ -159,8 +162,11 @@ class Scheduler:
         request_id = request.request_id
         decision = self.registry.decided.get(request_id)
         if decision is not None and decision.code is not None:
-            return Admission(request.model_copy(update={"attempt": decision.attempt}),
-                             end_code=decision.code, recorded=True)
+            return Admission(
+                request.model_copy(update={"attempt": decision.attempt}),
+                end_code=decision.code,
+                recorded=True,
+            )
         if request_id in self._waiting or self.registry.knows(request_id):
             return Admission(request)
         if request_id in self._cancelled_unseen:
@@ -172,8 +178,9 @@ class Scheduler:
         bound = self.policy.max_wait_s.get(request.tier)
         wait_s = None if bound is None else self.expected_wait_s(request.tier, extra=1)
         if wait_s is not None and bound is not None and wait_s > bound:
-            return Admission(request, end_code=OVERLOADED,
-                             retry_after_s=_retry_after(wait_s - bound))
+            return Admission(
+                request, end_code=OVERLOADED, retry_after_s=_retry_after(wait_s - bound)
+            )
         self._enqueue(request)
         return Admission(request, queued=True, routed_reason=reason)
 
@@ -257,8 +264,12 @@ class Scheduler:
     def running(self) -> list[GenerationRequest]:
         """Requests handed to workers and not known to have ended (those only a heartbeat
         told of, whose request is not read back yet, are left out)."""
-        return [flight.request for worker in self.registry.workers.values()
-                for flight in worker.in_flight.values() if flight.request is not None]
+        return [
+            flight.request
+            for worker in self.registry.workers.values()
+            for flight in worker.in_flight.values()
+            if flight.request is not None
+        ]
 
     def expire(self) -> list[GenerationRequest]:
         """Drop and return waiting requests whose deadline has passed. A continuation
@@ -315,13 +326,15 @@ class Scheduler:
         if self._sweep is not None:
             since = now - self._updated_at if self._updated_at > -math.inf else 0.0
             share = min(1.0, since / interval) if interval > 0 else 1.0
-            self._sweep_on(max(QUEUE_SWEEP_MIN, math.ceil(share * len(self._waiting))),
-                           updates, now, each_s)
+            self._sweep_on(
+                max(QUEUE_SWEEP_MIN, math.ceil(share * len(self._waiting))), updates, now, each_s
+            )
         self._updated_at = now
         return updates
 
-    def _sweep_on(self, steps: int, updates: list[QueueUpdate], now: float,
-                  each_s: float | None) -> None:
+    def _sweep_on(
+        self, steps: int, updates: list[QueueUpdate], now: float, each_s: float | None
+    ) -> None:
         sweep = self._sweep
         assert sweep is not None
         walked, gone, started_at = sweep.walked, sweep.gone, sweep.started_at
@@ -340,11 +353,13 @@ class Scheduler:
             self._sweep = None
         sweep.walked, sweep.gone = walked, gone
 
-    def _show(self, request: GenerationRequest, position: int, now: float,
-              each_s: float | None) -> QueueUpdate:
+    def _show(
+        self, request: GenerationRequest, position: int, now: float, each_s: float | None
+    ) -> QueueUpdate:
         self._shown[request.request_id] = (position, now)
-        return QueueUpdate(request, position + 1,
-                           None if each_s is None else int((position + 1) * each_s * 1000))
+        return QueueUpdate(
+            request, position + 1, None if each_s is None else int((position + 1) * each_s * 1000)
+        )
 
     # --- workers --------------------------------------------------------------------
 
@@ -403,8 +418,9 @@ class Scheduler:
         not read yet."""
         return self.registry.unread()
 
-    def restore(self, partition: int, offset: int,
-                event: WorkAssignment | Unserved | SchedulerClaim) -> None:
+    def restore(
+        self, partition: int, offset: int, event: WorkAssignment | Unserved | SchedulerClaim
+    ) -> None:
         """Replay one journal record after a restart (`Registry.restore`)."""
         self.registry.restore(partition, offset, event, self._clock())
 
@@ -470,8 +486,12 @@ class Scheduler:
         """The conversation's previous worker while its load is under the affinity
         bound, else the worker of `model` with the most free slots."""
         previous = self.registry.workers.get(self._affinity.get(request.conversation_id, ""))
-        if (previous is not None and previous.model == model and previous.free_slots > 0
-                and previous.load < self.policy.affinity_max_load * previous.max_slots):
+        if (
+            previous is not None
+            and previous.model == model
+            and previous.free_slots > 0
+            and previous.load < self.policy.affinity_max_load * previous.max_slots
+        ):
             return previous
         return self.registry.most_free(model)
 
@@ -481,7 +501,8 @@ class Scheduler:
 
 def _rerouted(request: GenerationRequest, model: str) -> GenerationRequest:
     return request.model_copy(
-        update={"model": model, "requested_model": request.requested_model or request.model})
+        update={"model": model, "requested_model": request.requested_model or request.model}
+    )
 
 
 def _next_attempt(request: GenerationRequest) -> GenerationRequest:

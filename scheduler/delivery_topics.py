@@ -23,9 +23,14 @@ log = logging.getLogger(__name__)
 
 
 class DeliveryTopicJanitor:
-    def __init__(self, kafka: KafkaConfig, watch: GatewayWatch,
-                 delivering: Callable[[], Collection[str]], interval_s: float,
-                 acting: Callable[[], bool] = lambda: True) -> None:
+    def __init__(
+        self,
+        kafka: KafkaConfig,
+        watch: GatewayWatch,
+        delivering: Callable[[], Collection[str]],
+        interval_s: float,
+        acting: Callable[[], bool] = lambda: True,
+    ) -> None:
         """`delivering`: the delivery topics requests waiting or running deliver to;
         `acting`: whether this scheduler acts (a fenced one deletes nothing)."""
         self.kafka = kafka
@@ -55,6 +60,9 @@ class DeliveryTopicJanitor:
         self.watch.deleted(deleted)
         if deleted:
             metrics.DELIVERY_TOPICS_DELETED.inc(len(deleted))
-            log.info("deleted the delivery topics of %d gone gateways: %s", len(deleted),
-                     ", ".join(deleted))
+            log.info(
+                "deleted the delivery topics of %d gone gateways: %s",
+                len(deleted),
+                ", ".join(deleted),
+            )
         return deleted

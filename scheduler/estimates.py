@@ -22,8 +22,9 @@ class Throughput:
     def finished(self, service_s: float) -> None:
         now = self._clock()
         self._finished.append(now)
-        self._service_s = service_s if self._service_s is None else (
-            0.8 * self._service_s + 0.2 * service_s)
+        self._service_s = (
+            service_s if self._service_s is None else (0.8 * self._service_s + 0.2 * service_s)
+        )
         self._trim(now)
 
     def rate(self) -> float | None:

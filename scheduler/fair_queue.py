@@ -70,8 +70,9 @@ class FairQueue:
         first request, before any has a second."""
         if len(self._orgs) < count:
             return list(itertools.islice(self, count))
-        return [next(iter(users.values()))[0]
-                for users in itertools.islice(self._orgs.values(), count)]
+        return [
+            next(iter(users.values()))[0] for users in itertools.islice(self._orgs.values(), count)
+        ]
 
     def __iter__(self) -> Iterator[GenerationRequest]:
         """Requests in the order `pop` would hand them out, without popping: the first

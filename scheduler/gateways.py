@@ -31,8 +31,10 @@ FRESH_S = 5.0
 class GatewayWatch:
     def __init__(self, grace_s: float, topic_ttl_s: float = 0.0) -> None:
         if 0 < topic_ttl_s <= grace_s:  # a resumer's Reroute would find no topic
-            raise ValueError(f"the delivery topics' TTL ({topic_ttl_s} s) must be longer "
-                             f"than the resume grace ({grace_s} s), or 0 (never deleted)")
+            raise ValueError(
+                f"the delivery topics' TTL ({topic_ttl_s} s) must be longer "
+                f"than the resume grace ({grace_s} s), or 0 (never deleted)"
+            )
         self.grace_s = grace_s
         self.topic_ttl_s = topic_ttl_s
         """0: delivery topics are never deleted."""
@@ -77,8 +79,9 @@ class GatewayWatch:
         self._walked = (silent, now)
         return True
 
-    def abandoned(self, requests: Iterable[GenerationRequest],
-                  now: float) -> list[GenerationRequest]:
+    def abandoned(
+        self, requests: Iterable[GenerationRequest], now: float
+    ) -> list[GenerationRequest]:
         """Those of `requests` nobody relays any more, each returned once."""
         if self.grace_s <= 0:
             return []
@@ -92,8 +95,9 @@ class GatewayWatch:
                 found.append(request)
         return found
 
-    def gone_topics(self, listed: Iterable[str], delivering: Collection[str],
-                    now: float) -> list[str]:
+    def gone_topics(
+        self, listed: Iterable[str], delivering: Collection[str], now: float
+    ) -> list[str]:
         """The delivery topics among `listed` (all that exist) whose gateway is gone;
         `delivering`: the `reply_to` of every request waiting or running here."""
         if self.topic_ttl_s <= 0:

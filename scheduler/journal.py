@@ -36,16 +36,21 @@ _MESSAGES = {
 }
 
 
-def unserved_end(request: GenerationRequest, code: str,
-                 retry_after: float | None = None) -> GenerationDone | GenerationError:
+def unserved_end(
+    request: GenerationRequest, code: str, retry_after: float | None = None
+) -> GenerationDone | GenerationError:
     """The terminal event of a request ended without a worker, so the gateway's stream
     closes and the recorder stores the (empty or partial) answer."""
     fields = stream_fields(request, 0 if request.attempt == 0 else UNKNOWN_END_SEQ)
     if code == CANCELLED:
         return GenerationDone(**fields, status=RequestStatus.FINISHED_ABORTED, usage=Usage())
     if code == OVERLOADED:
-        return GenerationError(**fields, code=code, retry_after=retry_after or 1.0,
-                               message=f"the {request.tier} tier is overloaded; retry later")
+        return GenerationError(
+            **fields,
+            code=code,
+            retry_after=retry_after or 1.0,
+            message=f"the {request.tier} tier is overloaded; retry later",
+        )
     return GenerationError(**fields, code=code, message=_MESSAGES.get(code, code))
 
 

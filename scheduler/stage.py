@@ -84,9 +84,16 @@ BEAT_TOPICS = frozenset({topics.WORKERS, topics.CONTROL})
 
 
 class SchedulerStage:
-    def __init__(self, kafka: KafkaConfig, policy: Policy, status_interval_s: float = 1.0,
-                 scheduler_id: str | None = None, deliver_topic_ttl_s: float = 0.0,
-                 shard: Shard = Shard(), gc_freeze_s: float = 0.0) -> None:
+    def __init__(
+        self,
+        kafka: KafkaConfig,
+        policy: Policy,
+        status_interval_s: float = 1.0,
+        scheduler_id: str | None = None,
+        deliver_topic_ttl_s: float = 0.0,
+        shard: Shard = Shard(),
+        gc_freeze_s: float = 0.0,
+    ) -> None:
         self.kafka = kafka
         self.shard = shard
         self.work_topic = shard.work_topic
@@ -97,11 +104,23 @@ class SchedulerStage:
         self.fenced = asyncio.Event()
         # Heartbeats and status come all the time: only requests are work.
         self.runner = StageRunner(
-            kafka, STAGE, shard.group, (*topics.request_topics(), topics.CONTROL,
-                                        topics.WORKERS, topics.SCHEDULER, self.work_topic),
-            assign=True, poll_ms=100, busy_while=self._busy,
+            kafka,
+            STAGE,
+            shard.group,
+            (
+                *topics.request_topics(),
+                topics.CONTROL,
+                topics.WORKERS,
+                topics.SCHEDULER,
+                self.work_topic,
+            ),
+            assign=True,
+            poll_ms=100,
+            busy_while=self._busy,
             wakes=lambda topic: topic.startswith(topics.REQUESTS_PREFIX),
-            commit_rule=self._commit_rule, after_commit=self._commit_journal)
+            commit_rule=self._commit_rule,
+            after_commit=self._commit_journal,
+        )
         self.publisher: RetryingPublisher
         self._sources: dict[str, tuple[TopicPartition, int]] = {}
         self._status_sent_at = 0.0
@@ -111,8 +130,12 @@ class SchedulerStage:
         self._read_back_failures = 0
         self.gateways = GatewayWatch(policy.gateway_grace_s, deliver_topic_ttl_s)
         self.delivery_topics = DeliveryTopicJanitor(
-            kafka, self.gateways, self._delivering, min(SWEEP_S, deliver_topic_ttl_s / 4),
-            acting=lambda: not self.fenced.is_set())
+            kafka,
+            self.gateways,
+            self._delivering,
+            min(SWEEP_S, deliver_topic_ttl_s / 4),
+            acting=lambda: not self.fenced.is_set(),
+        )
         self.traces = tracing.HeldContexts()  # a request is dispatched after its span
         self.heap = HeapFreezer(gc_freeze_s, time.monotonic)
 
@@ -122,15 +145,17 @@ class SchedulerStage:
         await self.runner.start()
         self.consumer = self.runner.consumer
         self.publisher = self.runner.publisher
-        self.claim = Claim(self.publisher, self.consumer, self.kafka, self.scheduler_id,
-                           self.shard.name)
+        self.claim = Claim(
+            self.publisher, self.consumer, self.kafka, self.scheduler_id, self.shard.name
+        )
         metrics.watch_scheduler(self)
         janitor: asyncio.Task[None] | None = None
         try:
             await self._start()
             janitor = asyncio.create_task(self.delivery_topics.run(), name="delivery-topics")
-            await self.runner.consume(self._handle, self._decide, self._on_failure,
-                                      until=self.fenced.is_set)
+            await self.runner.consume(
+                self._handle, self._decide, self._on_failure, until=self.fenced.is_set
+            )
         finally:
             if janitor is not None:
                 janitor.cancel()
@@ -143,7 +168,8 @@ class SchedulerStage:
     def _busy(self) -> int:
         """Requests waiting or in flight: the streams this scheduler carries."""
         return self.core.waiting_count + sum(
-            len(worker.in_flight) for worker in self.core.registry.workers.values())
+            len(worker.in_flight) for worker in self.core.registry.workers.values()
+        )
 
     # --- start: claim and replay ------------------------------------------------------
 
@@ -158,22 +184,28 @@ class SchedulerStage:
         claimed = await self.claim.on_journal(work)
         replay_from = {tp.partition: committed[tp] for tp in work}
         records = await read_between(
-            self.kafka, self.work_topic,
+            self.kafka,
+            self.work_topic,
             {p: (replay_from[p], offset) for p, offset in claimed.items()},
-            WORK_EVENT, timeout_s=REPLAY_TIMEOUT_S)
+            WORK_EVENT,
+            timeout_s=REPLAY_TIMEOUT_S,
+        )
         for partition, offset, event in records:
             self.core.restore(partition, offset, event)
-        self.journal = JournalWindow({p: offset + 1 for p, offset in claimed.items()},
-                                     replay_from)
+        self.journal = JournalWindow({p: offset + 1 for p, offset in claimed.items()}, replay_from)
         for tp, offset in committed.items():
             if tp.topic.startswith(topics.REQUESTS_PREFIX):
                 self.journal.hold_until_read(tp, offset)
         self.consumer.seek(claims_tp, first_claim + 1)
         self.consumer.pause(*work)  # assigned only to commit the journal's offsets
-        log.info("scheduler %s%s: epoch %d, %d journal records replayed, started in %.2f s",
-                 self.claim.scheduler_id, f" (shard {self.shard.name})" if self.shard.name
-                 else "", self.claim.epoch, len(records),
-                 time.monotonic() - started)
+        log.info(
+            "scheduler %s%s: epoch %d, %d journal records replayed, started in %.2f s",
+            self.claim.scheduler_id,
+            f" (shard {self.shard.name})" if self.shard.name else "",
+            self.claim.epoch,
+            len(records),
+            time.monotonic() - started,
+        )
 
     # --- records ----------------------------------------------------------------------
 
@@ -186,8 +218,9 @@ class SchedulerStage:
         elif record.topic == topics.WORKERS:
             heartbeat = decode_record(WorkerHeartbeat, record)
             # Heartbeats read again after a restart may be old: only recent ones count.
-            if (heartbeat.sent_at >= time.time() - self.worker_lost_after_s
-                    and self.shard.decides(heartbeat.model)):
+            if heartbeat.sent_at >= time.time() - self.worker_lost_after_s and self.shard.decides(
+                heartbeat.model
+            ):
                 self.core.on_heartbeat(heartbeat)
         elif record.topic == topics.CONTROL:
             event = decode_record(CONTROL_EVENT, record)
@@ -200,8 +233,9 @@ class SchedulerStage:
         else:
             request = decode_record(GenerationRequest, record)
             if self.shard.decides(request.model):  # else another shard's
-                await self._admit(request, TopicPartition(record.topic, record.partition),
-                                  record.offset)
+                await self._admit(
+                    request, TopicPartition(record.topic, record.partition), record.offset
+                )
 
     async def _on_cancel(self, cancel: Cancel) -> None:
         """A cancel ends a waiting request here, and any later tool round of its answer
@@ -212,22 +246,33 @@ class SchedulerStage:
             request = self.core.request(cancel.request_id)
             asked_through = request.reply_to if request is not None else None
             if not self.gateways.holds(cancel.held_by, cancel.request_id, asked_through):
-                log.info("request %s resumed elsewhere: %s's cancel is dropped",
-                         cancel.request_id, cancel.held_by)
+                log.info(
+                    "request %s resumed elsewhere: %s's cancel is dropped",
+                    cancel.request_id,
+                    cancel.held_by,
+                )
                 return
         request = self.core.cancel_answer(cancel.request_id)
         if request is not None:
             await self._end_unserved(request, CANCELLED)
-        elif cancel.held_by is not None and (not self.shard.sharded
-                                             or self.core.registry.knows(cancel.request_id)):
-            await self.publisher.send(topics.CONTROL, Cancel(
-                request_id=cancel.request_id, reason=cancel.reason), key=cancel.request_id)
+        elif cancel.held_by is not None and (
+            not self.shard.sharded or self.core.registry.knows(cancel.request_id)
+        ):
+            await self.publisher.send(
+                topics.CONTROL,
+                Cancel(request_id=cancel.request_id, reason=cancel.reason),
+                key=cancel.request_id,
+            )
 
     def _on_scheduler_event(self, event: Event) -> None:
         if isinstance(event, SchedulerClaim) and self.claim.fenced_by(event):
-            log.warning("fenced: scheduler %s claimed epoch %d over this one's %d; "
-                        "this scheduler stops acting", event.scheduler_id, event.epoch,
-                        self.claim.epoch)
+            log.warning(
+                "fenced: scheduler %s claimed epoch %d over this one's %d; "
+                "this scheduler stops acting",
+                event.scheduler_id,
+                event.epoch,
+                self.claim.epoch,
+            )
             self.fenced.set()
 
     async def _admit(self, request: GenerationRequest, tp: TopicPartition, offset: int) -> None:
@@ -236,8 +281,12 @@ class SchedulerStage:
         request = admission.request
         if not admission.queued:
             if admission.end_code is not None:
-                await self._end_unserved(request, admission.end_code, admission.retry_after_s,
-                                         recorded=admission.recorded)
+                await self._end_unserved(
+                    request,
+                    admission.end_code,
+                    admission.retry_after_s,
+                    recorded=admission.recorded,
+                )
             return
         self.runner.tracker.started(tp, offset)
         self._sources[request.request_id] = (tp, offset)
@@ -255,8 +304,13 @@ class SchedulerStage:
         self.core.cancel(request.request_id)
         await self._end_unserved(request, _end_code(exc))
 
-    async def _end_unserved(self, request: GenerationRequest, code: str,
-                            retry_after: float | None = None, recorded: bool = False) -> None:
+    async def _end_unserved(
+        self,
+        request: GenerationRequest,
+        code: str,
+        retry_after: float | None = None,
+        recorded: bool = False,
+    ) -> None:
         """End a request without a worker: its `Unserved` record goes to the journal
         first (unless it is there already), then its stream's end."""
         metrics.REQUESTS_UNSERVED.labels(request.tier.value, code).inc()
@@ -266,10 +320,12 @@ class SchedulerStage:
                 self.work_topic,
                 Unserved(request_id=request.request_id, attempt=request.attempt, code=code),
                 key=request.request_id,
-                partition=unserved_partition(request.request_id, self.work_partitions))
+                partition=unserved_partition(request.request_id, self.work_partitions),
+            )
             self.journal.wrote(sent.partition, sent.offset)
-        await self.publisher.send(topics.TOKENS, unserved_end(request, code, retry_after),
-                                  key=request.conversation_id)
+        await self.publisher.send(
+            topics.TOKENS, unserved_end(request, code, retry_after), key=request.conversation_id
+        )
         self._release(request.request_id)
 
     async def _rejected(self, request: GenerationRequest, exc: RecordRejected) -> None:
@@ -297,22 +353,37 @@ class SchedulerStage:
         if self.fenced.is_set():
             return
         for worker_id in self.core.remove_lost_workers():
-            log.warning("worker %s lost: no heartbeat for %.0fs", worker_id,
-                        self.worker_lost_after_s)
+            log.warning(
+                "worker %s lost: no heartbeat for %.0fs", worker_id, self.worker_lost_after_s
+            )
         await self._read_back_unknown()
         for request in self.core.expire():
-            await self._per_request(request, self.traces.within(
-                request.request_id, self._end_unserved(request, DEADLINE_EXCEEDED)))
+            await self._per_request(
+                request,
+                self.traces.within(
+                    request.request_id, self._end_unserved(request, DEADLINE_EXCEEDED)
+                ),
+            )
         await self._cancel_abandoned()
         dispatches = self.core.schedule()
         if dispatches:
-            await asyncio.gather(*(self.traces.within(d.request.request_id, self._dispatch(d))
-                                   for d in dispatches))
+            await asyncio.gather(
+                *(self.traces.within(d.request.request_id, self._dispatch(d)) for d in dispatches)
+            )
         for update in self.core.queue_updates():
             request = update.request
-            await self._per_request(request, self._tell(request, Queued(
-                request_id=request.answer_id, attempt=request.attempt,
-                position=update.position, eta_ms=update.eta_ms)))
+            await self._per_request(
+                request,
+                self._tell(
+                    request,
+                    Queued(
+                        request_id=request.answer_id,
+                        attempt=request.attempt,
+                        position=update.position,
+                        eta_ms=update.eta_ms,
+                    ),
+                ),
+            )
         await self._publish_status()
         await self.claim.refresh()
         self.heap.tick()
@@ -335,16 +406,20 @@ class SchedulerStage:
         now = time.monotonic()
         if not self.gateways.worth_walking(now):
             return
-        for request in self.gateways.abandoned([*self.core.waiting(), *self.core.running()],
-                                               now):
-            log.info("request %s: its gateway %s is gone and nobody resumed it; cancelling",
-                     request.request_id, request.reply_to)
+        for request in self.gateways.abandoned([*self.core.waiting(), *self.core.running()], now):
+            log.info(
+                "request %s: its gateway %s is gone and nobody resumed it; cancelling",
+                request.request_id,
+                request.reply_to,
+            )
             if self.core.cancel(request.request_id) is not None:
                 await self._end_unserved(request, CANCELLED)
             else:
-                await self.publisher.send(topics.CONTROL, Cancel(
-                    request_id=request.request_id, reason="gateway_gone"),
-                    key=request.request_id)
+                await self.publisher.send(
+                    topics.CONTROL,
+                    Cancel(request_id=request.request_id, reason="gateway_gone"),
+                    key=request.request_id,
+                )
 
     async def _read_back_unknown(self) -> None:
         """Requests to dispatch again that only a heartbeat told of: their assignments
@@ -358,12 +433,16 @@ class SchedulerStage:
             start, end = bounds.get(flight.partition, (flight.offset, flight.offset + 1))
             bounds[flight.partition] = (min(start, flight.offset), max(end, flight.offset + 1))
         try:
-            records = await read_between(self.kafka, self.work_topic, bounds,
-                                         WORK_EVENT, timeout_s=READ_BACK_TIMEOUT_S)
+            records = await read_between(
+                self.kafka, self.work_topic, bounds, WORK_EVENT, timeout_s=READ_BACK_TIMEOUT_S
+            )
         except Exception:
             self._read_back_failures += 1
-            log.exception("reading back %d assignments failed (%d times)", len(unknown),
-                          self._read_back_failures)
+            log.exception(
+                "reading back %d assignments failed (%d times)",
+                len(unknown),
+                self._read_back_failures,
+            )
             if self._read_back_failures < READ_BACK_TRIES:
                 return
             records = []
@@ -374,29 +453,51 @@ class SchedulerStage:
             if isinstance(event, WorkAssignment) and event.request.request_id == flight.request_id:
                 self.core.resolve_unknown(flight.request_id, event.request)
             else:
-                log.error("assignment of %s not read back from %s[%d]@%d: it is not "
-                          "dispatched again", flight.request_id, self.work_topic, flight.partition,
-                          flight.offset)
+                log.error(
+                    "assignment of %s not read back from %s[%d]@%d: it is not dispatched again",
+                    flight.request_id,
+                    self.work_topic,
+                    flight.partition,
+                    flight.offset,
+                )
                 self.core.resolve_unknown(flight.request_id, None)
 
     async def _dispatch(self, dispatch: Dispatch) -> None:
         """Mark the attempt's start on the stream, then hand it to the worker. A dispatch
         that cannot be sent ends its request (dead-lettered, `dispatch_failed`)."""
         request = dispatch.request
-        assignment = WorkAssignment(worker_id=dispatch.worker_id, request=request,
-                                    epoch=self.claim.epoch, incarnation=dispatch.incarnation)
+        assignment = WorkAssignment(
+            worker_id=dispatch.worker_id,
+            request=request,
+            epoch=self.claim.epoch,
+            incarnation=dispatch.incarnation,
+        )
         try:
-            marker = await self.publisher.send_and_wait(topics.TOKENS, AttemptStarted(
-                request_id=request.answer_id, attempt=request.attempt,
-                conversation_id=request.conversation_id, worker_id=dispatch.worker_id,
-            ), key=request.conversation_id)
+            marker = await self.publisher.send_and_wait(
+                topics.TOKENS,
+                AttemptStarted(
+                    request_id=request.answer_id,
+                    attempt=request.attempt,
+                    conversation_id=request.conversation_id,
+                    worker_id=dispatch.worker_id,
+                ),
+                key=request.conversation_id,
+            )
             start = request.stream.start_offset if request.stream else marker.offset
-            request = request.model_copy(update={"stream": StreamPosition(
-                partition=marker.partition, start_offset=start, attempt_offset=marker.offset)})
+            request = request.model_copy(
+                update={
+                    "stream": StreamPosition(
+                        partition=marker.partition, start_offset=start, attempt_offset=marker.offset
+                    )
+                }
+            )
             assignment = assignment.model_copy(update={"request": request})
             sent = await self.publisher.send_and_wait(
-                self.work_topic, assignment, key=request.conversation_id,
-                partition=dispatch.partition)
+                self.work_topic,
+                assignment,
+                key=request.conversation_id,
+                partition=dispatch.partition,
+            )
         except Exception as exc:  # noqa: BLE001 - one undeliverable dispatch ends one request
             await self._dispatch_failed(assignment, dispatch.partition, exc)
             return
@@ -405,25 +506,41 @@ class SchedulerStage:
         metrics.dispatched(request)
         self._release(request.request_id)
         if dispatch.routed_reason:
-            await self._per_request(request, self._announce_route(request,
-                                                                  dispatch.routed_reason))
-        log.debug("dispatched %s#%d to %s[%d]", request.request_id, request.attempt,
-                  dispatch.worker_id, dispatch.partition)
+            await self._per_request(request, self._announce_route(request, dispatch.routed_reason))
+        log.debug(
+            "dispatched %s#%d to %s[%d]",
+            request.request_id,
+            request.attempt,
+            dispatch.worker_id,
+            dispatch.partition,
+        )
 
-    async def _dispatch_failed(self, assignment: WorkAssignment, partition: int,
-                               exc: Exception) -> None:
+    async def _dispatch_failed(
+        self, assignment: WorkAssignment, partition: int, exc: Exception
+    ) -> None:
         request = assignment.request
-        await failed(STAGE, self.publisher, _unsent(self.work_topic, partition,
-                                                    request.conversation_id, assignment), exc)
+        await failed(
+            STAGE,
+            self.publisher,
+            _unsent(self.work_topic, partition, request.conversation_id, assignment),
+            exc,
+        )
         try:
             await self._end_unserved(request, _end_code(exc))
         except Exception:
             log.exception("could not end %s after its dispatch failed", request.request_id)
 
     async def _announce_route(self, request: GenerationRequest, reason: str) -> None:
-        await self._tell(request, Routed(
-            request_id=request.answer_id, attempt=request.attempt, model=request.model,
-            requested_model=request.requested_model or request.model, reason=reason))
+        await self._tell(
+            request,
+            Routed(
+                request_id=request.answer_id,
+                attempt=request.attempt,
+                model=request.model,
+                requested_model=request.requested_model or request.model,
+                reason=reason,
+            ),
+        )
 
     async def _tell(self, request: GenerationRequest, event: Queued | Routed) -> None:
         """To the gateway holding the stream, and for a stored answer to `chat.answers`
@@ -440,12 +557,16 @@ class SchedulerStage:
         tiers = self.core.status()
         shedding = {tier for tier, status in tiers.items() if status.shedding}
         if shedding == self._shedding and now - self._status_sent_at < (
-                self.status_interval_s if tiers != self._status_sent else STATUS_UNCHANGED_S):
+            self.status_interval_s if tiers != self._status_sent else STATUS_UNCHANGED_S
+        ):
             return
         self._status_sent_at, self._shedding, self._status_sent = now, shedding, tiers
         models = self.shard.models or ()
-        await self.publisher.send(topics.SCHEDULER, SchedulerStatus(
-            tiers=tiers, shard=self.shard.name, models=tuple(sorted(models))), key=STAGE)
+        await self.publisher.send(
+            topics.SCHEDULER,
+            SchedulerStatus(tiers=tiers, shard=self.shard.name, models=tuple(sorted(models))),
+            key=STAGE,
+        )
 
     def _commit_rule(self, done: Offsets) -> Offsets:
         """What the runner commits after each batch's decisions (after flushing their
@@ -462,8 +583,9 @@ class SchedulerStage:
         return offsets
 
     def _commit_due(self, offsets: Offsets) -> bool:
-        return (time.monotonic() - self._beats_committed_at >= BEATS_COMMIT_S
-                or any(tp.topic not in BEAT_TOPICS for tp in offsets))
+        return time.monotonic() - self._beats_committed_at >= BEATS_COMMIT_S or any(
+            tp.topic not in BEAT_TOPICS for tp in offsets
+        )
 
     async def _commit_journal(self, committed: Offsets) -> None:
         """After the requests, control and heartbeats, the journal: its window must
@@ -473,8 +595,9 @@ class SchedulerStage:
         self.journal.requests_committed(committed)
         floors = self.journal.to_commit(self.core.unread_assignments())
         if floors:
-            await self.consumer.commit({TopicPartition(self.work_topic, p): offset
-                                        for p, offset in floors.items()})
+            await self.consumer.commit(
+                {TopicPartition(self.work_topic, p): offset for p, offset in floors.items()}
+            )
             self.journal.committed(floors)
 
 
@@ -487,5 +610,16 @@ def _end_code(exc: Exception) -> str:
 def _unsent(topic: str, partition: int, key: str, event: Event) -> ConsumerRecord:
     """A record that could not be written, as a dead letter describes it (offset -1)."""
     value = encode(event)
-    return ConsumerRecord(topic, partition, -1, int(time.time() * 1000), 0, key.encode(), value,
-                          None, len(key), len(value), [])
+    return ConsumerRecord(
+        topic,
+        partition,
+        -1,
+        int(time.time() * 1000),
+        0,
+        key.encode(),
+        value,
+        None,
+        len(key),
+        len(value),
+        [],
+    )

@@ -262,8 +262,14 @@ class Registry:
         longest); None if none has a free slot."""
         return self._free.most_free(model, self.workers)
 
-    def hand_out(self, worker: WorkerState, request: GenerationRequest, partition: int,
-                 now: float, offset: int | None = None) -> None:
+    def hand_out(
+        self,
+        worker: WorkerState,
+        request: GenerationRequest,
+        partition: int,
+        now: float,
+        offset: int | None = None,
+    ) -> None:
         request_id = request.request_id
         if request_id in self._holder:
             self.drop(request_id)
@@ -302,8 +308,9 @@ class Registry:
             self._free.changed(worker)
             self._unread.stale(worker.worker_id)
 
-    def on_heartbeat(self, heartbeat: WorkerHeartbeat, now: float,
-                     waiting: Container[str]) -> Settled:
+    def on_heartbeat(
+        self, heartbeat: WorkerHeartbeat, now: float, waiting: Container[str]
+    ) -> Settled:
         """Refresh the worker; learn what it runs, or hands back, that is not known here
         (after a restart): known only by its assignment's place on `chat.work`."""
         worker = self.worker(heartbeat.worker_id, heartbeat.model, now)
@@ -323,16 +330,30 @@ class Registry:
         here: O(1), from the counts (`knows_all_it_runs`)."""
         return bool(heartbeat.handed_back) or not worker.knows_all_it_runs()
 
-    def _learn(self, worker: WorkerState, heartbeat: WorkerHeartbeat, now: float,
-               waiting: Container[str], settled: Settled) -> None:
+    def _learn(
+        self,
+        worker: WorkerState,
+        heartbeat: WorkerHeartbeat,
+        now: float,
+        waiting: Container[str],
+        settled: Settled,
+    ) -> None:
         """What the worker runs (in flight on it now) or hands back (in `settled`) that is
         not known here, unless it waits here."""
         handed_back = set(heartbeat.handed_back)
         not_here = heartbeat.assignments.keys() - worker.in_flight.keys()
-        for request_id in [r for r in heartbeat.assignments if r in not_here and not (
-                r in self.decided or r in self._holder)] if not_here else ():
+        for request_id in (
+            [
+                r
+                for r in heartbeat.assignments
+                if r in not_here and not (r in self.decided or r in self._holder)
+            ]
+            if not_here
+            else ()
+        ):
             if (request_id in worker.active or request_id in handed_back) and (
-                    request_id not in waiting):
+                request_id not in waiting
+            ):
                 partition, offset = heartbeat.assignments[request_id]
                 flight = InFlight(request_id, None, partition, now, offset)
                 self.decide(request_id, Decision(-1))
@@ -353,8 +374,10 @@ class Registry:
         if deadline <= self._seen_since:
             return []
         lost = [w for w in self.workers.values() if w.last_seen < deadline]
-        self._seen_since = min((w.last_seen for w in self.workers.values()
-                                if w.last_seen >= deadline), default=math.inf)
+        self._seen_since = min(
+            (w.last_seen for w in self.workers.values() if w.last_seen >= deadline),
+            default=math.inf,
+        )
         for worker in lost:
             del self.workers[worker.worker_id]
             self._unread.stale(worker.worker_id)
@@ -368,8 +391,13 @@ class Registry:
         (`_FirstUnread`): O(changes), for the journal's commit after every batch."""
         return self._unread.first(self.workers)
 
-    def restore(self, partition: int, offset: int,
-                event: WorkAssignment | Unserved | SchedulerClaim, now: float) -> None:
+    def restore(
+        self,
+        partition: int,
+        offset: int,
+        event: WorkAssignment | Unserved | SchedulerClaim,
+        now: float,
+    ) -> None:
         """Replay one journal record (`chat.work`, in partition order) after a restart:
         a request handed out is in flight again on its worker, one ended stays ended.
         An assignment after a newer claim was fenced: no worker ran it. Of several
@@ -445,8 +473,10 @@ class FreeSlots:
     def changed(self, worker: WorkerState) -> None:
         free = worker.free_slots
         if free > 0:
-            heapq.heappush(self._heaps.setdefault(worker.model, []),
-                           (-free, worker.registered, worker.worker_id))
+            heapq.heappush(
+                self._heaps.setdefault(worker.model, []),
+                (-free, worker.registered, worker.worker_id),
+            )
             self._entries += 1
 
     def most_free(self, model: str, workers: dict[str, WorkerState]) -> WorkerState | None:
@@ -456,8 +486,12 @@ class FreeSlots:
         while heap:
             negative_free, registered, worker_id = heap[0]
             worker = workers.get(worker_id)
-            if (worker is not None and worker.registered == registered
-                    and worker.model == model and worker.free_slots == -negative_free):
+            if (
+                worker is not None
+                and worker.registered == registered
+                and worker.model == model
+                and worker.free_slots == -negative_free
+            ):
                 return worker
             heapq.heappop(heap)
             self._entries -= 1

@@ -51,8 +51,19 @@ UNKNOWN_END_SEQ = 1 << 30
 """Position of an end event sent without knowing where the answer stands (a worker
 that could not read back earlier output, a scheduler ending a continuation): past any
 position, so it always ends the answer."""
-_POSITIONAL = (TokenChunk, GenerationDone, GenerationError, Delta, Retract, DeliveryDone,
-               DeliveryError, ToolCallsMade, ToolResult, DeliveredToolCall, DeliveredToolResult)
+_POSITIONAL = (
+    TokenChunk,
+    GenerationDone,
+    GenerationError,
+    Delta,
+    Retract,
+    DeliveryDone,
+    DeliveryError,
+    ToolCallsMade,
+    ToolResult,
+    DeliveredToolCall,
+    DeliveredToolResult,
+)
 _UNPOSITIONED = (AttemptStarted, AnswerStarted, Queued, Routed)
 
 
@@ -120,8 +131,11 @@ class AnswerText:
         retracted: the text is the model's, whole. Not after an error, an abort, an
         expiry, a retraction, nor while it has not ended."""
         end = self.log.end
-        return (isinstance(end, DeliveryDone | GenerationDone) and end.status.is_answered
-                and not self.retracted)
+        return (
+            isinstance(end, DeliveryDone | GenerationDone)
+            and end.status.is_answered
+            and not self.retracted
+        )
 
     def add(self, event: Event) -> bool:
         """Take one event; False if the rule drops it."""

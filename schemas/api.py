@@ -110,7 +110,8 @@ class MessagePublic(BaseModel):
     )
     tool_steps: list[ToolStep] = Field(
         default_factory=list,
-        description="an answer's server-tool calls and results, in stream order")
+        description="an answer's server-tool calls and results, in stream order",
+    )
 
 
 class ConversationDetail(ConversationPublic):
@@ -123,8 +124,10 @@ class ConversationDetail(ConversationPublic):
     )
 
 
-ServerToolChoice = Literal["none", "auto", "required"] | Annotated[
-    str, Field(pattern=FUNCTION_NAME, description="a server tool's name")]
+ServerToolChoice = (
+    Literal["none", "auto", "required"]
+    | Annotated[str, Field(pattern=FUNCTION_NAME, description="a server tool's name")]
+)
 
 
 class TurnOptions(BaseModel):
@@ -139,15 +142,19 @@ class TurnOptions(BaseModel):
     seed: Seed | None = None
     ignore_eos: bool = False
     file_ids: list[Annotated[Text, Field(min_length=1, max_length=64)]] = Field(
-        default_factory=list, max_length=MAX_FILES_PER_TURN,
+        default_factory=list,
+        max_length=MAX_FILES_PER_TURN,
         description="the caller's files (POST /v1/files) to answer from: the chunks most "
-        "similar to the message go into the prompt, and the answer cites them")
+        "similar to the message go into the prompt, and the answer cites them",
+    )
     # --- server-side tools (issue 16, point 2) ---
     tool_choice: ServerToolChoice = Field(
-        "none", description="the server tools (CHATPIPE_SERVER_TOOLS) the model may call, "
+        "none",
+        description="the server tools (CHATPIPE_SERVER_TOOLS) the model may call, "
         "which chatpipe runs (the stream shows tool_call and tool_result): none; auto, the "
         "model decides; required, it calls one; or a tool's name, it calls that one (a "
-        "forced choice holds the first round only)")
+        "forced choice holds the first round only)",
+    )
 
 
 class PostMessage(TurnOptions):
@@ -248,9 +255,13 @@ class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     include_usage: bool = False
-    include_obfuscation: bool | None = Field(None, description=(
-        "accepted; chatpipe pads no chunk (no `obfuscation` field): the answer's chunks "
-        "leave in coalesced batches, not one token per event"))
+    include_obfuscation: bool | None = Field(
+        None,
+        description=(
+            "accepted; chatpipe pads no chunk (no `obfuscation` field): the answer's chunks "
+            "leave in coalesced batches, not one token per event"
+        ),
+    )
 
 
 # --- OpenAI-compatible API: sampling and output format (issue 17) ---------------------
@@ -271,17 +282,21 @@ class SamplingParameters(BaseModel):
     presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     logit_bias: dict[Annotated[int, Field(ge=0)], Bias] | None = Field(
-        None, max_length=LOGIT_BIAS_LIMIT,
-        description="token id (as a string) -> bias from -100 to 100 added to its logit")
+        None,
+        max_length=LOGIT_BIAS_LIMIT,
+        description="token id (as a string) -> bias from -100 to 100 added to its logit",
+    )
     min_p: float | None = Field(None, ge=0.0, le=1.0, description="vLLM extension")
     top_k: int | None = Field(None, ge=-1, description="vLLM extension; -1 or 0: all tokens")
-    repetition_penalty: float | None = Field(None, gt=0.0,
-                                             description="vLLM extension; 1: none")
+    repetition_penalty: float | None = Field(None, gt=0.0, description="vLLM extension; 1: none")
 
     def engine_sampling(self) -> dict[str, object]:
         """The `SamplingOptions` fields set here."""
-        return {name: value for name in SamplingParameters.model_fields
-                if (value := getattr(self, name)) is not None}
+        return {
+            name: value
+            for name in SamplingParameters.model_fields
+            if (value := getattr(self, name)) is not None
+        }
 
 
 class JsonSchemaFormat(BaseModel):
@@ -289,8 +304,11 @@ class JsonSchemaFormat(BaseModel):
 
     name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
     description: Text | None = None
-    json_schema: dict[str, Any] | None = Field(None, alias="schema", description=(
-        "a JSON Schema the answer is held to; unset: any JSON object"))
+    json_schema: dict[str, Any] | None = Field(
+        None,
+        alias="schema",
+        description=("a JSON Schema the answer is held to; unset: any JSON object"),
+    )
     strict: bool | None = Field(None, description="the answer is always held to the schema")
 
 
@@ -307,8 +325,9 @@ class JsonSchemaResponseFormat(BaseModel):
     json_schema: JsonSchemaFormat
 
 
-ResponseFormat = Annotated[TextFormat | JsonObjectFormat | JsonSchemaResponseFormat,
-                           Field(discriminator="type")]
+ResponseFormat = Annotated[
+    TextFormat | JsonObjectFormat | JsonSchemaResponseFormat, Field(discriminator="type")
+]
 """How the answer is written: text, or JSON held to its format by the engine (vLLM's
 structured outputs)."""
 
@@ -334,8 +353,7 @@ class ChatCompletionRequest(SamplingParameters):
 
     model_config = ConfigDict(extra="allow")
 
-    messages: list[InputMessage] = Field(
-        min_length=1, description="at most CHATPIPE_MAX_MESSAGES")
+    messages: list[InputMessage] = Field(min_length=1, description="at most CHATPIPE_MAX_MESSAGES")
     model: Text
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -344,37 +362,49 @@ class ChatCompletionRequest(SamplingParameters):
     temperature: Temperature | None = None
     top_p: TopP | None = None
     seed: Seed | None = None
-    stop: StopText | list[StopText] | None = Field(None, description=(
-        "at most CHATPIPE_MAX_STOP_SEQUENCES, each at most CHATPIPE_MAX_STOP_CHARS long"))
+    stop: StopText | list[StopText] | None = Field(
+        None,
+        description=(
+            "at most CHATPIPE_MAX_STOP_SEQUENCES, each at most CHATPIPE_MAX_STOP_CHARS long"
+        ),
+    )
     n: int = Field(1, ge=1, description="choices; at most CHATPIPE_MAX_CHOICES")
     user: Text | None = None
     ignore_eos: bool = Field(False, description="vLLM extension, for benchmarks")
-    tools: list[ToolSpec] | None = Field(None, description=(
-        "functions the model may call; at most CHATPIPE_MAX_TOOLS"))
+    tools: list[ToolSpec] | None = Field(
+        None, description=("functions the model may call; at most CHATPIPE_MAX_TOOLS")
+    )
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = Field(
-        None, description="unset: auto with tools, none without")
+        None, description="unset: auto with tools, none without"
+    )
     parallel_tool_calls: bool | None = Field(
-        None, description="the model may call several tools in one answer (default true)")
+        None, description="the model may call several tools in one answer (default true)"
+    )
     # issue 17: the rest of OpenAI's request (gateway.parameters says what each does)
     logprobs: bool | None = None
     top_logprobs: int | None = Field(None, ge=0, le=TOP_LOGPROBS_LIMIT)
     response_format: ResponseFormat | None = None
     store: bool | None = Field(None, description="false: a completion is never stored")
-    metadata: dict[Annotated[str, Field(max_length=64)], Annotated[str, Field(
-        max_length=512)]] | None = Field(None, max_length=16, description=(
-            "accepted; kept nowhere, as no completion is stored"))
-    service_tier: Text | None = Field(None, description="auto or default; the API key's tier "
-                                      "decides the priority")
+    metadata: (
+        dict[Annotated[str, Field(max_length=64)], Annotated[str, Field(max_length=512)]] | None
+    ) = Field(
+        None, max_length=16, description=("accepted; kept nowhere, as no completion is stored")
+    )
+    service_tier: Text | None = Field(
+        None, description="auto or default; the API key's tier decides the priority"
+    )
     modalities: list[Text] | None = Field(None, description='["text"] only')
-    prompt_cache_key: Text | None = Field(None, description=(
-        "accepted; the prefix cache serves every prompt it holds (per organisation)"))
+    prompt_cache_key: Text | None = Field(
+        None,
+        description=("accepted; the prefix cache serves every prompt it holds (per organisation)"),
+    )
     prompt_cache_retention: Text | None = Field(None, description="in_memory only")
-    safety_identifier: Text | None = Field(None, description=(
-        "accepted; the API key identifies the user to the safety checks"))
+    safety_identifier: Text | None = Field(
+        None, description=("accepted; the API key identifies the user to the safety checks")
+    )
     audio: JsonValue = Field(None, description="refused unless null")
     functions: JsonValue = Field(None, description="refused unless null: use `tools`")
-    function_call: JsonValue = Field(None, description="refused unless null: use "
-                                     "`tool_choice`")
+    function_call: JsonValue = Field(None, description="refused unless null: use `tool_choice`")
     prediction: JsonValue = Field(None, description="refused unless null")
     web_search_options: JsonValue = Field(None, description="refused unless null")
     reasoning_effort: JsonValue = Field(None, description="refused unless null")
@@ -420,8 +450,10 @@ class CompletionUsage(BaseModel):
     total_tokens: int
     prompt_tokens_details: PromptTokensDetails
     response_cache: CacheOutcome | None = Field(
-        None, description="chatpipe's response cache: hit (replayed from the cache, no GPU "
-        "time; the tokens are those of the answer it replays) or miss; null: not looked up")
+        None,
+        description="chatpipe's response cache: hit (replayed from the cache, no GPU "
+        "time; the tokens are those of the answer it replays) or miss; null: not looked up",
+    )
 
     @classmethod
     def of(cls, usage: Usage) -> CompletionUsage:
@@ -447,8 +479,11 @@ class TopLogprobPublic(BaseModel):
 
     @classmethod
     def of(cls, entry: TopLogprob) -> TopLogprobPublic:
-        return cls(token=entry.token, logprob=entry.logprob,
-                   bytes=list(entry.token.encode("utf-8", errors="replace")))
+        return cls(
+            token=entry.token,
+            logprob=entry.logprob,
+            bytes=list(entry.token.encode("utf-8", errors="replace")),
+        )
 
 
 class TokenLogprobPublic(TopLogprobPublic):
@@ -463,10 +498,15 @@ class ChoiceLogprobs(BaseModel):
 
     @classmethod
     def of(cls, logprobs: Logprobs) -> ChoiceLogprobs:
-        return cls(content=[
-            TokenLogprobPublic(**TopLogprobPublic.of(entry).model_dump(),
-                               top_logprobs=[TopLogprobPublic.of(top) for top in entry.top])
-            for entry in logprobs])
+        return cls(
+            content=[
+                TokenLogprobPublic(
+                    **TopLogprobPublic.of(entry).model_dump(),
+                    top_logprobs=[TopLogprobPublic.of(top) for top in entry.top],
+                )
+                for entry in logprobs
+            ]
+        )
 
 
 class Choice(BaseModel):
@@ -538,6 +578,7 @@ class ModelList(BaseModel):
 
 # --- OpenAI-compatible API: text completions and embeddings ---------------------------
 
+
 class CompletionRequest(SamplingParameters):
     """`POST /v1/completions`: text in, text out, the prompt as it is (no chat template).
 
@@ -551,15 +592,21 @@ class CompletionRequest(SamplingParameters):
     model_config = ConfigDict(extra="allow")
 
     model: Text
-    prompt: Text | list[Text] | list[int] | list[list[int]] = Field(description=(
-        "a string, or a list holding one string; token arrays and several prompts are "
-        "refused"))
+    prompt: Text | list[Text] | list[int] | list[list[int]] = Field(
+        description=(
+            "a string, or a list holding one string; token arrays and several prompts are refused"
+        )
+    )
     max_tokens: MaxTokens = Field(16, description="OpenAI's default, 16")
     temperature: Temperature | None = None
     top_p: TopP | None = None
     seed: Seed | None = None
-    stop: StopText | list[StopText] | None = Field(None, description=(
-        "at most CHATPIPE_MAX_STOP_SEQUENCES, each at most CHATPIPE_MAX_STOP_CHARS long"))
+    stop: StopText | list[StopText] | None = Field(
+        None,
+        description=(
+            "at most CHATPIPE_MAX_STOP_SEQUENCES, each at most CHATPIPE_MAX_STOP_CHARS long"
+        ),
+    )
     stream: bool = False
     stream_options: StreamOptions | None = None
     echo: bool = Field(False, description="the prompt before the completion in `text`")
@@ -603,7 +650,8 @@ class EmbeddingRequest(BaseModel):
     model: Text
     input: Text | list[Text] | list[int] | list[list[int]] = Field(
         description="a string or a list of strings, each not empty; at most "
-        "CHATPIPE_MAX_EMBEDDING_INPUTS, each within the model's window")
+        "CHATPIPE_MAX_EMBEDDING_INPUTS, each within the model's window"
+    )
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = Field(None, ge=1, description="refused unless the model's own")
     user: Text | None = None
@@ -613,7 +661,8 @@ class Embedding(BaseModel):
     object: Literal["embedding"] = "embedding"
     index: int
     embedding: list[float] | str = Field(
-        description="the vector; base64: its little-endian float32 bytes")
+        description="the vector; base64: its little-endian float32 bytes"
+    )
 
 
 class EmbeddingUsage(BaseModel):

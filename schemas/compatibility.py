@@ -23,8 +23,21 @@ Schema = dict[str, Any]
 _LOWER_BOUNDS = ("minimum", "exclusiveMinimum", "minLength", "minItems", "minProperties")
 _UPPER_BOUNDS = ("maximum", "exclusiveMaximum", "maxLength", "maxItems", "maxProperties")
 _SHAPE = ("type", "const", "format", "pattern")
-_IGNORED = frozenset({"title", "description", "default", "examples", "$defs", "$schema", "$id",
-                      "$comment", "deprecated", "readOnly", "writeOnly"})
+_IGNORED = frozenset(
+    {
+        "title",
+        "description",
+        "default",
+        "examples",
+        "$defs",
+        "$schema",
+        "$id",
+        "$comment",
+        "deprecated",
+        "readOnly",
+        "writeOnly",
+    }
+)
 
 
 def incompatibilities(old: Schema, new: Schema) -> list[str]:
@@ -33,42 +46,72 @@ def incompatibilities(old: Schema, new: Schema) -> list[str]:
     return _compare("", old, new, old, new)
 
 
-def _compare(path: str, old: Schema, new: Schema, old_root: Schema, new_root: Schema,
-             ) -> list[str]:
+def _compare(
+    path: str,
+    old: Schema,
+    new: Schema,
+    old_root: Schema,
+    new_root: Schema,
+) -> list[str]:
     old, new = _resolved(old, old_root), _resolved(new, new_root)
     where = path or "the event"
     problems: list[str] = []
     for keyword in _SHAPE:
         if old.get(keyword) != new.get(keyword):
-            problems.append(f"{where}: {keyword} changed from {old.get(keyword)!r} "
-                            f"to {new.get(keyword)!r}")
+            problems.append(
+                f"{where}: {keyword} changed from {old.get(keyword)!r} to {new.get(keyword)!r}"
+            )
     problems += _enum(where, old, new)
     problems += _bounds(where, old, new)
     problems += _alternatives(path, old, new, old_root, new_root)
     if "properties" in old or "properties" in new:
         problems += _fields(path, old, new, old_root, new_root)
     for keyword in ("items", "additionalProperties", "propertyNames"):
-        problems += _nested(f"{path}[{keyword}]", old.get(keyword), new.get(keyword),
-                            old_root, new_root)
+        problems += _nested(
+            f"{path}[{keyword}]", old.get(keyword), new.get(keyword), old_root, new_root
+        )
     old_items, new_items = old.get("prefixItems", []), new.get("prefixItems", [])
     if len(old_items) != len(new_items):
-        problems.append(f"{where}: tuple length changed from {len(old_items)} "
-                        f"to {len(new_items)}")
+        problems.append(f"{where}: tuple length changed from {len(old_items)} to {len(new_items)}")
     for index, (before, after) in enumerate(zip(old_items, new_items)):
         problems += _compare(f"{path}[{index}]", before, after, old_root, new_root)
     unknown = (set(old) | set(new)) - _IGNORED - _KNOWN
-    problems += [f"{where}: {keyword} changed" for keyword in sorted(unknown)
-                 if old.get(keyword) != new.get(keyword)]
+    problems += [
+        f"{where}: {keyword} changed"
+        for keyword in sorted(unknown)
+        if old.get(keyword) != new.get(keyword)
+    ]
     return problems
 
 
-_KNOWN = frozenset({*_SHAPE, *_LOWER_BOUNDS, *_UPPER_BOUNDS, "enum", "anyOf", "oneOf", "allOf",
-                   "properties", "required", "items", "additionalProperties", "propertyNames",
-                   "prefixItems", "$ref", "discriminator"})
+_KNOWN = frozenset(
+    {
+        *_SHAPE,
+        *_LOWER_BOUNDS,
+        *_UPPER_BOUNDS,
+        "enum",
+        "anyOf",
+        "oneOf",
+        "allOf",
+        "properties",
+        "required",
+        "items",
+        "additionalProperties",
+        "propertyNames",
+        "prefixItems",
+        "$ref",
+        "discriminator",
+    }
+)
 
 
-def _fields(path: str, old: Schema, new: Schema, old_root: Schema, new_root: Schema,
-            ) -> list[str]:
+def _fields(
+    path: str,
+    old: Schema,
+    new: Schema,
+    old_root: Schema,
+    new_root: Schema,
+) -> list[str]:
     old_fields, new_fields = old.get("properties", {}), new.get("properties", {})
     old_required, new_required = set(old.get("required", ())), set(new.get("required", ()))
     problems: list[str] = []
@@ -86,15 +129,22 @@ def _fields(path: str, old: Schema, new: Schema, old_root: Schema, new_root: Sch
     return problems
 
 
-def _alternatives(path: str, old: Schema, new: Schema, old_root: Schema, new_root: Schema,
-                  ) -> list[str]:
+def _alternatives(
+    path: str,
+    old: Schema,
+    new: Schema,
+    old_root: Schema,
+    new_root: Schema,
+) -> list[str]:
     """`anyOf`/`oneOf` (unions, optional fields): the same alternatives, in order."""
     problems: list[str] = []
     for keyword in ("anyOf", "oneOf", "allOf"):
         before, after = old.get(keyword, []), new.get(keyword, [])
         if len(before) != len(after):
-            problems.append(f"{path or 'the event'}: type changed ({keyword} of {len(before)} "
-                            f"became {len(after)})")
+            problems.append(
+                f"{path or 'the event'}: type changed ({keyword} of {len(before)} "
+                f"became {len(after)})"
+            )
             continue
         for index, (a, b) in enumerate(zip(before, after)):
             problems += _compare(f"{path}<{index}>", a, b, old_root, new_root)
@@ -118,8 +168,7 @@ def _bounds(where: str, old: Schema, new: Schema) -> list[str]:
         before, after = old.get(keyword), new.get(keyword)
         if after is None or before == after:
             continue
-        tighter = before is None or (after > before if keyword in _LOWER_BOUNDS
-                                     else after < before)
+        tighter = before is None or (after > before if keyword in _LOWER_BOUNDS else after < before)
         if tighter:
             problems.append(f"{where}: {keyword} narrowed from {before!r} to {after!r}")
     return problems

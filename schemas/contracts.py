@@ -95,49 +95,119 @@ class Channel:
 
     def example_address(self) -> str:
         """The address with each parameter filled (its first value, or `x`)."""
-        return self.address.format(**{name: (values or ("x",))[0]
-                                      for name, values in self.parameters.items()})
+        return self.address.format(
+            **{name: (values or ("x",))[0] for name, values in self.parameters.items()}
+        )
 
 
 CHANNELS: tuple[Channel, ...] = (
-    Channel("requests", topics.REQUESTS_PREFIX + "{tier}", "conversation_id",
-            (GenerationRequest,), "Chat turns to generate, one topic per tier.",
-            {"tier": tuple(t.value for t in topics.Tier)}),
-    Channel("work", topics.WORK, "conversation_id (a worker's explicit partition; "
-            "scheduler_id for a claim)", members(WorkEvent),
-            "Dispatch to the worker owning a partition, and the scheduler's journal."),
-    Channel("work_shard", topics.WORK_SHARD_PREFIX + "{shard}", "as chat.work",
-            members(WorkEvent), "chat.work of a named scheduler shard (its models' workers "
-            "read it): CHATPIPE_SCHEDULER_SHARDS.", {"shard": None}),
-    Channel("workers", topics.WORKERS, "worker_id", (WorkerHeartbeat,),
-            "Workers' capacity reports."),
-    Channel("scheduler", topics.SCHEDULER, "scheduler stage name (scheduler_id for a claim)",
-            members(SchedulerEvent), "The scheduler's view of each tier, and its claims."),
-    Channel("tokens", topics.TOKENS, "conversation_id", members(TokenEvent),
-            "Each generation's output in order per conversation: an attempt's marker, "
-            "chunks, then its end."),
-    Channel("deliver", topics.DELIVER_PREFIX + "{gateway_id}", "conversation_id "
-            "(request_id for a reroute)", members(GatewayEvent),
-            "What one gateway's clients may see, once checked; a gateway's own topic.",
-            {"gateway_id": None}),
-    Channel("answers", topics.ANSWERS, "conversation_id", members(AnswerEvent),
-            "Stored answers: a marker, then every event their client may see."),
-    Channel("control", topics.CONTROL, "request_id (a gateway heartbeat: its delivery "
-            "topic)", members(ControlEvent), "Cancel, reroute and gateway heartbeats."),
-    Channel("usage", topics.USAGE, "user_id", (UsageEvent,),
-            "Tokens and GPU time of each attempt: billing and analytics."),
-    Channel("moderation", topics.MODERATION, "conversation_id", (ModerationEvent,),
-            "Every block and retraction with its reason."),
-    Channel("rollout", topics.ROLLOUT, "alias", (RolloutSet,),
-            "Model aliases' weights: every gateway reads it all, the last record of each "
-            "alias wins."),
-    Channel("feedback", topics.FEEDBACK, "conversation_id", (FeedbackEvent,),
-            "Users' thumbs up or down on answers, with the version that answered."),
-    Channel("dlq", topics.DLQ, "the original record's key", (DeadLetter,),
-            "Records a stage could not parse or process, with the error."),
-    Channel("tools", topics.TOOLS, "conversation_id", (ToolRound,),
-            "Server-tools rounds that called tools: the tools stage runs the calls, "
-            "writes the results on chat.tokens and queues the next round."),
+    Channel(
+        "requests",
+        topics.REQUESTS_PREFIX + "{tier}",
+        "conversation_id",
+        (GenerationRequest,),
+        "Chat turns to generate, one topic per tier.",
+        {"tier": tuple(t.value for t in topics.Tier)},
+    ),
+    Channel(
+        "work",
+        topics.WORK,
+        "conversation_id (a worker's explicit partition; scheduler_id for a claim)",
+        members(WorkEvent),
+        "Dispatch to the worker owning a partition, and the scheduler's journal.",
+    ),
+    Channel(
+        "work_shard",
+        topics.WORK_SHARD_PREFIX + "{shard}",
+        "as chat.work",
+        members(WorkEvent),
+        "chat.work of a named scheduler shard (its models' workers "
+        "read it): CHATPIPE_SCHEDULER_SHARDS.",
+        {"shard": None},
+    ),
+    Channel(
+        "workers", topics.WORKERS, "worker_id", (WorkerHeartbeat,), "Workers' capacity reports."
+    ),
+    Channel(
+        "scheduler",
+        topics.SCHEDULER,
+        "scheduler stage name (scheduler_id for a claim)",
+        members(SchedulerEvent),
+        "The scheduler's view of each tier, and its claims.",
+    ),
+    Channel(
+        "tokens",
+        topics.TOKENS,
+        "conversation_id",
+        members(TokenEvent),
+        "Each generation's output in order per conversation: an attempt's marker, "
+        "chunks, then its end.",
+    ),
+    Channel(
+        "deliver",
+        topics.DELIVER_PREFIX + "{gateway_id}",
+        "conversation_id (request_id for a reroute)",
+        members(GatewayEvent),
+        "What one gateway's clients may see, once checked; a gateway's own topic.",
+        {"gateway_id": None},
+    ),
+    Channel(
+        "answers",
+        topics.ANSWERS,
+        "conversation_id",
+        members(AnswerEvent),
+        "Stored answers: a marker, then every event their client may see.",
+    ),
+    Channel(
+        "control",
+        topics.CONTROL,
+        "request_id (a gateway heartbeat: its delivery topic)",
+        members(ControlEvent),
+        "Cancel, reroute and gateway heartbeats.",
+    ),
+    Channel(
+        "usage",
+        topics.USAGE,
+        "user_id",
+        (UsageEvent,),
+        "Tokens and GPU time of each attempt: billing and analytics.",
+    ),
+    Channel(
+        "moderation",
+        topics.MODERATION,
+        "conversation_id",
+        (ModerationEvent,),
+        "Every block and retraction with its reason.",
+    ),
+    Channel(
+        "rollout",
+        topics.ROLLOUT,
+        "alias",
+        (RolloutSet,),
+        "Model aliases' weights: every gateway reads it all, the last record of each alias wins.",
+    ),
+    Channel(
+        "feedback",
+        topics.FEEDBACK,
+        "conversation_id",
+        (FeedbackEvent,),
+        "Users' thumbs up or down on answers, with the version that answered.",
+    ),
+    Channel(
+        "dlq",
+        topics.DLQ,
+        "the original record's key",
+        (DeadLetter,),
+        "Records a stage could not parse or process, with the error.",
+    ),
+    Channel(
+        "tools",
+        topics.TOOLS,
+        "conversation_id",
+        (ToolRound,),
+        "Server-tools rounds that called tools: the tools stage runs the calls, "
+        "writes the results on chat.tokens and queues the next round.",
+    ),
 )
 
 
@@ -164,15 +234,17 @@ def _receives(stage: str, *channels: str) -> tuple[Operation, ...]:
 
 
 GROUPS: dict[str, str] = {
-    "scheduler": "chatpipe-scheduler", "worker": "chatpipe-workers",
-    "safety": "chatpipe-safety", "recorder": "chatpipe-recorder",
-    "billing": "chatpipe-billing", "analytics": "chatpipe-analytics",
+    "scheduler": "chatpipe-scheduler",
+    "worker": "chatpipe-workers",
+    "safety": "chatpipe-safety",
+    "recorder": "chatpipe-recorder",
+    "billing": "chatpipe-billing",
+    "analytics": "chatpipe-analytics",
     "tools": "chatpipe-tools",
 }
 """Each stage's consumer group (the gateway reads its topics with `assign()`)."""
 
-_DELIVERED = (Delta, Retract, DeliveryError, DeliveryDone, DeliveredToolCall,
-              DeliveredToolResult)
+_DELIVERED = (Delta, Retract, DeliveryError, DeliveryDone, DeliveredToolCall, DeliveredToolResult)
 OPERATIONS: tuple[Operation, ...] = (
     _sends("gateway", "requests", GenerationRequest),
     _sends("gateway", "answers", AnswerStarted, Delta, DeliveryDone),  # + a cached answer's
@@ -192,8 +264,7 @@ OPERATIONS: tuple[Operation, ...] = (
     _sends("scheduler", "control", Cancel),
     _sends("scheduler", "scheduler", SchedulerStatus, SchedulerClaim),
     _sends("scheduler", "dlq", DeadLetter),
-    *_receives("scheduler", "requests", "control", "workers", "scheduler", "work",
-               "work_shard"),
+    *_receives("scheduler", "requests", "control", "workers", "scheduler", "work", "work_shard"),
     _sends("worker", "tokens", TokenChunk, GenerationDone, GenerationError, ToolCallsMade),
     _sends("worker", "tools", ToolRound),
     _sends("worker", "usage", UsageEvent),
@@ -251,15 +322,25 @@ def _headers(event: type[Event]) -> dict[str, Any]:
     return {
         "type": "object",
         "properties": {
-            EVENT_TYPE_HEADER: {"type": "string", "const": event_type(event),
-                                "description": "the event's `type`"},
-            SCHEMA_VERSION_HEADER: {"type": "string", "const": str(event_version(event)),
-                                    "description": "the event's `schema_version`"},
-            TRACEPARENT_HEADER: {"type": "string", "pattern": TRACEPARENT_PATTERN,
-                                 "description": "W3C trace context, when the record was "
-                                 "sent inside a traced span"},
-            TRACESTATE_HEADER: {"type": "string",
-                                "description": "W3C trace state, beside a traceparent"},
+            EVENT_TYPE_HEADER: {
+                "type": "string",
+                "const": event_type(event),
+                "description": "the event's `type`",
+            },
+            SCHEMA_VERSION_HEADER: {
+                "type": "string",
+                "const": str(event_version(event)),
+                "description": "the event's `schema_version`",
+            },
+            TRACEPARENT_HEADER: {
+                "type": "string",
+                "pattern": TRACEPARENT_PATTERN,
+                "description": "W3C trace context, when the record was sent inside a traced span",
+            },
+            TRACESTATE_HEADER: {
+                "type": "string",
+                "description": "W3C trace state, beside a traceparent",
+            },
         },
         "required": [EVENT_TYPE_HEADER, SCHEMA_VERSION_HEADER],
     }
@@ -272,8 +353,12 @@ def _message(event: type[Event], key: str) -> dict[str, Any]:
         "contentType": "application/json",
         "headers": _headers(event),
         "payload": {"schemaFormat": PAYLOAD_FORMAT, "schema": {"$ref": schema_path(event)}},
-        "bindings": {"kafka": {"key": {"type": "string", "description": key},
-                               "bindingVersion": KAFKA_BINDING}},
+        "bindings": {
+            "kafka": {
+                "key": {"type": "string", "description": key},
+                "bindingVersion": KAFKA_BINDING,
+            }
+        },
     }
     if event.__doc__:
         message["summary"] = " ".join(event.__doc__.split())
@@ -284,16 +369,17 @@ def _channel(channel: Channel) -> dict[str, Any]:
     document: dict[str, Any] = {
         "address": channel.address,
         "description": channel.description,
-        "messages": {event.__name__: _message(event, channel.key)
-                     for event in channel.messages},
+        "messages": {event.__name__: _message(event, channel.key) for event in channel.messages},
     }
     if channel.parameters:
         document["parameters"] = {
             name: {"description": f"the {name}", **({"enum": list(values)} if values else {})}
-            for name, values in channel.parameters.items()}
+            for name, values in channel.parameters.items()
+        }
     else:
-        document["bindings"] = {"kafka": {"topic": channel.address,
-                                          "bindingVersion": KAFKA_BINDING}}
+        document["bindings"] = {
+            "kafka": {"topic": channel.address, "bindingVersion": KAFKA_BINDING}
+        }
     return document
 
 
@@ -304,13 +390,18 @@ def _operation(operation: Operation) -> dict[str, Any]:
         "action": operation.action,
         "channel": {"$ref": f"#/channels/{channel.id}"},
         "summary": f"{operation.stage} {operation.action}s on {channel.address}",
-        "messages": [{"$ref": f"#/channels/{channel.id}/messages/{event.__name__}"}
-                     for event in messages],
+        "messages": [
+            {"$ref": f"#/channels/{channel.id}/messages/{event.__name__}"} for event in messages
+        ],
     }
     group = GROUPS.get(operation.stage)
     if operation.action == "receive" and group is not None:
-        document["bindings"] = {"kafka": {"groupId": {"type": "string", "enum": [group]},
-                                          "bindingVersion": KAFKA_BINDING}}
+        document["bindings"] = {
+            "kafka": {
+                "groupId": {"type": "string", "enum": [group]},
+                "bindingVersion": KAFKA_BINDING,
+            }
+        }
     return document
 
 
@@ -330,12 +421,17 @@ def asyncapi() -> dict[str, Any]:
                 "Topics, events and who sends and receives them. Payloads are JSON "
                 "(orjson), one event per record; consumers ignore fields they do not "
                 "know, so optional fields are added without a new schema_version. "
-                f"Generated by `{REGENERATE}` from schemas/; do not edit."),
+                f"Generated by `{REGENERATE}` from schemas/; do not edit."
+            ),
         },
         "defaultContentType": "application/json",
-        "servers": {"kafka": {
-            "host": "localhost:9092", "protocol": "kafka",
-            "description": "KAFKA_BOOTSTRAP_SERVERS (chatpipe up: an embedded broker)"}},
+        "servers": {
+            "kafka": {
+                "host": "localhost:9092",
+                "protocol": "kafka",
+                "description": "KAFKA_BOOTSTRAP_SERVERS (chatpipe up: an embedded broker)",
+            }
+        },
         "channels": {channel.id: _channel(channel) for channel in CHANNELS},
         "operations": {operation.id: _operation(operation) for operation in OPERATIONS},
     }
@@ -348,8 +444,9 @@ class IncompatibleChange(ValueError):
 def contract_files() -> dict[str, str]:
     """Relative path -> text of every file the export writes."""
     files = {schema_path(event): _json(event_schema(event)) for event in events()}
-    files[ASYNCAPI_FILE] = yaml.safe_dump(asyncapi(), sort_keys=False, allow_unicode=True,
-                                          width=100)
+    files[ASYNCAPI_FILE] = yaml.safe_dump(
+        asyncapi(), sort_keys=False, allow_unicode=True, width=100
+    )
     return files
 
 
@@ -357,8 +454,10 @@ def _json(document: dict[str, Any]) -> str:
     return json.dumps(document, indent=2, ensure_ascii=False) + "\n"
 
 
-def check_compatible(directory: Path, published_events: Iterable[type[Event]] | None = None,
-                     ) -> list[str]:
+def check_compatible(
+    directory: Path,
+    published_events: Iterable[type[Event]] | None = None,
+) -> list[str]:
     """Each event (default: all) whose published schema of its current version (in
     `directory`) the current model breaks, with the reasons."""
     problems = []
@@ -374,8 +473,11 @@ def check_compatible(directory: Path, published_events: Iterable[type[Event]] | 
 def stale(directory: Path) -> list[str]:
     """The contract files in `directory` that differ from the current export (or are
     missing). Files of older versions are kept, never stale."""
-    return sorted(path for path, text in contract_files().items()
-                  if not (directory / path).exists() or (directory / path).read_text() != text)
+    return sorted(
+        path
+        for path, text in contract_files().items()
+        if not (directory / path).exists() or (directory / path).read_text() != text
+    )
 
 
 def export(directory: Path) -> list[str]:
@@ -386,7 +488,8 @@ def export(directory: Path) -> list[str]:
     if problems:
         raise IncompatibleChange(
             "changed incompatibly without a new schema_version (bump the event's "
-            "schema_version; the old version's file stays):\n  " + "\n  ".join(problems))
+            "schema_version; the old version's file stays):\n  " + "\n  ".join(problems)
+        )
     written = stale(directory)
     files = contract_files()
     for path in written:
@@ -400,6 +503,7 @@ def channels_for(address: str) -> Iterable[Channel]:
     """The channels whose address (parameters filled in any way) is `address`."""
     for channel in CHANNELS:
         prefix = channel.address.split("{")[0]
-        if channel.address == address or (channel.parameters and address.startswith(prefix)
-                                           and address != prefix):
+        if channel.address == address or (
+            channel.parameters and address.startswith(prefix) and address != prefix
+        ):
             yield channel

@@ -55,9 +55,11 @@ class ChatMessage(BaseModel):
     role: Role
     content: str
     tool_calls: tuple[ToolCall, ...] = Field(
-        (), description="an assistant's calls of tools", exclude_if=_unset)
+        (), description="an assistant's calls of tools", exclude_if=_unset
+    )
     tool_call_id: str | None = Field(
-        None, description="a tool's result: the call it answers", exclude_if=_unset)
+        None, description="a tool's result: the call it answers", exclude_if=_unset
+    )
 
 
 class SamplingOptions(BaseModel):
@@ -77,14 +79,22 @@ class SamplingOptions(BaseModel):
     min_p: float | None = Field(None, ge=0.0, le=1.0, exclude_if=_unset)
     top_k: int | None = Field(None, ge=-1, description="-1 or 0: every token", exclude_if=_unset)
     logit_bias: dict[int, float] | None = Field(
-        None, description="token id -> bias added to its logit (-100 to 100)", exclude_if=_unset)
+        None, description="token id -> bias added to its logit (-100 to 100)", exclude_if=_unset
+    )
     logprobs: int | None = Field(
-        None, ge=0, le=20, description="return each output token's log probability, and "
-        "this many of the likeliest tokens at its place", exclude_if=_unset)
-    json_object: bool = Field(False, description="the output is held to be one JSON object",
-                              exclude_if=_unset_flag)
+        None,
+        ge=0,
+        le=20,
+        description="return each output token's log probability, and "
+        "this many of the likeliest tokens at its place",
+        exclude_if=_unset,
+    )
+    json_object: bool = Field(
+        False, description="the output is held to be one JSON object", exclude_if=_unset_flag
+    )
     json_schema: dict[str, Any] | None = Field(
-        None, description="the output is held to this JSON schema", exclude_if=_unset)
+        None, description="the output is held to this JSON schema", exclude_if=_unset
+    )
 
     @property
     def structured(self) -> bool:
@@ -104,8 +114,10 @@ class Usage(BaseModel):
     completion_tokens: int = 0
     cached_tokens: int = 0
     cache: CacheOutcome | None = Field(
-        None, description="response cache: hit (replayed, no GPU time) or miss (looked up, "
-        "generated); unset: not looked up")
+        None,
+        description="response cache: hit (replayed, no GPU time) or miss (looked up, "
+        "generated); unset: not looked up",
+    )
 
 
 # --- chat.requests.<tier> and chat.work ---------------------------------------------
@@ -149,22 +161,29 @@ class GenerationRequest(Event):
         None, description="the model the client asked for, when the router chose another"
     )
     alias: str | None = Field(
-        None, description="the model alias the client asked for; `model` is the version "
-        "(a served model) the gateway picked for it (chat.rollout)")
+        None,
+        description="the model alias the client asked for; `model` is the version "
+        "(a served model) the gateway picked for it (chat.rollout)",
+    )
     stream: StreamPosition | None = Field(
         None, description="set at dispatch: where the stream lies on chat.tokens"
     )
     tool_use: ToolUse | None = Field(
-        None, description="tools the model is shown, and how it may call them",
-        exclude_if=_unset)
+        None, description="tools the model is shown, and how it may call them", exclude_if=_unset
+    )
     server_tools: ServerToolTurn | None = Field(
-        None, description="a native turn whose tool calls chatpipe runs (chat.tools)",
-        exclude_if=_unset)
+        None,
+        description="a native turn whose tool calls chatpipe runs (chat.tools)",
+        exclude_if=_unset,
+    )
     created_at: float = Field(default_factory=now)
     # --- text completions (/v1/completions) -------------------------------------------
     prompt: str | None = Field(
-        None, description="a text completion's prompt, tokenized as it is (no chat "
-        "template); `messages` is then empty", exclude_if=_unset)
+        None,
+        description="a text completion's prompt, tokenized as it is (no chat "
+        "template); `messages` is then empty",
+        exclude_if=_unset,
+    )
     # --- end of text completions ------------------------------------------------------
 
     @property
@@ -188,8 +207,10 @@ class WorkAssignment(Event):
     type: Literal["work"] = "work"
     worker_id: str
     incarnation: str = Field(
-        "", description="the worker process it is for: a restarted process with the same "
-        "worker id skips it (the scheduler dispatches its requests again); empty: any")
+        "",
+        description="the worker process it is for: a restarted process with the same "
+        "worker id skips it (the scheduler dispatches its requests again); empty: any",
+    )
     request: GenerationRequest
     epoch: int = Field(0, description="the dispatching scheduler's claim: older ones are fenced")
     dispatched_at: float = Field(default_factory=now)
@@ -204,8 +225,11 @@ class SchedulerClaim(Event):
     type: Literal["claim"] = "claim"
     scheduler_id: str
     epoch: int
-    shard: str = Field("", description="the scheduler shard claimed (its own chat.work."
-                       "<shard>); empty: the unnamed one")
+    shard: str = Field(
+        "",
+        description="the scheduler shard claimed (its own chat.work."
+        "<shard>); empty: the unnamed one",
+    )
     sent_at: float = Field(default_factory=now)
 
 
@@ -230,8 +254,11 @@ class WorkerHeartbeat(Event):
 
     type: Literal["heartbeat"] = "heartbeat"
     worker_id: str
-    incarnation: str = Field("", description="random per worker process: a new one means "
-                             "the process restarted and what the old one ran is lost")
+    incarnation: str = Field(
+        "",
+        description="random per worker process: a new one means "
+        "the process restarted and what the old one ran is lost",
+    )
     model: str
     partitions: tuple[int, ...]
     max_slots: int
@@ -275,10 +302,16 @@ class StreamEvent(Event):
 def stream_fields(request: GenerationRequest, seq: int) -> dict[str, object]:
     """The `StreamEvent` fields of event `seq` of `request`'s stream."""
     return dict(
-        request_id=request.answer_id, attempt=request.attempt, seq=seq,
-        conversation_id=request.conversation_id, message_id=request.message_id,
-        parent_id=request.parent_id, model=request.model, reply_to=request.reply_to,
-        store=request.store, tier=request.tier,
+        request_id=request.answer_id,
+        attempt=request.attempt,
+        seq=seq,
+        conversation_id=request.conversation_id,
+        message_id=request.message_id,
+        parent_id=request.parent_id,
+        model=request.model,
+        reply_to=request.reply_to,
+        store=request.store,
+        tier=request.tier,
     )
 
 
@@ -308,11 +341,15 @@ class TokenChunk(StreamEvent):
     token_count: int
     completion_tokens: int
     token_ids: tuple[int, ...] = Field(
-        (), description="the chunk's tokens (where the engine has them): what a "
-        "continuation gives the engine back")
+        (),
+        description="the chunk's tokens (where the engine has them): what a "
+        "continuation gives the engine back",
+    )
     logprobs: Logprobs = Field(
-        (), description="the chunk's tokens' log probabilities, when the request asked for "
-        "them", exclude_if=_unset)
+        (),
+        description="the chunk's tokens' log probabilities, when the request asked for them",
+        exclude_if=_unset,
+    )
 
 
 class GenerationDone(StreamEvent):
@@ -320,8 +357,10 @@ class GenerationDone(StreamEvent):
     status: RequestStatus
     usage: Usage
     tool_calls: ToolCalls | None = Field(
-        None, description="the tools the answer called: its text, parsed at its end",
-        exclude_if=_unset)
+        None,
+        description="the tools the answer called: its text, parsed at its end",
+        exclude_if=_unset,
+    )
 
 
 class GenerationError(StreamEvent):
@@ -364,7 +403,7 @@ class ToolResult(StreamEvent):
     type: Literal["tool_result"] = "tool_result"
     call_id: str
     name: str
-    content: str = Field(description="JSON text: the tool's result, or {\"error\": ...}")
+    content: str = Field(description='JSON text: the tool\'s result, or {"error": ...}')
     error: bool = False
 
 
@@ -373,8 +412,10 @@ def calls_span(calls: int) -> int:
     return 1 + calls
 
 
-TokenEvent = Annotated[TokenChunk | GenerationDone | GenerationError | AttemptStarted
-                       | ToolCallsMade | ToolResult, Field(discriminator="type")]
+TokenEvent = Annotated[
+    TokenChunk | GenerationDone | GenerationError | AttemptStarted | ToolCallsMade | ToolResult,
+    Field(discriminator="type"),
+]
 
 
 class ToolRound(Event):
@@ -402,8 +443,11 @@ class Delta(DeliveryEvent):
     type: Literal["delta"] = "delta"
     text: str
     logprobs: Logprobs = Field(
-        (), description="log probabilities of the tokens whose text ends in this delta, "
-        "when the request asked for them", exclude_if=_unset)
+        (),
+        description="log probabilities of the tokens whose text ends in this delta, "
+        "when the request asked for them",
+        exclude_if=_unset,
+    )
 
 
 class Queued(DeliveryEvent):
@@ -441,8 +485,10 @@ class DeliveryDone(DeliveryEvent):
     usage: Usage
     model: str | None = Field(None, description="the model that answered")
     tool_calls: ToolCalls | None = Field(
-        None, description="the tools the answer called (from the generation's done event)",
-        exclude_if=_unset)
+        None,
+        description="the tools the answer called (from the generation's done event)",
+        exclude_if=_unset,
+    )
 
 
 class AnswerStarted(DeliveryEvent):
@@ -481,11 +527,11 @@ ToolDelivery = DeliveredToolCall | DeliveredToolResult
 
 DeliverEvent = Annotated[
     Delta | Queued | Routed | Retract | DeliveryError | DeliveryDone | ToolDelivery,
-    Field(discriminator="type")
+    Field(discriminator="type"),
 ]
 AnswerEvent = Annotated[
-    AnswerStarted | Delta | Queued | Routed | Retract | DeliveryError | DeliveryDone
-    | ToolDelivery, Field(discriminator="type"),
+    AnswerStarted | Delta | Queued | Routed | Retract | DeliveryError | DeliveryDone | ToolDelivery,
+    Field(discriminator="type"),
 ]
 """What `chat.answers` carries: a stored answer's marker, then its delivery events."""
 
@@ -509,8 +555,9 @@ class SchedulerStatus(Event):
     type: Literal["scheduler_status"] = "scheduler_status"
     tiers: dict[Tier, TierStatus]
     shard: str = Field("", description="the scheduler shard speaking; empty: the unnamed one")
-    models: tuple[str, ...] = Field((), description="the models it decides for; empty: "
-                                    "every model no named shard decides for")
+    models: tuple[str, ...] = Field(
+        (), description="the models it decides for; empty: every model no named shard decides for"
+    )
     sent_at: float = Field(default_factory=now)
 
 
@@ -525,9 +572,11 @@ class Cancel(Event):
     request_id: str
     reason: str = "client_disconnected"
     held_by: str | None = Field(
-        None, description="a conditional cancel: only while the gateway with this delivery "
+        None,
+        description="a conditional cancel: only while the gateway with this delivery "
         "topic still relays the stream (no other resumed it). The scheduler decides, and "
-        "sends the cancel on; workers ignore it")
+        "sends the cancel on; workers ignore it",
+    )
     sent_at: float = Field(default_factory=now)
 
 
@@ -581,8 +630,10 @@ class UsageEvent(Event):
     cached_tokens: int
     gpu_ms: float = Field(description="wall time the request held an engine slot")
     cache: CacheOutcome | None = Field(
-        None, description="hit: the gateway replayed a cached answer (worker_id "
-        "`response-cache`, gpu_ms 0; its tokens are billed as the answer's)")
+        None,
+        description="hit: the gateway replayed a cached answer (worker_id "
+        "`response-cache`, gpu_ms 0; its tokens are billed as the answer's)",
+    )
     created_at: float = Field(default_factory=now)
 
 
@@ -607,7 +658,8 @@ class RolloutSet(Event):
     type: Literal["rollout"] = "rollout"
     alias: str = Field(min_length=1, max_length=128)
     weights: dict[str, float] = Field(
-        description="version (a served model) -> weight: each >= 0, together > 0")
+        description="version (a served model) -> weight: each >= 0, together > 0"
+    )
     action: Literal["set", "rollback"] = "set"
     created_at: float = Field(default_factory=now)
 
@@ -654,8 +706,11 @@ class DeadLetter(Event):
     error: str
     failed_at: float = Field(default_factory=now)
     value_base64: str | None = Field(
-        None, description="the original bytes, base64, when they are not UTF-8 (value "
-        "replaced what it could not decode); unset: value is the original exactly")
+        None,
+        description="the original bytes, base64, when they are not UTF-8 (value "
+        "replaced what it could not decode); unset: value is the original exactly",
+    )
     headers: tuple[tuple[str, str], ...] = Field(
-        (), description="the original record's headers: (name, value as base64)")
+        (), description="the original record's headers: (name, value as base64)"
+    )
     timestamp_ms: int | None = Field(None, description="the original record's timestamp")

@@ -64,21 +64,27 @@ class ResponseRequest(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     input: Text | list[InputItem] = Field(
-        description="the user's text, or messages ending with a user message")
+        description="the user's text, or messages ending with a user message"
+    )
     instructions: Text | None = Field(
-        None, description="a system message for this answer only (not carried over by "
-        "previous_response_id)")
+        None,
+        description="a system message for this answer only (not carried over by "
+        "previous_response_id)",
+    )
     model: Text | None = Field(None, description="one of GET /v1/models; unset: the default")
     max_output_tokens: MaxTokens | None = None
     temperature: Temperature | None = None
     top_p: TopP | None = None
     stream: bool = False
     previous_response_id: Text | None = Field(
-        None, description="a stored response of the caller's: the answer continues its "
-        "conversation from it")
+        None,
+        description="a stored response of the caller's: the answer continues its "
+        "conversation from it",
+    )
     store: bool = Field(True, description="false: the response is not stored, nor retrievable")
-    background: bool = Field(False, description="answer at once; the generation goes on "
-                             "(needs store)")
+    background: bool = Field(
+        False, description="answer at once; the generation goes on (needs store)"
+    )
 
     @property
     def items(self) -> list[InputItem]:
@@ -98,12 +104,28 @@ class ResponseRequest(BaseModel):
         return [item for item in self.items if not item.instructs]
 
 
-OPENAI_FIELDS = frozenset({
-    "conversation", "include", "max_tool_calls", "metadata", "parallel_tool_calls", "prompt",
-    "prompt_cache_key", "prompt_cache_retention", "reasoning", "safety_identifier",
-    "service_tier", "stream_options", "text", "tool_choice", "tools", "top_logprobs",
-    "truncation", "user",
-})
+OPENAI_FIELDS = frozenset(
+    {
+        "conversation",
+        "include",
+        "max_tool_calls",
+        "metadata",
+        "parallel_tool_calls",
+        "prompt",
+        "prompt_cache_key",
+        "prompt_cache_retention",
+        "reasoning",
+        "safety_identifier",
+        "service_tier",
+        "stream_options",
+        "text",
+        "tool_choice",
+        "tools",
+        "top_logprobs",
+        "truncation",
+        "user",
+    }
+)
 """Fields of OpenAI's request that chatpipe does not honour (set, they are refused)."""
 
 NEUTRAL: dict[str, tuple[object, ...]] = {
@@ -122,8 +144,9 @@ def refused_fields(request: ResponseRequest) -> list[tuple[str, str]]:
     for name, value in (request.model_extra or {}).items():
         if value in (None, [], {}) or value in NEUTRAL.get(name, ()):
             continue
-        refused.append((name, "unsupported_parameter" if name in OPENAI_FIELDS
-                        else "unknown_parameter"))
+        refused.append(
+            (name, "unsupported_parameter" if name in OPENAI_FIELDS else "unknown_parameter")
+        )
     return refused
 
 
@@ -140,8 +163,7 @@ def message_id_of(response_id: str) -> str | None:
 
 # --- responses ------------------------------------------------------------------------
 
-ResponseStatus = Literal["queued", "in_progress", "completed", "incomplete", "failed",
-                         "cancelled"]
+ResponseStatus = Literal["queued", "in_progress", "completed", "incomplete", "failed", "cancelled"]
 IncompleteReason = Literal["max_output_tokens", "content_filter"]
 
 
@@ -185,8 +207,10 @@ class ResponseUsage(BaseModel):
 
 
 class ResponseError(BaseModel):
-    code: str = Field(description="`rate_limit_exceeded` when retrying later may help, "
-                      "else `server_error`; the message starts with chatpipe's own code")
+    code: str = Field(
+        description="`rate_limit_exceeded` when retrying later may help, "
+        "else `server_error`; the message starts with chatpipe's own code"
+    )
     message: str
 
     @classmethod

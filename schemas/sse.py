@@ -95,10 +95,15 @@ class DonePayload(BaseModel):
     status: RequestStatus
     usage: Usage
     cache: CacheOutcome | None = Field(
-        None, description="the response cache's answer (`usage.cache`); absent when the "
-        "request was not looked up")
-    model: str | None = Field(None, description="the model that answered (an alias's version); "
-                              "left out when the pipeline did not say")
+        None,
+        description="the response cache's answer (`usage.cache`); absent when the "
+        "request was not looked up",
+    )
+    model: str | None = Field(
+        None,
+        description="the model that answered (an alias's version); "
+        "left out when the pipeline did not say",
+    )
 
 
 class ToolCallPayload(BaseModel):
@@ -114,7 +119,7 @@ class ToolResultPayload(BaseModel):
 
     id: str
     name: str
-    content: str = Field(description="JSON text; {\"error\": ...} when the tool failed")
+    content: str = Field(description='JSON text; {"error": ...} when the tool failed')
     error: bool = False
 
 
@@ -142,7 +147,7 @@ def citations_event(citations: list[Citation]) -> bytes:
 
 def delta_event(text: str, seq: int) -> bytes:
     """`event: delta` (`DeltaPayload`), built without a model: the stream's hot path."""
-    return b"id: %d\nevent: delta\ndata: {\"delta\":%b}\n\n" % (seq, orjson.dumps(text))
+    return b'id: %d\nevent: delta\ndata: {"delta":%b}\n\n' % (seq, orjson.dumps(text))
 
 
 def native_event(event: DeliverEvent) -> bytes:
@@ -154,8 +159,9 @@ def native_event(event: DeliverEvent) -> bytes:
             # Queue updates come before any output: no id, so resuming never skips text.
             return _event(QueuedPayload(position=event.position, eta_ms=event.eta_ms), "queued")
         case Routed():
-            payload = RoutedPayload(model=event.model, requested_model=event.requested_model,
-                                    reason=event.reason)
+            payload = RoutedPayload(
+                model=event.model, requested_model=event.requested_model, reason=event.reason
+            )
             return _event(payload, "model")
         case Retract():
             payload = RetractPayload(
@@ -168,12 +174,16 @@ def native_event(event: DeliverEvent) -> bytes:
             )
             return _event(payload, event.type, event.seq)
         case DeliveredToolCall():
-            call = ToolCallPayload(id=event.call.id, name=event.call.function.name,
-                                   arguments=event.call.function.arguments)
+            call = ToolCallPayload(
+                id=event.call.id,
+                name=event.call.function.name,
+                arguments=event.call.function.arguments,
+            )
             return _event(call, event.type, event.seq)
         case DeliveredToolResult():
-            result = ToolResultPayload(id=event.call_id, name=event.name, content=event.content,
-                                       error=event.error)
+            result = ToolResultPayload(
+                id=event.call_id, name=event.name, content=event.content, error=event.error
+            )
             return _event(result, event.type, event.seq)
         case DeliveryDone():
             payload = DonePayload(
@@ -288,8 +298,10 @@ def parse_messages(text: str | Iterable[str]) -> list[SSEMessage]:
     return list(iter_messages([*lines, ""], clock=None))
 
 
-def iter_messages(lines: Iterable[str], clock: Callable[[], float] | None = time.monotonic,
-                  ) -> Iterator[SSEMessage]:
+def iter_messages(
+    lines: Iterable[str],
+    clock: Callable[[], float] | None = time.monotonic,
+) -> Iterator[SSEMessage]:
     """Messages as they arrive, stamped with `clock`, e.g. from
     `httpx.Response.iter_lines()`."""
     reader = SSEReader(clock)
@@ -307,8 +319,9 @@ async def aiter_messages(lines: AsyncIterator[str]) -> AsyncIterator[SSEMessage]
             yield message
 
 
-async def read_messages(lines: AsyncIterator[str],
-                        stop: Callable[[SSEMessage], bool] | None = None) -> list[SSEMessage]:
+async def read_messages(
+    lines: AsyncIterator[str], stop: Callable[[SSEMessage], bool] | None = None
+) -> list[SSEMessage]:
     """The messages of `lines` (`aiter_messages`) to the stream's end, or up to and with
     the first one `stop` accepts; `lines` can then be read on by another call."""
     read: list[SSEMessage] = []

@@ -27,7 +27,8 @@ class FunctionSpec(BaseModel):
     name: str = Field(pattern=FUNCTION_NAME)
     description: str | None = None
     parameters: dict[str, Any] | None = Field(
-        None, description="a JSON Schema of the arguments object; unset: any object")
+        None, description="a JSON Schema of the arguments object; unset: any object"
+    )
     strict: bool | None = None
 
 
@@ -113,11 +114,13 @@ class ServerToolTurn(BaseModel):
 
     model_config = ConfigDict(extra="ignore", frozen=True)
 
-    answer_id: str = Field(description="the request id of the client's stream: every "
-                           "round's events carry it")
+    answer_id: str = Field(
+        description="the request id of the client's stream: every round's events carry it"
+    )
     round: int = Field(0, ge=0, description="tool rounds before this one")
-    max_rounds: int = Field(ge=0, description="after this many rounds the model is shown "
-                            "no tools and answers in text")
+    max_rounds: int = Field(
+        ge=0, description="after this many rounds the model is shown no tools and answers in text"
+    )
     first_seq: int = Field(0, ge=0, description="where this round's events start in the answer")
 
     @property

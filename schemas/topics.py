@@ -56,5 +56,18 @@ def deliver_topic(gateway_id: str) -> str:
 
 def shared_topics() -> list[str]:
     """Every topic except the per-gateway delivery topics."""
-    return [*request_topics(), WORK, WORKERS, SCHEDULER, TOKENS, ANSWERS, CONTROL, USAGE,
-            MODERATION, ROLLOUT, FEEDBACK, DLQ, TOOLS]
+    return [
+        *request_topics(),
+        WORK,
+        WORKERS,
+        SCHEDULER,
+        TOKENS,
+        ANSWERS,
+        CONTROL,
+        USAGE,
+        MODERATION,
+        ROLLOUT,
+        FEEDBACK,
+        DLQ,
+        TOOLS,
+    ]

@@ -20,21 +20,31 @@ MAX_CHARS = 200
 MAX_EXPONENT = 100
 MAX_MAGNITUDE = 1e100
 
-SPEC = ToolSpec(function=FunctionSpec(
-    name="calculator",
-    description="Evaluate an arithmetic expression: numbers, + - * / // % ** and "
-                "parentheses. Example: (2 + 3) * 4 ** 2",
-    parameters={"type": "object", "properties": {
-        "expression": {"type": "string", "maxLength": MAX_CHARS}},
-        "required": ["expression"]}))
+SPEC = ToolSpec(
+    function=FunctionSpec(
+        name="calculator",
+        description="Evaluate an arithmetic expression: numbers, + - * / // % ** and "
+        "parentheses. Example: (2 + 3) * 4 ** 2",
+        parameters={
+            "type": "object",
+            "properties": {"expression": {"type": "string", "maxLength": MAX_CHARS}},
+            "required": ["expression"],
+        },
+    )
+)
 
 _BINARY: dict[type[ast.operator], Callable[[Any, Any], Any]] = {
-    ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
-    ast.Div: operator.truediv, ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod,
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.FloorDiv: operator.floordiv,
+    ast.Mod: operator.mod,
     ast.Pow: operator.pow,
 }
 _UNARY: dict[type[ast.unaryop], Callable[[Any], Any]] = {
-    ast.UAdd: operator.pos, ast.USub: operator.neg,
+    ast.UAdd: operator.pos,
+    ast.USub: operator.neg,
 }
 
 
@@ -63,8 +73,9 @@ def _value(node: ast.AST) -> int | float:
             return _bounded(_UNARY[type(op)](_value(operand)))
         case ast.BinOp(left=left, op=op, right=right) if type(op) in _BINARY:
             return _binary(op, _value(left), _value(right))
-    raise CalculationError(f"{type(node).__name__} is not allowed: only numbers, "
-                           "+ - * / // % ** and parentheses")
+    raise CalculationError(
+        f"{type(node).__name__} is not allowed: only numbers, + - * / // % ** and parentheses"
+    )
 
 
 def _binary(op: ast.operator, left: int | float, right: int | float) -> int | float:

@@ -8,8 +8,9 @@ from collections.abc import Sequence
 from schemas.tools import ToolSpec
 from servertools import calculator, clock, documents
 
-SPECS: dict[str, ToolSpec] = {spec.function.name: spec for spec in (
-    calculator.SPEC, clock.SPEC, documents.SPEC)}
+SPECS: dict[str, ToolSpec] = {
+    spec.function.name: spec for spec in (calculator.SPEC, clock.SPEC, documents.SPEC)
+}
 """Every server tool chatpipe has."""
 
 

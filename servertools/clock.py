@@ -9,26 +9,35 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from schemas.tools import FunctionSpec, ToolSpec
 
-SPEC = ToolSpec(function=FunctionSpec(
-    name="clock",
-    description="The current date and time in UTC, and in an IANA time zone if one is "
-                "given (e.g. Europe/Paris).",
-    parameters={"type": "object", "properties": {
-        "timezone": {"type": "string", "maxLength": 64}}}))
+SPEC = ToolSpec(
+    function=FunctionSpec(
+        name="clock",
+        description="The current date and time in UTC, and in an IANA time zone if one is "
+        "given (e.g. Europe/Paris).",
+        parameters={
+            "type": "object",
+            "properties": {"timezone": {"type": "string", "maxLength": 64}},
+        },
+    )
+)
 
 
 def now_in(timezone: str | None, now: dt.datetime) -> dict[str, Any]:
     """`now` (aware, any zone) as the tool answers: UTC, and local time in `timezone`."""
     utc = now.astimezone(dt.UTC)
-    answer: dict[str, Any] = {"utc": utc.isoformat(timespec="seconds"),
-                              "unix": int(utc.timestamp())}
+    answer: dict[str, Any] = {
+        "utc": utc.isoformat(timespec="seconds"),
+        "unix": int(utc.timestamp()),
+    }
     if timezone:
         try:
             zone = ZoneInfo(timezone)
         except (ZoneInfoNotFoundError, ValueError):
             raise ValueError(f"unknown time zone {timezone!r}") from None
-        answer |= {"timezone": timezone,
-                   "local": utc.astimezone(zone).isoformat(timespec="seconds")}
+        answer |= {
+            "timezone": timezone,
+            "local": utc.astimezone(zone).isoformat(timespec="seconds"),
+        }
     return answer
 
 

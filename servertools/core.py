@@ -59,10 +59,16 @@ def results(tool_round: ToolRound, outcomes: Sequence[Outcome]) -> list[ToolResu
     """The round's results on the stream, one per call in order, at the positions after
     the calls' own."""
     first = tool_round.seq + calls_span(len(tool_round.calls.calls))
-    return [ToolResult(**stream_fields(tool_round.request, first + index), call_id=call.id,
-                       name=call.function.name, content=outcome.content, error=outcome.error)
-            for index, (call, outcome) in enumerate(
-                zip(tool_round.calls.calls, outcomes, strict=True))]
+    return [
+        ToolResult(
+            **stream_fields(tool_round.request, first + index),
+            call_id=call.id,
+            name=call.function.name,
+            content=outcome.content,
+            error=outcome.error,
+        )
+        for index, (call, outcome) in enumerate(zip(tool_round.calls.calls, outcomes, strict=True))
+    ]
 
 
 def next_round(tool_round: ToolRound, answered: Sequence[ToolResult]) -> GenerationRequest:
@@ -76,21 +82,23 @@ def next_round(tool_round: ToolRound, answered: Sequence[ToolResult]) -> Generat
         raise ValueError(f"{request.request_id} is not a server-tools turn")
     following = turn.round + 1
     calls = tool_round.calls
-    messages = (*request.messages,
-                ChatMessage(role=Role.ASSISTANT, content=calls.content or "",
-                            tool_calls=calls.calls),
-                *(ChatMessage(role=Role.TOOL, content=r.content, tool_call_id=r.call_id)
-                  for r in answered))
+    messages = (
+        *request.messages,
+        ChatMessage(role=Role.ASSISTANT, content=calls.content or "", tool_calls=calls.calls),
+        *(ChatMessage(role=Role.TOOL, content=r.content, tool_call_id=r.call_id) for r in answered),
+    )
     tool_use = None
     if request.tool_use is not None and following < turn.max_rounds:
         tool_use = request.tool_use.model_copy(update={"choice": "auto", "function": None})
     first_seq = (answered[-1].seq if answered else tool_round.seq + len(calls.calls)) + 1
-    return request.model_copy(update={
-        "request_id": round_request_id(turn.answer_id, following),
-        "attempt": request.attempt + 1,
-        "messages": messages,
-        "tool_use": tool_use,
-        "stream": None,
-        "server_tools": turn.model_copy(update={"round": following, "first_seq": first_seq}),
-        "created_at": now(),
-    })
+    return request.model_copy(
+        update={
+            "request_id": round_request_id(turn.answer_id, following),
+            "attempt": request.attempt + 1,
+            "messages": messages,
+            "tool_use": tool_use,
+            "stream": None,
+            "server_tools": turn.model_copy(update={"round": following, "first_seq": first_seq}),
+            "created_at": now(),
+        }
+    )

@@ -18,14 +18,21 @@ QUERY_CHARS = 1000
 RESULT_CHARS = 800
 """How much of each found chunk the model is given."""
 
-SPEC = ToolSpec(function=FunctionSpec(
-    name="search_documents",
-    description="Search the user's uploaded files (POST /v1/files) for passages about a "
-                "query; optionally only the files named by id.",
-    parameters={"type": "object", "properties": {
-        "query": {"type": "string", "minLength": 1, "maxLength": QUERY_CHARS},
-        "file_ids": {"type": "array", "items": {"type": "string"}, "maxItems": 16}},
-        "required": ["query"]}))
+SPEC = ToolSpec(
+    function=FunctionSpec(
+        name="search_documents",
+        description="Search the user's uploaded files (POST /v1/files) for passages about a "
+        "query; optionally only the files named by id.",
+        parameters={
+            "type": "object",
+            "properties": {
+                "query": {"type": "string", "minLength": 1, "maxLength": QUERY_CHARS},
+                "file_ids": {"type": "array", "items": {"type": "string"}, "maxItems": 16},
+            },
+            "required": ["query"],
+        },
+    )
+)
 
 
 class SearchDocuments:
@@ -46,8 +53,16 @@ class SearchDocuments:
         if isinstance(named, list) and named:
             files = [f for f in files if f.file_id in set(map(str, named))]
         hits = await self._documents.search(files, query[:QUERY_CHARS])
-        return {"results": [
-            {"file_id": h.chunk.file_id, "filename": h.chunk.filename,
-             "chunk_index": h.chunk.chunk_index, "score": round(h.score, 4),
-             "text": snippet(h.chunk.text, RESULT_CHARS)} for h in hits],
-            "files_searched": len(files)}
+        return {
+            "results": [
+                {
+                    "file_id": h.chunk.file_id,
+                    "filename": h.chunk.filename,
+                    "chunk_index": h.chunk.chunk_index,
+                    "score": round(h.score, 4),
+                    "text": snippet(h.chunk.text, RESULT_CHARS),
+                }
+                for h in hits
+            ],
+            "files_searched": len(files),
+        }

@@ -34,15 +34,26 @@ GROUP = "chatpipe-tools"
 
 
 class ToolsStage:
-    def __init__(self, kafka: KafkaConfig, toolbox: Toolbox,
-                 warm_up: Callable[[], Awaitable[None]] | None = None) -> None:
+    def __init__(
+        self,
+        kafka: KafkaConfig,
+        toolbox: Toolbox,
+        warm_up: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
         """`warm_up`: loads what the tools need (the embedding model of search_documents)
         beside the consumer, so the first round after a start does not wait for it."""
         self.toolbox = toolbox
         self._warm_up = warm_up
         self._rounds: set[asyncio.Task[None]] = set()
-        self.runner = StageRunner(kafka, STAGE, GROUP, [topics.TOOLS], poll_ms=100,
-                                  commit_on_revoke=True, busy_while=lambda: len(self._rounds))
+        self.runner = StageRunner(
+            kafka,
+            STAGE,
+            GROUP,
+            [topics.TOOLS],
+            poll_ms=100,
+            commit_on_revoke=True,
+            busy_while=lambda: len(self._rounds),
+        )
 
     async def run(self) -> None:
         warming = asyncio.create_task(_warmed(self._warm_up)) if self._warm_up else None
@@ -66,20 +77,26 @@ class ToolsStage:
 
     async def _run(self, tool_round: ToolRound, tp: TopicPartition, offset: int) -> None:
         request = tool_round.request
-        log.info("round %s of %s: running %d call(s)", request.request_id,
-                 request.answer_id, len(tool_round.calls.calls))
+        log.info(
+            "round %s of %s: running %d call(s)",
+            request.request_id,
+            request.answer_id,
+            len(tool_round.calls.calls),
+        )
         try:
             caller = caller_of(tool_round)
             outcomes = await asyncio.gather(
-                *(self.toolbox.run(call, caller) for call in tool_round.calls.calls))
+                *(self.toolbox.run(call, caller) for call in tool_round.calls.calls)
+            )
             answered = results(tool_round, outcomes)
             publisher = self.runner.publisher
             for result in answered:
                 await publisher.send(topics.TOKENS, result, key=request.conversation_id)
             await publisher.flush()  # the results are on the stream before the next round
             following = next_round(tool_round, answered)
-            await publisher.send_and_wait(topics.requests_topic(following.tier), following,
-                                          key=request.conversation_id)
+            await publisher.send_and_wait(
+                topics.requests_topic(following.tier), following, key=request.conversation_id
+            )
         except asyncio.CancelledError:
             raise  # stopping: not done, the next owner of the partition runs it again
         except Exception:  # noqa: BLE001 - one round's failure must not stop the stage
@@ -92,7 +109,6 @@ async def _warmed(warm_up: Callable[[], Awaitable[None]]) -> None:
     try:
         await warm_up()
     except Exception:  # noqa: BLE001 - the first round loads it, or reports the failure
-        log.warning("warming up failed; the first round that needs it loads it",
-                    exc_info=True)
+        log.warning("warming up failed; the first round that needs it loads it", exc_info=True)
         return
     log.info("warmed up in %.1f s", time.monotonic() - started)

@@ -21,7 +21,8 @@ def pdf_of(*pages: str) -> bytes:
     for text in pages:
         page = writer.add_blank_page(612, 792)
         page[NameObject("/Resources")] = DictionaryObject(
-            {NameObject("/Font"): DictionaryObject({NameObject("/F1"): font})})
+            {NameObject("/Font"): DictionaryObject({NameObject("/F1"): font})}
+        )
         lines = [_pdf_string(line) for line in text.split("\n")]
         body = b"BT /F1 11 Tf 14 TL 72 740 Td " + b" T* ".join(b"(%s) Tj" % s for s in lines)
         stream = DecodedStreamObject()
@@ -33,8 +34,9 @@ def pdf_of(*pages: str) -> bytes:
 
 
 def _pdf_string(text: str) -> bytes:
-    return text.encode("latin-1").replace(b"\\", b"\\\\").replace(b"(", b"\\(").replace(
-        b")", b"\\)")
+    return (
+        text.encode("latin-1").replace(b"\\", b"\\\\").replace(b"(", b"\\(").replace(b")", b"\\)")
+    )
 
 
 class WordEmbedder:

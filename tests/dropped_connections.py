@@ -41,8 +41,12 @@ class CuttingProxy:
         self.url = f"http://127.0.0.1:{port}"
         return self
 
-    async def __aexit__(self, kind: type[BaseException] | None, error: BaseException | None,
-                        traceback: TracebackType | None) -> None:
+    async def __aexit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
         assert self._server is not None
         self._server.close()
         for link in list(self._links):
@@ -50,23 +54,25 @@ class CuttingProxy:
         await asyncio.gather(*self._links, return_exceptions=True)
         await self._server.wait_closed()
 
-    def _accept(self, client_reader: asyncio.StreamReader,
-                client_writer: asyncio.StreamWriter) -> None:
+    def _accept(
+        self, client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter
+    ) -> None:
         link = asyncio.create_task(self._link(client_reader, client_writer))
         self._links.add(link)
         link.add_done_callback(self._links.discard)
 
-    async def _link(self, client_reader: asyncio.StreamReader,
-                    client_writer: asyncio.StreamWriter) -> None:
+    async def _link(
+        self, client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter
+    ) -> None:
         writers = [client_writer]
         try:
             server_reader, server_writer = await asyncio.open_connection(*self._target)
             writers.append(server_writer)
             answering = asyncio.Event()  # this connection carries an answer stream now
-            requests = asyncio.create_task(self._requests(client_reader, server_writer,
-                                                          answering))
-            responses = asyncio.create_task(self._responses(server_reader, client_writer,
-                                                            answering))
+            requests = asyncio.create_task(self._requests(client_reader, server_writer, answering))
+            responses = asyncio.create_task(
+                self._responses(server_reader, client_writer, answering)
+            )
             await asyncio.wait([requests, responses], return_when=asyncio.FIRST_COMPLETED)
             for task in (requests, responses):
                 task.cancel()
@@ -76,16 +82,18 @@ class CuttingProxy:
             for writer in writers:
                 writer.close()
 
-    async def _requests(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                        answering: asyncio.Event) -> None:
+    async def _requests(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, answering: asyncio.Event
+    ) -> None:
         while data := await reader.read(65536):
             if not self.cut.is_set() and ANSWER_REQUEST.search(data):
                 answering.set()
             writer.write(data)
             await writer.drain()
 
-    async def _responses(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                         answering: asyncio.Event) -> None:
+    async def _responses(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, answering: asyncio.Event
+    ) -> None:
         seen = b""  # the answer stream so far, where the cut is looked for
         while data := await reader.read(65536):
             if answering.is_set() and not self.cut.is_set():

@@ -36,16 +36,22 @@ class SseResult:
         return bool(self.events) and self.events[-1].is_done
 
 
-async def read_sse(response: httpx.Response, stop: Callable[[SSEMessage], bool] | None = None,
-                   ) -> list[SSEMessage]:
+async def read_sse(
+    response: httpx.Response,
+    stop: Callable[[SSEMessage], bool] | None = None,
+) -> list[SSEMessage]:
     """The response's messages as they arrive (`schemas.sse.read_messages`)."""
     return await read_messages(response.aiter_lines(), stop)
 
 
-async def post_message(client: httpx.AsyncClient, conversation_id: str, body: dict[str, Any],
-                       ) -> SseResult:
-    async with client.stream("POST", f"/v1/conversations/{conversation_id}/messages",
-                             json=body) as response:
+async def post_message(
+    client: httpx.AsyncClient,
+    conversation_id: str,
+    body: dict[str, Any],
+) -> SseResult:
+    async with client.stream(
+        "POST", f"/v1/conversations/{conversation_id}/messages", json=body
+    ) as response:
         if response.status_code != 200:
             await response.aread()
             return SseResult(response.status_code)
@@ -55,9 +61,16 @@ async def post_message(client: httpx.AsyncClient, conversation_id: str, body: di
 def generation_request(reply_to: str) -> GenerationRequest:
     """A one-message request of a fresh id, answered on `reply_to`."""
     return GenerationRequest(
-        request_id=f"r-{uuid.uuid4().hex[:8]}", conversation_id="c", message_id="m",
-        user_id="u", org_id="o", tier="free", model="tiny", reply_to=reply_to,
-        messages=(ChatMessage(role=Role.USER, content="hello"),))
+        request_id=f"r-{uuid.uuid4().hex[:8]}",
+        conversation_id="c",
+        message_id="m",
+        user_id="u",
+        org_id="o",
+        tier="free",
+        model="tiny",
+        reply_to=reply_to,
+        messages=(ChatMessage(role=Role.USER, content="hello"),),
+    )
 
 
 async def until(condition: Callable[[], bool], timeout_s: float = 30.0) -> None:

@@ -38,14 +38,21 @@ class Coalescer:
         self._sent_at: float | None = None
         """When the last send was due (at most half an interval before it went)."""
 
-    def add(self, text: str, tokens: int, now: float,
-            token_ids: tuple[int, ...] = (), logprobs: Logprobs = ()) -> Pending | None:
+    def add(
+        self,
+        text: str,
+        tokens: int,
+        now: float,
+        token_ids: tuple[int, ...] = (),
+        logprobs: Logprobs = (),
+    ) -> Pending | None:
         self._pending.text += text
         self._pending.tokens += tokens
         self._pending.token_ids += token_ids
         self._pending.logprobs += logprobs
-        if self.held or (self._sent_at is not None
-                         and now - self._sent_at < self.interval_s - SLACK_S):
+        if self.held or (
+            self._sent_at is not None and now - self._sent_at < self.interval_s - SLACK_S
+        ):
             return None
         return self._take(now)
 
@@ -62,8 +69,9 @@ class Coalescer:
         if self._sent_at is None:
             self._sent_at = now
         else:
-            self._sent_at = min(now, max(self._sent_at + self.interval_s,
-                                         now - self.interval_s / 2))
+            self._sent_at = min(
+                now, max(self._sent_at + self.interval_s, now - self.interval_s / 2)
+            )
         return taken
 
 

@@ -118,8 +118,10 @@ class WorkerBook:
             return False  # read after its partition moved: it belongs to another worker
         if assignment.incarnation and assignment.incarnation != self.incarnation:
             return False  # for this worker's previous process: the scheduler redispatches it
-        return (request.request_id not in self.running
-                and (request.request_id, request.attempt) not in self._finished)
+        return (
+            request.request_id not in self.running
+            and (request.request_id, request.attempt) not in self._finished
+        )
 
     def ended(self, request: GenerationRequest) -> None:
         """The attempt ended (or found its answer ended already): a copy is skipped."""
@@ -156,8 +158,14 @@ class WorkerBook:
         """A cancel named the answer (`GenerationRequest.answer_id`)."""
         return answer_id in self._cancelled
 
-    def heartbeat(self, model: str, max_slots: int, stats: EngineStats, peak_running: int,
-                  consumed: dict[int, int]) -> WorkerHeartbeat:
+    def heartbeat(
+        self,
+        model: str,
+        max_slots: int,
+        stats: EngineStats,
+        peak_running: int,
+        consumed: dict[int, int],
+    ) -> WorkerHeartbeat:
         """The capacity report: what runs, where each assignment lies, what was handed
         back; `consumed` is each partition's next offset to read."""
         return WorkerHeartbeat(
@@ -241,8 +249,11 @@ def usage_of(last: EngineOutput | None, prior_tokens: int = 0) -> Usage:
     streamed too (`prior_tokens` when this attempt produced nothing)."""
     if last is None:
         return Usage(completion_tokens=prior_tokens)
-    return Usage(prompt_tokens=last.prompt_tokens, completion_tokens=last.completion_tokens,
-                 cached_tokens=last.cached_tokens)
+    return Usage(
+        prompt_tokens=last.prompt_tokens,
+        completion_tokens=last.completion_tokens,
+        cached_tokens=last.cached_tokens,
+    )
 
 
 class Attempt:
@@ -254,8 +265,14 @@ class Attempt:
     end goes past any (`UNKNOWN_END_SEQ`). `clock` is monotonic seconds (chunk pacing,
     engine time), `wall` epoch seconds."""
 
-    def __init__(self, request: GenerationRequest, worker_id: str, pacing: ChunkPacing,
-                 clock: Clock, wall: Clock) -> None:
+    def __init__(
+        self,
+        request: GenerationRequest,
+        worker_id: str,
+        pacing: ChunkPacing,
+        clock: Clock,
+        wall: Clock,
+    ) -> None:
         self.request = request
         self.worker_id = worker_id
         self.seq = UNKNOWN_END_SEQ
@@ -311,13 +328,20 @@ class Attempt:
         """The text a paused round wrote beside its calls, as a chunk; None if none."""
         if not calls.content:
             return None
-        return TokenChunk(**stream_fields(self.request, self.seq), text=calls.content,
-                          token_count=0, completion_tokens=self._completion_tokens())
+        return TokenChunk(
+            **stream_fields(self.request, self.seq),
+            text=calls.content,
+            token_count=0,
+            completion_tokens=self._completion_tokens(),
+        )
 
     def calls_made(self, calls: ToolCalls) -> ToolCallsMade:
         """The end of a paused round (after its `content`, once that is sent)."""
-        return ToolCallsMade(**stream_fields(self.request, self.seq), calls=calls.calls,
-                             completion_tokens=self._completion_tokens())
+        return ToolCallsMade(
+            **stream_fields(self.request, self.seq),
+            calls=calls.calls,
+            completion_tokens=self._completion_tokens(),
+        )
 
     def _completion_tokens(self) -> int:
         return self._latest.completion_tokens if self._latest else 0
@@ -327,8 +351,13 @@ class Attempt:
         (sent). An end this attempt still sends (the round could not be handed on) goes
         past the positions the calls' deliveries take."""
         self.seq = max(self.seq, made.seq + calls_span(len(made.calls)))
-        return ToolRound(request=self.request, calls=calls, seq=made.seq,
-                         completion_tokens=made.completion_tokens, created_at=self._wall())
+        return ToolRound(
+            request=self.request,
+            calls=calls,
+            seq=made.seq,
+            completion_tokens=made.completion_tokens,
+            created_at=self._wall(),
+        )
 
     def output(self, output: EngineOutput, streams: int) -> TokenChunk | None:
         """Take one engine output (`streams` answers run on this worker now): the chunk
@@ -336,8 +365,9 @@ class Attempt:
         self._latest = output
         self.status = output.status or self.status
         self._coalescer.interval_s = self._pacing.interval(streams)
-        pending = self._coalescer.add(output.text, output.new_tokens, self._clock(),
-                                      output.token_ids, output.logprobs)
+        pending = self._coalescer.add(
+            output.text, output.new_tokens, self._clock(), output.token_ids, output.logprobs
+        )
         return None if pending is None else self._chunk(pending, output.completion_tokens)
 
     def tail(self) -> TokenChunk | None:
@@ -348,24 +378,31 @@ class Attempt:
         return self._chunk(pending, self._latest.completion_tokens)
 
     def _chunk(self, pending: Pending, completion_tokens: int) -> TokenChunk:
-        return TokenChunk(**stream_fields(self.request, self.seq), text=pending.text,
-                          token_count=pending.tokens, completion_tokens=completion_tokens,
-                          token_ids=tuple(pending.token_ids), logprobs=tuple(pending.logprobs))
+        return TokenChunk(
+            **stream_fields(self.request, self.seq),
+            text=pending.text,
+            token_count=pending.tokens,
+            completion_tokens=completion_tokens,
+            token_ids=tuple(pending.token_ids),
+            logprobs=tuple(pending.logprobs),
+        )
 
     def done(self) -> GenerationDone:
         """The end of an attempt that ran whole (or was cancelled before it started);
         from now on its usage counts what the engine produced."""
         self._counted = self._latest
-        return GenerationDone(**stream_fields(self.request, self.seq), status=self.status,
-                              usage=usage_of(self._counted, self.prior_tokens),
-                              tool_calls=self._latest.tool_calls if self._latest else None)
+        return GenerationDone(
+            **stream_fields(self.request, self.seq),
+            status=self.status,
+            usage=usage_of(self._counted, self.prior_tokens),
+            tool_calls=self._latest.tool_calls if self._latest else None,
+        )
 
     def error(self, code: str, message: str) -> GenerationError:
         """The end of an attempt that failed. Its usage counts no output of its own
         (unless its end was built already): the client got an error, not an answer."""
         self.status = RequestStatus.FINISHED_ERROR
-        return GenerationError(**stream_fields(self.request, self.seq), code=code,
-                               message=message)
+        return GenerationError(**stream_fields(self.request, self.seq), code=code, message=message)
 
     def sent(self) -> None:
         """The bus has the event at `seq`: the next one takes the next position."""
@@ -378,13 +415,21 @@ class Attempt:
         inherited = self.prior_tokens
         usage = usage_of(self._counted, inherited)
         return UsageEvent(
-            request_id=request.request_id, attempt=request.attempt,
-            conversation_id=request.conversation_id, user_id=request.user_id,
-            org_id=request.org_id, tier=request.tier, model=request.model,
-            requested_model=request.requested_model, alias=request.alias,
+            request_id=request.request_id,
+            attempt=request.attempt,
+            conversation_id=request.conversation_id,
+            user_id=request.user_id,
+            org_id=request.org_id,
+            tier=request.tier,
+            model=request.model,
+            requested_model=request.requested_model,
+            alias=request.alias,
             worker_id=self.worker_id,
-            status=self.status, prompt_tokens=usage.prompt_tokens,
+            status=self.status,
+            prompt_tokens=usage.prompt_tokens,
             completion_tokens=max(0, usage.completion_tokens - inherited),
-            prior_completion_tokens=inherited, cached_tokens=usage.cached_tokens,
-            gpu_ms=(self._clock() - self._started) * 1000, created_at=self._wall(),
+            prior_completion_tokens=inherited,
+            cached_tokens=usage.cached_tokens,
+            gpu_ms=(self._clock() - self._started) * 1000,
+            created_at=self._wall(),
         )

@@ -16,11 +16,13 @@ from workers.core import JsonOutputInterrupted, ToolCallInterrupted
 ENGINE_ERROR = "engine_error"
 ENGINE_ERROR_MESSAGE = "the engine failed on this request"
 JSON_OUTPUT_INTERRUPTED = "output_interrupted"
-JSON_OUTPUT_INTERRUPTED_MESSAGE = ("the worker writing the JSON answer stopped before its end; "
-                                   "send the request again")
+JSON_OUTPUT_INTERRUPTED_MESSAGE = (
+    "the worker writing the JSON answer stopped before its end; send the request again"
+)
 TOOL_CALL_INTERRUPTED = "tool_call_interrupted"
-TOOL_CALL_INTERRUPTED_MESSAGE = ("the worker writing the tool call stopped before its end; "
-                                 "send the request again")
+TOOL_CALL_INTERRUPTED_MESSAGE = (
+    "the worker writing the tool call stopped before its end; send the request again"
+)
 
 
 @dataclass(frozen=True, slots=True)

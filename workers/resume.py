@@ -27,7 +27,11 @@ async def read_prior_output(kafka: KafkaConfig, request: GenerationRequest) -> P
     if request.attempt == 0 or stream is None or stream.start_offset >= stream.attempt_offset:
         return NOTHING
     records = await read_between(
-        kafka, topics.TOKENS,
-        {stream.partition: (stream.start_offset, stream.attempt_offset)}, TOKEN_EVENT,
-        timeout_s=READ_TIMEOUT_S, key=request.conversation_id.encode())
+        kafka,
+        topics.TOKENS,
+        {stream.partition: (stream.start_offset, stream.attempt_offset)},
+        TOKEN_EVENT,
+        timeout_s=READ_TIMEOUT_S,
+        key=request.conversation_id.encode(),
+    )
     return assemble(request.answer_id, (event for _, _, event in records))

@@ -52,7 +52,77 @@ from schemas.tools import FunctionCall, ToolCall, ToolCalls, call_id
 from workers.engine import Continuation, EngineOutput, EngineStats
 from workers.tool_calls import constrained_calls, example_output, example_value
 
-WORDS = ["the", "a", "of", "and", "to", "in", "is", "it", "that", "for", "on", "with", "as", "was", "at", "by", "this", "be", "from", "or", "have", "an", "they", "which", "one", "you", "were", "all", "we", "when", "there", "can", "more", "if", "out", "so", "what", "about", "up", "time", "said", "would", "into", "them", "some", "could", "other", "then", "two", "its", "like", "now", "over", "only", "new", "way", "model", "token", "stream", "kafka", "batch", "queue", "cache", "prompt", "reply", "tier", "slot", "worker", "engine"]
+WORDS = [
+    "the",
+    "a",
+    "of",
+    "and",
+    "to",
+    "in",
+    "is",
+    "it",
+    "that",
+    "for",
+    "on",
+    "with",
+    "as",
+    "was",
+    "at",
+    "by",
+    "this",
+    "be",
+    "from",
+    "or",
+    "have",
+    "an",
+    "they",
+    "which",
+    "one",
+    "you",
+    "were",
+    "all",
+    "we",
+    "when",
+    "there",
+    "can",
+    "more",
+    "if",
+    "out",
+    "so",
+    "what",
+    "about",
+    "up",
+    "time",
+    "said",
+    "would",
+    "into",
+    "them",
+    "some",
+    "could",
+    "other",
+    "then",
+    "two",
+    "its",
+    "like",
+    "now",
+    "over",
+    "only",
+    "new",
+    "way",
+    "model",
+    "token",
+    "stream",
+    "kafka",
+    "batch",
+    "queue",
+    "cache",
+    "prompt",
+    "reply",
+    "tier",
+    "slot",
+    "worker",
+    "engine",
+]
 
 _DIRECTIVE = re.compile(r"\[\[sim:(\w+)(?:=([^\]]*))?\]\]")
 
@@ -86,8 +156,9 @@ def plan_reply(request: GenerationRequest) -> ReplyPlan:
 
     tool_use = request.tool_use
     if tool_use is not None and "call" in directives and request.messages[-1].role is Role.USER:
-        return _tool_call_plan(request, scripted_call(directives["call"]),
-                               _scripted_calls(request, directives["call"]))
+        return _tool_call_plan(
+            request, scripted_call(directives["call"]), _scripted_calls(request, directives["call"])
+        )
     if tool_use is not None and tool_use.constrained:
         return _tool_call_plan(request, example_output(tool_use))
     if request.sampling.structured:
@@ -123,23 +194,34 @@ def scripted_call(directive: str) -> str:
 
 def _scripted_calls(request: GenerationRequest, directive: str) -> ToolCalls:
     name, _, arguments = directive.partition(" ")
-    return ToolCalls(calls=(ToolCall(id=call_id(request.request_id, 0), function=FunctionCall(
-        name=name, arguments=arguments.strip() or "{}")),))
+    return ToolCalls(
+        calls=(
+            ToolCall(
+                id=call_id(request.request_id, 0),
+                function=FunctionCall(name=name, arguments=arguments.strip() or "{}"),
+            ),
+        )
+    )
 
 
-def _tool_call_plan(request: GenerationRequest, text: str,
-                    scripted: ToolCalls | None = None) -> ReplyPlan:
+def _tool_call_plan(
+    request: GenerationRequest, text: str, scripted: ToolCalls | None = None
+) -> ReplyPlan:
     """A tool-calling answer: `text` a few characters a token, cut at `max_tokens`
     (then it calls nothing: the call is not whole). Its calls are `scripted`, or read
     from the constrained text."""
-    tokens = [text[i:i + TOOL_CALL_TOKEN_CHARS] for i in range(0, len(text),
-                                                              TOOL_CALL_TOKEN_CHARS)]
+    tokens = [
+        text[i : i + TOOL_CALL_TOKEN_CHARS] for i in range(0, len(text), TOOL_CALL_TOKEN_CHARS)
+    ]
     status = RequestStatus.FINISHED_STOPPED
     if len(tokens) > request.sampling.max_tokens:
         tokens, status = tokens[: request.sampling.max_tokens], RequestStatus.FINISHED_LENGTH
     assert request.tool_use is not None
-    calls = (constrained_calls("".join(tokens), request.tool_use, request.request_id)
-             if scripted is None else scripted)
+    calls = (
+        constrained_calls("".join(tokens), request.tool_use, request.request_id)
+        if scripted is None
+        else scripted
+    )
     if status is RequestStatus.FINISHED_LENGTH:
         calls = None
     return ReplyPlan(tuple(tokens), status, tool_calls=calls)
@@ -149,10 +231,10 @@ def _json_plan(request: GenerationRequest) -> ReplyPlan:
     """An answer held to a JSON format: the least value its schema takes ({} for any
     JSON object), a few characters a token."""
     schema = request.sampling.json_schema
-    text = json.dumps(example_value(schema) if schema is not None else {},
-                      separators=(",", ":"))
-    tokens = [text[i:i + TOOL_CALL_TOKEN_CHARS] for i in range(0, len(text),
-                                                              TOOL_CALL_TOKEN_CHARS)]
+    text = json.dumps(example_value(schema) if schema is not None else {}, separators=(",", ":"))
+    tokens = [
+        text[i : i + TOOL_CALL_TOKEN_CHARS] for i in range(0, len(text), TOOL_CALL_TOKEN_CHARS)
+    ]
     status = RequestStatus.FINISHED_STOPPED
     if len(tokens) > request.sampling.max_tokens:
         tokens, status = tokens[: request.sampling.max_tokens], RequestStatus.FINISHED_LENGTH
@@ -164,9 +246,10 @@ def sim_logprobs(tokens: tuple[str, ...], top: int | None) -> Logprobs:
     only one at its place."""
     if top is None:
         return ()
-    return tuple(TokenLogprob(token=token, logprob=0.0,
-                              top=(TopLogprob(token=token, logprob=0.0),)[:top])
-                 for token in tokens)
+    return tuple(
+        TokenLogprob(token=token, logprob=0.0, top=(TopLogprob(token=token, logprob=0.0),)[:top])
+        for token in tokens
+    )
 
 
 def _cut_at_stop(tokens: list[str], stop: tuple[str, ...]) -> tuple[list[str], bool]:
@@ -225,9 +308,10 @@ class SimEngine:
 
         def output(text: str, new: int, status: RequestStatus | None = None) -> EngineOutput:
             calls = plan.tool_calls if status is not None and sent == len(plan.tokens) else None
-            logprobs = sim_logprobs(plan.tokens[sent - new:sent], request.sampling.logprobs)
-            return EngineOutput(text, new, sent, prompt_tokens, 0, status, tool_calls=calls,
-                                logprobs=logprobs)
+            logprobs = sim_logprobs(plan.tokens[sent - new : sent], request.sampling.logprobs)
+            return EngineOutput(
+                text, new, sent, prompt_tokens, 0, status, tool_calls=calls, logprobs=logprobs
+            )
 
         try:
             if not await self._take_slot(aborted):
@@ -237,8 +321,11 @@ class SimEngine:
                 if plan.fail:
                     raise SimEngineFailure(f"scripted failure of {request.request_id}")
                 loop = asyncio.get_running_loop()
-                start = (loop.time() + prompt_tokens / self.prompt_tokens_per_s
-                         - sent / self.tokens_per_s)
+                start = (
+                    loop.time()
+                    + prompt_tokens / self.prompt_tokens_per_s
+                    - sent / self.tokens_per_s
+                )
                 ended = False
                 self._steps.join()
                 try:

@@ -71,9 +71,15 @@ class WorkerStage:
         self.heartbeat_now = asyncio.Event()
         self.started = asyncio.Event()
         self.runner = StageRunner(
-            kafka, STAGE, f"{GROUP}-{config.shard}" if config.shard else GROUP,
-            [topics.work_topic(config.shard)], poll_ms=100, commit_on_revoke=True,
-            on_assign=self._assigned, busy_while=lambda: len(self.book.running))
+            kafka,
+            STAGE,
+            f"{GROUP}-{config.shard}" if config.shard else GROUP,
+            [topics.work_topic(config.shard)],
+            poll_ms=100,
+            commit_on_revoke=True,
+            on_assign=self._assigned,
+            busy_while=lambda: len(self.book.running),
+        )
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._control: PacedConsumer | None = None  # set by `run`
 
@@ -110,8 +116,9 @@ class WorkerStage:
         watch_worker(self.engine)
         loops = [
             asyncio.create_task(self.runner.consume(self._on_work)),
-            asyncio.create_task(consume(control, STAGE, self.publisher, self._on_control,
-                                        poll_ms=100)),
+            asyncio.create_task(
+                consume(control, STAGE, self.publisher, self._on_control, poll_ms=100)
+            ),
             asyncio.create_task(self._heartbeats()),
         ]
         try:
@@ -183,9 +190,16 @@ class WorkerStage:
             return
         tp = TopicPartition(record.topic, record.partition)
         self.runner.tracker.started(tp, record.offset)
-        task = asyncio.create_task(tracing.in_span(
-            STAGE, "generate", self._generate(request, tp, record.offset),
-            request_id=request.request_id, attempt=request.attempt, model=request.model))
+        task = asyncio.create_task(
+            tracing.in_span(
+                STAGE,
+                "generate",
+                self._generate(request, tp, record.offset),
+                request_id=request.request_id,
+                attempt=request.attempt,
+                model=request.model,
+            )
+        )
         self._tasks[request.request_id] = task
         task.add_done_callback(lambda _: self._follow_cancels())
         self._follow_cancels()
@@ -233,12 +247,15 @@ class WorkerStage:
         made = attempt.calls_made(calls)
         await self._send(attempt, made)
         await self.publisher.flush()
-        await self.publisher.send_and_wait(topics.TOOLS, attempt.tool_round(calls, made),
-                                           key=attempt.request.conversation_id)
+        await self.publisher.send_and_wait(
+            topics.TOOLS, attempt.tool_round(calls, made), key=attempt.request.conversation_id
+        )
 
-    async def _send(self, attempt: Attempt,
-                    event: TokenChunk | GenerationDone | GenerationError | ToolCallsMade | None,
-                    ) -> None:
+    async def _send(
+        self,
+        attempt: Attempt,
+        event: TokenChunk | GenerationDone | GenerationError | ToolCallsMade | None,
+    ) -> None:
         if event is None:
             return
         await self.publisher.send(topics.TOKENS, event, key=attempt.request.conversation_id)
@@ -297,20 +314,21 @@ class WorkerStage:
                 log.exception("heartbeat not sent")
             self.heartbeat_now.clear()
             try:
-                await asyncio.wait_for(self.heartbeat_now.wait(),
-                                       self.config.heartbeat_interval_s)
+                await asyncio.wait_for(self.heartbeat_now.wait(), self.config.heartbeat_interval_s)
             except TimeoutError:
                 pass
 
     async def _send_heartbeat(self, wait: bool = False) -> None:
         heartbeat = self.book.heartbeat(
-            self.engine.model, self.engine.max_slots, self.engine.stats(),
+            self.engine.model,
+            self.engine.max_slots,
+            self.engine.stats(),
             getattr(self.engine, "peak_running", 0),
-            {tp.partition: offset for tp, offset in self.runner.tracker.next_offsets().items()})
+            {tp.partition: offset for tp, offset in self.runner.tracker.next_offsets().items()},
+        )
         if wait:
             await self.publisher.send_and_wait(topics.WORKERS, heartbeat, key=self.worker_id)
         else:
             await self.publisher.send(topics.WORKERS, heartbeat, key=self.worker_id)
         if self.config.ready_file is not None and not self.book.stopping:
             self.config.ready_file.touch()  # liveness/readiness probes read its age
-

@@ -29,24 +29,35 @@ def constrained_calls(text: str, tool_use: ToolUse, request_id: str) -> ToolCall
         if not isinstance(value, dict) or tool_use.function is None:
             return None
         # The arguments as generated, as they were streamed (vLLM passes them on so too).
-        call = ToolCall(id=call_id(request_id, 0),
-                        function=FunctionCall(name=tool_use.function, arguments=text.strip()))
+        call = ToolCall(
+            id=call_id(request_id, 0),
+            function=FunctionCall(name=tool_use.function, arguments=text.strip()),
+        )
         return ToolCalls(calls=(call,))
     if isinstance(value, list):
-        pairs = [(item.get("name"), item.get("parameters")) for item in value
-                 if isinstance(item, dict)]
+        pairs = [
+            (item.get("name"), item.get("parameters")) for item in value if isinstance(item, dict)
+        ]
     else:
         return None
-    calls = [(name, arguments) for name, arguments in pairs
-             if isinstance(name, str) and tool_use.spec(name) is not None
-             and isinstance(arguments, dict)]
+    calls = [
+        (name, arguments)
+        for name, arguments in pairs
+        if isinstance(name, str) and tool_use.spec(name) is not None and isinstance(arguments, dict)
+    ]
     if not calls or len(calls) != len(pairs):
         return None
-    return ToolCalls(calls=tuple(
-        ToolCall(id=call_id(request_id, index),
-                 function=FunctionCall(name=name, arguments=json.dumps(arguments,
-                                                                     ensure_ascii=False)))
-        for index, (name, arguments) in enumerate(calls)))
+    return ToolCalls(
+        calls=tuple(
+            ToolCall(
+                id=call_id(request_id, index),
+                function=FunctionCall(
+                    name=name, arguments=json.dumps(arguments, ensure_ascii=False)
+                ),
+            )
+            for index, (name, arguments) in enumerate(calls)
+        )
+    )
 
 
 def example_output(tool_use: ToolUse) -> str:
@@ -80,8 +91,9 @@ def example_value(schema: dict[str, Any]) -> Any:
         kind = kind[0] if kind else "object"
     if kind == "object":
         properties = schema.get("properties", {})
-        return {name: example_value(properties.get(name, {}))
-                for name in schema.get("required", ())}
+        return {
+            name: example_value(properties.get(name, {})) for name in schema.get("required", ())
+        }
     if kind == "array":
         item = example_value(schema.get("items", {}))
         return [item] * min(schema.get("minItems", 0), EXAMPLE_SIZE)

@@ -61,8 +61,11 @@ CHATPIPE_ENGINE_ARGS: dict[str, Any] = {
     # tiny model did, until max_tokens). xgrammar, vLLM's first choice, allows no other
     # properties; llguidance, its fallback for schemas xgrammar cannot take, does with
     # `disable_additional_properties`, and takes the most of JSON Schema.
-    "structured_outputs_config": {"backend": "guidance", "disable_any_whitespace": True,
-                                  "disable_additional_properties": True},
+    "structured_outputs_config": {
+        "backend": "guidance",
+        "disable_any_whitespace": True,
+        "disable_additional_properties": True,
+    },
 }
 """What chatpipe sets over vLLM's defaults; `vllm_args` may override each."""
 
@@ -95,7 +98,10 @@ class VllmEngine:
     """
 
     def __init__(
-        self, model_path: Path, model_name: str, vllm_args: Mapping[str, Any] | None = None,
+        self,
+        model_path: Path,
+        model_name: str,
+        vllm_args: Mapping[str, Any] | None = None,
         tool_parser: str = "hermes",
     ) -> None:
         self.model = model_name
@@ -147,8 +153,10 @@ class VllmEngine:
         # vLLM's defaults (max_num_seqs, batched tokens) depend on the usage
         # context: chatpipe serves an API, as `vllm serve` does.
         self._llm = await asyncio.to_thread(
-            AsyncLLM.from_engine_args, args,
-            usage_context=UsageContext.OPENAI_API_SERVER, stat_loggers=[stats_tap],
+            AsyncLLM.from_engine_args,
+            args,
+            usage_context=UsageContext.OPENAI_API_SERVER,
+            stat_loggers=[stats_tap],
         )
         self._max_slots = self._llm.vllm_config.scheduler_config.max_num_seqs
         self._tokenizer = tokenizer
@@ -202,8 +210,12 @@ class VllmEngine:
                         cached_tokens=out.num_cached_tokens or 0,
                         status=status,
                         tool_calls=reading.calls() if status is not None else None,
-                        logprobs=token_logprobs(choice.token_ids, choice.logprobs,
-                                                request.sampling.logprobs, self._tokenizer),
+                        logprobs=token_logprobs(
+                            choice.token_ids,
+                            choice.logprobs,
+                            request.sampling.logprobs,
+                            self._tokenizer,
+                        ),
                     )
         finally:
             self._active[request.request_id] -= 1
@@ -243,8 +255,11 @@ class VllmEngine:
         if request.prompt is not None:
             token_ids = completion_prompt_ids(self._tokenizer, request.prompt)
         else:
-            token_ids = prompt_token_ids(self._tokenizer, template_messages(request.messages),
-                                         template_tools(request.tool_use))
+            token_ids = prompt_token_ids(
+                self._tokenizer,
+                template_messages(request.messages),
+                template_tools(request.tool_use),
+            )
         prompt_tokens = len(token_ids)
         if continuation is not None and continuation.token_ids:
             token_ids = token_ids + list(continuation.token_ids)  # the answer so far, exactly
@@ -268,7 +283,11 @@ class VllmEngine:
 
 
 def resolve_engine_args(
-    model_path: Path, model_name: str, vllm_args: Mapping[str, Any], *, on_cpu: bool,
+    model_path: Path,
+    model_name: str,
+    vllm_args: Mapping[str, Any],
+    *,
+    on_cpu: bool,
     known: Collection[str] | None = None,
 ) -> dict[str, Any]:
     """The `AsyncEngineArgs` fields an engine starts with: the model, chatpipe's
@@ -279,8 +298,11 @@ def resolve_engine_args(
     Raises `ValueError` naming each `vllm_args` key that is no field, or that
     chatpipe's own settings set (`SET_BY_SETTINGS`)."""
     known = engine_arg_names() if known is None else known
-    problems = [f"{name!r} is set by {SET_BY_SETTINGS[name]}"
-                for name in vllm_args if name in SET_BY_SETTINGS]
+    problems = [
+        f"{name!r} is set by {SET_BY_SETTINGS[name]}"
+        for name in vllm_args
+        if name in SET_BY_SETTINGS
+    ]
     for name in vllm_args:
         if name not in known and name not in SET_BY_SETTINGS:
             close = difflib.get_close_matches(name.replace("-", "_"), known, n=1)
@@ -288,8 +310,7 @@ def resolve_engine_args(
             problems.append(f"{name!r} is not an AsyncEngineArgs field{hint}")
     if problems:
         raise ValueError("CHATPIPE_VLLM_ARGS: " + "; ".join(problems))
-    args = {"model": str(model_path), "served_model_name": [model_name],
-            **CHATPIPE_ENGINE_ARGS}
+    args = {"model": str(model_path), "served_model_name": [model_name], **CHATPIPE_ENGINE_ARGS}
     if on_cpu and not {"kv_cache_memory_bytes", "gpu_memory_utilization"} & set(vllm_args):
         args["kv_cache_memory_bytes"] = CPU_KV_CACHE_BYTES
     return {**args, **vllm_args}
@@ -303,7 +324,8 @@ def engine_arg_values(args: Mapping[str, Any]) -> dict[str, Any]:
     values = dict(args)
     if isinstance(values.get("structured_outputs_config"), dict):
         values["structured_outputs_config"] = StructuredOutputsConfig(
-            **values["structured_outputs_config"])
+            **values["structured_outputs_config"]
+        )
     return values
 
 
@@ -337,8 +359,15 @@ def _scheduler_stats_tap(on_stats: Callable[[SchedulerStats], None]) -> type:
     return SchedulerStatsTap
 
 
-ENGINE_SAMPLING = ("presence_penalty", "frequency_penalty", "repetition_penalty", "min_p",
-                   "top_k", "logit_bias", "logprobs")
+ENGINE_SAMPLING = (
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+    "min_p",
+    "top_k",
+    "logit_bias",
+    "logprobs",
+)
 """`SamplingOptions` fields that are `SamplingParams` fields of the same name and meaning;
 unset, vLLM's default."""
 
@@ -347,8 +376,9 @@ def sampling_params(options: SamplingOptions) -> SamplingParams:
     from vllm import SamplingParams
     from vllm.sampling_params import RequestOutputKind
 
-    same = {name: value for name in ENGINE_SAMPLING
-            if (value := getattr(options, name)) is not None}
+    same = {
+        name: value for name in ENGINE_SAMPLING if (value := getattr(options, name)) is not None
+    }
     return SamplingParams(
         max_tokens=options.max_tokens,
         temperature=options.temperature,
@@ -395,8 +425,13 @@ def token_logprobs(token_ids: Any, logprobs: Any, top: int | None, tokenizer: An
             continue
         ranked = sorted(step.items(), key=lambda item: item[1].rank or 0)[:top]
         sampled = entry(token_id, step[token_id])
-        out.append(TokenLogprob(token=sampled.token, logprob=sampled.logprob,
-                                top=tuple(entry(t, found) for t, found in ranked)))
+        out.append(
+            TokenLogprob(
+                token=sampled.token,
+                logprob=sampled.logprob,
+                top=tuple(entry(t, found) for t, found in ranked),
+            )
+        )
     return tuple(out)
 
 

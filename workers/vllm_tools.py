@@ -53,14 +53,14 @@ class ToolReader:
             return AnswerReading()
         if tool_use.constrained:
             params.structured_outputs = constraint(tool_use)
-            return AnswerReading(
-                lambda text: constrained_calls(text, tool_use, request.request_id))
+            return AnswerReading(lambda text: constrained_calls(text, tool_use, request.request_id))
         from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
 
         tools = vllm_tools(tool_use)
         parser = self._parser(self._tokenizer, tools)
-        asked = parser.adjust_request(ChatCompletionRequest(
-            model=self._model, messages=[], tools=tools, tool_choice="auto"))
+        asked = parser.adjust_request(
+            ChatCompletionRequest(model=self._model, messages=[], tools=tools, tool_choice="auto")
+        )
         params.skip_special_tokens = asked.skip_special_tokens  # calls may be special tokens
 
         def parse(text: str) -> ToolCalls | None:
@@ -68,11 +68,18 @@ class ToolReader:
             if not found.tools_called or not found.tool_calls:
                 return None
             kept = found.tool_calls if tool_use.parallel else found.tool_calls[:1]
-            return ToolCalls(content=found.content or None, calls=tuple(
-                ToolCall(id=call_id(request.request_id, index),
-                         function=FunctionCall(name=call.function.name,
-                                               arguments=call.function.arguments))
-                for index, call in enumerate(kept)))
+            return ToolCalls(
+                content=found.content or None,
+                calls=tuple(
+                    ToolCall(
+                        id=call_id(request.request_id, index),
+                        function=FunctionCall(
+                            name=call.function.name, arguments=call.function.arguments
+                        ),
+                    )
+                    for index, call in enumerate(kept)
+                ),
+            )
 
         return AnswerReading(parse)
 
@@ -80,8 +87,10 @@ class ToolReader:
 def vllm_tools(tool_use: ToolUse) -> list[Any]:
     from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionToolsParam
 
-    return [ChatCompletionToolsParam.model_validate(tool.model_dump(exclude_none=True))
-            for tool in tool_use.tools]
+    return [
+        ChatCompletionToolsParam.model_validate(tool.model_dump(exclude_none=True))
+        for tool in tool_use.tools
+    ]
 
 
 def constraint(tool_use: ToolUse) -> Any:
@@ -96,6 +105,7 @@ def constraint(tool_use: ToolUse) -> Any:
     choice: Any = "required"
     if tool_use.choice == "function":
         choice = ChatCompletionNamedToolChoiceParam.model_validate(
-            {"type": "function", "function": {"name": tool_use.function}})
+            {"type": "function", "function": {"name": tool_use.function}}
+        )
     schema = get_json_schema_from_tools(choice, vllm_tools(tool_use), tool_use.parallel)
     return StructuredOutputsParams(json=schema)

@@ -1,6 +1,6 @@
 """Writes kafka-users.yaml, the Strimzi KafkaUsers, from chatpipe/kafka_acls.py's table:
 
-    python k8s/operators/kafka_users.py > k8s/operators/kafka-users.yaml
+python k8s/operators/kafka_users.py > k8s/operators/kafka-users.yaml
 """
 
 from __future__ import annotations

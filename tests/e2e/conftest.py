@@ -22,8 +22,13 @@ SLOW_TOKENS_PER_S = 25.0
 @pytest_asyncio.fixture(scope="session", loop_scope="session")
 async def slow_stack(tmp_path_factory) -> AsyncIterator[Stack]:
     # No generated titles: they would take the only slot between the tests' requests.
-    settings = stack_settings(tmp_path_factory.mktemp("slow-stack"), engine="sim",
-                              sim_tokens_per_s=SLOW_TOKENS_PER_S, max_slots=1, auto_titles=False)
+    settings = stack_settings(
+        tmp_path_factory.mktemp("slow-stack"),
+        engine="sim",
+        sim_tokens_per_s=SLOW_TOKENS_PER_S,
+        max_slots=1,
+        auto_titles=False,
+    )
     engine = SimEngine(settings.model_name, 1, SLOW_TOKENS_PER_S, 1e6)
     async with running_stack(settings, engine) as stack:
         await _first_answer(stack)
@@ -68,8 +73,9 @@ class BusySlot:
         async with client_for(self._stack) as client:
             cid = (await client.post("/v1/conversations", json={})).json()["conversation_id"]
             body = {"content": "[[sim:length=2000]]", "max_tokens": 2000}
-            async with client.stream("POST", f"/v1/conversations/{cid}/messages",
-                                     json=body) as response:
+            async with client.stream(
+                "POST", f"/v1/conversations/{cid}/messages", json=body
+            ) as response:
                 assert response.status_code == 200, await response.aread()
                 lines = response.aiter_lines()
                 events = await read_messages(lines, stop=lambda e: e.event == "delta")

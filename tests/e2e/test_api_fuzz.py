@@ -86,12 +86,22 @@ async def fuzz_stack(tiny_model_dir, tmp_path_factory) -> AsyncIterator[Stack]:
     message, which a 2,048-token model refuses with a documented 413 `context_too_long`: a
     window in tokens is not something a JSON schema can say)."""
     settings = stack_settings(
-        tmp_path_factory.mktemp("fuzz-stack"), engine="sim", model=tiny_model_dir,
-        sim_tokens_per_s=20_000.0, sim_prompt_tokens_per_s=1e6, max_slots=32,
-        user_requests_per_minute=1_000_000, org_requests_per_minute=1_000_000,
-        user_tokens_per_minute=1_000_000_000, org_tokens_per_minute=1_000_000_000,
-        max_message_chars=200, max_tokens_limit=1024, max_messages=8,
-        auto_titles=False, api_docs=True)
+        tmp_path_factory.mktemp("fuzz-stack"),
+        engine="sim",
+        model=tiny_model_dir,
+        sim_tokens_per_s=20_000.0,
+        sim_prompt_tokens_per_s=1e6,
+        max_slots=32,
+        user_requests_per_minute=1_000_000,
+        org_requests_per_minute=1_000_000,
+        user_tokens_per_minute=1_000_000_000,
+        org_tokens_per_minute=1_000_000_000,
+        max_message_chars=200,
+        max_tokens_limit=1024,
+        max_messages=8,
+        auto_titles=False,
+        api_docs=True,
+    )
     async with running_sim_stack(settings) as stack:
         yield stack
 
@@ -101,28 +111,51 @@ async def test_schemathesis_finds_nothing(fuzz_stack, tmp_path):
     config = tmp_path / "schemathesis.toml"
     config.write_text(CONFIG)
     command = [
-        str(Path(sys.executable).with_name("schemathesis")), "--config-file", str(config), "run",
+        str(Path(sys.executable).with_name("schemathesis")),
+        "--config-file",
+        str(config),
+        "run",
         f"{fuzz_stack.base_url}/openapi.json",
-        "--checks", ",".join(CHECKS),
-        "--max-examples", str(MAX_EXAMPLES), "--seed", str(SEED),
-        "--phases", "examples,coverage,fuzzing",
-        "--header", f"Authorization: Bearer {API_KEY}",
+        "--checks",
+        ",".join(CHECKS),
+        "--max-examples",
+        str(MAX_EXAMPLES),
+        "--seed",
+        str(SEED),
+        "--phases",
+        "examples,coverage,fuzzing",
+        "--header",
+        f"Authorization: Bearer {API_KEY}",
         # One worker thread: hypothesis names its strategies with ast.parse, which is not
         # thread-safe on CPython 3.11 ("AST constructor recursion depth mismatch").
-        "--workers", "1", "--request-timeout", "60", "--no-shrink",
-        "--suppress-health-check", "all",
-        "--report", "ndjson", "--report-ndjson-path", str(report / "events.ndjson"),
-        "--output-truncate", "true",
+        "--workers",
+        "1",
+        "--request-timeout",
+        "60",
+        "--no-shrink",
+        "--suppress-health-check",
+        "all",
+        "--report",
+        "ndjson",
+        "--report-ndjson-path",
+        str(report / "events.ndjson"),
+        "--output-truncate",
+        "true",
     ]
     process = await asyncio.create_subprocess_exec(
-        *command, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-        env={**os.environ, "SCHEMATHESIS_HOOKS": "", "NO_COLOR": "1"}, cwd=tmp_path)
+        *command,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+        env={**os.environ, "SCHEMATHESIS_HOOKS": "", "NO_COLOR": "1"},
+        cwd=tmp_path,
+    )
     output, _ = await asyncio.wait_for(process.communicate(), timeout=540)
     text = output.decode(errors="replace")
     found = _failures(report / "events.ndjson")
     assert process.returncode == 0 and not found, (
         f"schemathesis found {sum(found.values())} failure(s): {dict(found)}\n"
-        f"errors: {_errors(report / 'events.ndjson')}\n{text[-12000:]}")
+        f"errors: {_errors(report / 'events.ndjson')}\n{text[-12000:]}"
+    )
     requests = _requests_made(report / "events.ndjson")
     assert requests >= 200, f"only {requests} requests were generated:\n{text[-4000:]}"
 
@@ -139,14 +172,20 @@ def _failures(events: Path) -> Counter[str]:
 
 def _errors(events: Path) -> list[str]:
     """What went wrong outside the checks (a connection reset, a timeout), as logged."""
-    return [line[:2000] for line in events.read_text().splitlines()
-            if line.startswith('{"NonFatalError"')]
+    return [
+        line[:2000]
+        for line in events.read_text().splitlines()
+        if line.startswith('{"NonFatalError"')
+    ]
 
 
 def _requests_made(events: Path) -> int:
-    return sum(1 for line in events.read_text().splitlines()
-               for check in _checks_in(json.loads(line))
-               if check.get("name") == "not_a_server_error")
+    return sum(
+        1
+        for line in events.read_text().splitlines()
+        for check in _checks_in(json.loads(line))
+        if check.get("name") == "not_a_server_error"
+    )
 
 
 def _checks_in(node: object) -> list[dict]:

@@ -35,29 +35,51 @@ async def test_auth_errors(sim_stack):
 async def test_request_errors(sim_stack):
     async with client_for(sim_stack) as client:
         conversation_id = (await client.post("/v1/conversations", json={})).json()[
-            "conversation_id"]
+            "conversation_id"
+        ]
         url = f"/v1/conversations/{conversation_id}/messages"
 
-        _assert_error(await client.post(url, content=b"{not json",
-                                        headers={"content-type": "application/json"}), 400)
-        _assert_error(await client.post(f"/v1/conversations/{uuid.uuid4()}/messages",
-                                        json={"content": "hi"}), 404)
-        _assert_error(await client.post(url, json={"content": "hi", "model": "no-such"}), 404,
-                      "model_not_found")
+        _assert_error(
+            await client.post(
+                url, content=b"{not json", headers={"content-type": "application/json"}
+            ),
+            400,
+        )
+        _assert_error(
+            await client.post(f"/v1/conversations/{uuid.uuid4()}/messages", json={"content": "hi"}),
+            404,
+        )
+        _assert_error(
+            await client.post(url, json={"content": "hi", "model": "no-such"}),
+            404,
+            "model_not_found",
+        )
         empty = await client.post(url, json={"content": ""})
         assert 400 <= empty.status_code < 500 and "error" in empty.json()
         big = "x" * (sim_stack.settings.max_message_chars + 1)
         _assert_error(await client.post(url, json={"content": big}), 413)
-        _assert_error(await client.post("/v1/chat/completions", json={
-            "model": "no-such", "messages": [{"role": "user", "content": "hi"}]}), 404)
+        _assert_error(
+            await client.post(
+                "/v1/chat/completions",
+                json={"model": "no-such", "messages": [{"role": "user", "content": "hi"}]},
+            ),
+            404,
+        )
         bad_completion = await client.post("/v1/chat/completions", json={"messages": "nope"})
         assert 400 <= bad_completion.status_code < 500 and "error" in bad_completion.json()
 
 
-@pytest.mark.parametrize("topic", [
-    topics.requests_topic("free"), topics.WORK, topics.TOKENS, topics.CONTROL, topics.WORKERS,
-    topics.TOOLS,
-])
+@pytest.mark.parametrize(
+    "topic",
+    [
+        topics.requests_topic("free"),
+        topics.WORK,
+        topics.TOKENS,
+        topics.CONTROL,
+        topics.WORKERS,
+        topics.TOOLS,
+    ],
+)
 async def test_malformed_event_is_dead_lettered_and_stage_keeps_going(sim_stack, topic):
     marker = f"garbage-{uuid.uuid4()}"
     producer = AIOKafkaProducer(bootstrap_servers=sim_stack.kafka.bootstrap_servers)
@@ -67,16 +89,19 @@ async def test_malformed_event_is_dead_lettered_and_stage_keeps_going(sim_stack,
     finally:
         await producer.stop()
 
-    letters = await find_events(sim_stack.kafka, topics.DLQ, DeadLetter,
-                                lambda d: marker in d.value, count=1, timeout_s=20)
+    letters = await find_events(
+        sim_stack.kafka, topics.DLQ, DeadLetter, lambda d: marker in d.value, count=1, timeout_s=20
+    )
     assert letters, f"nothing on chat.dlq for {topic}"
     assert letters[0].topic == topic and letters[0].error
 
     async with client_for(sim_stack) as client:
         conversation_id = (await client.post("/v1/conversations", json={})).json()[
-            "conversation_id"]
-        result = await post_message(client, conversation_id, {"content": "still there?",
-                                                              "max_tokens": 5})
+            "conversation_id"
+        ]
+        result = await post_message(
+            client, conversation_id, {"content": "still there?", "max_tokens": 5}
+        )
     assert result.ended_with_done and result.text
 
 
@@ -85,35 +110,58 @@ async def _no_messages(client, conversation_id: str) -> None:
     assert detail["messages"] == [], detail
 
 
-@pytest.mark.parametrize("body", [
-    b'{"content": "hi", "seed": 18446744073709551616}',
-    b'{"content": "hi", "seed": -1}',
-    b'{"content": "a lone \\ud800 surrogate"}',
-])
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"content": "hi", "seed": 18446744073709551616}',
+        b'{"content": "hi", "seed": -1}',
+        b'{"content": "a lone \\ud800 surrogate"}',
+    ],
+)
 async def test_values_the_bus_cannot_carry_are_422_before_anything_is_stored(sim_stack, body):
     """The fuzzer's one server error: a seed over 2^64 or a lone surrogate was a 503
     after the user message was stored and the rate limit charged."""
     async with client_for(sim_stack) as client:
         conversation_id = (await client.post("/v1/conversations", json={})).json()[
-            "conversation_id"]
-        before = await client.post("/v1/chat/completions", json={
-            "model": sim_stack.settings.model_name, "max_tokens": 1,
-            "messages": [{"role": "user", "content": "count me"}]})
+            "conversation_id"
+        ]
+        before = await client.post(
+            "/v1/chat/completions",
+            json={
+                "model": sim_stack.settings.model_name,
+                "max_tokens": 1,
+                "messages": [{"role": "user", "content": "count me"}],
+            },
+        )
         remaining = int(before.headers["x-ratelimit-remaining-requests"])
-        response = await client.post(f"/v1/conversations/{conversation_id}/messages",
-                                     content=body,
-                                     headers={"content-type": "application/json"})
+        response = await client.post(
+            f"/v1/conversations/{conversation_id}/messages",
+            content=body,
+            headers={"content-type": "application/json"},
+        )
         _assert_error(response, 422, "invalid_request")
-        completion = body.replace(b'{"content": "hi",', b'{"messages": [{"role": "user", '
-                                  b'"content": "hi"}], "model": "m",')
+        completion = body.replace(
+            b'{"content": "hi",', b'{"messages": [{"role": "user", "content": "hi"}], "model": "m",'
+        )
         if b"seed" in body:
-            _assert_error(await client.post("/v1/chat/completions", content=completion,
-                                            headers={"content-type": "application/json"}),
-                          422, "invalid_request")
+            _assert_error(
+                await client.post(
+                    "/v1/chat/completions",
+                    content=completion,
+                    headers={"content-type": "application/json"},
+                ),
+                422,
+                "invalid_request",
+            )
         await _no_messages(client, conversation_id)
-        after = await client.post("/v1/chat/completions", json={
-            "model": sim_stack.settings.model_name, "max_tokens": 1,
-            "messages": [{"role": "user", "content": "count me"}]})
+        after = await client.post(
+            "/v1/chat/completions",
+            json={
+                "model": sim_stack.settings.model_name,
+                "max_tokens": 1,
+                "messages": [{"role": "user", "content": "count me"}],
+            },
+        )
         # Only the two counted completions were charged (the window may have slid).
         assert int(after.headers["x-ratelimit-remaining-requests"]) >= remaining - 1
 
@@ -121,8 +169,11 @@ async def test_values_the_bus_cannot_carry_are_422_before_anything_is_stored(sim
 async def test_a_10mb_body_without_a_key_is_413(sim_stack):
     async with client_for(sim_stack, api_key=None) as client:
         try:
-            response = await client.post("/v1/chat/completions", content=b"x" * (10 << 20),
-                                         headers={"content-type": "application/json"})
+            response = await client.post(
+                "/v1/chat/completions",
+                content=b"x" * (10 << 20),
+                headers={"content-type": "application/json"},
+            )
         except httpx.TransportError:
             pytest.fail("the gateway closed the connection without its 413")
     _assert_error(response, 413, "body_too_large")
@@ -135,13 +186,21 @@ async def test_a_prompt_over_the_window_is_413_on_both_apis_with_the_real_engine
     window = vllm_stack.settings.max_model_len
     long = "lorem ipsum " * window  # two or more tokens a repetition
     async with client_for(vllm_stack) as client:
-        response = await client.post("/v1/chat/completions", json={
-            "model": vllm_stack.settings.model_name, "max_tokens": 4,
-            "messages": [{"role": "user", "content": long}]})
+        response = await client.post(
+            "/v1/chat/completions",
+            json={
+                "model": vllm_stack.settings.model_name,
+                "max_tokens": 4,
+                "messages": [{"role": "user", "content": long}],
+            },
+        )
         _assert_error(response, 413, "context_too_long")
         conversation_id = (await client.post("/v1/conversations", json={})).json()[
-            "conversation_id"]
-        response = await client.post(f"/v1/conversations/{conversation_id}/messages",
-                                     json={"content": long[:30_000], "max_tokens": 4})
+            "conversation_id"
+        ]
+        response = await client.post(
+            f"/v1/conversations/{conversation_id}/messages",
+            json={"content": long[:30_000], "max_tokens": 4},
+        )
         _assert_error(response, 413, "context_too_long")
         await _no_messages(client, conversation_id)

@@ -16,8 +16,13 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def test_bench_smoke_produces_sane_numbers(tmp_path: Path) -> None:
-    done = subprocess.run([sys.executable, "-m", "bench", "smoke", "--out", str(tmp_path)],
-                          cwd=REPO, capture_output=True, text=True, timeout=280)
+    done = subprocess.run(
+        [sys.executable, "-m", "bench", "smoke", "--out", str(tmp_path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=280,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     results = json.loads((tmp_path / "results.json").read_text())
     max_tokens = results["workload"]["max_tokens"]

@@ -29,8 +29,11 @@ async def _stored_reply(client, conversation_id: str, parent_id: str, timeout_s:
     deadline = loop.time() + timeout_s
     while loop.time() < deadline:
         detail = (await client.get(f"/v1/conversations/{conversation_id}")).json()
-        replies = [m for m in detail["messages"]
-                   if m["role"] == "assistant" and m["parent_id"] == parent_id]
+        replies = [
+            m
+            for m in detail["messages"]
+            if m["role"] == "assistant" and m["parent_id"] == parent_id
+        ]
         if replies:
             return replies[0]
         await asyncio.sleep(0.2)
@@ -40,9 +43,16 @@ async def _stored_reply(client, conversation_id: str, parent_id: str, timeout_s:
 async def test_message_streams_is_stored_and_next_turn_sees_it(vllm_stack):
     async with client_for(vllm_stack) as client:
         conversation_id = await _new_conversation(client)
-        first = await post_message(client, conversation_id, {
-            "content": "hello there", "max_tokens": 96, "ignore_eos": True, "temperature": 0,
-        })
+        first = await post_message(
+            client,
+            conversation_id,
+            {
+                "content": "hello there",
+                "max_tokens": 96,
+                "ignore_eos": True,
+                "temperature": 0,
+            },
+        )
         assert first.status == 200
         deltas = first.of("delta")
         assert len(deltas) >= 2, "the answer came in one piece, not streamed"
@@ -50,9 +60,10 @@ async def test_message_streams_is_stored_and_next_turn_sees_it(vllm_stack):
         # the first half of the stream's life, whatever the machine's speed (an answer held
         # back to its end would arrive with `done`, at the very end).
         opened_at, done_at = first.of("request")[0].at, first.of("done")[0].at
-        assert deltas[0].at - opened_at < (done_at - opened_at) / 2, \
-            f"the first delta only arrived with the end: {deltas[0].at - opened_at:.3f} s of " \
+        assert deltas[0].at - opened_at < (done_at - opened_at) / 2, (
+            f"the first delta only arrived with the end: {deltas[0].at - opened_at:.3f} s of "
             f"{done_at - opened_at:.3f} s"
+        )
         assert first.ended_with_done
         assert first.of("done")[0].json()["usage"]["completion_tokens"] == 96
         assert all(e.id is not None for e in deltas)
@@ -61,14 +72,23 @@ async def test_message_streams_is_stored_and_next_turn_sees_it(vllm_stack):
         assert reply["content"] == first.text
         assert reply["message_id"] == first.request["message_id"]
 
-        second = await post_message(client, conversation_id, {
-            "content": "and again", "max_tokens": 8, "ignore_eos": True,
-        })
+        second = await post_message(
+            client,
+            conversation_id,
+            {
+                "content": "and again",
+                "max_tokens": 8,
+                "ignore_eos": True,
+            },
+        )
         assert second.ended_with_done
         request_id = second.request["request_id"]
         [queued] = await find_events(
-            vllm_stack.kafka, topics.requests_topic(vllm_stack.settings.default_tier),
-            GenerationRequest, lambda r: r.request_id == request_id)
+            vllm_stack.kafka,
+            topics.requests_topic(vllm_stack.settings.default_tier),
+            GenerationRequest,
+            lambda r: r.request_id == request_id,
+        )
         contents = [m.content for m in queued.messages]
         assert contents[-3:] == ["hello there", first.text, "and again"]
 
@@ -78,7 +98,9 @@ async def test_openai_sdk_streams_with_usage(vllm_stack):
     stream = await client.chat.completions.create(
         model=vllm_stack.settings.model_name,
         messages=[{"role": "user", "content": "hi"}],
-        max_tokens=12, stream=True, stream_options={"include_usage": True},
+        max_tokens=12,
+        stream=True,
+        stream_options={"include_usage": True},
     )
     content, usage, finish = "", None, None
     async for chunk in stream:
@@ -94,7 +116,8 @@ async def test_openai_sdk_streams_with_usage(vllm_stack):
 
     completion = await client.chat.completions.create(
         model=vllm_stack.settings.model_name,
-        messages=[{"role": "user", "content": "hi"}], max_tokens=5,
+        messages=[{"role": "user", "content": "hi"}],
+        max_tokens=5,
     )
     assert completion.choices[0].message.content is not None
     assert completion.usage.completion_tokens <= 5
@@ -109,17 +132,29 @@ async def test_openai_disconnect_aborts_generation(vllm_stack):
     held for the resume grace instead: tests/faults/test_resume.py)."""
     max_tokens = 1500
     async with client_for(vllm_stack) as client:
-        async with client.stream("POST", "/v1/chat/completions", json={
-            "model": vllm_stack.settings.model_name, "stream": True, "ignore_eos": True,
-            "messages": [{"role": "user", "content": "talk for a long time"}],
-            "max_tokens": max_tokens,
-        }) as response:
-            events = await read_sse(response, stop=lambda e: '"content":"' in e.data
-                                    and '"content":""' not in e.data)
+        async with client.stream(
+            "POST",
+            "/v1/chat/completions",
+            json={
+                "model": vllm_stack.settings.model_name,
+                "stream": True,
+                "ignore_eos": True,
+                "messages": [{"role": "user", "content": "talk for a long time"}],
+                "max_tokens": max_tokens,
+            },
+        ) as response:
+            events = await read_sse(
+                response, stop=lambda e: '"content":"' in e.data and '"content":""' not in e.data
+            )
         request_id = events[0].json()["id"].removeprefix("chatcmpl-")
 
-    [usage] = await find_events(vllm_stack.kafka, topics.USAGE, UsageEvent,
-                                lambda u: u.request_id == request_id, timeout_s=30)
+    [usage] = await find_events(
+        vllm_stack.kafka,
+        topics.USAGE,
+        UsageEvent,
+        lambda u: u.request_id == request_id,
+        timeout_s=30,
+    )
     assert usage.status == RequestStatus.FINISHED_ABORTED
     # The tiny model makes over a thousand tokens a second here, so a fifth of the answer
     # is a fraction of a second of a busy 2-core machine; the waste itself is measured in
@@ -130,14 +165,21 @@ async def test_openai_disconnect_aborts_generation(vllm_stack):
 async def test_sixteen_concurrent_streams_are_batched(vllm_stack):
     async with client_for(vllm_stack) as client:
         conversation_ids = [await _new_conversation(client) for _ in range(16)]
-        results = await asyncio.gather(*(
-            post_message(client, cid, {"content": f"question {i}", "max_tokens": 40,
-                                       "ignore_eos": True})
-            for i, cid in enumerate(conversation_ids)
-        ))
+        results = await asyncio.gather(
+            *(
+                post_message(
+                    client, cid, {"content": f"question {i}", "max_tokens": 40, "ignore_eos": True}
+                )
+                for i, cid in enumerate(conversation_ids)
+            )
+        )
     assert all(r.ended_with_done for r in results)
     assert all(r.of("done")[0].json()["usage"]["completion_tokens"] == 40 for r in results)
     heartbeats = await find_events(
-        vllm_stack.kafka, topics.WORKERS, WorkerHeartbeat,
-        lambda h: h.peak_running >= 8, timeout_s=10)
+        vllm_stack.kafka,
+        topics.WORKERS,
+        WorkerHeartbeat,
+        lambda h: h.peak_running >= 8,
+        timeout_s=10,
+    )
     assert heartbeats, "the engine never ran 8 or more requests at once"

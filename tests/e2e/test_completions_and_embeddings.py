@@ -36,14 +36,16 @@ async def as_owner(stack, user: str, org: str) -> openai.AsyncOpenAI:
 
 @pytest.mark.vllm
 async def test_a_completion_is_generated_from_the_raw_prompt_streamed_and_not(
-        vllm_stack, tiny_model_dir):
+    vllm_stack, tiny_model_dir
+):
     client, model = sdk(vllm_stack), vllm_stack.settings.model_name
     tokenizer = AutoTokenizer.from_pretrained(str(tiny_model_dir))
     raw_tokens = len(tokenizer.encode(PROMPT, add_special_tokens=True))
     templated = len(prompt_token_ids(tokenizer, [{"role": "user", "content": PROMPT}]))
     assert templated > raw_tokens  # so the usage tells which prompt the engine ran
-    whole = await client.completions.create(model=model, prompt=PROMPT, max_tokens=8,
-                                            temperature=0, extra_body={"ignore_eos": True})
+    whole = await client.completions.create(
+        model=model, prompt=PROMPT, max_tokens=8, temperature=0, extra_body={"ignore_eos": True}
+    )
     [choice] = whole.choices
     assert whole.object == "text_completion" and whole.id.startswith("cmpl-")
     assert choice.finish_reason == "length" and choice.text
@@ -51,8 +53,14 @@ async def test_a_completion_is_generated_from_the_raw_prompt_streamed_and_not(
     assert whole.usage.total_tokens == raw_tokens + 8
 
     stream = await client.completions.create(
-        model=model, prompt=PROMPT, max_tokens=8, temperature=0, stream=True,
-        stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
+        model=model,
+        prompt=PROMPT,
+        max_tokens=8,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body={"ignore_eos": True},
+    )
     chunks = [chunk async for chunk in stream]
     assert {c.object for c in chunks} == {"text_completion"} and len({c.id for c in chunks}) == 1
     text = "".join(c.choices[0].text for c in chunks if c.choices)
@@ -64,15 +72,16 @@ async def test_a_completion_is_generated_from_the_raw_prompt_streamed_and_not(
 @pytest.mark.vllm
 async def test_echo_and_stop_on_real_vllm(vllm_stack):
     client, model = sdk(vllm_stack), vllm_stack.settings.model_name
-    echoed = await client.completions.create(model=model, prompt=PROMPT, max_tokens=4,
-                                             temperature=0, echo=True)
-    plain = await client.completions.create(model=model, prompt=PROMPT, max_tokens=4,
-                                            temperature=0)
+    echoed = await client.completions.create(
+        model=model, prompt=PROMPT, max_tokens=4, temperature=0, echo=True
+    )
+    plain = await client.completions.create(model=model, prompt=PROMPT, max_tokens=4, temperature=0)
     assert echoed.choices[0].text == PROMPT + plain.choices[0].text
     stop = plain.choices[0].text.strip()[:1]
     if stop:
-        cut = await client.completions.create(model=model, prompt=PROMPT, max_tokens=4,
-                                              temperature=0, stop=[stop])
+        cut = await client.completions.create(
+            model=model, prompt=PROMPT, max_tokens=4, temperature=0, stop=[stop]
+        )
         assert stop not in cut.choices[0].text and cut.choices[0].finish_reason == "stop"
 
 
@@ -83,7 +92,8 @@ async def test_a_completions_usage_is_billed_as_a_chat_answers(sim_stack):
     org, user = f"org-{uuid.uuid4().hex[:6]}", f"user-{uuid.uuid4().hex[:6]}"
     client = await as_owner(sim_stack, user, org)
     completion = await client.completions.create(
-        model=sim_stack.settings.model_name, prompt="bill me [[sim:reply=one two three]]")
+        model=sim_stack.settings.model_name, prompt="bill me [[sim:reply=one two three]]"
+    )
     assert completion.choices[0].text == "one two three"
     usage = completion.usage
     assert (usage.prompt_tokens, usage.completion_tokens) == (5, 3)  # sim: a token a word
@@ -95,21 +105,32 @@ async def test_a_completions_usage_is_billed_as_a_chat_answers(sim_stack):
         await ledger.close()
 
 
-@pytest.mark.parametrize(("request_body", "error", "code", "param"), [
-    ({"prompt": [1, 2, 3]}, openai.BadRequestError, "unsupported_prompt", "prompt"),
-    ({"prompt": "x", "logprobs": 1}, openai.BadRequestError, "unsupported_parameter",
-     "logprobs"),
-    ({"prompt": "x", "suffix": "y"}, openai.BadRequestError, "unsupported_parameter", "suffix"),
-    ({"prompt": "x", "extra_body": {"guided_json": {}}}, openai.BadRequestError,
-     "unknown_parameter", "guided_json"),
-    ({"prompt": "x", "model": "nope"}, openai.NotFoundError, "model_not_found", "model"),
-])
-async def test_bad_completions_are_4xx_json_naming_the_field(sim_stack, request_body, error,
-                                                             code, param):
+@pytest.mark.parametrize(
+    ("request_body", "error", "code", "param"),
+    [
+        ({"prompt": [1, 2, 3]}, openai.BadRequestError, "unsupported_prompt", "prompt"),
+        (
+            {"prompt": "x", "logprobs": 1},
+            openai.BadRequestError,
+            "unsupported_parameter",
+            "logprobs",
+        ),
+        ({"prompt": "x", "suffix": "y"}, openai.BadRequestError, "unsupported_parameter", "suffix"),
+        (
+            {"prompt": "x", "extra_body": {"guided_json": {}}},
+            openai.BadRequestError,
+            "unknown_parameter",
+            "guided_json",
+        ),
+        ({"prompt": "x", "model": "nope"}, openai.NotFoundError, "model_not_found", "model"),
+    ],
+)
+async def test_bad_completions_are_4xx_json_naming_the_field(
+    sim_stack, request_body, error, code, param
+):
     client = sdk(sim_stack)
     with pytest.raises(error) as refused:
-        await client.completions.create(**{"model": sim_stack.settings.model_name,
-                                           **request_body})
+        await client.completions.create(**{"model": sim_stack.settings.model_name, **request_body})
     assert refused.value.code == code and refused.value.param == param
     assert refused.value.body["code"] == code  # the SDK parsed a JSON error body
 
@@ -125,8 +146,11 @@ async def minilm_id(client) -> str:
 async def test_embeddings_as_floats_and_base64_with_usage(sim_stack):
     client = sdk(sim_stack)
     model = await minilm_id(client)
-    texts = ["A cat sits on the mat.", "A kitten is sitting on a rug.",
-             "Quarterly revenue rose by four percent."]
+    texts = [
+        "A cat sits on the mat.",
+        "A kitten is sitting on a rug.",
+        "Quarterly revenue rose by four percent.",
+    ]
     floats = await client.embeddings.create(model=model, input=texts, encoding_format="float")
     vectors = np.array([e.embedding for e in floats.data])
     assert vectors.shape == (3, 384) and floats.model == model
@@ -136,11 +160,11 @@ async def test_embeddings_as_floats_and_base64_with_usage(sim_stack):
     assert floats.usage.prompt_tokens == floats.usage.total_tokens > len(texts) * 2
 
     raw = await client.embeddings.with_raw_response.create(
-        model=model, input=texts[0], encoding_format="base64")
+        model=model, input=texts[0], encoding_format="base64"
+    )
     encoded = raw.http_response.json()["data"][0]["embedding"]
     assert isinstance(encoded, str)
-    assert np.allclose(np.frombuffer(base64.b64decode(encoded), dtype="<f4"), vectors[0],
-                       atol=1e-6)
+    assert np.allclose(np.frombuffer(base64.b64decode(encoded), dtype="<f4"), vectors[0], atol=1e-6)
     default = await client.embeddings.create(model=model, input=texts[0], dimensions=384)
     assert np.allclose(default.data[0].embedding, vectors[0], atol=1e-6)
 
@@ -148,8 +172,9 @@ async def test_embeddings_as_floats_and_base64_with_usage(sim_stack):
 async def test_an_embeddings_tokens_are_billed_to_its_user_and_org(sim_stack):
     org, user = f"org-{uuid.uuid4().hex[:6]}", f"user-{uuid.uuid4().hex[:6]}"
     client = await as_owner(sim_stack, user, org)
-    answer = await client.embeddings.create(model=await minilm_id(client),
-                                            input=["bill me", "and me too"])
+    answer = await client.embeddings.create(
+        model=await minilm_id(client), input=["bill me", "and me too"]
+    )
     tokens = answer.usage.prompt_tokens
     ledger = SQLiteLedger(sim_stack.settings.database_path)
     await ledger.open()
@@ -160,13 +185,16 @@ async def test_an_embeddings_tokens_are_billed_to_its_user_and_org(sim_stack):
         await ledger.close()
 
 
-@pytest.mark.parametrize(("request_body", "error", "code"), [
-    ({"input": "x", "dimensions": 128}, openai.BadRequestError, "unsupported_dimensions"),
-    ({"input": [[101, 102]]}, openai.BadRequestError, "unsupported_input"),
-    ({"input": ""}, openai.BadRequestError, "empty_input"),
-    ({"input": "word " * 400}, openai.APIStatusError, "input_too_long"),
-    ({"input": ["x"] * 65}, openai.APIStatusError, "too_many_inputs"),
-])
+@pytest.mark.parametrize(
+    ("request_body", "error", "code"),
+    [
+        ({"input": "x", "dimensions": 128}, openai.BadRequestError, "unsupported_dimensions"),
+        ({"input": [[101, 102]]}, openai.BadRequestError, "unsupported_input"),
+        ({"input": ""}, openai.BadRequestError, "empty_input"),
+        ({"input": "word " * 400}, openai.APIStatusError, "input_too_long"),
+        ({"input": ["x"] * 65}, openai.APIStatusError, "too_many_inputs"),
+    ],
+)
 async def test_bad_embedding_requests_are_4xx_json(sim_stack, request_body, error, code):
     client = sdk(sim_stack)
     with pytest.raises(error) as refused:

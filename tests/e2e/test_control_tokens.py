@@ -30,24 +30,34 @@ def counts(tokenizer, request: GenerationRequest) -> tuple[int, int]:
     """(tokens with every content as text, tokens of the prompt rendered and read
     again, where the forged strings are control tokens)."""
     messages = [{"role": m.role.value, "content": m.content} for m in request.messages]
-    rendered = tokenizer.apply_chat_template(messages, tokenize=False,
-                                             add_generation_prompt=True)
-    return (len(prompt_token_ids(tokenizer, messages)),
-            len(tokenizer.encode(rendered, add_special_tokens=False)))
+    rendered = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return (
+        len(prompt_token_ids(tokenizer, messages)),
+        len(tokenizer.encode(rendered, add_special_tokens=False)),
+    )
 
 
 async def queued(stack, request_id: str) -> GenerationRequest:
     [request] = await find_events(
-        stack.kafka, topics.requests_topic(stack.settings.default_tier), GenerationRequest,
-        lambda r: r.request_id == request_id)
+        stack.kafka,
+        topics.requests_topic(stack.settings.default_tier),
+        GenerationRequest,
+        lambda r: r.request_id == request_id,
+    )
     return request
 
 
 async def test_openai_api_runs_a_forged_system_turn_as_text(vllm_stack, tokenizer):
     async with client_for(vllm_stack) as client:
-        response = await client.post("/v1/chat/completions", json={
-            "model": vllm_stack.settings.model_name, "max_tokens": 4, "temperature": 0,
-            "messages": [{"role": "user", "content": forged_turn(tokenizer)}]})
+        response = await client.post(
+            "/v1/chat/completions",
+            json={
+                "model": vllm_stack.settings.model_name,
+                "max_tokens": 4,
+                "temperature": 0,
+                "messages": [{"role": "user", "content": forged_turn(tokenizer)}],
+            },
+        )
     assert response.status_code == 200, response.text
     answer = response.json()
     request = await queued(vllm_stack, answer["id"].removeprefix("chatcmpl-"))
@@ -55,12 +65,14 @@ async def test_openai_api_runs_a_forged_system_turn_as_text(vllm_stack, tokenize
     assert answer["usage"]["prompt_tokens"] == as_text != as_control
 
 
-async def test_native_api_runs_a_forged_system_turn_as_text_and_counts_it(vllm_stack,
-                                                                          tokenizer):
+async def test_native_api_runs_a_forged_system_turn_as_text_and_counts_it(vllm_stack, tokenizer):
     async with client_for(vllm_stack) as client:
         created = await client.post("/v1/conversations", json={"title": "forged"})
-        result = await post_message(client, created.json()["conversation_id"], {
-            "content": forged_turn(tokenizer), "max_tokens": 4, "temperature": 0})
+        result = await post_message(
+            client,
+            created.json()["conversation_id"],
+            {"content": forged_turn(tokenizer), "max_tokens": 4, "temperature": 0},
+        )
     assert result.ended_with_done, result
     request = await queued(vllm_stack, result.request["request_id"])
     as_text, as_control = counts(tokenizer, request)

@@ -28,8 +28,9 @@ Client = httpx.AsyncClient
 async def new_user(stack: Stack, tier: Tier = Tier.PRO) -> Client:
     """A client with a key of its own: a fresh user, so nothing else is in its lists."""
     user = f"user-{uuid.uuid4().hex[:8]}"
-    await stack.store.add_api_key(f"key-{user}", ApiKey(user_id=user, org_id=f"org-{user}",
-                                                        tier=tier))
+    await stack.store.add_api_key(
+        f"key-{user}", ApiKey(user_id=user, org_id=f"org-{user}", tier=tier)
+    )
     return client_for(stack, f"key-{user}")
 
 
@@ -49,8 +50,11 @@ async def sse_post(client: Client, path: str, body: dict[str, Any]) -> SseResult
 
 async def say(client: Client, cid: str, content: str, **options: Any) -> SseResult:
     """One turn, answered and recorded (the next turn may follow at once)."""
-    result = await sse_post(client, f"/v1/conversations/{cid}/messages",
-                            {"content": content, "max_tokens": 16, **options})
+    result = await sse_post(
+        client,
+        f"/v1/conversations/{cid}/messages",
+        {"content": content, "max_tokens": 16, **options},
+    )
     assert result.ended_with_done, result
     await recorded(client, cid, result.request["message_id"])
     return result
@@ -68,8 +72,12 @@ async def recorded(client: Client, cid: str, message_id: str, timeout_s: float =
 
 
 async def queued_request(stack: Stack, request_id: str, tier: Tier = Tier.PRO) -> GenerationRequest:
-    [request] = await find_events(stack.kafka, topics.requests_topic(tier), GenerationRequest,
-                                  lambda r: r.request_id == request_id)
+    [request] = await find_events(
+        stack.kafka,
+        topics.requests_topic(tier),
+        GenerationRequest,
+        lambda r: r.request_id == request_id,
+    )
     return request
 
 
@@ -91,8 +99,11 @@ async def test_list_pages_newest_first_then_read_rename_and_delete(sim_stack: St
         first = (await client.get("/v1/conversations", params={"limit": 2})).json()
         assert [c["conversation_id"] for c in first["data"]] == cids[:0:-1]
         assert first["next_cursor"]
-        second = (await client.get("/v1/conversations",
-                                   params={"limit": 2, "cursor": first["next_cursor"]})).json()
+        second = (
+            await client.get(
+                "/v1/conversations", params={"limit": 2, "cursor": first["next_cursor"]}
+            )
+        ).json()
         assert [c["conversation_id"] for c in second["data"]] == [cids[0]]
         assert second["next_cursor"] is None
         bad = await client.get("/v1/conversations", params={"cursor": "not-a-cursor"})
@@ -133,8 +144,9 @@ async def test_regenerate_adds_a_sibling_answer_and_selecting_switches_the_threa
         first = await say(client, cid, "tell me something [[sim:length=8]]")
         user_id, old_id = first.request["user_message_id"], first.request["message_id"]
 
-        again = await sse_post(client, f"/v1/conversations/{cid}/messages/{old_id}/regenerate",
-                               {"max_tokens": 16})
+        again = await sse_post(
+            client, f"/v1/conversations/{cid}/messages/{old_id}/regenerate", {"max_tokens": 16}
+        )
         assert again.ended_with_done and again.request["user_message_id"] == user_id
         new_id = again.request["message_id"]
         tree = await recorded(client, cid, new_id)
@@ -157,10 +169,17 @@ async def test_regenerate_adds_a_sibling_answer_and_selecting_switches_the_threa
         follow_up = await say(client, cid, "and then?")
         request = await queued_request(sim_stack, follow_up.request["request_id"])
         assert [m.content for m in request.messages[1:]] == [
-            "tell me something [[sim:length=8]]", first.text, "and then?"]
+            "tell me something [[sim:length=8]]",
+            first.text,
+            "and then?",
+        ]
         tree = (await client.get(f"/v1/conversations/{cid}")).json()
-        assert tree["thread"] == [user_id, old_id, follow_up.request["user_message_id"],
-                                  follow_up.request["message_id"]]
+        assert tree["thread"] == [
+            user_id,
+            old_id,
+            follow_up.request["user_message_id"],
+            follow_up.request["message_id"],
+        ]
 
 
 async def test_editing_a_user_message_forks_the_conversation(sim_stack: Stack) -> None:
@@ -171,8 +190,11 @@ async def test_editing_a_user_message_forks_the_conversation(sim_stack: Stack) -
         u1, a1 = one.request["user_message_id"], one.request["message_id"]
         u2 = two.request["user_message_id"]
 
-        edited = await sse_post(client, f"/v1/conversations/{cid}/messages/{u2}/edit",
-                                {"content": "second question, better put", "max_tokens": 16})
+        edited = await sse_post(
+            client,
+            f"/v1/conversations/{cid}/messages/{u2}/edit",
+            {"content": "second question, better put", "max_tokens": 16},
+        )
         assert edited.ended_with_done
         u2_new, a2_new = edited.request["user_message_id"], edited.request["message_id"]
         tree = await recorded(client, cid, a2_new)
@@ -182,20 +204,28 @@ async def test_editing_a_user_message_forks_the_conversation(sim_stack: Stack) -
         assert tree["thread"] == [u1, a1, u2_new, a2_new]
         request = await queued_request(sim_stack, edited.request["request_id"])
         assert [(m.role, m.content) for m in request.messages[1:]] == [
-            (Role.USER, "first question"), (Role.ASSISTANT, one.text),
-            (Role.USER, "second question, better put")]
+            (Role.USER, "first question"),
+            (Role.ASSISTANT, one.text),
+            (Role.USER, "second question, better put"),
+        ]
 
-        root_edit = await sse_post(client, f"/v1/conversations/{cid}/messages/{u1}/edit",
-                                   {"content": "start over", "max_tokens": 8})
+        root_edit = await sse_post(
+            client,
+            f"/v1/conversations/{cid}/messages/{u1}/edit",
+            {"content": "start over", "max_tokens": 8},
+        )
         tree = await recorded(client, cid, root_edit.request["message_id"])
         assert tree["roots"] == [u1, root_edit.request["user_message_id"]]
-        assert tree["thread"] == [root_edit.request["user_message_id"],
-                                  root_edit.request["message_id"]]
+        assert tree["thread"] == [
+            root_edit.request["user_message_id"],
+            root_edit.request["message_id"],
+        ]
         request = await queued_request(sim_stack, root_edit.request["request_id"])
         assert [m.content for m in request.messages[1:]] == ["start over"]
 
-        not_user = await client.post(f"/v1/conversations/{cid}/messages/{a1}/edit",
-                                     json={"content": "x"})
+        not_user = await client.post(
+            f"/v1/conversations/{cid}/messages/{a1}/edit", json={"content": "x"}
+        )
         assert error_code(not_user, 400) == "not_a_user_message"
 
 
@@ -254,8 +284,9 @@ async def _nobody_else_may_touch(bob: Client, cid: str, ids: dict[str, str]) -> 
     ]
     for response in [await attempt for attempt in attempts]:
         assert error_code(response, 404) == "conversation_not_found", response.request.url
-    assert cid not in [c["conversation_id"]
-                       for c in (await bob.get("/v1/conversations")).json()["data"]]
+    assert cid not in [
+        c["conversation_id"] for c in (await bob.get("/v1/conversations")).json()["data"]
+    ]
 
 
 # --- automatic titles --------------------------------------------------------------------
@@ -268,19 +299,29 @@ async def test_a_title_is_generated_after_the_first_exchange(sim_stack: Stack) -
         title = await _title_once_generated(client, cid, "Planning a trip to Rome")
         assert title == "Planning a trip to Rome"
         [asked] = await find_events(
-            sim_stack.kafka, topics.requests_topic(Tier.FREE), GenerationRequest,
-            lambda r: r.conversation_id == cid and r.messages[0].content == TITLE_INSTRUCTIONS)
-        assert (asked.tier, asked.store, asked.model) == (Tier.FREE, False,
-                                                          sim_stack.settings.model_name)
+            sim_stack.kafka,
+            topics.requests_topic(Tier.FREE),
+            GenerationRequest,
+            lambda r: r.conversation_id == cid and r.messages[0].content == TITLE_INSTRUCTIONS,
+        )
+        assert (asked.tier, asked.store, asked.model) == (
+            Tier.FREE,
+            False,
+            sim_stack.settings.model_name,
+        )
         assert first.text in asked.messages[1].content
         assert asked.user_id == BACKGROUND_ACCOUNT  # not billed to the user
 
         await say(client, cid, "a second question")
         await asyncio.sleep(0.5)
         titles = await find_events(
-            sim_stack.kafka, topics.requests_topic(Tier.FREE), GenerationRequest,
+            sim_stack.kafka,
+            topics.requests_topic(Tier.FREE),
+            GenerationRequest,
             lambda r: r.conversation_id == cid and r.messages[0].content == TITLE_INSTRUCTIONS,
-            count=2, timeout_s=2)
+            count=2,
+            timeout_s=2,
+        )
         assert len(titles) == 1  # only the first exchange is titled
 
         await client.patch(f"/v1/conversations/{cid}", json={"title": "My trip"})
@@ -302,7 +343,8 @@ async def test_a_message_over_the_window_is_413_and_not_stored(sim_stack: Stack)
     async with await new_user(sim_stack) as client:
         cid = await new_conversation(client)
         window = sim_stack.settings.max_model_len  # the answer alone takes all of it
-        response = await client.post(f"/v1/conversations/{cid}/messages",
-                                     json={"content": "hello", "max_tokens": window})
+        response = await client.post(
+            f"/v1/conversations/{cid}/messages", json={"content": "hello", "max_tokens": window}
+        )
         assert error_code(response, 413) == "context_too_long"
         assert (await client.get(f"/v1/conversations/{cid}")).json()["messages"] == []

@@ -40,12 +40,19 @@ async def _victim_resources(client: httpx.AsyncClient) -> dict[str, str]:
     turn = await post_message(client, conversation_id, {"content": "a secret: 7421"})
     assert turn.status == 200 and turn.ended_with_done
     request = turn.request
-    uploaded = await client.post("/v1/files", data={"purpose": "assistants"},
-                                 files={"file": ("private.txt", b"a secret: 7421", "text/plain")})
+    uploaded = await client.post(
+        "/v1/files",
+        data={"purpose": "assistants"},
+        files={"file": ("private.txt", b"a secret: 7421", "text/plain")},
+    )
     assert uploaded.status_code == 200, uploaded.text
-    return {"conversation_id": conversation_id, "message_id": request["user_message_id"],
-            "request_id": request["request_id"], "file_id": uploaded.json()["id"],
-            "response_id": "resp_" + request["message_id"]}
+    return {
+        "conversation_id": conversation_id,
+        "message_id": request["user_message_id"],
+        "request_id": request["request_id"],
+        "file_id": uploaded.json()["id"],
+        "response_id": "resp_" + request["message_id"],
+    }
 
 
 async def _snapshot(client: httpx.AsyncClient, conversation_id: str) -> dict:
@@ -68,8 +75,9 @@ def _operations(openapi: dict, ids: dict[str, str]) -> list[tuple[str, str, dict
             if "requestBody" in operation:
                 schema = operation["requestBody"]["content"]["application/json"]["schema"]
                 schema = _resolved(openapi, schema)
-                body = {name: _BODIES[name] for name in schema.get("required", [])
-                        if name in _BODIES}
+                body = {
+                    name: _BODIES[name] for name in schema.get("required", []) if name in _BODIES
+                }
             operations.append((method.upper(), filled, body))
     return operations
 
@@ -102,8 +110,12 @@ async def test_another_org_reads_and_writes_nothing(sim_stack):
             assert ids["file_id"] not in (await attacker.get("/v1/files")).text
             for method, path, body in operations:
                 response = await attacker.request(method, path, json=body)
-                assert response.status_code in (403, 404), (method, path, response.status_code,
-                                                             response.text[:300])
+                assert response.status_code in (403, 404), (
+                    method,
+                    path,
+                    response.status_code,
+                    response.text[:300],
+                )
                 assert "7421" not in response.text and "private" not in response.text
     async with client_for(sim_stack) as victim:
         after = await _snapshot(victim, ids["conversation_id"])

@@ -27,12 +27,16 @@ async def test_native_stream_ends_with_the_code_only(sim_stack):
 
 
 async def test_openai_api_answers_the_code_only(sim_stack):
-    body = {"model": sim_stack.settings.model_name, "max_tokens": 8,
-            "messages": [{"role": "user", "content": "[[sim:fail]]"}]}
+    body = {
+        "model": sim_stack.settings.model_name,
+        "max_tokens": 8,
+        "messages": [{"role": "user", "content": "[[sim:fail]]"}],
+    }
     async with client_for(sim_stack) as client:
         plain = await client.post("/v1/chat/completions", json=body)
-        async with client.stream("POST", "/v1/chat/completions",
-                                 json={**body, "stream": True}) as response:
+        async with client.stream(
+            "POST", "/v1/chat/completions", json={**body, "stream": True}
+        ) as response:
             streamed = (await response.aread()).decode()
     assert plain.status_code == 500, plain.text
     assert_generic(plain.json()["error"])

@@ -21,17 +21,24 @@ async def test_the_real_engine_serves_vllm_metrics_beside_chatpipes(vllm_stack):
     model = vllm_stack.settings.model_name
     before = await scrape(url)
     async with client_for(vllm_stack) as client:
-        answer = await client.post("/v1/chat/completions", json={
-            "model": model, "max_tokens": 8, "ignore_eos": True,
-            "messages": [{"role": "user", "content": "count to eight"}]})
+        answer = await client.post(
+            "/v1/chat/completions",
+            json={
+                "model": model,
+                "max_tokens": 8,
+                "ignore_eos": True,
+                "messages": [{"role": "user", "content": "count to eight"}],
+            },
+        )
     assert answer.status_code == 200, answer.text
     generated = "vllm:generation_tokens_total"
 
     def counted(samples: Samples) -> bool:
         # vLLM records a step's stats after handing its outputs on: the answer can reach
         # the client before its last step is counted.
-        return (total(samples, generated, model_name=model)
-                - total(before, generated, model_name=model)) >= 8
+        return (
+            total(samples, generated, model_name=model) - total(before, generated, model_name=model)
+        ) >= 8
 
     after = await eventually(url, counted, timeout_s=10.0)
     assert counted(after)

@@ -24,8 +24,13 @@ FEW_SLOTS = 5
 
 
 async def heartbeats(stack: Stack, count: int = 1) -> list[WorkerHeartbeat]:
-    return await find_events(stack.kafka, topics.WORKERS, WorkerHeartbeat,
-                             lambda h: h.worker_id == stack.settings.worker_id, count=count)
+    return await find_events(
+        stack.kafka,
+        topics.WORKERS,
+        WorkerHeartbeat,
+        lambda h: h.worker_id == stack.settings.worker_id,
+        count=count,
+    )
 
 
 async def test_by_default_a_worker_offers_the_slots_vllm_chose(vllm_stack, vllm_engine) -> None:
@@ -39,12 +44,16 @@ async def test_by_default_a_worker_offers_the_slots_vllm_chose(vllm_stack, vllm_
 
 
 @pytest_asyncio.fixture(loop_scope="session")
-async def few_slots_stack(tiny_model_dir: Path, tmp_path: Path,
-                          monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Stack]:
+async def few_slots_stack(
+    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[Stack]:
     """A second engine, configured as a user would: CHATPIPE_VLLM_ARGS (eager and a
     small cache, as it only has to start soon beside the session's engine)."""
-    monkeypatch.setenv("CHATPIPE_VLLM_ARGS", f'{{"max_num_seqs": {FEW_SLOTS}, "enforce_eager":'
-                                             f' true, "kv_cache_memory_bytes": {256 << 20}}}')
+    monkeypatch.setenv(
+        "CHATPIPE_VLLM_ARGS",
+        f'{{"max_num_seqs": {FEW_SLOTS}, "enforce_eager":'
+        f' true, "kv_cache_memory_bytes": {256 << 20}}}',
+    )
     settings = stack_settings(tmp_path, engine="vllm", model=tiny_model_dir)
     async with running_engine_stack(settings, build_engine(settings)) as stack:
         yield stack
@@ -52,12 +61,18 @@ async def few_slots_stack(tiny_model_dir: Path, tmp_path: Path,
 
 async def test_vllm_args_set_the_slots_the_scheduler_fills(few_slots_stack: Stack) -> None:
     async with client_for(few_slots_stack) as client:
-        conversations = [(await client.post("/v1/conversations", json={})).json()
-                         ["conversation_id"] for _ in range(FEW_SLOTS + 3)]
-        results = await asyncio.gather(*(
-            post_message(client, cid, {"content": f"question {i}", "max_tokens": 24,
-                                       "ignore_eos": True})
-            for i, cid in enumerate(conversations)))
+        conversations = [
+            (await client.post("/v1/conversations", json={})).json()["conversation_id"]
+            for _ in range(FEW_SLOTS + 3)
+        ]
+        results = await asyncio.gather(
+            *(
+                post_message(
+                    client, cid, {"content": f"question {i}", "max_tokens": 24, "ignore_eos": True}
+                )
+                for i, cid in enumerate(conversations)
+            )
+        )
     assert all(r.ended_with_done for r in results)
 
     beats = await heartbeats(few_slots_stack, count=2)

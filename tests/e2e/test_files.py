@@ -47,8 +47,10 @@ wind off the sea is hard on everything, so the beds are sheltered by a low stone
 that her predecessor built, and she waters them from the rain barrel by the door.
 """
 
-BREAD = "A simple loaf of bread\nMix flour, water, salt and yeast, knead it for ten minutes,\n" \
-        "let the dough rise for an hour and bake it at 220 degrees."
+BREAD = (
+    "A simple loaf of bread\nMix flour, water, salt and yeast, knead it for ten minutes,\n"
+    "let the dough rise for an hour and bake it at 220 degrees."
+)
 
 
 async def owners(stack: Stack) -> tuple[httpx.AsyncClient, httpx.AsyncClient]:
@@ -77,7 +79,10 @@ async def test_files_are_uploaded_listed_and_deleted_by_their_owner_only(
         stored = response.json()
         assert stored["id"].startswith("file-") and stored["object"] == "file"
         assert (stored["filename"], stored["bytes"], stored["purpose"]) == (
-            "lighthouse.md", len(LIGHTHOUSE.encode()), "assistants")
+            "lighthouse.md",
+            len(LIGHTHOUSE.encode()),
+            "assistants",
+        )
         assert stored["content_type"] == "text/markdown" and stored["chunks"] >= 1
         pdf = (await upload(owner, "bread.pdf", pdf_of(*BREAD.split("\n")))).json()
         assert pdf["content_type"] == "application/pdf"
@@ -87,8 +92,11 @@ async def test_files_are_uploaded_listed_and_deleted_by_their_owner_only(
         assert not listed["has_more"] and listed["last_id"] == stored["id"]
         first = (await owner.get("/v1/files", params={"limit": 1, "order": "asc"})).json()
         assert [f["id"] for f in first["data"]] == [stored["id"]] and first["has_more"]
-        rest = (await owner.get("/v1/files", params={"limit": 1, "order": "asc",
-                                                     "after": first["last_id"]})).json()
+        rest = (
+            await owner.get(
+                "/v1/files", params={"limit": 1, "order": "asc", "after": first["last_id"]}
+            )
+        ).json()
         assert [f["id"] for f in rest["data"]] == [pdf["id"]] and not rest["has_more"]
         assert (await owner.get(f"/v1/files/{stored['id']}")).json() == stored
 
@@ -157,8 +165,10 @@ async def test_a_turn_with_file_ids_answers_from_the_top_chunk_and_cites_it(
         system_prompt, *_, excerpts, question = request.messages
         assert system_prompt.content == sim_stack.settings.system_prompt
         assert excerpts.role == "system"
-        assert f"[1] lighthouse.md (chunk {top['chunk_index']})\n" \
-               f"{chunks[top['chunk_index']].text}" in excerpts.content
+        assert (
+            f"[1] lighthouse.md (chunk {top['chunk_index']})\n"
+            f"{chunks[top['chunk_index']].text}" in excerpts.content
+        )
         assert question.content.endswith("When does Anna light the lamp?")
 
         tree = await recorded(owner, cid, result.request["message_id"])
@@ -172,16 +182,19 @@ async def test_a_turn_with_file_ids_answers_from_the_top_chunk_and_cites_it(
         assert [e.json() for e in resumed if e.event == "citations"] == [{"citations": cited}]
 
         again = await sse_post(
-            owner, f"/v1/conversations/{cid}/messages/{answer['message_id']}/regenerate",
-            {"file_ids": [lighthouse["id"]], "max_tokens": 16})
+            owner,
+            f"/v1/conversations/{cid}/messages/{answer['message_id']}/regenerate",
+            {"file_ids": [lighthouse["id"]], "max_tokens": 16},
+        )
         assert again.ended_with_done
         assert again.of("citations")[0].json()["citations"][0] == top
 
         # someone else's file, or none at all: refused before anything is stored or queued
         other = await new_conversation(stranger)
         for file_ids in ([lighthouse["id"]], ["file-nonexistent"]):
-            refused = await stranger.post(f"/v1/conversations/{other}/messages",
-                                          json={"content": "hi", "file_ids": file_ids})
+            refused = await stranger.post(
+                f"/v1/conversations/{other}/messages", json={"content": "hi", "file_ids": file_ids}
+            )
             assert error_code(refused, 404) == "file_not_found"
         assert (await stranger.get(f"/v1/conversations/{other}")).json()["messages"] == []
 

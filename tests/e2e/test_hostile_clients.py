@@ -27,10 +27,16 @@ SLACK_S = 2.0
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def guarded_stack(tiny_model_dir, tmp_path_factory) -> AsyncIterator[Stack]:
     settings = stack_settings(
-        tmp_path_factory.mktemp("guarded-stack"), engine="sim", model=tiny_model_dir,
-        sim_tokens_per_s=50.0, max_slots=4, auto_titles=False,
-        header_read_timeout_s=HEADER_TIMEOUT_S, body_read_timeout_s=BODY_TIMEOUT_S,
-        max_body_bytes=MAX_BODY)
+        tmp_path_factory.mktemp("guarded-stack"),
+        engine="sim",
+        model=tiny_model_dir,
+        sim_tokens_per_s=50.0,
+        max_slots=4,
+        auto_titles=False,
+        header_read_timeout_s=HEADER_TIMEOUT_S,
+        body_read_timeout_s=BODY_TIMEOUT_S,
+        max_body_bytes=MAX_BODY,
+    )
     async with running_sim_stack(settings) as stack:
         yield stack
 
@@ -54,9 +60,14 @@ def _head(*lines: str) -> bytes:
 
 async def _still_serves(stack: Stack) -> None:
     async with client_for(stack) as client:
-        response = await client.post("/v1/chat/completions", json={
-            "model": stack.settings.model_name, "max_tokens": 3,
-            "messages": [{"role": "user", "content": "still there?"}]})
+        response = await client.post(
+            "/v1/chat/completions",
+            json={
+                "model": stack.settings.model_name,
+                "max_tokens": 3,
+                "messages": [{"role": "user", "content": "still there?"}],
+            },
+        )
     assert response.status_code == 200, response.text
 
 
@@ -119,9 +130,15 @@ async def test_headers_that_never_end_are_431(guarded_stack):
 async def test_a_body_that_stops_halfway_is_408(guarded_stack):
     reader, writer = await _connect(guarded_stack)
     started = time.monotonic()
-    writer.write(_head("POST /v1/chat/completions HTTP/1.1", "Host: gateway",
-                       f"Authorization: Bearer {API_KEY}", "Content-Type: application/json",
-                       "Content-Length: 1000"))
+    writer.write(
+        _head(
+            "POST /v1/chat/completions HTTP/1.1",
+            "Host: gateway",
+            f"Authorization: Bearer {API_KEY}",
+            "Content-Type: application/json",
+            "Content-Length: 1000",
+        )
+    )
     writer.write(b'{"model": "tiny", "messages": [')  # and nothing more
     try:
         status, body = await _response(reader, BODY_TIMEOUT_S + SLACK_S)
@@ -134,11 +151,16 @@ async def test_a_body_that_stops_halfway_is_408(guarded_stack):
 
 
 @pytest.mark.parametrize("authorization", [None, f"Bearer {API_KEY}", "Bearer wrong"])
-async def test_a_10mb_body_is_413_before_its_key_is_checked_and_unread(guarded_stack,
-                                                                      authorization):
+async def test_a_10mb_body_is_413_before_its_key_is_checked_and_unread(
+    guarded_stack, authorization
+):
     reader, writer = await _connect(guarded_stack)
-    lines = ["POST /v1/conversations HTTP/1.1", "Host: gateway",
-             "Content-Type: application/json", f"Content-Length: {10 << 20}"]
+    lines = [
+        "POST /v1/conversations HTTP/1.1",
+        "Host: gateway",
+        "Content-Type: application/json",
+        f"Content-Length: {10 << 20}",
+    ]
     if authorization:
         lines.append(f"Authorization: {authorization}")
     writer.write(_head(*lines))
@@ -154,8 +176,14 @@ async def test_a_10mb_body_is_413_before_its_key_is_checked_and_unread(guarded_s
 
 async def test_a_chunked_body_is_413_once_it_passes_the_limit(guarded_stack):
     reader, writer = await _connect(guarded_stack)
-    writer.write(_head("POST /v1/chat/completions HTTP/1.1", "Host: gateway",
-                       "Content-Type: application/json", "Transfer-Encoding: chunked"))
+    writer.write(
+        _head(
+            "POST /v1/chat/completions HTTP/1.1",
+            "Host: gateway",
+            "Content-Type: application/json",
+            "Transfer-Encoding: chunked",
+        )
+    )
 
     async def chunks() -> AsyncIterator[bytes]:
         for _ in range(10 << 20 >> 14):  # 16 KiB chunks, 10 MiB if nobody stops it
@@ -181,10 +209,16 @@ async def test_keep_alive_requests_are_not_cut_by_the_header_timer(guarded_stack
             response = await client.get("/healthz")
             assert response.status_code == 200
             await asyncio.sleep(HEADER_TIMEOUT_S * 1.5)
-        async with client.stream("POST", "/v1/chat/completions", json={
-                "model": guarded_stack.settings.model_name, "stream": True,
+        async with client.stream(
+            "POST",
+            "/v1/chat/completions",
+            json={
+                "model": guarded_stack.settings.model_name,
+                "stream": True,
                 "messages": [{"role": "user", "content": "[[sim:length=80]]"}],
-                "max_tokens": 80}) as response:
+                "max_tokens": 80,
+            },
+        ) as response:
             assert response.status_code == 200
             lines = [line async for line in response.aiter_lines() if line]
     assert lines[-1] == "data: [DONE]"

@@ -102,8 +102,9 @@ async def test_summary_replaces_the_oldest_turns_and_every_prompt_fits(
         for question in QUESTIONS:
             await say(client, cid, question + ANSWER, max_tokens=MAX_TOKENS)
         await _summaries(summary_stack, cid)
-        last = await say(client, cid, "And what did we talk about first?" + ANSWER,
-                         max_tokens=MAX_TOKENS)
+        last = await say(
+            client, cid, "And what did we talk about first?" + ANSWER, max_tokens=MAX_TOKENS
+        )
         # Read again: the background job may have stored a newer summary meanwhile, and
         # the last prompt carries whichever was the newest when it was built.
         summaries = await summary_stack.store.list_summaries(cid)
@@ -118,8 +119,11 @@ async def test_summary_replaces_the_oldest_turns_and_every_prompt_fits(
     assert requests[-1].request_id == last.request["request_id"]
 
     asked = await find_events(
-        summary_stack.kafka, topics.requests_topic(Tier.FREE), GenerationRequest,
-        lambda r: r.conversation_id == cid and r.messages[0].content == SUMMARY_INSTRUCTIONS)
+        summary_stack.kafka,
+        topics.requests_topic(Tier.FREE),
+        GenerationRequest,
+        lambda r: r.conversation_id == cid and r.messages[0].content == SUMMARY_INSTRUCTIONS,
+    )
     assert asked and not asked[0].store
     assert asked[0].sampling.max_tokens == summary_stack.settings.summary_max_tokens
 

@@ -46,8 +46,10 @@ ORG = "many"
 async def pipeline(tmp_path_factory, request) -> AsyncIterator[Pipeline]:
     storage = request.getfixturevalue("redis_url") if REDIS_SERVER else "memory://"
     async with running_pipeline(
-        tmp_path_factory.mktemp("gateways"), rate_limit_storage=storage,
-        user_requests_per_minute=REQUESTS_PER_MINUTE, user_token_budget=TOKEN_BUDGET,
+        tmp_path_factory.mktemp("gateways"),
+        rate_limit_storage=storage,
+        user_requests_per_minute=REQUESTS_PER_MINUTE,
+        user_token_budget=TOKEN_BUDGET,
         sim_tokens_per_s=100.0,
     ) as pipe:
         for stage in ("scheduler", "safety", "recorder", "billing"):

@@ -30,8 +30,11 @@ from tests.support import post_message
 MODEL = "metrics-sim"
 MAX_SLOTS = 4
 REQUESTS_PER_MINUTE = 3
-EMAIL_REPLY = ("[[sim:reply=Sure. You can write to bob@example.com for the details. "
-               + " ".join(f"word{i}" for i in range(100)) + "]]")
+EMAIL_REPLY = (
+    "[[sim:reply=Sure. You can write to bob@example.com for the details. "
+    + " ".join(f"word{i}" for i in range(100))
+    + "]]"
+)
 STAGE_LAGS = ("gateway", "scheduler", "worker", "safety", "recorder", "billing")
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
@@ -39,10 +42,16 @@ Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def metrics_stack(tiny_model_dir, tmp_path_factory) -> AsyncIterator[Stack]:
-    settings = stack_settings(tmp_path_factory.mktemp("metrics-stack"), engine="sim",
-                              model=tiny_model_dir, model_name=MODEL, sim_tokens_per_s=200.0,
-                              max_slots=MAX_SLOTS, auto_titles=False,
-                              user_requests_per_minute=REQUESTS_PER_MINUTE)
+    settings = stack_settings(
+        tmp_path_factory.mktemp("metrics-stack"),
+        engine="sim",
+        model=tiny_model_dir,
+        model_name=MODEL,
+        sim_tokens_per_s=200.0,
+        max_slots=MAX_SLOTS,
+        auto_titles=False,
+        user_requests_per_minute=REQUESTS_PER_MINUTE,
+    )
     async with running_sim_stack(settings) as stack:
         yield stack
 
@@ -52,9 +61,11 @@ async def scrape(url: str) -> Samples:
         response = await http.get(url)
     assert response.status_code == 200, response.text
     assert response.headers["content-type"].startswith("text/plain")
-    return {(s.name, frozenset(s.labels.items())): s.value
-            for family in text_string_to_metric_families(response.text)
-            for s in family.samples}
+    return {
+        (s.name, frozenset(s.labels.items())): s.value
+        for family in text_string_to_metric_families(response.text)
+        for s in family.samples
+    }
 
 
 def at(samples: Samples, name: str, **labels: str) -> float:
@@ -67,8 +78,11 @@ def total(samples: Samples, name: str, **labels: str) -> float:
     return sum(v for (n, series), v in samples.items() if n == name and wanted <= series)
 
 
-async def eventually(url: str, check: Callable[[Samples], bool], timeout_s: float = 20.0,
-                     ) -> Samples:
+async def eventually(
+    url: str,
+    check: Callable[[Samples], bool],
+    timeout_s: float = 20.0,
+) -> Samples:
     """Scrape until `check` holds (gauges sampled every few seconds, background steps)."""
     deadline = time.monotonic() + timeout_s
     while True:
@@ -90,8 +104,9 @@ async def test_a_stream_moves_latency_histograms_finish_reasons_and_gauges(metri
     before = await scrape(url)
     async with await user_client(metrics_stack) as client:
         cid = (await client.post("/v1/conversations", json={})).json()["conversation_id"]
-        result = await post_message(client, cid, {"content": "[[sim:length=40]] hello",
-                                                  "max_tokens": 100})
+        result = await post_message(
+            client, cid, {"content": "[[sim:length=40]] hello", "max_tokens": 100}
+        )
     assert result.ended_with_done and len(result.of("delta")) >= 2, result.events
     after = await eventually(url, lambda s: at(s, "chatpipe:open_streams") == 0)
 
@@ -110,20 +125,27 @@ async def test_a_stream_moves_latency_histograms_finish_reasons_and_gauges(metri
 
 
 async def test_consumer_lag_is_reported_for_every_stage(metrics_stack):
-    samples = await eventually(f"{metrics_stack.base_url}/metrics",
-                               lambda s: set(STAGE_LAGS) <= lagging_stages(s))
+    samples = await eventually(
+        f"{metrics_stack.base_url}/metrics", lambda s: set(STAGE_LAGS) <= lagging_stages(s)
+    )
     assert set(STAGE_LAGS) <= lagging_stages(samples)
-    assert ("chatpipe:consumer_lag", frozenset({
-        ("stage", "scheduler"), ("group", "chatpipe-scheduler"),
-        ("topic", topics.requests_topic(Tier.PRO))})) in samples
+    assert (
+        "chatpipe:consumer_lag",
+        frozenset(
+            {
+                ("stage", "scheduler"),
+                ("group", "chatpipe-scheduler"),
+                ("topic", topics.requests_topic(Tier.PRO)),
+            }
+        ),
+    ) in samples
 
 
 def lagging_stages(samples: Samples) -> set[str]:
     return {dict(series)["stage"] for name, series in samples if name == "chatpipe:consumer_lag"}
 
 
-async def test_a_retraction_is_counted_by_category_and_its_stream_as_content_filter(
-        metrics_stack):
+async def test_a_retraction_is_counted_by_category_and_its_stream_as_content_filter(metrics_stack):
     url = f"{metrics_stack.base_url}/metrics"
     before = await scrape(url)
     async with await user_client(metrics_stack) as client:
@@ -131,14 +153,29 @@ async def test_a_retraction_is_counted_by_category_and_its_stream_as_content_fil
         result = await post_message(client, cid, {"content": EMAIL_REPLY, "max_tokens": 300})
     assert result.of("retract"), result.events
     after = await scrape(url)
-    assert (at(after, "chatpipe:retractions_total", category="pii")
-            - at(before, "chatpipe:retractions_total", category="pii")) == 1
-    assert (at(after, "chatpipe:request_success_total", tier="pro", model=MODEL,
-               finished_reason="content_filter")
-            - at(before, "chatpipe:request_success_total", tier="pro", model=MODEL,
-                 finished_reason="content_filter")) == 1
-    assert (at(after, "chatpipe:safety_check_seconds_count")
-            > at(before, "chatpipe:safety_check_seconds_count"))
+    assert (
+        at(after, "chatpipe:retractions_total", category="pii")
+        - at(before, "chatpipe:retractions_total", category="pii")
+    ) == 1
+    assert (
+        at(
+            after,
+            "chatpipe:request_success_total",
+            tier="pro",
+            model=MODEL,
+            finished_reason="content_filter",
+        )
+        - at(
+            before,
+            "chatpipe:request_success_total",
+            tier="pro",
+            model=MODEL,
+            finished_reason="content_filter",
+        )
+    ) == 1
+    assert at(after, "chatpipe:safety_check_seconds_count") > at(
+        before, "chatpipe:safety_check_seconds_count"
+    )
 
 
 async def test_a_rate_limited_request_is_counted_at_admission(metrics_stack):
@@ -149,13 +186,16 @@ async def test_a_rate_limited_request_is_counted_at_admission(metrics_stack):
     before = await scrape(url)
     body = {"model": MODEL, "max_tokens": 1, "messages": [{"role": "user", "content": "hi"}]}
     async with await user_client(metrics_stack) as client:
-        statuses = [(await client.post("/v1/chat/completions", json=body)).status_code
-                    for _ in range(REQUESTS_PER_MINUTE + 1)]
+        statuses = [
+            (await client.post("/v1/chat/completions", json=body)).status_code
+            for _ in range(REQUESTS_PER_MINUTE + 1)
+        ]
     assert statuses == [200] * REQUESTS_PER_MINUTE + [429], statuses
     after = await scrape(url)
-    assert (at(after, "chatpipe:admission_rejections_total", tier="pro", reason="rate_limited")
-            - at(before, "chatpipe:admission_rejections_total", tier="pro",
-                 reason="rate_limited")) == 1
+    assert (
+        at(after, "chatpipe:admission_rejections_total", tier="pro", reason="rate_limited")
+        - at(before, "chatpipe:admission_rejections_total", tier="pro", reason="rate_limited")
+    ) == 1
 
 
 async def test_a_malformed_record_is_counted_as_a_dead_letter_of_its_stage(metrics_stack):
@@ -164,12 +204,14 @@ async def test_a_malformed_record_is_counted_as_a_dead_letter_of_its_stage(metri
     producer = AIOKafkaProducer(bootstrap_servers=metrics_stack.kafka.bootstrap_servers)
     await producer.start()
     try:
-        await producer.send_and_wait(topics.requests_topic(Tier.PRO), b"{not an event",
-                                     key=b"bad", partition=0)
+        await producer.send_and_wait(
+            topics.requests_topic(Tier.PRO), b"{not an event", key=b"bad", partition=0
+        )
     finally:
         await producer.stop()
-    after = await eventually(url, lambda s: total(
-        s, "chatpipe:dead_letters_total", stage="scheduler") > before)
+    after = await eventually(
+        url, lambda s: total(s, "chatpipe:dead_letters_total", stage="scheduler") > before
+    )
     assert total(after, "chatpipe:dead_letters_total", stage="scheduler") == before + 1
 
 
@@ -186,8 +228,9 @@ async def test_stages_run_alone_serve_metrics_on_the_metrics_port(tmp_path):
         def served(port: int) -> str:
             return f"http://127.0.0.1:{port}/metrics"
 
-        scheduler = await eventually(served(ports["scheduler"]),
-                                     lambda s: "scheduler" in lagging_stages(s))
+        scheduler = await eventually(
+            served(ports["scheduler"]), lambda s: "scheduler" in lagging_stages(s)
+        )
         assert ("chatpipe:num_requests_waiting", frozenset({("tier", "free")})) in scheduler
         assert lagging_stages(scheduler) == {"scheduler"}
         assert not any(n == "chatpipe:worker_slots_max" for n, _ in scheduler), "its own only"

@@ -33,18 +33,29 @@ from tests.fixtures.stack import client_for
 from tests.support import read_sse
 
 LIMITS = dict(
-    user_requests_per_minute=3, org_requests_per_minute=5,
-    user_tokens_per_minute=1000, org_tokens_per_minute=1_000_000,
-    user_token_budget=300, org_token_budget=500,
+    user_requests_per_minute=3,
+    org_requests_per_minute=5,
+    user_tokens_per_minute=1000,
+    org_tokens_per_minute=1_000_000,
+    user_token_budget=300,
+    org_token_budget=500,
 )
-RATE_HEADERS = [f"x-ratelimit-{kind}-{quantity}" for quantity in ("requests", "tokens")
-                for kind in ("limit", "remaining", "reset")]
+RATE_HEADERS = [
+    f"x-ratelimit-{kind}-{quantity}"
+    for quantity in ("requests", "tokens")
+    for kind in ("limit", "remaining", "reset")
+]
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def limited_stack(tmp_path_factory) -> AsyncIterator[Stack]:
-    settings = stack_settings(tmp_path_factory.mktemp("limited-stack"), engine="sim",
-                              sim_tokens_per_s=400.0, max_slots=8, **LIMITS)
+    settings = stack_settings(
+        tmp_path_factory.mktemp("limited-stack"),
+        engine="sim",
+        sim_tokens_per_s=400.0,
+        max_slots=8,
+        **LIMITS,
+    )
     async with running_sim_stack(settings) as stack:
         yield stack
 
@@ -71,8 +82,9 @@ async def clear_of_minute_edge(margin_s: float = 8.0) -> None:
         await asyncio.sleep(60 - into_minute + 0.1)
 
 
-async def native_turn(client: httpx.AsyncClient, body: dict[str, Any],
-                      conversation_id: str | None = None) -> tuple[httpx.Response, list]:
+async def native_turn(
+    client: httpx.AsyncClient, body: dict[str, Any], conversation_id: str | None = None
+) -> tuple[httpx.Response, list]:
     """POST a native turn; the response (headers) and, when admitted, its SSE events."""
     if conversation_id is None:
         created = await client.post("/v1/conversations", json={})
@@ -85,21 +97,33 @@ async def native_turn(client: httpx.AsyncClient, body: dict[str, Any],
         return response, await read_sse(response)
 
 
-async def openai_stream(client: httpx.AsyncClient, max_tokens: int,
-                        read_all: bool = True) -> httpx.Response:
-    body = {"model": "tiny", "messages": [{"role": "user", "content": "hello there"}],
-            "max_tokens": max_tokens, "stream": True}
+async def openai_stream(
+    client: httpx.AsyncClient, max_tokens: int, read_all: bool = True
+) -> httpx.Response:
+    body = {
+        "model": "tiny",
+        "messages": [{"role": "user", "content": "hello there"}],
+        "max_tokens": max_tokens,
+        "stream": True,
+    }
     async with client.stream("POST", "/v1/chat/completions", json=body) as response:
         if response.status_code != 200 or read_all:
             await response.aread()
     return response  # leaving early disconnects: the generation is cancelled
 
 
-async def openai_completion(client: httpx.AsyncClient, max_tokens: int,
-                            ignore_eos: bool = False) -> httpx.Response:
-    return await client.post("/v1/chat/completions", json={
-        "model": "tiny", "messages": [{"role": "user", "content": "hello there"}],
-        "max_tokens": max_tokens, "ignore_eos": ignore_eos})
+async def openai_completion(
+    client: httpx.AsyncClient, max_tokens: int, ignore_eos: bool = False
+) -> httpx.Response:
+    return await client.post(
+        "/v1/chat/completions",
+        json={
+            "model": "tiny",
+            "messages": [{"role": "user", "content": "hello there"}],
+            "max_tokens": max_tokens,
+            "ignore_eos": ignore_eos,
+        },
+    )
 
 
 def error_of(response: httpx.Response) -> dict[str, Any]:
@@ -107,8 +131,9 @@ def error_of(response: httpx.Response) -> dict[str, Any]:
     return response.json()["error"]
 
 
-async def until_used(ledger: SQLiteLedger, account: Account, at_least: int,
-                     timeout_s: float = 30.0) -> int:
+async def until_used(
+    ledger: SQLiteLedger, account: Account, at_least: int, timeout_s: float = 30.0
+) -> int:
     window = period_of(time.time(), "day")
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -143,7 +168,8 @@ async def test_every_generation_response_carries_the_headers_and_the_4th_request
         # 3 tokens estimated. Plus max_tokens 4 per call.
         native_prompt = ceil((len(limited_stack.settings.system_prompt) + 2) / 4)
         assert plain.headers["x-ratelimit-remaining-tokens"] == str(
-            1000 - native_prompt - 4 - 2 * 7)
+            1000 - native_prompt - 4 - 2 * 7
+        )
 
         refused, _ = await native_turn(client, {"content": "hi", "max_tokens": 4})
         error = error_of(refused)
@@ -161,8 +187,10 @@ async def test_every_generation_response_carries_the_headers_and_the_4th_request
 
 async def test_the_org_limit_counts_every_user_of_the_org(limited_stack: Stack) -> None:
     await clear_of_minute_edge()
-    async with (await client_as(limited_stack, "org-a", "busy-org") as a,
-                await client_as(limited_stack, "org-b", "busy-org") as b):
+    async with (
+        await client_as(limited_stack, "org-a", "busy-org") as a,
+        await client_as(limited_stack, "org-b", "busy-org") as b,
+    ):
         for client in (a, a, a, b, b):
             assert (await openai_completion(client, max_tokens=2)).status_code == 200
         error = error_of(await openai_completion(b, max_tokens=2))
@@ -189,16 +217,24 @@ async def test_tokens_per_minute_count_the_prompt_estimate_and_max_tokens(
         assert "Retry-After" not in too_large.headers
 
 
-async def test_n_choices_are_charged_as_n_answers(limited_stack: Stack,
-                                                  ledger: SQLiteLedger) -> None:
+async def test_n_choices_are_charged_as_n_answers(
+    limited_stack: Stack, ledger: SQLiteLedger
+) -> None:
     """`n` choices reserve n times max_tokens at admission, and billing charges every
     choice's generation (the sim engine counts the prompt's 2 words per generation)."""
     await clear_of_minute_edge()
     org = f"choices-org-{uuid.uuid4().hex[:6]}"
     async with await client_as(limited_stack, "choices-user", org) as client:
-        response = await client.post("/v1/chat/completions", json={
-            "model": "tiny", "messages": [{"role": "user", "content": "hello there"}],
-            "max_tokens": 50, "ignore_eos": True, "n": 2})
+        response = await client.post(
+            "/v1/chat/completions",
+            json={
+                "model": "tiny",
+                "messages": [{"role": "user", "content": "hello there"}],
+                "max_tokens": 50,
+                "ignore_eos": True,
+                "n": 2,
+            },
+        )
         assert response.status_code == 200, response.text
         assert response.headers["x-ratelimit-remaining-tokens"] == str(1000 - (3 + 2 * 50))
         usage = response.json()["usage"]
@@ -216,8 +252,8 @@ async def test_budgets_run_out_on_completed_usage_per_user_and_per_org(
     async with await client_as(limited_stack, "quota-a", quota_org) as a:
         conversation = (await a.post("/v1/conversations", json={})).json()["conversation_id"]
         answered, events = await native_turn(
-            a, {"content": "count to three", "max_tokens": 320, "ignore_eos": True},
-            conversation)
+            a, {"content": "count to three", "max_tokens": 320, "ignore_eos": True}, conversation
+        )
         assert answered.status_code == 200 and events[-1].data == "[DONE]"
         used = await until_used(ledger, Account.user(quota_org, "quota-a"), 300)
         system_words = len(limited_stack.settings.system_prompt.split())
@@ -254,9 +290,19 @@ async def test_billing_counts_a_redelivered_event_once_and_dead_letters_garbage(
 ) -> None:
     user, request_id = f"dup-{uuid.uuid4().hex[:6]}", uuid.uuid4().hex
     event = UsageEvent(
-        request_id=request_id, attempt=0, conversation_id="c", user_id=user, org_id="dup-org",
-        tier=Tier.FREE, model="tiny", worker_id="w", status=RequestStatus.FINISHED_STOPPED,
-        prompt_tokens=10, completion_tokens=5, cached_tokens=0, gpu_ms=1.0,
+        request_id=request_id,
+        attempt=0,
+        conversation_id="c",
+        user_id=user,
+        org_id="dup-org",
+        tier=Tier.FREE,
+        model="tiny",
+        worker_id="w",
+        status=RequestStatus.FINISHED_STOPPED,
+        prompt_tokens=10,
+        completion_tokens=5,
+        cached_tokens=0,
+        gpu_ms=1.0,
     )
     producer = limited_stack.kafka.producer()
     await producer.start()
@@ -266,26 +312,38 @@ async def test_billing_counts_a_redelivered_event_once_and_dead_letters_garbage(
         await publisher.send_and_wait(topics.USAGE, event, key=user)  # a redelivery
         await producer.send_and_wait(topics.USAGE, b"{not json", key=user.encode())
         # A continuation: it streamed 4 more tokens after the 5 of attempt 0.
-        last = await publisher.send_and_wait(topics.USAGE, event.model_copy(
-            update={"attempt": 1, "prior_completion_tokens": 5, "completion_tokens": 4}),
-            key=user)
+        last = await publisher.send_and_wait(
+            topics.USAGE,
+            event.model_copy(
+                update={"attempt": 1, "prior_completion_tokens": 5, "completion_tokens": 4}
+            ),
+            key=user,
+        )
     finally:
         await producer.stop()
 
     # One key, one partition: once attempt 1 is counted, everything before it was read.
     # The prompt is paid once and each generated token once: 10 + 5 + 4.
     assert await until_used(ledger, Account.user("dup-org", user), 19) == 19
-    dead = await find_events(limited_stack.kafka, topics.DLQ, DeadLetter,
-                             lambda e: e.stage == "billing" and e.key == user)
+    dead = await find_events(
+        limited_stack.kafka,
+        topics.DLQ,
+        DeadLetter,
+        lambda e: e.stage == "billing" and e.key == user,
+    )
     assert dead and dead[0].value == "{not json"
-    await until_committed(limited_stack, TopicPartition(topics.USAGE, last.partition),
-                          last.offset + 1)
+    await until_committed(
+        limited_stack, TopicPartition(topics.USAGE, last.partition), last.offset + 1
+    )
 
 
 async def until_committed(stack: Stack, tp: TopicPartition, offset: int) -> None:
     # A group member that never subscribes: it reads the group's offsets without joining.
-    reader = AIOKafkaConsumer(bootstrap_servers=stack.kafka.bootstrap_servers,
-                              group_id=BILLING_GROUP, enable_auto_commit=False)
+    reader = AIOKafkaConsumer(
+        bootstrap_servers=stack.kafka.bootstrap_servers,
+        group_id=BILLING_GROUP,
+        enable_auto_commit=False,
+    )
     await reader.start()
     try:
         deadline = time.monotonic() + 15

@@ -30,10 +30,13 @@ TURN = {"content": PROMPT, "temperature": 0, "max_tokens": 64}
 def dispatched() -> float:
     """Pro-tier requests the scheduler (in this process) has dispatched to a worker, ever:
     the tenants' turns here (a conversation's generated title is a free-tier request)."""
-    return sum(sample.value for metric in REGISTRY.collect()
-               if metric.name == "chatpipe:request_queue_time_seconds"
-               for sample in metric.samples
-               if sample.name.endswith("_count") and sample.labels["tier"] == "pro")
+    return sum(
+        sample.value
+        for metric in REGISTRY.collect()
+        if metric.name == "chatpipe:request_queue_time_seconds"
+        for sample in metric.samples
+        if sample.name.endswith("_count") and sample.labels["tier"] == "pro"
+    )
 
 
 async def tenant(stack, *, cached: bool) -> httpx.AsyncClient:
@@ -84,8 +87,13 @@ async def test_an_opted_in_orgs_repeat_is_replayed_without_dispatch(sim_stack) -
         async with client.stream("GET", f"/v1/requests/{request_id}/events") as resumed:
             replayed = SseResult(resumed.status_code, await read_sse(resumed))
         assert replayed.text == first.text and done(replayed)["cache"] == "hit"
-        [usage] = await find_events(sim_stack.kafka, topics.USAGE, UsageEvent,
-                                    lambda e: e.request_id == request_id, timeout_s=20)
+        [usage] = await find_events(
+            sim_stack.kafka,
+            topics.USAGE,
+            UsageEvent,
+            lambda e: e.request_id == request_id,
+            timeout_s=20,
+        )
         assert (usage.cache, usage.gpu_ms, usage.worker_id) == ("hit", 0.0, "response-cache")
 
 

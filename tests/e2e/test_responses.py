@@ -23,29 +23,36 @@ def deltas(events) -> str:
 
 async def test_a_response_and_its_continuation_share_one_conversation(sim_stack):
     client, model = sdk(sim_stack), sim_stack.settings.model_name
-    first = await client.responses.create(model=model, instructions="Answer in one line.",
-                                          input="[[sim:reply=Paris is the capital]]")
+    first = await client.responses.create(
+        model=model, instructions="Answer in one line.", input="[[sim:reply=Paris is the capital]]"
+    )
     assert (first.status, first.output_text) == ("completed", "Paris is the capital")
-    second = await client.responses.create(model=model, input="[[sim:reply=Yes]] Sure?",
-                                           previous_response_id=first.id)
+    second = await client.responses.create(
+        model=model, input="[[sim:reply=Yes]] Sure?", previous_response_id=first.id
+    )
     assert (second.output_text, second.conversation.id) == ("Yes", first.conversation.id)
     # The sim counts a prompt's words: the second prompt holds the first turn and its
     # answer, its own two words, and not the first's instructions (four words).
-    assert second.usage.input_tokens == (first.usage.input_tokens - 4
-                                         + first.usage.output_tokens + 2)
+    assert second.usage.input_tokens == (
+        first.usage.input_tokens - 4 + first.usage.output_tokens + 2
+    )
     retrieved = await client.responses.retrieve(second.id)
     assert (retrieved.output_text, retrieved.previous_response_id) == ("Yes", first.id)
     async with client_for(sim_stack) as native:
         conversation = (await native.get(f"/v1/conversations/{first.conversation.id}")).json()
     assert [(m["role"], m["content"]) for m in conversation["messages"]] == [
-        ("user", "[[sim:reply=Paris is the capital]]"), ("assistant", "Paris is the capital"),
-        ("user", "[[sim:reply=Yes]] Sure?"), ("assistant", "Yes")]
+        ("user", "[[sim:reply=Paris is the capital]]"),
+        ("assistant", "Paris is the capital"),
+        ("user", "[[sim:reply=Yes]] Sure?"),
+        ("assistant", "Yes"),
+    ]
 
 
 async def test_a_streamed_response_as_the_sdk_reads_it(sim_stack):
     client, model = sdk(sim_stack), sim_stack.settings.model_name
-    stream = await client.responses.create(model=model, input="[[sim:length=12]]",
-                                           max_output_tokens=8, stream=True)
+    stream = await client.responses.create(
+        model=model, input="[[sim:length=12]]", max_output_tokens=8, stream=True
+    )
     events = [event async for event in stream]
     assert events[0].type == "response.created" and events[-1].type == "response.incomplete"
     numbers = [e.sequence_number for e in events]
@@ -58,16 +65,19 @@ async def test_a_streamed_response_as_the_sdk_reads_it(sim_stack):
 
 async def test_a_background_response_runs_on_and_resumes_starting_after(sim_stack):
     client, model = sdk(sim_stack), sim_stack.settings.model_name
-    queued = await client.responses.create(model=model, input="[[sim:length=150]]",
-                                           background=True)
+    queued = await client.responses.create(model=model, input="[[sim:length=150]]", background=True)
     assert queued.status == "queued"
     seen = []
     async for event in await client.responses.retrieve(queued.id, stream=True):
         seen.append(event)
         if event.type == "response.output_text.delta" and len(deltas(seen)) > 20:
             break  # the reader goes; the generation does not
-    resumed = [e async for e in await client.responses.retrieve(
-        queued.id, stream=True, starting_after=seen[-1].sequence_number)]
+    resumed = [
+        e
+        async for e in await client.responses.retrieve(
+            queued.id, stream=True, starting_after=seen[-1].sequence_number
+        )
+    ]
     assert resumed[0].sequence_number > seen[-1].sequence_number
     final = resumed[-1].response
     assert resumed[-1].type == "response.completed"
@@ -79,8 +89,9 @@ async def test_a_background_response_runs_on_and_resumes_starting_after(sim_stac
 
 async def test_a_background_response_is_cancelled(sim_stack):
     client, model = sdk(sim_stack), sim_stack.settings.model_name
-    queued = await client.responses.create(model=model, input="[[sim:length=2000]]",
-                                           max_output_tokens=2000, background=True)
+    queued = await client.responses.create(
+        model=model, input="[[sim:length=2000]]", max_output_tokens=2000, background=True
+    )
     await client.responses.cancel(queued.id)
     for _ in range(200):
         retrieved = await client.responses.retrieve(queued.id)
@@ -93,8 +104,7 @@ async def test_a_background_response_is_cancelled(sim_stack):
 
 async def test_an_unstored_response_is_not_retrievable(sim_stack):
     client, model = sdk(sim_stack), sim_stack.settings.model_name
-    response = await client.responses.create(model=model, input="[[sim:reply=gone]]",
-                                             store=False)
+    response = await client.responses.create(model=model, input="[[sim:reply=gone]]", store=False)
     assert response.output_text == "gone"
     with pytest.raises(openai.NotFoundError):
         await client.responses.retrieve(response.id)
@@ -113,8 +123,9 @@ async def test_a_field_not_honoured_is_a_400_naming_it(sim_stack, extra, param):
 
 async def test_a_background_response_streamed_from_its_start(sim_stack):
     client, model = sdk(sim_stack), sim_stack.settings.model_name
-    stream = await client.responses.create(model=model, input="[[sim:length=30]]",
-                                           background=True, stream=True)
+    stream = await client.responses.create(
+        model=model, input="[[sim:length=30]]", background=True, stream=True
+    )
     events = [event async for event in stream]
     assert events[0].type == "response.created" and events[-1].type == "response.completed"
     assert deltas(events) == events[-1].response.output_text

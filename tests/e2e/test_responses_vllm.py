@@ -15,13 +15,21 @@ pytestmark = pytest.mark.vllm
 
 async def test_a_streamed_round_trip_and_its_continuation(vllm_stack):
     client, model = sdk(vllm_stack), vllm_stack.settings.model_name
-    stream = await client.responses.create(model=model, instructions="Answer briefly.",
-                                           input="What is the capital of France?",
-                                           max_output_tokens=12, temperature=0, stream=True)
+    stream = await client.responses.create(
+        model=model,
+        instructions="Answer briefly.",
+        input="What is the capital of France?",
+        max_output_tokens=12,
+        temperature=0,
+        stream=True,
+    )
     events = [event async for event in stream]
     assert [e.type for e in events[:4]] == [
-        "response.created", "response.in_progress", "response.output_item.added",
-        "response.content_part.added"]
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+    ]
     assert events[-1].type in ("response.completed", "response.incomplete")
     numbers = [e.sequence_number for e in events]
     assert numbers == sorted(set(numbers))
@@ -31,12 +39,18 @@ async def test_a_streamed_round_trip_and_its_continuation(vllm_stack):
     [done] = [e for e in events if e.type == "response.output_text.done"]
     assert done.text == first.output_text
 
-    second = await client.responses.create(model=model, input="And of Italy?",
-                                           previous_response_id=first.id,
-                                           max_output_tokens=4, temperature=0)
+    second = await client.responses.create(
+        model=model,
+        input="And of Italy?",
+        previous_response_id=first.id,
+        max_output_tokens=4,
+        temperature=0,
+    )
     assert second.status in ("completed", "incomplete") and second.usage.output_tokens > 0
     # Its prompt holds the first question and answer (less the first's instructions).
     assert second.usage.input_tokens > first.usage.input_tokens + first.usage.output_tokens - 6
     retrieved = await client.responses.retrieve(first.id)
     assert (retrieved.output_text, retrieved.conversation.id) == (
-        first.output_text, second.conversation.id)
+        first.output_text,
+        second.conversation.id,
+    )

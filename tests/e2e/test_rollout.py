@@ -45,10 +45,18 @@ SENT: dict[str, str] = {}
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def rollout_stack(tiny_model_dir, tmp_path_factory) -> AsyncIterator[Stack]:
     settings = stack_settings(
-        tmp_path_factory.mktemp("rollout-stack"), engine="sim", model=tiny_model_dir,
-        model_name="v1", served_models=["v1", "v2"], model_aliases={"chat": START},
-        sim_tokens_per_s=400.0, max_slots=8, auto_titles=False,
-        user_requests_per_minute=10_000, org_requests_per_minute=10_000)
+        tmp_path_factory.mktemp("rollout-stack"),
+        engine="sim",
+        model=tiny_model_dir,
+        model_name="v1",
+        served_models=["v1", "v2"],
+        model_aliases={"chat": START},
+        sim_tokens_per_s=400.0,
+        max_slots=8,
+        auto_titles=False,
+        user_requests_per_minute=10_000,
+        org_requests_per_minute=10_000,
+    )
     async with running_sim_stack(settings) as stack, second_worker(stack, "v2"):
         async with client_for(stack) as client:  # v2's worker has joined once it answers
             cid = (await client.post("/v1/conversations", json={})).json()["conversation_id"]
@@ -61,11 +69,15 @@ async def rollout_stack(tiny_model_dir, tmp_path_factory) -> AsyncIterator[Stack
 async def second_worker(stack: Stack, model: str) -> AsyncIterator[None]:
     """A sim worker of `model` beside the stack's own, on the same broker."""
     settings = stack.settings
-    engine = SimEngine(model, settings.max_slots, settings.sim_tokens_per_s,
-                       settings.sim_prompt_tokens_per_s)
+    engine = SimEngine(
+        model, settings.max_slots, settings.sim_tokens_per_s, settings.sim_prompt_tokens_per_s
+    )
     await engine.start()
-    stage = worker_stage(stack.kafka, engine, settings.model_copy(
-        update={"worker_id": f"worker-{model}", "ready_file": None}))
+    stage = worker_stage(
+        stack.kafka,
+        engine,
+        settings.model_copy(update={"worker_id": f"worker-{model}", "ready_file": None}),
+    )
     task = asyncio.create_task(stage.run(), name=f"worker-{model}")
     try:
         yield
@@ -78,11 +90,17 @@ async def second_worker(stack: Stack, model: str) -> AsyncIterator[None]:
 
 def rollout_cli(stack: Stack, *args: str, exit_code: int = 0) -> str:
     """`chatpipe ARGS` as an operator runs it against the stack's broker and settings."""
-    result = CliRunner().invoke(cli, list(args), env={
-        "KAFKA_BOOTSTRAP_SERVERS": stack.kafka.bootstrap_servers,
-        "CHATPIPE_DATABASE_PATH": str(stack.settings.database_path),
-        "CHATPIPE_MODEL_NAME": "v1", "CHATPIPE_SERVED_MODELS": '["v1", "v2"]',
-        "CHATPIPE_MODEL_ALIASES": json.dumps({"chat": START})})
+    result = CliRunner().invoke(
+        cli,
+        list(args),
+        env={
+            "KAFKA_BOOTSTRAP_SERVERS": stack.kafka.bootstrap_servers,
+            "CHATPIPE_DATABASE_PATH": str(stack.settings.database_path),
+            "CHATPIPE_MODEL_NAME": "v1",
+            "CHATPIPE_SERVED_MODELS": '["v1", "v2"]',
+            "CHATPIPE_MODEL_ALIASES": json.dumps({"chat": START}),
+        },
+    )
     assert result.exit_code == exit_code, (result.output, result.exception)
     return result.output
 
@@ -128,8 +146,9 @@ async def test_the_alias_spreads_conversations_and_keeps_each_on_its_version(rol
             done = await answered(client, cid)
             assert done["model"] == SENT[cid]
             message_id = done["request"]["message_id"]
-            again = await answered(client, cid, f"/v1/conversations/{cid}/messages/"
-                                   f"{message_id}/regenerate")
+            again = await answered(
+                client, cid, f"/v1/conversations/{cid}/messages/{message_id}/regenerate"
+            )
             assert again["model"] == SENT[cid]
 
         for cid in cids[:4]:
@@ -138,15 +157,23 @@ async def test_the_alias_spreads_conversations_and_keeps_each_on_its_version(rol
             assert len(answers) == 3
             assert {(m["model"], m["alias"]) for m in answers} == {(SENT[cid], "chat")}
 
-        completion = await client.post("/v1/chat/completions", json={
-            "model": "chat", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]})
+        completion = await client.post(
+            "/v1/chat/completions",
+            json={
+                "model": "chat",
+                "max_tokens": 4,
+                "messages": [{"role": "user", "content": "hi"}],
+            },
+        )
         assert completion.status_code == 200, completion.text
         assert completion.json()["model"] in ("v1", "v2")
 
-    usage = await find_events(stack.kafka, topics.USAGE, UsageEvent,
-                              lambda e: e.conversation_id in SENT, count=16 + 8)
+    usage = await find_events(
+        stack.kafka, topics.USAGE, UsageEvent, lambda e: e.conversation_id in SENT, count=16 + 8
+    )
     assert {(e.conversation_id, e.model, e.alias) for e in usage} == {
-        (cid, version, "chat") for cid, version in SENT.items()}
+        (cid, version, "chat") for cid, version in SENT.items()
+    }
 
 
 async def test_weights_change_and_roll_back_on_the_running_gateway(rollout_stack):
@@ -173,14 +200,17 @@ async def test_weights_change_and_roll_back_on_the_running_gateway(rollout_stack
         await weights_applied(stack, START)
 
 
-@pytest.mark.parametrize(("args", "says"), [
-    (("set", "chat", "v9=1"), "v9 not served"),
-    (("set", "chat", "v1=0", "v2=0"), "sum to more than 0"),
-    (("set", "chat", "v1=-1"), "must be a number >= 0"),
-    (("set", "chat", "v1"), "VERSION=WEIGHT"),
-    (("set", "v1", "v2=1"), "is a served model"),
-    (("rollback", "nothing"), "no earlier weights"),
-])
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (("set", "chat", "v9=1"), "v9 not served"),
+        (("set", "chat", "v1=0", "v2=0"), "sum to more than 0"),
+        (("set", "chat", "v1=-1"), "must be a number >= 0"),
+        (("set", "chat", "v1"), "VERSION=WEIGHT"),
+        (("set", "v1", "v2=1"), "is a served model"),
+        (("rollback", "nothing"), "no earlier weights"),
+    ],
+)
 async def test_bad_rollouts_exit_2_and_change_nothing(rollout_stack, args, says):
     output = await in_thread(rollout_stack, "rollout", *args, exit_code=2)
     assert says in " ".join(output.replace("│", " ").split())
@@ -194,11 +224,13 @@ async def test_a_record_the_gateway_cannot_apply_is_dead_lettered(rollout_stack)
     await producer.start()
     try:
         await Publisher(producer).send_and_wait(
-            topics.ROLLOUT, RolloutSet(alias="chat", weights={"v9": 1.0}), key="chat")
+            topics.ROLLOUT, RolloutSet(alias="chat", weights={"v9": 1.0}), key="chat"
+        )
     finally:
         await producer.stop()
-    [letter] = await find_events(stack.kafka, topics.DLQ, DeadLetter,
-                                 lambda e: e.topic == topics.ROLLOUT)
+    [letter] = await find_events(
+        stack.kafka, topics.DLQ, DeadLetter, lambda e: e.topic == topics.ROLLOUT
+    )
     assert letter.stage == "gateway" and "v9 not served" in letter.error
     assert stack.gateway.state.deps.aliases.weights("chat") == START
     shown = json.loads(await in_thread(stack, "rollout", "show", "--json"))
@@ -219,8 +251,7 @@ async def test_feedback_lands_on_chat_feedback_for_the_owner_only(rollout_stack)
         message_id = done["request"]["message_id"]
         url = f"/v1/messages/{message_id}/feedback"
         refused = await stranger.post(url, json={"rating": "up"})
-        assert refused.status_code == 404 and refused.json()["error"]["code"] == \
-            "message_not_found"
+        assert refused.status_code == 404 and refused.json()["error"]["code"] == "message_not_found"
         for body in ({"rating": "sideways"}, {"rating": "up", "text": "x" * 2001}):
             bad = await client.post(url, json=body)
             assert bad.status_code == 422, bad.text
@@ -230,25 +261,35 @@ async def test_feedback_lands_on_chat_feedback_for_the_owner_only(rollout_stack)
         accepted = await client.post(url, json={"rating": "up", "text": "clear answer"})
         assert accepted.status_code == 202, accepted.text
 
-    [event] = await find_events(stack.kafka, topics.FEEDBACK, FeedbackEvent,
-                                lambda e: e.message_id == message_id)
+    [event] = await find_events(
+        stack.kafka, topics.FEEDBACK, FeedbackEvent, lambda e: e.message_id == message_id
+    )
     assert (event.conversation_id, event.model, event.alias, event.rating, event.text) == (
-        cid, SENT[cid], "chat", "up", "clear answer")
+        cid,
+        SENT[cid],
+        "chat",
+        "up",
+        "clear answer",
+    )
     assert (event.user_id, event.org_id) == ("dev", "dev")
 
 
 async def test_the_report_compares_the_versions(rollout_stack, tmp_path: Path):
     where = ["--db", str(tmp_path / "a.duckdb"), "--data", str(tmp_path / "parquet")]
-    output = await in_thread(rollout_stack, "rollout", "report", "chat", "--since", "1h",
-                             "--ingest", "--json", *where)
-    answer = json.loads(output[output.index("{"):])
+    output = await in_thread(
+        rollout_stack, "rollout", "report", "chat", "--since", "1h", "--ingest", "--json", *where
+    )
+    answer = json.loads(output[output.index("{") :])
     rows = {row["version"]: row for row in answer["versions"]}
     assert set(rows) == {"v1", "v2"}
     for row in rows.values():
         assert row["requests"] >= 5 and row["ttft_p50_ms"] > 0 and row["tokens_per_s"] > 0
     assert sum(row["regenerations"] for row in rows.values()) == 4
-    feedback = [(v, row["feedback_up"], row["feedback_down"]) for v, row in rows.items()
-                if row["feedback_up"] or row["feedback_down"]]
+    feedback = [
+        (v, row["feedback_up"], row["feedback_down"])
+        for v, row in rows.items()
+        if row["feedback_up"] or row["feedback_down"]
+    ]
     assert feedback == [(SENT[next(iter(SENT))], 1, 0)]
     text = await in_thread(rollout_stack, "rollout", "report", "chat", *where)
     assert "ttft_p50_ms" in text and "v1" in text and "v2" in text

@@ -27,8 +27,9 @@ async def _conversation(client) -> str:
 
 
 async def _usage(stack, request_id: str) -> UsageEvent:
-    [usage] = await find_events(stack.kafka, topics.USAGE, UsageEvent,
-                                lambda u: u.request_id == request_id, timeout_s=20)
+    [usage] = await find_events(
+        stack.kafka, topics.USAGE, UsageEvent, lambda u: u.request_id == request_id, timeout_s=20
+    )
     return usage
 
 
@@ -51,8 +52,11 @@ async def test_output_that_trips_mid_stream_is_retracted_and_stopped(sim_stack):
         assert usage.completion_tokens < 150, "the worker kept generating after the retract"
 
         [decision] = await find_events(
-            sim_stack.kafka, topics.MODERATION, ModerationEvent,
-            lambda m: m.message_id == result.request["message_id"])
+            sim_stack.kafka,
+            topics.MODERATION,
+            ModerationEvent,
+            lambda m: m.message_id == result.request["message_id"],
+        )
         assert (decision.action, decision.category) == ("retract", "pii")
 
         for _ in range(50):
@@ -69,8 +73,11 @@ async def test_output_that_trips_mid_stream_is_retracted_and_stopped(sim_stack):
 async def test_openai_stream_ends_with_content_filter(sim_stack):
     client = openai.AsyncOpenAI(base_url=f"{sim_stack.base_url}/v1", api_key=API_KEY)
     stream = await client.chat.completions.create(
-        model=sim_stack.settings.model_name, stream=True, max_tokens=400,
-        messages=[{"role": "user", "content": TRIPPING}])
+        model=sim_stack.settings.model_name,
+        stream=True,
+        max_tokens=400,
+        messages=[{"role": "user", "content": TRIPPING}],
+    )
     finish, content = None, ""
     async for chunk in stream:
         if chunk.choices:
@@ -83,22 +90,29 @@ async def test_openai_stream_ends_with_content_filter(sim_stack):
 async def test_clean_output_is_not_touched(sim_stack):
     async with client_for(sim_stack) as client:
         cid = await _conversation(client)
-        result = await post_message(client, cid, {
-            "content": "[[sim:reply=Nothing to see here, just words.]]", "max_tokens": 50})
+        result = await post_message(
+            client,
+            cid,
+            {"content": "[[sim:reply=Nothing to see here, just words.]]", "max_tokens": 50},
+        )
     assert result.of("retract") == []
     assert result.text == "Nothing to see here, just words."
     assert result.of("done")[0].json()["finish_reason"] == "stop"
 
 
 async def test_window_keeps_tripping_text_from_ever_reaching_the_client(tmp_path):
-    settings = stack_settings(tmp_path, engine="sim", sim_tokens_per_s=200.0,
-                              safety_window_chars=48)
+    settings = stack_settings(
+        tmp_path, engine="sim", sim_tokens_per_s=200.0, safety_window_chars=48
+    )
     engine = SimEngine(settings.model_name, 4, settings.sim_tokens_per_s, 1e6)
     async with running_stack(settings, engine) as stack, client_for(stack) as client:
         cid = await _conversation(client)
         result = await post_message(client, cid, {"content": TRIPPING, "max_tokens": 400})
-        clean = await post_message(client, await _conversation(client), {
-            "content": "[[sim:reply=A short and harmless answer.]]", "max_tokens": 50})
+        clean = await post_message(
+            client,
+            await _conversation(client),
+            {"content": "[[sim:reply=A short and harmless answer.]]", "max_tokens": 50},
+        )
     assert "bob@" not in result.text and result.of("retract")
     assert clean.text == "A short and harmless answer.", "held text is released at the end"
 
@@ -106,17 +120,22 @@ async def test_window_keeps_tripping_text_from_ever_reaching_the_client(tmp_path
 async def test_the_judge_asks_through_the_pipeline_and_its_answer_decides(tmp_path):
     """The judge's prompt carries the user's text, so the sim engine answers it with the
     message's own directive: "unsafe weapons" blocks the message, "safe" lets it pass."""
-    settings = stack_settings(tmp_path, engine="sim", safety_input_classifiers={
-        "*": ["rules", "judge"]})
+    settings = stack_settings(
+        tmp_path, engine="sim", safety_input_classifiers={"*": ["rules", "judge"]}
+    )
     settings = settings.model_copy(update={"safety_judge_model": settings.model_name})
     engine = SimEngine(settings.model_name, 4, settings.sim_tokens_per_s, 1e6)
     async with running_stack(settings, engine) as stack, client_for(stack) as client:
 
         async def ask(content: str):
             async with asyncio.timeout(60):
-                return await client.post("/v1/chat/completions", json={
-                    "model": settings.model_name,
-                    "messages": [{"role": "user", "content": content}]})
+                return await client.post(
+                    "/v1/chat/completions",
+                    json={
+                        "model": settings.model_name,
+                        "messages": [{"role": "user", "content": content}],
+                    },
+                )
 
         blocked = await ask("[[sim:reply=unsafe weapons]]")
         passed = await ask("[[sim:reply=safe]]")
@@ -131,11 +150,14 @@ async def test_blocked_input_never_reaches_the_queue(sim_stack):
     marker = f"please tell me how to build a bomb {uuid.uuid4().hex}"
     async with client_for(sim_stack) as client:
         cid = await _conversation(client)
-        response = await client.post(f"/v1/conversations/{cid}/messages",
-                                     json={"content": marker})
-        completion = await client.post("/v1/chat/completions", json={
-            "model": sim_stack.settings.model_name,
-            "messages": [{"role": "user", "content": marker}]})
+        response = await client.post(f"/v1/conversations/{cid}/messages", json={"content": marker})
+        completion = await client.post(
+            "/v1/chat/completions",
+            json={
+                "model": sim_stack.settings.model_name,
+                "messages": [{"role": "user", "content": marker}],
+            },
+        )
         detail = (await client.get(f"/v1/conversations/{cid}")).json()
     for refused in (response, completion):
         assert refused.status_code == 400, refused.text
@@ -143,9 +165,18 @@ async def test_blocked_input_never_reaches_the_queue(sim_stack):
         assert error["code"] == "content_blocked" and "weapons" in error["message"]
     assert detail["messages"] == [], "a blocked message is not stored"
     queued = await find_events(
-        sim_stack.kafka, topics.requests_topic(Tier.FREE), GenerationRequest,
-        lambda r: any(marker in m.content for m in r.messages), timeout_s=2)
+        sim_stack.kafka,
+        topics.requests_topic(Tier.FREE),
+        GenerationRequest,
+        lambda r: any(marker in m.content for m in r.messages),
+        timeout_s=2,
+    )
     assert queued == []
-    decisions = await find_events(sim_stack.kafka, topics.MODERATION, ModerationEvent,
-                                  lambda m: m.action == "block_input", timeout_s=5)
+    decisions = await find_events(
+        sim_stack.kafka,
+        topics.MODERATION,
+        ModerationEvent,
+        lambda m: m.action == "block_input",
+        timeout_s=5,
+    )
     assert decisions and decisions[0].category == "weapons"

@@ -36,8 +36,9 @@ ANSWER = "Here is what the tool said."
 
 
 async def ask(client: httpx.AsyncClient, cid: str, content: str, **options: Any) -> SseResult:
-    result = await post_message(client, cid, {"content": content, "max_tokens": 64,
-                                              "tool_choice": "auto", **options})
+    result = await post_message(
+        client, cid, {"content": content, "max_tokens": 64, "tool_choice": "auto", **options}
+    )
     assert result.status == 200 and result.ended_with_done, result
     return result
 
@@ -45,8 +46,9 @@ async def ask(client: httpx.AsyncClient, cid: str, content: str, **options: Any)
 def step(result: SseResult) -> tuple[dict[str, Any], dict[str, Any]]:
     """The one call and its result, checked to come before any text, in id order."""
     [call], [answer] = result.of("tool_call"), result.of("tool_result")
-    kinds = [e.event for e in result.events if e.event in ("tool_call", "tool_result",
-                                                             "delta", "done")]
+    kinds = [
+        e.event for e in result.events if e.event in ("tool_call", "tool_result", "delta", "done")
+    ]
     assert kinds[:2] == ["tool_call", "tool_result"] and kinds[-1] == "done", kinds
     ids = [int(e.id) for e in result.events if e.id is not None]
     assert ids == sorted(ids) and len(set(ids)) == len(ids), ids
@@ -55,21 +57,25 @@ def step(result: SseResult) -> tuple[dict[str, Any], dict[str, Any]]:
 
 
 async def test_the_calculator_runs_and_the_answer_goes_on_after_its_result(
-        sim_stack: Stack) -> None:
+    sim_stack: Stack,
+) -> None:
     async with client_for(sim_stack) as client:
         cid = await new_conversation(client)
         result = await ask(client, cid, calling("calculator", {"expression": "(6 + 1) * 6"}))
         call, answer = step(result)
         assert (call["name"], json.loads(call["arguments"])) == (
-            "calculator", {"expression": "(6 + 1) * 6"})
+            "calculator",
+            {"expression": "(6 + 1) * 6"},
+        )
         assert json.loads(answer["content"]) == {"expression": "(6 + 1) * 6", "result": 42}
         assert not answer["error"] and result.text == ANSWER
         done = result.of("done")[-1].json()
         assert done["status"] == "finished_stopped"
 
         request_id = result.request["request_id"]
-        async with client.stream("GET", f"/v1/requests/{request_id}/events",
-                                 headers={"Last-Event-ID": "0"}) as resumed:
+        async with client.stream(
+            "GET", f"/v1/requests/{request_id}/events", headers={"Last-Event-ID": "0"}
+        ) as resumed:
             replayed = SseResult(resumed.status_code, await read_sse(resumed))
         assert [e.json() for e in replayed.of("tool_result")] == [answer]
         assert replayed.text == result.text
@@ -105,7 +111,8 @@ async def test_search_documents_finds_the_callers_files_only(sim_stack: Stack) -
 
 
 async def test_a_failing_or_unknown_tool_gives_the_model_an_error_and_the_answer_ends(
-        sim_stack: Stack) -> None:
+    sim_stack: Stack,
+) -> None:
     async with client_for(sim_stack) as client:
         cid = await new_conversation(client)
         for content, error in [
@@ -123,11 +130,20 @@ async def test_a_failing_or_unknown_tool_gives_the_model_an_error_and_the_answer
 async def test_a_tool_that_is_not_on_is_refused_before_anything_runs(sim_stack: Stack) -> None:
     async with client_for(sim_stack) as client:
         cid = await new_conversation(client)
-        refused = await client.post(f"/v1/conversations/{cid}/messages", json={
-            "content": "hi", "tool_choice": "weather"})
+        refused = await client.post(
+            f"/v1/conversations/{cid}/messages", json={"content": "hi", "tool_choice": "weather"}
+        )
         assert error_code(refused, 404) == "tool_not_found"
-        assert error_code(await client.post(f"/v1/conversations/{cid}/messages", json={
-            "content": "hi", "tool_choice": "bad name!"}), 422) == "invalid_request"
+        assert (
+            error_code(
+                await client.post(
+                    f"/v1/conversations/{cid}/messages",
+                    json={"content": "hi", "tool_choice": "bad name!"},
+                ),
+                422,
+            )
+            == "invalid_request"
+        )
 
 
 async def test_a_tool_round_read_twice_shows_and_runs_its_steps_once(sim_stack: Stack) -> None:
@@ -138,19 +154,23 @@ async def test_a_tool_round_read_twice_shows_and_runs_its_steps_once(sim_stack: 
         cid = await new_conversation(client)
         first = await ask(client, cid, calling("calculator", {"expression": "2 ** 10"}))
         request_id = first.request["request_id"]
-        [tool_round] = await find_events(sim_stack.kafka, topics.TOOLS, ToolRound,
-                                         lambda r: r.request.request_id == request_id)
+        [tool_round] = await find_events(
+            sim_stack.kafka, topics.TOOLS, ToolRound, lambda r: r.request.request_id == request_id
+        )
         producer = AIOKafkaProducer(bootstrap_servers=sim_stack.kafka.bootstrap_servers)
         await producer.start()
         try:
-            await producer.send_and_wait(topics.TOOLS, encode(tool_round),
-                                         key=cid.encode())
+            await producer.send_and_wait(topics.TOOLS, encode(tool_round), key=cid.encode())
         finally:
             await producer.stop()
         following = round_request_id(request_id, 1)
-        again = await find_events(sim_stack.kafka, topics.requests_topic(tool_round.request.tier),
-                                  GenerationRequest, lambda r: r.request_id == following,
-                                  count=2)
+        again = await find_events(
+            sim_stack.kafka,
+            topics.requests_topic(tool_round.request.tier),
+            GenerationRequest,
+            lambda r: r.request_id == following,
+            count=2,
+        )
         assert len(again) == 2 and again[0].messages == again[1].messages  # ran again
 
         async with client.stream("GET", f"/v1/requests/{request_id}/events") as resumed:
@@ -158,5 +178,6 @@ async def test_a_tool_round_read_twice_shows_and_runs_its_steps_once(sim_stack: 
         assert [e.event for e in replayed.events].count("tool_result") == 1
         assert replayed.text == first.text == ANSWER
         message = by_id(await recorded(client, cid, first.request["message_id"]))[
-            first.request["message_id"]]
+            first.request["message_id"]
+        ]
         assert len(message["tool_steps"]) == 2 and message["content"] == ANSWER

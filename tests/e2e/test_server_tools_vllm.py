@@ -22,9 +22,16 @@ pytestmark = pytest.mark.vllm
 async def test_a_forced_server_tool_runs_and_the_answer_ends(vllm_stack: Stack) -> None:
     async with client_for(vllm_stack) as client:
         cid = await new_conversation(client)
-        result = await post_message(client, cid, {
-            "content": "What time is it in Tokyo?", "tool_choice": "clock",
-            "max_tokens": 160, "temperature": 0})
+        result = await post_message(
+            client,
+            cid,
+            {
+                "content": "What time is it in Tokyo?",
+                "tool_choice": "clock",
+                "max_tokens": 160,
+                "temperature": 0,
+            },
+        )
         assert result.status == 200 and result.ended_with_done, result
         kinds = [e.event for e in result.events]
         assert kinds.count("tool_call") == 1 and kinds.count("tool_result") == 1, result.events
@@ -36,5 +43,6 @@ async def test_a_forced_server_tool_runs_and_the_answer_ends(vllm_stack: Stack) 
         assert "utc" in value if not answer["error"] else "error" in value
         assert result.of("done")[-1].json()["status"] in ("finished_stopped", "finished_length")
         message = by_id(await recorded(client, cid, result.request["message_id"]))[
-            result.request["message_id"]]
+            result.request["message_id"]
+        ]
         assert [s["type"] for s in message["tool_steps"]][:2] == ["tool_call", "tool_result"]

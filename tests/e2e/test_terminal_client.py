@@ -29,8 +29,13 @@ WORDS = [f"w{i:02d}" for i in range(30)]
 
 class Terminal:
     def __init__(self, url: str, *options: str) -> None:
-        self.child = pexpect.spawn(CHATPIPE, ["chat", "--url", url, "--api-key", API_KEY, *options],
-                                   encoding="utf-8", timeout=30, dimensions=(40, 200))
+        self.child = pexpect.spawn(
+            CHATPIPE,
+            ["chat", "--url", url, "--api-key", API_KEY, *options],
+            encoding="utf-8",
+            timeout=30,
+            dimensions=(40, 200),
+        )
 
     async def expect(self, pattern: str) -> str:
         await asyncio.to_thread(self.child.expect, pattern)
@@ -82,7 +87,8 @@ async def test_answer_streams_into_the_terminal_and_regen_answers_again(terminal
 
     answers = await stored_answers(slow_stack, cid, 2)
     assert {a["parent_id"] for a in answers} == {answers[0]["parent_id"]}, (
-        "the regenerated answer is a sibling of the first")
+        "the regenerated answer is a sibling of the first"
+    )
 
 
 async def test_ctrl_c_stops_the_answer_and_the_client_goes_on(terminal, slow_stack):
@@ -97,8 +103,10 @@ async def test_ctrl_c_stops_the_answer_and_the_client_goes_on(terminal, slow_sta
     await terminal.expect("> ")
     cid = await current_conversation(terminal)
     answers = await stored_answers(slow_stack, cid, 2)
-    assert [a["status"] for a in answers] == [RequestStatus.FINISHED_ABORTED,
-                                              RequestStatus.FINISHED_STOPPED]
+    assert [a["status"] for a in answers] == [
+        RequestStatus.FINISHED_ABORTED,
+        RequestStatus.FINISHED_STOPPED,
+    ]
     assert len(answers[0]["content"].split()) < 200, "the stopped answer kept going"
 
 
@@ -153,8 +161,10 @@ async def test_conversation_option_continues_a_conversation(slow_stack):
 async def test_escape_sequences_from_the_model_never_reach_the_terminal(slow_stack):
     """The answer clears the screen (CSI 2J) and resets the terminal (ESC c); the
     message beside it would write the clipboard (OSC 52) and set the window title."""
-    hostile = ("[[sim:reply=first\x1b[2J\x1b[Hwords \x1bcreset done]] "
-               "\x1b]52;c;cm0gLXJmIH4K\x07\x1b]0;pwned\x07\x1b[31mtail")
+    hostile = (
+        "[[sim:reply=first\x1b[2J\x1b[Hwords \x1bcreset done]] "
+        "\x1b]52;c;cm0gLXJmIH4K\x07\x1b]0;pwned\x07\x1b[31mtail"
+    )
     async with client_for(slow_stack) as client:
         cid = (await client.post("/v1/conversations", json={})).json()["conversation_id"]
         first = await post_message(client, cid, {"content": hostile})

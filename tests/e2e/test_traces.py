@@ -27,8 +27,7 @@ CALLER = f"00-{CALLER_TRACE:032x}-{CALLER_SPAN:016x}-01"
 @pytest_asyncio.fixture(loop_scope="session")
 async def traced_stack(tmp_path) -> AsyncIterator[tuple[Stack, InMemorySpanExporter]]:
     exporter = InMemorySpanExporter()
-    settings = stack_settings(tmp_path, engine="sim", sim_tokens_per_s=200.0,
-                              auto_titles=False)
+    settings = stack_settings(tmp_path, engine="sim", sim_tokens_per_s=200.0, auto_titles=False)
     assert tracing.setup_tracing(settings.otlp_endpoint, exporter)  # before the stack starts
     try:
         async with running_sim_stack(settings) as stack:
@@ -42,26 +41,33 @@ async def _ask(stack: Stack, headers: dict[str, str]) -> str:
     async with client_for(stack) as client:
         conversation = (await client.post("/v1/conversations", json={})).json()
         async with client.stream(
-                "POST", f"/v1/conversations/{conversation['conversation_id']}/messages",
-                json={"content": "[[sim:reply=traced all the way]]"},
-                headers=headers) as response:
+            "POST",
+            f"/v1/conversations/{conversation['conversation_id']}/messages",
+            json={"content": "[[sim:reply=traced all the way]]"},
+            headers=headers,
+        ) as response:
             assert response.status_code == 200, await response.aread()
             events = await read_sse(response)
     assert "done" in [event.event for event in events], events
     return response.headers["X-Request-Id"]
 
 
-async def _spans_of(exporter: InMemorySpanExporter, request_id: str,
-                    timeout_s: float = 20.0) -> dict[tuple[str, str], ReadableSpan]:
+async def _spans_of(
+    exporter: InMemorySpanExporter, request_id: str, timeout_s: float = 20.0
+) -> dict[tuple[str, str], ReadableSpan]:
     """The request's spans by (service, name) once its last hop's has ended."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
     while True:
         tracing.flush_tracing()
-        found = {(span.resource.attributes["service.name"], span.name.split(".", 2)[1]
-                  if span.name.startswith("chat.deliver.") else span.name): span
-                 for span in exporter.get_finished_spans()
-                 if span.attributes.get("chatpipe.request_id") == request_id}
+        found = {
+            (
+                span.resource.attributes["service.name"],
+                span.name.split(".", 2)[1] if span.name.startswith("chat.deliver.") else span.name,
+            ): span
+            for span in exporter.get_finished_spans()
+            if span.attributes.get("chatpipe.request_id") == request_id
+        }
         if ("chatpipe-gateway", "deliver") in found or loop.time() > deadline:
             return found
         await asyncio.sleep(0.1)

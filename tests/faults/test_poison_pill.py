@@ -55,10 +55,17 @@ async def with_worker(pipeline: Pipeline) -> None:
 
 def request(content: str, reply_to: str = "chat.deliver.poison-test") -> GenerationRequest:
     return GenerationRequest(
-        request_id=f"req-{uuid.uuid4().hex[:8]}", conversation_id=f"c-{uuid.uuid4().hex[:8]}",
-        message_id=f"m-{uuid.uuid4().hex[:8]}", user_id="u", org_id="o", tier="free",
-        model="tiny", messages=(ChatMessage(role=Role.USER, content=content),),
-        sampling=SamplingOptions(max_tokens=8), reply_to=reply_to)
+        request_id=f"req-{uuid.uuid4().hex[:8]}",
+        conversation_id=f"c-{uuid.uuid4().hex[:8]}",
+        message_id=f"m-{uuid.uuid4().hex[:8]}",
+        user_id="u",
+        org_id="o",
+        tier="free",
+        model="tiny",
+        messages=(ChatMessage(role=Role.USER, content=content),),
+        sampling=SamplingOptions(max_tokens=8),
+        reply_to=reply_to,
+    )
 
 
 def just_under_the_limit(pipeline: Pipeline) -> GenerationRequest:
@@ -84,8 +91,14 @@ async def publish(pipeline: Pipeline, event: GenerationRequest) -> None:
 
 async def stream_end(pipeline: Pipeline, request_id: str) -> GenerationDone | GenerationError:
     [end] = await pipeline.find(
-        topics.TOKENS, TOKEN_EVENT, lambda e: getattr(e, "request_id", None) == request_id
-        and isinstance(e, GenerationDone | GenerationError), timeout_s=60)
+        topics.TOKENS,
+        TOKEN_EVENT,
+        lambda e: (
+            getattr(e, "request_id", None) == request_id
+            and isinstance(e, GenerationDone | GenerationError)
+        ),
+        timeout_s=60,
+    )
     return end
 
 
@@ -93,15 +106,18 @@ async def answer_end(pipeline: Pipeline, request_id: str) -> DeliveryDone | Deli
     """The end the safety stage delivered for a stored answer (what a gateway resuming
     the stream and the recorder read)."""
     [end] = await pipeline.find(
-        topics.ANSWERS, ANSWER_EVENT, lambda e: e.request_id == request_id
-        and isinstance(e, DeliveryDone | DeliveryError), timeout_s=60)
+        topics.ANSWERS,
+        ANSWER_EVENT,
+        lambda e: e.request_id == request_id and isinstance(e, DeliveryDone | DeliveryError),
+        timeout_s=60,
+    )
     return end
 
 
 async def dead_letter(pipeline: Pipeline, stage: str, request_id: str) -> DeadLetter:
     [letter] = await pipeline.find(
-        topics.DLQ, DeadLetter, lambda d: d.stage == stage and request_id in d.value,
-        timeout_s=30)
+        topics.DLQ, DeadLetter, lambda d: d.stage == stage and request_id in d.value, timeout_s=30
+    )
     return letter
 
 

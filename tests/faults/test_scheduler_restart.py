@@ -59,10 +59,14 @@ RESTART_TO_DISPATCH_S = 5.0
 async def pipeline(tmp_path_factory) -> Pipeline:
     """Scheduler and two sim workers, each a process; the scenarios run in order on it
     and each leaves one acting scheduler and both workers up."""
-    async with running_pipeline(tmp_path_factory.mktemp("faults"), max_slots=SLOTS,
-                                sim_tokens_per_s=TOKENS_PER_S, worker_lost_after_s=2.0,
-                                heartbeat_interval_s=0.5,
-                                topic_partitions=REQUEST_PARTITIONS) as pipe:
+    async with running_pipeline(
+        tmp_path_factory.mktemp("faults"),
+        max_slots=SLOTS,
+        sim_tokens_per_s=TOKENS_PER_S,
+        worker_lost_after_s=2.0,
+        heartbeat_interval_s=0.5,
+        topic_partitions=REQUEST_PARTITIONS,
+    ) as pipe:
         await create_topics(pipe.kafka.bootstrap_servers, {REPLY_TO: 1})
         await pipe.start("scheduler")
         for worker in WORKERS:
@@ -76,16 +80,25 @@ def chat(name: str, tokens: int, partition: int | None = None) -> GenerationRequ
     conversation lands on request partition `partition` when given."""
     conversation = f"c-{name}"
     salt = 0
-    while partition is not None and keyed_partition(
-            conversation.encode(), range(REQUEST_PARTITIONS), ()) != partition:
+    while (
+        partition is not None
+        and keyed_partition(conversation.encode(), range(REQUEST_PARTITIONS), ()) != partition
+    ):
         salt += 1
         conversation = f"c-{name}-{salt}"
     return GenerationRequest(
-        request_id=name, conversation_id=conversation, message_id=f"m-{name}",
-        user_id=f"u-{name}", org_id="o", tier=Tier.FREE, model="tiny",
+        request_id=name,
+        conversation_id=conversation,
+        message_id=f"m-{name}",
+        user_id=f"u-{name}",
+        org_id="o",
+        tier=Tier.FREE,
+        model="tiny",
         messages=(ChatMessage(role=Role.USER, content=f"tell me about {name}"),),
-        sampling=SamplingOptions(max_tokens=tokens, ignore_eos=True), reply_to=REPLY_TO,
-        store=False)
+        sampling=SamplingOptions(max_tokens=tokens, ignore_eos=True),
+        reply_to=REPLY_TO,
+        store=False,
+    )
 
 
 async def submit(pipe: Pipeline, *requests: GenerationRequest) -> None:
@@ -108,15 +121,17 @@ class Stream:
             self.text += event.text
 
 
-async def streams(pipe: Pipeline, requests: list[GenerationRequest],
-                  timeout_s: float = 30.0) -> dict[str, Stream]:
+async def streams(
+    pipe: Pipeline, requests: list[GenerationRequest], timeout_s: float = 30.0
+) -> dict[str, Stream]:
     """Each request's stream, once every one has ended (then once more, for late copies)."""
     deadline = time.monotonic() + timeout_s
     ended_at = None
     while True:
         found = {r.request_id: Stream() for r in requests}
-        for _, _, event in await read_to_end(pipe.kafka.bootstrap_servers, topics.TOKENS,
-                                             TOKEN_EVENT):
+        for _, _, event in await read_to_end(
+            pipe.kafka.bootstrap_servers, topics.TOKENS, TOKEN_EVENT
+        ):
             if event.request_id in found:
                 found[event.request_id].add(event)
         if all(s.log.ended for s in found.values()):
@@ -140,14 +155,17 @@ class Journal:
 
     def of(self, request: GenerationRequest) -> list[WorkAssignment]:
         """The request's runnable assignments, first attempt first."""
-        return sorted((a for a in self.runnable if a.request.request_id == request.request_id),
-                      key=lambda a: (a.request.attempt, a.dispatched_at))
+        return sorted(
+            (a for a in self.runnable if a.request.request_id == request.request_id),
+            key=lambda a: (a.request.attempt, a.dispatched_at),
+        )
 
 
 async def journal(pipe: Pipeline) -> Journal:
     found, epochs = Journal(), Counter()
-    for partition, _, event in await read_to_end(pipe.kafka.bootstrap_servers, topics.WORK,
-                                                 WORK_EVENT):
+    for partition, _, event in await read_to_end(
+        pipe.kafka.bootstrap_servers, topics.WORK, WORK_EVENT
+    ):
         if isinstance(event, Unserved):
             found.unserved.append(event)
             continue
@@ -158,8 +176,9 @@ async def journal(pipe: Pipeline) -> Journal:
     return found
 
 
-async def until_assigned(pipe: Pipeline, requests: list[GenerationRequest],
-                         timeout_s: float = 15.0) -> Journal:
+async def until_assigned(
+    pipe: Pipeline, requests: list[GenerationRequest], timeout_s: float = 15.0
+) -> Journal:
     deadline = time.monotonic() + timeout_s
     while True:
         work = await journal(pipe)
@@ -177,14 +196,18 @@ async def restart_scheduler(pipe: Pipeline, name: str = "scheduler") -> float:
         await pipe.restart(name)
     else:
         await pipe.start(name, "scheduler")
-    await pipe.find(topics.SCHEDULER, SCHEDULER_EVENT,
-                    lambda e: isinstance(e, SchedulerClaim) and e.sent_at >= restarted,
-                    timeout_s=15)
+    await pipe.find(
+        topics.SCHEDULER,
+        SCHEDULER_EVENT,
+        lambda e: isinstance(e, SchedulerClaim) and e.sent_at >= restarted,
+        timeout_s=15,
+    )
     return restarted
 
 
-def assert_each_ran_once(found: dict[str, Stream], work: Journal,
-                         requests: list[GenerationRequest]) -> None:
+def assert_each_ran_once(
+    found: dict[str, Stream], work: Journal, requests: list[GenerationRequest]
+) -> None:
     runs = Counter((a.request.request_id, a.request.attempt) for a in work.runnable)
     assert max(runs.values()) == 1, [key for key, n in runs.items() if n > 1]
     for request in requests:
@@ -213,8 +236,10 @@ async def test_a_killed_scheduler_restarts_without_dispatching_twice(pipeline):
 
     started = {r.request_id: min(a.dispatched_at for a in work.of(r)) for r in queued}
     assert min(started.values()) > killed, "a queued request was dispatched before the kill"
-    print(f"restart to first dispatch: {min(started.values()) - restarted:.2f} s, "
-          f"to the last queued: {max(started.values()) - restarted:.2f} s")
+    print(
+        f"restart to first dispatch: {min(started.values()) - restarted:.2f} s, "
+        f"to the last queued: {max(started.values()) - restarted:.2f} s"
+    )
     assert max(started.values()) - restarted < RESTART_TO_DISPATCH_S
     assert_each_ran_once(found, work, running + queued)
     assert {a.request.attempt for a in work.runnable} == {0}, "no worker was lost"
@@ -229,8 +254,9 @@ async def test_b_request_cancelled_while_queued_stays_cancelled_across_a_restart
     first, gone = chat("b-first", tokens=25, partition=0), chat("b-gone", tokens=25, partition=0)
     await submit(pipeline, first, gone)
     await asyncio.sleep(0.5)
-    await pipeline.send(topics.CONTROL, Cancel(request_id=gone.request_id, reason="test"),
-                        key=gone.request_id)
+    await pipeline.send(
+        topics.CONTROL, Cancel(request_id=gone.request_id, reason="test"), key=gone.request_id
+    )
     await streams(pipeline, [gone])
     pipeline.kill("scheduler")
     await restart_scheduler(pipeline)
@@ -264,7 +290,9 @@ async def test_c_worker_killed_after_a_scheduler_restart_has_its_requests_finish
     assert moved
     for request in moved:
         assert [(a.request.attempt, a.worker_id != victim) for a in work.of(request)] == [
-            (0, False), (1, True)], request.request_id
+            (0, False),
+            (1, True),
+        ], request.request_id
     assert_each_ran_once(found, work, long)
     await pipeline.restart(victim)
     await pipeline.wait_for_workers(victim)
@@ -280,14 +308,21 @@ async def test_d_a_second_scheduler_fences_the_first(pipeline):
         await asyncio.sleep(0.2)
     found = await streams(pipeline, requests)
     work = await journal(pipeline)
-    claims = [e for _, _, e in await read_to_end(pipeline.kafka.bootstrap_servers,
-                                                   topics.SCHEDULER, SCHEDULER_EVENT)
-              if isinstance(e, SchedulerClaim)]
+    claims = [
+        e
+        for _, _, e in await read_to_end(
+            pipeline.kafka.bootstrap_servers, topics.SCHEDULER, SCHEDULER_EVENT
+        )
+        if isinstance(e, SchedulerClaim)
+    ]
     newest = max(claims, key=lambda c: c.epoch)
 
     assert "fenced" in pipeline.log_tail("scheduler", lines=200)
     assert newest.sent_at >= claimed and pipeline.stages["scheduler"].running
-    late = [a for a in work.runnable + work.fenced
-            if a.epoch < newest.epoch and a.dispatched_at > newest.sent_at + 1.0]
+    late = [
+        a
+        for a in work.runnable + work.fenced
+        if a.epoch < newest.epoch and a.dispatched_at > newest.sent_at + 1.0
+    ]
     assert late == [], "the fenced scheduler kept dispatching"
     assert_each_ran_once(found, work, requests)

@@ -50,10 +50,16 @@ BIG_WORK = topics.work_topic("big")
 @pytest_asyncio.fixture(scope="module")
 async def pipeline(tmp_path_factory) -> Pipeline:
     """The unnamed shard's scheduler, shard big's, and a sim worker of each model."""
-    async with running_pipeline(tmp_path_factory.mktemp("shards"), scheduler_shards=SHARDS,
-                                max_slots=2, sim_tokens_per_s=50.0, worker_lost_after_s=2.0,
-                                heartbeat_interval_s=0.5, topic_partitions=2,
-                                work_partitions=2) as pipe:
+    async with running_pipeline(
+        tmp_path_factory.mktemp("shards"),
+        scheduler_shards=SHARDS,
+        max_slots=2,
+        sim_tokens_per_s=50.0,
+        worker_lost_after_s=2.0,
+        heartbeat_interval_s=0.5,
+        topic_partitions=2,
+        work_partitions=2,
+    ) as pipe:
         await create_topics(pipe.kafka.bootstrap_servers, {REPLY_TO: 1})
         await pipe.start("scheduler")
         await pipe.start("scheduler-big", "scheduler", scheduler_shard="big")
@@ -65,23 +71,31 @@ async def pipeline(tmp_path_factory) -> Pipeline:
 
 def chat(name: str, model: str, tokens: int = 15) -> GenerationRequest:
     return GenerationRequest(
-        request_id=name, conversation_id=f"c-{name}", message_id=f"m-{name}",
-        user_id=f"u-{name}", org_id="o", tier=Tier.FREE, model=model,
+        request_id=name,
+        conversation_id=f"c-{name}",
+        message_id=f"m-{name}",
+        user_id=f"u-{name}",
+        org_id="o",
+        tier=Tier.FREE,
+        model=model,
         messages=(ChatMessage(role=Role.USER, content=f"tell me about {name}"),),
-        sampling=SamplingOptions(max_tokens=tokens, ignore_eos=True), reply_to=REPLY_TO,
-        store=False)
+        sampling=SamplingOptions(max_tokens=tokens, ignore_eos=True),
+        reply_to=REPLY_TO,
+        store=False,
+    )
 
 
 async def assigned(pipe: Pipeline, topic: str) -> list[WorkAssignment]:
-    return [event for _, _, event in await read_to_end(pipe.kafka.bootstrap_servers, topic,
-                                                       WORK_EVENT)
-            if isinstance(event, WorkAssignment)]
+    return [
+        event
+        for _, _, event in await read_to_end(pipe.kafka.bootstrap_servers, topic, WORK_EVENT)
+        if isinstance(event, WorkAssignment)
+    ]
 
 
 async def journals(pipe: Pipeline) -> Journal:
     """Both shards' assignments (each request is in one of them only)."""
-    return Journal(runnable=[*await assigned(pipe, topics.WORK),
-                             *await assigned(pipe, BIG_WORK)])
+    return Journal(runnable=[*await assigned(pipe, topics.WORK), *await assigned(pipe, BIG_WORK)])
 
 
 def ids(assignments: list[WorkAssignment]) -> set[str]:
@@ -96,9 +110,13 @@ async def test_each_shard_answers_its_own_model_on_its_own_journal(pipeline):
     assert_each_ran_once(found, await journals(pipeline), requests)
     assert ids(await assigned(pipeline, BIG_WORK)) == {"a-big"}
     assert ids(await assigned(pipeline, topics.WORK)) == {"a-small"}
-    statuses = {(e.shard, e.models) for _, _, e in await read_to_end(
-        pipeline.kafka.bootstrap_servers, topics.SCHEDULER, SCHEDULER_EVENT)
-        if isinstance(e, SchedulerStatus)}
+    statuses = {
+        (e.shard, e.models)
+        for _, _, e in await read_to_end(
+            pipeline.kafka.bootstrap_servers, topics.SCHEDULER, SCHEDULER_EVENT
+        )
+        if isinstance(e, SchedulerStatus)
+    }
     assert {("big", (BIG,)), ("", ())} <= statuses
     for name in ("scheduler", "scheduler-big"):
         assert "fenced" not in pipeline.log_tail(name, 400), name  # two shards, no rivals
@@ -121,9 +139,15 @@ async def test_a_killed_shard_leaves_the_other_shard_deciding(pipeline):
 async def test_a_second_scheduler_of_a_shard_fences_only_that_shards_first(pipeline):
     await pipeline.start("scheduler-big-2", "scheduler", scheduler_shard="big")
     claims = await pipeline.find(
-        topics.SCHEDULER, SCHEDULER_EVENT,
-        lambda e: isinstance(e, SchedulerClaim) and e.shard == "big"
-        and e.sent_at >= pipeline.stages["scheduler-big-2"].started_at, timeout_s=30)
+        topics.SCHEDULER,
+        SCHEDULER_EVENT,
+        lambda e: (
+            isinstance(e, SchedulerClaim)
+            and e.shard == "big"
+            and e.sent_at >= pipeline.stages["scheduler-big-2"].started_at
+        ),
+        timeout_s=30,
+    )
     assert claims
     requests = [chat("c-big", BIG), chat("c-small", SMALL)]
     await submit(pipeline, *requests)

@@ -71,8 +71,10 @@ async def test_a_store_that_fails_for_a_while_is_retried_not_dead_lettered(pipel
         unlock.set()
         await asyncio.to_thread(holder.join)
         stored = await stored_once_ended(client, seen, timeout_s=20)
-    assert (stored["content"], stored["status"]) == ("kept through a locked store",
-                                                     "finished_stopped")
+    assert (stored["content"], stored["status"]) == (
+        "kept through a locked store",
+        "finished_stopped",
+    )
     assert "retrying" in pipeline.log_tail("recorder", 200), "the write failed and was retried"
     assert await dead_letters(pipeline, "recorder") == []
     assert await dead_letters(pipeline, "billing") == []
@@ -90,8 +92,13 @@ async def test_a_retraction_survives_a_recorder_restart(pipeline):
 
 async def test_poison_records_are_dead_lettered_and_every_stage_goes_on(pipeline):
     garbage = b"{not an event"
-    targets = {topics.requests_topic("free"): "scheduler", topics.TOKENS: "safety",
-               topics.ANSWERS: "recorder", topics.USAGE: "billing", topics.WORK: "worker"}
+    targets = {
+        topics.requests_topic("free"): "scheduler",
+        topics.TOKENS: "safety",
+        topics.ANSWERS: "recorder",
+        topics.USAGE: "billing",
+        topics.WORK: "worker",
+    }
     producer = pipeline.kafka.producer()
     await producer.start()
     try:
@@ -121,21 +128,28 @@ async def test_deleting_a_conversation_while_it_streams_leaves_nothing_behind(pi
     assert watched.end["status"] == "finished_aborted", "its generation was cancelled"
 
 
-async def dead_letters(pipeline: Pipeline, stage: str, value: str | None = None,
-                       timeout_s: float = 2.0) -> list[DeadLetter]:
+async def dead_letters(
+    pipeline: Pipeline, stage: str, value: str | None = None, timeout_s: float = 2.0
+) -> list[DeadLetter]:
     """What `stage` dead-lettered (only records holding `value`, when given)."""
     return await pipeline.find(
-        topics.DLQ, DeadLetter,
-        lambda d: d.stage == stage and (value is None or d.value == value), timeout_s=timeout_s)
+        topics.DLQ,
+        DeadLetter,
+        lambda d: d.stage == stage and (value is None or d.value == value),
+        timeout_s=timeout_s,
+    )
 
 
 async def stored_answer_rows(pipeline: Pipeline, conversation_id: str) -> tuple[int, int]:
     """(messages, request records) the store holds for the conversation."""
+
     def count() -> tuple[int, int]:
         with sqlite3.connect(pipeline.tmp_path / "chatpipe.db") as connection:
-            return tuple(connection.execute(
-                f"SELECT count(*) FROM {table} WHERE conversation_id = ?", (conversation_id,)
-            ).fetchone()[0] for table in ("messages", "requests"))  # type: ignore[return-value]
+            return tuple(
+                connection.execute(
+                    f"SELECT count(*) FROM {table} WHERE conversation_id = ?", (conversation_id,)
+                ).fetchone()[0]
+                for table in ("messages", "requests")
+            )  # type: ignore[return-value]
 
     return await asyncio.to_thread(count)
-

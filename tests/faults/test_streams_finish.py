@@ -47,8 +47,9 @@ async def test_a_killed_worker_s_answers_finish_on_the_other_without_gap_or_repe
     assert result.clean, result
     assert result.details["continued"] >= 1, "the killed worker carried no answer"
     assert result.max_stall_ms <= (LOST_AFTER_S + 2) * 1000, result
-    assert result.details["tokens_billed"] == result.details["tokens_used"], \
+    assert result.details["tokens_billed"] == result.details["tokens_used"], (
         "each prompt and each generated token billed once"
+    )
 
 
 async def test_a_drained_worker_finishes_what_it_can_and_hands_on_the_rest(pipeline):
@@ -121,8 +122,12 @@ async def test_a_stream_resumed_before_its_old_connection_closed_is_not_cancelle
         [cid] = await scenarios.conversations(first, 1)
         body = scenarios.body(int(4 * RESUME_GRACE_S * TOKENS_PER_S), "switch")
         old = await reading([first], cid, body)
-        resumed = Watched(ids=dict(old.seen.ids), deltas=list(old.seen.deltas),
-                          last_id=old.seen.last_id, started_at=old.seen.started_at)
+        resumed = Watched(
+            ids=dict(old.seen.ids),
+            deltas=list(old.seen.deltas),
+            last_id=old.seen.last_id,
+            started_at=old.seen.started_at,
+        )
         new = await reading([second], cid, body, seen=resumed)
         await asyncio.sleep(1.0)
         await old.drop()  # only now does g1 see its client go
@@ -146,8 +151,9 @@ async def test_a_dropped_stream_nobody_resumes_is_cancelled_after_the_grace(pipe
     assert RESUME_GRACE_S - 0.5 <= ended_after <= RESUME_GRACE_S + 3, ended_after
     assert usage.completion_tokens < tokens / 2, "cancelled, not run to its end"
     cancels = [(c.reason, c.held_by) for c in await cancels_of(pipeline, seen.request_id)]
-    assert cancels == [("client_gone", "chat.deliver.g1"), ("client_gone", None)], \
+    assert cancels == [("client_gone", "chat.deliver.g1"), ("client_gone", None)], (
         "g1 asks, the scheduler (g1 still holds it) passes the cancel on"
+    )
     assert stored["status"] == "finished_aborted", "the recorder stored what nobody relayed"
 
 
@@ -210,8 +216,9 @@ async def test_the_answer_is_stored_before_its_end_reaches_the_client(pipeline):
         during = await stored_answer(client, answer.seen)
         watched = await answer.result()
         after = await stored_answer(client, watched)
-        again = await client.post(f"/v1/conversations/{cid}/messages",
-                                  json={"content": "next", "max_tokens": 4})
+        again = await client.post(
+            f"/v1/conversations/{cid}/messages", json={"content": "next", "max_tokens": 4}
+        )
     assert during["status"] == "in_progress"
     assert (after["content"], after["status"]) == (watched.text, watched.end["status"])
     assert again.status_code == 200, "the next turn never waits on a finished answer"

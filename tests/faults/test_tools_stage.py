@@ -62,8 +62,9 @@ async def test_a_round_waits_for_a_killed_tools_stage_and_ends_whole(pipeline):
     pipeline.kill(TOOLS)
     async with pipeline.http() as client:
         [cid] = await scenarios.conversations(client, 1)
-        asked = asyncio.create_task(ask(client, cid, calling(
-            "calculator", {"expression": "(6 + 1) * 6"})))
+        asked = asyncio.create_task(
+            ask(client, cid, calling("calculator", {"expression": "(6 + 1) * 6"}))
+        )
         await paused_round(pipeline, cid)
         assert await results_of(pipeline, cid) == [], "no tools stage ran the round"
         await pipeline.restart(TOOLS)
@@ -97,41 +98,57 @@ async def test_a_round_waiting_past_the_stall_timeout_ends_the_stream_in_error(p
     # back, ends at the scheduler, never handed to a worker, generating nothing.
     answer_id = result.request["request_id"]
     [done] = await pipeline.find(
-        topics.TOKENS, TOKEN_EVENT,
-        lambda e: isinstance(e, GenerationDone) and e.request_id == answer_id)
+        topics.TOKENS,
+        TOKEN_EVENT,
+        lambda e: isinstance(e, GenerationDone) and e.request_id == answer_id,
+    )
     assert (done.attempt, done.status) == (1, RequestStatus.FINISHED_ABORTED)
     next_round = round_request_id(answer_id, 1)
     [unserved] = await pipeline.find(
-        topics.WORK, WORK_EVENT,
-        lambda e: isinstance(e, Unserved) and e.request_id == next_round)
+        topics.WORK, WORK_EVENT, lambda e: isinstance(e, Unserved) and e.request_id == next_round
+    )
     assert unserved.code == CANCELLED
     assert not await pipeline.find(
-        topics.WORK, WORK_EVENT,
+        topics.WORK,
+        WORK_EVENT,
         lambda e: isinstance(e, WorkAssignment) and e.request.request_id == next_round,
-        timeout_s=1.0)
+        timeout_s=1.0,
+    )
     assert not await pipeline.find(
-        topics.TOKENS, TOKEN_EVENT,
-        lambda e: isinstance(e, TokenChunk) and e.request_id == answer_id, timeout_s=1.0)
+        topics.TOKENS,
+        TOKEN_EVENT,
+        lambda e: isinstance(e, TokenChunk) and e.request_id == answer_id,
+        timeout_s=1.0,
+    )
 
 
 async def stalled(client: httpx.AsyncClient, cid: str) -> SseResult:
-    result = await post_message(client, cid, {
-        "content": calling("calculator", {"expression": "1 + 1"}), "max_tokens": 64,
-        "tool_choice": "auto"})
+    result = await post_message(
+        client,
+        cid,
+        {
+            "content": calling("calculator", {"expression": "1 + 1"}),
+            "max_tokens": 64,
+            "tool_choice": "auto",
+        },
+    )
     assert result.status == 200, result
     return result
 
 
 async def paused_round(pipeline: Pipeline, conversation_id: str) -> ToolRound:
     """The conversation's round as its worker put it on `chat.tools`."""
-    [paused] = await pipeline.find(topics.TOOLS, ToolRound,
-                                   lambda r: r.request.conversation_id == conversation_id)
+    [paused] = await pipeline.find(
+        topics.TOOLS, ToolRound, lambda r: r.request.conversation_id == conversation_id
+    )
     return paused
 
 
 async def results_of(pipeline: Pipeline, conversation_id: str) -> list[ToolResult]:
     """The conversation's tool results on `chat.tokens` so far."""
     return await pipeline.find(
-        topics.TOKENS, TOKEN_EVENT,
+        topics.TOKENS,
+        TOKEN_EVENT,
         lambda e: isinstance(e, ToolResult) and e.conversation_id == conversation_id,
-        timeout_s=1.0)
+        timeout_s=1.0,
+    )

@@ -429,8 +429,9 @@ class EmulatedLedgerCql:
         found.update(zip((*_CHARGED, *_PENDING, "charged_at"), new, strict=True))
         return [{"[applied]": True}]
 
-    def _take_pending(self, pending_id: str, pending_at: float, request_id: str,
-                      expected: str) -> list[Row]:
+    def _take_pending(
+        self, pending_id: str, pending_at: float, request_id: str, expected: str
+    ) -> list[Row]:
         return self._if_pending(request_id, expected, pending_id=pending_id,
                                 pending_at=pending_at)  # fmt: skip
 

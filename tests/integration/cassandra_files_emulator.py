@@ -17,8 +17,7 @@ FILE_COLUMNS = [c.strip() for c in cql.FILE_COLUMNS.split(",")]
 class EmulatedFilesCql:
     def __init__(self) -> None:
         self.files: dict[str, Row] = {}
-        self.files_by_owner: dict[tuple[str, str], dict[tuple[float, str], Row]] = (
-            defaultdict(dict))
+        self.files_by_owner: dict[tuple[str, str], dict[tuple[float, str], Row]] = defaultdict(dict)
         self.file_chunks: dict[str, dict[int, Row]] = defaultdict(dict)
         self.citations: dict[str, dict[str, Row]] = defaultdict(dict)
         self.tool_steps: dict[str, dict[str, Row]] = defaultdict(dict)
@@ -33,8 +32,7 @@ class EmulatedFilesCql:
 
     def _insert_file_by_owner(self, *values: Any) -> list[Row]:
         row = dict(zip(FILE_COLUMNS, values, strict=True))
-        self.files_by_owner[row["org_id"], row["user_id"]][row["created_at"],
-                                                           row["file_id"]] = row
+        self.files_by_owner[row["org_id"], row["user_id"]][row["created_at"], row["file_id"]] = row
         return []
 
     def _select_file(self, file_id: str) -> list[Row]:
@@ -60,8 +58,12 @@ class EmulatedFilesCql:
 
     def _insert_file_chunk(self, file_id: str, index: int, content: str,
                            vector: bytes) -> list[Row]:  # fmt: skip
-        self.file_chunks[file_id][index] = {"file_id": file_id, "chunk_index": index,
-                                            "content": content, "vector": vector}
+        self.file_chunks[file_id][index] = {
+            "file_id": file_id,
+            "chunk_index": index,
+            "content": content,
+            "vector": vector,
+        }
         return []
 
     def _select_file_chunks(self, file_id: str) -> list[Row]:
@@ -73,8 +75,7 @@ class EmulatedFilesCql:
         return []
 
     def _insert_citations(self, conversation_id: str, message_id: str, text: str) -> list[Row]:
-        self.citations[conversation_id][message_id] = {"message_id": message_id,
-                                                       "citations": text}
+        self.citations[conversation_id][message_id] = {"message_id": message_id, "citations": text}
         return []
 
     def _select_citations(self, conversation_id: str) -> list[Row]:

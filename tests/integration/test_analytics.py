@@ -34,17 +34,21 @@ ORGS = {"acme": Tier.PRO, "globex": Tier.FREE}
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def analytics_stack(tiny_model_dir, tmp_path_factory):
-    settings = stack_settings(tmp_path_factory.mktemp("analytics-stack"), engine="sim",
-                              model=tiny_model_dir, sim_tokens_per_s=200.0, max_slots=8,
-                              auto_titles=False)
+    settings = stack_settings(
+        tmp_path_factory.mktemp("analytics-stack"),
+        engine="sim",
+        model=tiny_model_dir,
+        sim_tokens_per_s=200.0,
+        max_slots=8,
+        auto_titles=False,
+    )
     async with running_sim_stack(settings) as stack:
         yield stack
 
 
 async def _key(stack: Stack, org: str) -> str:
     key = f"cp-test-{uuid.uuid4().hex}"
-    await stack.store.add_api_key(key, ApiKey(user_id=f"user-{org}", org_id=org,
-                                              tier=ORGS[org]))
+    await stack.store.add_api_key(key, ApiKey(user_id=f"user-{org}", org_id=org, tier=ORGS[org]))
     return key
 
 
@@ -60,8 +64,7 @@ async def _cancelled(stack: Stack, key: str) -> str:
     async with client_for(stack, key) as client:
         cid = (await client.post("/v1/conversations", json={})).json()["conversation_id"]
         body = {"content": "talk for long", "max_tokens": 2000, "ignore_eos": True}
-        async with client.stream("POST", f"/v1/conversations/{cid}/messages",
-                                 json=body) as stream:
+        async with client.stream("POST", f"/v1/conversations/{cid}/messages", json=body) as stream:
             lines = stream.aiter_lines()
             started = await read_messages(lines, stop=lambda e: e.event == "delta")
             request_id = started[0].json()["request_id"]
@@ -74,47 +77,59 @@ async def _cancelled(stack: Stack, key: str) -> str:
 
 
 def _cli(stack: Stack, *args: str) -> str:
-    result = CliRunner().invoke(app, list(args), env={
-        "KAFKA_BOOTSTRAP_SERVERS": stack.kafka.bootstrap_servers,
-        "CHATPIPE_DATABASE_PATH": str(stack.settings.database_path)})
+    result = CliRunner().invoke(
+        app,
+        list(args),
+        env={
+            "KAFKA_BOOTSTRAP_SERVERS": stack.kafka.bootstrap_servers,
+            "CHATPIPE_DATABASE_PATH": str(stack.settings.database_path),
+        },
+    )
     assert result.exit_code == 0, (result.output, result.exception)
     return result.output
 
 
 async def _ingest(stack: Stack, where: list[str], *extra: str) -> str:
-    return await asyncio.to_thread(_cli, stack, "analytics", "ingest", "--until-idle",
-                                   "--flush-s", "1", *where, *extra)
+    return await asyncio.to_thread(
+        _cli, stack, "analytics", "ingest", "--until-idle", "--flush-s", "1", *where, *extra
+    )
 
 
 async def _report(stack: Stack, where: list[str], plot: Path) -> dict:
-    output = await asyncio.to_thread(_cli, stack, "analytics", "report", "--since", "1h",
-                                     "--json", "--plot", str(plot), *where)
+    output = await asyncio.to_thread(
+        _cli, stack, "analytics", "report", "--since", "1h", "--json", "--plot", str(plot), *where
+    )
     return json.loads(output)
 
 
-async def test_analytics_counts_what_the_bus_carried_once(analytics_stack: Stack,
-                                                          tmp_path: Path) -> None:
+async def test_analytics_counts_what_the_bus_carried_once(
+    analytics_stack: Stack, tmp_path: Path
+) -> None:
     stack = analytics_stack
     acme, globex = await _key(stack, "acme"), await _key(stack, "globex")
     await _answered(stack, acme, 2)
     await _answered(stack, globex, 2)
     cancelled = await _cancelled(stack, globex)
-    usage_events = await find_events(stack.kafka, topics.USAGE, UsageEvent, lambda e: True,
-                                     count=5)
+    usage_events = await find_events(stack.kafka, topics.USAGE, UsageEvent, lambda e: True, count=5)
     assert cancelled in {e.request_id for e in usage_events}
 
     producer = stack.kafka.producer()
     await producer.start()
     try:  # a usage record nobody can read: dead-lettered, and the rest is counted
-        await producer.send_and_wait(topics.USAGE, b"{not json", key=b"user-acme",
-                                     headers=[("event-type", b"usage")])
+        await producer.send_and_wait(
+            topics.USAGE, b"{not json", key=b"user-acme", headers=[("event-type", b"usage")]
+        )
     finally:
         await producer.stop()
 
     where = ["--db", str(tmp_path / "analytics.duckdb"), "--data", str(tmp_path / "parquet")]
     ingested = await _ingest(stack, where)
-    assert await find_events(stack.kafka, topics.DLQ, DeadLetter,
-                             lambda e: e.stage == "analytics" and e.value == "{not json")
+    assert await find_events(
+        stack.kafka,
+        topics.DLQ,
+        DeadLetter,
+        lambda e: e.stage == "analytics" and e.value == "{not json",
+    )
     assert "usage 5" in ingested and "requests 5" in ingested, ingested
     answer = await _report(stack, where, tmp_path / "tokens.png")
 

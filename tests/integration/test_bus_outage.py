@@ -36,24 +36,30 @@ async def broker() -> AsyncIterator[EmbeddedBroker]:
 
 @pytest_asyncio.fixture
 async def publisher(broker: EmbeddedBroker) -> AsyncIterator[RetryingPublisher]:
-    producer = AIOKafkaProducer(bootstrap_servers=broker.bootstrap_servers, acks=1,
-                                request_timeout_ms=REQUEST_TIMEOUT_MS,
-                                max_request_size=64 * 1024)
+    producer = AIOKafkaProducer(
+        bootstrap_servers=broker.bootstrap_servers,
+        acks=1,
+        request_timeout_ms=REQUEST_TIMEOUT_MS,
+        max_request_size=64 * 1024,
+    )
     await producer.start()
     yield RetryingPublisher(producer)
     await producer.stop()
 
 
-async def test_a_frozen_broker_is_waited_out_and_the_record_goes_through(
-        broker, publisher, caplog):
+async def test_a_frozen_broker_is_waited_out_and_the_record_goes_through(broker, publisher, caplog):
     await publisher.send_and_wait(topics.CONTROL, Cancel(request_id="warm-up"), key="w")
     pid = broker._process.pid
     os.kill(pid, signal.SIGSTOP)
     thawed = asyncio.get_running_loop().call_later(FROZEN_S, os.kill, pid, signal.SIGCONT)
     try:
         with caplog.at_level(logging.WARNING, logger="bus.produce_failures"):
-            sent = await asyncio.wait_for(publisher.send_and_wait(
-                topics.CONTROL, Cancel(request_id="through-the-outage"), key="r"), 60)
+            sent = await asyncio.wait_for(
+                publisher.send_and_wait(
+                    topics.CONTROL, Cancel(request_id="through-the-outage"), key="r"
+                ),
+                60,
+            )
     finally:
         thawed.cancel()
         os.kill(pid, signal.SIGCONT)
@@ -63,5 +69,6 @@ async def test_a_frozen_broker_is_waited_out_and_the_record_goes_through(
 
 async def test_a_record_over_the_limit_is_refused_at_once(publisher):
     with pytest.raises(RecordRejected):
-        await asyncio.wait_for(publisher.send_and_wait(
-            topics.CONTROL, Cancel(request_id="x" * 100_000), key="r"), 5)
+        await asyncio.wait_for(
+            publisher.send_and_wait(topics.CONTROL, Cancel(request_id="x" * 100_000), key="r"), 5
+        )

@@ -28,14 +28,21 @@ TOKENS_PER_S = 40.0
 @contextlib.asynccontextmanager
 async def sim_pipeline(tmp_path, slots: int, **overrides: object) -> AsyncIterator[Stack]:
     # No generated titles: their free-tier requests would join the queues measured here.
-    settings = stack_settings(tmp_path, engine="sim", max_slots=slots, auto_titles=False,
-                              sim_tokens_per_s=TOKENS_PER_S, **overrides)
+    settings = stack_settings(
+        tmp_path,
+        engine="sim",
+        max_slots=slots,
+        auto_titles=False,
+        sim_tokens_per_s=TOKENS_PER_S,
+        **overrides,
+    )
     engine = SimEngine(settings.model_name, slots, TOKENS_PER_S, 1e6)
     async with running_stack(settings, engine) as stack:
         for tier in Tier:
             for user in ("a", "b", "c"):
-                await stack.store.add_api_key(f"{tier}-{user}",
-                                              ApiKey(f"{tier}-{user}", f"org-{tier}", tier))
+                await stack.store.add_api_key(
+                    f"{tier}-{user}", ApiKey(f"{tier}-{user}", f"org-{tier}", tier)
+                )
         yield stack
 
 
@@ -43,16 +50,22 @@ class Chat:
     """One user's HTTP client on the native API."""
 
     def __init__(self, stack: Stack, key: str) -> None:
-        self.client = httpx.AsyncClient(base_url=stack.base_url, timeout=120,
-                                        headers={"Authorization": f"Bearer {key}"})
+        self.client = httpx.AsyncClient(
+            base_url=stack.base_url, timeout=120, headers={"Authorization": f"Bearer {key}"}
+        )
 
-    async def ask(self, content: str, max_tokens: int, until: str | None = None,
-                  ) -> tuple[float, list[SSEMessage]]:
+    async def ask(
+        self,
+        content: str,
+        max_tokens: int,
+        until: str | None = None,
+    ) -> tuple[float, list[SSEMessage]]:
         """Returns (seconds from sending to the first delta, events)."""
         conversation = (await self.client.post("/v1/conversations", json={})).json()
         started = time.monotonic()
         async with self.client.stream(
-            "POST", f"/v1/conversations/{conversation['conversation_id']}/messages",
+            "POST",
+            f"/v1/conversations/{conversation['conversation_id']}/messages",
             json={"content": content, "max_tokens": max_tokens, "ignore_eos": True},
         ) as response:
             assert response.status_code == 200, await response.aread()
@@ -71,12 +84,15 @@ def positions(events: list[SSEMessage]) -> list[int]:
 async def test_priority_tiers_under_overload(tmp_path):
     service_s = 30 / TOKENS_PER_S
     async with sim_pipeline(tmp_path, slots=2) as stack:
-        chats = {name: Chat(stack, key) for name, key in
-                 [("free", "free-a"), ("pro", "pro-a"), ("ent", "enterprise-a")]}
+        chats = {
+            name: Chat(stack, key)
+            for name, key in [("free", "free-a"), ("pro", "pro-a"), ("ent", "enterprise-a")]
+        }
         free = [asyncio.create_task(chats["free"].ask(f"free {i}", 30)) for i in range(8)]
         await asyncio.sleep(0.3)
         (ent_ttft, _), (pro_ttft, _) = await asyncio.gather(
-            chats["ent"].ask("vip", 30), chats["pro"].ask("paying", 30))
+            chats["ent"].ask("vip", 30), chats["pro"].ask("paying", 30)
+        )
         free_results = await asyncio.gather(*free)
         for chat in chats.values():
             await chat.aclose()
@@ -88,7 +104,7 @@ async def test_priority_tiers_under_overload(tmp_path):
     assert queued, "no free request saw its queue position change"
     for seen in queued:
         # Paying requests may push a free one back once; from then on it only moves up.
-        after_peak = seen[seen.index(max(seen)):]
+        after_peak = seen[seen.index(max(seen)) :]
         assert after_peak == sorted(after_peak, reverse=True), seen
         assert seen[-1] < max(seen), seen
 
@@ -119,10 +135,16 @@ async def test_request_cancelled_while_queued_never_reaches_a_worker(tmp_path):
         await running
         await busy.aclose()
         await asyncio.sleep(1.0)
-        assigned = await find_events(stack.kafka, topics.WORK, WorkAssignment,
-                                     lambda a: a.request.request_id == request_id, timeout_s=2)
-        used = await find_events(stack.kafka, topics.USAGE, UsageEvent,
-                                 lambda u: u.request_id == request_id, timeout_s=1)
+        assigned = await find_events(
+            stack.kafka,
+            topics.WORK,
+            WorkAssignment,
+            lambda a: a.request.request_id == request_id,
+            timeout_s=2,
+        )
+        used = await find_events(
+            stack.kafka, topics.USAGE, UsageEvent, lambda u: u.request_id == request_id, timeout_s=1
+        )
     assert assigned == [] and used == []
 
 
@@ -139,7 +161,8 @@ async def test_shedding_refuses_with_503_and_retry_after(tmp_path):
         conversation = (await chat.client.post("/v1/conversations", json={})).json()
         refused = await chat.client.post(
             f"/v1/conversations/{conversation['conversation_id']}/messages",
-            json={"content": "one more", "max_tokens": 5})
+            json={"content": "one more", "max_tokens": 5},
+        )
         results = await asyncio.gather(*backlog)
         await chat.aclose()
     assert refused.status_code == 503, refused.text

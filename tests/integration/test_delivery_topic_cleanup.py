@@ -51,8 +51,9 @@ async def running_scheduler(kafka: KafkaConfig) -> AsyncIterator[SchedulerStage]
 
 
 def client(kafka: KafkaConfig, name: str) -> RequestReplyClient:
-    return RequestReplyClient(kafka, f"{name}-{uuid.uuid4().hex[:6]}", partitions=1,
-                              heartbeat_interval_s=0.1)
+    return RequestReplyClient(
+        kafka, f"{name}-{uuid.uuid4().hex[:6]}", partitions=1, heartbeat_interval_s=0.1
+    )
 
 
 async def until(condition: Callable[[], object], timeout_s: float = 30.0) -> None:

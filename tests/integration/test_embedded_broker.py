@@ -23,7 +23,7 @@ def listening_addresses(pid: int) -> set[tuple[str, int]]:
         except FileNotFoundError:  # closed since the listing: not a listener
             continue
         if target.startswith("socket:["):
-            inodes.add(target[len("socket:["):-1])
+            inodes.add(target[len("socket:[") : -1])
     found = set()
     for table, family in (("tcp", socket.AF_INET), ("tcp6", socket.AF_INET6)):
         for line in Path(f"/proc/net/{table}").read_text().splitlines()[1:]:
@@ -34,7 +34,7 @@ def listening_addresses(pid: int) -> set[tuple[str, int]]:
             address, port = local.split(":")
             raw = bytes.fromhex(address)
             # /proc prints the address as 32-bit words in host (little-endian) order.
-            raw = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
+            raw = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
             found.add((socket.inet_ntop(family, raw), int(port, 16)))
     return found
 
@@ -71,8 +71,12 @@ async def test_chatpipe_up_reaches_its_embedded_broker_plaintext_whatever_is_con
     from chatpipe.settings import Settings
     from chatpipe.wiring import open_kafka
 
-    settings = Settings(kafka_bootstrap_servers=None, kafka_security_protocol="SASL_PLAINTEXT",
-                        kafka_sasl_username="gateway", kafka_sasl_password="x")
+    settings = Settings(
+        kafka_bootstrap_servers=None,
+        kafka_security_protocol="SASL_PLAINTEXT",
+        kafka_sasl_username="gateway",
+        kafka_sasl_password="x",
+    )
     async with contextlib.AsyncExitStack() as stack:
         kafka = await open_kafka(settings, stack)
         assert kafka.security_protocol == "PLAINTEXT"

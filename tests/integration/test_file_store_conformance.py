@@ -53,20 +53,31 @@ async def test_add_file_is_idempotent_on_its_id(store: ConversationStore, n: Nam
     assert [f.file_id for f in await store.list_files(n.alice, org_id=n.org)] == [n.f1]
 
 
-async def test_chunks_of_several_files_come_file_by_file(store: ConversationStore, n: Names) -> None:
+async def test_chunks_of_several_files_come_file_by_file(
+    store: ConversationStore, n: Names
+) -> None:
     await store.add_file(a_file(n.f1, n.alice, n.org), chunks_of(n.f1))
     await store.add_file(a_file(n.f2, n.alice, n.org, 3), chunks_of(n.f2, 3))
 
     found = await store.file_chunks([n.f2, n.f1, n.f2])
     assert [(c.file_id, c.chunk_index) for c in found] == [
-        (n.f2, 0), (n.f2, 1), (n.f2, 2), (n.f1, 0), (n.f1, 1)]
+        (n.f2, 0),
+        (n.f2, 1),
+        (n.f2, 2),
+        (n.f1, 0),
+        (n.f1, 1),
+    ]
 
 
 async def test_files_are_listed_per_owner_newest_first(
     store: ConversationStore, n: Names, clock: Clock
 ) -> None:
-    for file_id, user_id, org_id in [(n.f1, n.alice, n.org), (n.f2, n.alice, n.org),
-                                     (n.f3, n.bob, n.org), (n.f4, n.alice, n.other_org)]:
+    for file_id, user_id, org_id in [
+        (n.f1, n.alice, n.org),
+        (n.f2, n.alice, n.org),
+        (n.f3, n.bob, n.org),
+        (n.f4, n.alice, n.other_org),
+    ]:
         clock.now += 1
         await store.add_file(a_file(file_id, user_id, org_id), chunks_of(file_id))
 
@@ -115,12 +126,19 @@ async def test_citations_are_kept_per_answer(store: ConversationStore, n: Names)
 
 
 async def test_tool_steps_are_kept_per_answer(store: ConversationStore, n: Names) -> None:
-    steps = [ToolStep(type="tool_call", id="call_1", name="calculator",
-                      arguments='{"expression": "6*7"}'),
-             ToolStep(type="tool_result", id="call_1", name="calculator",
-                      content='{"result": 42}'),
-             ToolStep(type="tool_result", id="call_2", name="clock",
-                      content='{"error": "unknown time zone"}', error=True)]
+    steps = [
+        ToolStep(
+            type="tool_call", id="call_1", name="calculator", arguments='{"expression": "6*7"}'
+        ),
+        ToolStep(type="tool_result", id="call_1", name="calculator", content='{"result": 42}'),
+        ToolStep(
+            type="tool_result",
+            id="call_2",
+            name="clock",
+            content='{"error": "unknown time zone"}',
+            error=True,
+        ),
+    ]
     await store.save_tool_steps(n.c1, n.a1, steps)
     await store.save_tool_steps(n.c1, n.a2, steps[1:])
     await store.save_tool_steps(n.c1, n.a2, steps[:1])  # replaces

@@ -29,8 +29,11 @@ BUSY_MS, FIRST_EVENT_MS = 20, 5
 async def kafka() -> AsyncIterator[KafkaConfig]:
     async with EmbeddedBroker() as broker:
         await ensure_topics(broker.bootstrap_servers)
-        yield KafkaConfig(broker.bootstrap_servers, fetch_max_wait_ms=BUSY_MS,
-                          first_event_fetch_wait_ms=FIRST_EVENT_MS)
+        yield KafkaConfig(
+            broker.bootstrap_servers,
+            fetch_max_wait_ms=BUSY_MS,
+            first_event_fetch_wait_ms=FIRST_EVENT_MS,
+        )
 
 
 def fetch_wait(client: RequestReplyClient) -> int:
@@ -38,8 +41,9 @@ def fetch_wait(client: RequestReplyClient) -> int:
 
 
 async def test_the_first_event_wait_starts_when_the_request_is_queued(kafka):
-    async with RequestReplyClient(kafka, f"gw-{uuid.uuid4().hex[:6]}", partitions=1,
-                                  heartbeat_interval_s=0.2) as client:
+    async with RequestReplyClient(
+        kafka, f"gw-{uuid.uuid4().hex[:6]}", partitions=1, heartbeat_interval_s=0.2
+    ) as client:
         await asyncio.sleep(0.5)  # polls with nothing to read: the usual wait
         assert fetch_wait(client) == BUSY_MS
         request = generation_request(client.reply_to)
@@ -49,7 +53,8 @@ async def test_the_first_event_wait_starts_when_the_request_is_queued(kafka):
         await producer.start()
         try:
             await Publisher(producer).send_and_wait(
-                client.reply_to, Delta(request_id=request.request_id, text="hi"), key="c")
+                client.reply_to, Delta(request_id=request.request_id, text="hi"), key="c"
+            )
             async with asyncio.timeout(10):
                 assert [e.text for e in await stream.take()] == ["hi"]
         finally:

@@ -29,8 +29,11 @@ from tests.support import post_message, until
 TAG = "acl-check:"
 R, W, C = Operation.READ, Operation.WRITE, Operation.CREATE
 Use = tuple[str, Operation, Resource, str]
-RETRACTED = ("[[sim:reply=Sure. You can write to bob@example.com for the details. "
-             + " ".join(f"word{i}" for i in range(150)) + "]]")
+RETRACTED = (
+    "[[sim:reply=Sure. You can write to bob@example.com for the details. "
+    + " ".join(f"word{i}" for i in range(150))
+    + "]]"
+)
 
 
 def tagged(stage: str, kafka: KafkaConfig) -> KafkaConfig:
@@ -50,74 +53,122 @@ def uses(monkeypatch: pytest.MonkeyPatch) -> set[Use]:
     def wrap(cls: type, method: str, record: Callable[..., None]) -> None:
         original = getattr(cls, method)
         if asyncio.iscoroutinefunction(original):
+
             async def patched(self, *args, **kwargs):
                 record(self, *args, **kwargs)
                 return await original(self, *args, **kwargs)
         else:
+
             def patched(self, *args, **kwargs):
                 record(self, *args, **kwargs)
                 return original(self, *args, **kwargs)
+
         monkeypatch.setattr(cls, method, patched)
 
-    wrap(AIOKafkaProducer, "send",
-         lambda self, topic, *_, **__: note(self.client, W, Resource.TOPIC, topic))
-    wrap(AIOKafkaConsumer, "subscribe", lambda self, topics=(), *_, **__: [
-        note(self._client, R, Resource.TOPIC, topic) for topic in topics])
-    wrap(AIOKafkaConsumer, "assign", lambda self, partitions: [
-        note(self._client, R, Resource.TOPIC, tp.topic) for tp in partitions])
-    wrap(AIOKafkaConsumer, "start", lambda self: self._group_id and note(
-        self._client, R, Resource.GROUP, self._group_id))
-    wrap(AIOKafkaAdminClient, "create_topics", lambda self, new_topics, *_, **__: [
-        note(self._client, C, Resource.TOPIC, topic.name) for topic in new_topics])
+    wrap(
+        AIOKafkaProducer,
+        "send",
+        lambda self, topic, *_, **__: note(self.client, W, Resource.TOPIC, topic),
+    )
+    wrap(
+        AIOKafkaConsumer,
+        "subscribe",
+        lambda self, topics=(), *_, **__: [
+            note(self._client, R, Resource.TOPIC, topic) for topic in topics
+        ],
+    )
+    wrap(
+        AIOKafkaConsumer,
+        "assign",
+        lambda self, partitions: [
+            note(self._client, R, Resource.TOPIC, tp.topic) for tp in partitions
+        ],
+    )
+    wrap(
+        AIOKafkaConsumer,
+        "start",
+        lambda self: self._group_id and note(self._client, R, Resource.GROUP, self._group_id),
+    )
+    wrap(
+        AIOKafkaAdminClient,
+        "create_topics",
+        lambda self, new_topics, *_, **__: [
+            note(self._client, C, Resource.TOPIC, topic.name) for topic in new_topics
+        ],
+    )
 
     # Each stage gets its own named KafkaConfig where the wiring hands it one.
-    for factory, stage in (("gateway_pipeline", "gateway"), ("scheduler_stage", "scheduler"),
-                           ("safety_stage", "safety"), ("recorder_stage", "recorder"),
-                           ("BillingStage", "billing"), ("worker_stage", "worker"),
-                           ("tools_stage", "tools")):
+    for factory, stage in (
+        ("gateway_pipeline", "gateway"),
+        ("scheduler_stage", "scheduler"),
+        ("safety_stage", "safety"),
+        ("recorder_stage", "recorder"),
+        ("BillingStage", "billing"),
+        ("worker_stage", "worker"),
+        ("tools_stage", "tools"),
+    ):
         original = getattr(wiring, factory)
-        monkeypatch.setattr(wiring, factory, lambda kafka, *rest, _o=original, _s=stage:
-                            _o(tagged(_s, kafka), *rest))
+        monkeypatch.setattr(
+            wiring,
+            factory,
+            lambda kafka, *rest, _o=original, _s=stage: _o(tagged(_s, kafka), *rest),
+        )
     return seen
 
 
 async def test_every_topic_a_stage_uses_is_granted_to_its_kafka_user(
     uses, tiny_model_dir, tmp_path
 ):
-    settings = stack_settings(tmp_path, engine="sim", model=tiny_model_dir,
-                              sim_tokens_per_s=200.0, max_slots=1)
+    settings = stack_settings(
+        tmp_path, engine="sim", model=tiny_model_dir, sim_tokens_per_s=200.0, max_slots=1
+    )
     async with running_sim_stack(settings) as stack, client_for(stack) as client:
+
         async def conversation() -> str:
             return (await client.post("/v1/conversations", json={})).json()["conversation_id"]
 
         # A long answer takes the only slot; the next one waits in line (the scheduler
         # tells its gateway where); the first client goes away and the gateway cancels it.
         long = {"content": "[[sim:length=2000]]", "max_tokens": 2000}
-        async with client.stream("POST", f"/v1/conversations/{await conversation()}/messages",
-                                 json=long) as response:
+        async with client.stream(
+            "POST", f"/v1/conversations/{await conversation()}/messages", json=long
+        ) as response:
             await read_messages(response.aiter_lines(), stop=lambda e: e.event == "delta")
-            waiting = asyncio.create_task(post_message(
-                client, await conversation(), {"content": "[[sim:reply=hello there]]"}))
-            await until(lambda: ("scheduler", W, Resource.TOPIC, stack.pipeline.reply_to)
-                        in uses)
+            waiting = asyncio.create_task(
+                post_message(client, await conversation(), {"content": "[[sim:reply=hello there]]"})
+            )
+            await until(lambda: ("scheduler", W, Resource.TOPIC, stack.pipeline.reply_to) in uses)
         assert (await waiting).text == "hello there"
         # An answer the safety stage retracts.
         retracted = await post_message(client, await conversation(), {"content": RETRACTED})
         assert retracted.of("retract")
         # An answer that calls a server tool: the worker hands the round to chat.tools,
         # the tools stage answers on chat.tokens and queues the next round.
-        tooled = await post_message(client, await conversation(), {
-            "content": '[[sim:call=calculator {"expression": "6*7"}]] [[sim:reply=42]]',
-            "tool_choice": "auto", "max_tokens": 64})
+        tooled = await post_message(
+            client,
+            await conversation(),
+            {
+                "content": '[[sim:call=calculator {"expression": "6*7"}]] [[sim:reply=42]]',
+                "tool_choice": "auto",
+                "max_tokens": 64,
+            },
+        )
         assert tooled.of("tool_result") and tooled.ended_with_done, tooled
         # Records nobody can read: each consumer dead-letters them.
         producer = AIOKafkaProducer(bootstrap_servers=stack.kafka.bootstrap_servers)
         await producer.start()
         try:
-            for topic in (topics.requests_topic(topics.Tier.FREE), topics.TOKENS,
-                          topics.ANSWERS, topics.USAGE, topics.TOOLS, stack.pipeline.reply_to):
-                await producer.send_and_wait(topic, b"not an event " + uuid.uuid4().bytes,
-                                             key=b"acl-check")
+            for topic in (
+                topics.requests_topic(topics.Tier.FREE),
+                topics.TOKENS,
+                topics.ANSWERS,
+                topics.USAGE,
+                topics.TOOLS,
+                stack.pipeline.reply_to,
+            ):
+                await producer.send_and_wait(
+                    topic, b"not an event " + uuid.uuid4().bytes, key=b"acl-check"
+                )
         finally:
             await producer.stop()
 
@@ -137,8 +188,10 @@ async def test_every_topic_a_stage_uses_is_granted_to_its_kafka_user(
             ("tools", R, Resource.TOPIC, topics.TOOLS),
             ("tools", W, Resource.TOPIC, topics.TOKENS),
             ("tools", W, Resource.TOPIC, topics.requests_topic(settings.default_tier)),
-            *((stage, W, Resource.TOPIC, topics.DLQ)
-              for stage in ("gateway", "scheduler", "safety", "recorder", "billing", "tools")),
+            *(
+                (stage, W, Resource.TOPIC, topics.DLQ)
+                for stage in ("gateway", "scheduler", "safety", "recorder", "billing", "tools")
+            ),
         }
         try:
             await until(lambda: expected <= uses)

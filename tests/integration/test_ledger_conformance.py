@@ -92,15 +92,34 @@ async def ledger(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterato
     await made.close()
 
 
-def usage(n: Names, request: str = "r1", attempt: int = 0, user: str = "alice",
-          org: str = "acme", prompt: int = 10, completion: int = 5, cached: int = 4,
-          prior: int = 0, created_at: str = f"{DAY}T12:00:00") -> UsageEvent:
+def usage(
+    n: Names,
+    request: str = "r1",
+    attempt: int = 0,
+    user: str = "alice",
+    org: str = "acme",
+    prompt: int = 10,
+    completion: int = 5,
+    cached: int = 4,
+    prior: int = 0,
+    created_at: str = f"{DAY}T12:00:00",
+) -> UsageEvent:
     return UsageEvent(
-        request_id=getattr(n, request), attempt=attempt, conversation_id="c1", user_id=user,
-        org_id=getattr(n, org), tier=Tier.FREE, model="tiny", worker_id="w1",
-        status=RequestStatus.FINISHED_STOPPED, prompt_tokens=prompt,
-        completion_tokens=completion, prior_completion_tokens=prior, cached_tokens=cached,
-        gpu_ms=1.0, created_at=at(created_at),
+        request_id=getattr(n, request),
+        attempt=attempt,
+        conversation_id="c1",
+        user_id=user,
+        org_id=getattr(n, org),
+        tier=Tier.FREE,
+        model="tiny",
+        worker_id="w1",
+        status=RequestStatus.FINISHED_STOPPED,
+        prompt_tokens=prompt,
+        completion_tokens=completion,
+        prior_completion_tokens=prior,
+        cached_tokens=cached,
+        gpu_ms=1.0,
+        created_at=at(created_at),
     )
 
 
@@ -158,9 +177,14 @@ async def test_totals_are_per_user_and_org_per_period(ledger: UsageLedger, n: Na
     bob = Account.user(n.acme, "bob")
 
     assert await ledger.used([alice(n), bob, acme(n)], "day", DAY) == {
-        alice(n): 15, bob: 15, acme(n): 30}
+        alice(n): 15,
+        bob: 15,
+        acme(n): 30,
+    }
     assert await ledger.used([alice(n), acme(n)], "day", "2025-03-08") == {
-        alice(n): 15, acme(n): 15}
+        alice(n): 15,
+        acme(n): 15,
+    }
     assert await ledger.used([alice(n), acme(n)], "month", MONTH) == {alice(n): 30, acme(n): 45}
 
 
@@ -186,12 +210,12 @@ async def test_the_same_user_id_in_two_orgs_is_two_users(ledger: UsageLedger, n:
     await record(ledger, usage(n, "r1", org="acme"))
     await record(ledger, usage(n, "r2", org="globex"))
     assert await ledger.used([alice(n), alice(n, "globex")], "day", DAY) == {
-        alice(n): 15, alice(n, "globex"): 15}
+        alice(n): 15,
+        alice(n, "globex"): 15,
+    }
 
 
-async def test_concurrent_events_of_one_request_count_once(
-    ledger: UsageLedger, n: Names
-) -> None:
+async def test_concurrent_events_of_one_request_count_once(ledger: UsageLedger, n: Names) -> None:
     events = [usage(n, **A0), usage(n, **A1), usage(n, **A0), usage(n, **A1), usage(n, **A1)]
     changed = await asyncio.gather(*(record(ledger, event) for event in events))
 
@@ -206,7 +230,8 @@ async def test_concurrent_events_of_different_requests_all_count(
     assert all(await asyncio.gather(*(record(ledger, event) for event in events)))
     assert await day_used(ledger, acme(n)) == sum(10 + i for i in range(30))
     assert await day_used(ledger, Account.user(n.acme, "u0")) == sum(
-        10 + i for i in range(0, 30, 3))
+        10 + i for i in range(0, 30, 3)
+    )
 
 
 @pytest_asyncio.fixture(params=["sqlite", "cassandra-emulated", "cassandra"])
@@ -222,7 +247,10 @@ async def billing_and_gateway(
         pair = emulated(session, Clock()), emulated(session, Clock())
     else:
         keyspace = request.getfixturevalue("ledger_keyspace")
-        pair = CassandraLedger(CASSANDRA_HOSTS, keyspace), CassandraLedger(CASSANDRA_HOSTS, keyspace)
+        pair = (
+            CassandraLedger(CASSANDRA_HOSTS, keyspace),
+            CassandraLedger(CASSANDRA_HOSTS, keyspace),
+        )
     for ledger in pair:
         await ledger.open()
     yield pair
@@ -270,10 +298,17 @@ async def every_total(ledger: UsageLedger, n: Names) -> tuple[int, ...]:
 
 
 @pytest.mark.parametrize("redelivered_to", ["the same ledger", "a restarted billing"])
-@pytest.mark.parametrize(("statement", "skip", "took_effect", "counted"), CRASHES,
-                         ids=[f"{s}-{k}-{'after' if e else 'before'}" for s, k, e, _ in CRASHES])
+@pytest.mark.parametrize(
+    ("statement", "skip", "took_effect", "counted"),
+    CRASHES,
+    ids=[f"{s}-{k}-{'after' if e else 'before'}" for s, k, e, _ in CRASHES],
+)
 async def test_a_crash_between_steps_counts_the_event_once_or_twice_never_not_at_all(
-    n: Names, statement: str, skip: int, took_effect: bool, counted: tuple[int, ...],
+    n: Names,
+    statement: str,
+    skip: int,
+    took_effect: bool,
+    counted: tuple[int, ...],
     redelivered_to: str,
 ) -> None:
     session, clock = EmulatedLedgerCql(), Clock()

@@ -32,9 +32,19 @@ pytestmark = pytest.mark.skipif(REDIS_SERVER is None, reason="no redis-server bi
 def redis_url() -> Iterator[str]:
     port = free_port()
     server = subprocess.Popen(
-        [REDIS_SERVER, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-         "--appendonly", "no"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        [
+            REDIS_SERVER,
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     try:
         client = redis.Redis(port=port)
@@ -53,9 +63,13 @@ def redis_url() -> Iterator[str]:
 
 
 def gateway(storage: str) -> RateLimiter:
-    settings = Settings(rate_limit_storage=storage, user_requests_per_minute=3,
-                        org_requests_per_minute=100, user_tokens_per_minute=1000,
-                        org_tokens_per_minute=100_000)
+    settings = Settings(
+        rate_limit_storage=storage,
+        user_requests_per_minute=3,
+        org_requests_per_minute=100,
+        user_tokens_per_minute=1000,
+        org_tokens_per_minute=100_000,
+    )
     return RateLimiter.from_config(gateway_config(settings).rate_limits)
 
 

@@ -44,15 +44,23 @@ TRIPPING = f"[[sim:reply=Sure. You can write to bob@example.com for the details.
 ENV_BROKER = ("KAFKA_BOOTSTRAP_SERVERS", "CHATPIPE_KAFKA_BOOTSTRAP_SERVERS")
 
 
-async def cli(*args: str, kafka: str | None, cwd: Path | None = None,
-              **env: str) -> tuple[int, str, str]:
+async def cli(
+    *args: str, kafka: str | None, cwd: Path | None = None, **env: str
+) -> tuple[int, str, str]:
     """`chatpipe ARGS` in its own process: (exit code, stdout, stderr)."""
     environ = {k: v for k, v in os.environ.items() if k not in ENV_BROKER} | env
     if kafka is not None:
         environ["KAFKA_BOOTSTRAP_SERVERS"] = kafka
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "chatpipe.cli", *args, env=environ, cwd=cwd,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        sys.executable,
+        "-m",
+        "chatpipe.cli",
+        *args,
+        env=environ,
+        cwd=cwd,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
     out, err = await asyncio.wait_for(process.communicate(), 120)
     return process.returncode, out.decode(), err.decode()
 
@@ -65,19 +73,24 @@ async def json_lines(stack, *args: str) -> list[dict[str, Any]]:
 
 async def life(stack, request_id: str) -> list[dict[str, Any]]:
     # Usage is the last record a finished request makes: wait for it before replaying.
-    await find_events(stack.kafka, topics.USAGE, UsageEvent,
-                      lambda u: u.request_id == request_id, timeout_s=30)
+    await find_events(
+        stack.kafka, topics.USAGE, UsageEvent, lambda u: u.request_id == request_id, timeout_s=30
+    )
     return await json_lines(stack, "replay", "request", request_id)
 
 
 def kinds(lines: list[dict[str, Any]]) -> list[tuple[str, str]]:
-    return [(line["topic"], line["event"]["type"] if line["event"] else "raw")
-            for line in lines]
+    return [(line["topic"], line["event"]["type"] if line["event"] else "raw") for line in lines]
 
 
 def first(lines: list[dict[str, Any]], topic_prefix: str, kind: str) -> int:
-    return next(i for i, line in enumerate(lines) if line["topic"].startswith(topic_prefix)
-                and line["event"] and line["event"]["type"] == kind)
+    return next(
+        i
+        for i, line in enumerate(lines)
+        if line["topic"].startswith(topic_prefix)
+        and line["event"]
+        and line["event"]["type"] == kind
+    )
 
 
 def as_shown(events: list[tuple[str | None, str | None, str]]) -> list[tuple[str, Any, Any]]:
@@ -97,10 +110,12 @@ def as_shown(events: list[tuple[str | None, str | None, str]]) -> list[tuple[str
     return shown
 
 
-async def assert_as_client_is_what_was_received(stack, request_id: str,
-                                                received: list[SSEMessage]) -> None:
-    code, out, err = await cli("replay", "request", request_id, "--as-client",
-                               kafka=stack.kafka.bootstrap_servers)
+async def assert_as_client_is_what_was_received(
+    stack, request_id: str, received: list[SSEMessage]
+) -> None:
+    code, out, err = await cli(
+        "replay", "request", request_id, "--as-client", kafka=stack.kafka.bootstrap_servers
+    )
     assert code == 0, err
     rebuilt = [(m.event, m.id, m.data) for m in parse_messages(out)]
     assert as_shown(rebuilt) == as_shown([(e.event, e.id, e.data) for e in received])
@@ -126,8 +141,9 @@ async def conversation(client) -> str:
 async def test_a_requests_life_in_order_and_its_stream_as_the_client_got_it(sim_stack):
     async with client_for(sim_stack) as client:
         cid = await conversation(client)
-        result = await post_message(client, cid, {"content": "[[sim:reply=Hello from the replay test]]",
-                                                  "max_tokens": 50})
+        result = await post_message(
+            client, cid, {"content": "[[sim:reply=Hello from the replay test]]", "max_tokens": 50}
+        )
         second = await post_message(client, cid, {"content": "and again", "max_tokens": 5})
     assert result.ended_with_done and second.ended_with_done
     request_id = result.request["request_id"]
@@ -153,15 +169,21 @@ async def test_a_requests_life_in_order_and_its_stream_as_the_client_got_it(sim_
     assert first(lines, topics.TOKENS, "done") < first(lines, topics.DELIVER_PREFIX, "done")
     assert first(lines, topics.TOKENS, "done") < usage, kinds(lines)
     assert lines[usage]["event"]["status"] == "finished_stopped"
-    deliveries = [line["event"] for line in lines if line["topic"].startswith(
-        topics.DELIVER_PREFIX)]
+    deliveries = [
+        line["event"] for line in lines if line["topic"].startswith(topics.DELIVER_PREFIX)
+    ]
     assert "".join(e["text"] for e in deliveries if e["type"] == "delta") == result.text
 
     await assert_as_client_is_what_was_received(sim_stack, request_id, result.events)
-    assert await json_lines(sim_stack, "replay", "request", request_id, "--since",
-                            "10m") == lines
-    code, _, err = await cli("replay", "request", request_id, "--since", "2099-01-01",
-                             kafka=sim_stack.kafka.bootstrap_servers)
+    assert await json_lines(sim_stack, "replay", "request", request_id, "--since", "10m") == lines
+    code, _, err = await cli(
+        "replay",
+        "request",
+        request_id,
+        "--since",
+        "2099-01-01",
+        kafka=sim_stack.kafka.bootstrap_servers,
+    )
     assert code == 1 and "no record of request" in err
 
     # The conversation: both turns in order (and its title's request, of the same
@@ -170,8 +192,11 @@ async def test_a_requests_life_in_order_and_its_stream_as_the_client_got_it(sim_
     order = list(dict.fromkeys(line["request_id"] for line in whole))
     turns = [request_id, second.request["request_id"]]
     assert [rid for rid in order if rid in turns] == turns
-    queued = {line["request_id"]: line["event"] for line in whole if line["topic"].startswith(
-        topics.REQUESTS_PREFIX)}
+    queued = {
+        line["request_id"]: line["event"]
+        for line in whole
+        if line["topic"].startswith(topics.REQUESTS_PREFIX)
+    }
     assert set(queued) == set(order) and {e["conversation_id"] for e in queued.values()} == {cid}
     assert [line for line in whole if line["request_id"] == request_id] == lines
 
@@ -180,8 +205,9 @@ async def test_a_cancelled_request(sim_stack):
     async with client_for(sim_stack) as client:
         cid = await conversation(client)
         body = {"content": "[[sim:length=2000]]", "max_tokens": 2000}
-        async with client.stream("POST", f"/v1/conversations/{cid}/messages",
-                                 json=body) as response:
+        async with client.stream(
+            "POST", f"/v1/conversations/{cid}/messages", json=body
+        ) as response:
             lines = response.aiter_lines()
             received = await read_messages(lines, stop=lambda e: e.event == "delta")
             request_id = orjson.loads(received[0].data)["request_id"]
@@ -199,21 +225,24 @@ async def test_a_cancelled_request(sim_stack):
 
 async def test_a_request_retracted_by_safety(sim_stack):
     async with client_for(sim_stack) as client:
-        result = await post_message(client, await conversation(client),
-                                    {"content": TRIPPING, "max_tokens": 400})
+        result = await post_message(
+            client, await conversation(client), {"content": TRIPPING, "max_tokens": 400}
+        )
     assert result.of("retract"), [e.event for e in result.events]
     request_id = result.request["request_id"]
     lines = await life(sim_stack, request_id)
     decision = lines[first(lines, topics.MODERATION, "moderation")]["event"]
     assert (decision["action"], decision["category"]) == ("retract", "pii")
     assert first(lines, topics.DELIVER_PREFIX, "retract") < first(
-        lines, topics.DELIVER_PREFIX, "done")
+        lines, topics.DELIVER_PREFIX, "done"
+    )
     await assert_as_client_is_what_was_received(sim_stack, request_id, result.events)
 
 
 async def test_an_unknown_request_is_an_error(sim_stack):
-    code, out, err = await cli("replay", "request", "no-such-request",
-                               kafka=sim_stack.kafka.bootstrap_servers)
+    code, out, err = await cli(
+        "replay", "request", "no-such-request", kafka=sim_stack.kafka.bootstrap_servers
+    )
     assert (code, out) == (1, "") and "no record of request no-such-request" in err
 
 
@@ -232,16 +261,18 @@ async def test_replay_topic_filters_by_key_offset_and_time(sim_stack):
     await producer.start()
     try:
         for i, stamp in enumerate(stamps):
-            await producer.send_and_wait(topic, b'{"n": %d}' % i, key=b"k%d" % (i % 2),
-                                         partition=i % 2, timestamp_ms=stamp)
+            await producer.send_and_wait(
+                topic, b'{"n": %d}' % i, key=b"k%d" % (i % 2), partition=i % 2, timestamp_ms=stamp
+            )
     finally:
         await producer.stop()
 
     def numbers(lines: list[dict[str, Any]]) -> list[int]:
         return [json.loads(line["raw"])["n"] for line in lines]
 
-    relative = await json_lines(sim_stack, "replay", "topic", topic, "--since", "270s",
-                                "--limit", "3")
+    relative = await json_lines(
+        sim_stack, "replay", "topic", topic, "--since", "270s", "--limit", "3"
+    )
     assert numbers(relative) == [6, 7, 8]  # 240, 180, 120 s ago; 300 s ago is out
 
     every = await json_lines(sim_stack, "replay", "topic", topic)
@@ -249,12 +280,25 @@ async def test_replay_topic_filters_by_key_offset_and_time(sim_stack):
     assert [line["timestamp_ms"] for line in every] == stamps
     assert every[0]["event"] is None and every[0]["raw_encoding"] == "text"
     assert numbers(await json_lines(sim_stack, "replay", "topic", topic, "--key", "k1")) == [
-        1, 3, 5, 7, 9]
+        1,
+        3,
+        5,
+        7,
+        9,
+    ]
     from_3 = await json_lines(sim_stack, "replay", "topic", topic, "--from-offset", "3")
     assert numbers(from_3) == [6, 7, 8, 9] and {line["offset"] for line in from_3} == {3, 4}
     assert await json_lines(sim_stack, "replay", "topic", topic, "--from-offset", "99") == []
-    since = (await json_lines(sim_stack, "replay", "topic", topic, "--since",
-                              every[3]["timestamp"], "--until", every[6]["timestamp"]))
+    since = await json_lines(
+        sim_stack,
+        "replay",
+        "topic",
+        topic,
+        "--since",
+        every[3]["timestamp"],
+        "--until",
+        every[6]["timestamp"],
+    )
     assert numbers(since) == [3, 4, 5, 6]
     code, _, err = await cli("replay", "topic", topic, "--since", "last tuesday", kafka=kafka)
     assert code == 2 and "not a time" in err
@@ -263,10 +307,14 @@ async def test_replay_topic_filters_by_key_offset_and_time(sim_stack):
 
     # offsets_for_times is used only where its answer is right: else None (scan).
     from aiokafka.structs import TopicPartition
-    answer = await offsets_at(kafka, [TopicPartition(topic, 0), TopicPartition(topic, 1)],
-                              stamps[3], time_offsets_believable)
-    assert answer is None or answer == {TopicPartition(topic, 0): 2,
-                                        TopicPartition(topic, 1): 1}
+
+    answer = await offsets_at(
+        kafka,
+        [TopicPartition(topic, 0), TopicPartition(topic, 1)],
+        stamps[3],
+        time_offsets_believable,
+    )
+    assert answer is None or answer == {TopicPartition(topic, 0): 2, TopicPartition(topic, 1): 1}
 
 
 async def test_replay_topic_of_the_token_stream_by_conversation(sim_stack):
@@ -304,14 +352,26 @@ async def test_a_malformed_record_is_listed_and_retried_onto_its_topic(sim_stack
     producer = AIOKafkaProducer(bootstrap_servers=kafka)
     await producer.start()
     try:
-        sent = await producer.send_and_wait(topics.USAGE, b"{" + marker.encode(), key=b"bad-key",
-                                            headers=[("x-origin", b"test\xff")])
+        sent = await producer.send_and_wait(
+            topics.USAGE,
+            b"{" + marker.encode(),
+            key=b"bad-key",
+            headers=[("x-origin", b"test\xff")],
+        )
     finally:
         await producer.stop()
-    [letter] = await find_events(sim_stack.kafka, topics.DLQ, DeadLetter,
-                                 lambda d: marker in d.value, timeout_s=20)
-    row = await until_row(sim_stack, lambda r: (r["topic"], r["offset"]) == (
-        topics.USAGE, sent.offset) and r["partition"] == sent.partition, "--topic", topics.USAGE)
+    [letter] = await find_events(
+        sim_stack.kafka, topics.DLQ, DeadLetter, lambda d: marker in d.value, timeout_s=20
+    )
+    row = await until_row(
+        sim_stack,
+        lambda r: (
+            (r["topic"], r["offset"]) == (topics.USAGE, sent.offset)
+            and r["partition"] == sent.partition
+        ),
+        "--topic",
+        topics.USAGE,
+    )
     assert (row["stage"], row["key"], row["retry_of"]) == ("billing", "bad-key", None)
     assert row["error"] == letter.error and row["id"].startswith("chat.dlq-")
     assert await dlq_rows(sim_stack, "--topic", "chat.elsewhere") == []
@@ -319,7 +379,16 @@ async def test_a_malformed_record_is_listed_and_retried_onto_its_topic(sim_stack
     assert row not in await dlq_rows(sim_stack, "--since", "2099-01-01T00:00:00Z")
     code, table, _ = await cli("dlq", "list", kafka=kafka)
     assert code == 0 and table.splitlines()[0].split() == [
-        "id", "when", "topic", "partition", "offset", "stage", "key", "retry_of", "error"]
+        "id",
+        "when",
+        "topic",
+        "partition",
+        "offset",
+        "stage",
+        "key",
+        "retry_of",
+        "error",
+    ]
     assert any(line.startswith(row["id"] + " ") for line in table.splitlines())
 
     code, out, err = await cli("dlq", "retry", row["id"], kafka=kafka)
@@ -330,9 +399,16 @@ async def test_a_malformed_record_is_listed_and_retried_onto_its_topic(sim_stack
     # dead letter says which one it retries.
     again = await until_row(sim_stack, lambda r: r["retry_of"] == row["id"])
     assert (again["topic"], again["partition"], again["offset"]) == (
-        topics.USAGE, sent.partition, retried_offset)
-    [second] = await find_events(sim_stack.kafka, topics.DLQ, DeadLetter,
-                                 lambda d: d.offset == retried_offset and marker in d.value)
+        topics.USAGE,
+        sent.partition,
+        retried_offset,
+    )
+    [second] = await find_events(
+        sim_stack.kafka,
+        topics.DLQ,
+        DeadLetter,
+        lambda d: d.offset == retried_offset and marker in d.value,
+    )
     assert (second.value, second.key) == (letter.value, letter.key)
     assert dict(second.headers)["x-origin"] == dict(letter.headers)["x-origin"]
 
@@ -348,31 +424,55 @@ async def test_a_dead_letter_whose_cause_is_fixed_is_processed_when_retried(sim_
     """A valid usage event dead-lettered while billing's ledger was down (written here as
     billing writes it): once retried, billing charges it."""
     user = f"retry-{uuid.uuid4().hex[:8]}"
-    event = UsageEvent(request_id=uuid.uuid4().hex, conversation_id="c", user_id=user,
-                       org_id="retry-org", tier=Tier.FREE, model="tiny", worker_id="w",
-                       status=RequestStatus.FINISHED_STOPPED, prompt_tokens=7,
-                       completion_tokens=4, cached_tokens=0, gpu_ms=1.0)
+    event = UsageEvent(
+        request_id=uuid.uuid4().hex,
+        conversation_id="c",
+        user_id=user,
+        org_id="retry-org",
+        tier=Tier.FREE,
+        model="tiny",
+        worker_id="w",
+        status=RequestStatus.FINISHED_STOPPED,
+        prompt_tokens=7,
+        completion_tokens=4,
+        cached_tokens=0,
+        gpu_ms=1.0,
+    )
     value = encode(event)
-    record = ConsumerRecord(topics.USAGE, 0, 0, int(time.time() * 1000), 0, user.encode(),
-                            value, None, len(user), len(value), [("event-type", b"usage")])
+    record = ConsumerRecord(
+        topics.USAGE,
+        0,
+        0,
+        int(time.time() * 1000),
+        0,
+        user.encode(),
+        value,
+        None,
+        len(user),
+        len(value),
+        [("event-type", b"usage")],
+    )
     producer = sim_stack.kafka.producer()
     await producer.start()
     try:
-        await dead_letter(Publisher(producer), "billing", record,
-                          "OperationalError: database is locked")
+        await dead_letter(
+            Publisher(producer), "billing", record, "OperationalError: database is locked"
+        )
     finally:
         await producer.stop()
     row = await until_row(sim_stack, lambda r: r["key"] == user)
-    code, _, err = await cli("dlq", "retry", row["id"],
-                             kafka=sim_stack.kafka.bootstrap_servers)
+    code, _, err = await cli("dlq", "retry", row["id"], kafka=sim_stack.kafka.bootstrap_servers)
     assert code == 0, err
     ledger = SQLiteLedger(sim_stack.settings.database_path)
     await ledger.open()
     try:
         window = period_of(time.time(), "day")
         deadline = time.monotonic() + 20
-        while (used := (await ledger.used([Account.user("retry-org", user)], "day", window.key))[
-                Account.user("retry-org", user)]) < 11 and time.monotonic() < deadline:
+        while (
+            used := (await ledger.used([Account.user("retry-org", user)], "day", window.key))[
+                Account.user("retry-org", user)
+            ]
+        ) < 11 and time.monotonic() < deadline:
             await asyncio.sleep(0.2)
         assert used == 11
     finally:
@@ -383,8 +483,9 @@ async def test_a_dead_letter_whose_cause_is_fixed_is_processed_when_retried(sim_
 # --- finding the broker ------------------------------------------------------------------
 
 
-async def test_commands_find_a_running_chatpipe_up_and_refuse_a_stale_file(tmp_path,
-                                                                           tiny_model_dir):
+async def test_commands_find_a_running_chatpipe_up_and_refuse_a_stale_file(
+    tmp_path, tiny_model_dir
+):
     database = tmp_path / "chatpipe.db"
     run_file = tmp_path / "chatpipe.db.run.json"
     env = {"CHATPIPE_DATABASE_PATH": str(database)}
@@ -392,11 +493,22 @@ async def test_commands_find_a_running_chatpipe_up_and_refuse_a_stale_file(tmp_p
     assert code == 1 and "no running `chatpipe up`" in err and "KAFKA_BOOTSTRAP_SERVERS" in err
 
     up = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "chatpipe.cli", "up", "--engine", "sim", "--port", "0",
-        "--model", str(tiny_model_dir), cwd=tmp_path,
+        sys.executable,
+        "-m",
+        "chatpipe.cli",
+        "up",
+        "--engine",
+        "sim",
+        "--port",
+        "0",
+        "--model",
+        str(tiny_model_dir),
+        cwd=tmp_path,
         env={k: v for k, v in os.environ.items() if k not in ENV_BROKER} | env,
-        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
-        start_new_session=True)
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + 180
         while not run_file.exists():
@@ -406,8 +518,9 @@ async def test_commands_find_a_running_chatpipe_up_and_refuse_a_stale_file(tmp_p
         info = json.loads(run_file.read_text())
         assert info["pid"] == up.pid and info["embedded_broker"] is True
         assert info["gateway_url"].startswith("http://127.0.0.1:")
-        code, out, err = await cli("replay", "topic", topics.SCHEDULER, "--limit", "1",
-                                   kafka=None, cwd=tmp_path, **env)
+        code, out, err = await cli(
+            "replay", "topic", topics.SCHEDULER, "--limit", "1", kafka=None, cwd=tmp_path, **env
+        )
         assert code == 0, err
         [line] = [json.loads(text) for text in out.splitlines()]
         assert line["topic"] == topics.SCHEDULER and line["event"]["type"] == "claim"

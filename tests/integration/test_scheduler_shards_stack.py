@@ -13,18 +13,20 @@ from tests.integration.test_capacity import Chat, sim_pipeline
 SHARDS = {"main": ["tiny"], "other": ["absent-model"]}
 
 
-async def test_the_stack_runs_a_scheduler_per_shard_and_answers_through_the_models_shard(
-        tmp_path):
-    async with sim_pipeline(tmp_path, slots=2, model_name="tiny",
-                            scheduler_shards=SHARDS) as stack:
+async def test_the_stack_runs_a_scheduler_per_shard_and_answers_through_the_models_shard(tmp_path):
+    async with sim_pipeline(tmp_path, slots=2, model_name="tiny", scheduler_shards=SHARDS) as stack:
         assert {"scheduler", "scheduler-main", "scheduler-other"} <= set(stack.tasks)
         chat = Chat(stack, "pro-a")
         _, events = await chat.ask("hello shards", 8)
         await chat.aclose()
         assert "done" in [e.event for e in events], [e.event for e in events]
         (assignment,) = await find_events(
-            stack.kafka, topics.work_topic("main"), WORK_EVENT,
-            lambda e: isinstance(e, WorkAssignment), timeout_s=10)
+            stack.kafka,
+            topics.work_topic("main"),
+            WORK_EVENT,
+            lambda e: isinstance(e, WorkAssignment),
+            timeout_s=10,
+        )
         assert assignment.request.model == "tiny"
         seen: set[str] = set()
 
@@ -34,6 +36,7 @@ async def test_the_stack_runs_a_scheduler_per_shard_and_answers_through_the_mode
             seen.add(event.shard)
             return True
 
-        statuses = await find_events(stack.kafka, topics.SCHEDULER, SCHEDULER_EVENT,
-                                     new_shard, count=3, timeout_s=15)
+        statuses = await find_events(
+            stack.kafka, topics.SCHEDULER, SCHEDULER_EVENT, new_shard, count=3, timeout_s=15
+        )
         assert {s.shard for s in statuses} == {"", "main", "other"}

@@ -218,7 +218,6 @@ async def test_concurrent_duplicates_store_one_message(store: ConversationStore,
     assert ids(await store.list_messages(n.c1)) == [n.m1]
 
 
-
 async def test_usage_of_every_answer_in_order(store: ConversationStore, n: Names) -> None:
     await store.add_message(user_message(n.u1, n.c1))
     await store.add_message(answer(n.a1, n.c1, n.u1, prompt_tokens=40, cached_tokens=0))
@@ -322,7 +321,9 @@ async def test_an_answer_keeps_the_alias_its_version_was_picked_for(
     assert finished is not None and (finished.model, finished.alias) == ("v2", "chat")
     tree = await store.get_tree(n.c1)
     assert {m.message_id: m.alias for m in tree.messages if m.role is Role.ASSISTANT} == {
-        n.a1: "chat", n.a2: None}
+        n.a1: "chat",
+        n.a2: None,
+    }
 
 
 async def test_of_two_concurrent_finishes_one_wins(store: ConversationStore, n: Names) -> None:

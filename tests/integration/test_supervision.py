@@ -33,16 +33,20 @@ def delivery_partition(conversation_id: str) -> int:
 async def chat(port: int, avoid_partitions: set[int]) -> tuple[int, SseResult]:
     """A new conversation whose deliveries go to none of `avoid_partitions`, and one
     message the sim engine answers with `REPLY`: the partition and the answer."""
-    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=40,
-                                 headers={"Authorization": f"Bearer {API_KEY}"}) as client:
+    async with httpx.AsyncClient(
+        base_url=f"http://127.0.0.1:{port}",
+        timeout=40,
+        headers={"Authorization": f"Bearer {API_KEY}"},
+    ) as client:
         while True:
             created = await client.post("/v1/conversations", json={})
             created.raise_for_status()
             conversation_id = created.json()["conversation_id"]
             if delivery_partition(conversation_id) not in avoid_partitions:
                 break
-        result = await post_message(client, conversation_id,
-                                    {"content": f"[[sim:reply={REPLY}]]", "max_tokens": 8})
+        result = await post_message(
+            client, conversation_id, {"content": f"[[sim:reply={REPLY}]]", "max_tokens": 8}
+        )
         return delivery_partition(conversation_id), result
 
 
@@ -51,8 +55,11 @@ def answered(result: SseResult) -> bool:
 
 
 def broker_of(service: Service) -> psutil.Process:
-    [broker] = [child for child in psutil.Process(service.pid).children()
-                if child.cmdline()[1:2] == ["broker"]]
+    [broker] = [
+        child
+        for child in psutil.Process(service.pid).children()
+        if child.cmdline()[1:2] == ["broker"]
+    ]
     return broker
 
 

@@ -97,7 +97,8 @@ async def test_a_continuation_goes_on_as_the_uninterrupted_answer(vllm_engine):
     assert len(head_ids) == head[-1].completion_tokens
     assert continued.text + "".join(out.text for out in rest) == "".join(o.text for o in whole)
     assert [t for o in rest for t in o.token_ids] == [t for o in whole for t in o.token_ids][
-        len(head_ids):]
+        len(head_ids) :
+    ]
     assert rest[-1].completion_tokens == 40 and rest[-1].status is RequestStatus.FINISHED_LENGTH
     assert rest[-1].prompt_tokens == whole[-1].prompt_tokens, "the answer so far is not prompt"
 

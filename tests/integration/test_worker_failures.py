@@ -81,28 +81,44 @@ async def running_worker(kafka: KafkaConfig, engine: Engine) -> AsyncIterator[Wo
 
 def make_request(content: str, max_tokens: int = 16) -> GenerationRequest:
     return GenerationRequest(
-        request_id=f"req-{uuid.uuid4().hex[:8]}", conversation_id=f"c-{uuid.uuid4().hex[:8]}",
-        message_id="m", user_id="u", org_id="o", tier="pro", model="tiny",
+        request_id=f"req-{uuid.uuid4().hex[:8]}",
+        conversation_id=f"c-{uuid.uuid4().hex[:8]}",
+        message_id="m",
+        user_id="u",
+        org_id="o",
+        tier="pro",
+        model="tiny",
         messages=(ChatMessage(role=Role.USER, content=content),),
         sampling=SamplingOptions(max_tokens=max_tokens, temperature=0.0),
-        reply_to="chat.deliver.gw-test")
+        reply_to="chat.deliver.gw-test",
+    )
 
 
-async def run_on(worker: WorkerStage, request: GenerationRequest,
-                 ) -> GenerationDone | GenerationError:
+async def run_on(
+    worker: WorkerStage,
+    request: GenerationRequest,
+) -> GenerationDone | GenerationError:
     """Hand `request` to `worker` as the scheduler would; the end of its stream."""
     producer = KafkaConfig(worker.kafka.bootstrap_servers).producer()
     await producer.start()
     try:
         await Publisher(producer).send_and_wait(
-            topics.WORK, WorkAssignment(worker_id=worker.worker_id, request=request),
-            key=request.conversation_id)
+            topics.WORK,
+            WorkAssignment(worker_id=worker.worker_id, request=request),
+            key=request.conversation_id,
+        )
     finally:
         await producer.stop()
     [end] = await find_events(
-        KafkaConfig(worker.kafka.bootstrap_servers), topics.TOKENS, TOKEN_EVENT,
-        lambda e: getattr(e, "request_id", None) == request.request_id
-        and isinstance(e, GenerationDone | GenerationError), timeout_s=60)
+        KafkaConfig(worker.kafka.bootstrap_servers),
+        topics.TOKENS,
+        TOKEN_EVENT,
+        lambda e: (
+            getattr(e, "request_id", None) == request.request_id
+            and isinstance(e, GenerationDone | GenerationError)
+        ),
+        timeout_s=60,
+    )
     return end
 
 
@@ -129,7 +145,8 @@ async def test_an_engine_failure_reaches_the_client_as_a_code_only(broker, sim_e
 
 
 async def test_a_chunk_over_the_bus_limit_ends_its_request_and_the_worker_goes_on(
-        broker, sim_engine):
+    broker, sim_engine
+):
     kafka = SmallRecords(broker.bootstrap_servers, max_record_bytes=4096)
     async with running_worker(kafka, sim_engine) as worker:
         refused = await run_on(worker, make_request(f"[[sim:reply={'x' * 6000}]]"))

@@ -16,9 +16,12 @@ import yaml
 
 def without_descriptions(node: Any) -> Any:
     if isinstance(node, dict):
-        return {key: without_descriptions(value) for key, value in node.items()
-                # "description" is a property name too (a field called description).
-                if key != "description" or not isinstance(value, str)}
+        return {
+            key: without_descriptions(value)
+            for key, value in node.items()
+            # "description" is a property name too (a field called description).
+            if key != "description" or not isinstance(value, str)
+        }
     if isinstance(node, list):
         return [without_descriptions(item) for item in node]
     return node
@@ -29,9 +32,16 @@ def main() -> None:
     crd = yaml.safe_load(sys.stdin)
     (served,) = [v for v in crd["spec"]["versions"] if v["name"] == version]
     schema = without_descriptions(served["schema"]["openAPIV3Schema"])
-    json.dump({"apiVersion": f"{crd['spec']['group']}/{version}",
-               "kind": crd["spec"]["names"]["kind"], "schema": schema},
-              sys.stdout, sort_keys=True, separators=(",", ":"))
+    json.dump(
+        {
+            "apiVersion": f"{crd['spec']['group']}/{version}",
+            "kind": crd["spec"]["names"]["kind"],
+            "schema": schema,
+        },
+        sys.stdout,
+        sort_keys=True,
+        separators=(",", ":"),
+    )
     sys.stdout.write("\n")
 
 

@@ -34,19 +34,43 @@ _offsets = itertools.count()
 
 def request(request_id: str, tier: str, org: str, at: float) -> GenerationRequest:
     return GenerationRequest(
-        request_id=request_id, conversation_id=f"c-{request_id}", message_id=f"m-{request_id}",
-        user_id=f"u-{org}", org_id=org, tier=topics.Tier(tier), model="tiny",
-        reply_to="chat.deliver.gw", messages=(ChatMessage(role=Role.USER, content="hi"),),
-        created_at=at)
+        request_id=request_id,
+        conversation_id=f"c-{request_id}",
+        message_id=f"m-{request_id}",
+        user_id=f"u-{org}",
+        org_id=org,
+        tier=topics.Tier(tier),
+        model="tiny",
+        reply_to="chat.deliver.gw",
+        messages=(ChatMessage(role=Role.USER, content="hi"),),
+        created_at=at,
+    )
 
 
-def usage(req: GenerationRequest, prompt: int, completion: int, at: float, attempt: int = 0,
-          status: RequestStatus = RequestStatus.FINISHED_STOPPED) -> UsageEvent:
-    return UsageEvent(request_id=req.request_id, attempt=attempt,
-                      conversation_id=req.conversation_id, user_id=req.user_id,
-                      org_id=req.org_id, tier=req.tier, model=req.model, worker_id="w1",
-                      status=status, prompt_tokens=prompt, completion_tokens=completion,
-                      cached_tokens=1, gpu_ms=10.0, created_at=at)
+def usage(
+    req: GenerationRequest,
+    prompt: int,
+    completion: int,
+    at: float,
+    attempt: int = 0,
+    status: RequestStatus = RequestStatus.FINISHED_STOPPED,
+) -> UsageEvent:
+    return UsageEvent(
+        request_id=req.request_id,
+        attempt=attempt,
+        conversation_id=req.conversation_id,
+        user_id=req.user_id,
+        org_id=req.org_id,
+        tier=req.tier,
+        model=req.model,
+        worker_id="w1",
+        status=status,
+        prompt_tokens=prompt,
+        completion_tokens=completion,
+        cached_tokens=1,
+        gpu_ms=10.0,
+        created_at=at,
+    )
 
 
 def chunk(req: GenerationRequest, seq: int, attempt: int = 0) -> TokenChunk:
@@ -54,15 +78,25 @@ def chunk(req: GenerationRequest, seq: int, attempt: int = 0) -> TokenChunk:
     return TokenChunk(**fields, text="x", token_count=1, completion_tokens=seq + 1)
 
 
-def done(req: GenerationRequest, seq: int, status: RequestStatus, attempt: int = 0,
-         ) -> GenerationDone:
+def done(
+    req: GenerationRequest,
+    seq: int,
+    status: RequestStatus,
+    attempt: int = 0,
+) -> GenerationDone:
     fields = stream_fields(req.model_copy(update={"attempt": attempt}), seq)
     return GenerationDone(**fields, status=status, usage=Usage())
 
 
 def at(topic: str, event: Event, when: float, offset: int | None = None) -> Record:
-    return Record(topic, 0, next(_offsets) if offset is None else offset, round(when * 1000),
-                  event.type, encode(event))
+    return Record(
+        topic,
+        0,
+        next(_offsets) if offset is None else offset,
+        round(when * 1000),
+        event.type,
+        encode(event),
+    )
 
 
 A = request("a", "pro", "acme", T0)  # answered; TTFT 200 ms
@@ -88,14 +122,27 @@ RECORDS = [
     at(topics.TOKENS, done(C, 0, RequestStatus.FINISHED_ABORTED), T0 + 21),
     at(topics.requests_topic("pro"), D, T0 + 30),
     at(topics.TOKENS, chunk(D, 0), T0 + 30.1),
-    at(topics.MODERATION, ModerationEvent(request_id="d", conversation_id="c-d", action="retract",
-                                          category="pii", reason="r", created_at=T0 + 31),
-       T0 + 31),
+    at(
+        topics.MODERATION,
+        ModerationEvent(
+            request_id="d",
+            conversation_id="c-d",
+            action="retract",
+            category="pii",
+            reason="r",
+            created_at=T0 + 31,
+        ),
+        T0 + 31,
+    ),
     at(topics.TOKENS, done(D, 1, RequestStatus.FINISHED_FILTERED), T0 + 31),
     at(topics.USAGE, usage(D, 4, 6, T0 + 90), T0 + 90),
-    at(topics.MODERATION, ModerationEvent(user_id="u-acme", action="block_input",
-                                          category="pii", reason="r", created_at=T0 + 40),
-       T0 + 40),
+    at(
+        topics.MODERATION,
+        ModerationEvent(
+            user_id="u-acme", action="block_input", category="pii", reason="r", created_at=T0 + 40
+        ),
+        T0 + 40,
+    ),
     at(topics.requests_topic("pro"), OLD, T0 - 7200),
     at(topics.USAGE, usage(OLD, 1000, 1000, T0 - 7000), T0 - 7000),
 ]
@@ -121,30 +168,64 @@ def test_the_answers_for_a_period(warehouse: Warehouse, tmp_path: Path) -> None:
         answer = report(con, PERIOD)
 
     assert answer["totals"] == {
-        "requests_served": 3, "usage_events": 4, "prompt_tokens": 10 + 5 + 8 + 4,
-        "completion_tokens": 20 + 3 + 7 + 6, "cached_tokens": 4, "gpu_ms": 40.0,
-        "requests": 4, "cancellations": 1, "retractions": 1, "blocked_inputs": 1}
+        "requests_served": 3,
+        "usage_events": 4,
+        "prompt_tokens": 10 + 5 + 8 + 4,
+        "completion_tokens": 20 + 3 + 7 + 6,
+        "cached_tokens": 4,
+        "gpu_ms": 40.0,
+        "requests": 4,
+        "cancellations": 1,
+        "retractions": 1,
+        "blocked_inputs": 1,
+    }
     assert answer["tokens"] == [
-        {"tier": "free", "model": "tiny", "org_id": "globex", "requests": 1, "attempts": 2,
-         "prompt_tokens": 13, "completion_tokens": 10, "cached_tokens": 2, "gpu_ms": 20.0},
-        {"tier": "pro", "model": "tiny", "org_id": "acme", "requests": 2, "attempts": 2,
-         "prompt_tokens": 14, "completion_tokens": 26, "cached_tokens": 2, "gpu_ms": 20.0},
+        {
+            "tier": "free",
+            "model": "tiny",
+            "org_id": "globex",
+            "requests": 1,
+            "attempts": 2,
+            "prompt_tokens": 13,
+            "completion_tokens": 10,
+            "cached_tokens": 2,
+            "gpu_ms": 20.0,
+        },
+        {
+            "tier": "pro",
+            "model": "tiny",
+            "org_id": "acme",
+            "requests": 2,
+            "attempts": 2,
+            "prompt_tokens": 14,
+            "completion_tokens": 26,
+            "cached_tokens": 2,
+            "gpu_ms": 20.0,
+        },
     ]
     assert answer["requests"] == [
-        {"tier": "free", "requests": 2, "cancellations": 1, "retractions": 0,
-         "blocked_inputs": 0},
-        {"tier": "pro", "requests": 2, "cancellations": 0, "retractions": 1,
-         "blocked_inputs": 0},
-        {"tier": "unknown", "requests": 0, "cancellations": 0, "retractions": 0,
-         "blocked_inputs": 1},
+        {"tier": "free", "requests": 2, "cancellations": 1, "retractions": 0, "blocked_inputs": 0},
+        {"tier": "pro", "requests": 2, "cancellations": 0, "retractions": 1, "blocked_inputs": 0},
+        {
+            "tier": "unknown",
+            "requests": 0,
+            "cancellations": 0,
+            "retractions": 0,
+            "blocked_inputs": 1,
+        },
     ]
     ttft = {row["tier"]: row for row in answer["ttft_ms"]}
     assert (ttft["free"]["requests"], ttft["free"]["p50_ms"]) == (1, 500.0)
     assert (ttft["pro"]["requests"], ttft["pro"]["p50_ms"], ttft["pro"]["max_ms"]) == (
-        2, 150.0, 200.0)
+        2,
+        150.0,
+        200.0,
+    )
     assert ttft["all"]["requests"] == 3 and ttft["all"]["p50_ms"] == 200.0
-    minutes = {(row["minute"], row["tier"]): row["completion_tokens"]
-               for row in answer["tokens_per_minute"]}
+    minutes = {
+        (row["minute"], row["tier"]): row["completion_tokens"]
+        for row in answer["tokens_per_minute"]
+    }
     assert sum(minutes.values()) == 36 and len({minute for minute, _ in minutes}) == 2
     text = render(answer)
     assert "tokens by tier, model and org" in text and "globex" in text
@@ -159,8 +240,10 @@ def test_records_read_again_count_once(warehouse: Warehouse) -> None:
     ingest(warehouse, sent_twice)
     with warehouse.connect() as con:
         again = report(con, PERIOD)
-        assert con.execute("SELECT count(*) FROM read_parquet(?)",
-                           [str(warehouse.data_dir / "usage" / "*.parquet")]).fetchone() == (11,)
+        assert con.execute(
+            "SELECT count(*) FROM read_parquet(?)",
+            [str(warehouse.data_dir / "usage" / "*.parquet")],
+        ).fetchone() == (11,)
     assert again == first
 
 

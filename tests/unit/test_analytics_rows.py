@@ -24,47 +24,89 @@ from schemas.events import (
 from schemas.lifecycle import RequestStatus
 
 REQUEST = GenerationRequest(
-    request_id="r1", conversation_id="c1", message_id="m1", user_id="u1", org_id="acme",
-    tier=topics.Tier.PRO, model="tiny", reply_to="chat.deliver.gw",
-    messages=(ChatMessage(role=Role.USER, content="a private prompt"),), created_at=100.0)
+    request_id="r1",
+    conversation_id="c1",
+    message_id="m1",
+    user_id="u1",
+    org_id="acme",
+    tier=topics.Tier.PRO,
+    model="tiny",
+    reply_to="chat.deliver.gw",
+    messages=(ChatMessage(role=Role.USER, content="a private prompt"),),
+    created_at=100.0,
+)
 
 
-def record(topic: str, event: Event, offset: int = 7, timestamp_ms: int = 100_250,
-           header: bool = True) -> Record:
+def record(
+    topic: str, event: Event, offset: int = 7, timestamp_ms: int = 100_250, header: bool = True
+) -> Record:
     return Record(topic, 2, offset, timestamp_ms, event.type if header else None, encode(event))
 
 
 def chunk(seq: int, attempt: int = 0) -> TokenChunk:
     request = REQUEST.model_copy(update={"attempt": attempt})
-    return TokenChunk(**stream_fields(request, seq), text="x", token_count=1,
-                      completion_tokens=seq + 1)
+    return TokenChunk(
+        **stream_fields(request, seq), text="x", token_count=1, completion_tokens=seq + 1
+    )
 
 
 def test_a_request_row_keeps_when_and_whose_not_what() -> None:
     [(table, row)] = rows_of(record(topics.requests_topic("pro"), REQUEST))
     assert table is REQUESTS
     assert dict(zip(table.column_names, row)) == {
-        "request_id": "r1", "attempt": 0, "conversation_id": "c1", "user_id": "u1",
-        "org_id": "acme", "tier": "pro", "model": "tiny", "max_tokens": 256,
-        "created_at": 100.0, "alias": None, "parent_id": None, "topic": "chat.requests.pro",
-        "partition": 2, "offset": 7}
+        "request_id": "r1",
+        "attempt": 0,
+        "conversation_id": "c1",
+        "user_id": "u1",
+        "org_id": "acme",
+        "tier": "pro",
+        "model": "tiny",
+        "max_tokens": 256,
+        "created_at": 100.0,
+        "alias": None,
+        "parent_id": None,
+        "topic": "chat.requests.pro",
+        "partition": 2,
+        "offset": 7,
+    }
     assert "a private prompt" not in map(str, row)
 
 
 def test_a_usage_row_has_every_count() -> None:
-    usage = UsageEvent(request_id="r1", attempt=1, conversation_id="c1", user_id="u1",
-                       org_id="acme", tier=topics.Tier.FREE, model="tiny", worker_id="w1",
-                       status=RequestStatus.FINISHED_STOPPED, prompt_tokens=11,
-                       completion_tokens=5, prior_completion_tokens=3, cached_tokens=4,
-                       gpu_ms=12.5, created_at=130.0)
+    usage = UsageEvent(
+        request_id="r1",
+        attempt=1,
+        conversation_id="c1",
+        user_id="u1",
+        org_id="acme",
+        tier=topics.Tier.FREE,
+        model="tiny",
+        worker_id="w1",
+        status=RequestStatus.FINISHED_STOPPED,
+        prompt_tokens=11,
+        completion_tokens=5,
+        prior_completion_tokens=3,
+        cached_tokens=4,
+        gpu_ms=12.5,
+        created_at=130.0,
+    )
     [(table, row)] = rows_of(record(topics.USAGE, usage))
     values = dict(zip(USAGE.column_names, row))
     assert table is USAGE
     assert (values["tier"], values["org_id"], values["status"], values["attempt"]) == (
-        "free", "acme", "finished_stopped", 1)
-    assert (values["prompt_tokens"], values["completion_tokens"],
-            values["prior_completion_tokens"], values["cached_tokens"], values["gpu_ms"],
-            values["created_at"]) == (11, 5, 3, 4, 12.5, 130.0)
+        "free",
+        "acme",
+        "finished_stopped",
+        1,
+    )
+    assert (
+        values["prompt_tokens"],
+        values["completion_tokens"],
+        values["prior_completion_tokens"],
+        values["cached_tokens"],
+        values["gpu_ms"],
+        values["created_at"],
+    ) == (11, 5, 3, 4, 12.5, 130.0)
 
 
 @pytest.mark.parametrize("header", [True, False], ids=["type header", "type in payload"])
@@ -91,8 +133,14 @@ def test_ends_record_status_or_error_code() -> None:
 
 
 def test_moderation_rows_and_skipped_events() -> None:
-    retract = ModerationEvent(request_id="r1", conversation_id="c1", action="retract",
-                              category="pii", reason="a phone number", created_at=140.0)
+    retract = ModerationEvent(
+        request_id="r1",
+        conversation_id="c1",
+        action="retract",
+        category="pii",
+        reason="a phone number",
+        created_at=140.0,
+    )
     [(table, row)] = rows_of(record(topics.MODERATION, retract))
     assert table is MODERATION and dict(zip(MODERATION.column_names, row))["action"] == "retract"
     marker = AttemptStarted(request_id="r1", attempt=1, conversation_id="c1", worker_id="w")
@@ -101,12 +149,16 @@ def test_moderation_rows_and_skipped_events() -> None:
     assert rows_of(unknown) == []  # event types it does not know: ignored, not dead letters
 
 
-@pytest.mark.parametrize("bad", [
-    Record(topics.USAGE, 0, 1, 0, "usage", b'{"type": "usage", "request_id": "r1"}'),
-    Record(topics.TOKENS, 0, 1, 0, "chunk", b"not json"),
-    Record(topics.TOKENS, 0, 1, 0, None, b"[1, 2]"),
-    Record(topics.MODERATION, 0, 1, 0, "moderation", None),
-], ids=["usage missing fields", "chunk not json", "not an object", "empty"])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        Record(topics.USAGE, 0, 1, 0, "usage", b'{"type": "usage", "request_id": "r1"}'),
+        Record(topics.TOKENS, 0, 1, 0, "chunk", b"not json"),
+        Record(topics.TOKENS, 0, 1, 0, None, b"[1, 2]"),
+        Record(topics.MODERATION, 0, 1, 0, "moderation", None),
+    ],
+    ids=["usage missing fields", "chunk not json", "not an object", "empty"],
+)
 def test_a_bad_record_it_counts_is_a_decode_error(bad: Record) -> None:
     with pytest.raises(EventDecodeError):
         rows_of(bad)

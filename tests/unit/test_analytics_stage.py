@@ -19,11 +19,21 @@ assert TP.topic == topics.USAGE
 
 
 def usage(offset: int):
-    event = UsageEvent(request_id=f"r{offset}", conversation_id="c1", user_id="u1",
-                       org_id="acme", tier=topics.Tier.FREE, model="tiny", worker_id="w1",
-                       status=RequestStatus.FINISHED_STOPPED, prompt_tokens=3,
-                       completion_tokens=2, cached_tokens=0, gpu_ms=1.0,
-                       created_at=100.0)
+    event = UsageEvent(
+        request_id=f"r{offset}",
+        conversation_id="c1",
+        user_id="u1",
+        org_id="acme",
+        tier=topics.Tier.FREE,
+        model="tiny",
+        worker_id="w1",
+        status=RequestStatus.FINISHED_STOPPED,
+        prompt_tokens=3,
+        completion_tokens=2,
+        cached_tokens=0,
+        gpu_ms=1.0,
+        created_at=100.0,
+    )
     return record(offset, encode(event))
 
 

@@ -341,11 +341,15 @@ def test_orgs_set_turns_the_response_cache_on_and_off_and_list_shows_it(
     database: Path,
 ) -> None:
     assert cli("orgs", "set", "acme", "--response-cache")[:2] == (
-        0, "org 'acme': response cache on\n")
+        0,
+        "org 'acme': response cache on\n",
+    )
     assert cli("orgs", "set", "globex")[:2] == (0, "org 'globex': response cache off\n")
     code, out, _ = cli("orgs", "list", "--json")
-    assert code == 0 and json.loads(out) == [{"org": "acme", "response_cache": True},
-                                             {"org": "globex", "response_cache": False}]
+    assert code == 0 and json.loads(out) == [
+        {"org": "acme", "response_cache": True},
+        {"org": "globex", "response_cache": False},
+    ]
     cli("orgs", "set", "acme", "--no-response-cache")
     assert cli("orgs", "list")[1] == "acme  response_cache=off\nglobex  response_cache=off\n"
     assert cli("orgs", "set", " ")[0] != 0

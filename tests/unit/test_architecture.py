@@ -13,23 +13,56 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
-STAGES = ("gateway", "scheduler", "workers", "safety", "recorder", "billing", "analytics",
-          "servertools")
+STAGES = (
+    "gateway",
+    "scheduler",
+    "workers",
+    "safety",
+    "recorder",
+    "billing",
+    "analytics",
+    "servertools",
+)
 """Each runs as its own process (`chatpipe <stage>`), or is one (analytics' ingest)."""
-LIBRARIES = ("schemas", "bus", "conversations", "ledger", "moderation", "common", "ops",
-             "retrieval")
+LIBRARIES = (
+    "schemas",
+    "bus",
+    "conversations",
+    "ledger",
+    "moderation",
+    "common",
+    "ops",
+    "retrieval",
+)
 """What more than one stage uses: event shapes, the Kafka client and stage runner, the
 stores, classifiers, shared files, search over a user's documents. A library imports no
 stage."""
 DEPLOYMENT = "chatpipe"
 """Settings, wiring, CLI: the only package that knows every stage."""
 CORES = {
-    "scheduler/core.py", "billing/core.py", "recorder/core.py", "safety/core.py",
-    "workers/core.py", "gateway/core.py", "gateway/response_cache.py", "servertools/core.py",
+    "scheduler/core.py",
+    "billing/core.py",
+    "recorder/core.py",
+    "safety/core.py",
+    "workers/core.py",
+    "gateway/core.py",
+    "gateway/response_cache.py",
+    "servertools/core.py",
 }
 """Pure cores: values in, values out; time only from an injected clock."""
-IO_MODULES = ("aiokafka", "fastapi", "starlette", "httpx", "uvicorn", "time", "asyncio",
-              "sqlite3", "cassandra", "bus", "chatpipe")
+IO_MODULES = (
+    "aiokafka",
+    "fastapi",
+    "starlette",
+    "httpx",
+    "uvicorn",
+    "time",
+    "asyncio",
+    "sqlite3",
+    "cassandra",
+    "bus",
+    "chatpipe",
+)
 
 
 def imports(path: Path) -> set[str]:
@@ -61,30 +94,53 @@ def test_every_package_is_named_here():
 
 @pytest.mark.parametrize("package", STAGES + LIBRARIES)
 def test_no_stage_or_library_imports_the_deployment(package: str):
-    offenders = [f"{path.relative_to(ROOT)}: {module}" for path in package_files(package)
-                 for module in imports(path) if top(module) == DEPLOYMENT]
-    assert not offenders, "settings reach a stage as its own config value, built in " \
-        f"chatpipe/wiring.py: {offenders}"
+    offenders = [
+        f"{path.relative_to(ROOT)}: {module}"
+        for path in package_files(package)
+        for module in imports(path)
+        if top(module) == DEPLOYMENT
+    ]
+    assert not offenders, (
+        f"settings reach a stage as its own config value, built in chatpipe/wiring.py: {offenders}"
+    )
 
 
 @pytest.mark.parametrize("package", STAGES)
 def test_no_stage_imports_another_stage(package: str):
     others = set(STAGES) - {package}
-    offenders = sorted({f"{path.relative_to(ROOT)}: {module}" for path in package_files(package)
-                        for module in imports(path) if top(module) in others})
+    offenders = sorted(
+        {
+            f"{path.relative_to(ROOT)}: {module}"
+            for path in package_files(package)
+            for module in imports(path)
+            if top(module) in others
+        }
+    )
     assert not offenders, offenders
 
 
 @pytest.mark.parametrize("package", LIBRARIES)
 def test_no_library_imports_a_stage(package: str):
-    offenders = sorted({f"{path.relative_to(ROOT)}: {module}" for path in package_files(package)
-                        for module in imports(path) if top(module) in STAGES})
+    offenders = sorted(
+        {
+            f"{path.relative_to(ROOT)}: {module}"
+            for path in package_files(package)
+            for module in imports(path)
+            if top(module) in STAGES
+        }
+    )
     assert not offenders, offenders
 
 
 def test_bench_never_imports_tests():
-    offenders = sorted({f"{path.relative_to(ROOT)}: {module}" for path in package_files("bench")
-                        for module in imports(path) if top(module) == "tests"})
+    offenders = sorted(
+        {
+            f"{path.relative_to(ROOT)}: {module}"
+            for path in package_files("bench")
+            for module in imports(path)
+            if top(module) == "tests"
+        }
+    )
     assert not offenders, offenders
 
 

@@ -30,19 +30,36 @@ def test_a_file_without_markers_is_replaced(tmp_path):
 
 def _level(side, concurrency, completed, wall_s, tokens, hops=None):
     nan2 = (float("nan"), float("nan"))
-    stats = LevelStats(side, concurrency, completed, completed, wall_s, tokens, (5.0, 6.0),
-                       nan2, nan2, nan2, 1.0, 0, {})
+    stats = LevelStats(
+        side,
+        concurrency,
+        completed,
+        completed,
+        wall_s,
+        tokens,
+        (5.0, 6.0),
+        nan2,
+        nan2,
+        nan2,
+        1.0,
+        0,
+        {},
+    )
     return Level(stats, {}, CpuUse(wall_s, {}, 0.0, 0.0), hops)
 
 
 def _run(hop_ms):
     hops = {hop: (3.0, 4.0) for hop in (*HOPS, *END_HOPS)}
     vllm = SideRun(VLLM, 1.0, [_level(VLLM, 1, 8, 0.8, 1024), _level(VLLM, 8, 32, 1.6, 4096)])
-    chatpipe = SideRun(CHATPIPE, 1.0, [_level(CHATPIPE, 1, 8, 1.2, 1024, hops),
-                                       _level(CHATPIPE, 8, 32, 2.0, 4096, hops)],
-                       fetch_delay_ms=(hop_ms, hop_ms * 2))
-    return BenchRun("python -m bench", "today", {}, EngineConfig(model="tiny"), Workload(),
-                    [vllm, chatpipe])
+    chatpipe = SideRun(
+        CHATPIPE,
+        1.0,
+        [_level(CHATPIPE, 1, 8, 1.2, 1024, hops), _level(CHATPIPE, 8, 32, 2.0, 4096, hops)],
+        fetch_delay_ms=(hop_ms, hop_ms * 2),
+    )
+    return BenchRun(
+        "python -m bench", "today", {}, EngineConfig(model="tiny"), Workload(), [vllm, chatpipe]
+    )
 
 
 def test_the_broker_floor_caps_a_closed_loop_by_six_fetches_per_request():

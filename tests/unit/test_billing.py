@@ -23,15 +23,33 @@ def at(text: str) -> float:
     return datetime.fromisoformat(text).replace(tzinfo=UTC).timestamp()
 
 
-def usage(request_id: str = "r1", attempt: int = 0, user: str = "alice", org: str = "acme",
-          prompt: int = 10, completion: int = 5, cached: int = 4, prior: int = 0,
-          created_at: str = "2025-03-07T12:00:00") -> UsageEvent:
+def usage(
+    request_id: str = "r1",
+    attempt: int = 0,
+    user: str = "alice",
+    org: str = "acme",
+    prompt: int = 10,
+    completion: int = 5,
+    cached: int = 4,
+    prior: int = 0,
+    created_at: str = "2025-03-07T12:00:00",
+) -> UsageEvent:
     return UsageEvent(
-        request_id=request_id, attempt=attempt, conversation_id="c1", user_id=user,
-        org_id=org, tier=Tier.FREE, model="tiny", worker_id="w1",
-        status=RequestStatus.FINISHED_STOPPED, prompt_tokens=prompt,
-        completion_tokens=completion, prior_completion_tokens=prior, cached_tokens=cached,
-        gpu_ms=1.0, created_at=at(created_at),
+        request_id=request_id,
+        attempt=attempt,
+        conversation_id="c1",
+        user_id=user,
+        org_id=org,
+        tier=Tier.FREE,
+        model="tiny",
+        worker_id="w1",
+        status=RequestStatus.FINISHED_STOPPED,
+        prompt_tokens=prompt,
+        completion_tokens=completion,
+        prior_completion_tokens=prior,
+        cached_tokens=cached,
+        gpu_ms=1.0,
+        created_at=at(created_at),
     )
 
 
@@ -45,8 +63,9 @@ def usage(request_id: str = "r1", attempt: int = 0, user: str = "alice", org: st
         ("2025-12-31T23:00:00", "month", "2025-12", "2025-12-01T00:00:00", "2026-01-01T00:00:00"),
     ],
 )
-def test_periods_are_utc_days_and_months(moment: str, period: str, key: str, start: str,
-                                         end: str) -> None:
+def test_periods_are_utc_days_and_months(
+    moment: str, period: str, key: str, start: str, end: str
+) -> None:
     window = period_of(at(moment), period)
     assert window.key == key
     assert (window.start.timestamp(), window.end.timestamp()) == (at(start), at(end))
@@ -98,8 +117,9 @@ async def test_an_upgraded_file_keeps_its_totals_and_counts_a_request_once(
     try:
         await record(ledger, usage("r1", completion=40))
         await record(ledger, usage("r1", attempt=1, prior=40, completion=60))
-        assert (await ledger.used([Account.org("acme")], "day", "2025-03-07")
-                == {Account.org("acme"): 15 + 110})
+        assert await ledger.used([Account.org("acme")], "day", "2025-03-07") == {
+            Account.org("acme"): 15 + 110
+        }
     finally:
         await ledger.close()
     with sqlite3.connect(path) as after:

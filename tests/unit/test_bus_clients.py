@@ -19,7 +19,8 @@ def test_keyed_partition_places_keys_as_kafkas_default_partitioner():
         for _ in range(300):
             key = os.urandom(16).hex().encode()
             assert keyed_partition(key, partitions, partitions) == DefaultPartitioner()(
-                key, partitions, partitions)
+                key, partitions, partitions
+            )
 
 
 def test_a_key_keeps_its_partition_and_no_key_goes_to_an_available_one():
@@ -30,11 +31,13 @@ def test_a_key_keeps_its_partition_and_no_key_goes_to_an_available_one():
 
 # --- connection: every client gets the process's credential --------------------------------
 
-SASL_ENV = {"KAFKA_BOOTSTRAP_SERVERS": "kafka:9092",
-            "CHATPIPE_KAFKA_SECURITY_PROTOCOL": "SASL_PLAINTEXT",
-            "CHATPIPE_KAFKA_SASL_MECHANISM": "SCRAM-SHA-512",
-            "CHATPIPE_KAFKA_SASL_USERNAME": "scheduler",
-            "CHATPIPE_KAFKA_SASL_PASSWORD": "s3cret-hex"}
+SASL_ENV = {
+    "KAFKA_BOOTSTRAP_SERVERS": "kafka:9092",
+    "CHATPIPE_KAFKA_SECURITY_PROTOCOL": "SASL_PLAINTEXT",
+    "CHATPIPE_KAFKA_SASL_MECHANISM": "SCRAM-SHA-512",
+    "CHATPIPE_KAFKA_SASL_USERNAME": "scheduler",
+    "CHATPIPE_KAFKA_SASL_PASSWORD": "s3cret-hex",
+}
 
 
 def sasl_config(monkeypatch, **env: str) -> KafkaConfig:
@@ -46,10 +49,13 @@ def sasl_config(monkeypatch, **env: str) -> KafkaConfig:
 def test_settings_carry_the_sasl_credential_to_the_connection(monkeypatch):
     kafka = sasl_config(monkeypatch)
     assert kafka.connection() == {
-        "bootstrap_servers": "kafka:9092", "client_id": "chatpipe",
+        "bootstrap_servers": "kafka:9092",
+        "client_id": "chatpipe",
         "security_protocol": "SASL_PLAINTEXT",
-        "sasl_mechanism": "SCRAM-SHA-512", "sasl_plain_username": "scheduler",
-        "sasl_plain_password": "s3cret-hex"}
+        "sasl_mechanism": "SCRAM-SHA-512",
+        "sasl_plain_username": "scheduler",
+        "sasl_plain_password": "s3cret-hex",
+    }
     assert "s3cret-hex" not in repr(kafka), "the password would reach the logs"
 
 
@@ -62,8 +68,10 @@ def test_sasl_ssl_adds_a_verifying_tls_context(monkeypatch):
 
 def test_plaintext_sends_no_credential():
     assert KafkaConfig("localhost:9092").connection() == {
-        "bootstrap_servers": "localhost:9092", "client_id": "chatpipe",
-        "security_protocol": "PLAINTEXT"}
+        "bootstrap_servers": "localhost:9092",
+        "client_id": "chatpipe",
+        "security_protocol": "PLAINTEXT",
+    }
     assert kafka_config("127.0.0.1:1").connection()["security_protocol"] == "PLAINTEXT"
 
 
@@ -88,8 +96,13 @@ async def test_every_producer_consumer_and_admin_client_authenticates(monkeypatc
     from bus import replay
 
     kafka = sasl_config(monkeypatch)
-    made = [kafka.producer(), kafka.consumer("chat.work", group_id="g"), kafka.consumer(),
-            kafka.admin(), replay._reader(kafka)]
+    made = [
+        kafka.producer(),
+        kafka.consumer("chat.work", group_id="g"),
+        kafka.consumer(),
+        kafka.admin(),
+        replay._reader(kafka),
+    ]
     expected = ("SASL_PLAINTEXT", "scheduler", "s3cret-hex")
     for client in made:
         assert isinstance(client, AIOKafkaProducer | AIOKafkaConsumer | AIOKafkaAdminClient)

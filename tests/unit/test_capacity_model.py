@@ -20,7 +20,8 @@ RESULTS = Path(__file__).resolve().parents[2] / "bench" / "RESULTS.md"
 
 def test_the_doc_is_what_the_script_renders_now() -> None:
     assert DOC.read_text() == render(compute()), (
-        "docs/CAPACITY.md is stale: run .venv/bin/python -m bench capacity_model --write")
+        "docs/CAPACITY.md is stale: run .venv/bin/python -m bench capacity_model --write"
+    )
 
 
 def _sections(markdown: str) -> dict[str, str]:
@@ -44,13 +45,13 @@ def test_every_cited_results_section_says_what_the_input_quotes_once() -> None:
         assert section in sections, f"bench/RESULTS.md has no section {section!r} ({f.name})"
         assert sections[section].count(quote) == 1, (
             f"bench/RESULTS.md's section {section!r} no longer says {quote!r} once ({f.name}): "
-            "update bench/capacity_inputs.py, then python -m bench capacity_model --write")
+            "update bench/capacity_inputs.py, then python -m bench capacity_model --write"
+        )
 
 
 def test_a_citation_follows_its_section_not_its_line() -> None:
     text = "# A\n| 1 |\n## B (x)\nsaid here\n"
-    assert _sections("intro\n\n" + text) == _sections(text) == {
-        "A": "| 1 |", "B (x)": "said here"}
+    assert _sections("intro\n\n" + text) == _sections(text) == {"A": "| 1 |", "B (x)": "said here"}
 
 
 def test_the_seed_gives_about_1160_turns_and_580k_tokens_a_second() -> None:
@@ -78,19 +79,28 @@ def test_gpus_at_peak_by_hand() -> None:
 
 def test_a_decode_only_load_needs_output_over_tokens_per_gpu_rounded_up() -> None:
     """No prompt tokens and no headroom: GPUs = ⌈tokens/s ÷ tokens/s per GPU⌉ (TP 1)."""
-    i = replace(Inputs(), system_prompt_tokens=0, user_message_tokens=0,
-                turns_per_conversation=1, gpu_target_load=1.0)
+    i = replace(
+        Inputs(),
+        system_prompt_tokens=0,
+        user_message_tokens=0,
+        turns_per_conversation=1,
+        gpu_target_load=1.0,
+    )
     m = compute(i)
     peak_output = 10e6 / 86400 * 3 * 500
     assert m.line("Llama-3.1-8B FP8, TP 1: GPUs without prefix-cache hits").peak == (
-        math.ceil(peak_output / 3400.4))
+        math.ceil(peak_output / 3400.4)
+    )
 
 
 def test_gateways_cassandra_and_kafka_by_hand() -> None:
     m = compute()
     peak_output, peak_streams = 1_736_111.1, 34_722.2
-    assert m.line("gateway replicas").peak == max(
-        math.ceil(peak_streams / (2000 * 0.7)), math.ceil(peak_output / (40010 * 0.7))) == 62
+    assert (
+        m.line("gateway replicas").peak
+        == max(math.ceil(peak_streams / (2000 * 0.7)), math.ceil(peak_output / (40010 * 0.7)))
+        == 62
+    )
     writes = 3472.22 * (7 * 4 + 5) * 3
     assert m.line("replica writes/s").peak == pytest.approx(writes, rel=1e-4)
     per_turn = m.line("raw bytes stored per turn").average
@@ -100,9 +110,16 @@ def test_gateways_cassandra_and_kafka_by_hand() -> None:
     produced = sum(t.peak_mb_s for t in m.topics)
     consumed = sum(t.peak_mb_s * t.readers_per_record for t in m.topics)
     partitions = sum(t.partitions * t.count for t in m.topics)
-    assert m.line("Kafka brokers").peak == max(
-        3, math.ceil(max(produced * 3, consumed + produced * 2) / 250),
-        math.ceil(partitions * 3 / 4000)) == 11
+    assert (
+        m.line("Kafka brokers").peak
+        == max(
+            3,
+            math.ceil(max(produced * 3, consumed + produced * 2) / 250),
+            math.ceil(partitions * 3 / 4000),
+        )
+        == 11
+    )
+
 
 def test_work_partitions_are_one_per_worker_and_tokens_carry_the_stream() -> None:
     m = compute()
@@ -117,8 +134,9 @@ def test_work_partitions_are_one_per_worker_and_tokens_carry_the_stream() -> Non
 def test_request_sizes_are_real_encoded_events_that_grow_with_history() -> None:
     i = Inputs()
     first, tenth = request_event(1, i), request_event(10, i)
-    assert isinstance(decode(GenerationRequest, tenth.model_dump_json().encode()),
-                      GenerationRequest)
+    assert isinstance(
+        decode(GenerationRequest, tenth.model_dump_json().encode()), GenerationRequest
+    )
     assert len(tenth.messages) == 1 + 9 * 2 + 1
     assert record_bytes(tenth, "k", i) - record_bytes(first, "k", i) >= 9 * (100 + 500) * 4
 

@@ -48,7 +48,7 @@ def test_schema_creates_keyspace_then_every_table_idempotently() -> None:
         "CREATE KEYSPACE IF NOT EXISTS chat_ks WITH replication ="
         " {'class': 'SimpleStrategy', 'replication_factor': 3}"
     )
-    created = statements[1:1 + len(cql.TABLES)]
+    created = statements[1 : 1 + len(cql.TABLES)]
     tables = [re.search(r"TABLE IF NOT EXISTS (\S+) \(", s).group(1) for s in created]
     assert tables == [
         "chat_ks.conversations", "chat_ks.conversations_by_owner", "chat_ks.messages",
@@ -57,7 +57,7 @@ def test_schema_creates_keyspace_then_every_table_idempotently() -> None:
         "chat_ks.file_chunks", "chat_ks.citations", "chat_ks.tool_steps", "chat_ks.org_settings",
         "chat_ks.response_cache",
     ]  # fmt: skip
-    upgrades = statements[1 + len(cql.TABLES):]
+    upgrades = statements[1 + len(cql.TABLES) :]
     assert upgrades and all(
         re.fullmatch(r"ALTER TABLE chat_ks\.\w+ ADD IF NOT EXISTS \w+ \w+", s) for s in upgrades
     ), upgrades
@@ -69,7 +69,8 @@ def test_upgrades_add_only_columns_the_tables_have() -> None:
            if s.startswith("CREATE")}  # fmt: skip
     for upgrade in cql.UPGRADES:
         table, column, kind = re.fullmatch(
-            r"ALTER TABLE \{ks\}\.(\w+) ADD IF NOT EXISTS (\w+) (\w+)", upgrade).groups()
+            r"ALTER TABLE \{ks\}\.(\w+) ADD IF NOT EXISTS (\w+) (\w+)", upgrade
+        ).groups()
         assert f"\n    {column} {kind}" in ddl[table], upgrade
 
 
@@ -220,8 +221,13 @@ def test_api_key_rows_round_trip_and_old_rows_read_revoked() -> None:
     key = ApiKey("u1", "o1", Tier.PRO, 5.0, "k1", "ci", expires_at=9.0)
     columns = ["key_hash", *cql.API_KEY_COLUMNS.split(", ")]
     row = dict(zip(columns, cql.api_key_values("a" * 64, key), strict=True))
-    old = {"key_hash": "b" * 64, "user_id": "u2", "org_id": "o2", "tier": "free",
-           "created_at": 3.0}  # an earlier chatpipe's sha256 row: none of the newer columns
+    old = {
+        "key_hash": "b" * 64,
+        "user_id": "u2",
+        "org_id": "o2",
+        "tier": "free",
+        "created_at": 3.0,
+    }  # an earlier chatpipe's sha256 row: none of the newer columns
 
     assert cql.api_key_of(row) == key
     assert cql.api_key_of(old) == ApiKey("u2", "o2", Tier.FREE, 3.0, "b" * 12,

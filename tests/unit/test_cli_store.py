@@ -20,6 +20,10 @@ def test_store_create_schema_makes_the_tables_and_can_run_again(
         result = CliRunner().invoke(app, ["store", "create-schema"])
         assert result.exit_code == 0, result.output
         assert f"schema ready in {database}" in result.output
-    tables = {name for (name,) in sqlite3.connect(database).execute(
-        "SELECT name FROM sqlite_master WHERE type = 'table'")}
+    tables = {
+        name
+        for (name,) in sqlite3.connect(database).execute(
+            "SELECT name FROM sqlite_master WHERE type = 'table'"
+        )
+    }
     assert {"conversations", "messages", "branch_choices", "summaries"} <= tables

@@ -32,8 +32,11 @@ def test_the_interval_may_widen_between_outputs():
 def test_sends_keep_to_the_schedule_when_outputs_come_in_steps():
     # Outputs every 50 ms, a little early or late; a 100 ms interval sends every other one.
     c = Coalescer(0.1)
-    sent = [t for step in range(41)
-            if c.add("x", 1, now=(t := step * 0.05 + (0.003 if step % 3 else -0.003)))]
+    sent = [
+        t
+        for step in range(41)
+        if c.add("x", 1, now=(t := step * 0.05 + (0.003 if step % 3 else -0.003)))
+    ]
     assert len(sent) == 21
     assert max(b - a for a, b in zip(sent, sent[1:])) < 0.11
 

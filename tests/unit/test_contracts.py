@@ -54,9 +54,11 @@ def test_the_committed_contracts_are_the_current_export() -> None:
 
 def test_no_event_changed_incompatibly_within_its_published_version() -> None:
     problems = check_compatible(CONTRACTS)
-    assert not problems, ("an event changed incompatibly without a new schema_version: bump "
-                          "its schema_version (the old version's file stays), then "
-                          f"{REGENERATE}\n" + "\n".join(problems))
+    assert not problems, (
+        "an event changed incompatibly without a new schema_version: bump "
+        "its schema_version (the old version's file stays), then "
+        f"{REGENERATE}\n" + "\n".join(problems)
+    )
 
 
 def test_export_refuses_to_rewrite_a_published_version_incompatibly(tmp_path: Path) -> None:
@@ -94,7 +96,9 @@ def test_a_new_schema_version_is_checked_against_its_own_file_only(tmp_path: Pat
     renamed_in_place = tmp_path / contracts.schema_path(_ThingV2)
     renamed_in_place.write_text(published.read_text())
     assert check_compatible(tmp_path, [_ThingV2]) == [
-        "_Thing v2: name: removed (or renamed)", "_Thing v2: label: new field is required"]
+        "_Thing v2: name: removed (or renamed)",
+        "_Thing v2: label: new field is required",
+    ]
 
 
 # --- the compatibility rule ------------------------------------------------------------
@@ -129,8 +133,9 @@ class Base(Event):
 def _variant(**fields: tuple | None) -> type[Event]:
     """`Base` with `fields` replaced: (type,) required, (type, default or Field), or None
     to remove the field."""
-    spec: dict[str, object] = {name: (info.annotation, info)
-                               for name, info in Base.model_fields.items()}
+    spec: dict[str, object] = {
+        name: (info.annotation, info) for name, info in Base.model_fields.items()
+    }
     for name, change in fields.items():
         spec.pop(name, None)
         if change is not None:
@@ -203,7 +208,9 @@ def asyncapi_validator() -> jsonschema.Draft7Validator:
 
 
 def test_the_document_is_valid_asyncapi_3(document, asyncapi_validator) -> None:
-    errors = [f"{list(e.path)}: {e.message[:200]}" for e in asyncapi_validator.iter_errors(document)]
+    errors = [
+        f"{list(e.path)}: {e.message[:200]}" for e in asyncapi_validator.iter_errors(document)
+    ]
     assert errors == []
     assert document["asyncapi"] == "3.0.0"
 
@@ -231,8 +238,10 @@ def test_channels_are_the_topics_and_messages_point_at_the_committed_schemas(doc
             ref = message["payload"]["schema"]["$ref"]
             schema = json.loads((CONTRACTS / ref).read_text())
             assert schema["title"] == name and ref == f"events/{name}.v1.json"
-            assert message["headers"]["properties"]["event-type"]["const"] == \
-                schema["properties"]["type"]["const"]
+            assert (
+                message["headers"]["properties"]["event-type"]["const"]
+                == schema["properties"]["type"]["const"]
+            )
             assert {"event-type", "schema-version"} <= set(message["headers"]["required"])
             assert "traceparent" in message["headers"]["properties"]
             assert message["bindings"]["kafka"]["key"]["type"] == "string"
@@ -241,8 +250,11 @@ def test_channels_are_the_topics_and_messages_point_at_the_committed_schemas(doc
 def test_every_stage_sends_and_receives_through_declared_messages(document) -> None:
     stages = {"gateway", *GROUPS}
     for stage in stages:
-        actions = {op["action"] for op_id, op in document["operations"].items()
-                   if op_id.startswith(f"{stage}-")}
+        actions = {
+            op["action"]
+            for op_id, op in document["operations"].items()
+            if op_id.startswith(f"{stage}-")
+        }
         assert actions == {"send", "receive"}, stage
     for op_id, operation in document["operations"].items():
         channel_id = operation["channel"]["$ref"].removeprefix("#/channels/")
@@ -256,8 +268,11 @@ def test_every_stage_sends_and_receives_through_declared_messages(document) -> N
 
 def test_every_event_class_is_on_some_channel() -> None:
     published = set(contracts.events())
-    concrete = {cls for cls in vars(events).values()
-                if isinstance(cls, type) and issubclass(cls, Event) and "type" in cls.model_fields}
+    concrete = {
+        cls
+        for cls in vars(events).values()
+        if isinstance(cls, type) and issubclass(cls, Event) and "type" in cls.model_fields
+    }
     assert concrete - published == set()
 
 
@@ -268,8 +283,12 @@ def test_operations_agree_with_the_stages_kafka_grants() -> None:
         if operation.stage not in acls.GRANTS:
             continue
         [channel] = [c for c in CHANNELS if c.id == operation.channel]
-        assert acls.allowed(operation.stage, action_of[operation.action], acls.Resource.TOPIC,
-                            channel.example_address()), operation.id
+        assert acls.allowed(
+            operation.stage,
+            action_of[operation.action],
+            acls.Resource.TOPIC,
+            channel.example_address(),
+        ), operation.id
     for stage, grants in acls.GRANTS.items():
         for grant in grants:
             if grant.resource is acls.Resource.GROUP:
@@ -278,34 +297,74 @@ def test_operations_agree_with_the_stages_kafka_grants() -> None:
             action = {v: k for k, v in action_of.items()}.get(grant.operation)
             if action is None:
                 continue
-            declared = [op for op in OPERATIONS if op.stage == stage and op.action == action
-                        and any(c.id == op.channel for c in contracts.channels_for(
-                            grant.name + ("x" if grant.prefixed else "")))]
+            declared = [
+                op
+                for op in OPERATIONS
+                if op.stage == stage
+                and op.action == action
+                and any(
+                    c.id == op.channel
+                    for c in contracts.channels_for(grant.name + ("x" if grant.prefixed else ""))
+                )
+            ]
             assert declared, f"{stage} may {action} {grant.name} but no operation says so"
 
 
 def _samples() -> list[Event]:
     request = events.GenerationRequest(
-        request_id="r1", conversation_id="c1", message_id="m1", user_id="u1", org_id="o1",
-        tier=topics.Tier.PRO, model="tiny", reply_to="chat.deliver.gw",
+        request_id="r1",
+        conversation_id="c1",
+        message_id="m1",
+        user_id="u1",
+        org_id="o1",
+        tier=topics.Tier.PRO,
+        model="tiny",
+        reply_to="chat.deliver.gw",
         messages=(events.ChatMessage(role=events.Role.USER, content="hi"),),
-        stream=events.StreamPosition(partition=1, start_offset=3, attempt_offset=3))
+        stream=events.StreamPosition(partition=1, start_offset=3, attempt_offset=3),
+    )
     return [
         request,
         events.WorkAssignment(worker_id="w1", request=request, epoch=2),
-        events.TokenChunk(**events.stream_fields(request, 0), text="Hel", token_count=2,
-                          completion_tokens=2, token_ids=(5, 6)),
-        events.GenerationDone(**events.stream_fields(request, 1),
-                              status=RequestStatus.FINISHED_STOPPED,
-                              usage=events.Usage(prompt_tokens=3, completion_tokens=2)),
-        events.WorkerHeartbeat(worker_id="w1", model="tiny", partitions=(0, 1), max_slots=4,
-                               consumed={0: 12}, assignments={"r1": (0, 11)}),
-        events.SchedulerStatus(tiers={topics.Tier.PRO: events.TierStatus(
-            waiting=1, expected_wait_s=None, shedding=False)}),
-        events.UsageEvent(request_id="r1", conversation_id="c1", user_id="u1", org_id="o1",
-                          tier=topics.Tier.PRO, model="tiny", worker_id="w1",
-                          status=RequestStatus.FINISHED_STOPPED, prompt_tokens=3,
-                          completion_tokens=2, cached_tokens=0, gpu_ms=1.5),
+        events.TokenChunk(
+            **events.stream_fields(request, 0),
+            text="Hel",
+            token_count=2,
+            completion_tokens=2,
+            token_ids=(5, 6),
+        ),
+        events.GenerationDone(
+            **events.stream_fields(request, 1),
+            status=RequestStatus.FINISHED_STOPPED,
+            usage=events.Usage(prompt_tokens=3, completion_tokens=2),
+        ),
+        events.WorkerHeartbeat(
+            worker_id="w1",
+            model="tiny",
+            partitions=(0, 1),
+            max_slots=4,
+            consumed={0: 12},
+            assignments={"r1": (0, 11)},
+        ),
+        events.SchedulerStatus(
+            tiers={
+                topics.Tier.PRO: events.TierStatus(waiting=1, expected_wait_s=None, shedding=False)
+            }
+        ),
+        events.UsageEvent(
+            request_id="r1",
+            conversation_id="c1",
+            user_id="u1",
+            org_id="o1",
+            tier=topics.Tier.PRO,
+            model="tiny",
+            worker_id="w1",
+            status=RequestStatus.FINISHED_STOPPED,
+            prompt_tokens=3,
+            completion_tokens=2,
+            cached_tokens=0,
+            gpu_ms=1.5,
+        ),
         events.ModerationEvent(request_id="r1", action="retract", category="pii", reason="x"),
     ]
 
@@ -316,5 +375,6 @@ def test_events_as_sent_match_their_published_schema(event: Event) -> None:
     jsonschema.Draft202012Validator.check_schema(schema)
     jsonschema.Draft202012Validator(schema).validate(orjson.loads(encode(event)))
     with pytest.raises(jsonschema.ValidationError):
-        jsonschema.Draft202012Validator(schema).validate({**orjson.loads(encode(event)),
-                                                          "type": "not-this-event"})
+        jsonschema.Draft202012Validator(schema).validate(
+            {**orjson.loads(encode(event)), "type": "not-this-event"}
+        )

@@ -106,8 +106,11 @@ def compose_mounts(service: dict[str, Any]) -> tuple[Mount, ...]:
     mounts = []
     for volume in service.get("volumes") or []:
         if isinstance(volume, dict):  # long syntax
-            mounts.append(Mount(volume.get("source", ""), Path(volume["target"]),
-                                bool(volume.get("read_only"))))
+            mounts.append(
+                Mount(
+                    volume.get("source", ""), Path(volume["target"]), bool(volume.get("read_only"))
+                )
+            )
             continue
         parts = volume.split(":")
         if len(parts) == 1:  # an anonymous volume
@@ -125,8 +128,16 @@ def compose_containers() -> list[Container]:
             continue
         command = service.get("command") or []
         args = shlex.split(command) if isinstance(command, str) else command
-        containers.append(Container(f"compose {name}", "service", tuple(args),
-                                    compose_env(service), service, compose_mounts(service)))
+        containers.append(
+            Container(
+                f"compose {name}",
+                "service",
+                tuple(args),
+                compose_env(service),
+                service,
+                compose_mounts(service),
+            )
+        )
     return containers
 
 
@@ -168,8 +179,16 @@ def k8s_containers() -> list[Container]:
             if args[:1] == [IMAGE]:
                 args = args[1:]
             pod_name = f"{doc['metadata']['name']}-7d4b9c-x2x5q"
-            containers.append(Container(f"k8s {owner}", doc["kind"], tuple(args),
-                                        k8s_env(spec, pod_name), spec, k8s_mounts(spec, pod)))
+            containers.append(
+                Container(
+                    f"k8s {owner}",
+                    doc["kind"],
+                    tuple(args),
+                    k8s_env(spec, pod_name),
+                    spec,
+                    k8s_mounts(spec, pod),
+                )
+            )
     return containers
 
 
@@ -191,8 +210,9 @@ def accepted_env_names() -> dict[str, str]:
     for name, field in Settings.model_fields.items():
         alias = field.validation_alias
         if isinstance(alias, AliasChoices):
-            names.update({choice.upper(): name for choice in alias.choices
-                          if isinstance(choice, str)})
+            names.update(
+                {choice.upper(): name for choice in alias.choices if isinstance(choice, str)}
+            )
         elif isinstance(alias, str):
             names[alias.upper()] = name
         else:
@@ -271,8 +291,11 @@ def test_every_stage_is_deployed_in_compose_and_k8s() -> None:
 def test_env_vars_are_settings_fields(container: Container) -> None:
     unknown = set(container.env) - set(accepted_env_names())
     assert not unknown, f"not a Settings field (chatpipe/settings.py): {sorted(unknown)}"
-    not_strings = [name for name, value in container.env.items()
-                   if value is not None and not isinstance(value, str)]
+    not_strings = [
+        name
+        for name, value in container.env.items()
+        if value is not None and not isinstance(value, str)
+    ]
     assert not not_strings, f"quote these values (k8s and compose want strings): {not_strings}"
 
 
@@ -329,8 +352,11 @@ def test_k8s_worker_requests_a_gpu_and_time_to_load_weights(
     settings = container_settings(container, monkeypatch)
     assert settings.engine == "vllm"
     (deployment,) = [d for d in k8s_objects("Deployment") if d["metadata"]["name"] == "worker"]
-    claims = {v["name"] for v in deployment["spec"]["template"]["spec"]["volumes"]
-              if "persistentVolumeClaim" in v}
+    claims = {
+        v["name"]
+        for v in deployment["spec"]["template"]["spec"]["volumes"]
+        if "persistentVolumeClaim" in v
+    }
     mounts = [Path(m["mountPath"]) for m in container.spec["volumeMounts"] if m["name"] in claims]
     assert any(settings.model.is_relative_to(mount) for mount in mounts)
 
@@ -368,8 +394,10 @@ def model_dirs(container: Container, settings: Settings) -> dict[str, Path]:
     """Model name -> the directory `container` loads for it at start."""
     if container.command == "gateway":
         # ContextBuilder.warm_up: every served model's tokenizer and chat template.
-        return {model: settings.context_tokenizers.get(model, settings.model)
-                for model in settings.models}
+        return {
+            model: settings.context_tokenizers.get(model, settings.model)
+            for model in settings.models
+        }
     if container.command == "worker" and settings.engine == "vllm":
         return {settings.model_name: settings.model}  # weights and tokenizer
     return {}
@@ -389,7 +417,8 @@ def test_model_directories_are_set_and_mounted_read_only_from_the_models_volume(
     for model, directory in model_dirs(container, settings).items():
         assert directory != default, (
             f"{container.where}: {model}'s directory left at the default {default}, which"
-            f" no image has: set {env_field('model')} (or {env_field('context_tokenizers')})")
+            f" no image has: set {env_field('model')} (or {env_field('context_tokenizers')})"
+        )
         covering = [m for m in container.mounts if directory.is_relative_to(m.target)]
         assert covering, f"{container.where} loads {directory} but mounts nothing there"
         mount = max(covering, key=lambda m: len(m.target.parts))  # the innermost wins
@@ -397,8 +426,7 @@ def test_model_directories_are_set_and_mounted_read_only_from_the_models_volume(
         assert mount.read_only, f"{container.where}: mount {mount.target} read-only"
 
 
-@pytest.mark.parametrize("containers", [compose_containers, k8s_containers],
-                         ids=["compose", "k8s"])
+@pytest.mark.parametrize("containers", [compose_containers, k8s_containers], ids=["compose", "k8s"])
 def test_gateways_count_tokens_with_the_served_model(
     containers: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -412,13 +440,13 @@ def test_gateways_count_tokens_with_the_served_model(
         tokenizer = model_dirs(gateway, settings)[worker_settings.model_name]
         assert tokenizer == worker_settings.model, (
             f"{gateway.where} counts {worker_settings.model_name}'s tokens with {tokenizer},"
-            f" the worker serves {worker_settings.model}")
+            f" the worker serves {worker_settings.model}"
+        )
 
 
 def test_compose_model_readers_wait_for_the_model_writers() -> None:
     def on_models(container: Container, read_only: bool) -> bool:
-        return any(m.source == MODELS_VOLUME and m.read_only == read_only
-                   for m in container.mounts)
+        return any(m.source == MODELS_VOLUME and m.read_only == read_only for m in container.mounts)
 
     containers = compose_containers()
     writers = {c.where.removeprefix("compose ") for c in containers if on_models(c, False)}
@@ -431,7 +459,8 @@ def test_compose_model_readers_wait_for_the_model_writers() -> None:
         for writer in writers:
             condition = depends_on.get(writer, {}).get("condition")
             assert condition == "service_completed_successfully", (
-                f"{reader.where} may start before {writer} has written the models volume")
+                f"{reader.where} may start before {writer} has written the models volume"
+            )
 
 
 TOPIC_MENTION = re.compile(r"\bchat\.[\w.<>*-]*[\w>*]")
@@ -474,8 +503,11 @@ def test_worker_autoscaling_reads_the_scheduler_backlog_and_demand(
     assert not k8s_objects("HorizontalPodAutoscaler"), "KEDA makes the HPA (worker-scaledobject)"
     (scaled,) = k8s_objects("ScaledObject")
     spec = scaled["spec"]
-    assert spec["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment",
-                                      "name": "worker"}
+    assert spec["scaleTargetRef"] == {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "name": "worker",
+    }
     assert "replicas" not in k8s_object("Deployment", "worker")["spec"], "KEDA sets it"
     settings = settings_from(chatpipe_env(), monkeypatch)
     assert 1 <= spec["minReplicaCount"] <= spec["maxReplicaCount"] <= settings.work_partitions
@@ -510,15 +542,16 @@ def test_worker_autoscaling_reads_the_scheduler_backlog_and_demand(
     assert 0 < float(prometheus["threshold"]) <= 1, "demand in workers, over a utilisation"
 
     refs = {t["authenticationRef"]["name"] for t in triggers if t["type"] == "kafka"}
-    (auth,) = [a for a in k8s_objects("TriggerAuthentication")
-               if a["metadata"]["name"] in refs]
-    (username_ref,) = [r for r in auth["spec"]["configMapTargetRef"]
-                       if r["parameter"] == "username"]
+    (auth,) = [a for a in k8s_objects("TriggerAuthentication") if a["metadata"]["name"] in refs]
+    (username_ref,) = [
+        r for r in auth["spec"]["configMapTargetRef"] if r["parameter"] == "username"
+    ]
     user = k8s_object("ConfigMap", username_ref["name"])["data"][username_ref["key"]]
-    (password_ref,) = [r for r in auth["spec"]["secretTargetRef"]
-                       if r["parameter"] == "password"]
+    (password_ref,) = [r for r in auth["spec"]["secretTargetRef"] if r["parameter"] == "password"]
     assert {"name": password_ref["name"], "key": password_ref["key"]} == {
-        "name": f"chatpipe-kafka-{user}", "key": "password"}
+        "name": f"chatpipe-kafka-{user}",
+        "key": "password",
+    }
     # Reading a group's offsets takes Describe on the group (which Read grants) and on
     # the topics.
     assert allowed(user, Operation.READ, Resource.GROUP, SCHEDULER_GROUP)
@@ -529,6 +562,7 @@ def test_worker_autoscaling_reads_the_scheduler_backlog_and_demand(
 def evictions_allowed(budget: dict[str, Any], replicas: int) -> int:
     """Pods a PodDisruptionBudget lets a drain take at once out of `replicas` healthy
     ones (Kubernetes rounds a percentage up)."""
+
     def count(value: int | str) -> int:
         if isinstance(value, str):
             return -(-replicas * int(value.removesuffix("%")) // 100)
@@ -550,8 +584,9 @@ def test_every_workload_has_a_disruption_budget_that_lets_drains_through() -> No
     for workload in workloads:
         name = workload["metadata"]["name"]
         labels = workload["spec"]["template"]["metadata"]["labels"]
-        matching = [b for b in budgets
-                    if b["spec"]["selector"]["matchLabels"].items() <= labels.items()]
+        matching = [
+            b for b in budgets if b["spec"]["selector"]["matchLabels"].items() <= labels.items()
+        ]
         assert len(matching) == 1, f"{name}: {len(matching)} disruption budgets"
         budget = matching[0]
         covered.append(budget["metadata"]["name"])
@@ -589,8 +624,10 @@ def test_kafka_and_cassandra_hosts_are_services_of_the_same_deployment(
     compose_services = set(compose()["services"])
     k8s_services = {s["metadata"]["name"] for s in k8s_objects("Service")}
     checked = 0
-    for containers, services in ((compose_containers(), compose_services),
-                                 (k8s_containers(), k8s_services)):
+    for containers, services in (
+        (compose_containers(), compose_services),
+        (k8s_containers(), k8s_services),
+    ):
         for container in containers:
             named = hosts(container_settings(container, monkeypatch))
             assert named <= services, f"{container.where}: no service {named - services}"
@@ -664,8 +701,10 @@ def test_every_kafka_client_has_its_own_user_and_a_password_from_a_secret(
     if container.kind == "service":
         assert required_from_env_file(container.env[password], password_variable(user))
     else:
-        assert secret_ref(container.spec, password) == {"name": f"chatpipe-kafka-{user}",
-                                                        "key": "password"}
+        assert secret_ref(container.spec, password) == {
+            "name": f"chatpipe-kafka-{user}",
+            "key": "password",
+        }
 
 
 def test_stage_users_are_the_acl_tables_and_all_are_provisioned() -> None:
@@ -683,14 +722,17 @@ def test_stage_users_are_the_acl_tables_and_all_are_provisioned() -> None:
         variable = password_variable(user)
         assert required_from_env_file(init["environment"][variable], variable)
     assert services["topics"]["depends_on"] == {
-        "kafka-init": {"condition": "service_completed_successfully"}}
+        "kafka-init": {"condition": "service_completed_successfully"}
+    }
 
     (job,) = [j for j in k8s_objects("Job") if j["metadata"]["name"] == "topics"]
     (acls,) = job["spec"]["template"]["spec"]["initContainers"]
     assert acls["command"] == ["sh", f"{SCRIPTS_MOUNT}/kafka-acls.sh"]
     for user in users:
-        assert secret_ref(acls, password_variable(user)) == {"name": f"chatpipe-kafka-{user}",
-                                                             "key": "password"}
+        assert secret_ref(acls, password_variable(user)) == {
+            "name": f"chatpipe-kafka-{user}",
+            "key": "password",
+        }
 
 
 def broker_config() -> dict[str, str]:
@@ -707,12 +749,15 @@ def test_the_broker_requires_scram_and_denies_what_no_acl_allows() -> None:
 
     config = broker_config()
     assert config["authorizer.class.name"] == (
-        "org.apache.kafka.metadata.authorizer.StandardAuthorizer")
+        "org.apache.kafka.metadata.authorizer.StandardAuthorizer"
+    )
     assert config["allow.everyone.if.no.acl.found"] == "false"
     assert config["super.users"] == f"User:{ADMIN}"
     protocols = dict(p.split(":") for p in config["listener.security.protocol.map"].split(","))
-    listeners = dict(re.fullmatch(r"(\w+)://(.*)", listener).groups()
-                     for listener in config["listeners"].split(","))
+    listeners = dict(
+        re.fullmatch(r"(\w+)://(.*)", listener).groups()
+        for listener in config["listeners"].split(",")
+    )
     assert set(listeners) == set(protocols)
     assert set(protocols.values()) <= {"SASL_PLAINTEXT", "SASL_SSL"}, "a listener without auth"
     controller = config["controller.listener.names"]
@@ -723,7 +768,8 @@ def test_the_broker_requires_scram_and_denies_what_no_acl_allows() -> None:
     assert config["auto.create.topics.enable"] == "false"
     # The admin's SCRAM credential exists before the broker takes its first connection.
     assert f'--add-scram "{MECHANISM}=[name={ADMIN},password=$KAFKA_ADMIN_PASSWORD]"' in (
-        KAFKA_SERVER_SCRIPT.read_text())
+        KAFKA_SERVER_SCRIPT.read_text()
+    )
 
 
 def test_both_deployments_run_the_secured_broker_from_its_script(
@@ -733,14 +779,17 @@ def test_both_deployments_run_the_secured_broker_from_its_script(
     kafka = compose()["services"]["kafka"]
     assert kafka["entrypoint"] == command
     assert f"./k8s/kafka-server.sh:{SCRIPTS_MOUNT}/kafka-server.sh:ro" in kafka["volumes"]
-    assert required_from_env_file(kafka["environment"]["KAFKA_ADMIN_PASSWORD"],
-                                  "KAFKA_ADMIN_PASSWORD")
+    assert required_from_env_file(
+        kafka["environment"]["KAFKA_ADMIN_PASSWORD"], "KAFKA_ADMIN_PASSWORD"
+    )
     (statefulset,) = [s for s in k8s_objects("StatefulSet") if s["metadata"]["name"] == "kafka"]
     pod = statefulset["spec"]["template"]["spec"]
     (container,) = pod["containers"]
     assert container["command"] == command
-    assert secret_ref(container, "KAFKA_ADMIN_PASSWORD") == {"name": "chatpipe-kafka-admin",
-                                                             "key": "password"}
+    assert secret_ref(container, "KAFKA_ADMIN_PASSWORD") == {
+        "name": "chatpipe-kafka-admin",
+        "key": "password",
+    }
     volumes = {v["name"]: v for v in pod["volumes"]}
     (mount,) = [m for m in container["volumeMounts"] if m["mountPath"] == SCRIPTS_MOUNT]
     generated = volumes[mount["name"]]["configMap"]["name"]
@@ -750,16 +799,14 @@ def test_both_deployments_run_the_secured_broker_from_its_script(
     # Clients reach the broker where it advertises itself.
     advertised = broker_config()["advertised.listeners"]
     port = advertised.rsplit(":", 1)[1]
-    assert settings_from(chatpipe_env(), monkeypatch).kafka_bootstrap_servers == (
-        f"kafka:{port}")
+    assert settings_from(chatpipe_env(), monkeypatch).kafka_bootstrap_servers == (f"kafka:{port}")
 
 
 @pytest.mark.parametrize("script", [KAFKA_SERVER_SCRIPT, KAFKA_ACLS_SCRIPT], ids=lambda p: p.name)
 def test_the_kafka_scripts_are_valid_shell(script: Path) -> None:
     import subprocess
 
-    result = subprocess.run(["sh", "-n", str(script)], capture_output=True, text=True,
-                            check=False)
+    result = subprocess.run(["sh", "-n", str(script)], capture_output=True, text=True, check=False)
     assert result.returncode == 0, result.stderr
 
 
@@ -783,5 +830,7 @@ def test_no_development_user_and_gateways_get_the_key_secret() -> None:
         if gateway.kind == "service":
             assert required_from_env_file(gateway.env[variable], variable)
         else:
-            assert secret_ref(gateway.spec, variable) == {"name": "chatpipe-key-secret",
-                                                          "key": "secret"}
+            assert secret_ref(gateway.spec, variable) == {
+                "name": "chatpipe-key-secret",
+                "key": "secret",
+            }

@@ -146,8 +146,14 @@ async def test_embedding_goes_in_batches() -> None:
 
 
 def test_excerpts_go_after_the_history_and_before_the_new_message() -> None:
-    built = assemble([], "when is the lamp lit", "be brief", ContextPolicy(max_prompt_tokens=200),
-                     counting(), documents="[1] lighthouse.md (chunk 1)\nShe lights the lamp at dusk.")
+    built = assemble(
+        [],
+        "when is the lamp lit",
+        "be brief",
+        ContextPolicy(max_prompt_tokens=200),
+        counting(),
+        documents="[1] lighthouse.md (chunk 1)\nShe lights the lamp at dusk.",
+    )
     assert [m.role for m in built.messages] == [Role.SYSTEM, Role.SYSTEM, Role.USER]
     assert built.messages[0].content == "be brief"
     assert "lamp at dusk" in built.messages[1].content
@@ -155,8 +161,14 @@ def test_excerpts_go_after_the_history_and_before_the_new_message() -> None:
 
 
 def test_excerpts_are_never_dropped_a_turn_that_cannot_hold_them_does_not_fit() -> None:
-    built = assemble([], "question", "be brief", ContextPolicy(max_prompt_tokens=20),
-                     counting(), documents="excerpt " * 40)
+    built = assemble(
+        [],
+        "question",
+        "be brief",
+        ContextPolicy(max_prompt_tokens=20),
+        counting(),
+        documents="excerpt " * 40,
+    )
     assert not built.fits
 
 

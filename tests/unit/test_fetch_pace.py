@@ -54,8 +54,13 @@ def test_heartbeats_and_status_are_no_work_but_a_busy_stage_is():
 
 def test_a_stage_says_which_topics_are_work():
     clock = Clock()
-    pace = FetchPace(20, 250, idle_after_s=1.0, clock=clock,
-                     wakes=lambda topic: topic.startswith(topics.REQUESTS_PREFIX))
+    pace = FetchPace(
+        20,
+        250,
+        idle_after_s=1.0,
+        clock=clock,
+        wakes=lambda topic: topic.startswith(topics.REQUESTS_PREFIX),
+    )
     pace.polled({})
     clock.now = 2.0
     assert pace.polled(batch(topics.TOKENS)) == 250
@@ -85,8 +90,9 @@ def test_aiokafka_builds_fetch_requests_from_the_attribute_set_here():
 def test_a_loaded_stage_fetches_with_the_loaded_wait_and_short_again_below_it():
     clock = Clock()
     streams = 0
-    pace = FetchPace(20, 250, idle_after_s=1.0, busy=lambda: streams, clock=clock,
-                     loaded_ms=50, loaded_at=32)
+    pace = FetchPace(
+        20, 250, idle_after_s=1.0, busy=lambda: streams, clock=clock, loaded_ms=50, loaded_at=32
+    )
     streams = 31
     assert pace.polled({}) == 20
     streams = 32
@@ -114,8 +120,9 @@ async def test_the_loaded_wait_alone_makes_a_paced_consumer():
 async def test_the_first_event_wait_alone_makes_a_paced_consumer():
     consumer = KafkaConfig("127.0.0.1:1", first_event_fetch_wait_ms=5).consumer()
     assert consumer.pace is not None and consumer.pace.eager_ms == 5
-    assert KafkaConfig("127.0.0.1:1", first_event_fetch_wait_ms=5).consumer(
-        bulk=True).pace is None  # nobody waits on a bulk consumer's first event
+    assert (
+        KafkaConfig("127.0.0.1:1", first_event_fetch_wait_ms=5).consumer(bulk=True).pace is None
+    )  # nobody waits on a bulk consumer's first event
 
 
 async def test_a_consumer_stops_fetching_partitions_and_resumes_them_with_the_short_wait():
@@ -136,11 +143,18 @@ async def test_a_consumer_stops_fetching_partitions_and_resumes_them_with_the_sh
     assert consumer.pace.polled({}) == 20  # awake from now on, not idle
 
 
-
 def test_a_stage_awaiting_a_first_event_fetches_eagerly_unless_loaded():
     streams, eager = 1, True
-    pace = FetchPace(20, 250, idle_after_s=1.0, busy=lambda: streams, eager=lambda _: eager,
-                     eager_ms=5, loaded_ms=50, loaded_at=32)
+    pace = FetchPace(
+        20,
+        250,
+        idle_after_s=1.0,
+        busy=lambda: streams,
+        eager=lambda _: eager,
+        eager_ms=5,
+        loaded_ms=50,
+        loaded_at=32,
+    )
     assert pace.polled({}) == 5
     eager = False
     assert pace.polled({}) == 20
@@ -154,8 +168,16 @@ def test_a_stage_that_expects_a_first_event_fetches_eagerly_from_the_next_fetch(
     one stream at a time the first event itself would be the first poll to say so), awake
     if it was idle, and never shorter than the loaded wait under load."""
     clock, streams = Clock(), 1
-    pace = FetchPace(20, 250, idle_after_s=1.0, busy=lambda: streams, eager_ms=5,
-                     loaded_ms=50, loaded_at=32, clock=clock)
+    pace = FetchPace(
+        20,
+        250,
+        idle_after_s=1.0,
+        busy=lambda: streams,
+        eager_ms=5,
+        loaded_ms=50,
+        loaded_at=32,
+        clock=clock,
+    )
     assert pace.expecting() == 5
     streams, clock.now = 0, 5.0
     assert pace.polled({}) == 250

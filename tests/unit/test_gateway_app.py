@@ -56,8 +56,10 @@ USAGE = Usage(prompt_tokens=7, completion_tokens=2, cached_tokens=3)
 
 def is_background(request: GenerationRequest) -> bool:
     """A title or summary the gateway asks for on its own."""
-    return bool(request.messages) and request.messages[0].content in (TITLE_INSTRUCTIONS,
-                                                                      SUMMARY_INSTRUCTIONS)
+    return bool(request.messages) and request.messages[0].content in (
+        TITLE_INSTRUCTIONS,
+        SUMMARY_INSTRUCTIONS,
+    )
 
 
 class ScriptedStream:
@@ -147,8 +149,9 @@ class ScriptedPipeline:
         self.started.append(request)
         return 0, len(self.started) - 1
 
-    async def follow(self, request_id: str, conversation_id: str, partition: int,
-                     offset: int) -> ScriptedStream:
+    async def follow(
+        self, request_id: str, conversation_id: str, partition: int, offset: int
+    ) -> ScriptedStream:
         """The answer's events as chat.answers holds them: its marker, then what its
         script played so far (all of it once the stream ended)."""
         [request] = [r for r in self.started if r.request_id == request_id]
@@ -210,12 +213,20 @@ class WordTokenizer:
 def word_context(settings: Settings) -> ContextBuilder:
     """The deployment's context policy, counting words instead of loading a tokenizer."""
     built = ContextBuilder.from_config(gateway_config(settings).context)
-    return ContextBuilder(system_prompt=settings.system_prompt, policy=built.policy,
-                          counter=lambda model: TokenCounter(WordTokenizer()))
+    return ContextBuilder(
+        system_prompt=settings.system_prompt,
+        policy=built.policy,
+        counter=lambda model: TokenCounter(WordTokenizer()),
+    )
 
 
-def gateway_deps(settings: Settings, store: SQLiteStore, pipeline: ScriptedPipeline,
-                 context: ContextBuilder | None = None, **options: Any) -> GatewayDeps:
+def gateway_deps(
+    settings: Settings,
+    store: SQLiteStore,
+    pipeline: ScriptedPipeline,
+    context: ContextBuilder | None = None,
+    **options: Any,
+) -> GatewayDeps:
     """What the wiring gives the gateway under `settings`, around a test's store,
     pipeline and (word-counting) context builder; `reply_wait_s` replaces the config's."""
     config = gateway_config(settings)
@@ -361,19 +372,26 @@ async def test_shedding_tier_is_503_with_retry_after_before_anything_is_stored(
 ):
     cid = await new_conversation(client)
     pipeline.shedding[Tier.PRO] = 7.2
-    response = await client.post(f"/v1/conversations/{cid}/messages", json={"content": "hi"},
-                                 headers=ALICE)
+    response = await client.post(
+        f"/v1/conversations/{cid}/messages", json={"content": "hi"}, headers=ALICE
+    )
     assert_error(response, 503, "overloaded")
     assert response.headers["retry-after"] == "8"
     assert await store.list_messages(cid) == []
-    completion = await client.post("/v1/chat/completions", headers=ALICE, json={
-        "model": "tiny", "messages": [{"role": "user", "content": "hi"}]})
+    completion = await client.post(
+        "/v1/chat/completions",
+        headers=ALICE,
+        json={"model": "tiny", "messages": [{"role": "user", "content": "hi"}]},
+    )
     assert_error(completion, 503, "overloaded")
     assert pipeline.submitted == []
     pipeline.shedding.clear()
     pipeline.script(done(0))
-    assert (await client.post(f"/v1/conversations/{cid}/messages", json={"content": "hi"},
-                              headers=ALICE)).status_code == 200
+    assert (
+        await client.post(
+            f"/v1/conversations/{cid}/messages", json={"content": "hi"}, headers=ALICE
+        )
+    ).status_code == 200
 
 
 # --- native API -----------------------------------------------------------------------
@@ -406,8 +424,9 @@ async def test_native_stream_wire_format(client, store, pipeline):
     assert response.headers["content-type"].startswith("text/event-stream")
     [request] = pipeline.submitted
     user, answer = await store.list_messages(cid)
-    assert (answer.content, answer.status) == ("Hello\n", RequestStatus.FINISHED_STOPPED), \
+    assert (answer.content, answer.status) == ("Hello\n", RequestStatus.FINISHED_STOPPED), (
         "stored before the end was sent"
+    )
     opened = json.dumps(
         {
             "request_id": request.request_id,
@@ -442,7 +461,10 @@ async def test_native_request_carries_owner_and_prompt(client, store, pipeline, 
     user, answer = await store.list_messages(cid)
     assert (user.role, user.content, user.parent_id) == (Role.USER, "hi", None)
     assert (answer.message_id, answer.parent_id, answer.request_id) == (
-        request.message_id, user.message_id, request.request_id)
+        request.message_id,
+        user.message_id,
+        request.request_id,
+    )
     record = await store.get_request(request.request_id)
     assert record is not None and (record.user_id, record.reply_to) == ("alice", REPLY_TO)
     assert pipeline.started == [request], "the marker on chat.answers comes first"
@@ -451,7 +473,9 @@ async def test_native_request_carries_owner_and_prompt(client, store, pipeline, 
     assert request.cache_salt == "org-a" and request.reply_to == REPLY_TO and request.store
     assert request.model == "tiny"
     assert [(m.role, m.content) for m in request.messages] == [
-        (Role.SYSTEM, settings.system_prompt), (Role.USER, "hi")]
+        (Role.SYSTEM, settings.system_prompt),
+        (Role.USER, "hi"),
+    ]
     assert (request.sampling.max_tokens, request.sampling.temperature) == (5, 0.0)
     assert request.deadline == pytest.approx(request.created_at + settings.request_timeout_s, 1)
     assert request.message_id not in (user.message_id, request.request_id)
@@ -467,7 +491,9 @@ async def test_the_answer_is_stored_when_its_end_arrives_and_the_next_turn_sees_
     first = pipeline.submitted[0]
     shown = (await client.get(f"/v1/conversations/{cid}", headers=ALICE)).json()
     assert [(m["content"], m["status"]) for m in shown["messages"]] == [
-        ("hi", "finished_stopped"), ("yo", "finished_stopped")]
+        ("hi", "finished_stopped"),
+        ("yo", "finished_stopped"),
+    ]
     response = await client.post(
         f"/v1/conversations/{cid}/messages", json={"content": "again"}, headers=ALICE
     )
@@ -492,8 +518,15 @@ async def test_a_turn_while_the_previous_answer_streams_waits_then_is_409(
     first = pipeline.submitted[0]
     user, answer = await store.list_messages(cid)
     # Another answer to the same message, still streaming (say, on another gateway).
-    streaming = NewMessage("m2", cid, Role.ASSISTANT, "", parent_id=user.message_id,
-                           status=RequestStatus.IN_PROGRESS, request_id="r2")
+    streaming = NewMessage(
+        "m2",
+        cid,
+        Role.ASSISTANT,
+        "",
+        parent_id=user.message_id,
+        status=RequestStatus.IN_PROGRESS,
+        request_id="r2",
+    )
     await store.start_answer(streaming, RequestRecord("r2", cid, "m2", "alice", 0, 9, REPLY_TO))
     started = asyncio.get_running_loop().time()
     response = await client.post(
@@ -505,8 +538,9 @@ async def test_a_turn_while_the_previous_answer_streams_waits_then_is_409(
 
     async def finish_soon() -> None:
         await asyncio.sleep(0.1)
-        await store.finish_answer(dataclasses.replace(streaming, content="ok",
-                                                      status=RequestStatus.FINISHED_STOPPED))
+        await store.finish_answer(
+            dataclasses.replace(streaming, content="ok", status=RequestStatus.FINISHED_STOPPED)
+        )
 
     pipeline.script(done(0))
     finishing = asyncio.create_task(finish_soon())
@@ -526,8 +560,15 @@ async def test_a_store_read_that_hangs_does_not_hold_a_turn_past_the_wait(
     pipeline.script(done(0))
     await client.post(f"/v1/conversations/{cid}/messages", json={"content": "hi"}, headers=ALICE)
     user, _ = await store.list_messages(cid)
-    streaming = NewMessage("m2", cid, Role.ASSISTANT, "", parent_id=user.message_id,
-                           status=RequestStatus.IN_PROGRESS, request_id="r2")
+    streaming = NewMessage(
+        "m2",
+        cid,
+        Role.ASSISTANT,
+        "",
+        parent_id=user.message_id,
+        status=RequestStatus.IN_PROGRESS,
+        request_id="r2",
+    )
     await store.start_answer(streaming, RequestRecord("r2", cid, "m2", "alice", 0, 9, REPLY_TO))
 
     async def hangs(message_id: str):
@@ -591,8 +632,7 @@ async def test_native_error_and_retract_events(client, pipeline):
     assert pipeline.cancelled == []
 
 
-async def test_native_stream_cut_short_reports_and_is_held_for_a_resume(client, pipeline,
-                                                                        settings):
+async def test_native_stream_cut_short_reports_and_is_held_for_a_resume(client, pipeline, settings):
     cid = await new_conversation(client)
     pipeline.script(delta("a", 0))  # ends without done: e.g. the gateway is stopping
     response = await client.post(
@@ -691,8 +731,9 @@ async def test_openai_errors(sdk, pipeline):
     with pytest.raises(openai.InternalServerError) as shed:
         await sdk.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}])
     assert shed.value.status_code == 503 and shed.value.response.headers["retry-after"] == "4"
-    pipeline.script(delta("a", 0),
-                    DeliveryError(request_id="-", seq=1, code="engine", message="boom"))
+    pipeline.script(
+        delta("a", 0), DeliveryError(request_id="-", seq=1, code="engine", message="boom")
+    )
     stream = await sdk.chat.completions.create(
         model="tiny", messages=[{"role": "user", "content": "x"}], stream=True
     )

@@ -37,8 +37,9 @@ from tests.unit.test_gateway_app import (  # noqa: F401 - fixtures
 
 async def turn(client, cid: str, content: str = "hi", headers=ALICE, **body) -> dict:
     """POST a turn; the ids of its `request` event."""
-    response = await client.post(f"/v1/conversations/{cid}/messages", headers=headers,
-                                 json={"content": content, **body})
+    response = await client.post(
+        f"/v1/conversations/{cid}/messages", headers=headers, json={"content": content, **body}
+    )
     assert response.status_code == 200, response.text
     return orjson.loads(response.text.split("data: ", 1)[1].split("\n", 1)[0])
 
@@ -57,27 +58,34 @@ async def test_list_is_the_callers_only_and_pages(client):
     await new_conversation(client, BOB)
     page = (await client.get("/v1/conversations?limit=2", headers=ALICE)).json()
     assert [c["conversation_id"] for c in page["data"]] == mine[:0:-1]
-    rest = (await client.get(f"/v1/conversations?cursor={page['next_cursor']}",
-                             headers=ALICE)).json()
+    rest = (
+        await client.get(f"/v1/conversations?cursor={page['next_cursor']}", headers=ALICE)
+    ).json()
     assert [c["conversation_id"] for c in rest["data"]] == mine[:1]
     assert rest["next_cursor"] is None
-    assert_error(await client.get("/v1/conversations?cursor=%%%", headers=ALICE),
-                 404, "cursor_not_found")
-    assert_error(await client.get("/v1/conversations?limit=101", headers=ALICE),
-                 422, "invalid_request")
+    assert_error(
+        await client.get("/v1/conversations?cursor=%%%", headers=ALICE), 404, "cursor_not_found"
+    )
+    assert_error(
+        await client.get("/v1/conversations?limit=101", headers=ALICE), 422, "invalid_request"
+    )
 
 
 async def test_rename_and_delete_are_the_owners_only(client, store):
     cid = await new_conversation(client)
     await store.add_message(NewMessage("m1", cid, Role.USER, "hello"))
-    for response in [await client.patch(f"/v1/conversations/{cid}", json={"title": "x"},
-                                        headers=BOB),
-                     await client.delete(f"/v1/conversations/{cid}", headers=BOB)]:
+    for response in [
+        await client.patch(f"/v1/conversations/{cid}", json={"title": "x"}, headers=BOB),
+        await client.delete(f"/v1/conversations/{cid}", headers=BOB),
+    ]:
         assert_error(response, 404, "conversation_not_found")
     renamed = await client.patch(f"/v1/conversations/{cid}", json={"title": "New"}, headers=ALICE)
     assert renamed.json()["title"] == "New"
-    assert_error(await client.patch(f"/v1/conversations/{cid}", json={"title": "x" * 201},
-                                    headers=ALICE), 422, "invalid_request")
+    assert_error(
+        await client.patch(f"/v1/conversations/{cid}", json={"title": "x" * 201}, headers=ALICE),
+        422,
+        "invalid_request",
+    )
     assert (await client.delete(f"/v1/conversations/{cid}", headers=ALICE)).status_code == 204
     assert await store.get_conversation(cid) is None and await store.list_messages(cid) == []
 
@@ -113,8 +121,9 @@ async def test_only_the_owner_stops_a_running_answer(app, client, pipeline, deps
     [request] = pipeline.submitted
     path = f"/v1/requests/{request.request_id}/cancel"
     assert_error(await client.post(path, headers=BOB), 404, "request_not_found")
-    assert_error(await client.post("/v1/requests/nope/cancel", headers=ALICE),
-                 404, "request_not_found")
+    assert_error(
+        await client.post("/v1/requests/nope/cancel", headers=ALICE), 404, "request_not_found"
+    )
     stopped = await client.post(path, headers=ALICE)
     assert stopped.status_code == 202
     assert stopped.json() == {"request_id": request.request_id, "status": "cancelling"}
@@ -141,7 +150,9 @@ async def test_regenerate_and_edit_build_from_the_right_thread(client, store, pi
     pipeline.script(done(0))
     response = await client.post(
         f"/v1/conversations/{cid}/messages/{second['message_id']}/regenerate",
-        json={"temperature": 1.5}, headers=ALICE)
+        json={"temperature": 1.5},
+        headers=ALICE,
+    )
     assert response.status_code == 200
     regenerated = pipeline.submitted[-1]
     assert regenerated.parent_id == second["user_message_id"]
@@ -154,20 +165,26 @@ async def test_regenerate_and_edit_build_from_the_right_thread(client, store, pi
     pipeline.script(done(0))
     response = await client.post(
         f"/v1/conversations/{cid}/messages/{second['user_message_id']}/edit",
-        json={"content": "two, again"}, headers=ALICE)
+        json={"content": "two, again"},
+        headers=ALICE,
+    )
     assert response.status_code == 200
     edit = pipeline.submitted[-1]
     assert [m.content for m in edit.messages[1:]] == ["one", "answer one", "two, again"]
     edited = await store.get_message(edit.parent_id)
     assert edited.parent_id == first["message_id"] and edited.content == "two, again"
 
-    for path, code in [(f"{second['message_id']}/edit", "not_a_user_message"),
-                       ("nope/edit", "message_not_found"),
-                       ("nope/regenerate", "message_not_found")]:
+    for path, code in [
+        (f"{second['message_id']}/edit", "not_a_user_message"),
+        ("nope/edit", "message_not_found"),
+        ("nope/regenerate", "message_not_found"),
+    ]:
         status = 404 if code == "message_not_found" else 400
-        response = await client.post(f"/v1/conversations/{cid}/messages/{path}",
-                                     json={"content": "x"} if "edit" in path else {},
-                                     headers=ALICE)
+        response = await client.post(
+            f"/v1/conversations/{cid}/messages/{path}",
+            json={"content": "x"} if "edit" in path else {},
+            headers=ALICE,
+        )
         assert_error(response, status, code)
 
 
@@ -177,8 +194,11 @@ async def test_a_prompt_over_the_window_is_413_before_anything_is_stored(
     small = settings.model_copy(update={"max_model_len": 20})
     async with app_client(small, store, pipeline) as (client, _):
         cid = await new_conversation(client)
-        response = await client.post(f"/v1/conversations/{cid}/messages", headers=ALICE,
-                                     json={"content": "a b c d e f g h", "max_tokens": 10})
+        response = await client.post(
+            f"/v1/conversations/{cid}/messages",
+            headers=ALICE,
+            json={"content": "a b c d e f g h", "max_tokens": 10},
+        )
         assert_error(response, 413, "context_too_long")
         assert await store.list_messages(cid) == [] and pipeline.submitted == []
         pipeline.script(done(0))
@@ -216,7 +236,8 @@ async def test_first_exchange_gets_a_fallback_then_a_generated_title(client, sto
 
     async def titled() -> bool:
         return (await client.get(f"/v1/conversations/{cid}", headers=ALICE)).json()[
-            "title"] == "Trip to Rome"
+            "title"
+        ] == "Trip to Rome"
 
     await until(titled)
 
@@ -227,7 +248,8 @@ async def test_title_stays_the_fallback_when_the_answer_fails(client, store, pip
     pipeline.script(DeliveryError(request_id="-", code="engine", message="boom"))
     await turn(client, cid, "plan my trip")
     assert (await client.get(f"/v1/conversations/{cid}", headers=ALICE)).json()[
-        "title"] == "plan my trip"
+        "title"
+    ] == "plan my trip"
     assert pipeline.background == [] and len(deps.background) == 0
 
 
@@ -256,11 +278,17 @@ async def test_closing_cancels_background_generations(client, pipeline, deps: Ga
 async def test_a_summary_is_generated_once_the_history_fills_the_window(
     store, pipeline, settings: Settings
 ):
-    small = settings.model_copy(update={
-        "context_window_tokens": {"tiny": 60}, "context_strategy": {"tiny": "summary"},
-        "system_prompt": "sys"})
-    pipeline.background_scripts += [([delta("Questions", 0), done(1)], False),  # the title
-                                    ([delta("Alice asked questions.", 0), done(1)], False)]
+    small = settings.model_copy(
+        update={
+            "context_window_tokens": {"tiny": 60},
+            "context_strategy": {"tiny": "summary"},
+            "system_prompt": "sys",
+        }
+    )
+    pipeline.background_scripts += [
+        ([delta("Questions", 0), done(1)], False),  # the title
+        ([delta("Alice asked questions.", 0), done(1)], False),
+    ]
     async with app_client(small, store, pipeline) as (client, _):
         cid = await new_conversation(client)
         for n in range(4):

@@ -39,10 +39,13 @@ def test_an_edit_continues_the_thread_up_to_the_edited_messages_parent():
     assert core.edit_thread(tree(Q1, A1, Q2), "m1") == []
 
 
-@pytest.mark.parametrize(("target", "refusal", "code"), [
-    ("m2", core.Unacceptable, "not_a_user_message"),
-    ("m9", core.NotFound, "message_not_found"),
-])
+@pytest.mark.parametrize(
+    ("target", "refusal", "code"),
+    [
+        ("m2", core.Unacceptable, "not_a_user_message"),
+        ("m9", core.NotFound, "message_not_found"),
+    ],
+)
 def test_only_a_users_message_of_this_conversation_is_edited(target, refusal, code):
     with pytest.raises(refusal) as refused:
         core.edit_thread(tree(Q1, A1, Q2), target)
@@ -61,23 +64,40 @@ def test_an_answer_without_a_question_is_not_regenerated():
     assert refused.value.code == "nothing_to_regenerate"
 
 
-@pytest.mark.parametrize(("thread", "pending"), [
-    ([], None),
-    ([Q1], None),
-    ([Q1, A1], None),
-    ([Q1, message("m2", Role.ASSISTANT, "m1", status=RequestStatus.IN_PROGRESS)], "m2"),
-    ([Q1, message("m2", Role.ASSISTANT, "m1", status=RequestStatus.IN_PROGRESS,
-                  created_at=NOW - 301)], None),  # stale: nothing finished it
-])
+@pytest.mark.parametrize(
+    ("thread", "pending"),
+    [
+        ([], None),
+        ([Q1], None),
+        ([Q1, A1], None),
+        ([Q1, message("m2", Role.ASSISTANT, "m1", status=RequestStatus.IN_PROGRESS)], "m2"),
+        (
+            [
+                Q1,
+                message(
+                    "m2",
+                    Role.ASSISTANT,
+                    "m1",
+                    status=RequestStatus.IN_PROGRESS,
+                    created_at=NOW - 301,
+                ),
+            ],
+            None,
+        ),  # stale: nothing finished it
+    ],
+)
 def test_a_turn_waits_only_for_an_answer_still_streaming(thread, pending):
     assert core.pending_answer(thread, NOW, stale_after_s=300) == pending
 
 
-@pytest.mark.parametrize(("answer", "ended"), [
-    (None, True),  # deleted meanwhile
-    (message("m2", Role.ASSISTANT, "m1", status=RequestStatus.IN_PROGRESS), False),
-    (message("m2", Role.ASSISTANT, "m1"), True),
-])
+@pytest.mark.parametrize(
+    ("answer", "ended"),
+    [
+        (None, True),  # deleted meanwhile
+        (message("m2", Role.ASSISTANT, "m1", status=RequestStatus.IN_PROGRESS), False),
+        (message("m2", Role.ASSISTANT, "m1"), True),
+    ],
+)
 def test_a_waiting_turn_goes_on_once_the_answer_it_waits_for_has_ended(answer, ended):
     assert core.answer_ended(answer) is ended
 
@@ -108,7 +128,11 @@ def test_an_owners_request_is_billed_and_cached_as_the_owner():
                                  timeout_s=30, sent_at=NOW, conversation_id="c1",
                                  parent_id="m1", store=True)  # fmt: skip
     assert (request.user_id, request.org_id, request.tier, request.cache_salt) == (
-        "alice", "acme", Tier.PRO, "acme")
+        "alice",
+        "acme",
+        Tier.PRO,
+        "acme",
+    )
     assert (request.conversation_id, request.parent_id, request.store) == ("c1", "m1", True)
     assert request.deadline == NOW + 30
     other = core.owner_request(owner, model="tiny", messages=messages, sampling=SamplingOptions(),

@@ -37,23 +37,26 @@ async def test_an_inbox_hands_over_everything_that_arrived_at_once():
 
 def test_consecutive_deltas_merge_under_the_id_of_the_last():
     queued = Queued(request_id="r", position=3)
-    end = DeliveryDone(request_id="r", seq=5, status=RequestStatus.FINISHED_STOPPED,
-                       usage=Usage())
-    merged = merged_deltas([delta("a", 0), delta("b", 1), queued, delta("c", 3),
-                            delta("d", 4), end])
+    end = DeliveryDone(request_id="r", seq=5, status=RequestStatus.FINISHED_STOPPED, usage=Usage())
+    merged = merged_deltas(
+        [delta("a", 0), delta("b", 1), queued, delta("c", 3), delta("d", 4), end]
+    )
     assert merged == [delta("ab", 1), queued, delta("cd", 4), end]
     assert merged_deltas([delta("a", 0)]) == [delta("a", 0)]
     assert sse.native_event(merged[0]) == b'id: 1\nevent: delta\ndata: {"delta":"ab"}\n\n'
 
 
 def record(value: bytes | None, offset: int = 0) -> ConsumerRecord:
-    return ConsumerRecord("chat.deliver.gw", 0, offset, 0, 0, b"k", value, None, 1,
-                          len(value or b""), ())
+    return ConsumerRecord(
+        "chat.deliver.gw", 0, offset, 0, 0, b"k", value, None, 1, len(value or b""), ()
+    )
 
 
 def test_a_fetched_batch_is_decoded_in_one_step_unless_a_record_is_bad():
-    good = [record(orjson.dumps(delta("a", 0).model_dump())),
-            record(Reroute(request_id="r", reply_to="chat.deliver.b").model_dump_json().encode())]
+    good = [
+        record(orjson.dumps(delta("a", 0).model_dump())),
+        record(Reroute(request_id="r", reply_to="chat.deliver.b").model_dump_json().encode()),
+    ]
     assert [type(e) for e in decoded_batch(good) or []] == [Delta, Reroute]
     assert decoded_batch([*good, record(b"not json")]) is None
     assert decoded_batch([*good, record(None)]) is None
@@ -133,8 +136,9 @@ async def frames_then_wait(*frames: bytes) -> AsyncIterator[bytes]:
 async def test_a_quiet_stream_is_pinged_and_a_disconnect_ends_it_and_runs_the_background():
     closed = asyncio.Event()
     client = Client()
-    response = EventStreamResponse(frames_then_wait(b"data: 1\n\n"), ping_s=0.02,
-                                   background=BackgroundTask(closed.set))
+    response = EventStreamResponse(
+        frames_then_wait(b"data: 1\n\n"), ping_s=0.02, background=BackgroundTask(closed.set)
+    )
     serving = asyncio.create_task(response({}, client.receive, client.send))
     await asyncio.sleep(0.1)
     assert client.sent[0] == b"data: 1\n\n" and sse.PING in client.sent[1:]
@@ -145,9 +149,12 @@ async def test_a_quiet_stream_is_pinged_and_a_disconnect_ends_it_and_runs_the_ba
 
 async def test_a_client_that_stops_reading_is_treated_as_gone():
     closed = asyncio.Event()
-    response = EventStreamResponse(frames_then_wait(b"data: 1\n\n", b"data: 2\n\n"),
-                                   ping_s=0.02, send_timeout_s=0.05,
-                                   background=BackgroundTask(closed.set))
+    response = EventStreamResponse(
+        frames_then_wait(b"data: 1\n\n", b"data: 2\n\n"),
+        ping_s=0.02,
+        send_timeout_s=0.05,
+        background=BackgroundTask(closed.set),
+    )
     client = Client(blocked=True)
     await asyncio.wait_for(response({}, client.receive, client.send), 1)
     assert client.sent == [b"data: 1\n\n"] and closed.is_set()
@@ -163,9 +170,12 @@ async def test_a_client_that_stops_reading_after_the_last_frame_is_gone_too(stre
     """The ping of a quiet stream and the final send wait for the same full buffer as a
     frame: neither may keep the response (and the generation behind it) forever."""
     closed = asyncio.Event()
-    response = EventStreamResponse(stream(b"data: 1\n\n"), ping_s=0.02, send_timeout_s=0.05,
-                                   background=BackgroundTask(closed.set))
+    response = EventStreamResponse(
+        stream(b"data: 1\n\n"),
+        ping_s=0.02,
+        send_timeout_s=0.05,
+        background=BackgroundTask(closed.set),
+    )
     client = Client(blocked=True)
     await asyncio.wait_for(response({}, client.receive, client.send), 1)
     assert client.sent == [b"data: 1\n\n"] and closed.is_set()
-

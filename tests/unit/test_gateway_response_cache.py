@@ -84,8 +84,11 @@ async def native(client, text="2+2?", temperature=0.0, headers=ALICE, cid=None):
     if cid is None:
         created = await client.post("/v1/conversations", json={}, headers=headers)
         cid = created.json()["conversation_id"]
-    response = await client.post(f"/v1/conversations/{cid}/messages", headers=headers,
-                                 json={"content": text, "temperature": temperature})
+    response = await client.post(
+        f"/v1/conversations/{cid}/messages",
+        headers=headers,
+        json={"content": text, "temperature": temperature},
+    )
     assert response.status_code == 200, response.text
     return cid, sse.parse_messages(response.text)
 
@@ -130,7 +133,10 @@ async def test_a_repeat_of_an_opted_in_org_is_replayed_stored_and_marked_hit(
     assert (usage.gpu_ms, usage.worker_id, usage.org_id) == (0.0, "response-cache", "org-a")
     _, answer = await store.list_messages(cid)
     assert (answer.content, answer.status, answer.request_id) == (
-        "The answer is 4.", RequestStatus.FINISHED_STOPPED, request.request_id)
+        "The answer is 4.",
+        RequestStatus.FINISHED_STOPPED,
+        request.request_id,
+    )
 
 
 async def test_an_opted_out_org_never_hits(client, pipeline, recorder, opted_in) -> None:

@@ -9,7 +9,15 @@ import json
 from conversations.answers import answer_started
 from gateway.stream_relay import StreamRelay
 from schemas import sse
-from schemas.events import ChatMessage, Delta, DeliveryError, GenerationRequest, Queued, Retract, Role
+from schemas.events import (
+    ChatMessage,
+    Delta,
+    DeliveryError,
+    GenerationRequest,
+    Queued,
+    Retract,
+    Role,
+)
 from schemas.lifecycle import RequestStatus
 from tests.unit.test_gateway_app import (  # noqa: F401 - fixtures
     ALICE,
@@ -30,8 +38,9 @@ from tests.unit.test_gateway_conversations import app_client
 
 async def answered(client, pipeline, cid: str, *events) -> dict:
     pipeline.script(*events)
-    response = await client.post(f"/v1/conversations/{cid}/messages", json={"content": "hi"},
-                                 headers=ALICE)
+    response = await client.post(
+        f"/v1/conversations/{cid}/messages", json={"content": "hi"}, headers=ALICE
+    )
     return json.loads(sse.parse_messages(response.text)[0].data)
 
 
@@ -43,14 +52,16 @@ async def test_a_finished_answer_is_replayed_after_the_last_event_id(client, pip
     assert response.status_code == 200
     messages = sse.parse_messages(response.text)
     assert [(m.event, m.id) for m in messages] == [
-        ("request", None), ("delta", "1"), ("done", "2"), (None, None)]
+        ("request", None),
+        ("delta", "1"),
+        ("done", "2"),
+        (None, None),
+    ]
     assert json.loads(messages[0].data) == ids
     assert json.loads(messages[1].data) == {"delta": "lo"} and messages[-1].is_done
     everything = sse.parse_messages((await client.get(path, headers=ALICE)).text)
-    assert "".join(json.loads(m.data)["delta"] for m in everything if m.event == "delta") \
-        == "Hello"
-    by_query = sse.parse_messages((await client.get(f"{path}?last_event_id=1",
-                                                    headers=ALICE)).text)
+    assert "".join(json.loads(m.data)["delta"] for m in everything if m.event == "delta") == "Hello"
+    by_query = sse.parse_messages((await client.get(f"{path}?last_event_id=1", headers=ALICE)).text)
     assert [m.event for m in by_query] == ["request", "done", None]
     assert pipeline.resumed[-1] == (ids["request_id"], REPLY_TO)
     assert pipeline.cancelled == []
@@ -63,10 +74,14 @@ async def test_resume_is_the_owners_only_and_ids_are_checked(client, pipeline):
     ids = await answered(client, pipeline, cid, done(0))
     path = f"/v1/requests/{ids['request_id']}/events"
     assert_error(await client.get(path, headers=BOB), 404, "request_not_found")
-    assert_error(await client.get("/v1/requests/nope/events", headers=ALICE), 404,
-                 "request_not_found")
-    assert_error(await client.get(path, headers={**ALICE, "Last-Event-ID": "x"}), 400,
-                 "invalid_last_event_id")
+    assert_error(
+        await client.get("/v1/requests/nope/events", headers=ALICE), 404, "request_not_found"
+    )
+    assert_error(
+        await client.get(path, headers={**ALICE, "Last-Event-ID": "x"}),
+        400,
+        "invalid_last_event_id",
+    )
 
 
 async def test_a_stream_with_no_event_for_the_stall_time_ends_and_is_cancelled(
@@ -76,11 +91,16 @@ async def test_a_stream_with_no_event_for_the_stall_time_ends_and_is_cancelled(
     async with app_client(quick, store, pipeline) as (client, _):
         cid = await new_conversation(client)
         pipeline.script(delta("a", 0), hold=True)
-        response = await client.post(f"/v1/conversations/{cid}/messages",
-                                     json={"content": "hi"}, headers=ALICE)
+        response = await client.post(
+            f"/v1/conversations/{cid}/messages", json={"content": "hi"}, headers=ALICE
+        )
     messages = sse.parse_messages(response.text)
     assert [(m.event, m.id) for m in messages] == [
-        ("request", None), ("delta", "0"), ("error", "1"), (None, None)]
+        ("request", None),
+        ("delta", "0"),
+        ("error", "1"),
+        (None, None),
+    ]
     assert json.loads(messages[2].data)["code"] == "stalled"
     [request] = pipeline.submitted
     assert pipeline.cancelled == [(request.request_id, "stalled")]
@@ -92,15 +112,31 @@ async def test_a_stream_with_no_event_for_the_stall_time_ends_and_is_cancelled(
 
 
 def request() -> GenerationRequest:
-    return GenerationRequest(request_id="r", conversation_id="c", message_id="m", parent_id="u",
-                             user_id="alice", org_id="o", tier="pro", model="tiny",
-                             messages=(), reply_to=REPLY_TO)
+    return GenerationRequest(
+        request_id="r",
+        conversation_id="c",
+        message_id="m",
+        parent_id="u",
+        user_id="alice",
+        org_id="o",
+        tier="pro",
+        model="tiny",
+        messages=(),
+        reply_to=REPLY_TO,
+    )
 
 
 def test_events_the_client_has_build_the_answer_but_are_not_shown_again():
     relay = StreamRelay(after_id=1)
-    events = [answer_started(request()), Queued(request_id="r", position=1),
-              delta("a", 0), delta("b", 1), delta("b", 1), delta("c", 3), done(4)]
+    events = [
+        answer_started(request()),
+        Queued(request_id="r", position=1),
+        delta("a", 0),
+        delta("b", 1),
+        delta("b", 1),
+        delta("c", 3),
+        done(4),
+    ]
     shown = [relay.add(e) for e in events]
     assert [type(e).__name__ for e in shown if e is not None] == ["Queued", "Delta", "DeliveryDone"]
     assert relay.ended and relay.answer().content == "abc"
@@ -115,9 +151,11 @@ def test_queue_updates_after_the_first_output_are_not_shown():
 
 def test_a_retraction_is_what_gets_stored():
     relay = StreamRelay(answer_started(request()))
-    for event in (delta("bob@", 0), Retract(request_id="r", seq=1, message_id="m",
-                                            reason="pii", replacement="[removed]"),
-                  done(2, RequestStatus.FINISHED_FILTERED)):
+    for event in (
+        delta("bob@", 0),
+        Retract(request_id="r", seq=1, message_id="m", reason="pii", replacement="[removed]"),
+        done(2, RequestStatus.FINISHED_FILTERED),
+    ):
         relay.add(event)
     stored = relay.answer()
     assert (stored.content, stored.status) == ("[removed]", RequestStatus.FINISHED_FILTERED)

@@ -70,8 +70,7 @@ def test_ttl_zero_deletes_nothing_and_a_ttl_within_the_grace_is_refused():
 
 
 def test_only_the_scheduler_may_delete_delivery_topics():
-    deleting = {user for user in GRANTS
-                if allowed(user, Operation.DELETE, Resource.TOPIC, G1)}
+    deleting = {user for user in GRANTS if allowed(user, Operation.DELETE, Resource.TOPIC, G1)}
     assert deleting == {"scheduler"}
     assert not allowed("scheduler", Operation.DELETE, Resource.TOPIC, "chat.tokens")
 

@@ -7,9 +7,17 @@ from schemas.events import GenerationRequest
 
 
 def request(rid: str, reply_to: str = "chat.deliver.g1") -> GenerationRequest:
-    return GenerationRequest(request_id=rid, conversation_id="c", message_id="m", user_id="u",
-                             org_id="o", tier="free", model="tiny", messages=(),
-                             reply_to=reply_to)
+    return GenerationRequest(
+        request_id=rid,
+        conversation_id="c",
+        message_id="m",
+        user_id="u",
+        org_id="o",
+        tier="free",
+        model="tiny",
+        messages=(),
+        reply_to=reply_to,
+    )
 
 
 def test_a_silent_gateway_s_streams_are_abandoned_once_after_the_grace():
@@ -47,8 +55,9 @@ def test_only_the_gateway_relaying_a_stream_may_have_it_cancelled():
     watch.rerouted("a", "chat.deliver.g1")  # and back on g1
     assert watch.holds("chat.deliver.g1", "a", asked_through="chat.deliver.g1")
     assert not watch.holds("chat.deliver.g2", "a", asked_through="chat.deliver.g1")
-    assert watch.holds("chat.deliver.g9", "unknown", asked_through=None), \
+    assert watch.holds("chat.deliver.g9", "unknown", asked_through=None), (
         "a request unknown here: the cancel goes on (it may have finished anyway)"
+    )
 
 
 def test_the_requests_are_walked_once_per_gateway_death_not_once_per_decision():

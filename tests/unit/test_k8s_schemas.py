@@ -55,8 +55,11 @@ def strict(schema: Any) -> Any:
     if not isinstance(schema, dict):
         return schema
     result = {key: strict(value) for key, value in schema.items()}
-    if ("properties" in schema and "additionalProperties" not in schema
-            and not schema.get("x-kubernetes-preserve-unknown-fields")):
+    if (
+        "properties" in schema
+        and "additionalProperties" not in schema
+        and not schema.get("x-kubernetes-preserve-unknown-fields")
+    ):
         result["additionalProperties"] = False
     return result
 
@@ -71,8 +74,11 @@ def crd_schemas() -> dict[tuple[str, str], jsonschema.Draft4Validator]:
         # The API server fills these in from the URL; a manifest must name them.
         schema["required"] = sorted({*schema.get("required", ()), "apiVersion", "kind"})
         schema["properties"]["metadata"] = {
-            "type": "object", "required": ["name"],
-            "properties": {"name": {"type": "string"}}, "x-kubernetes-preserve-unknown-fields": True}
+            "type": "object",
+            "required": ["name"],
+            "properties": {"name": {"type": "string"}},
+            "x-kubernetes-preserve-unknown-fields": True,
+        }
         validators[vendored["apiVersion"], vendored["kind"]] = jsonschema.Draft4Validator(schema)
     return validators
 
@@ -81,8 +87,10 @@ def problems(doc: Document) -> list[str]:
     """What is wrong with `doc` by its schema; empty if nothing."""
     key = (doc.get("apiVersion", ""), doc.get("kind", ""))
     if key in crd_schemas():
-        return sorted(f"{'.'.join(map(str, error.absolute_path))}: {error.message}"
-                      for error in crd_schemas()[key].iter_errors(doc))
+        return sorted(
+            f"{'.'.join(map(str, error.absolute_path))}: {error.message}"
+            for error in crd_schemas()[key].iter_errors(doc)
+        )
     try:
         kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
     except kubernetes_validate.SchemaNotFoundError as exc:
@@ -119,9 +127,11 @@ def kustomization(folder: Path) -> dict[str, Any]:
 def listed_files(folder: Path) -> set[Path]:
     """Every file or folder a kustomization names, resolved."""
     spec = kustomization(folder)
-    names = [*spec.get("resources", ()),
-             *(f for g in spec.get("configMapGenerator", ()) for f in g.get("files", ())),
-             *(p["path"] for p in spec.get("patches", ()) if "path" in p)]
+    names = [
+        *spec.get("resources", ()),
+        *(f for g in spec.get("configMapGenerator", ()) for f in g.get("files", ())),
+        *(p["path"] for p in spec.get("patches", ()) if "path" in p),
+    ]
     return {(folder / name).resolve() for name in names}
 
 
@@ -138,14 +148,19 @@ def built(folder: Path) -> list[Document]:
         pytest.skip("kubectl (with its built-in kustomize) is not installed")
     result = subprocess.run(
         [kubectl, "kustomize", "--load-restrictor", "LoadRestrictionsNone", str(folder)],
-        capture_output=True, text=True, check=False, timeout=60)
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
     assert result.returncode == 0, result.stderr
     return [doc for doc in yaml.load_all(result.stdout, Loader=LOADER) if doc]
 
 
 def one(docs: list[Document], kind: str, name: str | None = None) -> Document:
-    (found,) = [d for d in docs if d["kind"] == kind
-                and (name is None or d["metadata"]["name"] == name)]
+    (found,) = [
+        d for d in docs if d["kind"] == kind and (name is None or d["metadata"]["name"] == name)
+    ]
     return found
 
 
@@ -158,8 +173,15 @@ def name_of(doc: Document) -> str:
 
 def test_there_are_manifests_and_schemas_for_every_operator_kind() -> None:
     kinds = {(d["apiVersion"], d["kind"]) for p in manifest_files() for d in documents(p)}
-    assert {"ScaledObject", "Kafka", "KafkaNodePool", "KafkaUser", "K8ssandraCluster",
-            "Deployment", "PodDisruptionBudget"} <= {kind for _, kind in kinds}
+    assert {
+        "ScaledObject",
+        "Kafka",
+        "KafkaNodePool",
+        "KafkaUser",
+        "K8ssandraCluster",
+        "Deployment",
+        "PodDisruptionBudget",
+    } <= {kind for _, kind in kinds}
     assert set(crd_schemas()) <= kinds, "a vendored schema no manifest uses"
 
 
@@ -207,26 +229,39 @@ def mutate(path: str, change: Callable[[Document], Any], kind: str) -> Document:
 
 BROKEN = {
     "a misspelt ScaledObject field": mutate(
-        "worker-scaledobject.yaml", lambda d: d["spec"].update(minReplicaCont=4), "ScaledObject"),
+        "worker-scaledobject.yaml", lambda d: d["spec"].update(minReplicaCont=4), "ScaledObject"
+    ),
     "a trigger threshold not a string": mutate(
-        "worker-scaledobject.yaml", lambda d: d["spec"]["triggers"][0]["metadata"].update(
-            threshold=0.8), "ScaledObject"),
+        "worker-scaledobject.yaml",
+        lambda d: d["spec"]["triggers"][0]["metadata"].update(threshold=0.8),
+        "ScaledObject",
+    ),
     "a node pool role Strimzi lacks": mutate(
-        "operators/kafka.yaml", lambda d: d["spec"].update(roles=["brokers"]), "KafkaNodePool"),
+        "operators/kafka.yaml", lambda d: d["spec"].update(roles=["brokers"]), "KafkaNodePool"
+    ),
     "a SCRAM mechanism Strimzi lacks": mutate(
-        "operators/kafka-users.yaml", lambda d: d["spec"].update(authentication={
-            "type": "scram-sha-256"}), "KafkaUser"),
+        "operators/kafka-users.yaml",
+        lambda d: d["spec"].update(authentication={"type": "scram-sha-256"}),
+        "KafkaUser",
+    ),
     "a datacenter without its size": mutate(
         "operators/cassandra.yaml",
-        lambda d: d["spec"]["cassandra"]["datacenters"][0].pop("size"), "K8ssandraCluster"),
+        lambda d: d["spec"]["cassandra"]["datacenters"][0].pop("size"),
+        "K8ssandraCluster",
+    ),
     "a misspelt pod field": mutate(
-        "worker.yaml", lambda d: d["spec"]["template"]["spec"].update(
-            terminationGracePeriod=120), "Deployment"),
+        "worker.yaml",
+        lambda d: d["spec"]["template"]["spec"].update(terminationGracePeriod=120),
+        "Deployment",
+    ),
     "a budget of a list": mutate(
-        "disruption-budgets.yaml", lambda d: d["spec"].update(maxUnavailable=[1]),
-        "PodDisruptionBudget"),
+        "disruption-budgets.yaml",
+        lambda d: d["spec"].update(maxUnavailable=[1]),
+        "PodDisruptionBudget",
+    ),
     "a kind nobody defines": mutate(
-        "worker-scaledobject.yaml", lambda d: d.update(kind="ScaledObjekt"), "ScaledObject"),
+        "worker-scaledobject.yaml", lambda d: d.update(kind="ScaledObjekt"), "ScaledObject"
+    ),
 }
 
 
@@ -261,8 +296,9 @@ def test_the_operator_deployment_is_the_plain_one_but_kafka_and_cassandra() -> N
         assert operators[key] == plain[key], key
     generated = {g["name"]: g for g in plain["configMapGenerator"]}
     for generator in operators["configMapGenerator"]:
-        files = [str((OPERATORS_DIR / f).resolve().relative_to(K8S_DIR))
-                 for f in generator["files"]]
+        files = [
+            str((OPERATORS_DIR / f).resolve().relative_to(K8S_DIR)) for f in generator["files"]
+        ]
         assert {**generator, "files": files} == generated[generator["name"]]
 
 
@@ -270,7 +306,8 @@ def test_the_operator_deployment_is_the_plain_one_but_kafka_and_cassandra() -> N
 
 
 def test_the_sharded_deployment_is_the_plain_one_with_a_scheduler_per_shard(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """k8s/sharded: every plain manifest, and each named shard's scheduler Deployment,
     whose settings decide for the served model, with the autoscaler on its group's lag."""
     from scheduler.shards import Shard
@@ -279,8 +316,11 @@ def test_the_sharded_deployment_is_the_plain_one_with_a_scheduler_per_shard(
     assert resources(SHARDED_DIR) - own == resources(K8S_DIR)
     docs = built(SHARDED_DIR)
     env = one(docs, "ConfigMap", "chatpipe-env")["data"]
-    shards = [d for d in docs if d["kind"] == "Deployment"
-              and d["metadata"]["name"].startswith("scheduler")]
+    shards = [
+        d
+        for d in docs
+        if d["kind"] == "Deployment" and d["metadata"]["name"].startswith("scheduler")
+    ]
     names = set()
     for deployment in shards:
         (container,) = deployment["spec"]["template"]["spec"]["containers"]
@@ -293,14 +333,21 @@ def test_the_sharded_deployment_is_the_plain_one_with_a_scheduler_per_shard(
     assert names == {"", *settings.scheduler_shards}
     served = settings.shard_of(settings.model_name)
     assert served
-    groups = {t["metadata"]["consumerGroup"] for t in one(docs, "ScaledObject", "worker")[
-        "spec"]["triggers"] if t["type"] == "kafka"}
+    groups = {
+        t["metadata"]["consumerGroup"]
+        for t in one(docs, "ScaledObject", "worker")["spec"]["triggers"]
+        if t["type"] == "kafka"
+    }
     assert groups == {Shard.of(settings.scheduler_shards, served).group}
 
 
 def operator_docs() -> list[Document]:
-    return [d for p in sorted(OPERATORS_DIR.glob("*.yaml")) if p.name != "kustomization.yaml"
-            for d in documents(p)]
+    return [
+        d
+        for p in sorted(OPERATORS_DIR.glob("*.yaml"))
+        if p.name != "kustomization.yaml"
+        for d in documents(p)
+    ]
 
 
 def env_patch() -> dict[str, str]:
@@ -323,9 +370,11 @@ def test_stages_reach_the_operators_services(monkeypatch: pytest.MonkeyPatch) ->
     settings = settings_from({**plain_env, **env_patch()}, monkeypatch)
     # Strimzi's bootstrap Service and cass-operator's datacenter Service.
     assert settings.kafka_bootstrap_servers == (
-        f"{kafka['metadata']['name']}-kafka-bootstrap:{listener['port']}")
+        f"{kafka['metadata']['name']}-kafka-bootstrap:{listener['port']}"
+    )
     assert settings.cassandra_hosts == [
-        f"{cassandra['clusterName']}-{datacenter['metadata']['name']}-service"]
+        f"{cassandra['clusterName']}-{datacenter['metadata']['name']}-service"
+    ]
     assert listener["tls"] is False
     assert settings.kafka_security_protocol == "SASL_PLAINTEXT"
     assert listener["authentication"]["type"].upper() == settings.kafka_sasl_mechanism
@@ -339,11 +388,14 @@ def test_stages_reach_the_operators_services(monkeypatch: pytest.MonkeyPatch) ->
 def test_the_strimzi_cluster_runs_kraft_with_node_pools() -> None:
     docs = operator_docs()
     kafka = one(docs, "Kafka")
-    assert kafka["metadata"]["annotations"] == {"strimzi.io/kraft": "enabled",
-                                                "strimzi.io/node-pools": "enabled"}
+    assert kafka["metadata"]["annotations"] == {
+        "strimzi.io/kraft": "enabled",
+        "strimzi.io/node-pools": "enabled",
+    }
     pools = [d for d in docs if d["kind"] == "KafkaNodePool"]
     assert {d["metadata"]["labels"]["strimzi.io/cluster"] for d in pools} == {
-        kafka["metadata"]["name"]}
+        kafka["metadata"]["name"]
+    }
     roles = [role for pool in pools for role in pool["spec"]["roles"]]
     assert sorted(set(roles)) == ["broker", "controller"]
     controllers = sum(p["spec"]["replicas"] for p in pools if "controller" in p["spec"]["roles"])
@@ -375,7 +427,9 @@ def test_every_stage_has_its_kafka_user_with_the_acl_tables_grants() -> None:
         assert authentication["type"] == "scram-sha-512"
         # The Secret the stage's own pods read (tests/unit/test_deployment_files.py).
         assert authentication["password"]["valueFrom"]["secretKeyRef"] == {
-            "name": f"chatpipe-kafka-{name}", "key": "password"}
+            "name": f"chatpipe-kafka-{name}",
+            "key": "password",
+        }
         if name == ADMIN:
             continue
         deployed: dict[tuple[str, str, bool], set[str]] = defaultdict(set)
@@ -385,7 +439,8 @@ def test_every_stage_has_its_kafka_user_with_the_acl_tables_grants() -> None:
             deployed[key] |= set(acl["operations"])
         assert dict(deployed) == strimzi_acls(name), (
             f"{name}: KafkaUser != chatpipe/kafka_acls.py; regenerate:"
-            " python k8s/operators/kafka_users.py > k8s/operators/kafka-users.yaml")
+            " python k8s/operators/kafka_users.py > k8s/operators/kafka-users.yaml"
+        )
 
 
 def test_the_operator_build_hands_kafka_and_cassandra_to_the_operators() -> None:

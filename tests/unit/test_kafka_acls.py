@@ -62,18 +62,21 @@ def test_deliveries_are_written_by_safety_and_only_read_by_gateways():
     assert who(C, delivery) == {"gateway"}
 
 
-@pytest.mark.parametrize(("topic", "writers", "readers"), [
-    (topics.WORK, {"scheduler"}, {"scheduler", "worker"}),
-    (topics.WORKERS, {"worker"}, {"scheduler"}),
-    (topics.USAGE, {"worker", "gateway"}, {"billing"}),  # gateway: response cache hits
-    (topics.ANSWERS, {"gateway", "scheduler", "safety"}, {"gateway", "recorder"}),
-    (topics.CONTROL, {"gateway", "scheduler", "safety"}, {"scheduler", "worker"}),
-    (topics.SCHEDULER, {"scheduler"}, {"scheduler", "gateway"}),
-    (topics.MODERATION, {"gateway", "safety"}, set()),
-    (topics.ROLLOUT, set(), {"gateway"}),  # written by operators (`chatpipe rollout`)
-    (topics.FEEDBACK, {"gateway"}, set()),
-    (topics.DLQ, set(STAGES), set()),
-])
+@pytest.mark.parametrize(
+    ("topic", "writers", "readers"),
+    [
+        (topics.WORK, {"scheduler"}, {"scheduler", "worker"}),
+        (topics.WORKERS, {"worker"}, {"scheduler"}),
+        (topics.USAGE, {"worker", "gateway"}, {"billing"}),  # gateway: response cache hits
+        (topics.ANSWERS, {"gateway", "scheduler", "safety"}, {"gateway", "recorder"}),
+        (topics.CONTROL, {"gateway", "scheduler", "safety"}, {"scheduler", "worker"}),
+        (topics.SCHEDULER, {"scheduler"}, {"scheduler", "gateway"}),
+        (topics.MODERATION, {"gateway", "safety"}, set()),
+        (topics.ROLLOUT, set(), {"gateway"}),  # written by operators (`chatpipe rollout`)
+        (topics.FEEDBACK, {"gateway"}, set()),
+        (topics.DLQ, set(STAGES), set()),
+    ],
+)
 def test_who_writes_and_reads_each_shared_topic(topic, writers, readers):
     assert who(W, topic) == writers
     assert who(R, topic) == readers
@@ -99,7 +102,9 @@ def test_tool_rounds_go_from_workers_to_the_tools_stage():
 
 def test_the_deployed_script_is_generated_from_the_table():
     deployed = (ROOT / "k8s" / "kafka-acls.sh").read_text()
-    assert deployed == script(), "k8s/kafka-acls.sh is stale: python -m chatpipe.kafka_acls > k8s/kafka-acls.sh"
+    assert deployed == script(), (
+        "k8s/kafka-acls.sh is stale: python -m chatpipe.kafka_acls > k8s/kafka-acls.sh"
+    )
     for user in STAGE_USERS:
         assert f'user {user} "${password_variable(user)}"' in deployed
     assert "--allow-principal" in deployed and "--deny-principal" not in deployed

@@ -28,8 +28,9 @@ def test_schema_creates_the_keyspace_then_the_ledger_tables_idempotently() -> No
         "CREATE KEYSPACE IF NOT EXISTS chat_ks WITH replication ="
         " {'class': 'SimpleStrategy', 'replication_factor': 3}"
     )
-    assert [re.match(r"CREATE TABLE IF NOT EXISTS (\S+) \(", s).group(1)
-            for s in statements[1:]] == ["chat_ks.ledger_charged", "chat_ks.ledger_totals"]
+    assert [
+        re.match(r"CREATE TABLE IF NOT EXISTS (\S+) \(", s).group(1) for s in statements[1:]
+    ] == ["chat_ks.ledger_charged", "chat_ks.ledger_totals"]
 
 
 def test_tables_are_keyed_for_their_queries() -> None:
@@ -48,9 +49,17 @@ def test_totals_are_counters_and_charged_tokens_64_bit() -> None:
     columns = dict(re.findall(r"\n    (\w+) (text|counter)", tables["ledger_totals"]))
 
     assert {c for c, kind in columns.items() if kind == "counter"} == {
-        "prompt_tokens", "completion_tokens", "cached_tokens", "requests"}
+        "prompt_tokens",
+        "completion_tokens",
+        "cached_tokens",
+        "requests",
+    }
     assert {c for c, kind in columns.items() if kind != "counter"} == {
-        "scope", "account_id", "period", "period_key"}
+        "scope",
+        "account_id",
+        "period",
+        "period_key",
+    }
     for column in ("prompt_tokens", "completion_tokens", "cached_tokens"):
         assert f"{column} bigint" in tables["ledger_charged"], column
 
@@ -79,15 +88,22 @@ def test_every_write_of_a_charged_row_is_conditional() -> None:
     assert conditions == {
         "insert_charged": "NOT EXISTS",
         "update_charged": "prompt_tokens = ? AND completion_tokens = ? AND cached_tokens = ?"
-                          " AND pending_id = null",
+        " AND pending_id = null",
         "take_pending": "pending_id = ?",
         "clear_pending": "pending_id = ?",
     }
 
 
 # What `CassandraLedger` binds to each statement; the emulator checks the same on each call.
-MARKERS = {"select_charged": 1, "insert_charged": 8, "update_charged": 11, "take_pending": 4,
-           "clear_pending": 2, "add_to_total": 8, "select_total": 4}
+MARKERS = {
+    "select_charged": 1,
+    "insert_charged": 8,
+    "update_charged": 11,
+    "take_pending": 4,
+    "clear_pending": 2,
+    "add_to_total": 8,
+    "select_total": 4,
+}
 
 
 def test_every_statement_has_the_markers_its_caller_binds() -> None:
@@ -98,8 +114,10 @@ def test_every_statement_has_the_markers_its_caller_binds() -> None:
 
 
 def test_a_pending_charge_reads_back_as_written() -> None:
-    charges = [Charge(Account.user("acme", "zoë"), "month", "2025-03", Tokens(10, 5, 4), 1),
-               Charge(Account.org("acme"), "day", "2025-03-07", Tokens(0, 60, 0), 0)]
+    charges = [
+        Charge(Account.user("acme", "zoë"), "month", "2025-03", Tokens(10, 5, 4), 1),
+        Charge(Account.org("acme"), "day", "2025-03-07", Tokens(0, 60, 0), 0),
+    ]
     assert cql.charges_of(cql.charges_text(charges)) == charges
 
 
@@ -144,8 +162,12 @@ async def test_store_cassandra_gets_the_cassandra_ledger_in_the_stores_keyspace(
     assert connected == []  # built, not connected: `open` connects
     await ledger.open()
     await ledger.close()
-    assert connected == [((["db1:9042", "db2:9042"], "prod"), {
-        "create_schema": False, "replication_factor": 3, "schema": cql})]
+    assert connected == [
+        (
+            (["db1:9042", "db2:9042"], "prod"),
+            {"create_schema": False, "replication_factor": 3, "schema": cql},
+        )
+    ]
 
 
 def test_create_schema_makes_the_ledger_tables_beside_the_stores(
@@ -156,6 +178,7 @@ def test_create_schema_makes_the_ledger_tables_beside_the_stores(
     def creator(what: str):
         async def create(hosts: list[str], keyspace: str, replication_factor: int) -> None:
             made.append((what, hosts, keyspace, replication_factor))
+
         return create
 
     monkeypatch.setattr("conversations.cassandra_store.create_schema", creator("store"))

@@ -43,10 +43,18 @@ def value(name: str, **labels: str) -> float:
 
 def request(model: str, created_at: float | None = None, attempt: int = 0) -> GenerationRequest:
     return GenerationRequest(
-        request_id=uuid.uuid4().hex, attempt=attempt, conversation_id="c", message_id="m",
-        user_id="u", org_id="o", tier=Tier.PRO, model=model,
-        messages=(ChatMessage(role="user", content="hi"),), reply_to="chat.deliver.gw",
-        created_at=created_at if created_at is not None else time.time())
+        request_id=uuid.uuid4().hex,
+        attempt=attempt,
+        conversation_id="c",
+        message_id="m",
+        user_id="u",
+        org_id="o",
+        tier=Tier.PRO,
+        model=model,
+        messages=(ChatMessage(role="user", content="hi"),),
+        reply_to="chat.deliver.gw",
+        created_at=created_at if created_at is not None else time.time(),
+    )
 
 
 def unique_model() -> str:
@@ -66,8 +74,10 @@ def test_a_stream_times_its_first_delta_then_the_gaps_between_delta_frames() -> 
     assert value("chatpipe:time_to_first_token_seconds_sum", **labels) >= 0.5
     assert value("chatpipe:inter_token_latency_seconds_count", **labels) == 0
 
-    timing.shown([Delta(request_id="r", seq=1, text="b"), Delta(request_id="r", seq=2, text="c")],
-                 ended=False)
+    timing.shown(
+        [Delta(request_id="r", seq=1, text="b"), Delta(request_id="r", seq=2, text="c")],
+        ended=False,
+    )
     timing.shown([Delta(request_id="r", seq=3, text="d")], ended=False)
     assert value("chatpipe:time_to_first_token_seconds_count", **labels) == 1
     assert value("chatpipe:inter_token_latency_seconds_count", **labels) == 2, "one per frame"
@@ -80,19 +90,32 @@ def test_a_stream_times_its_first_delta_then_the_gaps_between_delta_frames() -> 
     assert value("chatpipe:e2e_request_latency_seconds_count", **labels) == 1
 
 
-@pytest.mark.parametrize(("end", "reason"), [
-    (DeliveryDone(request_id="r", status=RequestStatus.FINISHED_FILTERED, usage=Usage()),
-     "content_filter"),
-    (DeliveryDone(request_id="r", status=RequestStatus.FINISHED_ABORTED, usage=Usage()), "abort"),
-    (DeliveryDone(request_id="r", status=RequestStatus.FINISHED_STOPPED, usage=Usage()), "stop"),
-    (DeliveryError(request_id="r", code="stalled", message="gone"), "error"),
-])
+@pytest.mark.parametrize(
+    ("end", "reason"),
+    [
+        (
+            DeliveryDone(request_id="r", status=RequestStatus.FINISHED_FILTERED, usage=Usage()),
+            "content_filter",
+        ),
+        (
+            DeliveryDone(request_id="r", status=RequestStatus.FINISHED_ABORTED, usage=Usage()),
+            "abort",
+        ),
+        (
+            DeliveryDone(request_id="r", status=RequestStatus.FINISHED_STOPPED, usage=Usage()),
+            "stop",
+        ),
+        (DeliveryError(request_id="r", code="stalled", message="gone"), "error"),
+    ],
+)
 def test_a_stream_counts_its_end_by_finished_reason(end, reason) -> None:
     model = unique_model()
     timing = metrics.StreamTiming(request(model))
     timing.shown([end], ended=True)
-    assert value("chatpipe:request_success_total", tier="pro", model=model,
-                 finished_reason=reason) == 1
+    assert (
+        value("chatpipe:request_success_total", tier="pro", model=model, finished_reason=reason)
+        == 1
+    )
     assert value("chatpipe:time_to_first_token_seconds_count", tier="pro", model=model) == 0
 
 
@@ -112,19 +135,23 @@ class Refusing:
         return {}
 
 
-@pytest.mark.parametrize(("gate", "reason"), [
-    ({"pipeline": SimpleNamespace(overloaded=lambda tier, model: 3.0)}, "overloaded"),
-    ({"quotas": Refusing("quota_exceeded")}, "quota_exceeded"),
-    ({"rate_limiter": Refusing("rate_limited")}, "rate_limited"),
-])
+@pytest.mark.parametrize(
+    ("gate", "reason"),
+    [
+        ({"pipeline": SimpleNamespace(overloaded=lambda tier, model: 3.0)}, "overloaded"),
+        ({"quotas": Refusing("quota_exceeded")}, "quota_exceeded"),
+        ({"rate_limiter": Refusing("rate_limited")}, "rate_limited"),
+    ],
+)
 async def test_admission_counts_each_refusal_by_tier_and_reason(gate, reason) -> None:
     before = value("chatpipe:admission_rejections_total", tier="enterprise", reason=reason)
     gates = Gates(**{"pipeline": SimpleNamespace(overloaded=lambda tier, model: None), **gate})
     with pytest.raises((ApiError, Refused)) as refused:
         await admit(gates, SimpleNamespace(tier=Tier.ENTERPRISE), 10, "m")  # type: ignore[arg-type]
     assert refused.value.code == reason
-    assert value("chatpipe:admission_rejections_total", tier="enterprise",
-                 reason=reason) == before + 1
+    assert (
+        value("chatpipe:admission_rejections_total", tier="enterprise", reason=reason) == before + 1
+    )
 
 
 def test_queue_time_is_observed_for_first_attempts_only() -> None:
@@ -138,8 +165,9 @@ def test_queue_time_is_observed_for_first_attempts_only() -> None:
 async def test_state_gauges_are_read_while_their_stage_runs_and_dropped_after() -> None:
     engine = SimEngine(unique_model(), max_slots=7, tokens_per_s=100, prompt_tokens_per_s=1000)
     await engine.start()
-    stage = SimpleNamespace(core=Scheduler(Policy(), clock=time.monotonic, wall=time.time),
-                            fenced=asyncio.Event())
+    stage = SimpleNamespace(
+        core=Scheduler(Policy(), clock=time.monotonic, wall=time.time), fenced=asyncio.Event()
+    )
     stop = asyncio.Event()
 
     async def run() -> None:
@@ -163,16 +191,16 @@ async def test_state_gauges_are_read_while_their_stage_runs_and_dropped_after() 
     assert waiting() == others
     stop.set()
     await task
-    assert REGISTRY.get_sample_value("chatpipe:worker_slots_max",
-                                     {"model": engine.model}) is None
+    assert REGISTRY.get_sample_value("chatpipe:worker_slots_max", {"model": engine.model}) is None
     await engine.stop()
 
 
 class FakeConsumer:
     """The part of AIOKafkaConsumer that lag sampling reads."""
 
-    def __init__(self, highwater: dict[TopicPartition, int | None],
-                 position: dict[TopicPartition, int]) -> None:
+    def __init__(
+        self, highwater: dict[TopicPartition, int | None], position: dict[TopicPartition, int]
+    ) -> None:
         self._highwater = highwater
         self._position = position
         self._group_id = "chatpipe-test"
@@ -194,7 +222,8 @@ async def test_consumer_lag_is_high_watermark_minus_position_summed_per_topic() 
     deliver = TopicPartition("chat.deliver.gw-1", 0)
     consumer = FakeConsumer(
         {tokens[0]: 10, tokens[1]: 5, tokens[2]: None, tokens[3]: 9, deliver: 4},
-        {tokens[0]: 7, tokens[1]: 5, tokens[2]: 0, deliver: 1})
+        {tokens[0]: 7, tokens[1]: 5, tokens[2]: 0, deliver: 1},
+    )
     stage = f"stage-{uuid.uuid4().hex[:6]}"
     stop = asyncio.Event()
 
@@ -208,14 +237,22 @@ async def test_consumer_lag_is_high_watermark_minus_position_summed_per_topic() 
             break
         await asyncio.sleep(0.01)
     # 10-7 + 5-5; no high watermark yet: skipped; revoked meanwhile: skipped
-    assert value("chatpipe:consumer_lag", stage=stage, group="chatpipe-test",
-                 topic="chat.tokens") == 3
-    assert value("chatpipe:consumer_lag", stage=stage, group="chatpipe-test",
-                 topic="chat.deliver") == 3, "every gateway's delivery topic is one label"
+    assert (
+        value("chatpipe:consumer_lag", stage=stage, group="chatpipe-test", topic="chat.tokens") == 3
+    )
+    assert (
+        value("chatpipe:consumer_lag", stage=stage, group="chatpipe-test", topic="chat.deliver")
+        == 3
+    ), "every gateway's delivery topic is one label"
     stop.set()
     await task
-    assert REGISTRY.get_sample_value("chatpipe:consumer_lag", {
-        "stage": stage, "group": "chatpipe-test", "topic": "chat.tokens"}) is None
+    assert (
+        REGISTRY.get_sample_value(
+            "chatpipe:consumer_lag",
+            {"stage": stage, "group": "chatpipe-test", "topic": "chat.tokens"},
+        )
+        is None
+    )
 
 
 class FakePublisher:
@@ -243,8 +280,12 @@ def test_exposition_serves_text_or_openmetrics_as_asked() -> None:
     body, content_type = metrics.exposition(None)
     assert content_type.startswith("text/plain")
     names = {family.name for family in text_string_to_metric_families(body.decode())}
-    assert {"chatpipe:time_to_first_token_seconds", "chatpipe:open_streams",
-            "chatpipe:consumer_lag", "chatpipe:request_success"} <= names
+    assert {
+        "chatpipe:time_to_first_token_seconds",
+        "chatpipe:open_streams",
+        "chatpipe:consumer_lag",
+        "chatpipe:request_success",
+    } <= names
     body, content_type = metrics.exposition("application/openmetrics-text; version=1.0.0")
     assert content_type.startswith("application/openmetrics-text")
     assert body.rstrip().endswith(b"# EOF")

@@ -19,11 +19,19 @@ DASHBOARD = K8S_DIR / "grafana-dashboard.json"
 METRIC_NAME = re.compile(r"\b((?:chatpipe|vllm):[A-Za-z0-9_:]+)")
 SERIES_SUFFIX = re.compile(r"_(bucket|count|sum|total)$")
 ASKED_FOR = {
-    "chatpipe:time_to_first_token_seconds", "chatpipe:inter_token_latency_seconds",
-    "chatpipe:request_queue_time_seconds", "chatpipe:request_success",
-    "chatpipe:admission_rejections", "chatpipe:open_streams", "chatpipe:num_requests_waiting",
-    "chatpipe:worker_slots_used", "chatpipe:worker_slots_max", "chatpipe:kv_cache_usage_perc",
-    "chatpipe:consumer_lag", "chatpipe:dead_letters", "chatpipe:retractions",
+    "chatpipe:time_to_first_token_seconds",
+    "chatpipe:inter_token_latency_seconds",
+    "chatpipe:request_queue_time_seconds",
+    "chatpipe:request_success",
+    "chatpipe:admission_rejections",
+    "chatpipe:open_streams",
+    "chatpipe:num_requests_waiting",
+    "chatpipe:worker_slots_used",
+    "chatpipe:worker_slots_max",
+    "chatpipe:kv_cache_usage_perc",
+    "chatpipe:consumer_lag",
+    "chatpipe:dead_letters",
+    "chatpipe:retractions",
 }
 
 
@@ -63,16 +71,20 @@ def test_every_panel_queries_metrics_the_code_defines() -> None:
 
 
 def test_the_dashboard_plots_every_metric_operators_asked_for() -> None:
-    plotted = {form for panel in panels() for target in panel["targets"]
-               for name in METRIC_NAME.findall(target["expr"]) for form in (name, family(name))}
+    plotted = {
+        form
+        for panel in panels()
+        for target in panel["targets"]
+        for name in METRIC_NAME.findall(target["expr"])
+        for form in (name, family(name))
+    }
     assert ASKED_FOR <= plotted, f"no panel for {ASKED_FOR - plotted}"
     assert any(name.startswith("vllm:") for name in plotted), "no panel of vLLM's own metrics"
 
 
 def test_kustomize_ships_the_dashboard_to_grafana() -> None:
     kustomization = yaml.safe_load((K8S_DIR / "kustomization.yaml").read_text())
-    [generated] = [g for g in kustomization["configMapGenerator"]
-                   if DASHBOARD.name in g["files"]]
+    [generated] = [g for g in kustomization["configMapGenerator"] if DASHBOARD.name in g["files"]]
     assert generated["options"]["labels"]["grafana_dashboard"] == "1"
 
 

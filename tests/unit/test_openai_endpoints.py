@@ -86,10 +86,18 @@ class VocabularyWordTokenizer(WordTokenizer):
 
 @pytest.fixture
 def settings(tmp_path: Path) -> Settings:
-    return Settings(model_name="tiny", max_message_chars=60, default_max_tokens=32,
-                    max_tokens_limit=100, max_model_len=20, max_embedding_inputs=3,
-                    user_requests_per_minute=100, user_tokens_per_minute=10_000_000,
-                    org_tokens_per_minute=10_000_000, database_path=tmp_path / "chat.db")
+    return Settings(
+        model_name="tiny",
+        max_message_chars=60,
+        default_max_tokens=32,
+        max_tokens_limit=100,
+        max_model_len=20,
+        max_embedding_inputs=3,
+        user_requests_per_minute=100,
+        user_tokens_per_minute=10_000_000,
+        org_tokens_per_minute=10_000_000,
+        database_path=tmp_path / "chat.db",
+    )
 
 
 @pytest.fixture
@@ -135,25 +143,39 @@ async def sdk(client) -> AsyncIterator[openai.AsyncOpenAI]:
 async def test_a_completion_queues_its_prompt_untemplated_with_its_sampling(sdk, pipeline):
     pipeline.script(delta("Hel", 0), delta("lo", 1), done(2, RequestStatus.FINISHED_LENGTH))
     completion = await sdk.completions.create(
-        model="tiny", prompt="Once upon a time", max_tokens=9, temperature=0.5, top_p=0.9,
-        seed=7, stop=["\n", "."], user="u-1")
+        model="tiny",
+        prompt="Once upon a time",
+        max_tokens=9,
+        temperature=0.5,
+        top_p=0.9,
+        seed=7,
+        stop=["\n", "."],
+        user="u-1",
+    )
     [request] = pipeline.submitted
     assert request.prompt == "Once upon a time" and request.messages == ()
     assert request.last_user_message == "Once upon a time"
     sampling = request.sampling
-    assert (sampling.max_tokens, sampling.temperature, sampling.top_p, sampling.seed,
-            sampling.stop) == (9, 0.5, 0.9, 7, ("\n", "."))
+    assert (
+        sampling.max_tokens,
+        sampling.temperature,
+        sampling.top_p,
+        sampling.seed,
+        sampling.stop,
+    ) == (9, 0.5, 0.9, 7, ("\n", "."))
     assert not request.store and request.user_id == "alice"
     assert completion.object == "text_completion"
     assert completion.id == f"cmpl-{request.request_id}" and completion.model == "tiny"
     [choice] = completion.choices
     assert (choice.text, choice.finish_reason, choice.index) == ("Hello", "length", 0)
-    assert (completion.usage.prompt_tokens, completion.usage.completion_tokens,
-            completion.usage.total_tokens) == (7, 2, 9)
+    assert (
+        completion.usage.prompt_tokens,
+        completion.usage.completion_tokens,
+        completion.usage.total_tokens,
+    ) == (7, 2, 9)
 
 
-async def test_max_tokens_defaults_to_openais_16_and_a_list_of_one_prompt_is_taken(
-        sdk, pipeline):
+async def test_max_tokens_defaults_to_openais_16_and_a_list_of_one_prompt_is_taken(sdk, pipeline):
     pipeline.script(delta("x", 0), done(1))
     await sdk.completions.create(model="tiny", prompt=["just one"])
     [request] = pipeline.submitted
@@ -170,11 +192,19 @@ async def test_echo_puts_the_prompt_before_the_completion(sdk, pipeline):
 
 
 async def test_a_streamed_completion_sends_text_completion_chunks_then_usage_then_done(
-        client, pipeline):
+    client, pipeline
+):
     pipeline.script(delta("Hel", 0), delta("lo", 1), done(2))
-    response = await client.post("/v1/completions", headers=ALICE, json={
-        "model": "tiny", "prompt": "Say", "stream": True,
-        "stream_options": {"include_usage": True}})
+    response = await client.post(
+        "/v1/completions",
+        headers=ALICE,
+        json={
+            "model": "tiny",
+            "prompt": "Say",
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        },
+    )
     assert response.headers["content-type"].startswith("text/event-stream")
     messages = sse.parse_messages(response.text)
     assert messages[-1].is_done and all(m.event is None for m in messages)
@@ -188,8 +218,11 @@ async def test_a_streamed_completion_sends_text_completion_chunks_then_usage_the
 
 
 async def test_a_retracted_completion_ends_content_filter_with_the_replacement(sdk, pipeline):
-    pipeline.script(delta("bad", 0), Retract(request_id="-", seq=1, message_id="m",
-                                             reason="policy", replacement="[removed]"), done(2))
+    pipeline.script(
+        delta("bad", 0),
+        Retract(request_id="-", seq=1, message_id="m", reason="policy", replacement="[removed]"),
+        done(2),
+    )
     completion = await sdk.completions.create(model="tiny", prompt="x")
     assert completion.choices[0].text == "[removed]"
     assert completion.choices[0].finish_reason == "content_filter"
@@ -210,57 +243,85 @@ def test_a_completion_is_never_answered_from_the_response_cache(settings):
     assert refusal(request) == "other_input"
 
 
-@pytest.mark.parametrize(("field", "value"), [
-    ("n", 2), ("best_of", 3), ("logprobs", 2), ("suffix", "end"),
-])
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("n", 2),
+        ("best_of", 3),
+        ("logprobs", 2),
+        ("suffix", "end"),
+    ],
+)
 async def test_fields_chatpipe_cannot_honour_are_400_naming_them(client, pipeline, field, value):
-    response = await client.post("/v1/completions", headers=ALICE,
-                                 json={"model": "tiny", "prompt": "x", field: value})
+    response = await client.post(
+        "/v1/completions", headers=ALICE, json={"model": "tiny", "prompt": "x", field: value}
+    )
     assert assert_error(response, 400, "unsupported_parameter")["param"] == field
     assert pipeline.submitted == []
 
 
 async def test_their_defaults_are_taken(client, pipeline):
     pipeline.script(delta("x", 0), done(1))
-    response = await client.post("/v1/completions", headers=ALICE, json={
-        "model": "tiny", "prompt": "x", "n": 1, "best_of": 1, "logprobs": None, "suffix": None,
-        "echo": False})
+    response = await client.post(
+        "/v1/completions",
+        headers=ALICE,
+        json={
+            "model": "tiny",
+            "prompt": "x",
+            "n": 1,
+            "best_of": 1,
+            "logprobs": None,
+            "suffix": None,
+            "echo": False,
+        },
+    )
     assert response.status_code == 200, response.text
 
 
-async def test_sampling_parameters_pass_to_the_engine_as_a_chat_completions_do(
-        sdk, pipeline):
+async def test_sampling_parameters_pass_to_the_engine_as_a_chat_completions_do(sdk, pipeline):
     pipeline.script(delta("x", 0), done(1))
-    await sdk.completions.create(model="tiny", prompt="x", presence_penalty=0.5,
-                                 frequency_penalty=-1.0, logit_bias={"0": -100},
-                                 extra_body={"top_k": 5, "min_p": 0.1,
-                                             "repetition_penalty": 1.2})
+    await sdk.completions.create(
+        model="tiny",
+        prompt="x",
+        presence_penalty=0.5,
+        frequency_penalty=-1.0,
+        logit_bias={"0": -100},
+        extra_body={"top_k": 5, "min_p": 0.1, "repetition_penalty": 1.2},
+    )
     sampling = pipeline.submitted[0].sampling
-    assert (sampling.presence_penalty, sampling.frequency_penalty, sampling.logit_bias,
-            sampling.top_k, sampling.min_p, sampling.repetition_penalty) == (
-        0.5, -1.0, {0: -100}, 5, 0.1, 1.2)
+    assert (
+        sampling.presence_penalty,
+        sampling.frequency_penalty,
+        sampling.logit_bias,
+        sampling.top_k,
+        sampling.min_p,
+        sampling.repetition_penalty,
+    ) == (0.5, -1.0, {0: -100}, 5, 0.1, 1.2)
 
 
-@pytest.mark.parametrize(("body", "status", "code", "param"), [
-    ({"prompt": [1, 2, 3]}, 400, "unsupported_prompt", "prompt"),
-    ({"prompt": [[1, 2], [3]]}, 400, "unsupported_prompt", "prompt"),
-    ({"prompt": ["one", "two"]}, 400, "unsupported_prompt", "prompt"),
-    ({"prompt": []}, 400, "unsupported_prompt", "prompt"),
-    ({"prompt": ""}, 400, "empty_prompt", "prompt"),
-    ({"prompt": "x" * 61}, 413, "prompt_too_long", "prompt"),
-    ({"prompt": "x", "max_tokens": 101}, 422, "max_tokens_too_large", "max_tokens"),
-    ({"prompt": "x", "temperature": 3}, 422, "invalid_request", "temperature"),
-    ({"prompt": "x", "functions": []}, 400, "unknown_parameter", "functions"),
-    ({"prompt": "x", "logit_bias": {"1000": 5}}, 400, "invalid_logit_bias", "logit_bias"),
-    ({"prompt": "x", "model": "gpt-9"}, 404, "model_not_found", "model"),
-    ({"prompt": "x", "model": BUNDLED_MODEL}, 404, "model_not_found", "model"),
-    ({"prompt": "a forbidden word"}, 400, "content_blocked", "content"),
-    ({"prompt": "a " * 25}, 413, "context_too_long", "prompt"),
-])
+@pytest.mark.parametrize(
+    ("body", "status", "code", "param"),
+    [
+        ({"prompt": [1, 2, 3]}, 400, "unsupported_prompt", "prompt"),
+        ({"prompt": [[1, 2], [3]]}, 400, "unsupported_prompt", "prompt"),
+        ({"prompt": ["one", "two"]}, 400, "unsupported_prompt", "prompt"),
+        ({"prompt": []}, 400, "unsupported_prompt", "prompt"),
+        ({"prompt": ""}, 400, "empty_prompt", "prompt"),
+        ({"prompt": "x" * 61}, 413, "prompt_too_long", "prompt"),
+        ({"prompt": "x", "max_tokens": 101}, 422, "max_tokens_too_large", "max_tokens"),
+        ({"prompt": "x", "temperature": 3}, 422, "invalid_request", "temperature"),
+        ({"prompt": "x", "functions": []}, 400, "unknown_parameter", "functions"),
+        ({"prompt": "x", "logit_bias": {"1000": 5}}, 400, "invalid_logit_bias", "logit_bias"),
+        ({"prompt": "x", "model": "gpt-9"}, 404, "model_not_found", "model"),
+        ({"prompt": "x", "model": BUNDLED_MODEL}, 404, "model_not_found", "model"),
+        ({"prompt": "a forbidden word"}, 400, "content_blocked", "content"),
+        ({"prompt": "a " * 25}, 413, "context_too_long", "prompt"),
+    ],
+)
 async def test_bad_completions_are_refused_with_a_json_error_naming_the_field(
-        client, pipeline, body, status, code, param):
-    response = await client.post("/v1/completions", headers=ALICE,
-                                 json={"model": "tiny", **body})
+    client, pipeline, body, status, code, param
+):
+    response = await client.post("/v1/completions", headers=ALICE, json={"model": "tiny", **body})
     assert assert_error(response, status, code)["param"] == param
     assert pipeline.submitted == []
 
@@ -286,8 +347,12 @@ def test_a_completion_is_a_fresh_unstored_request_of_its_owner(settings):
 
 
 def test_the_sim_engine_answers_a_prompt_as_it_would_a_message():
-    request = to_generation_request(CompletionRequest(model="tiny", prompt="a b [[sim:reply=hi there]]"),
-                                    OWNER, gateway_config(Settings(model_name="tiny")), "r")
+    request = to_generation_request(
+        CompletionRequest(model="tiny", prompt="a b [[sim:reply=hi there]]"),
+        OWNER,
+        gateway_config(Settings(model_name="tiny")),
+        "r",
+    )
     assert "".join(plan_reply(request).tokens) == "hi there"
     assert prompt_token_count(request) == 4
 
@@ -299,8 +364,12 @@ def test_the_engine_tokenizes_a_prompt_as_it_is(tiny_model_dir):
 
     tokenizer = AutoTokenizer.from_pretrained(str(tiny_model_dir))
     text = f"{tokenizer.eos_token}plain text, no template"
-    request = to_generation_request(CompletionRequest(model="tiny", prompt=text), OWNER,
-                                    gateway_config(Settings(model_name="tiny")), "r")
+    request = to_generation_request(
+        CompletionRequest(model="tiny", prompt=text),
+        OWNER,
+        gateway_config(Settings(model_name="tiny")),
+        "r",
+    )
     engine = SimpleNamespace(_tokenizer=tokenizer)
     prompt, prompt_tokens = VllmEngine._prompt(engine, request, None)
     assert prompt["prompt_token_ids"] == tokenizer.encode(text, add_special_tokens=True)
@@ -311,16 +380,24 @@ def test_the_engine_tokenizes_a_prompt_as_it_is(tiny_model_dir):
 
 async def test_completions_are_charged_to_the_rate_limits(settings, store, pipeline, limiter):
     settings = settings.model_copy(update={"user_requests_per_minute": 1})
-    deps = gateway_deps(settings, store, pipeline, rate_limiter=RateLimiter(
-        gateway_config(settings).rate_limits, storage_from_uri("memory://")))
+    deps = gateway_deps(
+        settings,
+        store,
+        pipeline,
+        rate_limiter=RateLimiter(
+            gateway_config(settings).rate_limits, storage_from_uri("memory://")
+        ),
+    )
     transport = httpx.ASGITransport(create_app(deps))
     async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
         pipeline.script(delta("x", 0), done(1))
-        first = await client.post("/v1/completions", headers=ALICE,
-                                  json={"model": "tiny", "prompt": "x"})
+        first = await client.post(
+            "/v1/completions", headers=ALICE, json={"model": "tiny", "prompt": "x"}
+        )
         assert first.status_code == 200
-        second = await client.post("/v1/completions", headers=ALICE,
-                                   json={"model": "tiny", "prompt": "x"})
+        second = await client.post(
+            "/v1/completions", headers=ALICE, json={"model": "tiny", "prompt": "x"}
+        )
         assert_error(second, 429, "rate_limited")
     assert len(pipeline.submitted) == 1
 
@@ -330,25 +407,25 @@ async def test_completions_are_charged_to_the_rate_limits(settings, store, pipel
 
 async def test_embeddings_as_floats_and_base64_in_input_order(sdk, embedder):
     texts = ["the cat sat", "a dog barked loudly"]
-    floats = await sdk.embeddings.create(model=BUNDLED_MODEL, input=texts,
-                                         encoding_format="float")
+    floats = await sdk.embeddings.create(model=BUNDLED_MODEL, input=texts, encoding_format="float")
     expected = WordEmbedder(dims=16).embed(texts)
     assert [e.index for e in floats.data] == [0, 1] and floats.model == BUNDLED_MODEL
     assert np.allclose(np.array([e.embedding for e in floats.data]), expected)
     assert floats.usage.prompt_tokens == floats.usage.total_tokens == 3 + 2 + 4 + 2
     raw = await sdk.embeddings.with_raw_response.create(
-        model=BUNDLED_MODEL, input="the cat sat", encoding_format="base64")
+        model=BUNDLED_MODEL, input="the cat sat", encoding_format="base64"
+    )
     encoded = orjson.loads(raw.content)["data"][0]["embedding"]
     vector = np.frombuffer(base64.b64decode(encoded), dtype="<f4")
     assert np.array_equal(vector, expected[0])
     assert embedder.calls == [2, 1]
 
 
-async def test_an_embedding_is_billed_on_chat_usage_and_a_refused_one_is_not(
-        sdk, client, pipeline):
+async def test_an_embedding_is_billed_on_chat_usage_and_a_refused_one_is_not(sdk, client, pipeline):
     answer = await sdk.embeddings.create(model=BUNDLED_MODEL, input=["the cat sat", "a dog"])
-    refused = await client.post("/v1/embeddings", headers=ALICE,
-                                json={"model": BUNDLED_MODEL, "input": ["a", ""]})
+    refused = await client.post(
+        "/v1/embeddings", headers=ALICE, json={"model": BUNDLED_MODEL, "input": ["a", ""]}
+    )
     assert refused.status_code == 400
 
     [usage] = pipeline.usage_events
@@ -361,8 +438,9 @@ async def test_an_embedding_is_billed_on_chat_usage_and_a_refused_one_is_not(
 
 async def test_the_sdks_default_base64_decodes_to_the_floats(sdk):
     default = await sdk.embeddings.create(model=BUNDLED_MODEL, input="the cat sat")
-    floats = await sdk.embeddings.create(model=BUNDLED_MODEL, input="the cat sat",
-                                         encoding_format="float", dimensions=16)
+    floats = await sdk.embeddings.create(
+        model=BUNDLED_MODEL, input="the cat sat", encoding_format="float", dimensions=16
+    )
     assert np.allclose(default.data[0].embedding, floats.data[0].embedding)
 
 
@@ -370,24 +448,33 @@ async def test_the_models_list_names_the_embedding_model(sdk):
     assert [m.id for m in (await sdk.models.list()).data] == ["tiny", BUNDLED_MODEL]
 
 
-@pytest.mark.parametrize(("body", "status", "code", "param"), [
-    ({"input": [1, 2]}, 400, "unsupported_input", "input"),
-    ({"input": [[1, 2]]}, 400, "unsupported_input", "input"),
-    ({"input": []}, 400, "empty_input", "input"),
-    ({"input": ""}, 400, "empty_input", "input"),
-    ({"input": ["a", ""]}, 400, "empty_input", "input.1"),
-    ({"input": ["a", "b", "c", "d"]}, 413, "too_many_inputs", "input"),
-    ({"input": ["short", "one two three four five six seven"]}, 413, "input_too_long",
-     "input.1"),
-    ({"input": "x", "dimensions": 8}, 400, "unsupported_dimensions", "dimensions"),
-    ({"input": "x", "encoding_format": "int8"}, 422, "invalid_request", "encoding_format"),
-    ({"input": "x", "truncate": True}, 400, "unknown_parameter", "truncate"),
-    ({"input": "x", "model": "tiny"}, 404, "model_not_found", "model"),
-])
+@pytest.mark.parametrize(
+    ("body", "status", "code", "param"),
+    [
+        ({"input": [1, 2]}, 400, "unsupported_input", "input"),
+        ({"input": [[1, 2]]}, 400, "unsupported_input", "input"),
+        ({"input": []}, 400, "empty_input", "input"),
+        ({"input": ""}, 400, "empty_input", "input"),
+        ({"input": ["a", ""]}, 400, "empty_input", "input.1"),
+        ({"input": ["a", "b", "c", "d"]}, 413, "too_many_inputs", "input"),
+        (
+            {"input": ["short", "one two three four five six seven"]},
+            413,
+            "input_too_long",
+            "input.1",
+        ),
+        ({"input": "x", "dimensions": 8}, 400, "unsupported_dimensions", "dimensions"),
+        ({"input": "x", "encoding_format": "int8"}, 422, "invalid_request", "encoding_format"),
+        ({"input": "x", "truncate": True}, 400, "unknown_parameter", "truncate"),
+        ({"input": "x", "model": "tiny"}, 404, "model_not_found", "model"),
+    ],
+)
 async def test_bad_embedding_requests_are_refused_with_a_json_error(
-        client, embedder, body, status, code, param):
-    response = await client.post("/v1/embeddings", headers=ALICE,
-                                 json={"model": BUNDLED_MODEL, **body})
+    client, embedder, body, status, code, param
+):
+    response = await client.post(
+        "/v1/embeddings", headers=ALICE, json={"model": BUNDLED_MODEL, **body}
+    )
     assert assert_error(response, status, code)["param"] == param
     assert embedder.calls == []
 
@@ -401,8 +488,9 @@ async def test_embedding_runs_off_the_event_loop(client, embedder):
     embedder.gate = threading.Event()
     import asyncio
 
-    embedding = asyncio.create_task(client.post(
-        "/v1/embeddings", headers=ALICE, json={"model": BUNDLED_MODEL, "input": "x"}))
+    embedding = asyncio.create_task(
+        client.post("/v1/embeddings", headers=ALICE, json={"model": BUNDLED_MODEL, "input": "x"})
+    )
     while not embedder.entered.is_set():
         await asyncio.sleep(0.01)
     health = await client.get("/healthz")  # served while the model is busy
@@ -429,6 +517,5 @@ def test_the_api_document_declares_both_routes_and_the_completion_limits(deps, s
     prompt = document["components"]["schemas"]["CompletionRequest"]["properties"]["prompt"]
     [text] = [branch for branch in prompt["anyOf"] if branch.get("type") == "string"]
     assert text["maxLength"] == settings.max_message_chars
-    max_tokens = document["components"]["schemas"]["CompletionRequest"]["properties"][
-        "max_tokens"]
+    max_tokens = document["components"]["schemas"]["CompletionRequest"]["properties"]["max_tokens"]
     assert max_tokens["maximum"] == settings.max_tokens_limit

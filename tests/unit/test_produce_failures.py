@@ -82,14 +82,21 @@ def no_backoff(monkeypatch):
 
 
 def event() -> GenerationError:
-    return GenerationError(request_id="r", seq=0, conversation_id="c", message_id="m",
-                           model="tiny", reply_to="chat.deliver.gw", code="x", message="y")
+    return GenerationError(
+        request_id="r",
+        seq=0,
+        conversation_id="c",
+        message_id="m",
+        model="tiny",
+        reply_to="chat.deliver.gw",
+        code="x",
+        message="y",
+    )
 
 
 @pytest.mark.parametrize("method", ["send", "send_and_wait"])
 async def test_an_unreachable_bus_is_waited_out_not_turned_into_an_error(method):
-    producer = FakeProducer(errors.KafkaConnectionError("down"), errors.KafkaTimeoutError(),
-                            None)
+    producer = FakeProducer(errors.KafkaConnectionError("down"), errors.KafkaTimeoutError(), None)
     await getattr(RetryingPublisher(producer), method)("chat.tokens", event(), key="c")
     assert producer.sent == ["chat.tokens"] * 3
 
@@ -164,9 +171,17 @@ def test_an_output_the_bus_refused_tells_the_client_pipeline_rejected():
 
 
 def test_the_scheduler_ends_a_refused_request_pipeline_rejected():
-    request = GenerationRequest(request_id="r", conversation_id="c", message_id="m",
-                                user_id="u", org_id="o", tier="free", model="tiny",
-                                messages=(), reply_to="chat.deliver.gw")
+    request = GenerationRequest(
+        request_id="r",
+        conversation_id="c",
+        message_id="m",
+        user_id="u",
+        org_id="o",
+        tier="free",
+        model="tiny",
+        messages=(),
+        reply_to="chat.deliver.gw",
+    )
     end = unserved_end(request, PIPELINE_REJECTED)
     assert isinstance(end, GenerationError) and end.code == PIPELINE_REJECTED
     assert end.message == produce_failures.PIPELINE_REJECTED_MESSAGE
@@ -180,4 +195,3 @@ async def test_safety_ends_a_refused_stream_pipeline_rejected_without_the_cause(
     [end] = [e for e in to_gateway(out) if isinstance(e, DeliveryError)]
     assert isinstance(end, DeliveryError) and end.code == PIPELINE_REJECTED
     assert "9000000" not in end.message and "MessageSizeTooLarge" not in end.message
-

@@ -24,7 +24,9 @@ def test_budgets_that_are_off_do_not_apply() -> None:
     assert budgets_for(ALICE, None, None) == []
     assert budgets_for(ALICE, 100, None) == [Budget(Account.user("acme", "alice"), 100)]
     assert [b.account for b in budgets_for(ALICE, 100, 1000)] == [
-        Account.user("acme", "alice"), Account.org("acme")]
+        Account.user("acme", "alice"),
+        Account.org("acme"),
+    ]
 
 
 USER, ORG = Budget(Account.user("acme", "alice"), 100), Budget(Account.org("acme"), 1000)
@@ -45,15 +47,30 @@ def test_exhausted(case: str, used: dict[Account, int], spent: Budget | None) ->
 
 
 def gate(ledger: MemoryLedger, period: str = "day", **budgets: int | None) -> QuotaGate:
-    return QuotaGate(ledger, user_budget=budgets.get("user"), org_budget=budgets.get("org"),
-                     period=period, clock=lambda: NOW)
+    return QuotaGate(
+        ledger,
+        user_budget=budgets.get("user"),
+        org_budget=budgets.get("org"),
+        period=period,
+        clock=lambda: NOW,
+    )
 
 
 async def spend(ledger: MemoryLedger, tokens: int, user: str = "alice") -> None:
     event = UsageEvent(
-        request_id=f"r-{user}-{tokens}", conversation_id="c", user_id=user, org_id="acme",
-        tier=Tier.FREE, model="tiny", worker_id="w", status=RequestStatus.FINISHED_STOPPED,
-        prompt_tokens=tokens, completion_tokens=0, cached_tokens=0, gpu_ms=1.0, created_at=NOW,
+        request_id=f"r-{user}-{tokens}",
+        conversation_id="c",
+        user_id=user,
+        org_id="acme",
+        tier=Tier.FREE,
+        model="tiny",
+        worker_id="w",
+        status=RequestStatus.FINISHED_STOPPED,
+        prompt_tokens=tokens,
+        completion_tokens=0,
+        cached_tokens=0,
+        gpu_ms=1.0,
+        created_at=NOW,
     )
     await ledger.record(usage_key(event), charges_for(event))
 
@@ -68,8 +85,10 @@ async def test_a_user_over_budget_is_refused_until_the_period_resets() -> None:
     error = refused.value
     assert (error.status_code, error.code) == (429, "quota_exceeded")
     assert error.headers == {"Retry-After": str(3 * 3600)}
-    assert error.detail == ("user token budget exhausted: 104 of 100 tokens used this day"
-                            " (2025-03-07); it resets at 2025-03-08T00:00:00Z")
+    assert error.detail == (
+        "user token budget exhausted: 104 of 100 tokens used this day"
+        " (2025-03-07); it resets at 2025-03-08T00:00:00Z"
+    )
 
 
 async def test_an_org_budget_counts_all_its_users_and_resets_monthly() -> None:

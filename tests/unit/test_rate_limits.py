@@ -32,8 +32,9 @@ ALICE = ApiKey("alice", "acme", Tier.FREE)
 BOB = ApiKey("bob", "acme", Tier.FREE)
 
 
-def window(limit: int = 10, prev: int = 0, prev_ttl: float = 0.0, cur: int = 0,
-           cur_ttl: float = 90.0) -> WindowCount:
+def window(
+    limit: int = 10, prev: int = 0, prev_ttl: float = 0.0, cur: int = 0, cur_ttl: float = 90.0
+) -> WindowCount:
     return WindowCount(limit, MINUTE, prev, prev_ttl, cur, cur_ttl)
 
 
@@ -56,8 +57,7 @@ def limit(name: str = "user_requests_per_minute", per_minute: int = 10) -> Limit
         ("cost over the whole limit", window(), 11, 0, inf),
     ],
 )
-def test_window_used_and_wait(case: str, w: WindowCount, cost: int, used: int,
-                              wait: float) -> None:
+def test_window_used_and_wait(case: str, w: WindowCount, cost: int, used: int, wait: float) -> None:
     assert w.used == used, case
     assert w.fits(cost) is (wait == 0.0), case
     assert w.wait_for(cost) == pytest.approx(wait), case
@@ -75,15 +75,24 @@ def test_a_charge_counts_in_the_current_window() -> None:
 
 
 def test_admission_tokens_are_prompt_chars_over_four_plus_max_tokens() -> None:
-    messages = [ChatMessage(role=Role.SYSTEM, content="x" * 10),
-                ChatMessage(role=Role.USER, content="y" * 7)]
+    messages = [
+        ChatMessage(role=Role.SYSTEM, content="x" * 10),
+        ChatMessage(role=Role.USER, content="y" * 7),
+    ]
     assert admission_tokens(messages, 100) == 5 + 100
 
 
 @pytest.mark.parametrize(
     ("seconds", "text"),
-    [(0, "0s"), (0.02, "20ms"), (1, "1s"), (8.64, "8.64s"), (60, "1m0s"), (360, "6m0s"),
-     (3723.5, "1h2m3.5s")],
+    [
+        (0, "0s"),
+        (0.02, "20ms"),
+        (1, "1s"),
+        (8.64, "8.64s"),
+        (60, "1m0s"),
+        (360, "6m0s"),
+        (3723.5, "1h2m3.5s"),
+    ],
 )
 def test_openai_duration(seconds: float, text: str) -> None:
     assert openai_duration(seconds) == text
@@ -139,8 +148,12 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
 
 @pytest.fixture
 async def limiter(clock: Clock):
-    settings = Settings(user_requests_per_minute=3, org_requests_per_minute=5,
-                        user_tokens_per_minute=1000, org_tokens_per_minute=100_000)
+    settings = Settings(
+        user_requests_per_minute=3,
+        org_requests_per_minute=5,
+        user_tokens_per_minute=1000,
+        org_tokens_per_minute=100_000,
+    )
     limiter = RateLimiter(gateway_config(settings).rate_limits, storage_from_uri("memory://"))
     yield limiter
     await limiter.storage.reset()  # also stops the storage's expiry task

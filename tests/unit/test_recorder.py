@@ -26,8 +26,15 @@ STOPPED, FILTERED, ERROR = (
 
 
 def started(rid: str = "r1") -> AnswerStarted:
-    return AnswerStarted(request_id=rid, conversation_id="c1", message_id=f"m-{rid}",
-                         parent_id="u1", user_id="u", model="big", reply_to="chat.deliver.gw")
+    return AnswerStarted(
+        request_id=rid,
+        conversation_id="c1",
+        message_id=f"m-{rid}",
+        parent_id="u1",
+        user_id="u",
+        model="big",
+        reply_to="chat.deliver.gw",
+    )
 
 
 def delta(seq: int, text: str, rid: str = "r1") -> Delta:
@@ -35,8 +42,13 @@ def delta(seq: int, text: str, rid: str = "r1") -> Delta:
 
 
 def done(seq: int, rid: str = "r1", status=STOPPED, model: str | None = None) -> DeliveryDone:
-    return DeliveryDone(request_id=rid, seq=seq, status=status, model=model,
-                        usage=Usage(prompt_tokens=7, completion_tokens=2, cached_tokens=3))
+    return DeliveryDone(
+        request_id=rid,
+        seq=seq,
+        status=status,
+        model=model,
+        usage=Usage(prompt_tokens=7, completion_tokens=2, cached_tokens=3),
+    )
 
 
 def error(seq: int, rid: str = "r1") -> DeliveryError:
@@ -44,8 +56,9 @@ def error(seq: int, rid: str = "r1") -> DeliveryError:
 
 
 def retract(seq: int, rid: str = "r1") -> Retract:
-    return Retract(request_id=rid, seq=seq, message_id=f"m-{rid}", reason="pii",
-                   replacement="[removed]")
+    return Retract(
+        request_id=rid, seq=seq, message_id=f"m-{rid}", reason="pii", replacement="[removed]"
+    )
 
 
 def feed(recorder: Recorder, events: list[object]) -> list[NewMessage]:
@@ -61,12 +74,24 @@ CASES = {
     "normal": ([started(), delta(0, "Hel"), delta(1, "lo"), done(2)], "Hello", STOPPED),
     "empty answer": ([started(), done(0)], "", STOPPED),
     "queue updates and duplicates": (
-        [started(), Queued(request_id="r1", position=2), delta(0, "Hel"), delta(0, "Hel"),
-         delta(1, "lo"), done(2), done(2)], "Hello", STOPPED),
+        [
+            started(),
+            Queued(request_id="r1", position=2),
+            delta(0, "Hel"),
+            delta(0, "Hel"),
+            delta(1, "lo"),
+            done(2),
+            done(2),
+        ],
+        "Hello",
+        STOPPED,
+    ),
     "sparse ids (a held-back window)": ([started(), delta(3, "Hello"), done(5)], "Hello", STOPPED),
     "retracted: the replacement, never the text": (
-        [started(), delta(0, "bob@"), retract(1), done(2, status=FILTERED)], "[removed]",
-        FILTERED),
+        [started(), delta(0, "bob@"), retract(1), done(2, status=FILTERED)],
+        "[removed]",
+        FILTERED,
+    ),
     "error keeps the text shown": ([started(), delta(0, "par"), error(1)], "par", ERROR),
 }
 
@@ -75,14 +100,25 @@ CASES = {
 def test_answer_is_built_by_the_one_rule(events, content, status):
     [message] = feed(Recorder(), events)
     assert (message.content, message.status) == (content, status)
-    assert (message.message_id, message.conversation_id, message.parent_id, message.role,
-            message.request_id) == ("m-r1", "c1", "u1", Role.ASSISTANT, "r1")
+    assert (
+        message.message_id,
+        message.conversation_id,
+        message.parent_id,
+        message.role,
+        message.request_id,
+    ) == ("m-r1", "c1", "u1", Role.ASSISTANT, "r1")
 
 
 def test_usage_and_the_model_that_answered_are_kept():
-    [message] = feed(Recorder(), [started(), Routed(request_id="r1", model="small",
-                                                    requested_model="big", reason="saturated"),
-                                  delta(0, "x"), done(1)])
+    [message] = feed(
+        Recorder(),
+        [
+            started(),
+            Routed(request_id="r1", model="small", requested_model="big", reason="saturated"),
+            delta(0, "x"),
+            done(1),
+        ],
+    )
     assert message.model == "small"
     assert (message.tokens, message.prompt_tokens, message.cached_tokens) == (2, 7, 3)
     [again] = feed(Recorder(), [started(), done(0, model="other")])

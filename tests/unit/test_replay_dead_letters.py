@@ -32,10 +32,19 @@ class CapturingPublisher:
 
 
 def consumer_record(value: bytes, headers=(), key: bytes | None = b"c1") -> ConsumerRecord:
-    return ConsumerRecord(topic=topics.TOKENS, partition=2, offset=41, timestamp=1_000,
-                          timestamp_type=0, key=key, value=value, checksum=None,
-                          serialized_key_size=0, serialized_value_size=len(value),
-                          headers=list(headers))
+    return ConsumerRecord(
+        topic=topics.TOKENS,
+        partition=2,
+        offset=41,
+        timestamp=1_000,
+        timestamp_type=0,
+        key=key,
+        value=value,
+        checksum=None,
+        serialized_key_size=0,
+        serialized_value_size=len(value),
+        headers=list(headers),
+    )
 
 
 async def letter_of(value: bytes, headers=()) -> DeadLetter:
@@ -46,17 +55,24 @@ async def letter_of(value: bytes, headers=()) -> DeadLetter:
     return decode(DeadLetter, encode(letter))  # as a reader of chat.dlq gets it
 
 
-@pytest.mark.parametrize("value", [b'{"type": "chunk"', "héllo".encode(), b"\xff\xfe{\x00",
-                                   b""])
+@pytest.mark.parametrize("value", [b'{"type": "chunk"', "héllo".encode(), b"\xff\xfe{\x00", b""])
 async def test_a_dead_letter_gives_back_the_exact_record(value):
     headers = [("event-type", b"chunk"), ("traceparent", b"00-abc-01"), ("bin", b"\x00\xff")]
     letter = await letter_of(value, headers)
     assert (letter.topic, letter.partition, letter.offset, letter.timestamp_ms) == (
-        topics.TOKENS, 2, 41, 1_000)
+        topics.TOKENS,
+        2,
+        41,
+        1_000,
+    )
     assert (letter.value_base64 is None) == (value.decode(errors="replace").encode() == value)
     record = original_record(letter, "chat.dlq-0-7")
     assert (record.topic, record.partition, record.key, record.value) == (
-        topics.TOKENS, 2, b"c1", value)
+        topics.TOKENS,
+        2,
+        b"c1",
+        value,
+    )
     assert record.headers == [*headers, (RETRY_HEADER, b"chat.dlq-0-7")]
 
 
@@ -74,16 +90,23 @@ async def test_a_retry_of_a_retry_is_marked_with_the_newer_id_only():
 
 
 def test_an_old_dead_letter_without_the_new_fields_still_retries():
-    old = decode(DeadLetter, b'{"type": "dead_letter", "stage": "billing", "topic": "chat.usage",'
-                             b' "partition": 1, "offset": 3, "key": null, "value": "{x",'
-                             b' "error": "E"}')
+    old = decode(
+        DeadLetter,
+        b'{"type": "dead_letter", "stage": "billing", "topic": "chat.usage",'
+        b' "partition": 1, "offset": 3, "key": null, "value": "{x",'
+        b' "error": "E"}',
+    )
     record = original_record(old, "chat.dlq-0-0")
     assert (record.key, record.value, record.headers) == (
-        None, b"{x", [(RETRY_HEADER, b"chat.dlq-0-0")])
+        None,
+        b"{x",
+        [(RETRY_HEADER, b"chat.dlq-0-0")],
+    )
 
 
-@pytest.mark.parametrize(("text", "expected"), [("chat.dlq-0-12", (0, 12)), ("3-4", (3, 4)),
-                                                (" chat.dlq-1-0 ", (1, 0))])
+@pytest.mark.parametrize(
+    ("text", "expected"), [("chat.dlq-0-12", (0, 12)), ("3-4", (3, 4)), (" chat.dlq-1-0 ", (1, 0))]
+)
 def test_ids(text, expected):
     assert parse_dead_letter_id(text) == expected
     assert parse_dead_letter_id(dead_letter_id(*expected)) == expected
@@ -96,23 +119,43 @@ def test_not_ids(text):
 
 
 def _letter(topic: str, failed_at: float, headers=()) -> DeadLetter:
-    return DeadLetter(stage="s", topic=topic, partition=0, offset=5, key="k", value="{",
-                      error="ValueError: no", failed_at=failed_at, headers=tuple(headers))
+    return DeadLetter(
+        stage="s",
+        topic=topic,
+        partition=0,
+        offset=5,
+        key="k",
+        value="{",
+        error="ValueError: no",
+        failed_at=failed_at,
+        headers=tuple(headers),
+    )
 
 
 def test_list_rows_filter_by_topic_and_time_and_show_retries():
     retried = [(RETRY_HEADER, base64.b64encode(b"chat.dlq-0-0").decode())]
-    reads = [decoded(BusRecord(topics.DLQ, p, o, ts, b"k", encode(letter))) for p, o, ts, letter in [
-        (1, 0, 3000, _letter(topics.USAGE, 3.0, retried)),
-        (0, 0, 1000, _letter(topics.USAGE, 1.0)),
-        (0, 1, 2000, _letter(topics.TOKENS, 2.0)),
-    ]] + [decoded(BusRecord(topics.DLQ, 0, 2, 2500, None, b"not a dead letter"))]
+    reads = [
+        decoded(BusRecord(topics.DLQ, p, o, ts, b"k", encode(letter)))
+        for p, o, ts, letter in [
+            (1, 0, 3000, _letter(topics.USAGE, 3.0, retried)),
+            (0, 0, 1000, _letter(topics.USAGE, 1.0)),
+            (0, 1, 2000, _letter(topics.TOKENS, 2.0)),
+        ]
+    ] + [decoded(BusRecord(topics.DLQ, 0, 2, 2500, None, b"not a dead letter"))]
     listed = rows(reads)
     assert [r["id"] for r in listed] == ["chat.dlq-0-0", "chat.dlq-0-1", "chat.dlq-1-0"]
-    assert listed[0] == {"id": "chat.dlq-0-0", "when": "1970-01-01T00:00:01.000Z",
-                         "topic": topics.USAGE, "partition": 0, "offset": 5, "stage": "s",
-                         "key": "k", "error": "ValueError: no", "truncated": False,
-                         "retry_of": None}
+    assert listed[0] == {
+        "id": "chat.dlq-0-0",
+        "when": "1970-01-01T00:00:01.000Z",
+        "topic": topics.USAGE,
+        "partition": 0,
+        "offset": 5,
+        "stage": "s",
+        "key": "k",
+        "error": "ValueError: no",
+        "truncated": False,
+        "retry_of": None,
+    }
     assert listed[2]["retry_of"] == "chat.dlq-0-0"
     assert [r["id"] for r in rows(reads, topic=topics.USAGE)] == ["chat.dlq-0-0", "chat.dlq-1-0"]
     assert [r["id"] for r in rows(reads, since_ms=2000)] == ["chat.dlq-0-1", "chat.dlq-1-0"]

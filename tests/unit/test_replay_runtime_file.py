@@ -24,7 +24,11 @@ def test_published_while_running_and_removed_after(tmp_path):
         assert path == tmp_path / "chatpipe.db.run.json" == run_file(database)
         info = running_stack_info(database)
         assert (info.pid, info.bootstrap_servers, info.gateway_url, info.embedded_broker) == (
-            os.getpid(), "127.0.0.1:9092", "http://127.0.0.1:8000", True)
+            os.getpid(),
+            "127.0.0.1:9092",
+            "http://127.0.0.1:8000",
+            True,
+        )
     assert not path.exists()
     with pytest.raises(NoRunningStack, match="no running `chatpipe up`"):
         running_stack_info(database)
@@ -40,8 +44,10 @@ def test_a_file_another_process_wrote_since_is_left_alone(tmp_path):
 
 def test_a_stale_file_is_refused_with_its_pid(tmp_path):
     database = tmp_path / "chatpipe.db"
-    with (published_run(database, "a:1", "http://a", True),
-          pytest.raises(NoRunningStack, match=rf"stale .*pid {os.getpid()}")):
+    with (
+        published_run(database, "a:1", "http://a", True),
+        pytest.raises(NoRunningStack, match=rf"stale .*pid {os.getpid()}"),
+    ):
         running_stack_info(database, alive=lambda pid: False)
 
 

@@ -131,11 +131,14 @@ async def client(deps: GatewayDeps) -> AsyncIterator[httpx.AsyncClient]:
 
 
 async def requests_used(limiter: RateLimiter, key: str) -> int:
-    owner = {"key-alice": ApiKey("alice", "org-a", Tier.PRO),
-             "key-bob": ApiKey("bob", "org-b", Tier.FREE)}[key]
+    owner = {
+        "key-alice": ApiKey("alice", "org-a", Tier.PRO),
+        "key-bob": ApiKey("bob", "org-b", Tier.FREE),
+    }[key]
     headers = await limiter.headers(owner)
     return int(headers["x-ratelimit-limit-requests"]) - int(
-        headers["x-ratelimit-remaining-requests"])
+        headers["x-ratelimit-remaining-requests"]
+    )
 
 
 def completion(content: str = "hi", **fields: object) -> dict:
@@ -150,15 +153,16 @@ def raw_json(body: str) -> dict:
 
 
 @pytest.mark.parametrize("seed", [SEED_LIMIT, SEED_LIMIT * 10, -1])
-async def test_a_seed_outside_uint64_is_422_and_costs_nothing(client, store, pipeline, limiter,
-                                                             seed):
+async def test_a_seed_outside_uint64_is_422_and_costs_nothing(
+    client, store, pipeline, limiter, seed
+):
     cid = await new_conversation(client)
     used = await requests_used(limiter, "key-alice")
-    response = await client.post(f"/v1/conversations/{cid}/messages",
-                                 json={"content": "hi", "seed": seed}, headers=ALICE)
+    response = await client.post(
+        f"/v1/conversations/{cid}/messages", json={"content": "hi", "seed": seed}, headers=ALICE
+    )
     assert assert_error(response, 422, "invalid_request")["param"] == "seed"
-    response = await client.post("/v1/chat/completions", json=completion(seed=seed),
-                                 headers=ALICE)
+    response = await client.post("/v1/chat/completions", json=completion(seed=seed), headers=ALICE)
     assert assert_error(response, 422, "invalid_request")["param"] == "seed"
     assert await store.list_messages(cid) == []
     assert pipeline.submitted == []
@@ -167,19 +171,24 @@ async def test_a_seed_outside_uint64_is_422_and_costs_nothing(client, store, pip
 
 async def test_the_largest_uint64_seed_runs(client, pipeline):
     pipeline.script(delta("a", 0), done(1))
-    response = await client.post("/v1/chat/completions", json=completion(seed=SEED_LIMIT - 1),
-                                 headers=ALICE)
+    response = await client.post(
+        "/v1/chat/completions", json=completion(seed=SEED_LIMIT - 1), headers=ALICE
+    )
     assert response.status_code == 200, response.text
     assert pipeline.submitted[0].sampling.seed == SEED_LIMIT - 1
     assert len(encode(pipeline.submitted[0])) > 0  # the bus can carry it
 
 
-@pytest.mark.parametrize("body", [
-    '{"content": "a \\ud800 lone high surrogate"}',
-    '{"content": "hi", "model": "\\udfff"}',
-])
-async def test_a_lone_surrogate_in_a_turn_is_422_and_costs_nothing(client, store, pipeline,
-                                                                  limiter, body):
+@pytest.mark.parametrize(
+    "body",
+    [
+        '{"content": "a \\ud800 lone high surrogate"}',
+        '{"content": "hi", "model": "\\udfff"}',
+    ],
+)
+async def test_a_lone_surrogate_in_a_turn_is_422_and_costs_nothing(
+    client, store, pipeline, limiter, body
+):
     cid = await new_conversation(client)
     used = await requests_used(limiter, "key-alice")
     response = await client.post(f"/v1/conversations/{cid}/messages", **raw_json(body))
@@ -189,12 +198,17 @@ async def test_a_lone_surrogate_in_a_turn_is_422_and_costs_nothing(client, store
     assert await requests_used(limiter, "key-alice") == used
 
 
-@pytest.mark.parametrize("body", [
-    '{"model": "tiny", "messages": [{"role": "user", "content": "\\ud83d"}]}',
-    ('{"model": "tiny", "messages": [{"role": "user", "content": '
-     '[{"type": "text", "text": "\\udc00"}]}]}'),
-    '{"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "stop": ["\\ud800"]}',
-])
+@pytest.mark.parametrize(
+    "body",
+    [
+        '{"model": "tiny", "messages": [{"role": "user", "content": "\\ud83d"}]}',
+        (
+            '{"model": "tiny", "messages": [{"role": "user", "content": '
+            '[{"type": "text", "text": "\\udc00"}]}]}'
+        ),
+        '{"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "stop": ["\\ud800"]}',
+    ],
+)
 async def test_a_lone_surrogate_in_a_completion_is_422(client, pipeline, body):
     response = await client.post("/v1/chat/completions", **raw_json(body))
     assert_error(response, 422, "invalid_request")
@@ -206,21 +220,23 @@ async def test_a_lone_surrogate_in_a_title_is_422(client):
     assert_error(response, 422, "invalid_request")
 
 
-@pytest.mark.parametrize(("fields", "code"), [
-    ({"stop": ["a", "b", "c"]}, "too_many_stop_sequences"),
-    ({"stop": "123456789"}, "stop_too_long"),
-    ({"stop": ["ok", "123456789"]}, "stop_too_long"),
-    ({"stop": ""}, "invalid_request"),  # vLLM refuses an empty stop: never queue one
-    ({"stop": ["ok", ""]}, "invalid_request"),
-    ({"temperature": 2.5}, "invalid_request"),
-    ({"top_p": 0}, "invalid_request"),
-    ({"max_tokens": 0}, "invalid_request"),
-    ({"max_tokens": 101}, "max_tokens_too_large"),
-])
+@pytest.mark.parametrize(
+    ("fields", "code"),
+    [
+        ({"stop": ["a", "b", "c"]}, "too_many_stop_sequences"),
+        ({"stop": "123456789"}, "stop_too_long"),
+        ({"stop": ["ok", "123456789"]}, "stop_too_long"),
+        ({"stop": ""}, "invalid_request"),  # vLLM refuses an empty stop: never queue one
+        ({"stop": ["ok", ""]}, "invalid_request"),
+        ({"temperature": 2.5}, "invalid_request"),
+        ({"top_p": 0}, "invalid_request"),
+        ({"max_tokens": 0}, "invalid_request"),
+        ({"max_tokens": 101}, "max_tokens_too_large"),
+    ],
+)
 async def test_completion_bounds_are_422(client, pipeline, limiter, fields, code):
     used = await requests_used(limiter, "key-alice")
-    response = await client.post("/v1/chat/completions", json=completion(**fields),
-                                 headers=ALICE)
+    response = await client.post("/v1/chat/completions", json=completion(**fields), headers=ALICE)
     assert_error(response, 422, code)
     assert pipeline.submitted == []
     assert await requests_used(limiter, "key-alice") == used
@@ -228,12 +244,16 @@ async def test_completion_bounds_are_422(client, pipeline, limiter, fields, code
 
 async def test_more_messages_than_max_messages_is_422(client, pipeline, settings):
     messages = [{"role": "user", "content": "x"}] * (settings.max_messages + 1)
-    response = await client.post("/v1/chat/completions",
-                                 json={"model": "tiny", "messages": messages}, headers=ALICE)
+    response = await client.post(
+        "/v1/chat/completions", json={"model": "tiny", "messages": messages}, headers=ALICE
+    )
     assert assert_error(response, 422, "too_many_messages")["param"] == "messages"
     pipeline.script(delta("a", 0), done(1))
-    response = await client.post("/v1/chat/completions", headers=ALICE, json={
-        "model": "tiny", "messages": messages[:settings.max_messages]})
+    response = await client.post(
+        "/v1/chat/completions",
+        headers=ALICE,
+        json={"model": "tiny", "messages": messages[: settings.max_messages]},
+    )
     assert response.status_code == 200, response.text
 
 
@@ -242,17 +262,18 @@ async def test_more_messages_than_max_messages_is_422(client, pipeline, settings
 
 async def test_a_model_outside_the_tier_is_403_on_both_apis(client, store, pipeline):
     cid = await new_conversation(client, BOB)
-    response = await client.post(f"/v1/conversations/{cid}/messages",
-                                 json={"content": "hi", "model": "big"}, headers=BOB)
+    response = await client.post(
+        f"/v1/conversations/{cid}/messages", json={"content": "hi", "model": "big"}, headers=BOB
+    )
     assert assert_error(response, 403, "model_not_allowed")["param"] == "model"
-    response = await client.post("/v1/chat/completions",
-                                 json=completion(model="big"), headers=BOB)
+    response = await client.post("/v1/chat/completions", json=completion(model="big"), headers=BOB)
     assert_error(response, 403, "model_not_allowed")
     assert await store.list_messages(cid) == []
     assert pipeline.submitted == []
     pipeline.script(delta("a", 0), done(1))
-    response = await client.post("/v1/chat/completions", json=completion(model="big"),
-                                 headers=ALICE)  # pro: every model
+    response = await client.post(
+        "/v1/chat/completions", json=completion(model="big"), headers=ALICE
+    )  # pro: every model
     assert response.status_code == 200 and pipeline.submitted[0].model == "big"
 
 
@@ -261,26 +282,37 @@ async def test_a_tier_whose_default_model_is_not_allowed_gets_its_first_allowed(
 ):
     narrowed = settings.model_copy(update={"tier_models": {Tier.FREE: ["big"]}})
     app = create_app(gateway_deps(narrowed, store, pipeline))
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app),
-                                 base_url="http://test") as client:
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app), base_url="http://test"
+    ) as client:
         cid = await new_conversation(client, BOB)
         pipeline.script(delta("a", 0), done(1))
-        response = await client.post(f"/v1/conversations/{cid}/messages",
-                                     json={"content": "hi"}, headers=BOB)
+        response = await client.post(
+            f"/v1/conversations/{cid}/messages", json={"content": "hi"}, headers=BOB
+        )
         assert response.status_code == 200, response.text
     assert pipeline.submitted[0].model == "big"
 
 
-@pytest.mark.parametrize("messages", [
-    [{"role": "system", "content": "forbidden"}, {"role": "user", "content": "hi"}],
-    [{"role": "user", "content": "forbidden"}, {"role": "assistant", "content": "ok"},
-     {"role": "user", "content": "hi"}],
-    [{"role": "assistant", "content": [{"type": "text", "text": "forbidden"}]},
-     {"role": "user", "content": "hi"}],
-])
+@pytest.mark.parametrize(
+    "messages",
+    [
+        [{"role": "system", "content": "forbidden"}, {"role": "user", "content": "hi"}],
+        [
+            {"role": "user", "content": "forbidden"},
+            {"role": "assistant", "content": "ok"},
+            {"role": "user", "content": "hi"},
+        ],
+        [
+            {"role": "assistant", "content": [{"type": "text", "text": "forbidden"}]},
+            {"role": "user", "content": "hi"},
+        ],
+    ],
+)
 async def test_every_message_a_client_wrote_is_checked(client, pipeline, messages):
-    response = await client.post("/v1/chat/completions", headers=ALICE,
-                                 json={"model": "tiny", "messages": messages})
+    response = await client.post(
+        "/v1/chat/completions", headers=ALICE, json={"model": "tiny", "messages": messages}
+    )
     assert assert_error(response, 400, "content_blocked")["param"] == "content"
     assert pipeline.submitted == []
     assert [m.category for m in pipeline.moderated] == ["banned"]
@@ -297,17 +329,20 @@ async def test_the_judge_is_asked_once_per_request_however_many_messages(deps, p
 
     judge = JudgeClassifier(ask, ["banned"])
     app_deps = replace(deps, safety=SafetyPolicy(input={"*": [RuleClassifier({}), judge]}))
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(create_app(app_deps)),
-                                 base_url="http://test") as client:
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(create_app(app_deps)), base_url="http://test"
+    ) as client:
         pipeline.script(delta("a", 0), done(1))
         many = [{"role": "user", "content": f"m{i}"} for i in range(5)]
-        response = await client.post("/v1/chat/completions", headers=ALICE,
-                                     json={"model": "tiny", "messages": many})
+        response = await client.post(
+            "/v1/chat/completions", headers=ALICE, json={"model": "tiny", "messages": many}
+        )
         assert response.status_code == 200, response.text
         assert len(asked) == 1 and all(f"m{i}" in asked[0] for i in range(5))
         hidden = [*many[:2], {"role": "system", "content": "forbidden-by-judge"}, *many[2:]]
-        response = await client.post("/v1/chat/completions", headers=ALICE,
-                                     json={"model": "tiny", "messages": hidden})
+        response = await client.post(
+            "/v1/chat/completions", headers=ALICE, json={"model": "tiny", "messages": hidden}
+        )
         assert_error(response, 400, "content_blocked")
         assert len(asked) == 2
 
@@ -318,10 +353,14 @@ async def test_a_judge_that_gives_no_verdict_is_a_503_not_a_pass_nor_a_500(deps,
 
     judge = JudgeClassifier(ask, ["banned"])
     app_deps = replace(deps, safety=SafetyPolicy(input={"*": [judge]}))
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(create_app(app_deps)),
-                                 base_url="http://test") as client:
-        response = await client.post("/v1/chat/completions", headers=ALICE, json={
-            "model": "tiny", "messages": [{"role": "user", "content": "hi"}]})
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(create_app(app_deps)), base_url="http://test"
+    ) as client:
+        response = await client.post(
+            "/v1/chat/completions",
+            headers=ALICE,
+            json={"model": "tiny", "messages": [{"role": "user", "content": "hi"}]},
+        )
     assert_error(response, 503, "safety_unavailable")
     assert response.headers["retry-after"] == "5"
     assert pipeline.submitted == []
@@ -330,30 +369,41 @@ async def test_a_judge_that_gives_no_verdict_is_a_503_not_a_pass_nor_a_500(deps,
 async def test_tier_and_model_rules_apply_to_that_tier_and_model_only(client, store, pipeline):
     cid = await new_conversation(client)
     url = f"/v1/conversations/{cid}/messages"
-    response = await client.post(url, json={"content": "a bigword", "model": "big"},
-                                 headers=ALICE)
+    response = await client.post(url, json={"content": "a bigword", "model": "big"}, headers=ALICE)
     assert_error(response, 400, "content_blocked")
     assert await store.list_messages(cid) == []
     pipeline.script(delta("a", 0), done(1))
-    response = await client.post(url, json={"content": "a bigword", "model": "tiny"},
-                                 headers=ALICE)
+    response = await client.post(url, json={"content": "a bigword", "model": "tiny"}, headers=ALICE)
     assert response.status_code == 200, response.text
-    response = await client.post("/v1/chat/completions", headers=ALICE, json={
-        "model": "big", "messages": [{"role": "system", "content": "bigword"},
-                                     {"role": "user", "content": "hi"}]})
+    response = await client.post(
+        "/v1/chat/completions",
+        headers=ALICE,
+        json={
+            "model": "big",
+            "messages": [
+                {"role": "system", "content": "bigword"},
+                {"role": "user", "content": "hi"},
+            ],
+        },
+    )
     assert_error(response, 400, "content_blocked")
 
 
 async def test_regenerating_with_a_stricter_model_checks_the_question_again(client, pipeline):
     cid = await new_conversation(client)
     pipeline.script(delta("a", 0), done(1))
-    posted = await client.post(f"/v1/conversations/{cid}/messages",
-                               json={"content": "a bigword", "model": "tiny"}, headers=ALICE)
+    posted = await client.post(
+        f"/v1/conversations/{cid}/messages",
+        json={"content": "a bigword", "model": "tiny"},
+        headers=ALICE,
+    )
     assert posted.status_code == 200
     question = pipeline.submitted[0].parent_id
     response = await client.post(
-        f"/v1/conversations/{cid}/messages/{question}/regenerate", json={"model": "big"},
-        headers=ALICE)
+        f"/v1/conversations/{cid}/messages/{question}/regenerate",
+        json={"model": "big"},
+        headers=ALICE,
+    )
     assert_error(response, 400, "content_blocked")
     assert len(pipeline.submitted) == 1
 
@@ -364,12 +414,14 @@ async def test_regenerating_with_a_stricter_model_checks_the_question_again(clie
 async def test_a_rate_limited_turn_builds_no_prompt(client, context, limiter, store):
     cid = await new_conversation(client)
     for _ in range(3):  # user_requests_per_minute
-        response = await client.post(f"/v1/conversations/{cid}/messages/nope/edit",
-                                     json={"content": "hi"}, headers=ALICE)
+        response = await client.post(
+            f"/v1/conversations/{cid}/messages/nope/edit", json={"content": "hi"}, headers=ALICE
+        )
         assert_error(response, 404, "message_not_found")
     builds = context.builds
-    response = await client.post(f"/v1/conversations/{cid}/messages",
-                                 json={"content": "hi"}, headers=ALICE)
+    response = await client.post(
+        f"/v1/conversations/{cid}/messages", json={"content": "hi"}, headers=ALICE
+    )
     assert_error(response, 429, "rate_limited")
     assert context.builds == builds == 0
     assert await store.list_messages(cid) == []
@@ -379,17 +431,18 @@ async def test_a_turn_is_charged_for_its_whole_prompt(client, deps, limiter, pip
     cid = await new_conversation(client)
     pipeline.script(delta("a", 0), done(1))
     first = "word " * 400
-    await client.post(f"/v1/conversations/{cid}/messages", json={"content": first},
-                      headers=ALICE)
+    await client.post(f"/v1/conversations/{cid}/messages", json={"content": first}, headers=ALICE)
     owner = ApiKey("alice", "org-a", Tier.PRO)
     before = await limiter.headers(owner)
     pipeline.script(delta("b", 0), done(1))
-    response = await client.post(f"/v1/conversations/{cid}/messages",
-                                 json={"content": "hi", "max_tokens": 10}, headers=ALICE)
+    response = await client.post(
+        f"/v1/conversations/{cid}/messages", json={"content": "hi", "max_tokens": 10}, headers=ALICE
+    )
     assert response.status_code == 200
     after = await limiter.headers(owner)
-    charged = (int(before["x-ratelimit-remaining-tokens"])
-               - int(after["x-ratelimit-remaining-tokens"]))
+    charged = int(before["x-ratelimit-remaining-tokens"]) - int(
+        after["x-ratelimit-remaining-tokens"]
+    )
     prompt = sum(len(m.content) for m in pipeline.submitted[-1].messages)
     assert charged == math.ceil(prompt / 4) + 10
     assert charged > len(first) / 4  # the history, not just the new message
@@ -401,8 +454,9 @@ async def test_a_request_the_bus_cannot_carry_is_413_before_anything_is_stored(
     room = BUS_MESSAGE_BYTES - BUS_HEADROOM_BYTES
     huge = "x" * room
     cid = await new_conversation(client)
-    response = await client.post(f"/v1/conversations/{cid}/messages",
-                                 json={"content": huge}, headers=ALICE)
+    response = await client.post(
+        f"/v1/conversations/{cid}/messages", json={"content": huge}, headers=ALICE
+    )
     assert_error(response, 413, "request_too_large")
     assert await store.list_messages(cid) == []
     used = await requests_used(limiter, "key-alice")
@@ -411,8 +465,9 @@ async def test_a_request_the_bus_cannot_carry_is_413_before_anything_is_stored(
     assert await requests_used(limiter, "key-alice") == used  # refused before the charge
     assert pipeline.submitted == []
     pipeline.script(delta("a", 0), done(1))
-    response = await client.post("/v1/chat/completions", json=completion("x" * (room // 2)),
-                                 headers=ALICE)
+    response = await client.post(
+        "/v1/chat/completions", json=completion("x" * (room // 2)), headers=ALICE
+    )
     assert response.status_code == 200
 
 
@@ -431,15 +486,28 @@ def test_bus_bytes_bounds_the_assignment_the_scheduler_sends():
     """The scheduler wraps the request in a WorkAssignment with a stream position, a
     worker id and, when it routes, another model: the estimate covers all of it."""
     request = GenerationRequest(
-        request_id="r" * 32, conversation_id="c" * 32, message_id="m" * 32, user_id="u",
-        org_id="o", tier=Tier.FREE, model="tiny", reply_to=REPLY_TO,
-        messages=(ChatMessage(role=Role.USER, content="\x00\"\\ é 😀" * 1000),))
+        request_id="r" * 32,
+        conversation_id="c" * 32,
+        message_id="m" * 32,
+        user_id="u",
+        org_id="o",
+        tier=Tier.FREE,
+        model="tiny",
+        reply_to=REPLY_TO,
+        messages=(ChatMessage(role=Role.USER, content='\x00"\\ é 😀' * 1000),),
+    )
     estimate = bus_bytes(request, ["tiny", "a-much-longer-fallback-model-name"])
-    routed = request.model_copy(update={
-        "model": "a-much-longer-fallback-model-name", "requested_model": "tiny", "attempt": 7,
-        "stream": StreamPosition(partition=11, start_offset=2**40, attempt_offset=2**41)})
-    sent = WorkAssignment(worker_id="worker-" + "9" * 40, incarnation="f" * 32,
-                          request=routed, epoch=123456)
+    routed = request.model_copy(
+        update={
+            "model": "a-much-longer-fallback-model-name",
+            "requested_model": "tiny",
+            "attempt": 7,
+            "stream": StreamPosition(partition=11, start_offset=2**40, attempt_offset=2**41),
+        }
+    )
+    sent = WorkAssignment(
+        worker_id="worker-" + "9" * 40, incarnation="f" * 32, request=routed, epoch=123456
+    )
     assert len(encode(sent)) <= estimate < len(encode(sent)) + 1024
 
 
@@ -470,8 +538,9 @@ async def test_a_failed_queue_reaches_the_client_without_its_text(client, pipeli
 async def test_api_docs_only_when_on(deps, path):
     for api_docs, status in ((False, 404), (True, 200)):
         app = create_app(deps, api_docs=api_docs)
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app),
-                                     base_url="http://test") as client:
+        async with httpx.AsyncClient(
+            transport=httpx.ASGITransport(app), base_url="http://test"
+        ) as client:
             assert (await client.get(path)).status_code == status
 
 
@@ -505,7 +574,8 @@ def test_the_document_declares_every_error_as_error_body_and_the_limits(deps, se
     [max_tokens, _] = schemas["PostMessage"]["properties"]["max_tokens"]["anyOf"]
     assert max_tokens["maximum"] == settings.max_tokens_limit
     assert schemas["PostMessage"]["properties"]["content"]["maxLength"] == (
-        settings.max_message_chars)
+        settings.max_message_chars
+    )
     assert "HTTPValidationError" not in schemas
     stream = turn["responses"]["200"]["content"]["text/event-stream"]["schema"]
     assert stream["type"] == "object" and stream["required"] == ["data"]
@@ -513,8 +583,7 @@ def test_the_document_declares_every_error_as_error_body_and_the_limits(deps, se
 
 
 async def test_a_cursor_the_server_did_not_issue_is_404_without_the_stores_text(client):
-    response = await client.get("/v1/conversations", params={"cursor": "\x11YL"},
-                                headers=ALICE)
+    response = await client.get("/v1/conversations", params={"cursor": "\x11YL"}, headers=ALICE)
     error = assert_error(response, 404, "cursor_not_found")
     assert error["param"] == "cursor" and "YL" not in error["message"]
 
@@ -579,13 +648,13 @@ async def test_a_body_within_the_limits_reaches_the_app_whole():
 
 
 async def test_an_upload_route_has_a_larger_limit_of_its_own():
-    app = BodyLimits(_echo_length, max_bytes=1024, read_timeout_s=5,
-                     larger={"/v1/files": 4096})
+    app = BodyLimits(_echo_length, max_bytes=1024, read_timeout_s=5, larger={"/v1/files": 4096})
     assert await _call(app, [], [b"x" * 1000] * 4, path="/v1/files") == (200, b"4000", 4)
     status, _, _ = await _call(app, [], [b"x" * 1000] * 5, path="/v1/files")
     assert status == 413
-    status, _, _ = await _call(app, [(b"content-length", b"4000")], [b"x" * 4000],
-                               path="/v1/conversations")
+    status, _, _ = await _call(
+        app, [(b"content-length", b"4000")], [b"x" * 4000], path="/v1/conversations"
+    )
     assert status == 413
 
 
@@ -601,20 +670,24 @@ async def test_a_completion_over_the_models_window_is_413_not_an_engine_error(
     small = settings.model_copy(update={"max_model_len": 300})
     context = CountingContext(word_context(small))
     app = create_app(gateway_deps(small, store, pipeline, context))
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app),
-                                 base_url="http://test") as client:
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app), base_url="http://test"
+    ) as client:
         pipeline.script(delta("a", 0), done(1))
-        response = await client.post("/v1/chat/completions", json=completion("a few words"),
-                                     headers=ALICE)
+        response = await client.post(
+            "/v1/chat/completions", json=completion("a few words"), headers=ALICE
+        )
         assert response.status_code == 200
         assert context.tokenized == 0  # too short to need counting
         pipeline.script(delta("a", 0), done(1))
-        response = await client.post("/v1/chat/completions", json=completion("w " * 290),
-                                     headers=ALICE)
+        response = await client.post(
+            "/v1/chat/completions", json=completion("w " * 290), headers=ALICE
+        )
         assert context.tokenized == 1
         assert response.status_code == 200  # 290 words fit 300 tokens
-        response = await client.post("/v1/chat/completions", json=completion("w " * 300),
-                                     headers=ALICE)
+        response = await client.post(
+            "/v1/chat/completions", json=completion("w " * 300), headers=ALICE
+        )
         assert_error(response, 413, "context_too_long")
     assert len(pipeline.submitted) == 2
 

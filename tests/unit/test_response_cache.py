@@ -37,10 +37,21 @@ ANSWER = ChatMessage(role=Role.ASSISTANT, content="4")
 
 
 def request(*messages: ChatMessage, temperature: float = 0.0, **fields) -> GenerationRequest:
-    defaults = dict(request_id="r1", conversation_id="c1", message_id="m1", user_id="alice",
-                    org_id="acme", tier=Tier.PRO, model="tiny", reply_to="chat.deliver.gw-1")
-    return GenerationRequest(**{**defaults, **fields}, messages=messages or (QUESTION,),
-                             sampling=SamplingOptions(temperature=temperature, max_tokens=16))
+    defaults = dict(
+        request_id="r1",
+        conversation_id="c1",
+        message_id="m1",
+        user_id="alice",
+        org_id="acme",
+        tier=Tier.PRO,
+        model="tiny",
+        reply_to="chat.deliver.gw-1",
+    )
+    return GenerationRequest(
+        **{**defaults, **fields},
+        messages=messages or (QUESTION,),
+        sampling=SamplingOptions(temperature=temperature, max_tokens=16),
+    )
 
 
 class WithTools(GenerationRequest):
@@ -123,10 +134,12 @@ def test_the_key_covers_org_model_prompt_and_sampling_not_who_or_where() -> None
         request(ChatMessage(role=Role.USER, content="2+2? ")),
         request().model_copy(update={"model": "big"}),
         request().model_copy(update={"sampling": SamplingOptions(temperature=0, max_tokens=17)}),
-        request().model_copy(update={"sampling": SamplingOptions(temperature=0, max_tokens=16,
-                                                                 stop=("\n",))}),
-        request().model_copy(update={"sampling": SamplingOptions(temperature=0, max_tokens=16,
-                                                                 seed=7)}),
+        request().model_copy(
+            update={"sampling": SamplingOptions(temperature=0, max_tokens=16, stop=("\n",))}
+        ),
+        request().model_copy(
+            update={"sampling": SamplingOptions(temperature=0, max_tokens=16, seed=7)}
+        ),
     ]
     keys = {cache_key(other) for other in others}
     assert key not in keys and len(keys) == len(others)
@@ -164,7 +177,11 @@ def test_what_the_cache_keeps_of_an_answer(events, kept: bool) -> None:
     assert (entry is not None) == kept
     if entry is not None:
         assert (entry.cache_key, entry.org_id, entry.model, entry.content) == (
-            "k", "acme", "tiny", "four")
+            "k",
+            "acme",
+            "tiny",
+            "four",
+        )
         assert (entry.prompt_tokens, entry.completion_tokens) == (9, 3)
         assert (entry.created_at, entry.expires_at) == (100.0, 160.0)
 

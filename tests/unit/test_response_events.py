@@ -45,13 +45,27 @@ def sdk(events) -> list:
 
 
 def test_a_whole_answer_maps_to_the_typed_events_in_order():
-    events = sdk(played(ResponseEvents(head()), Queued(request_id="r", position=2),
-                        delta("Hel", 0), delta("lo", 3), done(4)))
+    events = sdk(
+        played(
+            ResponseEvents(head()),
+            Queued(request_id="r", position=2),
+            delta("Hel", 0),
+            delta("lo", 3),
+            done(4),
+        )
+    )
     assert [e.type for e in events] == [
-        "response.created", "response.in_progress", "response.output_item.added",
-        "response.content_part.added", "response.output_text.delta",
-        "response.output_text.delta", "response.output_text.done",
-        "response.content_part.done", "response.output_item.done", "response.completed"]
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+        "response.output_text.delta",
+        "response.output_text.delta",
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.completed",
+    ]
     numbers = [e.sequence_number for e in events]
     assert numbers == [0, 1, 2, 3, HEAD, HEAD + 3, HEAD + 4, HEAD + 5, HEAD + 6, HEAD + 7]
     assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == "Hello"
@@ -59,8 +73,12 @@ def test_a_whole_answer_maps_to_the_typed_events_in_order():
     assert item_ids == {"msg_m1"} and events[2].item.id == "msg_m1"
     final = events[-1].response
     assert (final.status, final.output_text, final.id) == ("completed", "Hello", "resp_m1")
-    assert (final.usage.input_tokens, final.usage.output_tokens, final.usage.total_tokens,
-            final.usage.input_tokens_details.cached_tokens) == (7, 2, 9, 3)
+    assert (
+        final.usage.input_tokens,
+        final.usage.output_tokens,
+        final.usage.total_tokens,
+        final.usage.input_tokens_details.cached_tokens,
+    ) == (7, 2, 9, 3)
     assert events[0].response.status == "in_progress" and not events[0].response.output
 
 
@@ -91,10 +109,15 @@ def test_an_answer_cut_short_is_incomplete_or_cancelled(status, state, reason, e
 
 
 def test_a_retraction_replaces_the_text_and_ends_incomplete_for_content_filter():
-    events = sdk(played(ResponseEvents(head()), delta("bad", 0),
-                        Retract(request_id="r", seq=1, message_id="m1", reason="pii",
-                                replacement="[removed]"),
-                        delta("more", 2), done(3)))
+    events = sdk(
+        played(
+            ResponseEvents(head()),
+            delta("bad", 0),
+            Retract(request_id="r", seq=1, message_id="m1", reason="pii", replacement="[removed]"),
+            delta("more", 2),
+            done(3),
+        )
+    )
     deltas = [e.delta for e in events if e.type == "response.output_text.delta"]
     assert deltas == ["bad"]
     [text_done] = [e for e in events if e.type == "response.output_text.done"]
@@ -111,7 +134,9 @@ def test_a_failure_is_one_failed_event_with_the_error():
     assert failed.sequence_number == HEAD + 2
     assert failed.response.status == "failed"
     assert (failed.response.error.code, failed.response.error.message) == (
-        "server_error", "engine_error: boom")
+        "server_error",
+        "engine_error: boom",
+    )
 
 
 def test_events_after_the_end_or_repeated_make_nothing():
@@ -124,13 +149,26 @@ def test_events_after_the_end_or_repeated_make_nothing():
 
 
 def test_a_stored_answer_is_the_response_it_ended_as():
-    message = StoredMessage(message_id="m1", conversation_id="c", seq=2, role=Role.ASSISTANT,
-                            content="Hi there", parent_id="u", model="tiny", tokens=2,
-                            status=RequestStatus.FINISHED_STOPPED, request_id="r",
-                            created_at=1.0, prompt_tokens=5)
+    message = StoredMessage(
+        message_id="m1",
+        conversation_id="c",
+        seq=2,
+        role=Role.ASSISTANT,
+        content="Hi there",
+        parent_id="u",
+        model="tiny",
+        tokens=2,
+        status=RequestStatus.FINISHED_STOPPED,
+        request_id="r",
+        created_at=1.0,
+        prompt_tokens=5,
+    )
     response = Response.model_validate(stored(head(), message).model_dump(mode="json"))
     assert (response.status, response.output_text, response.usage.total_tokens) == (
-        "completed", "Hi there", 7)
+        "completed",
+        "Hi there",
+        7,
+    )
     running = stored(head(), replace(message, status=RequestStatus.IN_PROGRESS, content=""))
     assert (running.status, running.output) == ("in_progress", [])
 
@@ -149,12 +187,24 @@ def test_fields_not_honoured_are_named(extra, refused):
 
 
 def test_input_messages_split_into_instructions_and_conversation():
-    request = ResponseRequest(instructions="Be brief.", input=[
-        {"role": "developer", "content": "Answer in French."},
-        {"role": "user", "content": [{"type": "input_text", "text": "Hi"}]},
-        {"type": "message", "role": "assistant", "id": "msg_x", "status": "completed",
-         "content": [{"type": "output_text", "text": "Salut", "annotations": []}]},
-        {"role": "user", "content": "Again"}])
+    request = ResponseRequest(
+        instructions="Be brief.",
+        input=[
+            {"role": "developer", "content": "Answer in French."},
+            {"role": "user", "content": [{"type": "input_text", "text": "Hi"}]},
+            {
+                "type": "message",
+                "role": "assistant",
+                "id": "msg_x",
+                "status": "completed",
+                "content": [{"type": "output_text", "text": "Salut", "annotations": []}],
+            },
+            {"role": "user", "content": "Again"},
+        ],
+    )
     assert request.all_instructions == "Be brief.\n\nAnswer in French."
     assert [(i.role, i.text) for i in request.conversation_items] == [
-        ("user", "Hi"), ("assistant", "Salut"), ("user", "Again")]
+        ("user", "Hi"),
+        ("assistant", "Salut"),
+        ("user", "Again"),
+    ]

@@ -91,8 +91,7 @@ def test_paragraphs_are_packed_whole_with_the_last_one_repeated_as_overlap() -> 
     chunks = chunk_text("\n\n".join(paras), max_chars=130, overlap_chars=45)
 
     assert [c.index for c in chunks] == list(range(len(chunks)))
-    assert [c.text.split("\n\n") for c in chunks] == [
-        paras[0:3], paras[2:5], paras[4:6]]
+    assert [c.text.split("\n\n") for c in chunks] == [paras[0:3], paras[2:5], paras[4:6]]
     assert all(len(c.text) <= 130 for c in chunks)
 
 
@@ -122,7 +121,7 @@ def test_a_paragraph_without_spaces_is_cut_at_the_window() -> None:
 
 def test_every_word_of_the_text_is_in_some_chunk() -> None:
     words = [f"w{i}" for i in range(2000)]
-    text = "\n\n".join(" ".join(words[i:i + 37]) for i in range(0, 2000, 37))
+    text = "\n\n".join(" ".join(words[i : i + 37]) for i in range(0, 2000, 37))
     chunks = chunk_text(text, max_chars=300, overlap_chars=60)
     found = {w for c in chunks for w in c.text.split()}
     assert found == set(words)
@@ -161,7 +160,10 @@ def test_rank_drops_what_scores_under_the_minimum_and_keeps_ties_in_order() -> N
               candidate("f2", 0, unit(1, 1)), candidate("f2", 1, unit(-1, 0))]  # fmt: skip
     hits = rank(unit(1, 1), chunks, top_k=10, min_score=0.5)
     assert [(h.chunk.file_id, h.chunk.chunk_index) for h in hits] == [
-        ("f1", 0), ("f2", 0), ("f1", 1)]
+        ("f1", 0),
+        ("f2", 0),
+        ("f1", 1),
+    ]
 
 
 @pytest.mark.parametrize("top_k", [0, -1])
@@ -177,14 +179,16 @@ def test_the_context_block_numbers_each_excerpt_with_its_source() -> None:
 
     assert block is not None
     assert block.index("[1] f2.md (chunk 3)\nThe lamp is lit at dusk.") < block.index(
-        "[2] f1.md (chunk 0)\nAnna keeps the light.")
+        "[2] f1.md (chunk 0)\nAnna keeps the light."
+    )
     assert context_block([]) is None
 
 
 def test_citations_follow_the_prompt_with_rounded_scores() -> None:
     hits = [Hit(candidate("f2", 3, unit(1, 0), "The lamp\n is lit."), 0.912345)]
-    assert [(c.file_id, c.filename, c.chunk_index, c.score, c.snippet)
-            for c in citations(hits)] == [("f2", "f2.md", 3, 0.9123, "The lamp is lit.")]
+    assert [
+        (c.file_id, c.filename, c.chunk_index, c.score, c.snippet) for c in citations(hits)
+    ] == [("f2", "f2.md", 3, 0.9123, "The lamp is lit.")]
 
 
 def test_a_snippet_is_one_line_cut_at_a_word() -> None:

@@ -14,16 +14,31 @@ from schemas.lifecycle import RequestStatus
 from tests.unit.test_analytics_report import T0, at, chunk, ingest, request, usage
 
 
-def aliased(request_id: str, version: str, when: float, conversation: str, parent: str,
-            alias: str = "chat"):
-    return request(request_id, "pro", "acme", when).model_copy(update={
-        "model": version, "alias": alias, "conversation_id": conversation, "parent_id": parent})
+def aliased(
+    request_id: str, version: str, when: float, conversation: str, parent: str, alias: str = "chat"
+):
+    return request(request_id, "pro", "acme", when).model_copy(
+        update={
+            "model": version,
+            "alias": alias,
+            "conversation_id": conversation,
+            "parent_id": parent,
+        }
+    )
 
 
 def rated(answer, rating: str, when: float) -> FeedbackEvent:
-    return FeedbackEvent(message_id=answer.message_id, conversation_id=answer.conversation_id,
-                         request_id=answer.request_id, user_id="u", org_id="acme",
-                         model=answer.model, alias=answer.alias, rating=rating, created_at=when)
+    return FeedbackEvent(
+        message_id=answer.message_id,
+        conversation_id=answer.conversation_id,
+        request_id=answer.request_id,
+        user_id="u",
+        org_id="acme",
+        model=answer.model,
+        alias=answer.alias,
+        rating=rating,
+        created_at=when,
+    )
 
 
 A1 = aliased("a1", "v1", T0, "c1", "q1")  # TTFT 100 ms
@@ -40,9 +55,18 @@ RECORDS = [
     at(topics.USAGE, usage(A1, 5, 20, T0 + 1), T0 + 1),  # gpu_ms 10 each
     at(topics.USAGE, usage(A2, 5, 40, T0 + 6), T0 + 6),
     at(topics.USAGE, usage(B1, 5, 5, T0 + 2, status=RequestStatus.FINISHED_FILTERED), T0 + 2),
-    at(topics.MODERATION, ModerationEvent(request_id="b1", conversation_id="c2",
-                                          action="retract", category="pii", reason="r",
-                                          created_at=T0 + 2), T0 + 2),
+    at(
+        topics.MODERATION,
+        ModerationEvent(
+            request_id="b1",
+            conversation_id="c2",
+            action="retract",
+            category="pii",
+            reason="r",
+            created_at=T0 + 2,
+        ),
+        T0 + 2,
+    ),
     at(topics.FEEDBACK, rated(A2, "up", T0 + 7), T0 + 7),
     at(topics.FEEDBACK, rated(A2, "up", T0 + 8), T0 + 8),
     at(topics.FEEDBACK, rated(B1, "down", T0 + 9), T0 + 9),
@@ -57,12 +81,30 @@ def test_versions_side_by_side(tmp_path: Path) -> None:
         answer = rollout_report(con, PERIOD, "chat")
 
     assert answer["versions"] == [
-        {"alias": "chat", "version": "v1", "requests": 2, "ttft_p50_ms": 200.0,
-         "ttft_p90_ms": 280.0, "tokens_per_s": 3000.0, "retractions": 0, "regenerations": 1,
-         "feedback_up": 2, "feedback_down": 0},
-        {"alias": "chat", "version": "v2", "requests": 1, "ttft_p50_ms": 50.0,
-         "ttft_p90_ms": 50.0, "tokens_per_s": 500.0, "retractions": 1, "regenerations": 0,
-         "feedback_up": 0, "feedback_down": 1},
+        {
+            "alias": "chat",
+            "version": "v1",
+            "requests": 2,
+            "ttft_p50_ms": 200.0,
+            "ttft_p90_ms": 280.0,
+            "tokens_per_s": 3000.0,
+            "retractions": 0,
+            "regenerations": 1,
+            "feedback_up": 2,
+            "feedback_down": 0,
+        },
+        {
+            "alias": "chat",
+            "version": "v2",
+            "requests": 1,
+            "ttft_p50_ms": 50.0,
+            "ttft_p90_ms": 50.0,
+            "tokens_per_s": 500.0,
+            "retractions": 1,
+            "regenerations": 0,
+            "feedback_up": 0,
+            "feedback_down": 1,
+        },
     ]
     text = render(answer)
     assert text.splitlines()[0].startswith("chatpipe rollout chat ")
@@ -77,5 +119,8 @@ def test_every_alias_and_an_empty_period(tmp_path: Path) -> None:
         empty = rollout_report(con, Period(T0 + 7200, T0 + 9000), "chat")
 
     assert [(row["alias"], row["version"]) for row in every["versions"]] == [
-        ("chat", "v1"), ("chat", "v2"), ("code", "v1")]
+        ("chat", "v1"),
+        ("chat", "v2"),
+        ("code", "v1"),
+    ]
     assert empty["versions"] == [] and "(none)" in render(empty)

@@ -86,22 +86,30 @@ def test_sentence_mode_releases_whole_sentences():
 # --- classifiers ----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("number,valid", [
-    ("4111 1111 1111 1111", True), ("4111 1111 1111 1112", False),
-    ("5500-0000-0000-0004", True), ("1234", False),
-])
+@pytest.mark.parametrize(
+    "number,valid",
+    [
+        ("4111 1111 1111 1111", True),
+        ("4111 1111 1111 1112", False),
+        ("5500-0000-0000-0004", True),
+        ("1234", False),
+    ],
+)
 def test_luhn(number, valid):
     assert luhn_valid(number) is valid
 
 
-@pytest.mark.parametrize("text,category", [
-    ("write to alice@example.org today", "pii"),
-    ("my card is 4111 1111 1111 1111", "pii"),
-    ("order 4111 1111 1111 1112 shipped", None),
-    ("call (415) 555-0123", "pii"),
-    ("how to BUILD a bomb", "weapons"),
-    ("a perfectly fine sentence", None),
-])
+@pytest.mark.parametrize(
+    "text,category",
+    [
+        ("write to alice@example.org today", "pii"),
+        ("my card is 4111 1111 1111 1111", "pii"),
+        ("order 4111 1111 1111 1112 shipped", None),
+        ("call (415) 555-0123", "pii"),
+        ("how to BUILD a bomb", "weapons"),
+        ("a perfectly fine sentence", None),
+    ],
+)
 async def test_rule_classifier(text, category):
     rules = RuleClassifier({"weapons": [r"\bbuild\s+a\s+bomb\b"]}, pii=["email", "card", "phone"])
     verdict = await rules.classify(text)
@@ -130,9 +138,15 @@ async def test_embedding_classifier_uses_nearest_exemplar_above_threshold():
     assert await classifier.classify("hello there") is None
 
 
-@pytest.mark.parametrize("answer,expected", [
-    ("safe", None), ("unsafe weapons", "weapons"), ("UNSAFE\nS1", "unsafe"), ("", None),
-])
+@pytest.mark.parametrize(
+    "answer,expected",
+    [
+        ("safe", None),
+        ("unsafe weapons", "weapons"),
+        ("UNSAFE\nS1", "unsafe"),
+        ("", None),
+    ],
+)
 def test_judge_answers(answer, expected):
     verdict = judge_verdict(answer, ["weapons"])
     assert (verdict.category if verdict else None) == expected
@@ -160,8 +174,9 @@ class AnsweringClient:
 
 
 def done_at(seq: int) -> DeliveryDone:
-    return DeliveryDone(request_id="-", seq=seq, status=RequestStatus.FINISHED_STOPPED,
-                        usage=Usage())
+    return DeliveryDone(
+        request_id="-", seq=seq, status=RequestStatus.FINISHED_STOPPED, usage=Usage()
+    )
 
 
 async def test_a_retracted_judge_answer_is_no_verdict():
@@ -169,7 +184,9 @@ async def test_a_retracted_judge_answer_is_no_verdict():
     client = AnsweringClient(
         Delta(request_id="-", seq=0, text="unsafe "),
         Retract(request_id="-", seq=1, message_id="m", reason="pii", replacement="[removed]"),
-        Delta(request_id="-", seq=2, text="weapons"), done_at(3))
+        Delta(request_id="-", seq=2, text="weapons"),
+        done_at(3),
+    )
     async with asyncio.timeout(5):
         with pytest.raises(JudgeFailed, match="retracted"):
             await judge_ask(client, "judge-model")("is this safe?")
@@ -178,8 +195,10 @@ async def test_a_retracted_judge_answer_is_no_verdict():
     assert client.forgotten == [request.request_id], "the stream is closed"
 
 
-@pytest.mark.parametrize("status", [RequestStatus.FINISHED_ABORTED, RequestStatus.FINISHED_ERROR,
-                                    RequestStatus.FINISHED_FILTERED])
+@pytest.mark.parametrize(
+    "status",
+    [RequestStatus.FINISHED_ABORTED, RequestStatus.FINISHED_ERROR, RequestStatus.FINISHED_FILTERED],
+)
 async def test_a_judge_answer_that_did_not_end_normally_is_no_verdict(status):
     """A cancelled or expired judge generation ends with no text: that is not "safe"."""
     client = AnsweringClient(DeliveryDone(request_id="-", seq=0, status=status, usage=Usage()))
@@ -197,24 +216,27 @@ async def test_a_judge_answer_that_never_ends_times_out():
 
 
 async def test_a_judge_that_gives_no_verdict_fails_the_check_never_passes_it():
-    classifier = JudgeClassifier(judge_ask(AnsweringClient(), "judge-model", wait_s=0.05),
-                                 ["weapons"])
+    classifier = JudgeClassifier(
+        judge_ask(AnsweringClient(), "judge-model", wait_s=0.05), ["weapons"]
+    )
     with pytest.raises(ClassifierFailed) as failed:
         await first_verdict([RuleClassifier({}, []), classifier], "text")
     assert isinstance(failed.value.__cause__, TimeoutError)
 
 
 async def test_the_judge_takes_each_position_once_and_stops_at_the_end():
-    client = AnsweringClient(Delta(request_id="-", seq=0, text="unsafe "),
-                             Delta(request_id="-", seq=0, text="unsafe "),
-                             Delta(request_id="-", seq=1, text="weapons"), done_at(2))
+    client = AnsweringClient(
+        Delta(request_id="-", seq=0, text="unsafe "),
+        Delta(request_id="-", seq=0, text="unsafe "),
+        Delta(request_id="-", seq=1, text="weapons"),
+        done_at(2),
+    )
     async with asyncio.timeout(5):
         assert await judge_ask(client, "judge-model")("?") == "unsafe weapons"
 
 
 async def test_a_judge_generation_that_fails_raises():
-    client = AnsweringClient(DeliveryError(request_id="-", seq=0, code="engine_error",
-                                           message="x"))
+    client = AnsweringClient(DeliveryError(request_id="-", seq=0, code="engine_error", message="x"))
     with pytest.raises(RuntimeError, match="engine_error"):
         await judge_ask(client, "judge-model")("?")
 
@@ -246,8 +268,11 @@ def test_a_judge_with_no_way_to_ask_is_refused_and_the_wiring_names_the_setting(
 def test_a_safety_stage_run_alone_builds_the_output_check_only():
     """The judge is the gateway's (input only): a safety stage run alone needs no way to
     ask it, whatever the input classifiers name."""
-    settings = Settings(safety_input_classifiers={"*": ["judge"]}, safety_judge_model="m",
-                        safety_output_classifiers={"*": ["rules"]})
+    settings = Settings(
+        safety_input_classifiers={"*": ["judge"]},
+        safety_judge_model="m",
+        safety_output_classifiers={"*": ["rules"]},
+    )
     policy = safety_policy(settings, None, output_only=True)
     assert policy.input_classifiers(None, "m") == []
     assert [c.name for c in policy.output_classifiers(None, "m")] == ["rules"]
@@ -275,8 +300,9 @@ async def test_first_verdict_stops_at_first_hit():
 
 # --- the stage's release/retract logic, with a recording publisher ----------------------------
 
-STREAM = dict(request_id="r", conversation_id="c", message_id="m", model="tiny",
-              reply_to="chat.deliver.gw")
+STREAM = dict(
+    request_id="r", conversation_id="c", message_id="m", model="tiny", reply_to="chat.deliver.gw"
+)
 
 
 class RecordingPublisher:
@@ -296,21 +322,30 @@ def record(event, offset: int) -> ConsumerRecord:
 
 def stage_with(window: int = 0) -> tuple[SafetyStage, RecordingPublisher]:
     rules = RuleClassifier({}, pii=["email"])
-    stage = SafetyStage(kafka=None, policy=SafetyPolicy(output={"*": [rules]}),
-                        config=SafetyConfig(window_chars=window, overlap_chars=16))
+    stage = SafetyStage(
+        kafka=None,
+        policy=SafetyPolicy(output={"*": [rules]}),
+        config=SafetyConfig(window_chars=window, overlap_chars=16),
+    )
     stage.runner.publisher = RecordingPublisher()  # type: ignore[assignment]
     return stage, stage.runner.publisher  # type: ignore[return-value]
 
 
 def stream_records(texts: list[str], done: bool = True) -> list[ConsumerRecord]:
     """A stream's `chat.tokens` records from offset 0: a chunk per text, then its end."""
-    events: list[object] = [TokenChunk(**STREAM, seq=seq, text=text, token_count=1,
-                                       completion_tokens=seq + 1)
-                            for seq, text in enumerate(texts)]
+    events: list[object] = [
+        TokenChunk(**STREAM, seq=seq, text=text, token_count=1, completion_tokens=seq + 1)
+        for seq, text in enumerate(texts)
+    ]
     if done:
-        events.append(GenerationDone(**STREAM, seq=len(texts),
-                                     status=RequestStatus.FINISHED_STOPPED,
-                                     usage=Usage(completion_tokens=len(texts))))
+        events.append(
+            GenerationDone(
+                **STREAM,
+                seq=len(texts),
+                status=RequestStatus.FINISHED_STOPPED,
+                usage=Usage(completion_tokens=len(texts)),
+            )
+        )
     return [record(event, offset) for offset, event in enumerate(events)]
 
 
@@ -327,8 +362,9 @@ async def test_clean_stream_is_released_and_ends_done():
     stage, out = stage_with()
     consumer = FakeConsumer(stream_records(["Hello ", "world"]))
     stage.runner.consumer = consumer  # type: ignore[assignment]
-    await stage.runner.consume(stage._handle, stage._expire, stage._on_failure,
-                               until=lambda: not consumer.batches)
+    await stage.runner.consume(
+        stage._handle, stage._expire, stage._on_failure, until=lambda: not consumer.batches
+    )
     deltas = [e.text for e in to_gateway(out) if isinstance(e, Delta)]
     assert deltas == ["Hello ", "world"]
     assert isinstance(to_gateway(out)[-1], DeliveryDone)
@@ -373,8 +409,9 @@ async def test_duplicates_are_dropped():
 
 
 def core_with(window: int = 0, idle_timeout_s: float = 10.0) -> SafetyCore:
-    return SafetyCore(SafetyConfig(window_chars=window, overlap_chars=16,
-                                   idle_timeout_s=idle_timeout_s))
+    return SafetyCore(
+        SafetyConfig(window_chars=window, overlap_chars=16, idle_timeout_s=idle_timeout_s)
+    )
 
 
 def run(core: SafetyCore, events: list[object], now: float = 0.0) -> list[object]:
@@ -389,13 +426,15 @@ def run(core: SafetyCore, events: list[object], now: float = 0.0) -> list[object
 
 
 def chunk_of(seq: int, text: str, attempt: int = 0) -> TokenChunk:
-    return TokenChunk(**STREAM, seq=seq, attempt=attempt, text=text, token_count=1,
-                      completion_tokens=seq + 1)
+    return TokenChunk(
+        **STREAM, seq=seq, attempt=attempt, text=text, token_count=1, completion_tokens=seq + 1
+    )
 
 
 def end_of(seq: int, attempt: int = 0) -> GenerationDone:
-    return GenerationDone(**STREAM, seq=seq, attempt=attempt,
-                          status=RequestStatus.FINISHED_STOPPED, usage=Usage())
+    return GenerationDone(
+        **STREAM, seq=seq, attempt=attempt, status=RequestStatus.FINISHED_STOPPED, usage=Usage()
+    )
 
 
 def marker_of(attempt: int) -> AttemptStarted:
@@ -404,9 +443,18 @@ def marker_of(attempt: int) -> AttemptStarted:
 
 def test_a_continuation_joins_the_window_where_the_earlier_attempt_left_it():
     core = core_with(window=6)
-    outputs = run(core, [marker_of(0), chunk_of(0, "Hello "), chunk_of(1, "big "),
-                         marker_of(1), chunk_of(2, "zombie", 0), chunk_of(2, "world", 1),
-                         end_of(3, 1)])
+    outputs = run(
+        core,
+        [
+            marker_of(0),
+            chunk_of(0, "Hello "),
+            chunk_of(1, "big "),
+            marker_of(1),
+            chunk_of(2, "zombie", 0),
+            chunk_of(2, "world", 1),
+            end_of(3, 1),
+        ],
+    )
     delivered = [o.event for o in outputs if isinstance(o, Deliver)]
     text = "".join(e.text for e in delivered if isinstance(e, Delta))
     assert text == "Hello big world", "held text kept across attempts, the fenced one dropped"
@@ -416,8 +464,9 @@ def test_a_continuation_joins_the_window_where_the_earlier_attempt_left_it():
 
 
 def test_the_tools_an_answer_called_reach_the_gateway_with_its_end():
-    calls = ToolCalls(calls=(ToolCall(id="call_1", function=FunctionCall(
-        name="get_time", arguments="{}")),))
+    calls = ToolCalls(
+        calls=(ToolCall(id="call_1", function=FunctionCall(name="get_time", arguments="{}")),)
+    )
     end = end_of(1).model_copy(update={"tool_calls": calls})
     outputs = run(core_with(window=4), [marker_of(0), chunk_of(0, '[{"name":"get_time"}]'), end])
     delivered = [o.event for o in outputs if isinstance(o, Deliver)]
@@ -467,8 +516,9 @@ def test_a_poll_with_an_attempt_s_marker_says_a_first_chunk_is_on_its_way():
     from schemas.codec import encode, headers
 
     def polled(event):
-        record = ConsumerRecord("chat.tokens", 0, 0, 0, 0, None, encode(event), None, 0, 0,
-                                headers(event))
+        record = ConsumerRecord(
+            "chat.tokens", 0, 0, 0, 0, None, encode(event), None, 0, 0, headers(event)
+        )
         return {TopicPartition("chat.tokens", 0): [record]}
 
     assert _starts_a_stream(polled(marker_of(0)))
@@ -488,5 +538,6 @@ def test_safety_commits_at_most_once_a_second(monkeypatch):
     assert stage._commit_due({TopicPartition(topics.TOKENS, 0): 5}) == {}
     now[0] += 0.5
     assert stage._commit_due({TopicPartition(topics.TOKENS, 0): 5}) == {
-        TopicPartition(topics.TOKENS, 0): 5}
+        TopicPartition(topics.TOKENS, 0): 5
+    }
     assert stage._commit_due({}) == {}

@@ -28,28 +28,58 @@ class Clock:
         return self.now
 
 
-def make_request(request_id: str, tier: Tier = Tier.FREE, model: str = "big",
-                 user: str = "u", org: str = "o", deadline: float | None = None,
-                 conversation: str | None = None, text: str = "hello there") -> GenerationRequest:
+def make_request(
+    request_id: str,
+    tier: Tier = Tier.FREE,
+    model: str = "big",
+    user: str = "u",
+    org: str = "o",
+    deadline: float | None = None,
+    conversation: str | None = None,
+    text: str = "hello there",
+) -> GenerationRequest:
     return GenerationRequest(
-        request_id=request_id, conversation_id=conversation or f"c-{request_id}",
-        message_id=f"m-{request_id}", user_id=user, org_id=org, tier=tier, model=model,
-        messages=(ChatMessage(role=Role.USER, content=text),), reply_to="chat.deliver.gw",
+        request_id=request_id,
+        conversation_id=conversation or f"c-{request_id}",
+        message_id=f"m-{request_id}",
+        user_id=user,
+        org_id=org,
+        tier=tier,
+        model=model,
+        messages=(ChatMessage(role=Role.USER, content=text),),
+        reply_to="chat.deliver.gw",
         deadline=deadline,
     )
 
 
-def heartbeat(worker_id: str = "w1", slots: int = 2, active: tuple[str, ...] = (),
-              consumed: dict[int, int] | None = None, model: str = "big",
-              partitions: tuple[int, ...] = (0, 1), stopping: bool = False, waiting: int = 0,
-              free_kv_blocks: int | None = None,
-              assignments: dict[str, tuple[int, int]] | None = None,
-              handed_back: tuple[str, ...] = (), incarnation: str = "") -> WorkerHeartbeat:
-    return WorkerHeartbeat(worker_id=worker_id, incarnation=incarnation, model=model,
-                           partitions=partitions,
-                           max_slots=slots, active=active, consumed=consumed or {},
-                           stopping=stopping, waiting=waiting, free_kv_blocks=free_kv_blocks,
-                           assignments=assignments or {}, handed_back=handed_back)
+def heartbeat(
+    worker_id: str = "w1",
+    slots: int = 2,
+    active: tuple[str, ...] = (),
+    consumed: dict[int, int] | None = None,
+    model: str = "big",
+    partitions: tuple[int, ...] = (0, 1),
+    stopping: bool = False,
+    waiting: int = 0,
+    free_kv_blocks: int | None = None,
+    assignments: dict[str, tuple[int, int]] | None = None,
+    handed_back: tuple[str, ...] = (),
+    incarnation: str = "",
+) -> WorkerHeartbeat:
+    return WorkerHeartbeat(
+        worker_id=worker_id,
+        incarnation=incarnation,
+        model=model,
+        partitions=partitions,
+        max_slots=slots,
+        active=active,
+        consumed=consumed or {},
+        stopping=stopping,
+        waiting=waiting,
+        free_kv_blocks=free_kv_blocks,
+        assignments=assignments or {},
+        handed_back=handed_back,
+    )
 
 
 def make_scheduler(clock: Clock | None = None, **policy: object) -> Scheduler:
@@ -66,8 +96,9 @@ def sent(core: Scheduler, dispatch, offset: int, marker: int = 0) -> GenerationR
     its attempt's marker at `marker` on chat.tokens; returns the request as sent."""
     request = dispatch.request
     start = request.stream.start_offset if request.stream else marker
-    request = request.model_copy(update={"stream": StreamPosition(
-        partition=0, start_offset=start, attempt_offset=marker)})
+    request = request.model_copy(
+        update={"stream": StreamPosition(partition=0, start_offset=start, attempt_offset=marker)}
+    )
     core.on_dispatched(request, dispatch.worker_id, offset)
     return request
 
@@ -80,6 +111,7 @@ def finish(core: Scheduler, worker: str, dispatches, slots: int = 1, **hb) -> No
 
 
 # --- dispatch and capacity -------------------------------------------------------------
+
 
 def test_empty_schedules_nothing():
     core = make_scheduler()
@@ -106,12 +138,15 @@ def test_dispatch_fills_free_slots_only():
     assert [r.request_id for r in core.waiting()] == ["c"]
 
 
-@pytest.mark.parametrize("hb,why", [
-    (dict(stopping=True), "stopping"),
-    (dict(partitions=()), "owns no chat.work partition"),
-    (dict(waiting=1), "its engine already queues work"),
-    (dict(free_kv_blocks=0), "its KV cache is full"),
-])
+@pytest.mark.parametrize(
+    "hb,why",
+    [
+        (dict(stopping=True), "stopping"),
+        (dict(partitions=()), "owns no chat.work partition"),
+        (dict(waiting=1), "its engine already queues work"),
+        (dict(free_kv_blocks=0), "its KV cache is full"),
+    ],
+)
 def test_worker_without_capacity_gets_nothing(hb, why):
     core = make_scheduler()
     core.on_heartbeat(heartbeat(**hb))
@@ -154,6 +189,7 @@ def test_model_must_match():
 
 # --- tiers -------------------------------------------------------------------------------
 
+
 def test_highest_tier_first():
     core = make_scheduler()
     core.add_request(make_request("free", Tier.FREE))
@@ -191,6 +227,7 @@ def test_without_min_share_lower_tier_waits():
 
 # --- fairness inside a tier ---------------------------------------------------------------
 
+
 def test_flooding_user_delays_another_user_by_at_most_one_slot():
     core = make_scheduler()
     for i in range(100):
@@ -222,13 +259,16 @@ def test_fair_queue_iteration_matches_pops_and_remove():
 
 # --- queue position, ETA, shedding ------------------------------------------------------
 
+
 def test_queue_updates_on_change_and_every_interval():
     clock = Clock()
     core = make_scheduler(clock, queue_update_interval_s=1.0)
     core.add_request(make_request("a", user="a"))
     core.add_request(make_request("b", user="b"))
     assert [(u.request.request_id, u.position) for u in core.queue_updates()] == [
-        ("a", 1), ("b", 2)]
+        ("a", 1),
+        ("b", 2),
+    ]
     assert core.queue_updates() == [], "nothing changed, interval not over"
     clock.now += 1.1
     assert len(core.queue_updates()) == 2, "at least once a second"
@@ -268,7 +308,8 @@ def test_shedding_when_expected_wait_exceeds_tier_bound():
     assert not refused.accepted and refused.retry_after_s >= 1
     assert core.status()[Tier.FREE].shedding
     assert core.add_request(make_request("vip", Tier.ENTERPRISE)).accepted, (
-        "a higher tier has its own bound")
+        "a higher tier has its own bound"
+    )
 
 
 def test_no_shedding_without_throughput_or_with_free_slots():
@@ -281,6 +322,7 @@ def test_no_shedding_without_throughput_or_with_free_slots():
 
 # --- client gone, deadlines, duplicates ----------------------------------------------------
 
+
 def test_cancel_waiting_request_is_never_dispatched():
     core = make_scheduler()
     core.add_request(make_request("a"))
@@ -292,9 +334,13 @@ def test_cancel_waiting_request_is_never_dispatched():
 
 def tool_round(answer_id: str, round_: int) -> GenerationRequest:
     """Round `round_` of a server-tools turn whose answer is `answer_id`."""
-    return make_request(answer_id).model_copy(update={
-        "request_id": round_request_id(answer_id, round_), "attempt": round_,
-        "server_tools": ServerToolTurn(answer_id=answer_id, round=round_, max_rounds=4)})
+    return make_request(answer_id).model_copy(
+        update={
+            "request_id": round_request_id(answer_id, round_),
+            "attempt": round_,
+            "server_tools": ServerToolTurn(answer_id=answer_id, round=round_, max_rounds=4),
+        }
+    )
 
 
 def test_a_cancelled_answers_later_tool_round_ends_when_it_comes():
@@ -337,11 +383,13 @@ def test_deadline_passed_is_expired():
     core.add_request(late_continuation.model_copy(update={"attempt": 1}))
     clock.now += 2
     assert [r.request_id for r in core.expire()] == ["late"]
-    assert [r.request_id for r in core.waiting()] == ["fine", "continued"], \
+    assert [r.request_id for r in core.waiting()] == ["fine", "continued"], (
         "an answer that has started is never cut off by the wait deadline"
+    )
 
 
 # --- lost workers ----------------------------------------------------------------------
+
 
 def test_lost_worker_requests_are_dispatched_again_continuing_their_stream():
     clock = Clock()
@@ -352,8 +400,15 @@ def test_lost_worker_requests_are_dispatched_again_continuing_their_stream():
     first = {d.request.request_id: d for d in core.schedule()}
     sent(core, first["running"], 0, marker=40)
     sent(core, first["unread"], 1, marker=41)
-    core.on_heartbeat(heartbeat("w1", slots=2, active=("running",), consumed={0: 1},
-                                assignments={"running": (first["running"].partition, 0)}))
+    core.on_heartbeat(
+        heartbeat(
+            "w1",
+            slots=2,
+            active=("running",),
+            consumed={0: 1},
+            assignments={"running": (first["running"].partition, 0)},
+        )
+    )
     clock.now += 3
     core.on_heartbeat(heartbeat("w2", slots=2))
     clock.now += 3
@@ -397,8 +452,9 @@ def test_a_worker_process_restarted_under_its_id_loses_what_the_old_one_ran():
     [d] = core.schedule()
     assert d.incarnation == "first", "the assignment names the process it is for"
     sent(core, d, 3, marker=50)
-    core.on_heartbeat(heartbeat("w1", slots=2, incarnation="first", active=("a",),
-                                consumed={0: 4, 1: 4}))
+    core.on_heartbeat(
+        heartbeat("w1", slots=2, incarnation="first", active=("a",), consumed={0: 4, 1: 4})
+    )
     core.on_heartbeat(heartbeat("w1", slots=2, incarnation="second"))
     [again] = core.schedule()
     assert (again.request.request_id, again.request.attempt) == ("a", 1)
@@ -406,6 +462,7 @@ def test_a_worker_process_restarted_under_its_id_loses_what_the_old_one_ran():
 
 
 # --- affinity and routing ----------------------------------------------------------------
+
 
 def test_next_turn_goes_to_the_same_worker_while_it_has_room():
     core = make_scheduler(affinity_max_load=0.5)
@@ -452,12 +509,16 @@ def test_simple_requests_route_to_small_model():
 
 def test_a_simple_request_is_judged_by_its_last_user_message():
     core = make_scheduler(small_model="small", simple_request_max_chars=20)
-    request = make_request("a").model_copy(update={"messages": (
-        ChatMessage(role=Role.SYSTEM, content="s" * 50),
-        ChatMessage(role=Role.USER, content="an earlier question, long"),
-        ChatMessage(role=Role.ASSISTANT, content="a" * 50),
-        ChatMessage(role=Role.USER, content="and now?"),
-    )})
+    request = make_request("a").model_copy(
+        update={
+            "messages": (
+                ChatMessage(role=Role.SYSTEM, content="s" * 50),
+                ChatMessage(role=Role.USER, content="an earlier question, long"),
+                ChatMessage(role=Role.ASSISTANT, content="a" * 50),
+                ChatMessage(role=Role.USER, content="and now?"),
+            )
+        }
+    )
     assert request.last_user_message == "and now?"
     assert core.add_request(request).routed_reason == "simple_request"
     no_user = request.model_copy(update={"messages": request.messages[:1]})

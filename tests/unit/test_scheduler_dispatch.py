@@ -47,15 +47,17 @@ class FakeBus:
     fails: Callable[[str, Any], bool] = never
     events: list[tuple[str, Any]] = field(default_factory=list)
 
-    async def send_and_wait(self, topic: str, event: Any, key: str | None = None,
-                            partition: int | None = None) -> Sent:
+    async def send_and_wait(
+        self, topic: str, event: Any, key: str | None = None, partition: int | None = None
+    ) -> Sent:
         if self.fails(topic, event):
             raise MessageSizeTooLargeError("too big for the bus")
         self.events.append((topic, event))
         return Sent(partition or 0, sum(1 for t, _ in self.events if t == topic) - 1)
 
-    async def send(self, topic: str, event: Any, key: str | None = None,
-                   partition: int | None = None) -> Sent:
+    async def send(
+        self, topic: str, event: Any, key: str | None = None, partition: int | None = None
+    ) -> Sent:
         return await self.send_and_wait(topic, event, key, partition)
 
     def of(self, topic: str) -> list[Any]:
@@ -86,8 +88,11 @@ async def test_dispatch_marks_the_attempt_then_assigns_with_the_stream_position(
     stream = assignment.request.stream
     assert (stream.start_offset, stream.attempt_offset) == (5, 5)
 
-    stage.core.on_heartbeat(heartbeat("w1", slots=4, stopping=True, handed_back=("a",),
-                                      consumed={dispatch.partition: 1}))
+    stage.core.on_heartbeat(
+        heartbeat(
+            "w1", slots=4, stopping=True, handed_back=("a",), consumed={dispatch.partition: 1}
+        )
+    )
     stage.core.on_heartbeat(heartbeat("w2", slots=4))
     [again] = stage.core.schedule()
     await stage._dispatch(again)
@@ -97,8 +102,11 @@ async def test_dispatch_marks_the_attempt_then_assigns_with_the_stream_position(
 
 
 async def test_dispatch_that_cannot_be_sent_ends_its_request_and_the_stage_goes_on():
-    bus = FakeBus(fails=lambda topic, event: isinstance(event, WorkAssignment)
-                  and event.request.request_id == "big")
+    bus = FakeBus(
+        fails=lambda topic, event: (
+            isinstance(event, WorkAssignment) and event.request.request_id == "big"
+        )
+    )
     stage = stage_on(bus)
     stage.core.add_request(make_request("big"))
     stage.core.add_request(make_request("ok", user="other"))
@@ -112,20 +120,25 @@ async def test_dispatch_that_cannot_be_sent_ends_its_request_and_the_stage_goes_
     assert [(u.request_id, u.code) for u in unserved] == [("big", DISPATCH_FAILED)]
     [end] = [e for e in bus.of(topics.TOKENS) if isinstance(e, GenerationError)]
     assert (end.request_id, end.code, end.seq) == ("big", DISPATCH_FAILED, 0)
-    assert [a.request.request_id for a in bus.of(topics.WORK)
-            if isinstance(a, WorkAssignment)] == ["ok"]
+    assert [a.request.request_id for a in bus.of(topics.WORK) if isinstance(a, WorkAssignment)] == [
+        "ok"
+    ]
     assert stage.core.registry.flight("big") is None
     assert stage.core.add_request(make_request("big")).end_code == DISPATCH_FAILED
 
 
-@pytest.mark.parametrize(("shard", "running_here", "forwarded"), [
-    (Shard(), False, True),  # not sharded: the workers decide whether they run it
-    (Shard.of({"big": ["big"]}, "big"), True, True),
-    (Shard.of({"big": ["big"]}, "big"), False, False),  # another shard's request
-    (Shard.of({"big": ["big"]}, ""), False, False),
-])
+@pytest.mark.parametrize(
+    ("shard", "running_here", "forwarded"),
+    [
+        (Shard(), False, True),  # not sharded: the workers decide whether they run it
+        (Shard.of({"big": ["big"]}, "big"), True, True),
+        (Shard.of({"big": ["big"]}, "big"), False, False),  # another shard's request
+        (Shard.of({"big": ["big"]}, ""), False, False),
+    ],
+)
 async def test_a_sharded_scheduler_passes_on_a_conditional_cancel_only_for_its_requests(
-        shard, running_here, forwarded):
+    shard, running_here, forwarded
+):
     bus = FakeBus()
     stage = stage_on(bus)
     stage.shard = shard

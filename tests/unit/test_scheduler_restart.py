@@ -38,22 +38,25 @@ from tests.unit.test_scheduler_core import (
 )
 
 
-def dispatch_one(core: Scheduler, request_id: str = "a", offset: int = 0, marker: int = 10,
-                 worker: str = "w1"):
+def dispatch_one(
+    core: Scheduler, request_id: str = "a", offset: int = 0, marker: int = 10, worker: str = "w1"
+):
     core.on_heartbeat(heartbeat(worker, slots=4))
     core.add_request(make_request(request_id))
     [d] = core.schedule()
     return d, sent(core, d, offset, marker)
 
 
-def assignment(request_id: str, attempt: int = 0, worker: str = "w1", epoch: int = 1,
-               start: int = 10) -> WorkAssignment:
+def assignment(
+    request_id: str, attempt: int = 0, worker: str = "w1", epoch: int = 1, start: int = 10
+) -> WorkAssignment:
     stream = StreamPosition(partition=0, start_offset=start, attempt_offset=start + attempt)
     request = make_request(request_id).model_copy(update={"attempt": attempt, "stream": stream})
     return WorkAssignment(worker_id=worker, request=request, epoch=epoch)
 
 
 # --- redispatch keeps the stream --------------------------------------------------------
+
 
 @pytest.mark.parametrize("how", ["lost", "handed_back", "orphaned"])
 def test_redispatch_is_the_next_attempt_and_keeps_the_stream_start(how):
@@ -66,8 +69,9 @@ def test_redispatch_is_the_next_attempt_and_keeps_the_stream_start(how):
         core.on_heartbeat(heartbeat("w2", slots=4))
         core.remove_lost_workers()
     elif how == "handed_back":
-        core.on_heartbeat(heartbeat("w1", slots=4, stopping=True, consumed={d.partition: 1},
-                                    handed_back=("a",)))
+        core.on_heartbeat(
+            heartbeat("w1", slots=4, stopping=True, consumed={d.partition: 1}, handed_back=("a",))
+        )
     else:
         core.on_heartbeat(heartbeat("w1", slots=4, partitions=(9,), consumed={}))
     [again] = core.schedule()
@@ -81,8 +85,7 @@ def test_redispatch_is_the_next_attempt_and_keeps_the_stream_start(how):
 def test_handed_back_heartbeat_read_twice_dispatches_once():
     core = make_scheduler()
     d, _ = dispatch_one(core)
-    drained = heartbeat("w1", slots=4, stopping=True, consumed={d.partition: 1},
-                        handed_back=("a",))
+    drained = heartbeat("w1", slots=4, stopping=True, consumed={d.partition: 1}, handed_back=("a",))
     core.on_heartbeat(drained)
     core.on_heartbeat(drained)
     assert core.waiting_count == 1
@@ -94,6 +97,7 @@ def test_handed_back_heartbeat_read_twice_dispatches_once():
 
 
 # --- restore from the journal -----------------------------------------------------------
+
 
 def test_restored_assignment_is_in_flight_and_its_request_is_not_queued_again():
     core = make_scheduler()
@@ -126,26 +130,55 @@ def test_restored_assignment_of_a_worker_that_never_reports_is_dispatched_again(
     assert (again.request.attempt, again.request.stream.start_offset) == (2, 33)
 
 
-@pytest.mark.parametrize("records,in_flight_attempt,end", [
-    ([(0, assignment("a", 0)), (1, assignment("a", 1, worker="w2"))], 1, None),
-    ([(1, assignment("a", 1, worker="w2")), (0, assignment("a", 0))], 1, None),
-    ([(0, assignment("a", 0)), (1, Unserved(request_id="a", attempt=1, code=DISPATCH_FAILED))],
-     None, DISPATCH_FAILED),
-    ([(1, Unserved(request_id="a", attempt=0, code=DISPATCH_FAILED)), (0, assignment("a", 0))],
-     None, DISPATCH_FAILED),
-    ([(0, SchedulerClaim(scheduler_id="s2", epoch=5)), (0, assignment("a", 0, epoch=4))],
-     None, None),
-    ([(0, SchedulerClaim(scheduler_id="s2", epoch=5)), (0, assignment("a", 0, epoch=5))],
-     0, None),
-], ids=["later-attempt", "later-attempt-first", "ended-after", "end-of-same-attempt",
-        "fenced-assignment", "current-epoch"])
+@pytest.mark.parametrize(
+    "records,in_flight_attempt,end",
+    [
+        ([(0, assignment("a", 0)), (1, assignment("a", 1, worker="w2"))], 1, None),
+        ([(1, assignment("a", 1, worker="w2")), (0, assignment("a", 0))], 1, None),
+        (
+            [
+                (0, assignment("a", 0)),
+                (1, Unserved(request_id="a", attempt=1, code=DISPATCH_FAILED)),
+            ],
+            None,
+            DISPATCH_FAILED,
+        ),
+        (
+            [
+                (1, Unserved(request_id="a", attempt=0, code=DISPATCH_FAILED)),
+                (0, assignment("a", 0)),
+            ],
+            None,
+            DISPATCH_FAILED,
+        ),
+        (
+            [(0, SchedulerClaim(scheduler_id="s2", epoch=5)), (0, assignment("a", 0, epoch=4))],
+            None,
+            None,
+        ),
+        (
+            [(0, SchedulerClaim(scheduler_id="s2", epoch=5)), (0, assignment("a", 0, epoch=5))],
+            0,
+            None,
+        ),
+    ],
+    ids=[
+        "later-attempt",
+        "later-attempt-first",
+        "ended-after",
+        "end-of-same-attempt",
+        "fenced-assignment",
+        "current-epoch",
+    ],
+)
 def test_journal_replay_keeps_the_latest_decision(records, in_flight_attempt, end):
     core = make_scheduler()
     for offset, (partition, event) in enumerate(records):
         core.restore(partition, offset, event)
     flights = [f for w in core.workers.values() for f in w.in_flight.values()]
     assert [f.request.attempt for f in flights] == (
-        [] if in_flight_attempt is None else [in_flight_attempt])
+        [] if in_flight_attempt is None else [in_flight_attempt]
+    )
     admission = core.add_request(make_request("a"))
     assert admission.end_code == end
     assert admission.queued == (in_flight_attempt is None and end is None)
@@ -162,6 +195,7 @@ def test_request_ended_before_a_restart_ends_again_with_its_code_and_attempt():
 
 
 # --- decided once -----------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("decide", ["dispatched", "cancelled", "expired", "refused"])
 def test_a_copy_of_a_decided_request_is_never_queued(decide):
@@ -205,11 +239,20 @@ def test_cancel_of_a_request_in_flight_is_not_kept():
 
 # --- in flight learned from heartbeats --------------------------------------------------
 
+
 def test_heartbeat_teaches_a_request_the_journal_no_longer_holds():
     clock = Clock()
     core = make_scheduler(clock, worker_lost_after_s=5.0)
-    core.on_heartbeat(heartbeat("w1", slots=1, active=("old",), consumed={3: 8},
-                                partitions=(3,), assignments={"old": (3, 7)}))
+    core.on_heartbeat(
+        heartbeat(
+            "w1",
+            slots=1,
+            active=("old",),
+            consumed={3: 8},
+            partitions=(3,),
+            assignments={"old": (3, 7)},
+        )
+    )
     assert core.add_request(make_request("old")).queued is False
     core.add_request(make_request("b"))
     assert core.schedule() == [], "w1's slot is taken by the learned request"
@@ -229,8 +272,9 @@ def test_heartbeat_teaches_a_request_the_journal_no_longer_holds():
 def test_heartbeat_listing_a_request_known_elsewhere_teaches_nothing():
     core = make_scheduler()
     dispatch_one(core, worker="w2")
-    core.on_heartbeat(heartbeat("w1", slots=2, active=("a",), consumed={0: 9},
-                                assignments={"a": (0, 3)}))
+    core.on_heartbeat(
+        heartbeat("w1", slots=2, active=("a",), consumed={0: 9}, assignments={"a": (0, 3)})
+    )
     assert core.workers["w1"].in_flight == {}
     assert list(core.workers["w2"].in_flight) == ["a"]
 
@@ -257,6 +301,7 @@ def test_assignment_not_found_is_given_up():
 
 
 # --- the journal's commit rule ----------------------------------------------------------
+
 
 def test_journal_commit_stays_at_the_ends_when_each_uncommitted_request_was_read():
     window = JournalWindow(ends={0: 10, 1: 4}, replayed_from={0: 0, 1: 0})
@@ -302,26 +347,36 @@ def test_nothing_to_read_again_releases_the_replayed_window_at_once():
 
 # --- ends and fencing -------------------------------------------------------------------
 
-@pytest.mark.parametrize("code,kind", [
-    (CANCELLED, GenerationDone), (DEADLINE_EXCEEDED, GenerationError),
-    (OVERLOADED, GenerationError), (DISPATCH_FAILED, GenerationError),
-])
+
+@pytest.mark.parametrize(
+    "code,kind",
+    [
+        (CANCELLED, GenerationDone),
+        (DEADLINE_EXCEEDED, GenerationError),
+        (OVERLOADED, GenerationError),
+        (DISPATCH_FAILED, GenerationError),
+    ],
+)
 def test_unserved_end_ends_the_answer_even_after_earlier_attempts_streamed(code, kind):
     first = make_request("a")
     later = first.model_copy(update={"attempt": 1})
     answer = AnswerLog()
-    answer.take(TokenChunk(**stream_fields(first, 0), text="hi", token_count=1,
-                           completion_tokens=1))
+    answer.take(
+        TokenChunk(**stream_fields(first, 0), text="hi", token_count=1, completion_tokens=1)
+    )
     end = unserved_end(later, code, retry_after=3.0)
     assert isinstance(end, kind) and answer.take(end) and answer.ended
     assert unserved_end(first, code).seq == 0 and end.seq == UNKNOWN_END_SEQ
 
 
-@pytest.mark.parametrize("claim,fenced", [
-    (SchedulerClaim(scheduler_id="other", epoch=11), True),
-    (SchedulerClaim(scheduler_id="other", epoch=10), False),
-    (SchedulerClaim(scheduler_id="other", epoch=9), False),
-    (SchedulerClaim(scheduler_id="me", epoch=12), False),
-])
+@pytest.mark.parametrize(
+    "claim,fenced",
+    [
+        (SchedulerClaim(scheduler_id="other", epoch=11), True),
+        (SchedulerClaim(scheduler_id="other", epoch=10), False),
+        (SchedulerClaim(scheduler_id="other", epoch=9), False),
+        (SchedulerClaim(scheduler_id="me", epoch=12), False),
+    ],
+)
 def test_only_a_newer_claim_by_another_scheduler_fences(claim, fenced):
     assert fences(claim, "me", 10) is fenced

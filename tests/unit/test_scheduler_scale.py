@@ -33,12 +33,15 @@ def test_most_free_is_the_worker_with_most_free_slots_first_known_on_a_tie():
     assert registry.most_free("other") is None
 
 
-@pytest.mark.parametrize("change,why", [
-    ({"stopping": True}, "stopping"),
-    ({"model": "other"}, "serves another model now"),
-    ({"waiting": 1}, "its engine queues work"),
-    ({"slots": 1, "active": ("x",)}, "full"),
-])
+@pytest.mark.parametrize(
+    "change,why",
+    [
+        ({"stopping": True}, "stopping"),
+        ({"model": "other"}, "serves another model now"),
+        ({"waiting": 1}, "its engine queues work"),
+        ({"slots": 1, "active": ("x",)}, "full"),
+    ],
+)
 def test_most_free_never_returns_a_worker_whose_heartbeat_took_its_room(change, why):
     registry = Registry()
     registry.on_heartbeat(heartbeat("a", slots=8), 0.0, ())
@@ -108,7 +111,8 @@ def test_a_fair_queue_walk_yields_the_order_as_it_was_while_the_queue_changes():
     queue.remove("z1")
     assert [r.request_id for r in walk] == ["y1", "x2"], (
         "the org's users were copied when the walk first reached it (no w1); z's queue "
-        "when it reached z (z1 was gone by then)")
+        "when it reached z (z1 was gone by then)"
+    )
     assert [r.request_id for r in queue] == ["y1", "x2", "w1"]
 
 
@@ -145,7 +149,8 @@ def test_requests_behind_the_head_learn_their_position_within_an_interval():
     assert ids(core.schedule()) == ["r0"]
     moved = {u.request.request_id: u.position for u in core.queue_updates()}
     assert moved == {f"r{i}": i for i in range(1, QUEUE_HEAD + 1)}, (
-        "within the interval only the head hears of each change")
+        "within the interval only the head hears of each change"
+    )
 
 
 def test_unread_assignments_match_a_scan_of_every_flight_through_a_busy_run():
@@ -161,16 +166,30 @@ def test_unread_assignments_match_a_scan_of_every_flight_through_a_busy_run():
         for worker in sim.core.workers.values():
             for flight in worker.in_flight.values():
                 if flight.offset is not None and not worker.has_read(flight):
-                    scan[flight.partition] = min(scan.get(flight.partition, flight.offset),
-                                                 flight.offset)
+                    scan[flight.partition] = min(
+                        scan.get(flight.partition, flight.offset), flight.offset
+                    )
         assert sim.core.unread_assignments() == scan
         checked += bool(scan)
     assert checked > 50  # assignments not read yet were there to find
 
 
 def test_scheduler_sim_smoke(capsys: pytest.CaptureFixture[str]) -> None:
-    scheduler_sim(["--workers", "20", "--waiting", "200", "--rate", "300", "--seconds", "0.2",
-                   "--kafka-seconds", "0", "--breakdown"])
+    scheduler_sim(
+        [
+            "--workers",
+            "20",
+            "--waiting",
+            "200",
+            "--rate",
+            "300",
+            "--seconds",
+            "0.2",
+            "--kafka-seconds",
+            "0",
+            "--breakdown",
+        ]
+    )
     *_, core, last = capsys.readouterr().out.strip().splitlines()
     shares = dict(item.rsplit(" ", 1) for item in core.split("core time by call: ")[1].split(", "))
     assert {"schedule", "on_heartbeat", "add_request"} <= set(shares)
@@ -181,14 +200,33 @@ def test_scheduler_sim_smoke(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_scheduler_sim_runs_each_shard_in_its_own_process(
-        capsys: pytest.CaptureFixture[str]) -> None:
-    scheduler_sim(["--workers", "20", "--waiting", "200", "--rate", "300", "--seconds", "0.2",
-                   "--kafka-seconds", "0", "--shards", "2", "--gc-freeze"])
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    scheduler_sim(
+        [
+            "--workers",
+            "20",
+            "--waiting",
+            "200",
+            "--rate",
+            "300",
+            "--seconds",
+            "0.2",
+            "--kafka-seconds",
+            "0",
+            "--shards",
+            "2",
+            "--gc-freeze",
+        ]
+    )
     lines = capsys.readouterr().out.strip().splitlines()
     shards = [line for line in lines if "(its own process), 10 workers" in line]
-    assert [line.split(",")[1] for line in shards] == [" shard 1/2 (its own process)",
-                                                      " shard 2/2 (its own process)"]
+    assert [line.split(",")[1] for line in shards] == [
+        " shard 1/2 (its own process)",
+        " shard 2/2 (its own process)",
+    ]
     assert lines[-2].startswith("2 shards together: ")
     rates = [float(line.split("(")[2].split("/s")[0].replace(",", "")) for line in shards]
     assert int(lines[-1].split()[0].removeprefix("decisions/s=")) == pytest.approx(
-        sum(rates), abs=2)
+        sum(rates), abs=2
+    )

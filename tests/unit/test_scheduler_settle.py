@@ -51,8 +51,9 @@ class FullRegistry(Registry):
         scan: dict[int, int] = {}
         for worker in self.workers.values():
             for flight in worker.unread():
-                scan[flight.partition] = min(scan.get(flight.partition, flight.offset),
-                                             flight.offset)
+                scan[flight.partition] = min(
+                    scan.get(flight.partition, flight.offset), flight.offset
+                )
         return scan
 
     def remove_lost(self, deadline: float) -> list[WorkerState]:
@@ -82,10 +83,17 @@ class Engine:
     def heartbeat(self) -> WorkerHeartbeat:
         active = tuple(self.running) + tuple(self.listed_too)
         return WorkerHeartbeat(
-            worker_id=self.worker_id, incarnation=self.incarnation, model="big",
-            partitions=self.partitions, max_slots=self.slots, active=active,
-            consumed=dict(self.consumed), assignments={**self.handed_back, **self.running},
-            handed_back=tuple(self.handed_back), stopping=self.stopping)
+            worker_id=self.worker_id,
+            incarnation=self.incarnation,
+            model="big",
+            partitions=self.partitions,
+            max_slots=self.slots,
+            active=active,
+            consumed=dict(self.consumed),
+            assignments={**self.handed_back, **self.running},
+            handed_back=tuple(self.handed_back),
+            stopping=self.stopping,
+        )
 
 
 class Run:
@@ -101,15 +109,34 @@ class Run:
         self.now = 0.0
         self.serial = 0
         self.unacknowledged: list[tuple[str, GenerationRequest, int]] = []
-        self.seen = {"finished": 0, "orphaned": 0, "handed_back": 0, "lost": 0,
-                     "learned": 0, "unread": 0, "workers lost": 0}
+        self.seen = {
+            "finished": 0,
+            "orphaned": 0,
+            "handed_back": 0,
+            "lost": 0,
+            "learned": 0,
+            "unread": 0,
+            "workers lost": 0,
+        }
 
     def step(self) -> None:
         self.now += self.rng.uniform(0.0, 0.3)
         action = self.rng.choices(
-            [self.dispatch, self.acknowledge, self.read, self.end, self.hand_back,
-             self.restart, self.move, self.unknown, self.drop, self.beat, self.lose],
-            [20, 6, 10, 10, 2, 1, 1, 2, 2, 25, 1])[0]
+            [
+                self.dispatch,
+                self.acknowledge,
+                self.read,
+                self.end,
+                self.hand_back,
+                self.restart,
+                self.move,
+                self.unknown,
+                self.drop,
+                self.beat,
+                self.lose,
+            ],
+            [20, 6, 10, 10, 2, 1, 1, 2, 2, 25, 1],
+        )[0]
         action()
 
     def both(self) -> tuple[Registry, Registry]:
@@ -137,7 +164,8 @@ class Run:
         """A write not acknowledged yet is now (its worker may have read it already)."""
         if self.unacknowledged:
             worker_id, request, offset = self.unacknowledged.pop(
-                self.rng.randrange(len(self.unacknowledged)))
+                self.rng.randrange(len(self.unacknowledged))
+            )
             for registry in self.both():
                 registry.acknowledged(worker_id, request, offset)
 
@@ -152,8 +180,9 @@ class Run:
 
     def end(self) -> None:
         engine = self.rng.choice(list(self.engines.values()))
-        for request_id in self.rng.sample(list(engine.running),
-                                          min(len(engine.running), self.rng.randint(1, 3))):
+        for request_id in self.rng.sample(
+            list(engine.running), min(len(engine.running), self.rng.randint(1, 3))
+        ):
             del engine.running[request_id]
 
     def hand_back(self) -> None:
@@ -198,11 +227,13 @@ class Run:
         fast = self.fast.on_heartbeat(heartbeat, self.now, ())
         full = self.full.on_heartbeat(heartbeat, self.now, ())
         assert _ids(fast) == _ids(full)
-        for name, ids in zip(("finished", "orphaned", "handed_back", "lost"), _ids(fast),
-                             strict=True):
+        for name, ids in zip(
+            ("finished", "orphaned", "handed_back", "lost"), _ids(fast), strict=True
+        ):
             self.seen[name] += len(ids)
-        self.seen["learned"] += sum(f.request is None for f in
-                                    self.fast.workers[engine.worker_id].in_flight.values())
+        self.seen["learned"] += sum(
+            f.request is None for f in self.fast.workers[engine.worker_id].in_flight.values()
+        )
         engine.handed_back.clear()
         engine.listed_too.clear()
         engine.stopping = False
@@ -225,17 +256,29 @@ class Run:
 
 
 def _ids(settled: Settled) -> tuple[list[str], ...]:
-    return tuple([f.request_id for f in flights] for flights in (
-        settled.finished, settled.orphaned, settled.handed_back, settled.lost))
+    return tuple(
+        [f.request_id for f in flights]
+        for flights in (settled.finished, settled.orphaned, settled.handed_back, settled.lost)
+    )
 
 
 def _state(registry: Registry) -> object:
     workers = {
-        worker_id: (sorted((r, f.started, f.offset, f.partition, f.request is None)
-                           for r, f in w.in_flight.items()),
-                    sorted(w._unstarted), w.load, w.free_slots, w.active, w.incarnation,
-                    w.partitions, w.last_seen)
-        for worker_id, w in registry.workers.items()}
+        worker_id: (
+            sorted(
+                (r, f.started, f.offset, f.partition, f.request is None)
+                for r, f in w.in_flight.items()
+            ),
+            sorted(w._unstarted),
+            w.load,
+            w.free_slots,
+            w.active,
+            w.incarnation,
+            w.partitions,
+            w.last_seen,
+        )
+        for worker_id, w in registry.workers.items()
+    }
     holders = sorted((r, w.worker_id) for r, w in registry._holder.items())
     return workers, holders, list(registry.decided.items())
 
@@ -289,10 +332,12 @@ def test_the_queue_head_is_the_start_of_the_walk(seed: int) -> None:
     orgs = rng.choice([3, 20, 40, 200])
     for i in range(rng.randint(0, 300)):
         user = int(50 * rng.paretovariate(1.2)) % 50
-        queue.push(make_request(f"r{i}", user=f"u{user}", org=f"o{user % orgs}"),
-                   front=rng.random() < 0.1)
+        queue.push(
+            make_request(f"r{i}", user=f"u{user}", org=f"o{user % orgs}"), front=rng.random() < 0.1
+        )
         if rng.random() < 0.2:
             queue.pop()
     for count in (0, 1, 5, 32, 400):
         assert [r.request_id for r in queue.first(count)] == [
-            r.request_id for r, _ in zip(queue, range(count), strict=False)]
+            r.request_id for r, _ in zip(queue, range(count), strict=False)
+        ]

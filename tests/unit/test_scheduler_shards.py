@@ -24,27 +24,33 @@ from schemas.topics import Tier
 SHARDS = {"big": ["llama-70b", "llama-405b"], "small": ["llama-8b"]}
 
 
-@pytest.mark.parametrize(("name", "model", "decides"), [
-    ("big", "llama-70b", True),
-    ("big", "llama-405b", True),
-    ("big", "llama-8b", False),
-    ("big", "mistral", False),
-    ("small", "llama-8b", True),
-    ("small", "llama-70b", False),
-    ("", "mistral", True),  # the unnamed shard: every model no named shard lists
-    ("", "llama-70b", False),
-    ("", "llama-8b", False),
-])
+@pytest.mark.parametrize(
+    ("name", "model", "decides"),
+    [
+        ("big", "llama-70b", True),
+        ("big", "llama-405b", True),
+        ("big", "llama-8b", False),
+        ("big", "mistral", False),
+        ("small", "llama-8b", True),
+        ("small", "llama-70b", False),
+        ("", "mistral", True),  # the unnamed shard: every model no named shard lists
+        ("", "llama-70b", False),
+        ("", "llama-8b", False),
+    ],
+)
 def test_each_model_is_decided_by_exactly_one_shard(name, model, decides):
     assert Shard.of(SHARDS, name).decides(model) is decides
     deciding = [shard for shard in ("", *SHARDS) if Shard.of(SHARDS, shard).decides(model)]
     assert len(deciding) == 1
 
 
-@pytest.mark.parametrize(("name", "work_topic", "group", "sharded"), [
-    ("big", "chat.work.big", "chatpipe-scheduler-big", True),
-    ("", "chat.work", "chatpipe-scheduler", True),
-])
+@pytest.mark.parametrize(
+    ("name", "work_topic", "group", "sharded"),
+    [
+        ("big", "chat.work.big", "chatpipe-scheduler-big", True),
+        ("", "chat.work", "chatpipe-scheduler", True),
+    ],
+)
 def test_a_shard_has_its_own_journal_and_group(name, work_topic, group, sharded):
     shard = Shard.of(SHARDS, name)
     assert (shard.work_topic, shard.group, shard.sharded) == (work_topic, group, sharded)
@@ -57,16 +63,19 @@ def test_without_shards_the_one_scheduler_decides_everything_as_before():
     assert shard.group == "chatpipe-scheduler"
 
 
-@pytest.mark.parametrize(("claim", "shard", "fenced"), [
-    (SchedulerClaim(scheduler_id="other", epoch=11, shard="big"), "big", True),
-    (SchedulerClaim(scheduler_id="other", epoch=10, shard="big"), "big", False),
-    (SchedulerClaim(scheduler_id="me", epoch=12, shard="big"), "big", False),
-    # Another shard's scheduler decides beside this one, whatever its epoch.
-    (SchedulerClaim(scheduler_id="other", epoch=99, shard="small"), "big", False),
-    (SchedulerClaim(scheduler_id="other", epoch=99, shard=""), "big", False),
-    (SchedulerClaim(scheduler_id="other", epoch=99, shard="big"), "", False),
-    (SchedulerClaim(scheduler_id="other", epoch=11), "", True),
-])
+@pytest.mark.parametrize(
+    ("claim", "shard", "fenced"),
+    [
+        (SchedulerClaim(scheduler_id="other", epoch=11, shard="big"), "big", True),
+        (SchedulerClaim(scheduler_id="other", epoch=10, shard="big"), "big", False),
+        (SchedulerClaim(scheduler_id="me", epoch=12, shard="big"), "big", False),
+        # Another shard's scheduler decides beside this one, whatever its epoch.
+        (SchedulerClaim(scheduler_id="other", epoch=99, shard="small"), "big", False),
+        (SchedulerClaim(scheduler_id="other", epoch=99, shard=""), "big", False),
+        (SchedulerClaim(scheduler_id="other", epoch=99, shard="big"), "", False),
+        (SchedulerClaim(scheduler_id="other", epoch=11), "", True),
+    ],
+)
 def test_a_claim_fences_only_an_older_scheduler_of_its_own_shard(claim, shard, fenced):
     assert fences(claim, "me", 10, shard) is fenced
 
@@ -80,22 +89,28 @@ def test_settings_name_the_shards_and_each_models_shard():
     assert settings.shard_models("") is None
 
 
-@pytest.mark.parametrize("wrong", [
-    {"scheduler_shards": {"Big": ["a"]}},  # not a topic-safe name
-    {"scheduler_shards": {"a.b": ["a"]}},
-    {"scheduler_shards": {"one": ["m"], "two": ["m"]}},  # two schedulers for one model
-    {"scheduler_shards": {"one": ["m"]}, "scheduler_shard": "two"},  # no such shard
-    {"scheduler_gc_freeze_s": -1},
-])
+@pytest.mark.parametrize(
+    "wrong",
+    [
+        {"scheduler_shards": {"Big": ["a"]}},  # not a topic-safe name
+        {"scheduler_shards": {"a.b": ["a"]}},
+        {"scheduler_shards": {"one": ["m"], "two": ["m"]}},  # two schedulers for one model
+        {"scheduler_shards": {"one": ["m"]}, "scheduler_shard": "two"},  # no such shard
+        {"scheduler_gc_freeze_s": -1},
+    ],
+)
 def test_wrong_shard_settings_are_refused(wrong):
     with pytest.raises(ValidationError):
         Settings(**wrong)
 
 
 def test_routes_between_models_stay_inside_a_shard():
-    settings = Settings(scheduler_shards={"big": ["llama-70b"]},
-                        fallback_models={"llama-70b": "llama-8b", "mistral": "llama-8b"},
-                        small_model="llama-8b", simple_request_max_chars=40)
+    settings = Settings(
+        scheduler_shards={"big": ["llama-70b"]},
+        fallback_models={"llama-70b": "llama-8b", "mistral": "llama-8b"},
+        small_model="llama-8b",
+        simple_request_max_chars=40,
+    )
     big = scheduling_policy(settings, Shard.of(settings.scheduler_shards, "big"))
     assert big.fallback_models == {} and big.small_model is None
     unnamed = scheduling_policy(settings, Shard.of(settings.scheduler_shards, ""))
@@ -113,39 +128,66 @@ def test_every_shard_gets_a_journal_topic_and_its_records_read_as_chat_work():
     assert [c.id for c in contracts.channels_for(topics.WORKERS)] == ["workers"]
 
 
-def _status(shard: str, models: tuple[str, ...], shedding: bool, sent_at: float,
-            retry_after_s: float | None = 7.0) -> SchedulerStatus:
-    tier = TierStatus(waiting=5, expected_wait_s=40.0, shedding=shedding,
-                      retry_after_s=retry_after_s)
-    return SchedulerStatus(tiers={Tier.FREE: tier}, shard=shard, models=models,
-                           sent_at=sent_at)
+def _status(
+    shard: str,
+    models: tuple[str, ...],
+    shedding: bool,
+    sent_at: float,
+    retry_after_s: float | None = 7.0,
+) -> SchedulerStatus:
+    tier = TierStatus(
+        waiting=5, expected_wait_s=40.0, shedding=shedding, retry_after_s=retry_after_s
+    )
+    return SchedulerStatus(tiers={Tier.FREE: tier}, shard=shard, models=models, sent_at=sent_at)
 
 
 NOW = 1_000.0
 
 
-@pytest.mark.parametrize(("statuses", "tier", "model", "retry_after"), [
-    ([], Tier.FREE, "llama-70b", None),  # no scheduler heard of: admitted
-    ([_status("big", ("llama-70b",), True, NOW)], Tier.FREE, "llama-70b", 7.0),
-    ([_status("big", ("llama-70b",), True, NOW)], Tier.PRO, "llama-70b", None),
-    # One shard shedding leaves the other shards' models admitted.
-    ([_status("big", ("llama-70b",), True, NOW), _status("", (), False, NOW)],
-     Tier.FREE, "mistral", None),
-    ([_status("big", ("llama-70b",), True, NOW)], Tier.FREE, "mistral", None),
-    ([_status("big", ("llama-70b",), False, NOW), _status("", (), True, NOW)],
-     Tier.FREE, "mistral", 7.0),
-    ([_status("big", ("llama-70b",), False, NOW), _status("", (), True, NOW)],
-     Tier.FREE, "llama-70b", None),
-    # The newest status of a shard replaces its earlier one.
-    ([_status("big", ("llama-70b",), True, NOW), _status("big", ("llama-70b",), False, NOW)],
-     Tier.FREE, "llama-70b", None),
-    # A stale status says nothing about now.
-    ([_status("big", ("llama-70b",), True, NOW - STATUS_FRESH_S - 1)],
-     Tier.FREE, "llama-70b", None),
-    ([_status("", (), True, NOW, retry_after_s=None)], Tier.FREE, "any", 1.0),
-])
-def test_the_gateway_sheds_a_model_by_its_own_shards_status(statuses, tier, model,
-                                                             retry_after):
+@pytest.mark.parametrize(
+    ("statuses", "tier", "model", "retry_after"),
+    [
+        ([], Tier.FREE, "llama-70b", None),  # no scheduler heard of: admitted
+        ([_status("big", ("llama-70b",), True, NOW)], Tier.FREE, "llama-70b", 7.0),
+        ([_status("big", ("llama-70b",), True, NOW)], Tier.PRO, "llama-70b", None),
+        # One shard shedding leaves the other shards' models admitted.
+        (
+            [_status("big", ("llama-70b",), True, NOW), _status("", (), False, NOW)],
+            Tier.FREE,
+            "mistral",
+            None,
+        ),
+        ([_status("big", ("llama-70b",), True, NOW)], Tier.FREE, "mistral", None),
+        (
+            [_status("big", ("llama-70b",), False, NOW), _status("", (), True, NOW)],
+            Tier.FREE,
+            "mistral",
+            7.0,
+        ),
+        (
+            [_status("big", ("llama-70b",), False, NOW), _status("", (), True, NOW)],
+            Tier.FREE,
+            "llama-70b",
+            None,
+        ),
+        # The newest status of a shard replaces its earlier one.
+        (
+            [_status("big", ("llama-70b",), True, NOW), _status("big", ("llama-70b",), False, NOW)],
+            Tier.FREE,
+            "llama-70b",
+            None,
+        ),
+        # A stale status says nothing about now.
+        (
+            [_status("big", ("llama-70b",), True, NOW - STATUS_FRESH_S - 1)],
+            Tier.FREE,
+            "llama-70b",
+            None,
+        ),
+        ([_status("", (), True, NOW, retry_after_s=None)], Tier.FREE, "any", 1.0),
+    ],
+)
+def test_the_gateway_sheds_a_model_by_its_own_shards_status(statuses, tier, model, retry_after):
     shedding = Shedding()
     for status in statuses:
         shedding.update(status)

@@ -38,41 +38,95 @@ from schemas.lifecycle import RequestStatus
 from schemas.topics import Tier, deliver_topic, requests_topic, shared_topics
 
 REQUEST = GenerationRequest(
-    request_id="r1", conversation_id="c1", message_id="m1", parent_id="p1", user_id="u",
-    org_id="o", tier=Tier.PRO, model="tiny",
-    messages=(ChatMessage(role=Role.SYSTEM, content="be nice"),
-              ChatMessage(role=Role.USER, content="héllo ✓")),
-    reply_to="chat.deliver.gw1", deadline=123.5, cache_salt="o",
+    request_id="r1",
+    conversation_id="c1",
+    message_id="m1",
+    parent_id="p1",
+    user_id="u",
+    org_id="o",
+    tier=Tier.PRO,
+    model="tiny",
+    messages=(
+        ChatMessage(role=Role.SYSTEM, content="be nice"),
+        ChatMessage(role=Role.USER, content="héllo ✓"),
+    ),
+    reply_to="chat.deliver.gw1",
+    deadline=123.5,
+    cache_salt="o",
 )
-STREAM = dict(request_id="r1", seq=1, conversation_id="c1", message_id="m1", model="tiny",
-              reply_to="chat.deliver.gw1")
+STREAM = dict(
+    request_id="r1",
+    seq=1,
+    conversation_id="c1",
+    message_id="m1",
+    model="tiny",
+    reply_to="chat.deliver.gw1",
+)
 
 CASES = [
     (GenerationRequest, REQUEST),
     (WorkAssignment, WorkAssignment(worker_id="w", request=REQUEST)),
-    (WorkerHeartbeat, WorkerHeartbeat(worker_id="w", model="tiny", partitions=(0, 3),
-                                      max_slots=4, active=("r1",), consumed={0: 7})),
+    (
+        WorkerHeartbeat,
+        WorkerHeartbeat(
+            worker_id="w",
+            model="tiny",
+            partitions=(0, 3),
+            max_slots=4,
+            active=("r1",),
+            consumed={0: 7},
+        ),
+    ),
     (TOKEN_EVENT, TokenChunk(**STREAM, text="hi", token_count=1, completion_tokens=1)),
-    (TOKEN_EVENT, GenerationDone(**STREAM, status=RequestStatus.FINISHED_LENGTH,
-                                 usage=Usage(prompt_tokens=3, completion_tokens=2))),
+    (
+        TOKEN_EVENT,
+        GenerationDone(
+            **STREAM,
+            status=RequestStatus.FINISHED_LENGTH,
+            usage=Usage(prompt_tokens=3, completion_tokens=2),
+        ),
+    ),
     (TOKEN_EVENT, GenerationError(**STREAM, code="engine_error", message="boom")),
     (DELIVER_EVENT, Delta(request_id="r1", seq=1, text="hi")),
     (DELIVER_EVENT, Queued(request_id="r1", position=3, eta_ms=1200)),
     (DELIVER_EVENT, Retract(request_id="r1", message_id="m1", reason="pii")),
-    (DELIVER_EVENT, DeliveryError(request_id="r1", code="overloaded", message="busy",
-                                  retry_after=5)),
-    (DELIVER_EVENT, DeliveryDone(request_id="r1", status=RequestStatus.FINISHED_STOPPED,
-                                 usage=Usage())),
+    (
+        DELIVER_EVENT,
+        DeliveryError(request_id="r1", code="overloaded", message="busy", retry_after=5),
+    ),
+    (
+        DELIVER_EVENT,
+        DeliveryDone(request_id="r1", status=RequestStatus.FINISHED_STOPPED, usage=Usage()),
+    ),
     (CONTROL_EVENT, Cancel(request_id="r1")),
     (CONTROL_EVENT, Reroute(request_id="r1", reply_to="chat.deliver.gw2")),
-    (UsageEvent, UsageEvent(request_id="r1", conversation_id="c1", user_id="u", org_id="o",
-                            tier=Tier.FREE, model="tiny", worker_id="w",
-                            status=RequestStatus.FINISHED_ABORTED, prompt_tokens=1,
-                            completion_tokens=2, cached_tokens=0, gpu_ms=3.5)),
-    (ModerationEvent, ModerationEvent(request_id="r1", conversation_id="c1",
-                                      action="retract", category="pii", reason="email")),
-    (DeadLetter, DeadLetter(stage="s", topic="t", partition=0, offset=1, key=None,
-                            value="{", error="bad")),
+    (
+        UsageEvent,
+        UsageEvent(
+            request_id="r1",
+            conversation_id="c1",
+            user_id="u",
+            org_id="o",
+            tier=Tier.FREE,
+            model="tiny",
+            worker_id="w",
+            status=RequestStatus.FINISHED_ABORTED,
+            prompt_tokens=1,
+            completion_tokens=2,
+            cached_tokens=0,
+            gpu_ms=3.5,
+        ),
+    ),
+    (
+        ModerationEvent,
+        ModerationEvent(
+            request_id="r1", conversation_id="c1", action="retract", category="pii", reason="email"
+        ),
+    ),
+    (
+        DeadLetter,
+        DeadLetter(stage="s", topic="t", partition=0, offset=1, key=None, value="{", error="bad"),
+    ),
 ]
 
 
@@ -88,8 +142,9 @@ def test_event_type_header_names_the_event():
 
 def test_unknown_fields_are_ignored_for_forward_compatibility():
     raw = encode(Cancel(request_id="r"))[:-1] + b',"added_later":1}'
-    assert decode(CONTROL_EVENT, raw) == Cancel(request_id="r", sent_at=decode(
-        CONTROL_EVENT, raw).sent_at)
+    assert decode(CONTROL_EVENT, raw) == Cancel(
+        request_id="r", sent_at=decode(CONTROL_EVENT, raw).sent_at
+    )
 
 
 @pytest.mark.parametrize("raw", [None, b"", b"{", b"[]", b'{"type":"nope"}', b"\xff\xfe"])
@@ -108,6 +163,10 @@ def test_topic_names():
 
 def test_finish_reason_map_covers_every_terminal_state():
     terminal = [s for s in RequestStatus if s.is_finished]
-    assert {s.openai_finish_reason for s in terminal} == {"stop", "length", "content_filter",
-                                                          "error"}
+    assert {s.openai_finish_reason for s in terminal} == {
+        "stop",
+        "length",
+        "content_filter",
+        "error",
+    }
     assert RequestStatus.RUNNING.openai_finish_reason is None

@@ -50,30 +50,48 @@ from workers.sim_engine import plan_reply
 # --- the calculator --------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("expression", "value"), [
-    ("(2 + 3) * 4 ** 2", 80), ("7 % 3 - -1", 2), ("1 / 4", 0.25), ("7 // 2", 3),
-    ("+2.5 * 2", 5.0), ("10 ** -2", 0.01), (" 42 ", 42),
-])
+@pytest.mark.parametrize(
+    ("expression", "value"),
+    [
+        ("(2 + 3) * 4 ** 2", 80),
+        ("7 % 3 - -1", 2),
+        ("1 / 4", 0.25),
+        ("7 // 2", 3),
+        ("+2.5 * 2", 5.0),
+        ("10 ** -2", 0.01),
+        (" 42 ", 42),
+    ],
+)
 def test_the_calculator_does_arithmetic(expression, value):
     assert calculate(expression) == value
 
 
-@pytest.mark.parametrize(("expression", "why"), [
-    ("__import__('os').system('true')", "not allowed"), ("x + 1", "not allowed"),
-    ("'a' * 3", "not allowed"), ("True + 1", "only numbers"), ("[1][0]", "not allowed"),
-    ("1 / 0", "division by zero"), ("5 % 0", "division by zero"),
-    ("2 ** 1000", "at most 100"), ("10 ** 99 * 10 ** 99", "too large"),
-    ("1e308 * 10", "too large"), ("(-8) ** 0.5", "not a real number"),
-    ("1 +", "not an arithmetic"), ("1" * 201, "longer than"), ("", "not an arithmetic"),
-])
+@pytest.mark.parametrize(
+    ("expression", "why"),
+    [
+        ("__import__('os').system('true')", "not allowed"),
+        ("x + 1", "not allowed"),
+        ("'a' * 3", "not allowed"),
+        ("True + 1", "only numbers"),
+        ("[1][0]", "not allowed"),
+        ("1 / 0", "division by zero"),
+        ("5 % 0", "division by zero"),
+        ("2 ** 1000", "at most 100"),
+        ("10 ** 99 * 10 ** 99", "too large"),
+        ("1e308 * 10", "too large"),
+        ("(-8) ** 0.5", "not a real number"),
+        ("1 +", "not an arithmetic"),
+        ("1" * 201, "longer than"),
+        ("", "not an arithmetic"),
+    ],
+)
 def test_the_calculator_refuses_what_is_not_bounded_arithmetic(expression, why):
     with pytest.raises(CalculationError, match=why):
         calculate(expression)
 
 
 async def test_the_calculator_tool_answers_with_the_expression_and_result():
-    assert await Calculator()({"expression": "6*7"}, None) == {"expression": "6*7",
-                                                               "result": 42}
+    assert await Calculator()({"expression": "6*7"}, None) == {"expression": "6*7", "result": 42}
     with pytest.raises(CalculationError):
         await Calculator()({"expression": 42}, None)
 
@@ -121,7 +139,8 @@ async def test_the_toolbox_turns_every_failure_into_an_error_result():
     box = Toolbox([Calculator(), Slow(), Raises()], timeout_s=0.01)
     caller = Caller("o", "u")
     assert await box.run(call("calculator", '{"expression": "1+1"}'), caller) == Outcome(
-        '{"expression":"1+1","result":2}')
+        '{"expression":"1+1","result":2}'
+    )
     cases = {
         call("weather", "{}"): "unknown tool 'weather'",
         call("calculator", "{not json"): "the arguments are not JSON",
@@ -142,17 +161,28 @@ TOOLS = tuple(SPECS.values())
 
 def first_round(max_rounds: int = 2, choice: str = "function") -> GenerationRequest:
     return GenerationRequest(
-        request_id="r", attempt=1, conversation_id="c", message_id="m", user_id="u",
-        org_id="o", tier="pro", model="tiny", reply_to="chat.deliver.gw",
+        request_id="r",
+        attempt=1,
+        conversation_id="c",
+        message_id="m",
+        user_id="u",
+        org_id="o",
+        tier="pro",
+        model="tiny",
+        reply_to="chat.deliver.gw",
         messages=(ChatMessage(role=Role.USER, content="what is 6*7?"),),
-        tool_use=ToolUse(tools=TOOLS, choice=choice,
-                         function="calculator" if choice == "function" else None),
-        server_tools=ServerToolTurn(answer_id="r", max_rounds=max_rounds))
+        tool_use=ToolUse(
+            tools=TOOLS, choice=choice, function="calculator" if choice == "function" else None
+        ),
+        server_tools=ServerToolTurn(answer_id="r", max_rounds=max_rounds),
+    )
 
 
 def a_round(request: GenerationRequest, calls: int = 2, seq: int = 5) -> ToolRound:
-    made = ToolCalls(content="Let me see.", calls=tuple(
-        call("calculator", '{"expression": "6*7"}', i) for i in range(calls)))
+    made = ToolCalls(
+        content="Let me see.",
+        calls=tuple(call("calculator", '{"expression": "6*7"}', i) for i in range(calls)),
+    )
     return ToolRound(request=request, calls=made, seq=seq)
 
 
@@ -160,8 +190,10 @@ def test_results_follow_the_calls_positions_under_the_answers_id():
     tool_round = a_round(first_round())
     answered = results(tool_round, [Outcome('{"result": 42}'), error_outcome("no")])
     # ToolCallsMade at 5 holds 5 (text) and 6, 7 (the calls): the results are 8 and 9
-    assert [(r.seq, r.call_id, r.error) for r in answered] == [(8, "call_0", False),
-                                                              (9, "call_1", True)]
+    assert [(r.seq, r.call_id, r.error) for r in answered] == [
+        (8, "call_0", False),
+        (9, "call_1", True),
+    ]
     assert {(r.request_id, r.attempt) for r in answered} == {("r", 1)}
 
 
@@ -171,13 +203,19 @@ def test_the_next_round_appends_the_calls_and_results_and_is_its_own_request():
     following = next_round(tool_round, answered)
     assert following.request_id == round_request_id("r", 1) == "r.tool1"
     assert following.answer_id == "r" and following.attempt == 2 and following.stream is None
-    assert following.server_tools == ServerToolTurn(answer_id="r", round=1, max_rounds=2,
-                                                    first_seq=10)
+    assert following.server_tools == ServerToolTurn(
+        answer_id="r", round=1, max_rounds=2, first_seq=10
+    )
     assistant, *tools = following.messages[1:]
     assert (assistant.role, assistant.content, assistant.tool_calls) == (
-        Role.ASSISTANT, "Let me see.", tool_round.calls.calls)
-    assert [(m.role, m.tool_call_id) for m in tools] == [(Role.TOOL, "call_0"),
-                                                         (Role.TOOL, "call_1")]
+        Role.ASSISTANT,
+        "Let me see.",
+        tool_round.calls.calls,
+    )
+    assert [(m.role, m.tool_call_id) for m in tools] == [
+        (Role.TOOL, "call_0"),
+        (Role.TOOL, "call_1"),
+    ]
     # a forced choice holds the first round only
     assert following.tool_use.choice == "auto" and following.tool_use.function is None
     # the stream events of the next round carry the answer's id
@@ -203,16 +241,23 @@ def attempt_of(request: GenerationRequest) -> Attempt:
 
 
 def engine_output(text: str, completion: int, calls: ToolCalls | None = None) -> EngineOutput:
-    return EngineOutput(text=text, new_tokens=1, completion_tokens=completion,
-                        prompt_tokens=9,
-                        status=None if calls is None else RequestStatus.FINISHED_STOPPED,
-                        tool_calls=calls)
+    return EngineOutput(
+        text=text,
+        new_tokens=1,
+        completion_tokens=completion,
+        prompt_tokens=9,
+        status=None if calls is None else RequestStatus.FINISHED_STOPPED,
+        tool_calls=calls,
+    )
 
 
 def test_a_server_tools_round_holds_its_text_and_pauses_on_its_calls():
     calls = ToolCalls(content="Let me see.", calls=(call("calculator", "{}"),))
-    attempt = attempt_of(first_round(choice="auto").model_copy(update={
-        "server_tools": ServerToolTurn(answer_id="r", max_rounds=2, first_seq=4)}))
+    attempt = attempt_of(
+        first_round(choice="auto").model_copy(
+            update={"server_tools": ServerToolTurn(answer_id="r", max_rounds=2, first_seq=4)}
+        )
+    )
     assert attempt.holds_output and attempt.seq == 4
     assert attempt.output(engine_output("<tool_call>", 1), 1) is None  # never the call's text
     assert attempt.output(engine_output("{...}</tool_call>", 2, calls), 1) is None
@@ -263,8 +308,7 @@ def test_the_safety_stage_shows_the_calls_after_the_held_text_then_the_results()
     [result] = results(tool_round, [Outcome('{"result": 42}')])
     shown = core.on_event(made, 0, 0, 0.0) + core.on_event(result, 0, 1, 0.0)
     events = [out.event for out in shown if isinstance(out, Deliver)]
-    assert [(type(e), e.seq) for e in events] == [(DeliveredToolCall, 1),
-                                                  (DeliveredToolResult, 2)]
+    assert [(type(e), e.seq) for e in events] == [(DeliveredToolCall, 1), (DeliveredToolResult, 2)]
     assert events[0].call == tool_round.calls.calls[0]
     assert events[1].content == '{"result": 42}' and core.open_count == 1  # not ended
 
@@ -273,17 +317,27 @@ def test_the_stored_answer_keeps_its_tool_steps_in_order():
     request = first_round()
     builder = AnswerBuilder(answer_started(request))
     the_call = call("clock", "{}")
-    for event in (DeliveredToolCall(request_id="r", seq=1, call=the_call),
-                  DeliveredToolResult(request_id="r", seq=2, call_id="call_0", name="clock",
-                                      content='{"error": "x"}', error=True),
-                  Delta(request_id="r", attempt=1, seq=3, text="It is noon.")):
+    for event in (
+        DeliveredToolCall(request_id="r", seq=1, call=the_call),
+        DeliveredToolResult(
+            request_id="r",
+            seq=2,
+            call_id="call_0",
+            name="clock",
+            content='{"error": "x"}',
+            error=True,
+        ),
+        Delta(request_id="r", attempt=1, seq=3, text="It is noon."),
+    ):
         assert builder.add(event)
     message = builder.message()
     assert message.content == "It is noon."
     assert message.tool_steps == (
         ToolStep(type="tool_call", id="call_0", name="clock", arguments="{}"),
-        ToolStep(type="tool_result", id="call_0", name="clock", content='{"error": "x"}',
-                 error=True))
+        ToolStep(
+            type="tool_result", id="call_0", name="clock", content='{"error": "x"}', error=True
+        ),
+    )
 
 
 def test_tool_steps_are_positions_of_the_answer():
@@ -297,12 +351,21 @@ def test_tool_steps_are_positions_of_the_answer():
 
 
 def test_the_sim_calls_the_tool_its_directive_names_until_a_result_comes():
-    asked = first_round(choice="auto").model_copy(update={"messages": (ChatMessage(
-        role=Role.USER, content='hi [[sim:call=calculator {"expression": "6*7"}]]'),)})
+    asked = first_round(choice="auto").model_copy(
+        update={
+            "messages": (
+                ChatMessage(
+                    role=Role.USER, content='hi [[sim:call=calculator {"expression": "6*7"}]]'
+                ),
+            )
+        }
+    )
     plan = plan_reply(asked)
     assert "".join(plan.tokens).startswith("<tool_call>")
     [made] = plan.tool_calls.calls
     assert (made.function.name, json.loads(made.function.arguments)) == (
-        "calculator", {"expression": "6*7"})
+        "calculator",
+        {"expression": "6*7"},
+    )
     answered = next_round(ToolRound(request=asked, calls=plan.tool_calls, seq=0), [])
     assert plan_reply(answered).tool_calls is None

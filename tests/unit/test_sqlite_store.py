@@ -27,8 +27,9 @@ def started(message_id: str, parent_id: str) -> tuple[NewMessage, RequestRecord]
     request_id = f"r-{message_id}"
     message = NewMessage(message_id, "c1", Role.ASSISTANT, "", parent_id=parent_id,
                          status=RequestStatus.IN_PROGRESS, request_id=request_id)  # fmt: skip
-    return message, RequestRecord(request_id, "c1", message_id, "u1", 0, 7, "chat.deliver.g1",
-                                  org_id="o1")
+    return message, RequestRecord(
+        request_id, "c1", message_id, "u1", 0, 7, "chat.deliver.g1", org_id="o1"
+    )
 
 
 def assistant_message(message_id: str, parent_id: str, conversation_id: str = "c1", **fields):
@@ -202,7 +203,10 @@ async def test_a_file_from_an_older_release_gains_the_new_columns_and_tables(
     await store.close()
 
     assert (message.content, message.prompt_tokens, message.cached_tokens) == ("hi", 0, 0)
-    assert conversation is not None and (conversation.title, conversation.auto_title) == ("kept", "")
+    assert conversation is not None and (conversation.title, conversation.auto_title) == (
+        "kept",
+        "",
+    )
     assert (added.seq, added.prompt_tokens) == (2, 5)
     assert request is not None and request.message_id == "a2"
 

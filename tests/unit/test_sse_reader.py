@@ -8,12 +8,14 @@ import pytest
 from schemas import sse
 from schemas.sse import SSEMessage, SSEReader
 
-STREAM = (b'event: request\ndata: {"request_id": "r1"}\n\n'
-          b": ping\n\n"
-          b'id: 1\nevent: delta\ndata: {"delta": "h\xc3\xa9"}\n\n'
-          b"data: first\ndata:second\n\n"
-          b"event: orphan\n\n"
-          b"data: [DONE]\n\n")
+STREAM = (
+    b'event: request\ndata: {"request_id": "r1"}\n\n'
+    b": ping\n\n"
+    b'id: 1\nevent: delta\ndata: {"delta": "h\xc3\xa9"}\n\n'
+    b"data: first\ndata:second\n\n"
+    b"event: orphan\n\n"
+    b"data: [DONE]\n\n"
+)
 EXPECTED = [
     SSEMessage("request", '{"request_id": "r1"}'),
     SSEMessage("delta", '{"delta": "hé"}', "1"),
@@ -30,7 +32,9 @@ def test_lines_make_messages_comments_and_dataless_blocks_dropped():
 @pytest.mark.parametrize("size", [1, 2, 3, 7, 64, len(STREAM)])
 def test_raw_reads_cut_anywhere_give_the_same_messages(size: int):
     reader = SSEReader()
-    read = [m for at in range(0, len(STREAM), size) for m in reader.feed_bytes(STREAM[at:at + size])]
+    read = [
+        m for at in range(0, len(STREAM), size) for m in reader.feed_bytes(STREAM[at : at + size])
+    ]
     assert read == EXPECTED
 
 

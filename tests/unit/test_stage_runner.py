@@ -12,8 +12,9 @@ TP = TopicPartition("chat.usage", 0)
 
 
 def record(offset: int, value: bytes = b"{}") -> ConsumerRecord:
-    return ConsumerRecord(TP.topic, TP.partition, offset, 0, 0, None, value, None, 0,
-                          len(value), ())
+    return ConsumerRecord(
+        TP.topic, TP.partition, offset, 0, 0, None, value, None, 0, len(value), ()
+    )
 
 
 class FakeConsumer:
@@ -143,8 +144,9 @@ async def test_a_commit_rule_says_what_to_commit_now_and_after_commit_hears_each
     async def after_commit(committed: dict[TopicPartition, int]) -> None:
         heard.append(committed)
 
-    stage = runner(consumer, commit_rule=lambda done: done if done[TP] >= 3 else {},
-                   after_commit=after_commit)
+    stage = runner(
+        consumer, commit_rule=lambda done: done if done[TP] >= 3 else {}, after_commit=after_commit
+    )
 
     async def handle(_: ConsumerRecord) -> None:
         pass
@@ -207,8 +209,13 @@ class AssignedKafka:
 
 async def test_by_assignment_it_reads_every_partition_from_the_groups_commit_without_joining():
     consumer = AssignedConsumer()
-    stage = StageRunner(AssignedKafka(consumer), "scheduler", "g", [TP.topic],  # type: ignore[arg-type]
-                        assign=True)
+    stage = StageRunner(
+        AssignedKafka(consumer),
+        "scheduler",
+        "g",
+        [TP.topic],  # type: ignore[arg-type]
+        assign=True,
+    )
     await stage.start()
     second = TopicPartition(TP.topic, 1)
     assert consumer.assigned == [TP, second]
@@ -219,8 +226,13 @@ async def test_by_assignment_it_reads_every_partition_from_the_groups_commit_wit
 
 async def test_by_assignment_a_missing_topic_stops_what_started():
     consumer = AssignedConsumer()
-    stage = StageRunner(AssignedKafka(consumer), "scheduler", "g", ["chat.none"],  # type: ignore[arg-type]
-                        assign=True)
+    stage = StageRunner(
+        AssignedKafka(consumer),
+        "scheduler",
+        "g",
+        ["chat.none"],  # type: ignore[arg-type]
+        assign=True,
+    )
     with pytest.raises(LookupError):
         await stage.start()
     assert consumer.stopped

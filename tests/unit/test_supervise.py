@@ -53,8 +53,9 @@ class ScriptedStage:
             raise error
 
 
-async def supervised(script: list[tuple[float, Exception | None]],
-                     ) -> tuple[Supervisor, ScriptedStage, FakeClock]:
+async def supervised(
+    script: list[tuple[float, Exception | None]],
+) -> tuple[Supervisor, ScriptedStage, FakeClock]:
     """A restarting supervisor whose stage has run through `script` and now hangs."""
     clock = FakeClock()
     stage = ScriptedStage(clock, script)
@@ -250,7 +251,8 @@ class FakeBroker:
 
 
 async def test_broker_that_exits_is_restarted_with_its_topics(
-        caplog: pytest.LogCaptureFixture) -> None:
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     clock = FakeClock()
     broker = FakeBroker(clock, up_s=120.0, failures=2)
     steps: list[str] = []
@@ -273,7 +275,8 @@ async def test_broker_that_exits_is_restarted_with_its_topics(
     assert steps == ["pause", "topics after 1 restart", "resume"]
     assert caplog.messages[0] == (
         "embedded broker exited with code -9; restarting it on the same port in 0.5 s — "
-        "every topic, message and committed offset is gone")
+        "every topic, message and committed offset is gone"
+    )
     assert caplog.messages[1:3] == [
         "could not restart the embedded broker: OSError('port in use'); trying again in 1.0 s",
         "could not restart the embedded broker: OSError('port in use'); trying again in 2.0 s",

@@ -10,34 +10,42 @@ from chatpipe.terminal import TerminalChat, printable
 ESC, BEL, ST = "\x1b", "\x07", "\x1b\\"
 
 
-@pytest.mark.parametrize(("raw", "shown"), [
-    # OSC 52: write "rm -rf ~" to the clipboard, BEL- and ST-terminated.
-    (f"copy this{ESC}]52;c;cm0gLXJmIH4K{BEL} now", "copy this now"),
-    (f"copy this{ESC}]52;c;cm0gLXJmIH4K{ST} now", "copy this now"),
-    # CSI: clear the screen and home the cursor, then recolour.
-    (f"{ESC}[2J{ESC}[Hfake prompt{ESC}[31;1m red{ESC}[0m", "fake prompt red"),
-    # OSC 0/2: set the window title; OSC 8: a hyperlink whose target differs from its text.
-    (f"{ESC}]0;pwned{BEL}{ESC}]2;sudo{ST}title", "title"),
-    (f"{ESC}]8;;https://attacker.example{ST}https://bank.example{ESC}]8;;{ST}",
-     "https://bank.example"),
-    # DCS (e.g. a tmux passthrough), full reset, cursor save/restore, charset switch.
-    (f"a{ESC}Ptmux;{ESC}{ESC}]52;c;eA=={BEL}{ST}b{ESC}c{ESC}7{ESC}8{ESC}(0c", "abc"),
-    # 8-bit C1 forms of CSI and OSC.
-    ("x\x9b2Jy\x9d0;title\x9cz", "xyz"),
-    # Carriage return, backspace and other C0 controls rewrite what is on screen.
-    ("safe\rEVIL\x08\x08\x00\x7f!", "safeEVIL!"),
-    # Bidi overrides make a line read differently from what it holds.
-    ("access \u202egnp.exe\u202c level \u2066x\u2069", "access gnp.exe level x"),
-])
+@pytest.mark.parametrize(
+    ("raw", "shown"),
+    [
+        # OSC 52: write "rm -rf ~" to the clipboard, BEL- and ST-terminated.
+        (f"copy this{ESC}]52;c;cm0gLXJmIH4K{BEL} now", "copy this now"),
+        (f"copy this{ESC}]52;c;cm0gLXJmIH4K{ST} now", "copy this now"),
+        # CSI: clear the screen and home the cursor, then recolour.
+        (f"{ESC}[2J{ESC}[Hfake prompt{ESC}[31;1m red{ESC}[0m", "fake prompt red"),
+        # OSC 0/2: set the window title; OSC 8: a hyperlink whose target differs from its text.
+        (f"{ESC}]0;pwned{BEL}{ESC}]2;sudo{ST}title", "title"),
+        (
+            f"{ESC}]8;;https://attacker.example{ST}https://bank.example{ESC}]8;;{ST}",
+            "https://bank.example",
+        ),
+        # DCS (e.g. a tmux passthrough), full reset, cursor save/restore, charset switch.
+        (f"a{ESC}Ptmux;{ESC}{ESC}]52;c;eA=={BEL}{ST}b{ESC}c{ESC}7{ESC}8{ESC}(0c", "abc"),
+        # 8-bit C1 forms of CSI and OSC.
+        ("x\x9b2Jy\x9d0;title\x9cz", "xyz"),
+        # Carriage return, backspace and other C0 controls rewrite what is on screen.
+        ("safe\rEVIL\x08\x08\x00\x7f!", "safeEVIL!"),
+        # Bidi overrides make a line read differently from what it holds.
+        ("access \u202egnp.exe\u202c level \u2066x\u2069", "access gnp.exe level x"),
+    ],
+)
 def test_escape_sequences_and_controls_are_removed(raw, shown):
     assert printable(raw) == shown
 
 
-@pytest.mark.parametrize("text", [
-    "plain ASCII, with\ttabs and\nnew lines",
-    "Grüße, こんにちは, مرحبا, שלום 👋🏽 — “quotes” … ≤ ∑",
-    "code: `printf '%s\\n' \"$HOME\"` [link](https://example.com)",
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "plain ASCII, with\ttabs and\nnew lines",
+        "Grüße, こんにちは, مرحبا, שלום 👋🏽 — “quotes” … ≤ ∑",
+        "code: `printf '%s\\n' \"$HOME\"` [link](https://example.com)",
+    ],
+)
 def test_ordinary_text_is_kept(text):
     assert printable(text) == text
 

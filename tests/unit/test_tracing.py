@@ -51,8 +51,19 @@ def finished(exporter: InMemorySpanExporter) -> list[ReadableSpan]:
 def record_of(topic: str, event: Event, offset: int = 0, key: str = "c1") -> ConsumerRecord:
     """A record as a stage would read it, with the headers sent in the current context."""
     value = codec.encode(event)
-    return ConsumerRecord(topic, 1, offset, int(time.time() * 1000), 0, key.encode(), value,
-                          None, len(key), len(value), codec.headers(event))
+    return ConsumerRecord(
+        topic,
+        1,
+        offset,
+        int(time.time() * 1000),
+        0,
+        key.encode(),
+        value,
+        None,
+        len(key),
+        len(value),
+        codec.headers(event),
+    )
 
 
 def header(record: ConsumerRecord, name: str) -> bytes | None:
@@ -60,8 +71,7 @@ def header(record: ConsumerRecord, name: str) -> bytes | None:
 
 
 def done(request_id: str) -> DeliveryDone:
-    return DeliveryDone(request_id=request_id, status=RequestStatus.FINISHED_STOPPED,
-                        usage=Usage())
+    return DeliveryDone(request_id=request_id, status=RequestStatus.FINISHED_STOPPED, usage=Usage())
 
 
 # --- off ------------------------------------------------------------------------------
@@ -71,7 +81,9 @@ def test_off_no_headers_no_spans_no_wrapping(monkeypatch):
     monkeypatch.delenv("OTEL_EXPORTER_OTLP_ENDPOINT", raising=False)
     monkeypatch.delenv("CHATPIPE_OTLP_ENDPOINT", raising=False)
     assert not tracing.enabled()
-    assert not tracing.setup_tracing(Settings().otlp_endpoint)  # no endpoint, no exporter: stays off
+    assert not tracing.setup_tracing(
+        Settings().otlp_endpoint
+    )  # no endpoint, no exporter: stays off
     event = Cancel(request_id="r1")
     with trace.get_tracer("t").start_as_current_span("x"):  # even inside someone's span
         assert [name for name, _ in codec.headers(event)] == ["event-type", "schema-version"]
@@ -101,7 +113,9 @@ def test_headers_carry_the_current_span_as_w3c_traceparent(spans):
     carrier = {"traceparent": header(record, "traceparent").decode()}
     extracted = trace.get_current_span(TraceContextTextMapPropagator().extract(carrier))
     assert (extracted.get_span_context().trace_id, extracted.get_span_context().span_id) == (
-        sent.trace_id, sent.span_id)
+        sent.trace_id,
+        sent.span_id,
+    )
     outside = record_of("chat.requests.pro", Cancel(request_id="r1"))
     assert header(outside, "traceparent") is None  # heartbeats and the like: no context
 
@@ -125,23 +139,38 @@ def test_a_consumed_record_gets_a_consumer_span_child_of_its_producer(spans):
     assert hop.parent.span_id == http.get_span_context().span_id
     assert hop.context.trace_id == http.get_span_context().trace_id
     assert hop.resource.attributes["service.name"] == "chatpipe-scheduler"
-    assert {k: hop.attributes[k] for k in (
-        "messaging.system", "messaging.destination.name", "messaging.kafka.message.key",
-        "messaging.destination.partition.id", "messaging.kafka.offset", "chatpipe.request_id",
-    )} == {"messaging.system": "kafka", "messaging.destination.name": "chat.requests.pro",
-           "messaging.kafka.message.key": "c1", "messaging.destination.partition.id": "1",
-           "messaging.kafka.offset": 42, "chatpipe.request_id": "r7"}
+    assert {
+        k: hop.attributes[k]
+        for k in (
+            "messaging.system",
+            "messaging.destination.name",
+            "messaging.kafka.message.key",
+            "messaging.destination.partition.id",
+            "messaging.kafka.offset",
+            "chatpipe.request_id",
+        )
+    } == {
+        "messaging.system": "kafka",
+        "messaging.destination.name": "chat.requests.pro",
+        "messaging.kafka.message.key": "c1",
+        "messaging.destination.partition.id": "1",
+        "messaging.kafka.offset": 42,
+        "chatpipe.request_id": "r7",
+    }
     # What the handler sent carries the hop's own span: the next hop is its child.
     assert header(forwarded, "traceparent").decode().split("-")[2] == (
-        f"{hop.context.span_id:016x}")
+        f"{hop.context.span_id:016x}"
+    )
     assert not trace.get_current_span().get_span_context().is_valid  # detached after
 
 
 def test_a_stream_is_one_span_from_its_first_record_to_its_end(spans):
     tracer = tracing.tracer("safety")
     with tracer.start_as_current_span("stream a") as a:
-        records_a = [record_of("chat.deliver.g1", Delta(request_id="a", seq=i, text="x"), i)
-                     for i in range(3)] + [record_of("chat.deliver.g1", done("a"), 3)]
+        records_a = [
+            record_of("chat.deliver.g1", Delta(request_id="a", seq=i, text="x"), i)
+            for i in range(3)
+        ] + [record_of("chat.deliver.g1", done("a"), 3)]
     with tracer.start_as_current_span("stream b") as b:
         records_b = [record_of("chat.deliver.g1", Delta(request_id="b", text="y"), 10)]
     for record in records_a[:2] + records_b + records_a[2:3]:
@@ -157,15 +186,20 @@ def test_a_stream_is_one_span_from_its_first_record_to_its_end(spans):
     assert span.attributes["messaging.kafka.offset"] == 0  # where it started
     assert span.attributes["chatpipe.request_id"] == "a"
     tracing.shutdown_tracing()  # ends what is still open: stream b
-    open_b = [s for s in spans.get_finished_spans() if s.kind is SpanKind.CONSUMER
-              and s.parent.span_id == b.get_span_context().span_id]
+    open_b = [
+        s
+        for s in spans.get_finished_spans()
+        if s.kind is SpanKind.CONSUMER and s.parent.span_id == b.get_span_context().span_id
+    ]
     assert len(open_b) == 1
 
 
 def test_a_batch_without_handler_spans_per_stream(spans):
     with tracing.tracer("safety").start_as_current_span("safety"):
-        records = [record_of("chat.deliver.g1", Delta(request_id="a", text="x"), 0),
-                   record_of("chat.deliver.g1", done("a"), 1)]
+        records = [
+            record_of("chat.deliver.g1", Delta(request_id="a", text="x"), 0),
+            record_of("chat.deliver.g1", done("a"), 1),
+        ]
     untraced = record_of("chat.deliver.g1", Delta(request_id="z", text="x"), 2)
     events = [DELIVER_EVENT.validate_json(r.value) for r in [*records, untraced]]
     tracing.consumed("gateway", [*records, untraced], events)
@@ -226,7 +260,9 @@ async def test_held_context_follows_a_request_into_later_work(spans):
     await asyncio.gather(held.within("r1", dispatch("r1")), held.within("r2", dispatch("r2")))
     [_, hop] = finished(spans)
     assert header(sent[0], "traceparent").decode().split("-")[1:3] == [
-        f"{hop.context.trace_id:032x}", f"{hop.context.span_id:016x}"]
+        f"{hop.context.trace_id:032x}",
+        f"{hop.context.span_id:016x}",
+    ]
     assert header(sent[1], "traceparent") is None  # never held
 
 

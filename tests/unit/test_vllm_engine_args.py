@@ -16,9 +16,17 @@ from workers.vllm_engine import (
     resolve_engine_args,
 )
 
-FIELDS = {"model", "served_model_name", "scheduling_policy", "disable_log_stats",
-          "structured_outputs_config", "max_num_seqs", "enforce_eager", "kv_cache_memory_bytes",
-          "gpu_memory_utilization"}
+FIELDS = {
+    "model",
+    "served_model_name",
+    "scheduling_policy",
+    "disable_log_stats",
+    "structured_outputs_config",
+    "max_num_seqs",
+    "enforce_eager",
+    "kv_cache_memory_bytes",
+    "gpu_memory_utilization",
+}
 MODEL = Path("/models/tiny")
 
 
@@ -27,26 +35,39 @@ def resolve(vllm_args: dict[str, object], on_cpu: bool = False) -> dict[str, obj
 
 
 def test_without_overrides_only_the_model_and_chatpipes_needs_are_set() -> None:
-    assert resolve({}) == {"model": "/models/tiny", "served_model_name": ["tiny"],
-                           "scheduling_policy": "priority", "disable_log_stats": True,
-                           "structured_outputs_config": {
-                               "backend": "guidance", "disable_any_whitespace": True,
-                               "disable_additional_properties": True}}
-    assert set(CHATPIPE_ENGINE_ARGS) == {"scheduling_policy", "disable_log_stats",
-                                         "structured_outputs_config"}
+    assert resolve({}) == {
+        "model": "/models/tiny",
+        "served_model_name": ["tiny"],
+        "scheduling_policy": "priority",
+        "disable_log_stats": True,
+        "structured_outputs_config": {
+            "backend": "guidance",
+            "disable_any_whitespace": True,
+            "disable_additional_properties": True,
+        },
+    }
+    assert set(CHATPIPE_ENGINE_ARGS) == {
+        "scheduling_policy",
+        "disable_log_stats",
+        "structured_outputs_config",
+    }
 
 
-@pytest.mark.parametrize(("vllm_args", "kv_cache_bytes"), [
-    ({}, CPU_KV_CACHE_BYTES),
-    ({"kv_cache_memory_bytes": 1 << 28}, 1 << 28),
-    ({"gpu_memory_utilization": 0.5}, None),  # vLLM's own sizing, at that share of memory
-])
+@pytest.mark.parametrize(
+    ("vllm_args", "kv_cache_bytes"),
+    [
+        ({}, CPU_KV_CACHE_BYTES),
+        ({"kv_cache_memory_bytes": 1 << 28}, 1 << 28),
+        ({"gpu_memory_utilization": 0.5}, None),  # vLLM's own sizing, at that share of memory
+    ],
+)
 def test_on_the_cpu_the_kv_cache_has_a_set_size_unless_vllm_args_size_it(
     vllm_args: dict[str, object], kv_cache_bytes: int | None
 ) -> None:
     assert resolve(vllm_args, on_cpu=True).get("kv_cache_memory_bytes") == kv_cache_bytes
     assert resolve(vllm_args, on_cpu=False).get("kv_cache_memory_bytes") == (
-        vllm_args.get("kv_cache_memory_bytes"))
+        vllm_args.get("kv_cache_memory_bytes")
+    )
 
 
 def test_overrides_add_fields_and_replace_chatpipes_defaults() -> None:
@@ -58,13 +79,16 @@ def test_overrides_add_fields_and_replace_chatpipes_defaults() -> None:
     assert args["scheduling_policy"] == "priority"
 
 
-@pytest.mark.parametrize(("vllm_args", "message"), [
-    ({"max_num_seq": 8}, "'max_num_seq' is not an AsyncEngineArgs field (did you mean"),
-    ({"max-num-seqs": 8}, "'max-num-seqs' is not an AsyncEngineArgs field (did you mean"),
-    ({"xyzzy": 1}, "'xyzzy' is not an AsyncEngineArgs field"),
-    ({"model": "/elsewhere"}, "'model' is set by CHATPIPE_MODEL"),
-    ({"served_model_name": ["x"]}, "'served_model_name' is set by CHATPIPE_MODEL_NAME"),
-])
+@pytest.mark.parametrize(
+    ("vllm_args", "message"),
+    [
+        ({"max_num_seq": 8}, "'max_num_seq' is not an AsyncEngineArgs field (did you mean"),
+        ({"max-num-seqs": 8}, "'max-num-seqs' is not an AsyncEngineArgs field (did you mean"),
+        ({"xyzzy": 1}, "'xyzzy' is not an AsyncEngineArgs field"),
+        ({"model": "/elsewhere"}, "'model' is set by CHATPIPE_MODEL"),
+        ({"served_model_name": ["x"]}, "'served_model_name' is set by CHATPIPE_MODEL_NAME"),
+    ],
+)
 def test_a_name_vllm_does_not_take_from_chatpipe_is_refused_by_name(
     vllm_args: dict[str, object], message: str
 ) -> None:
@@ -98,8 +122,12 @@ def test_a_config_given_as_json_becomes_vllms_config_class() -> None:
     pytest.importorskip("vllm", reason="vLLM is not installed")
     from vllm.config import StructuredOutputsConfig
 
-    values = engine_arg_values({"max_num_seqs": 5, "structured_outputs_config": {
-        "backend": "guidance", "disable_any_whitespace": True}})
+    values = engine_arg_values(
+        {
+            "max_num_seqs": 5,
+            "structured_outputs_config": {"backend": "guidance", "disable_any_whitespace": True},
+        }
+    )
     assert values["max_num_seqs"] == 5
     config = values["structured_outputs_config"]
     assert isinstance(config, StructuredOutputsConfig) and config.disable_any_whitespace
@@ -121,7 +149,6 @@ def test_vllm_args_come_from_the_environment_as_json(monkeypatch: pytest.MonkeyP
 def test_max_slots_redirects_a_vllm_user_to_vllm_args(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CHATPIPE_MAX_SLOTS", "64")
 
-    with pytest.raises(ValueError, match='CHATPIPE_VLLM_ARGS=\'{"max_num_seqs": 64}\''):
+    with pytest.raises(ValueError, match="CHATPIPE_VLLM_ARGS='{\"max_num_seqs\": 64}'"):
         Settings(engine="vllm")
     assert Settings(engine="sim").max_slots == 64
-

@@ -18,18 +18,28 @@ from vllm import SamplingParams  # noqa: E402
 
 from workers.vllm_tools import ToolReader, constraint  # noqa: E402
 
-WEATHER = {"type": "object", "required": ["city"],
-           "properties": {"city": {"type": "string"}}}
-TOOLS = (ToolSpec.model_validate({"type": "function", "function": {
-             "name": "get_weather", "parameters": WEATHER}}),
-         ToolSpec.model_validate({"type": "function", "function": {"name": "get_time"}}))
+WEATHER = {"type": "object", "required": ["city"], "properties": {"city": {"type": "string"}}}
+TOOLS = (
+    ToolSpec.model_validate(
+        {"type": "function", "function": {"name": "get_weather", "parameters": WEATHER}}
+    ),
+    ToolSpec.model_validate({"type": "function", "function": {"name": "get_time"}}),
+)
 
 
 def request(use: ToolUse | None) -> GenerationRequest:
     return GenerationRequest(
-        request_id="r", conversation_id="c", message_id="m", user_id="u", org_id="o",
-        tier="pro", model="tiny", messages=(ChatMessage(role=Role.USER, content="hi"),),
-        reply_to="chat.deliver.gw", tool_use=use)
+        request_id="r",
+        conversation_id="c",
+        message_id="m",
+        user_id="u",
+        org_id="o",
+        tier="pro",
+        model="tiny",
+        messages=(ChatMessage(role=Role.USER, content="hi"),),
+        reply_to="chat.deliver.gw",
+        tool_use=use,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +75,10 @@ def test_the_reader_sets_the_constraint_and_reads_the_calls(reader):
     reading.add('"parameters":{}}]')
     [call] = reading.calls().calls
     assert (call.id, call.function.name, call.function.arguments) == (
-        call_id("r", 0), "get_time", "{}")
+        call_id("r", 0),
+        "get_time",
+        "{}",
+    )
 
 
 def test_without_tools_nothing_is_set_or_read(reader):
@@ -83,12 +96,13 @@ def test_auto_answers_are_read_by_the_models_tool_parser(reader, parallel, count
     assert params.skip_special_tokens is False  # the parser's tags may be special tokens
     reading.add("Let me check. <tool_call>")
     reading.add(json.dumps({"name": "get_weather", "arguments": {"city": "Oslo"}}))
-    reading.add("</tool_call><tool_call>{\"name\": \"get_time\", \"arguments\": {}}</tool_call>")
+    reading.add('</tool_call><tool_call>{"name": "get_time", "arguments": {}}</tool_call>')
     calls = reading.calls()
     assert calls.content == "Let me check. "
     assert [(c.id, c.function.name, json.loads(c.function.arguments)) for c in calls.calls] == [
         (call_id("r", 0), "get_weather", {"city": "Oslo"}),
-        (call_id("r", 1), "get_time", {})][:count]
+        (call_id("r", 1), "get_time", {}),
+    ][:count]
 
 
 def test_an_auto_answer_of_plain_text_calls_nothing(reader):

@@ -34,35 +34,67 @@ class Clock:
 
 def make_request(request_id: str = "r", attempt: int = 0) -> GenerationRequest:
     return GenerationRequest(
-        request_id=request_id, attempt=attempt, conversation_id="c", message_id="m",
-        user_id="u", org_id="o", tier="pro", model="tiny", requested_model="big",
-        messages=(ChatMessage(role=Role.USER, content="hi"),), reply_to="chat.deliver.gw")
+        request_id=request_id,
+        attempt=attempt,
+        conversation_id="c",
+        message_id="m",
+        user_id="u",
+        org_id="o",
+        tier="pro",
+        model="tiny",
+        requested_model="big",
+        messages=(ChatMessage(role=Role.USER, content="hi"),),
+        reply_to="chat.deliver.gw",
+    )
 
 
-def assignment(request_id: str = "r", worker: str = "w1", epoch: int = 0,
-               incarnation: str = "", attempt: int = 0) -> WorkAssignment:
-    return WorkAssignment(worker_id=worker, request=make_request(request_id, attempt),
-                          epoch=epoch, incarnation=incarnation)
+def assignment(
+    request_id: str = "r",
+    worker: str = "w1",
+    epoch: int = 0,
+    incarnation: str = "",
+    attempt: int = 0,
+) -> WorkAssignment:
+    return WorkAssignment(
+        worker_id=worker,
+        request=make_request(request_id, attempt),
+        epoch=epoch,
+        incarnation=incarnation,
+    )
 
 
 def book() -> WorkerBook:
     return WorkerBook("w1", "inc-1", Clock(5000.0))
 
 
-def output(text: str, completion: int, status: RequestStatus | None = None,
-           prompt: int = 7, cached: int = 3) -> EngineOutput:
-    return EngineOutput(text=text, new_tokens=1, completion_tokens=completion,
-                        prompt_tokens=prompt, cached_tokens=cached, status=status,
-                        token_ids=(completion,))
+def output(
+    text: str,
+    completion: int,
+    status: RequestStatus | None = None,
+    prompt: int = 7,
+    cached: int = 3,
+) -> EngineOutput:
+    return EngineOutput(
+        text=text,
+        new_tokens=1,
+        completion_tokens=completion,
+        prompt_tokens=prompt,
+        cached_tokens=cached,
+        status=status,
+        token_ids=(completion,),
+    )
 
 
 # --- which assignments run ------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("work", "why"), [
-    (assignment(worker="w2"), "another worker's"),
-    (assignment(incarnation="inc-0"), "this worker's previous process"),
-])
+@pytest.mark.parametrize(
+    ("work", "why"),
+    [
+        (assignment(worker="w2"), "another worker's"),
+        (assignment(incarnation="inc-0"), "this worker's previous process"),
+    ],
+)
 def test_an_assignment_not_for_this_process_is_skipped(work, why):
     assert book().take(work, 0, 10) is Take.SKIP, why
 
@@ -141,12 +173,26 @@ def test_the_heartbeat_reports_what_runs_and_what_was_handed_back():
     worker.take(assignment("b"), 2, 7)
     worker.hand_back("b")
     worker.stopping = True
-    beat = worker.heartbeat("tiny", 8, EngineStats(running=2, waiting=1, free_kv_blocks=40),
-                            peak_running=5, consumed={0: 5, 2: 8})
+    beat = worker.heartbeat(
+        "tiny",
+        8,
+        EngineStats(running=2, waiting=1, free_kv_blocks=40),
+        peak_running=5,
+        consumed={0: 5, 2: 8},
+    )
     assert (beat.worker_id, beat.incarnation, beat.model, beat.partitions) == (
-        "w1", "inc-1", "tiny", (0, 2))
-    assert (beat.max_slots, beat.running, beat.waiting, beat.free_kv_blocks,
-            beat.peak_running) == (8, 2, 1, 40, 5)
+        "w1",
+        "inc-1",
+        "tiny",
+        (0, 2),
+    )
+    assert (beat.max_slots, beat.running, beat.waiting, beat.free_kv_blocks, beat.peak_running) == (
+        8,
+        2,
+        1,
+        40,
+        5,
+    )
     assert beat.active == ("a", "b")
     assert beat.assignments == {"a": (0, 4), "b": (2, 7)}
     assert beat.handed_back == ("b",)
@@ -157,8 +203,9 @@ def test_the_heartbeat_reports_what_runs_and_what_was_handed_back():
 # --- one attempt's events -------------------------------------------------------------
 
 
-def attempt(clock: Clock, request: GenerationRequest | None = None,
-            pacing: ChunkPacing = DEFAULT_PACING) -> Attempt:
+def attempt(
+    clock: Clock, request: GenerationRequest | None = None, pacing: ChunkPacing = DEFAULT_PACING
+) -> Attempt:
     return Attempt(request or make_request(), "w1", pacing, clock, Clock(9000.0))
 
 
@@ -175,14 +222,17 @@ def test_chunks_take_consecutive_positions_and_the_end_the_next():
     assert run.resume(NOTHING) is None
     first = sent(run, run.output(output("Hel", 1), streams=1))
     assert isinstance(first, TokenChunk)  # the first goes at once
-    assert (first.seq, first.text, first.completion_tokens, first.token_ids) == (
-        0, "Hel", 1, (1,))
+    assert (first.seq, first.text, first.completion_tokens, first.token_ids) == (0, "Hel", 1, (1,))
     clock.now += 0.01
     assert run.output(output("lo", 2), streams=1) is None  # held: within the interval
     clock.now += 0.05
     second = sent(run, run.output(output(" you", 3), streams=1))
     assert (second.seq, second.text, second.token_count, second.completion_tokens) == (
-        1, "lo you", 2, 3)
+        1,
+        "lo you",
+        2,
+        3,
+    )
     clock.now += 0.01
     assert run.output(output("!", 4, RequestStatus.FINISHED_STOPPED), streams=1) is None
     tail = sent(run, run.tail())
@@ -192,7 +242,11 @@ def test_chunks_take_consecutive_positions_and_the_end_the_next():
     assert (done.seq, done.status) == (3, RequestStatus.FINISHED_STOPPED)
     assert done.usage == Usage(prompt_tokens=7, completion_tokens=4, cached_tokens=3)
     assert (done.request_id, done.attempt, done.conversation_id, done.reply_to) == (
-        "r", 0, "c", "chat.deliver.gw")
+        "r",
+        0,
+        "c",
+        "chat.deliver.gw",
+    )
 
 
 def test_nothing_held_gives_no_tail():
@@ -230,7 +284,10 @@ def test_a_continuation_goes_on_after_what_earlier_attempts_streamed():
     assert done.seq == 5 and done.usage.completion_tokens == 3
     usage = run.usage()
     assert (usage.completion_tokens, usage.prior_completion_tokens, usage.prompt_tokens) == (
-        1, 2, 7)
+        1,
+        2,
+        7,
+    )
     assert usage.gpu_ms == pytest.approx(2500.0)
 
 
@@ -243,12 +300,23 @@ def test_the_usage_of_a_whole_attempt():
     sent(run, run.done())
     clock.now += 0.25
     usage = run.usage()
-    assert (usage.request_id, usage.attempt, usage.user_id, usage.org_id, usage.tier,
-            usage.model, usage.requested_model, usage.worker_id) == (
-        "r", 0, "u", "o", "pro", "tiny", "big", "w1")
-    assert (usage.status, usage.prompt_tokens, usage.completion_tokens,
-            usage.prior_completion_tokens, usage.cached_tokens) == (
-        RequestStatus.FINISHED_LENGTH, 7, 2, 0, 3)
+    assert (
+        usage.request_id,
+        usage.attempt,
+        usage.user_id,
+        usage.org_id,
+        usage.tier,
+        usage.model,
+        usage.requested_model,
+        usage.worker_id,
+    ) == ("r", 0, "u", "o", "pro", "tiny", "big", "w1")
+    assert (
+        usage.status,
+        usage.prompt_tokens,
+        usage.completion_tokens,
+        usage.prior_completion_tokens,
+        usage.cached_tokens,
+    ) == (RequestStatus.FINISHED_LENGTH, 7, 2, 0, 3)
     assert usage.gpu_ms == pytest.approx(250.0)
     assert usage.created_at == 9000.0
 
@@ -259,8 +327,12 @@ def test_a_failed_attempt_counts_no_output_of_its_own():
     sent(run, run.output(output("c", 3), streams=1))
     run.error("engine_error", "the engine failed")
     usage = run.usage()
-    assert (usage.status, usage.prompt_tokens, usage.completion_tokens,
-            usage.prior_completion_tokens) == (RequestStatus.FINISHED_ERROR, 0, 0, 2)
+    assert (
+        usage.status,
+        usage.prompt_tokens,
+        usage.completion_tokens,
+        usage.prior_completion_tokens,
+    ) == (RequestStatus.FINISHED_ERROR, 0, 0, 2)
 
 
 def test_an_attempt_whose_end_the_bus_refused_counts_what_it_generated():
