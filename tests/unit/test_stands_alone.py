@@ -87,7 +87,7 @@ def test_the_patterns_catch_what_they_are_for() -> None:
         f"{'Iss'}ue #12",
         f"({'iss'}ues 11 and 12)",
         f"{'iss'}ue\n16, point 2",
-        "fixed in (#12)",
+        "fixed in (" + "#12)",
     ]
     for text in caught:
         assert references_outside(text), text
