@@ -7,7 +7,7 @@ python -m bench profile --streams 100   # stages under pyinstrument; bench/PROFI
 python -m bench faults          # ~2 min: fault scenarios (bench/fault_scenarios.py), bench/RESULTS.md
 python -m bench gateway         # streams one gateway process holds (--help), RESULTS.md
 python -m bench capacity --streams 100,300 --out D   # the capacity phase alone, idle cost
-python -m bench capacity_model [--write]   # what the seed's load needs: docs/CAPACITY.md
+python -m bench capacity_model [--write]   # what the design load needs: docs/CAPACITY.md
 python -m bench scheduler_sim --workers 1000   # the scheduler core at scale (--help)
 python -m bench retrieval       # what file_ids add to TTFT (--help), RESULTS.md
 python -m bench response_cache   # hit ratio, TTFT of a hit against a miss (--help)

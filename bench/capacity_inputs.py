@@ -1,5 +1,5 @@
 """The capacity model's inputs (`bench/capacity_model.py`): every number it starts from,
-each with its unit and where it comes from — the seed, an assumption and its reason, a
+each with its unit and where it comes from — the design load, an assumption and its reason, a
 section of bench/RESULTS.md and the text it quotes there, or a published vLLM result."""
 
 from __future__ import annotations
@@ -11,14 +11,14 @@ LAMBDA = (
     "https://github.com/LambdaLabsML/vllm-benchmark/blob/main/benchmark_v0.md"
     " (table *Tensor Parallel v.s. Data Parallel*)"
 )
-SEED = "seed (issue 15)"
+SIZED_FOR = "the design load"
 
 
-PREFIX = "Growing history and the prefix cache (issue 5)"
-GATEWAY = "How many streams one gateway process holds (issue 11)"
+PREFIX = "Growing history and the prefix cache"
+GATEWAY = "How many streams one gateway process holds"
 CAPACITY = "Pipeline capacity (sim engine, one process per stage)"
-CHEAPER_CORE = "A cheaper core (issue 15, point 3, 2026-12-01)"
-TARGETS = "Reading the targets (issue 11)"
+CHEAPER_CORE = "A cheaper core (2026-12-01)"
+TARGETS = "Reading the targets"
 CPU_ROW = "| 500 | 0.003 | 0.034 | 0.031 | 0.000 | 0.022 | 0.009 | 0.034 | 0.134 |"
 
 
@@ -42,19 +42,19 @@ def _measured(value: float, unit: str, section: str, quote: str, note: str = "")
 class Inputs:
     """Every number the model starts from, with where it comes from."""
 
-    conversations_per_day: float = _in(10e6, "conversations/day", SEED)
+    conversations_per_day: float = _in(10e6, "conversations/day", SIZED_FOR)
     turns_per_conversation: float = _in(
         10,
         "turns",
-        "assumption: 10M conversations × 10 turns / 86,400 s gives the seed's ≈1,160 turns/s",
+        "assumption: 10M conversations × 10 turns / 86,400 s gives the design load's ≈1,160 turns/s",
     )
-    output_tokens_per_turn: float = _in(500, "tokens", SEED + ": ≈500 output tokens per turn")
-    peak_to_average: float = _in(3, "×", SEED + ": three times the average at peak")
+    output_tokens_per_turn: float = _in(500, "tokens", SIZED_FOR + ": ≈500 output tokens per turn")
+    peak_to_average: float = _in(3, "×", SIZED_FOR + ": three times the average at peak")
     stream_tokens_per_s: float = _in(
         50,
         "tokens/s",
         "assumption: a reader's decode rate (20 ms per token); 500 tokens "
-        "then stream 10 s, which gives the seed's ~12k concurrent streams",
+        "then stream 10 s, which gives the design load's ~12k concurrent streams",
     )
     system_prompt_tokens: float = _in(500, "tokens", "assumption: system prompt of a chat product")
     user_message_tokens: float = _in(100, "tokens", "assumption: a user's message")

@@ -1,9 +1,9 @@
-"""`python -m bench capacity_model [--write]`: what the seed's load needs, with every formula.
+"""`python -m bench capacity_model [--write]`: what the design load needs, with every formula.
 
     .venv/bin/python -m bench capacity_model           # prints the model
     .venv/bin/python -m bench capacity_model --write   # regenerates docs/CAPACITY.md
 
-Pure computation from `bench/capacity_inputs.py` (the seed's numbers, assumptions,
+Pure computation from `bench/capacity_inputs.py` (the design load's numbers, assumptions,
 figures measured in bench/RESULTS.md, a published vLLM result) and event and row sizes
 measured by encoding real events (`bench/capacity_sizes.py`), then a Markdown renderer.
 `tests/unit/test_capacity_model.py` keeps docs/CAPACITY.md equal to what this renders.
@@ -559,7 +559,7 @@ HEADLINE = (
 )
 
 INTRO = """\
-# Capacity: what the seed's load needs
+# Capacity: what the design load needs
 
 Written by `bench/capacity_model.py`; regenerate with
 
@@ -569,8 +569,9 @@ Written by `bench/capacity_model.py`; regenerate with
 
 `tests/unit/test_capacity_model.py` fails when this file and the script disagree. Every
 output below is computed from the inputs table, with its formula beside it, at the
-average and at the peak (three times the average). Four kinds of input: the seed's
-numbers (issue 15), assumptions (each with its reason: change one in
+average and at the peak (three times the average). Four kinds of input: the design
+load's numbers (the load chatpipe is sized for: 100M weekly users, 10M conversations a
+day), assumptions (each with its reason: change one in
 `bench/capacity_inputs.py` and regenerate), figures measured on this project's 2-core
 machine (a section of `bench/RESULTS.md` and the text quoted from it), and a published
 vLLM result for the GPUs. Event and row sizes are measured here: `bench/capacity_sizes.py`
@@ -602,8 +603,8 @@ CAVEATS = """\
   the development machine, per shard (`CHATPIPE_SCHEDULER_SHARDS`; k8s/sharded), with the
   heap frozen (`CHATPIPE_SCHEDULER_GC_FREEZE_S`): without it the p99 is CPython's
   full-collection pause (bench/RESULTS.md).
-- **Cassandra's** per-node rates are assumptions: no Cassandra server runs here
-  (DESIGN §11); the statements per turn are counted from the two stores' code
+- **Cassandra's** per-node rates are assumptions: no Cassandra server runs on the
+  development machine; the statements per turn are counted from the two stores' code
   (`conversations/cassandra_store.py`, `ledger/cassandra.py`).
 - **Bytes** are uncompressed: lz4 with linger 0 compresses batches of a record or two
   little; a linger of a few ms on `chat.tokens` would shrink its MB/s.

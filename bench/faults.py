@@ -37,7 +37,7 @@ async def run_all() -> list[FaultResult]:
 def markdown(results: list[FaultResult], when: str) -> str:
     lines = [
         BEGIN,
-        "## Faults: every stream finishes (issue 10)",
+        "## Faults: every stream finishes",
         "",
         "```sh",
         COMMAND,

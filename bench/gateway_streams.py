@@ -407,7 +407,7 @@ def markdown(
 ) -> str:
     lines = [
         BEGIN,
-        "## How many streams one gateway process holds (issue 11)",
+        "## How many streams one gateway process holds",
         "",
         "```sh",
         command,

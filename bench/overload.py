@@ -1,4 +1,4 @@
-"""Overload scenario (issue 4): more demand than capacity, three tiers, many users.
+"""Overload scenario: more demand than capacity, three tiers, many users.
 
 Runs the whole pipeline in this process with the sim engine (few slots), offers
 a fixed schedule of requests from users of every tier at a rate above capacity,

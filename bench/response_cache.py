@@ -1,4 +1,4 @@
-"""The response cache (issue 16): hit ratio, and time to first token of a hit against a
+"""The response cache: hit ratio, and time to first token of a hit against a
 miss, on the sim engine with every stage in process.
 
     .venv/bin/python -m bench response_cache [--requests 120] [--prompts 30] [--clients 4]

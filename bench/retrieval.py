@@ -1,4 +1,4 @@
-"""What retrieval adds to time to first token (issue 16): the same native turn with and
+"""What retrieval adds to time to first token: the same native turn with and
 without `file_ids`, through the whole pipeline (sim engine, the bundled
 all-MiniLM-L6-v2), one request at a time, the two kinds interleaved.
 
@@ -148,7 +148,7 @@ def ms(values: list[float], q: float, scale: float = 1000.0) -> str:
 def markdown(results: list[Corpus], command: str, host: dict[str, str], requests: int) -> str:
     lines = [
         BEGIN,
-        "## What retrieval adds to time to first token (issue 16)",
+        "## What retrieval adds to time to first token",
         "",
         f"Command: `{command}` (bench/retrieval.py). Run {host['date']}, {host['nproc']} "
         f"cores ({host['cpu']}), load average {host['loadavg']} at the end, commit "

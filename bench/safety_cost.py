@@ -1,4 +1,4 @@
-"""What output safety costs (issue 6): classifier time per chunk, and the time to
+"""What output safety costs: classifier time per chunk, and the time to
 first token that a hold-back window adds.
 
     .venv/bin/python -m bench.safety_cost

@@ -1,4 +1,4 @@
-"""`python -m bench scheduler_sim`: the scheduler at scale (issue 15).
+"""`python -m bench scheduler_sim`: the scheduler at scale.
 
     python -m bench scheduler_sim --workers 1000            # ~1.5 min
     python -m bench scheduler_sim --workers 1000 --shards 2 --kafka-seconds 0 --gc-freeze

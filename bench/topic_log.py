@@ -2,7 +2,7 @@
 and any events a test or benchmark looks for (`find_events`).
 
 Both topics are read from offset 0 (the embedded broker cannot seek to the
-end, DESIGN §11) until every request asked about has its terminal event.
+end) until every request asked about has its terminal event.
 """
 
 from __future__ import annotations
