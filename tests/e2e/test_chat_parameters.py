@@ -2,7 +2,7 @@
 real vLLM (tiny model): sampling options reach the engine (a seed reproduces an answer,
 penalties and `logit_bias` change it), logprobs come back whole and streamed,
 `response_format` holds the answer to its JSON schema, `n` gives several choices with
-the usage of all, and an unknown field is a 400 naming it (issue 17)."""
+the usage of all, and an unknown field is a 400 naming it."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""`/v1/completions` and `/v1/embeddings` through the official `openai` SDK (issue 17,
-point 3): text completions on real vLLM (tiny model), streamed and not, from the prompt as
+"""`/v1/completions` and `/v1/embeddings` through the official `openai` SDK:
+text completions on real vLLM (tiny model), streamed and not, from the prompt as
 it is (no chat template); embeddings from the bundled all-MiniLM-L6-v2 in the gateway, as
 floats and base64; completions' usage billed as chat's; bad input a 4xx JSON error."""
 

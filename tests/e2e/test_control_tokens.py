@@ -1,4 +1,4 @@
-"""Control tokens are text, over HTTP on both APIs with real vLLM (issue 12, point 4):
+"""Control tokens are text, over HTTP on both APIs with real vLLM:
 a user message holding the tiny model's own special tokens, shaped as a system turn,
 is run as ordinary text — the prompt the engine reports is the one whose content is
 text tokens, and the native API's context builder counted exactly that."""

@@ -1,4 +1,4 @@
-"""An engine failure over HTTP, on both APIs (issue 12, point 7): the client gets the
+"""An engine failure over HTTP, on both APIs: the client gets the
 stable code `engine_error` and a fixed message, never the exception's text (the sim
 engine's `[[sim:fail]]` raises "scripted failure of <request id>")."""
 

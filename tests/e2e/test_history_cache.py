@@ -1,6 +1,6 @@
 """The growing-history cost with the real vLLM engine: a 10-turn conversation whose
 cached prompt tokens rise with its history, as the prefix cache serves every
-turn but the newest (DESIGN §8).
+turn but the newest.
 
 vLLM caches whole blocks (128 tokens on the CPU build), so the system prompt
 here is long enough to fill more than one by itself. The test prints the

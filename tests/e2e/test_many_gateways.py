@@ -1,5 +1,5 @@
-"""Two gateway processes on one pipeline share what a user's requests are held to (issue
-15, point 2): the per-user rate limit (in Redis), the token budget (billing's ledger),
+"""Two gateway processes on one pipeline share what a user's requests are held to:
+the per-user rate limit (in Redis), the token budget (billing's ledger),
 and the rule that a conversation's next turn waits for its streaming answer (the
 store), whichever gateway each request goes through. A stream started on one gateway
 is cancelled through the other, and stored.

@@ -1,5 +1,5 @@
-"""The Responses API through the official `openai` SDK and every stage, on the sim stack
-(issue 17, point 4): responses streamed and not, with instructions; a response that
+"""The Responses API through the official `openai` SDK and every stage, on the sim stack:
+responses streamed and not, with instructions; a response that
 continues another sees the first turn in its prompt, and the native API shows the same
 conversation; a background response runs on without its client and its stream resumes
 `starting_after` a sequence number; an unstored one is never retrievable; a field

@@ -1,7 +1,7 @@
 """The Responses API on real vLLM (tiny model) through the official `openai` SDK: a
 streamed response with instructions, every event parsed by the SDK's types and its text
-the model's, then a response continuing it whose prompt holds the first turn (issue 17,
-point 4; the rest runs on the sim stack in tests/e2e/test_responses.py)."""
+the model's, then a response continuing it whose prompt holds the first turn (the
+rest runs on the sim stack in tests/e2e/test_responses.py)."""
 
 from __future__ import annotations
 

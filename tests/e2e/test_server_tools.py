@@ -1,4 +1,4 @@
-"""Server-side tools on the native API through the whole pipeline (issue 16, point 2):
+"""Server-side tools on the native API through the whole pipeline:
 the sim engine calls a tool (`[[sim:call=...]]`), the worker frees its slot, the
 `chat.tools` stage runs the call and queues the next round, and the stream shows
 `tool_call`, `tool_result`, then the answer; resuming the stream replays them, and the

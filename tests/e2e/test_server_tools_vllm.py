@@ -1,4 +1,4 @@
-"""Server-side tools on real vLLM with the tiny model (issue 16, point 2): a turn that
+"""Server-side tools on real vLLM with the tiny model: a turn that
 names a server tool holds the first round's output to the tool's arguments (vLLM
 structured outputs), so even random weights call it; the tools stage runs the call, and
 the next round (tools offered, `auto`) answers to the end."""

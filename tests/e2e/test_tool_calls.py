@@ -2,7 +2,7 @@
 a named or required tool choice gets calls whose arguments hold to the function's
 schema (vLLM structured outputs, even from random weights), the calls and the tools'
 results go back, and the model answers; streamed and not. Bad tool input is a 400
-naming the field (issue 16, point 1)."""
+naming the field."""
 
 from __future__ import annotations
 

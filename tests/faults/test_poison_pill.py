@@ -1,4 +1,4 @@
-"""No poison pill (issue 12, point 2): a record a stage cannot send — an assignment
+"""No poison pill: a record a stage cannot send — an assignment
 over the bus's message limit, an event for a topic that cannot exist — ends that
 request with a terminal event (`pipeline_rejected`), goes to `chat.dlq`, and the stage
 goes on with the next request; a restart does not read it into a crash again.

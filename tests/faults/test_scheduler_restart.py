@@ -1,4 +1,4 @@
-"""The scheduler survives SIGKILL and a rival (DESIGN §9): requests go straight onto
+"""The scheduler survives SIGKILL and a rival: requests go straight onto
 the request topics and the stages run as processes (`bench/process_pipeline.py`), so
 what is measured is the scheduler with real workers on a real broker.
 

@@ -1,4 +1,4 @@
-"""The stages beside the stream keep every answer (DESIGN §9): a store that fails for a
+"""The stages beside the stream keep every answer: a store that fails for a
 while, a recorder restarted before it stored a retracted answer, poison records on
 every stage's input, a conversation deleted while it streams.
 

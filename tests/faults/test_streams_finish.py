@@ -1,4 +1,4 @@
-"""Every stream finishes, whatever fails underneath (DESIGN §9): workers killed or
+"""Every stream finishes, whatever fails underneath: workers killed or
 drained, a gateway killed, clients that drop and come back, a stage that freezes.
 
 One pipeline of processes (`bench/fault_scenarios.py`: scheduler, safety, recorder,

@@ -1,4 +1,4 @@
-"""A tools stage (`chat.tools`, issue 16 point 2) that dies loses no round: a round
+"""A tools stage (`chat.tools`) that dies loses no round: a round
 paused on its worker waits on `chat.tools` for the next tools stage, which runs it
 (its offset is committed only once its results and next round are acknowledged), and
 the client sees the answer whole: one `tool_call`, one `tool_result`, the text. A

@@ -1,5 +1,5 @@
-"""A bus that stops answering for a while is waited out, not turned into an error
-(issue 12, point 2): the broker is frozen (SIGSTOP) past the producer's request
+"""A bus that stops answering for a while is waited out, not turned into an error:
+the broker is frozen (SIGSTOP) past the producer's request
 timeout, so aiokafka gives up on the record, and the stages' publisher sends it again
 until the broker is back. A record the bus refuses is not retried."""
 

@@ -1,4 +1,4 @@
-"""Capacity management through the real broker with the sim engine (DESIGN §5):
+"""Capacity management through the real broker with the sim engine:
 priority under overload, fairness, cancel while queued, shedding, worker loss."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Control tokens are text (issue 12, point 4), with the tiny model's own special
+"""Control tokens are text, with the tiny model's own special
 tokens read from its tokenizer: a user message holding them, shaped as a forged
 system turn, reaches the engine as ordinary text, and the gateway's context builder
 counts the prompt the engine runs. Both APIs go through the same worker prompt

@@ -1,5 +1,5 @@
-"""Delivery topics of gateways that are gone are deleted, on a real broker (issue 15,
-point 2): the scheduler deletes the `chat.deliver.<id>` topic of a gateway silent for
+"""Delivery topics of gateways that are gone are deleted, on a real broker:
+the scheduler deletes the `chat.deliver.<id>` topic of a gateway silent for
 the TTL, and of one left from before it started, while a live gateway's topic, and a
 silent one's that a waiting request still delivers to, are kept. A gateway whose topic
 was deleted under it creates it again."""

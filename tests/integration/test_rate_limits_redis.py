@@ -1,4 +1,4 @@
-"""Rate limits shared by several gateways through one Redis (DESIGN §5).
+"""Rate limits shared by several gateways through one Redis.
 
 Runs when a `redis-server` binary is installed (`apt-get install redis-server`);
 skipped otherwise. Each limiter here stands for one gateway replica.

@@ -1,4 +1,4 @@
-"""A worker whose generation fails, on a real broker (issue 12, points 2 and 7): the
+"""A worker whose generation fails, on a real broker: the
 client's stream ends with a stable code and a fixed message, never the exception's
 text, and the worker serves the next request. An engine that raises (the sim engine's
 `[[sim:fail]]`, a prompt real vLLM refuses) ends `engine_error`; a chunk the bus

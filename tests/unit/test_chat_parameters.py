@@ -1,4 +1,4 @@
-"""Every field of OpenAI's chat completion request honoured or refused (issue 17): the
+"""Every field of OpenAI's chat completion request honoured or refused: the
 mapping to the engine's sampling, the refusals (400 naming the field), logprobs from the
 engine to the answer, and `n` choices, in process through the official SDK (scripted
 pipeline, see test_gateway_app)."""

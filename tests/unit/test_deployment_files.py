@@ -658,7 +658,7 @@ def test_readme_settings_table_matches_the_code():
     assert table == settings_table(), "README settings table is stale: paste `chatpipe settings`"
 
 
-# --- Kafka: every stage its own user, ACLs, nothing published (issue 12) -----------------
+# --- Kafka: every stage its own user, ACLs, nothing published ----------------------------
 
 KAFKA_SERVER_SCRIPT = K8S_DIR / "kafka-server.sh"
 KAFKA_ACLS_SCRIPT = K8S_DIR / "kafka-acls.sh"

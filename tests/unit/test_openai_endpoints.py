@@ -1,4 +1,4 @@
-"""`/v1/completions` and `/v1/embeddings` in process (issue 17, point 3): the request each
+"""`/v1/completions` and `/v1/embeddings` in process: the request each
 maps to, every field honoured or refused with a 400 naming it, the answer's shape through
 the official `openai` SDK, with a scripted pipeline and a stand-in embedding model."""
 

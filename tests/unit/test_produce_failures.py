@@ -1,6 +1,6 @@
-"""What a stage does with a produce that fails (issue 12, point 2): the pure rule that
+"""What a stage does with a produce that fails: the pure rule that
 tells an unreachable bus from a record the bus refuses, and the publisher applying it.
-The producer here is a fake with aiokafka's `send`/`send_and_wait` (STYLE 9)."""
+The producer here is a fake with aiokafka's `send`/`send_and_wait`, not a mock."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Edge-case tables for the scheduler core: every rule of DESIGN §5 with hand-made
+"""Edge-case tables for the scheduler core: every scheduling rule with hand-made
 requests and heartbeats (empty, full, over budget, client gone, deadline passed,
 worker lost)."""
 

@@ -1,4 +1,4 @@
-"""Server-side tools (issue 16, point 2), their pure parts: the calculator, the clock,
+"""Server-side tools, their pure parts: the calculator, the clock,
 the tools core (results, next round, the rounds bound), the toolbox's error results,
 the worker pausing a round on its calls, the safety stage showing the steps, and the
 stored answer keeping them."""

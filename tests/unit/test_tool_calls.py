@@ -1,4 +1,4 @@
-"""Tool calling's pure parts (issue 16, point 1): a completion's tools and messages read
+"""Tool calling's pure parts: a completion's tools and messages read
 (`gateway.tool_requests`), a constrained answer read back into calls
 (`workers.tool_calls`), the answer sent as OpenAI sends it (`gateway.tool_answers`),
 the template's inputs (`common.prompt`), and the worker and sim engine carrying calls."""
