@@ -32,7 +32,7 @@ RUN python -c "import sys, tomllib; \
         "$EXTRA" > /tmp/requirements.txt \
     && if [ "$EXTRA" = cpu ]; then \
          pip install --extra-index-url "$TORCH_CPU_INDEX" -r /tmp/requirements.txt \
-         # These break beside the CPU build of torch (DESIGN §11).
+         # Built against another torch, these fail to load beside the CPU one.
          && pip uninstall -y torchvision torchaudio torchcodec; \
        else \
          pip install -r /tmp/requirements.txt; \

@@ -6,7 +6,7 @@ MODEL_DIR ?= $(HOME)/.cache/chatpipe/tiny-model
 # The browser tests drive Debian's Chromium with Playwright (its own browser downloads
 # are not reachable everywhere).
 CHROMIUM := /usr/bin/chromium
-# Wheels that break beside the CPU build of torch (DESIGN §11).
+# Wheels built against another torch: they fail to load beside its CPU build.
 BROKEN_BESIDE_CPU_TORCH := torchvision torchaudio torchcodec
 
 .PHONY: setup run test test-unit test-integration test-e2e bench clean

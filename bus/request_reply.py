@@ -1,5 +1,5 @@
 """Asking the pipeline over Kafka: submit a `GenerationRequest` to its tier's topic and
-read what comes back on this process's own delivery topic (DESIGN §7).
+read what comes back on this process's own delivery topic, as a gateway does.
 
 Each client owns a fresh `chat.deliver.<client_id>` topic and reads all its partitions
 from offset 0 with `assign()` (no consumer group, no rebalance; the embedded broker

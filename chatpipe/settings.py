@@ -272,7 +272,7 @@ class Settings(BaseSettings):
         "with no event this long (its commit floor moves on; the stored answer ends in error)",
     )
 
-    # --- scheduling (DESIGN §5) --------------------------------------------------
+    # --- scheduling --------------------------------------------------------------
     tier_min_share: dict[Tier, float] = Field(
         default_factory=lambda: {Tier.PRO: 0.2, Tier.FREE: 0.1},
         description="share of dispatches a lower tier keeps while higher tiers are busy",
@@ -342,7 +342,7 @@ class Settings(BaseSettings):
     )
     budget_period: Literal["day", "month"] = Field("day", description="day or month")
 
-    # --- safety (DESIGN §7) -------------------------------------------------------
+    # --- safety -------------------------------------------------------------------
     safety_window_chars: int = Field(
         0, description="output held back until checked and this old; adds up to it to TTFT"
     )
@@ -498,7 +498,7 @@ class Settings(BaseSettings):
     )
     # --- end of users' files ---------------------------------------------------------------
 
-    # --- server-side tools (issue 16, point 2) ---------------------------------------------
+    # --- server-side tools -----------------------------------------------------------
     server_tools: list[str] = Field(
         default_factory=lambda: ["calculator", "clock", "search_documents"],
         description="tools chatpipe runs itself (the chat.tools stage) that a native turn "

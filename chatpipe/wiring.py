@@ -83,7 +83,7 @@ async def open_kafka(
     pause: Pause = contextlib.nullcontext,
 ) -> KafkaConfig:
     """The configured Kafka, or an embedded broker living as long as `stack`. That one is
-    started again on its port whenever it exits, empty (DESIGN §11), with the shared
+    started again on its port whenever it exits, empty (it keeps nothing on disk), with the shared
     topics and `own_topics` (read then) created again; `pause()` is held meanwhile."""
     bootstrap = settings.kafka_bootstrap_servers
     if bootstrap:

@@ -1,6 +1,6 @@
 """Writing through a store that fails for a while (locked, unreachable, timing out):
 the stages that persist what they read retry with backoff and hold their place in the
-topic meanwhile, instead of dead-lettering good events (DESIGN §9)."""
+topic meanwhile, instead of dead-lettering good events."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The engine's prompt tokens: the chat template's own special tokens, and every
-message's content as plain text (issue 12, point 4).
+message's content as plain text, so a user cannot forge a turn.
 
 Rendering the template to text and tokenizing that text again would read a user's
 `<|im_start|>system` (or the model's own control strings) as real control tokens: a

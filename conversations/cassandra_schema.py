@@ -1,6 +1,6 @@
 """The Cassandra store's keyspace, tables, statements and row mapping (no I/O).
 
-A table per query (DESIGN §8):
+A table per query, each read from one partition:
 
 * `conversations` by conversation_id: get, ownership checks (LWT `IF org_id = ?
   AND user_id = ?`: the same user id may exist in two orgs).

@@ -1,4 +1,4 @@
-"""The conversation store on Cassandra (DESIGN §8, §10): tables in `cassandra_schema`.
+"""The conversation store on Cassandra, for a distributed deployment: tables in `cassandra_schema`.
 
 The store's logic talks to a `CqlSession` (`cassandra_session`): prepared
 statements run with the driver's `execute_async`, bridged to asyncio.

@@ -17,7 +17,7 @@ Contracts:
   (`save_citations`) and read back per conversation (`list_citations`); deleting the
   conversation deletes them. They keep a file's name and snippet, so they still read
   after the file is deleted.
-* Tool steps: the server-tool calls and results of an answer (issue 16, point 2), saved
+* Tool steps: the server-tool calls and results of an answer (server-side tools), saved
   per answer message once it ends (`save_tool_steps`), read back per conversation
   (`list_tool_steps`), deleted with the conversation, exactly as citations.
 """

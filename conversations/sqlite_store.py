@@ -1,4 +1,4 @@
-"""The conversation store on SQLite: the one-machine default (DESIGN §8, §10).
+"""The conversation store on SQLite: the one-machine default.
 
 One `sqlite3` connection per store, used from worker threads
 (`asyncio.to_thread`) under a lock (`sqlite_file.py`), so the event loop never

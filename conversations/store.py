@@ -1,4 +1,4 @@
-"""The conversation store interface (DESIGN §8) and its records.
+"""The conversation store interface and its records.
 
 Implementations: `conversations.sqlite_store.SQLiteStore` (one machine) and
 `conversations.cassandra_store.CassandraStore` (scale). Both pass

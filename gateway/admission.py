@@ -1,4 +1,4 @@
-"""Admission of a generation request (DESIGN §5): cheap gates first, then the
+"""Admission of a generation request: cheap gates first, then the
 expensive input safety check.
 
 `admit` runs before any expensive work (store polling, the prompt's build, the

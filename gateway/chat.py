@@ -171,7 +171,7 @@ async def native_events(
     citations: list[Citation] | None = None,
 ) -> AsyncIterator[bytes]:  # fmt: skip
     """The request event, the answer's sources (if it has any), every event to show,
-    then `[DONE]` (DESIGN §4); what arrived together is written together."""
+    then `[DONE]`; what arrived together is written together."""
     yield sse.request_event(payload)
     if citations:
         yield sse.citations_event(citations)

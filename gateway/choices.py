@@ -1,4 +1,4 @@
-"""Several choices of one completion (`n` > 1, issue 17): n generations in parallel.
+"""Several choices of one completion (`n` > 1): n generations in parallel.
 
 The pipeline carries one answer per request: one stream on `chat.tokens`, one
 position sequence the gateway resumes and deduplicates by, one usage record, one

@@ -1,4 +1,4 @@
-"""Context window management (DESIGN §8): which history a prompt carries.
+"""Context window management: which history a prompt carries.
 
 The prompt is, in order: one system message (the system prompt, then the
 rolling summary if there is one), the kept turns in order, the retrieved

@@ -1,5 +1,5 @@
 """What the routes are given: the wiring builds `GatewayDeps`, routes read it through
-`Annotated` dependencies (STYLE 6) and hand each domain module the narrow value it
+`Annotated` dependencies (thin routes) and hand each domain module the narrow value it
 takes (`gates`, `own_requests`, `turns`). The store and pipeline live outside the app."""
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ class GatewayDeps:
     store: ConversationStore
     pipeline: Pipeline
     context: ContextBuilder
-    """Builds every native turn's prompt within its model's window (DESIGN §8)."""
+    """Builds every native turn's prompt within its model's window."""
     rate_limiter: RateLimiter | None = None
     """Requests and tokens per minute; None: no rate limits."""
     quotas: QuotaGate | None = None

@@ -2,7 +2,7 @@
 
 A gateway holds thousands of these, each written every ~100 ms, so the response does
 per frame only what it must: one `send` of the bytes. The rest is per stream, not per
-frame: a listener that turns `http.disconnect` into cancelling the writer (STYLE 6),
+frame: a listener that turns `http.disconnect` into cancelling the writer,
 and a keep-alive that sends a ping comment when the stream has been quiet for
 `ping_s` and treats a client that has not taken a frame for `send_timeout_s` as gone.
 Whatever way it ends, `background` runs after it (the generation's close).

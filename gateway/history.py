@@ -1,4 +1,4 @@
-"""Which stored messages of a thread a prompt carries (DESIGN §8); `gateway.context`
+"""Which stored messages of a thread a prompt carries; `gateway.context`
 decides how many of them fit the model's window.
 
 The prompt of turn N+1 starts with the exact messages of turn N's prompt and

@@ -1,4 +1,4 @@
-"""Every field of OpenAI's chat completion request, honoured or refused (issue 17).
+"""Every field of OpenAI's chat completion request, honoured or refused.
 
 Pure, like `gateway.limits`: it runs before anything is charged or queued. A field
 chatpipe honours passes to the engine with OpenAI's meaning (`chat_sampling`): the

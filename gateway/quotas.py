@@ -1,4 +1,4 @@
-"""Token budgets per period, per user and per org (DESIGN §5), read from billing's ledger.
+"""Token budgets per period, per user and per org, read from billing's ledger.
 
 A budget is exhausted once the tokens used in the current period (UTC day or
 month, `budget_period`) reach it; requests are then refused until the period

@@ -1,4 +1,4 @@
-"""Requests and tokens per minute, per user and per org (DESIGN §5), on `limits`' async API.
+"""Requests and tokens per minute, per user and per org, on `limits`' async API.
 
 Strategy: sliding window counter. Each limit keeps two counters (this window
 and the last) and weighs the last by how much of it still overlaps the
@@ -10,7 +10,7 @@ gateway replicas sharing `rate_limit_storage` share the limits.
 
 A request costs 1 against the request limits and, against the token limits, an
 estimate made before it runs: prompt characters / 4 + max_tokens. The gateway
-charges before any expensive work (DESIGN §5): an OpenAI request's prompt is all in
+charges before any expensive work: an OpenAI request's prompt is all in
 the request; a native turn is charged for its new message first and, once its
 prompt is built from the history, for the rest (`charge_tokens`, never refused).
 """

@@ -1,4 +1,4 @@
-"""The response cache's rules, pure (STYLE 1): which requests it may answer, under
+"""The response cache's rules, pure: which requests it may answer, under
 which key, what it keeps of an answer, and how a kept answer is replayed.
 
 A request may be answered from the cache only when its answer depends on nothing but

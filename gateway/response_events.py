@@ -1,5 +1,5 @@
 """A response's stream events and its final state, from its answer's delivery events
-(pure: the Responses API's stream core, STYLE 1).
+(pure: the Responses API's stream core).
 
 Every event is numbered (`sequence_number`) so that the same answer read again — a
 background response's stream resumed from `chat.answers` on any gateway — gets the

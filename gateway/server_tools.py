@@ -1,4 +1,4 @@
-"""Server-side tools on the native API (issue 16, point 2): what a turn's `tool_choice`
+"""Server-side tools on the native API: what a turn's `tool_choice`
 offers the model, read before anything is charged or queued (pure).
 
 The tools are the operator's (`CHATPIPE_SERVER_TOOLS`), run by the `chat.tools` stage;

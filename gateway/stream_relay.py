@@ -1,4 +1,4 @@
-"""What one client stream shows of an answer: the gateway's stream core, pure (STYLE 1).
+"""What one client stream shows of an answer: the gateway's stream core, pure.
 
 Events come from this gateway's delivery topic (a stream it started) or from
 `chat.answers` (a stream it resumes, read from the answer's marker). The one answer

@@ -1,4 +1,4 @@
-"""Tool calling on `/v1/chat/completions`, read from the request (issue 16, point 1):
+"""Tool calling on `/v1/chat/completions`, read from the request:
 the tools it offers and how the model may use them (`tool_use`), and its messages with
 the calls an assistant made and the tools' results (`chat_messages`).
 

@@ -5,7 +5,7 @@ Each turn is checked and admitted first (its fields, the files it names — the
 caller's only —, the caller's tier, budgets and rate limits: nothing expensive yet),
 then reads the conversation's message tree, finds the excerpts of its files
 (`gateway.grounding`), builds the prompt with the context builder from the thread it
-continues and those excerpts (DESIGN §8),
+continues and those excerpts,
 checks that the request fits the bus and that its input passes the safety
 classifiers, and only then stores its user message (a regeneration has none) and
 makes the request (not yet sent):

@@ -1,4 +1,4 @@
-"""Classifiers behind one interface (DESIGN §7): rules and PII, embedding similarity,
+"""Classifiers behind one interface: rules and PII, embedding similarity,
 and an LLM judge asked through the pipeline itself.
 
 A classifier looks at a piece of text and returns a `Verdict` naming the

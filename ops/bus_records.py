@@ -112,7 +112,7 @@ in this order (the request before its dispatch, a chunk before its delivery)."""
 
 
 def kind_of(topic: str) -> type[BaseModel] | TypeAdapter[Any] | None:
-    """What `topic` carries (DESIGN §3); None for a topic chatpipe does not know."""
+    """What `topic` carries; None for a topic chatpipe does not know."""
     if topic.startswith(topics.REQUESTS_PREFIX):
         return GenerationRequest
     if topic.startswith(topics.DELIVER_PREFIX):

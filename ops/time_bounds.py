@@ -49,7 +49,7 @@ def time_offsets_believable(answers: Iterable[TimeAnswer | None], target_ms: int
     """A broker's `offsets_for_times` answer (per partition, None: no record that late)
     is right only if each offset's record has the reported timestamp, at or after the
     target, and the record before it is earlier than the target. Tansu answers offset 0
-    with its own clock's time (or -1) whatever is asked (DESIGN §11): such an answer
+    with its own clock's time (or -1) whatever is asked: such an answer
     sends the reader back to scanning from the start."""
     return all(answer is None or _right(TimeAnswer(*answer), target_ms) for answer in answers)
 

@@ -1,7 +1,7 @@
-"""Traces: one trace per request, from its HTTP call to its last token (issue 13).
+"""Traces: one trace per request, from its HTTP call to its last token.
 
 Each hop's context travels in the Kafka headers of the events it produces (W3C
-`traceparent`, DESIGN §3): `trace_headers` adds it to every record sent while a span is
+`traceparent`): `trace_headers` adds it to every record sent while a span is
 current, `consuming` continues it where a record is read. A stage reads a request's
 stream as many records carrying one context (a worker's chunks, safety's deltas), so
 `consuming` keeps one CONSUMER span per context, opened by its first record and ended

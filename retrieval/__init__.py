@@ -1,4 +1,4 @@
-"""Retrieval over a user's own documents (issue 16): a file's text (`extract`), its
+"""Retrieval over a user's own documents: a file's text (`extract`), its
 chunks (`chunking`), their ranking against a message and the prompt block and
 citations made of the best (`ranking`), and the service that runs these with the
 embedding model off the event loop and the conversation store (`documents`).

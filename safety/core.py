@@ -1,4 +1,4 @@
-"""The safety stage's decisions: pure, synchronous, no Kafka (STYLE 1).
+"""The safety stage's decisions: pure, synchronous, no Kafka.
 
 `chat.tokens` events go in, in partition order, with their partition, offset and the
 adapter's clock. Per generation the core keeps the one answer rule's log

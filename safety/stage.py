@@ -1,5 +1,5 @@
 """The safety stage's Kafka adapter: `chat.tokens` in; `chat.deliver.<gateway_id>` and,
-for stored answers, `chat.answers` out (DESIGN §7). The decisions are `safety.core`'s;
+for stored answers, `chat.answers` out. The decisions are `safety.core`'s;
 the consume/commit/rebalance loop is the stage runner's (`bus.stage_runner`).
 
 Commit policy: per partition, below the first event of any generation still open, so

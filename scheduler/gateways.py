@@ -1,5 +1,5 @@
 """Which gateways are alive, and who relays each stream: so a stream whose gateway died
-and that nobody resumed stops costing GPU time (pure, no Kafka: STYLE 1).
+and that nobody resumed stops costing GPU time (pure, no Kafka).
 
 Gateways heartbeat on `chat.control` (`GatewayHeartbeat`, keyed by their delivery
 topic). A stream is held by the gateway it was asked through (`reply_to`) until another

@@ -1,4 +1,4 @@
-"""`chat.work` as the scheduler's journal: pure rules, no Kafka (STYLE 1).
+"""`chat.work` as the scheduler's journal: pure rules, no Kafka.
 
 The journal holds every decision the scheduler makes about a request: an assignment
 (handed to a worker), an `Unserved` record (ended without a worker: cancelled,

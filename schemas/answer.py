@@ -1,4 +1,4 @@
-"""One rule rebuilds an answer from its stream events, wherever it is read (DESIGN §9).
+"""One rule rebuilds an answer from its stream events, wherever it is read.
 
 The worker continuing an earlier attempt, the safety stage, the gateway relaying or
 replaying a stream and the recorder all decide with `AnswerLog` which events make

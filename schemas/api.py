@@ -1,4 +1,4 @@
-"""HTTP API models (DESIGN §4), kept apart from the Kafka events (STYLE 3).
+"""HTTP API models, kept apart from the Kafka events so either can change alone.
 
 Native API: conversations and their messages. OpenAI-compatible API: the
 `/v1/chat/completions` request as OpenAI defines it (an unknown field is refused,
@@ -147,7 +147,7 @@ class TurnOptions(BaseModel):
         description="the caller's files (POST /v1/files) to answer from: the chunks most "
         "similar to the message go into the prompt, and the answer cites them",
     )
-    # --- server-side tools (issue 16, point 2) ---
+    # --- server-side tools ---
     tool_choice: ServerToolChoice = Field(
         "none",
         description="the server tools (CHATPIPE_SERVER_TOOLS) the model may call, "
@@ -264,7 +264,7 @@ class StreamOptions(BaseModel):
     )
 
 
-# --- OpenAI-compatible API: sampling and output format (issue 17) ---------------------
+# --- OpenAI-compatible API: sampling and output format ------------------------------
 
 LOGIT_BIAS_LIMIT = 300
 """Most tokens one request may bias."""
@@ -380,7 +380,7 @@ class ChatCompletionRequest(SamplingParameters):
     parallel_tool_calls: bool | None = Field(
         None, description="the model may call several tools in one answer (default true)"
     )
-    # issue 17: the rest of OpenAI's request (gateway.parameters says what each does)
+    # the rest of OpenAI's request (gateway.parameters says what each does)
     logprobs: bool | None = None
     top_logprobs: int | None = Field(None, ge=0, le=TOP_LOGPROBS_LIMIT)
     response_format: ResponseFormat | None = None

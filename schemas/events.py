@@ -1,4 +1,4 @@
-"""Versioned events carried on the Kafka topics (DESIGN §3).
+"""Versioned events carried on the Kafka topics.
 
 Every event has a `type` literal (also sent as the `event-type` header) and a
 `schema_version`. Consumers ignore fields they do not know, so producers can
@@ -71,7 +71,7 @@ class SamplingOptions(BaseModel):
     seed: int | None = None
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
-    # OpenAI's other sampling parameters and vLLM's extras (issue 17), each with vLLM's
+    # OpenAI's other sampling parameters and vLLM's extras, each with vLLM's
     # meaning; unset, the engine's default, and left out of the JSON.
     presence_penalty: float | None = Field(None, ge=-2.0, le=2.0, exclude_if=_unset)
     frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0, exclude_if=_unset)
@@ -330,7 +330,7 @@ class TokenLogprob(TopLogprob):
 
 
 Logprobs = tuple[TokenLogprob, ...]
-"""The log probabilities of a run of output tokens, in order (issue 17)."""
+"""The log probabilities of a run of output tokens, in order."""
 
 
 class TokenChunk(StreamEvent):

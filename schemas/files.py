@@ -1,5 +1,5 @@
 """HTTP models of a user's documents (`/v1/files`, shaped as OpenAI's files API) and of
-the citations an answer grounded on them carries (DESIGN §4, STYLE 3).
+the citations an answer grounded on them carries (apart from the Kafka events).
 
 A file is uploaded as multipart (`file`, `purpose`), split into chunks and embedded;
 a turn that names `file_ids` gets the chunks most similar to its message in its

@@ -1,4 +1,4 @@
-"""The SSE wire format of both APIs (DESIGN §4), and a small reader for clients.
+"""The SSE wire format of both APIs, and a small reader for clients.
 
 Native stream of `POST /v1/conversations/{id}/messages`:
 

@@ -105,7 +105,7 @@ def call_id(request_id: str, index: int) -> str:
 
 
 class ServerToolTurn(BaseModel):
-    """A native turn whose tool calls chatpipe runs itself (issue 16, point 2).
+    """A native turn whose tool calls chatpipe runs itself (server-side tools).
 
     Each round is its own `GenerationRequest` (its own request id, so the scheduler
     places it as any request); every round's stream events carry the first round's id,

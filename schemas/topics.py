@@ -1,4 +1,4 @@
-"""Topic names: the one place they are spelled (DESIGN §3)."""
+"""Topic names: the one place they are spelled."""
 
 from __future__ import annotations
 

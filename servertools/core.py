@@ -1,5 +1,5 @@
-"""The tools stage's decisions, pure (STYLE 1): what a round's results are on the
-stream, and the next round of the turn (issue 16, point 2).
+"""The tools stage's decisions, pure: what a round's results are on the
+stream, and the next round of the turn.
 
 A server-tools round that called tools ends on its worker (`ToolCallsMade` on
 `chat.tokens`, a `ToolRound` on `chat.tools`). The stage runs each call

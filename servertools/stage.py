@@ -1,6 +1,6 @@
 """The tools stage's Kafka adapter: `chat.tools` in; each call's result on
-`chat.tokens`, then the turn's next round on `chat.requests.<tier>` (issue 16,
-point 2). The decisions are `servertools.core`'s, the calls `servertools.toolbox`'s.
+`chat.tokens`, then the turn's next round on `chat.requests.<tier>`.
+The decisions are `servertools.core`'s, the calls `servertools.toolbox`'s.
 
 Rounds run side by side (a slow tool holds no other turn up). Commit policy: a
 round's offset is committed once its results and next round are acknowledged

@@ -1,4 +1,4 @@
-"""What a client learns when its generation fails in a worker (issue 12, point 7).
+"""What a client learns when its generation fails in a worker.
 
 An engine's exception text names files, arguments, internal state and sometimes other
 requests; a client gets a stable code and a fixed message instead, and the exception

@@ -1,5 +1,5 @@
 """Reading back what earlier attempts of a request streamed, so a new attempt
-continues it: the client sees no gap and no repeat (DESIGN §9).
+continues it: the client sees no gap and no repeat.
 
 The scheduler wrote a marker on the request's `chat.tokens` partition before each
 attempt (`GenerationRequest.stream`): a continuation reads from the first marker up

@@ -1,4 +1,4 @@
-"""The `sim` engine adapter: a deterministic stand-in for load tests (DESIGN §6).
+"""The `sim` engine adapter: a deterministic stand-in for load tests.
 
 A reply is a sequence of words from a fixed list, chosen by a hash of the
 request id and the last user message, so a redelivered request gets the same

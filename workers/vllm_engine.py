@@ -1,4 +1,4 @@
-"""The `vllm` engine adapter: vLLM's `AsyncLLM` in this process (DESIGN §6).
+"""The `vllm` engine adapter: vLLM's `AsyncLLM` in this process.
 
 vLLM runs its scheduler and model in a child process (EngineCore) and streams
 outputs back; this adapter renders the chat prompt, maps sampling options and

@@ -1,4 +1,4 @@
-"""Tool calling on vLLM, as vLLM's own OpenAI server does it (issue 16, point 1).
+"""Tool calling on vLLM, as vLLM's own OpenAI server does it.
 
 A required or named tool choice holds the output to the JSON schema vLLM's server
 builds (`get_json_schema_from_tools`), through vLLM's structured outputs; the text is
