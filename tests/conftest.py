@@ -1,1 +1,1 @@
-pytest_plugins = ["tests.fixtures.engine", "tests.fixtures.stack"]
+pytest_plugins = ["tests.support.engine", "tests.support.stack"]

@@ -19,8 +19,8 @@ from schemas import topics
 from schemas.events import GenerationRequest, Role
 from schemas.sse import read_messages
 from schemas.topics import Tier
-from tests.fixtures.stack import client_for
-from tests.support import SseResult, read_sse
+from tests.support.stack import client_for
+from tests.support.chat import SseResult, read_sse
 
 Client = httpx.AsyncClient
 

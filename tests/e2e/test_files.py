@@ -15,7 +15,7 @@ from chatpipe.dev_stack import API_KEY
 from chatpipe.wiring import Stack
 from conversations.store import ApiKey
 from schemas.topics import Tier
-from tests.documents import pdf_of
+from tests.support.documents import pdf_of
 from tests.e2e.test_conversations import (
     by_id,
     error_code,
@@ -24,8 +24,8 @@ from tests.e2e.test_conversations import (
     recorded,
     sse_post,
 )
-from tests.fixtures.stack import client_for
-from tests.support import read_sse
+from tests.support.stack import client_for
+from tests.support.chat import read_sse
 
 LIGHTHOUSE = """# The lighthouse on the cape
 

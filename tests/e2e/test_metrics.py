@@ -24,8 +24,8 @@ from chatpipe.wiring import Stack
 from conversations.store import ApiKey
 from schemas import topics
 from schemas.topics import Tier
-from tests.fixtures.stack import client_for
-from tests.support import post_message
+from tests.support.stack import client_for
+from tests.support.chat import post_message
 
 MODEL = "metrics-sim"
 MAX_SLOTS = 4

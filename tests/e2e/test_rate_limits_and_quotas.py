@@ -29,8 +29,8 @@ from schemas import topics
 from schemas.events import DeadLetter, UsageEvent
 from schemas.lifecycle import RequestStatus
 from schemas.topics import Tier
-from tests.fixtures.stack import client_for
-from tests.support import read_sse
+from tests.support.stack import client_for
+from tests.support.chat import read_sse
 
 LIMITS = dict(
     user_requests_per_minute=3,

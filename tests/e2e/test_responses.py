@@ -14,7 +14,7 @@ import openai
 import pytest
 
 from tests.e2e.test_tool_calls import sdk
-from tests.fixtures.stack import client_for
+from tests.support.stack import client_for
 
 
 def deltas(events) -> str:

@@ -22,8 +22,8 @@ from schemas.tools import round_request_id
 from chatpipe.wiring import Stack
 from tests.e2e.test_conversations import by_id, error_code, new_conversation, recorded
 from tests.e2e.test_files import LIGHTHOUSE, owners, upload
-from tests.fixtures.stack import client_for
-from tests.support import SseResult, post_message, read_sse
+from tests.support.stack import client_for
+from tests.support.chat import SseResult, post_message, read_sse
 
 
 def calling(name: str, arguments: dict[str, Any], question: str = "Please help.") -> str:

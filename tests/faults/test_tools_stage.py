@@ -32,7 +32,7 @@ from schemas.events import (
 )
 from schemas.tools import round_request_id
 from tests.e2e.test_server_tools import ANSWER, ask, calling, step
-from tests.support import SseResult, post_message
+from tests.support.chat import SseResult, post_message
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -19,7 +19,7 @@ from schemas import topics
 from schemas.events import UsageEvent, WorkAssignment
 from schemas.sse import SSEMessage
 from schemas.topics import Tier
-from tests.support import read_sse
+from tests.support.chat import read_sse
 from workers.sim_engine import SimEngine
 
 TOKENS_PER_S = 40.0

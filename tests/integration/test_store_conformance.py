@@ -43,7 +43,7 @@ from schemas.files import Citation
 from schemas.lifecycle import RequestStatus
 from schemas.tools import ToolStep
 from schemas.topics import Tier
-from tests.integration.cassandra_emulator import EmulatedCql
+from tests.support.cassandra_emulator import EmulatedCql
 
 CASSANDRA_HOSTS = [h.strip() for h in os.environ.get("CASSANDRA_HOSTS", "").split(",") if h.strip()]
 KEY_SECRET = b"conformance-key-secret"
