@@ -41,7 +41,7 @@ from schemas.events import UsageEvent
 from schemas.lifecycle import RequestStatus
 from schemas.topics import Tier
 from tests.support.cassandra_emulator import EmulatedCrash, EmulatedLedgerCql
-from tests.integration.test_store_conformance import CASSANDRA_HOSTS, NO_SERVER, Clock, Names
+from tests.support.conformance import CASSANDRA_HOSTS, NO_SERVER, Clock, Names
 
 DAY, MONTH = "2025-03-07", "2025-03"
 

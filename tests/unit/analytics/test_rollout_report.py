@@ -11,7 +11,7 @@ from analytics.warehouse import Warehouse
 from schemas import topics
 from schemas.events import FeedbackEvent, ModerationEvent
 from schemas.lifecycle import RequestStatus
-from tests.unit.analytics.test_report import T0, at, chunk, ingest, request, usage
+from tests.support.analytics import T0, at, chunk, ingest, request, usage
 
 
 def aliased(

@@ -13,7 +13,7 @@ from schemas import topics
 from schemas.codec import encode
 from schemas.events import UsageEvent
 from schemas.lifecycle import RequestStatus
-from tests.unit.bus.test_stage_runner import TP, FakeConsumer, FakePublisher, record
+from tests.support.bus import TP, FakeConsumer, FakePublisher, record
 
 assert TP.topic == topics.USAGE
 

@@ -21,7 +21,7 @@ from bus.produce_failures import (
 )
 from scheduler.journal import unserved_end
 from schemas.events import DeliveryError, GenerationError, GenerationRequest
-from tests.unit.safety.test_core import chunk_of, feed, record, stage_with, to_gateway
+from tests.support.safety import chunk_of, feed, record, stage_with, to_gateway
 from workers.failures import ENGINE_ERROR, ENGINE_ERROR_MESSAGE, client_error
 
 BUS = ProduceFailure.BUS

@@ -11,7 +11,7 @@ from schemas import topics
 from schemas.events import DeliveryDone, Delta, Queued, Retract, Usage
 from schemas.lifecycle import RequestStatus
 from schemas.sse import parse_messages
-from tests.unit.ops.test_replay import DELIVER, rec, request
+from tests.support.records import DELIVER, rec, request
 
 
 def done(seq: int, status=RequestStatus.FINISHED_STOPPED) -> DeliveryDone:

@@ -10,19 +10,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from chatpipe.supervise import Backoff, Supervisor, keep_broker
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 0.0
-        self.sleeps: list[float] = []
-
-    def __call__(self) -> float:
-        return self.now
-
-    async def sleep(self, seconds: float) -> None:
-        self.sleeps.append(seconds)
-        self.now += seconds
+from tests.support.clock import FakeClock
 
 
 class ScriptedStage:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import sqlite3
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -37,14 +36,6 @@ def assistant_message(message_id: str, parent_id: str, conversation_id: str = "c
         message_id, conversation_id, Role.ASSISTANT, f"answer {message_id}",
         parent_id=parent_id, model="tiny", tokens=7, request_id=f"r-{message_id}", **fields,
     )  # fmt: skip
-
-
-@pytest.fixture
-async def store() -> AsyncIterator[SQLiteStore]:
-    store = SQLiteStore(":memory:")
-    await store.open()
-    yield store
-    await store.close()
 
 
 async def test_seq_counts_per_conversation_from_one(store: SQLiteStore) -> None:

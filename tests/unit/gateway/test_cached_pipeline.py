@@ -21,7 +21,7 @@ from gateway.deps import GatewayDeps
 from schemas import sse
 from schemas.events import DeliverEvent, DeliveryDone, GenerationRequest, Usage, UsageEvent
 from schemas.lifecycle import RequestStatus
-from tests.unit.gateway.test_app import (  # noqa: F401 - fixtures
+from tests.support.gateway import (
     ALICE,
     BOB,
     ScriptedPipeline,
@@ -29,8 +29,6 @@ from tests.unit.gateway.test_app import (  # noqa: F401 - fixtures
     done,
     gateway_deps,
     is_background,
-    pipeline,
-    settings,
 )
 
 CONFIG = ResponseCacheConfig(ttl_s=60.0, tokens_per_s=100.0, chunk_s=0.001)

@@ -16,8 +16,8 @@ from gateway.api_document import api_document
 from gateway.config import RequestLimits
 from gateway.core import Invalid, Refused, Unacceptable
 from gateway.generation import merged_deltas
-from gateway.rate_limits import text_tokens
 from gateway.parameters import ACCEPTED, REFUSED, chat_sampling, check_parameters
+from gateway.rate_limits import text_tokens
 from gateway.response_cache import refusal as cache_refusal
 from safety.core import SafetyConfig, SafetyCore
 from schemas import sse
@@ -34,17 +34,7 @@ from schemas.events import (
     Usage,
 )
 from schemas.lifecycle import RequestStatus
-from tests.unit.gateway.test_app import (  # noqa: F401 - fixtures
-    ALICE,
-    app,
-    client,
-    delta,
-    deps,
-    done,
-    pipeline,
-    sdk,
-    settings,
-)
+from tests.support.gateway import ALICE, delta, done
 from workers.core import DEFAULT_PACING, Attempt, JsonOutputInterrupted, PriorOutput
 from workers.engine import EngineOutput
 from workers.failures import client_error

@@ -12,7 +12,6 @@ from conversations.store import StoredMessage
 from gateway.context import (
     BuiltContext,
     ContextPolicy,
-    Counting,
     assemble,
     exchanges,
     replay_cut,
@@ -22,22 +21,9 @@ from gateway.summaries import SUMMARY_HEADING, clean_title, fallback_title
 from gateway.tokens import TokenCounter
 from schemas.events import ChatMessage, Role
 from schemas.lifecycle import RequestStatus
+from tests.support.context import WordTokenizer, counting
 
 SYSTEM = "be brief"
-
-
-class WordTokenizer:
-    """One token per word; no chat template (TokenCounter renders `role: content`)."""
-
-    chat_template = None
-
-    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
-        return [0] * len(text.split())
-
-
-def counting() -> Counting:
-    counter = TokenCounter(WordTokenizer())
-    return Counting(counter.estimate, counter.count_prompt)
 
 
 def stored(message_id: str, role: Role, content: str, seq: int = 0) -> StoredMessage:

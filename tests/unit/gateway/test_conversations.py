@@ -5,33 +5,24 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
 
-import httpx
 import orjson
 
 from chatpipe.settings import Settings
 from conversations.store import NewMessage
-from gateway.app import create_app
 from gateway.background import BACKGROUND_ACCOUNT
 from gateway.deps import GatewayDeps
 from gateway.summaries import SUMMARY_HEADING, SUMMARY_INSTRUCTIONS, TITLE_INSTRUCTIONS
 from schemas.events import DeliveryError, Role
 from schemas.topics import Tier
-from tests.unit.gateway.test_app import (  # noqa: F401 - fixtures
+from tests.support.gateway import (
     ALICE,
     BOB,
-    ScriptedPipeline,
-    app,
+    app_client,
     assert_error,
-    client,
     delta,
-    deps,
     done,
-    gateway_deps,
     new_conversation,
-    pipeline,
-    settings,
 )
 
 
@@ -203,19 +194,6 @@ async def test_a_prompt_over_the_window_is_413_before_anything_is_stored(
         assert await store.list_messages(cid) == [] and pipeline.submitted == []
         pipeline.script(done(0))
         await turn(client, cid, "a b", max_tokens=10)
-
-
-@contextlib.asynccontextmanager
-async def app_client(settings: Settings, store, pipeline: ScriptedPipeline
-                     ) -> AsyncIterator[tuple[httpx.AsyncClient, GatewayDeps]]:  # fmt: skip
-    """A client of an app on other settings than the fixtures'."""
-    deps = gateway_deps(settings, store, pipeline, reply_wait_s=0.3)
-    transport = httpx.ASGITransport(create_app(deps))
-    try:
-        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
-            yield client, deps
-    finally:
-        await deps.background.close()
 
 
 # --- titles and summaries -----------------------------------------------------------------

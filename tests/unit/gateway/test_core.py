@@ -13,7 +13,7 @@ from gateway.turns import wait_for
 from schemas.events import ChatMessage, Role, SamplingOptions
 from schemas.lifecycle import RequestStatus
 from schemas.topics import Tier
-from tests.unit.chatpipe.test_supervise import FakeClock
+from tests.support.clock import FakeClock
 
 NOW = 1_000_000.0
 

@@ -37,8 +37,9 @@ from schemas.events import Retract
 from schemas.lifecycle import RequestStatus
 from schemas.topics import Tier
 from tests.support.documents import WordEmbedder
-from tests.unit.gateway.test_app import (
+from tests.support.gateway import (
     ALICE,
+    ModeratedPipeline,
     WordTokenizer,
     assert_error,
     delta,
@@ -46,7 +47,6 @@ from tests.unit.gateway.test_app import (
     done,
     gateway_deps,
 )
-from tests.unit.gateway.test_request_limits import limiter, pipeline  # noqa: F401 - fixtures
 from workers.sim_engine import plan_reply, prompt_token_count
 
 OWNER = ApiKey("alice", "org-a", Tier.PRO)
@@ -103,6 +103,12 @@ def settings(tmp_path: Path) -> Settings:
 @pytest.fixture
 def embedder() -> FakeEmbeddingModel:
     return FakeEmbeddingModel()
+
+
+@pytest.fixture
+def pipeline() -> ModeratedPipeline:
+    """The request-limits tests' pipeline (not the gateway folder's plain scripted one)."""
+    return ModeratedPipeline()
 
 
 @pytest.fixture

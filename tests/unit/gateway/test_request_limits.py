@@ -16,31 +16,29 @@ import pytest
 from limits.storage import MemoryStorage  # noqa: F401  (the storage the URI below makes)
 
 from chatpipe.settings import Settings
-from chatpipe.wiring import gateway_config
 from conversations.store import ApiKey
 from gateway.app import create_app
 from gateway.background import generate_text, own_request
 from gateway.body_limits import BodyLimits
 from gateway.deps import GatewayDeps
 from gateway.limits import BUS_HEADROOM_BYTES, BUS_MESSAGE_BYTES, bus_bytes
-from gateway.rate_limits import RateLimiter, storage_from_uri
+from gateway.rate_limits import RateLimiter
 from moderation.classifiers import JudgeClassifier, RuleClassifier
 from moderation.policy import SafetyPolicy
 from schemas.codec import encode
 from schemas.events import (
     ChatMessage,
     GenerationRequest,
-    ModerationEvent,
     Role,
     StreamPosition,
     WorkAssignment,
 )
 from schemas.topics import Tier
-from tests.unit.gateway.test_app import (
+from tests.support.gateway import (
     ALICE,
     BOB,
     REPLY_TO,
-    ScriptedPipeline,
+    ModeratedPipeline,
     assert_error,
     delta,
     done,
@@ -50,15 +48,6 @@ from tests.unit.gateway.test_app import (
 )
 
 SEED_LIMIT = 2**64
-
-
-class ModeratedPipeline(ScriptedPipeline):
-    def __init__(self) -> None:
-        super().__init__()
-        self.moderated: list[ModerationEvent] = []
-
-    async def moderate(self, event: ModerationEvent) -> None:
-        self.moderated.append(event)
 
 
 class CountingContext:
@@ -95,11 +84,6 @@ def settings(tmp_path: Path) -> Settings:
 @pytest.fixture
 def pipeline() -> ModeratedPipeline:
     return ModeratedPipeline()
-
-
-@pytest.fixture
-def limiter(settings: Settings) -> RateLimiter:
-    return RateLimiter(gateway_config(settings).rate_limits, storage_from_uri("memory://"))
 
 
 @pytest.fixture

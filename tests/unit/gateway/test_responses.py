@@ -13,18 +13,7 @@ import pytest
 
 from schemas.events import Role
 from schemas.lifecycle import RequestStatus
-from tests.unit.gateway.test_app import (  # noqa: F401 - fixtures
-    ALICE,
-    BOB,
-    app,
-    assert_error,
-    client,
-    delta,
-    deps,
-    done,
-    pipeline,
-    settings,
-)
+from tests.support.gateway import ALICE, assert_error, delta, done
 
 HELLO = (delta("Hel", 0), delta("lo", 1), done(2))
 

@@ -22,12 +22,11 @@ from gateway.rollout import (
 )
 from schemas.api import FEEDBACK_TEXT_CHARS
 from schemas.events import RolloutSet
-from tests.unit.gateway.test_app import (  # noqa: F401 - fixtures
+from tests.support.gateway import (
     ALICE,
     BOB,
     ScriptedPipeline,
     assert_error,
-    client,
     done,
     gateway_deps,
     new_conversation,

@@ -11,29 +11,24 @@ from gateway.stream_relay import StreamRelay
 from schemas import sse
 from schemas.events import (
     ChatMessage,
-    Delta,
     DeliveryError,
+    Delta,
     GenerationRequest,
     Queued,
     Retract,
     Role,
 )
 from schemas.lifecycle import RequestStatus
-from tests.unit.gateway.test_app import (  # noqa: F401 - fixtures
+from tests.support.gateway import (
     ALICE,
     BOB,
     REPLY_TO,
-    app,
+    app_client,
     assert_error,
-    client,
     delta,
-    deps,
     done,
     new_conversation,
-    pipeline,
-    settings,
 )
-from tests.unit.gateway.test_conversations import app_client
 
 
 async def answered(client, pipeline, cid: str, *events) -> dict:

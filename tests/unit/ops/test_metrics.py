@@ -31,7 +31,7 @@ from schemas.events import (
 )
 from schemas.lifecycle import RequestStatus
 from schemas.topics import Tier
-from tests.unit.scheduler.test_core import make_request
+from tests.support.scheduler import make_request
 from workers.sim_engine import SimEngine
 
 

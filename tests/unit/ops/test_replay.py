@@ -5,40 +5,20 @@ from __future__ import annotations
 
 import base64
 
-from ops.bus_records import BusRecord, decoded, in_order, iso_time, record_line, window
+from ops.bus_records import decoded, in_order, iso_time, record_line, window
 from ops.request_life import conversation_requests, life_lines, life_topics, owner
 from schemas import topics
 from schemas.codec import encode
 from schemas.events import (
     Cancel,
-    ChatMessage,
     DeadLetter,
     Delta,
-    Event,
-    GenerationRequest,
-    Role,
     TokenChunk,
     UsageEvent,
     WorkAssignment,
 )
 from schemas.lifecycle import RequestStatus
-
-DELIVER = "chat.deliver.gw1"
-
-
-def request(rid: str = "r1", cid: str = "c1") -> GenerationRequest:
-    return GenerationRequest(
-        request_id=rid,
-        conversation_id=cid,
-        message_id=f"m-{rid}",
-        parent_id=f"u-{rid}",
-        user_id="u",
-        org_id="o",
-        tier="free",
-        model="tiny",
-        reply_to=DELIVER,
-        messages=(ChatMessage(role=Role.USER, content="hi"),),
-    )
+from tests.support.records import DELIVER, rec, request
 
 
 def chunk(seq: int, rid: str = "r1", attempt: int = 0) -> TokenChunk:
@@ -71,18 +51,6 @@ def usage(rid: str = "r1") -> UsageEvent:
         cached_tokens=0,
         gpu_ms=1.0,
     )
-
-
-def rec(
-    topic: str,
-    offset: int,
-    ts: int,
-    event: Event | bytes,
-    partition: int = 0,
-    key: bytes | None = b"c1",
-) -> BusRecord:
-    value = event if isinstance(event, bytes) else encode(event)
-    return BusRecord(topic, partition, offset, ts, key, value)
 
 
 def test_each_topic_decodes_as_its_events_and_garbage_stays_raw():

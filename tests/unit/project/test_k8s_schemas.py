@@ -29,7 +29,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from tests.unit.project.test_deployment_files import K8S_DIR, ROOT, settings_from
+from tests.support.deployment import K8S_DIR, ROOT, settings_from
 
 K8S_VERSION = "1.33.0"
 CRD_SCHEMAS = ROOT / "tests" / "schemas" / "crds"

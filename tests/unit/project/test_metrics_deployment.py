@@ -91,13 +91,8 @@ def test_kustomize_ships_the_dashboard_to_grafana() -> None:
 def test_every_stage_serves_metrics_where_its_pod_is_scraped(monkeypatch) -> None:
     """Each stage's Deployment is annotated for Prometheus on the port its settings serve
     /metrics on, and names that port; compose serves them on the same port."""
-    from tests.unit.project.test_deployment_files import (
-        STAGES,
-        compose_containers,
-        k8s_documents,
-        k8s_env,
-        settings_from,
-    )
+    from chatpipe.cli import STAGES
+    from tests.support.deployment import compose_containers, k8s_documents, k8s_env, settings_from
 
     scraped = set()
     for _, doc in k8s_documents():

@@ -28,9 +28,8 @@ from retrieval.documents import (
 from retrieval.extract import UnreadableFile, UnsupportedFile
 from schemas.events import Role
 from schemas.topics import Tier
+from tests.support.context import counting
 from tests.support.documents import WordEmbedder, pdf_of
-from tests.unit.gateway.test_context import counting
-from tests.unit.conversations.test_sqlite_store import store  # noqa: F401 - the fixture: SQLite in memory
 
 LIGHTHOUSE = """# The lighthouse
 

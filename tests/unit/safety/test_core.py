@@ -6,7 +6,7 @@ import asyncio
 
 import numpy as np
 import pytest
-from aiokafka.structs import ConsumerRecord, TopicPartition
+from aiokafka.structs import TopicPartition
 
 from bus.request_reply import DeliveryStream
 from chatpipe.settings import Settings
@@ -21,13 +21,11 @@ from moderation.classifiers import (
     judge_verdict,
     luhn_valid,
 )
-from moderation.policy import PolicyConfig, SafetyPolicy, build_policy
+from moderation.policy import PolicyConfig, build_policy
 from safety.core import Check, Deliver, SafetyConfig, SafetyCore
 from safety.judge import JudgeFailed, judge_ask
 from safety.output_gate import OutputGate
-from safety.stage import SafetyStage
 from schemas import topics
-from schemas.codec import encode
 from schemas.events import (
     AttemptStarted,
     Cancel,
@@ -44,7 +42,16 @@ from schemas.events import (
 )
 from schemas.lifecycle import RequestStatus
 from schemas.tools import FunctionCall, ToolCall, ToolCalls
-from tests.unit.bus.test_stage_runner import FakeConsumer
+from tests.support.bus import FakeConsumer
+from tests.support.safety import (
+    STREAM,
+    chunk_of,
+    feed,
+    record,
+    stage_with,
+    stream_records,
+    to_gateway,
+)
 
 # --- the gate -----------------------------------------------------------------------------
 
@@ -300,63 +307,6 @@ async def test_first_verdict_stops_at_first_hit():
 
 # --- the stage's release/retract logic, with a recording publisher ----------------------------
 
-STREAM = dict(
-    request_id="r", conversation_id="c", message_id="m", model="tiny", reply_to="chat.deliver.gw"
-)
-
-
-class RecordingPublisher:
-    def __init__(self) -> None:
-        self.sent: list[tuple[str, object]] = []
-
-    async def send(self, topic, event, key=None, partition=None):
-        self.sent.append((topic, event))
-
-    async def flush(self) -> None:
-        pass
-
-
-def record(event, offset: int) -> ConsumerRecord:
-    return ConsumerRecord(topics.TOKENS, 0, offset, 0, 0, None, encode(event), None, 0, 0, [])
-
-
-def stage_with(window: int = 0) -> tuple[SafetyStage, RecordingPublisher]:
-    rules = RuleClassifier({}, pii=["email"])
-    stage = SafetyStage(
-        kafka=None,
-        policy=SafetyPolicy(output={"*": [rules]}),
-        config=SafetyConfig(window_chars=window, overlap_chars=16),
-    )
-    stage.runner.publisher = RecordingPublisher()  # type: ignore[assignment]
-    return stage, stage.runner.publisher  # type: ignore[return-value]
-
-
-def stream_records(texts: list[str], done: bool = True) -> list[ConsumerRecord]:
-    """A stream's `chat.tokens` records from offset 0: a chunk per text, then its end."""
-    events: list[object] = [
-        TokenChunk(**STREAM, seq=seq, text=text, token_count=1, completion_tokens=seq + 1)
-        for seq, text in enumerate(texts)
-    ]
-    if done:
-        events.append(
-            GenerationDone(
-                **STREAM,
-                seq=len(texts),
-                status=RequestStatus.FINISHED_STOPPED,
-                usage=Usage(completion_tokens=len(texts)),
-            )
-        )
-    return [record(event, offset) for offset, event in enumerate(events)]
-
-
-async def feed(stage: SafetyStage, texts: list[str], done: bool = True) -> None:
-    for each in stream_records(texts, done):
-        await stage._handle(each)
-
-
-def to_gateway(out: RecordingPublisher) -> list[object]:
-    return [event for topic, event in out.sent if topic == "chat.deliver.gw"]
-
 
 async def test_clean_stream_is_released_and_ends_done():
     stage, out = stage_with()
@@ -423,12 +373,6 @@ def run(core: SafetyCore, events: list[object], now: float = 0.0) -> list[object
             step = core.checked(step, None)
         outputs += step
     return outputs
-
-
-def chunk_of(seq: int, text: str, attempt: int = 0) -> TokenChunk:
-    return TokenChunk(
-        **STREAM, seq=seq, attempt=attempt, text=text, token_count=1, completion_tokens=seq + 1
-    )
 
 
 def end_of(seq: int, attempt: int = 0) -> GenerationDone:

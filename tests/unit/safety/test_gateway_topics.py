@@ -11,7 +11,7 @@ from prometheus_client import REGISTRY
 from bus.produce_failures import RecordRejected
 from schemas import topics
 from schemas.events import DeliveryDone, Delta
-from tests.unit.safety.test_core import RecordingPublisher, feed, stage_with
+from tests.support.safety import RecordingPublisher, feed, stage_with
 
 GONE = "chat.deliver.gw"  # the topic test_safety's streams are delivered to
 DROPPED = "chatpipe:deliveries_dropped_total"

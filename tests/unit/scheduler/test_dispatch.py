@@ -27,7 +27,7 @@ from schemas.events import (
     Unserved,
     WorkAssignment,
 )
-from tests.unit.scheduler.test_core import heartbeat, make_request
+from tests.support.scheduler import heartbeat, make_request
 
 
 @dataclass

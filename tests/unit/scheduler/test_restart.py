@@ -28,14 +28,7 @@ from schemas.events import (
     WorkAssignment,
     stream_fields,
 )
-from tests.unit.scheduler.test_core import (
-    Clock,
-    heartbeat,
-    ids,
-    make_request,
-    make_scheduler,
-    sent,
-)
+from tests.support.scheduler import Clock, heartbeat, ids, make_request, make_scheduler, sent
 
 
 def dispatch_one(

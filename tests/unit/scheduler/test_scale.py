@@ -12,7 +12,7 @@ from bench.scheduler_sim import cli as scheduler_sim
 from scheduler.core import QUEUE_HEAD
 from scheduler.fair_queue import FairQueue
 from scheduler.workers import Registry
-from tests.unit.scheduler.test_core import (
+from tests.support.scheduler import (
     Clock,
     finish,
     heartbeat,

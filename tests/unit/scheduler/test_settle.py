@@ -16,7 +16,7 @@ import pytest
 from scheduler.fair_queue import FairQueue
 from scheduler.workers import Registry, Settled, WorkerState
 from schemas.events import GenerationRequest, WorkerHeartbeat
-from tests.unit.scheduler.test_core import make_request
+from tests.support.scheduler import make_request
 
 
 class FullSettleWorker(WorkerState):
