@@ -1,4 +1,5 @@
-"""What the store conformance tests share: a clock moved by hand, fresh names, where a real Cassandra is."""
+"""Fixtures the store conformance tests share: each store kind over one clock, fresh
+names, and one keyspace per session on a real Cassandra."""
 
 from __future__ import annotations
 

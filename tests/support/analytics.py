@@ -21,8 +21,6 @@ from schemas.events import (
 from schemas.lifecycle import RequestStatus
 
 T0 = 1_800_000_000.0
-
-
 _offsets = itertools.count()
 
 

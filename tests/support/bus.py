@@ -1,4 +1,5 @@
-"""Fakes for a stage's Kafka clients: a consumer fed records by hand, a publisher that keeps what it sends."""
+"""Fakes for a stage's Kafka clients: a consumer fed records by hand, a publisher that
+keeps what it sends."""
 
 from __future__ import annotations
 

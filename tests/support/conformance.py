@@ -1,4 +1,5 @@
-"""What the store conformance tests share: a clock moved by hand, fresh names, where a real Cassandra is."""
+"""What the store conformance tests share: a clock moved by hand, fresh names, and where
+a real Cassandra is (`CASSANDRA_HOSTS`)."""
 
 from __future__ import annotations
 
@@ -6,11 +7,7 @@ import os
 import uuid
 
 CASSANDRA_HOSTS = [h.strip() for h in os.environ.get("CASSANDRA_HOSTS", "").split(",") if h.strip()]
-
-
 KEY_SECRET = b"conformance-key-secret"
-
-
 NO_SERVER = (
     "CASSANDRA_HOSTS is not set: no Cassandra server to run the store against"
     " (e.g. CASSANDRA_HOSTS=127.0.0.1:9042); the emulated run still covers its logic"

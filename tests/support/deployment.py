@@ -15,11 +15,7 @@ from pydantic import AliasChoices
 from chatpipe.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
 COMPOSE_FILE = ROOT / "docker-compose.yml"
-
-
 K8S_DIR = ROOT / "k8s"
 
 

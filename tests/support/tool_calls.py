@@ -15,19 +15,13 @@ WEATHER = {
         "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
     },
 }
-
-
 CLOCK = {
     "type": "object",
     "additionalProperties": False,
     "required": ["utc"],
     "properties": {"utc": {"type": "boolean"}},
 }
-
-
 SCHEMAS = {"get_weather": WEATHER, "get_time": CLOCK}
-
-
 TOOLS = [
     {
         "type": "function",
@@ -35,8 +29,6 @@ TOOLS = [
     }
     for name, schema in SCHEMAS.items()
 ]
-
-
 QUESTION = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 

@@ -1,4 +1,5 @@
-"""Fixtures the unit tests share: a SQLite store in memory (the gateway's tests have their own, in gateway/conftest.py)."""
+"""Fixtures the unit tests share: a SQLite store in memory (the gateway's tests have their
+own `store`, in gateway/conftest.py)."""
 
 from __future__ import annotations
 
