@@ -19,9 +19,9 @@ import pytest
 from chatpipe.dev_stack import API_KEY
 from chatpipe.terminal import RECONNECTING
 from schemas.lifecycle import RequestStatus
+from tests.support.chat import post_message
 from tests.support.dropped_connections import CuttingProxy, hold_dropped_answers
 from tests.support.stack import client_for
-from tests.support.chat import post_message
 
 CHATPIPE = shutil.which("chatpipe", path=str(Path(sys.executable).parent)) or "chatpipe"
 WORDS = [f"w{i:02d}" for i in range(30)]

@@ -23,8 +23,8 @@ from chatpipe.dev_stack import running_sim_stack, stack_settings
 from chatpipe.kafka_acls import GRANTS, Operation, Resource, allowed
 from schemas import topics
 from schemas.sse import read_messages
-from tests.support.stack import client_for
 from tests.support.chat import post_message, until
+from tests.support.stack import client_for
 
 TAG = "acl-check:"
 R, W, C = Operation.READ, Operation.WRITE, Operation.CREATE
