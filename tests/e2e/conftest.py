@@ -12,8 +12,8 @@ import pytest_asyncio
 from chatpipe.dev_stack import stack_settings
 from chatpipe.wiring import Stack, running_stack
 from schemas.sse import read_messages
-from tests.fixtures.stack import client_for
-from tests.support import post_message
+from tests.support.chat import post_message
+from tests.support.stack import client_for
 from workers.sim_engine import SimEngine
 
 SLOW_TOKENS_PER_S = 25.0

@@ -22,8 +22,8 @@ from chatpipe.wiring import DEV_USER, Stack
 from conversations.sqlite_store import SQLiteStore
 from conversations.store import ApiKey
 from schemas.topics import Tier
-from tests.fixtures.stack import client_for
-from tests.support import post_message, read_sse
+from tests.support.chat import post_message, read_sse
+from tests.support.stack import client_for
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -12,8 +12,8 @@ from aiokafka import AIOKafkaProducer
 from bench.topic_log import find_events
 from schemas import topics
 from schemas.events import DeadLetter
-from tests.fixtures.stack import client_for
-from tests.support import post_message
+from tests.support.chat import post_message
+from tests.support.stack import client_for
 
 
 def _assert_error(response, status: int, code: str | None = None) -> None:

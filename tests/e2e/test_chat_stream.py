@@ -12,8 +12,8 @@ from chatpipe.dev_stack import API_KEY
 from schemas import topics
 from schemas.events import GenerationRequest, UsageEvent, WorkerHeartbeat
 from schemas.lifecycle import RequestStatus
-from tests.fixtures.stack import client_for
-from tests.support import post_message, read_sse
+from tests.support.chat import post_message, read_sse
+from tests.support.stack import client_for
 
 pytestmark = pytest.mark.vllm
 

@@ -18,8 +18,8 @@ from conversations.store import ApiKey
 from ledger.charges import Account
 from ledger.store import SQLiteLedger
 from schemas.topics import Tier
-from tests.e2e.test_rate_limits_and_quotas import until_used
-from tests.e2e.test_tool_calls import sdk
+from tests.support.limits import until_used
+from tests.support.tool_calls import sdk
 
 PROMPT = "The quick brown fox jumps over the lazy dog and"
 

@@ -12,9 +12,9 @@ from common.prompt import prompt_token_ids
 from gateway.tokens import TokenCounter
 from schemas import topics
 from schemas.events import GenerationRequest
-from tests.fixtures.stack import client_for
-from tests.integration.test_control_tokens import forged_turn
-from tests.support import post_message
+from tests.support.chat import post_message
+from tests.support.control_tokens import forged_turn
+from tests.support.stack import client_for
 
 pytestmark = pytest.mark.vllm
 

@@ -15,8 +15,8 @@ import httpx
 from chatpipe.wiring import DEV_USER
 from conversations.store import ApiKey
 from schemas.topics import Tier
-from tests.fixtures.stack import client_for
-from tests.support import post_message
+from tests.support.chat import post_message
+from tests.support.stack import client_for
 
 _BODIES = {
     "content": "what did they say?",

@@ -4,8 +4,8 @@ engine's `[[sim:fail]]` raises "scripted failure of <request id>")."""
 
 from __future__ import annotations
 
-from tests.fixtures.stack import client_for
-from tests.support import post_message
+from tests.support.chat import post_message
+from tests.support.stack import client_for
 from workers.failures import ENGINE_ERROR, ENGINE_ERROR_MESSAGE
 
 LEAKS = ("scripted", "SimEngineFailure", "Traceback", ".py", "req-")

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.e2e.test_metrics import Samples, at, eventually, scrape, total
-from tests.fixtures.stack import client_for
+from tests.support.metrics import Samples, at, eventually, scrape, total
+from tests.support.stack import client_for
 
 
 @pytest.mark.vllm

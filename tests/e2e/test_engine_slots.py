@@ -15,8 +15,8 @@ from chatpipe.dev_stack import running_engine_stack, stack_settings
 from chatpipe.wiring import Stack, build_engine
 from schemas import topics
 from schemas.events import WorkerHeartbeat
-from tests.fixtures.stack import client_for
-from tests.support import post_message
+from tests.support.chat import post_message
+from tests.support.stack import client_for
 
 pytestmark = pytest.mark.vllm
 

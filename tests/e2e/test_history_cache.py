@@ -19,7 +19,7 @@ import pytest_asyncio
 
 from chatpipe.dev_stack import stack_settings
 from chatpipe.wiring import Stack, running_stack
-from tests.e2e.test_conversations import new_conversation, new_user, say
+from tests.support.conversations import new_conversation, new_user, say
 
 pytestmark = pytest.mark.vllm
 

@@ -15,7 +15,7 @@ import pytest_asyncio
 
 from chatpipe.dev_stack import API_KEY, running_sim_stack, stack_settings
 from chatpipe.wiring import Stack
-from tests.fixtures.stack import client_for
+from tests.support.stack import client_for
 
 HEADER_TIMEOUT_S = 1.0
 BODY_TIMEOUT_S = 1.5

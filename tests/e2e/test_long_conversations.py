@@ -25,7 +25,7 @@ from gateway.tokens import TokenCounter
 from schemas import topics
 from schemas.events import GenerationRequest, Role
 from schemas.topics import Tier
-from tests.e2e.test_conversations import new_conversation, new_user, say
+from tests.support.conversations import new_conversation, new_user, say
 
 WINDOW = 384
 MAX_TOKENS = 20

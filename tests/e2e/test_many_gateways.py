@@ -26,13 +26,8 @@ from ledger.charges import Account
 from ledger.store import SQLiteLedger
 from schemas.sse import read_messages
 from schemas.topics import Tier
-from tests.e2e.test_rate_limits_and_quotas import (
-    clear_of_minute_edge,
-    error_of,
-    native_turn,
-    until_used,
-)
-from tests.integration.test_rate_limits_redis import REDIS_SERVER, redis_url  # noqa: F401
+from tests.support.limits import clear_of_minute_edge, error_of, native_turn, until_used
+from tests.support.redis import REDIS_SERVER
 
 pytestmark = pytest.mark.timeout(180)
 

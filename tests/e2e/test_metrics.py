@@ -10,12 +10,11 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 
 import httpx
 import pytest_asyncio
 from aiokafka import AIOKafkaProducer
-from prometheus_client.parser import text_string_to_metric_families
 
 from bench.process_pipeline import prints_logs_on_failure, running_pipeline
 from bus.broker import free_port
@@ -24,8 +23,9 @@ from chatpipe.wiring import Stack
 from conversations.store import ApiKey
 from schemas import topics
 from schemas.topics import Tier
-from tests.fixtures.stack import client_for
-from tests.support import post_message
+from tests.support.chat import post_message
+from tests.support.metrics import Samples, at, eventually, scrape, total
+from tests.support.stack import client_for
 
 MODEL = "metrics-sim"
 MAX_SLOTS = 4
@@ -36,8 +36,6 @@ EMAIL_REPLY = (
     + "]]"
 )
 STAGE_LAGS = ("gateway", "scheduler", "worker", "safety", "recorder", "billing")
-
-Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
@@ -54,42 +52,6 @@ async def metrics_stack(tiny_model_dir, tmp_path_factory) -> AsyncIterator[Stack
     )
     async with running_sim_stack(settings) as stack:
         yield stack
-
-
-async def scrape(url: str) -> Samples:
-    async with httpx.AsyncClient(timeout=10) as http:
-        response = await http.get(url)
-    assert response.status_code == 200, response.text
-    assert response.headers["content-type"].startswith("text/plain")
-    return {
-        (s.name, frozenset(s.labels.items())): s.value
-        for family in text_string_to_metric_families(response.text)
-        for s in family.samples
-    }
-
-
-def at(samples: Samples, name: str, **labels: str) -> float:
-    return samples.get((name, frozenset(labels.items())), 0.0)
-
-
-def total(samples: Samples, name: str, **labels: str) -> float:
-    """The sum of `name` over every series with at least these labels."""
-    wanted = set(labels.items())
-    return sum(v for (n, series), v in samples.items() if n == name and wanted <= series)
-
-
-async def eventually(
-    url: str,
-    check: Callable[[Samples], bool],
-    timeout_s: float = 20.0,
-) -> Samples:
-    """Scrape until `check` holds (gauges sampled every few seconds, background steps)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        samples = await scrape(url)
-        if check(samples) or time.monotonic() > deadline:
-            return samples
-        await asyncio.sleep(0.5)
 
 
 async def user_client(stack: Stack, tier: Tier = Tier.PRO) -> httpx.AsyncClient:

@@ -9,7 +9,6 @@ import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from math import ceil
-from typing import Any
 
 import httpx
 import pytest_asyncio
@@ -23,14 +22,13 @@ from chatpipe.dev_stack import running_sim_stack, stack_settings
 from chatpipe.wiring import Stack
 from conversations.store import ApiKey
 from ledger.charges import Account
-from ledger.periods import period_of
 from ledger.store import SQLiteLedger
 from schemas import topics
 from schemas.events import DeadLetter, UsageEvent
 from schemas.lifecycle import RequestStatus
 from schemas.topics import Tier
-from tests.fixtures.stack import client_for
-from tests.support import read_sse
+from tests.support.limits import clear_of_minute_edge, error_of, native_turn, until_used
+from tests.support.stack import client_for
 
 LIMITS = dict(
     user_requests_per_minute=3,
@@ -75,28 +73,6 @@ async def client_as(stack: Stack, user: str, org: str) -> httpx.AsyncClient:
     return client_for(stack, key)
 
 
-async def clear_of_minute_edge(margin_s: float = 8.0) -> None:
-    """Memory windows turn over on the minute: keep a short test inside one minute."""
-    into_minute = time.time() % 60
-    if into_minute > 60 - margin_s:
-        await asyncio.sleep(60 - into_minute + 0.1)
-
-
-async def native_turn(
-    client: httpx.AsyncClient, body: dict[str, Any], conversation_id: str | None = None
-) -> tuple[httpx.Response, list]:
-    """POST a native turn; the response (headers) and, when admitted, its SSE events."""
-    if conversation_id is None:
-        created = await client.post("/v1/conversations", json={})
-        conversation_id = created.json()["conversation_id"]
-    url = f"/v1/conversations/{conversation_id}/messages"
-    async with client.stream("POST", url, json=body) as response:
-        if response.status_code != 200:
-            await response.aread()
-            return response, []
-        return response, await read_sse(response)
-
-
 async def openai_stream(
     client: httpx.AsyncClient, max_tokens: int, read_all: bool = True
 ) -> httpx.Response:
@@ -124,24 +100,6 @@ async def openai_completion(
             "ignore_eos": ignore_eos,
         },
     )
-
-
-def error_of(response: httpx.Response) -> dict[str, Any]:
-    assert response.status_code == 429, response.text
-    return response.json()["error"]
-
-
-async def until_used(
-    ledger: SQLiteLedger, account: Account, at_least: int, timeout_s: float = 30.0
-) -> int:
-    window = period_of(time.time(), "day")
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        used = (await ledger.used([account], "day", window.key))[account]
-        if used >= at_least:
-            return used
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"{account} never reached {at_least} tokens in the ledger")
 
 
 # --- rate limits ------------------------------------------------------------------------------

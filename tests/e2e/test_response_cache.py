@@ -20,8 +20,8 @@ from conversations.store import ApiKey, OrgSettings
 from schemas import topics
 from schemas.events import UsageEvent
 from schemas.topics import Tier
-from tests.fixtures.stack import client_for
-from tests.support import SseResult, post_message, read_sse
+from tests.support.chat import SseResult, post_message, read_sse
+from tests.support.stack import client_for
 
 PROMPT = "[[sim:length=40]] tell me about caches"
 TURN = {"content": PROMPT, "temperature": 0, "max_tokens": 64}

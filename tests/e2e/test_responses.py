@@ -13,12 +13,9 @@ import asyncio
 import openai
 import pytest
 
-from tests.e2e.test_tool_calls import sdk
-from tests.fixtures.stack import client_for
-
-
-def deltas(events) -> str:
-    return "".join(e.delta for e in events if e.type == "response.output_text.delta")
+from tests.support.responses import deltas
+from tests.support.stack import client_for
+from tests.support.tool_calls import sdk
 
 
 async def test_a_response_and_its_continuation_share_one_conversation(sim_stack):

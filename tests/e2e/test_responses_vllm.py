@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.e2e.test_responses import deltas
-from tests.e2e.test_tool_calls import sdk
+from tests.support.responses import deltas
+from tests.support.tool_calls import sdk
 
 pytestmark = pytest.mark.vllm
 

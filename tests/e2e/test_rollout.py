@@ -32,8 +32,8 @@ from gateway.rollout import pick
 from schemas import topics
 from schemas.events import DeadLetter, FeedbackEvent, RolloutSet, UsageEvent
 from schemas.topics import Tier
-from tests.fixtures.stack import client_for
-from tests.support import SseResult, post_message, read_sse
+from tests.support.chat import SseResult, post_message, read_sse
+from tests.support.stack import client_for
 from workers.sim_engine import SimEngine
 
 START = {"v1": 0.5, "v2": 0.5}

@@ -14,8 +14,8 @@ from schemas import topics
 from schemas.events import GenerationRequest, ModerationEvent, UsageEvent
 from schemas.lifecycle import RequestStatus
 from schemas.topics import Tier
-from tests.fixtures.stack import client_for
-from tests.support import post_message
+from tests.support.chat import post_message
+from tests.support.stack import client_for
 from workers.sim_engine import SimEngine
 
 FILLER = " ".join(f"word{i}" for i in range(150))

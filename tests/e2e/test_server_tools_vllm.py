@@ -12,9 +12,9 @@ import pytest
 
 from chatpipe.wiring import Stack
 from servertools.catalog import SPECS
-from tests.e2e.test_conversations import by_id, new_conversation, recorded
-from tests.fixtures.stack import client_for
-from tests.support import post_message
+from tests.support.chat import post_message
+from tests.support.conversations import by_id, new_conversation, recorded
+from tests.support.stack import client_for
 
 pytestmark = pytest.mark.vllm
 

@@ -2,7 +2,7 @@
 
 pexpect blocks, and the pipeline runs on this test's event loop: every wait on
 the terminal runs in a thread. A connection dropped mid-answer is a proxy between the
-client and the gateway (`tests/dropped_connections.py`).
+client and the gateway (`tests/support/dropped_connections.py`).
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ import pytest
 from chatpipe.dev_stack import API_KEY
 from chatpipe.terminal import RECONNECTING
 from schemas.lifecycle import RequestStatus
-from tests.dropped_connections import CuttingProxy, hold_dropped_answers
-from tests.fixtures.stack import client_for
-from tests.support import post_message
+from tests.support.chat import post_message
+from tests.support.dropped_connections import CuttingProxy, hold_dropped_answers
+from tests.support.stack import client_for
 
 CHATPIPE = shutil.which("chatpipe", path=str(Path(sys.executable).parent)) or "chatpipe"
 WORDS = [f"w{i:02d}" for i in range(30)]

@@ -8,7 +8,7 @@ import json
 
 import jsonschema
 
-from tests.e2e.test_tool_calls import CLOCK, QUESTION, TOOLS, WEATHER, sdk, streamed
+from tests.support.tool_calls import CLOCK, QUESTION, TOOLS, WEATHER, sdk, streamed
 
 
 async def test_the_sim_answers_a_named_and_a_required_tool_choice(sim_stack):

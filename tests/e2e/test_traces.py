@@ -16,8 +16,8 @@ from opentelemetry.trace import SpanKind
 from chatpipe.dev_stack import running_sim_stack, stack_settings
 from chatpipe.wiring import Stack
 from ops import tracing
-from tests.fixtures.stack import client_for
-from tests.support import read_sse
+from tests.support.chat import read_sse
+from tests.support.stack import client_for
 
 CALLER_TRACE = 0x0AF7651916CD43DD8448EB211C80319C
 CALLER_SPAN = 0xB7AD6B7169203331

@@ -6,7 +6,7 @@ single slot, for what must be seen over time: streaming, stopping, queueing.
 A few failure paths the pipeline cannot be made to take on demand (a 503, an error
 event) are played to the page by Playwright's request interception; a connection
 dropped mid-answer is a proxy between the page and the gateway
-(`tests/dropped_connections.py`).
+(`tests/support/dropped_connections.py`).
 Set CHATPIPE_SCREENSHOT=docs/screenshot.png to refresh the README's screenshot.
 """
 
@@ -32,8 +32,8 @@ from schemas import topics
 from schemas.events import FeedbackEvent
 from schemas.lifecycle import RequestStatus
 from schemas.topics import Tier
-from tests.dropped_connections import CuttingProxy, hold_dropped_answers
-from tests.fixtures.stack import client_for
+from tests.support.dropped_connections import CuttingProxy, hold_dropped_answers
+from tests.support.stack import client_for
 from workers import sim_engine
 
 CHROMIUM = Path("/usr/bin/chromium")

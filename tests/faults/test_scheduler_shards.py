@@ -31,13 +31,7 @@ from schemas.events import (
     WorkAssignment,
 )
 from schemas.topics import Tier
-from tests.faults.test_scheduler_restart import (
-    REPLY_TO,
-    Journal,
-    assert_each_ran_once,
-    streams,
-    submit,
-)
+from tests.support.scheduler_journal import REPLY_TO, Journal, assert_each_ran_once, streams, submit
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -18,8 +18,8 @@ import pytest_asyncio
 from bench import fault_scenarios as scenarios
 from bench.fault_scenarios import PIPELINE_SETTINGS
 from bench.process_pipeline import Pipeline, running_pipeline
-from schemas import topics
 from scheduler.journal import CANCELLED
+from schemas import topics
 from schemas.codec import TOKEN_EVENT, WORK_EVENT
 from schemas.events import (
     GenerationDone,
@@ -31,8 +31,8 @@ from schemas.events import (
     WorkAssignment,
 )
 from schemas.tools import round_request_id
-from tests.e2e.test_server_tools import ANSWER, ask, calling, step
-from tests.support import SseResult, post_message
+from tests.support.chat import SseResult, post_message
+from tests.support.server_tools import ANSWER, ask, calling, step
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -26,8 +26,8 @@ from schemas import topics
 from schemas.events import DeadLetter, UsageEvent
 from schemas.sse import read_messages
 from schemas.topics import Tier
-from tests.fixtures.stack import client_for
-from tests.support import post_message
+from tests.support.chat import post_message
+from tests.support.stack import client_for
 
 ORGS = {"acme": Tier.PRO, "globex": Tier.FREE}
 

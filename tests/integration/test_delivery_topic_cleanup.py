@@ -23,7 +23,7 @@ from bus.topics import create_topics, delete_topics, ensure_topics, list_topics
 from scheduler.core import Policy
 from scheduler.stage import SchedulerStage
 from schemas import topics
-from tests.support import generation_request
+from tests.support.chat import generation_request
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -9,14 +9,7 @@ from conversations.files import FileChunk, StoredFile
 from conversations.store import ConversationStore
 from schemas.files import Citation
 from schemas.tools import ToolStep
-from tests.integration.test_store_conformance import (  # noqa: F401 - fixtures
-    Clock,
-    Names,
-    cassandra_keyspace,
-    clock,
-    n,
-    store,
-)
+from tests.support.conformance import Clock, Names
 
 
 def a_file(file_id: str, user_id: str, org_id: str, chunks: int = 2, **fields) -> StoredFile:

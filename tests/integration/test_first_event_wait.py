@@ -18,7 +18,7 @@ from bus.clients import KafkaConfig, Publisher
 from bus.request_reply import RequestReplyClient
 from bus.topics import ensure_topics
 from schemas.events import Delta
-from tests.support import generation_request, until
+from tests.support.chat import generation_request, until
 
 pytestmark = pytest.mark.timeout(60)
 

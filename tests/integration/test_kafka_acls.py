@@ -3,7 +3,7 @@ runs on the embedded broker with each stage's clients named after it, every topi
 producer writes, a consumer reads or an admin client creates (and every consumer group
 joined) is noted, and each must be one the stage's Kafka user is granted. Tansu has no
 ACLs, so this is where a stage that starts using a new topic is caught before a secured
-broker refuses it (the broker's own config is checked in tests/unit/test_deployment_files.py).
+broker refuses it (the broker's own config is checked in tests/unit/project/test_deployment_files.py).
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from chatpipe.dev_stack import running_sim_stack, stack_settings
 from chatpipe.kafka_acls import GRANTS, Operation, Resource, allowed
 from schemas import topics
 from schemas.sse import read_messages
-from tests.fixtures.stack import client_for
-from tests.support import post_message, until
+from tests.support.chat import post_message, until
+from tests.support.stack import client_for
 
 TAG = "acl-check:"
 R, W, C = Operation.READ, Operation.WRITE, Operation.CREATE

@@ -40,8 +40,8 @@ from ledger.store import MemoryLedger, SQLiteLedger, UsageLedger
 from schemas.events import UsageEvent
 from schemas.lifecycle import RequestStatus
 from schemas.topics import Tier
-from tests.integration.cassandra_emulator import EmulatedCrash, EmulatedLedgerCql
-from tests.integration.test_store_conformance import CASSANDRA_HOSTS, NO_SERVER, Clock, Names
+from tests.support.cassandra_emulator import EmulatedCrash, EmulatedLedgerCql
+from tests.support.conformance import CASSANDRA_HOSTS, NO_SERVER, Clock, Names
 
 DAY, MONTH = "2025-03-07", "2025-03"
 

@@ -7,14 +7,9 @@ skipped otherwise. Each limiter here stands for one gateway replica.
 from __future__ import annotations
 
 import asyncio
-import shutil
-import subprocess
-import time
 import uuid
-from collections.abc import Iterator
 
 import pytest
-import redis
 
 from bus.broker import free_port
 from chatpipe.settings import Settings
@@ -23,43 +18,9 @@ from conversations.store import ApiKey
 from gateway.errors import ApiError
 from gateway.rate_limits import RateLimiter
 from schemas.topics import Tier
+from tests.support.redis import REDIS_SERVER
 
-REDIS_SERVER = shutil.which("redis-server")
 pytestmark = pytest.mark.skipif(REDIS_SERVER is None, reason="no redis-server binary")
-
-
-@pytest.fixture(scope="module")
-def redis_url() -> Iterator[str]:
-    port = free_port()
-    server = subprocess.Popen(
-        [
-            REDIS_SERVER,
-            "--port",
-            str(port),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        client = redis.Redis(port=port)
-        for _ in range(100):
-            try:
-                client.ping()
-                break
-            except redis.ConnectionError:
-                time.sleep(0.05)
-        else:
-            raise AssertionError("redis-server did not start")
-        yield f"redis://127.0.0.1:{port}"
-    finally:
-        server.terminate()
-        server.wait(timeout=10)
 
 
 def gateway(storage: str) -> RateLimiter:

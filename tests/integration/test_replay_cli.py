@@ -34,8 +34,8 @@ from schemas.events import DeadLetter, UsageEvent
 from schemas.lifecycle import RequestStatus
 from schemas.sse import SSEMessage, parse_messages, read_messages
 from schemas.topics import Tier
-from tests.fixtures.stack import client_for
-from tests.support import post_message
+from tests.support.chat import post_message
+from tests.support.stack import client_for
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -8,7 +8,7 @@ from bench.topic_log import find_events
 from schemas import topics
 from schemas.codec import SCHEDULER_EVENT, WORK_EVENT
 from schemas.events import SchedulerStatus, WorkAssignment
-from tests.integration.test_capacity import Chat, sim_pipeline
+from tests.support.capacity import Chat, sim_pipeline
 
 SHARDS = {"main": ["tiny"], "other": ["absent-model"]}
 

@@ -17,24 +17,17 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import os
-import uuid
-from collections.abc import AsyncIterator, Iterator
 from dataclasses import replace
 
 import pytest
-import pytest_asyncio
 
-from conversations.cassandra_session import DriverSession
-from conversations.cassandra_store import CassandraStore
-from conversations.sqlite_store import SQLiteStore
 from conversations.store import (
     ApiKey,
     CachedResponse,
     ConversationStore,
-    OrgSettings,
     NewMessage,
     NoKeySecret,
+    OrgSettings,
     RequestRecord,
     StoredMessage,
 )
@@ -43,76 +36,7 @@ from schemas.files import Citation
 from schemas.lifecycle import RequestStatus
 from schemas.tools import ToolStep
 from schemas.topics import Tier
-from tests.integration.cassandra_emulator import EmulatedCql
-
-CASSANDRA_HOSTS = [h.strip() for h in os.environ.get("CASSANDRA_HOSTS", "").split(",") if h.strip()]
-KEY_SECRET = b"conformance-key-secret"
-NO_SERVER = (
-    "CASSANDRA_HOSTS is not set: no Cassandra server to run the store against"
-    " (e.g. CASSANDRA_HOSTS=127.0.0.1:9042); the emulated run still covers its logic"
-)
-
-
-class Names:
-    """`n.c1` -> "c1-<unique suffix>": ids no other test uses."""
-
-    def __init__(self) -> None:
-        self._suffix = uuid.uuid4().hex[:10]
-
-    def __getattr__(self, name: str) -> str:
-        return f"{name}-{self._suffix}"
-
-
-class Clock:
-    """A settable clock: `store_clock.now` is what the next write is stamped with."""
-
-    def __init__(self) -> None:
-        self.now = 1_700_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-@pytest.fixture(scope="session")
-def cassandra_keyspace() -> Iterator[str]:
-    if not CASSANDRA_HOSTS:
-        pytest.skip(NO_SERVER)
-    keyspace = f"chatpipe_test_{uuid.uuid4().hex[:8]}"
-    yield keyspace
-    session = asyncio.run(DriverSession.connect(CASSANDRA_HOSTS, keyspace, create_schema=False))
-    session._session.execute(f"DROP KEYSPACE IF EXISTS {keyspace}", timeout=120)
-    asyncio.run(session.close())
-
-
-@pytest.fixture
-def clock() -> Clock:
-    return Clock()
-
-
-@pytest.fixture
-def n() -> Names:
-    return Names()
-
-
-@pytest_asyncio.fixture(params=["sqlite", "cassandra-emulated", "cassandra"])
-async def store(request: pytest.FixtureRequest, clock: Clock) -> AsyncIterator[ConversationStore]:
-    kind = request.param
-    made: ConversationStore
-    if kind == "sqlite":
-        made = SQLiteStore(":memory:", clock=clock, key_secret=KEY_SECRET)
-    elif kind == "cassandra-emulated":
-        emulator = EmulatedCql()
-
-        async def connect() -> EmulatedCql:
-            return emulator
-
-        made = CassandraStore([], clock=clock, connect=connect, key_secret=KEY_SECRET)
-    else:
-        keyspace = request.getfixturevalue("cassandra_keyspace")
-        made = CassandraStore(CASSANDRA_HOSTS, keyspace, clock=clock, key_secret=KEY_SECRET)
-    await made.open()
-    yield made
-    await made.close()
+from tests.support.conformance import Clock, Names
 
 
 def user_message(message_id: str, conversation_id: str, parent_id: str | None = None) -> NewMessage:

@@ -17,7 +17,7 @@ import pytest
 
 from bench.processes import Service, chatpipe_up_ready, free_port, start_chatpipe_up, wait_until
 from bus.clients import keyed_partition
-from tests.support import SseResult, post_message
+from tests.support.chat import SseResult, post_message
 
 pytestmark = pytest.mark.timeout(180)
 

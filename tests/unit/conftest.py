@@ -1,4 +1,5 @@
-"""Fixtures the gateway's unit tests share."""
+"""Fixtures the unit tests share: a SQLite store in memory (the gateway's tests have their
+own `store`, in gateway/conftest.py)."""
 
 from __future__ import annotations
 
@@ -6,19 +7,12 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from chatpipe.settings import Settings
 from conversations.sqlite_store import SQLiteStore
-from conversations.store import ApiKey
-from schemas.topics import Tier
 
 
 @pytest.fixture
-async def store(settings: Settings) -> AsyncIterator[SQLiteStore]:
-    """A SQLite store in the module's `settings`, with two keys: `key-alice` (alice of
-    org-a, pro) and `key-bob` (bob of org-b, free)."""
-    store = SQLiteStore(settings.database_path, key_secret=b"test-key-secret")
+async def store() -> AsyncIterator[SQLiteStore]:
+    store = SQLiteStore(":memory:")
     await store.open()
-    await store.add_api_key("key-alice", ApiKey("alice", "org-a", Tier.PRO))
-    await store.add_api_key("key-bob", ApiKey("bob", "org-b", Tier.FREE))
     yield store
     await store.close()

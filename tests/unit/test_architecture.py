@@ -150,3 +150,59 @@ def test_a_core_is_pure(core: str):
     assert path.exists(), f"{core} is missing"
     offenders = sorted(m for m in imports(path) if top(m) in IO_MODULES)
     assert not offenders, f"{core} imports {offenders}"
+
+
+TESTS = ROOT / "tests"
+CROSS_CUTTING = "project"
+"""The unit tests' folder for what no one package owns: the architecture, the event
+contracts, the deployment files."""
+
+
+def imported_tests(path: Path) -> list[str]:
+    """The test modules and conftests under tests/ that `path` imports, relative imports
+    resolved, at any depth of the file."""
+    package = path.relative_to(ROOT).parent.parts
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = package[: len(package) - node.level + 1] if node.level else ()
+            module = ".".join((*base, *([node.module] if node.module else [])))
+            found.add(module)
+            found.update(f"{module}.{alias.name}" for alias in node.names)
+    return sorted(
+        module
+        for module in found
+        if top(module) == "tests"
+        and (module.rsplit(".", 1)[-1].startswith("test_") or module.endswith(".conftest"))
+    )
+
+
+def test_no_test_module_imports_another():
+    """Fixtures a folder's tests share live in its `conftest.py` (pytest finds them), plain
+    helpers in `tests.support`; a test module or conftest is never imported."""
+    offenders = sorted(
+        f"{path.relative_to(ROOT)}: {module}"
+        for path in TESTS.rglob("*.py")
+        for module in imported_tests(path)
+    )
+    assert not offenders, offenders
+
+
+def test_unit_tests_mirror_the_packages():
+    """`tests/unit/<package>/test_<module>.py`, each folder a package (same basenames in
+    two folders); only this file sits at the top of tests/unit."""
+    packages = set(STAGES) | set(LIBRARIES) | {DEPLOYMENT, "bench", CROSS_CUTTING}
+    unit = TESTS / "unit"
+
+    def placed(path: Path) -> bool:
+        if path.parent == unit:
+            return path.name == Path(__file__).name
+        return path.relative_to(unit).parts[0] in packages
+
+    misplaced = sorted(str(p.relative_to(ROOT)) for p in unit.rglob("test_*.py") if not placed(p))
+    assert not misplaced, f"not in a folder named after a package: {misplaced}"
+    folders = {path.parent for path in unit.rglob("*.py")}
+    no_init = sorted(str(f.relative_to(ROOT)) for f in folders if not (f / "__init__.py").exists())
+    assert not no_init, f"folders without __init__.py: {no_init}"
