@@ -36,7 +36,7 @@ async def sim_pipeline(tmp_path, slots: int, **overrides: object) -> AsyncIterat
         sim_tokens_per_s=TOKENS_PER_S,
         **overrides,
     )
-    engine = SimEngine(settings.model_name, slots, TOKENS_PER_S, 1e6)
+    engine = SimEngine(settings.inference.model_name, slots, TOKENS_PER_S, 1e6)
     async with running_stack(settings, engine) as stack:
         for tier in Tier:
             for user in ("a", "b", "c"):
@@ -155,7 +155,10 @@ async def test_shedding_refuses_with_503_and_retry_after(tmp_path):
         # Each backlog request runs 3 s: the tier sheds for several seconds.
         backlog = [asyncio.create_task(chat.ask(f"more {i}", 120)) for i in range(6)]
         for _ in range(100):
-            if stack.pipeline.overloaded(Tier.FREE, stack.settings.model_name) is not None:
+            if (
+                stack.pipeline.overloaded(Tier.FREE, stack.settings.inference.model_name)
+                is not None
+            ):
                 break
             await asyncio.sleep(0.05)
         conversation = (await chat.client.post("/v1/conversations", json={})).json()
