@@ -155,10 +155,11 @@ def store_create_schema() -> None:
         from conversations.cassandra_store import create_schema
         from ledger.cassandra import create_schema as create_ledger_schema
 
+        storage = settings.storage
         for create in (create_schema, create_ledger_schema):  # the store's, the ledger's
-            asyncio.run(create(settings.storage.cassandra_hosts, settings.storage.cassandra_keyspace,
-                               settings.storage.cassandra_replication_factor))  # fmt: skip
-        typer.echo(f"schema ready in keyspace {settings.storage.cassandra_keyspace}")
+            asyncio.run(create(storage.cassandra_hosts, storage.cassandra_keyspace,
+                               storage.cassandra_replication_factor))  # fmt: skip
+        typer.echo(f"schema ready in keyspace {storage.cassandra_keyspace}")
         return
     from conversations.sqlite_store import SQLiteStore
 

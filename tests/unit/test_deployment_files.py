@@ -433,14 +433,14 @@ def test_gateways_count_tokens_with_the_served_model(
     gateways = [c for c in containers() if c.command == "gateway"]
     served = worker(containers())
     assert gateways
-    worker_settings = container_settings(served, monkeypatch)
+    worker_settings = container_settings(served, monkeypatch).inference
     for gateway in gateways:
         settings = container_settings(gateway, monkeypatch)
-        assert worker_settings.inference.model_name in settings.models, gateway.where
-        tokenizer = model_dirs(gateway, settings)[worker_settings.inference.model_name]
-        assert tokenizer == worker_settings.inference.model, (
-            f"{gateway.where} counts {worker_settings.inference.model_name}'s tokens with {tokenizer},"
-            f" the worker serves {worker_settings.inference.model}"
+        assert worker_settings.model_name in settings.models, gateway.where
+        tokenizer = model_dirs(gateway, settings)[worker_settings.model_name]
+        assert tokenizer == worker_settings.model, (
+            f"{gateway.where} counts {worker_settings.model_name}'s tokens with {tokenizer},"
+            f" the worker serves {worker_settings.model}"
         )
 
 
