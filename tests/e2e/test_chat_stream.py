@@ -123,9 +123,8 @@ async def test_openai_sdk_streams_with_usage(vllm_stack):
     assert completion.usage.completion_tokens <= 5
     models = await client.models.list()
     ids = [m.id for m in models.data]
-    assert (
-        ids[0] == vllm_stack.settings.inference.model_name
-    )  # the chat model, then the embedding one
+    chat_model = vllm_stack.settings.inference.model_name
+    assert ids[0] == chat_model  # the chat model, then the embedding one
     assert len(ids) == 2 and "MiniLM" in ids[1], ids
 
 
