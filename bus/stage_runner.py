@@ -91,8 +91,6 @@ from bus.topics import topic_partitions
 
 log = logging.getLogger(__name__)
 
-CommitFloor = Callable[[TopicPartition], int | None]
-"""Per partition, the first offset the stage still needs, or None."""
 Offsets = dict[TopicPartition, int]
 
 

@@ -248,3 +248,27 @@ async def test_by_assignment_a_missing_topic_stops_what_started():
     with pytest.raises(LookupError):
         await stage.start()
     assert consumer.stopped
+
+
+class PacingConsumer(AssignedConsumer):
+    """Remembers what the stage said about its work (`PacedConsumer.busy_while`)."""
+
+    told: tuple[int, bool, bool] | None = None
+
+    def busy_while(self, busy, wakes=None, eager=None) -> None:
+        self.told = (busy(), wakes("chat.workers"), eager({}))
+
+
+async def test_a_stage_with_its_own_word_on_its_work_paces_the_consumer_with_it():
+    consumer = PacingConsumer()
+    stage = StageRunner(
+        AssignedKafka(consumer),
+        "safety",
+        "g",
+        [TP.topic],  # type: ignore[arg-type]
+        FakeStage(busy=lambda: 3),
+        RunnerOptions(assign=True),
+    )
+    await stage.start()
+    assert consumer.told == (3, False, False)  # its own busy; the default wakes and eager
+    await stage.stop()
