@@ -20,7 +20,7 @@ from aiokafka.structs import ConsumerRecord, TopicPartition
 from analytics.rows import TOPICS, Record, Row, Table, rows_of
 from analytics.warehouse import Warehouse
 from bus.clients import KafkaConfig
-from bus.stage_runner import StageRunner
+from bus.stage_runner import RunnerOptions, Stage, StageRunner
 from schemas.codec import EVENT_TYPE_HEADER
 
 STAGE = "analytics"
@@ -34,7 +34,7 @@ class IngestCounts:
     files: int = 0
 
 
-class AnalyticsStage:
+class AnalyticsStage(Stage):
     def __init__(
         self, kafka: KafkaConfig, warehouse: Warehouse, group: str = GROUP, flush_s: float = 5.0
     ) -> None:
@@ -45,42 +45,40 @@ class AnalyticsStage:
         self._unwritten: dict[TopicPartition, int] = {}
         """Per partition, the first offset whose rows are not in a file yet."""
         self.runner = StageRunner(
-            kafka,
-            STAGE,
-            group,
-            TOPICS,
-            bulk=True,
-            max_records=5000,
-            commit_floor=self._unwritten.get,
-            on_revoke=self._revoked,
+            kafka, STAGE, group, TOPICS, self, RunnerOptions(bulk=True, max_records=5000)
         )
+        self._flushed_at = self._last_record_at = time.monotonic()
+        self._until_idle = False
+        self._idle_s = 10.0
+        self._idle = False
 
     async def run(self, until_idle: bool = False, idle_s: float = 10.0) -> IngestCounts:
         """Consume until cancelled; with `until_idle`, stop once every partition is read
         to its end (or nothing came for `idle_s` after joining the group)."""
         self.warehouse.ensure_tables()
-        flushed_at = last_record_at = time.monotonic()
-        idle = False
-
-        async def take(record: ConsumerRecord) -> None:
-            nonlocal last_record_at
-            last_record_at = time.monotonic()
-            await self._take(record)
-
-        async def flush_now_and_then() -> None:
-            nonlocal flushed_at, idle
-            consumer = self.runner.consumer
-            now = time.monotonic()
-            idle = until_idle and (
-                await _caught_up(consumer)
-                or bool(consumer.assignment() and now - last_record_at > idle_s)
-            )
-            if idle or now - flushed_at >= self.flush_s:
-                await self._flush()
-                flushed_at = now
-
-        await self.runner.run(take, flush_now_and_then, until=lambda: idle)
+        self._flushed_at = self._last_record_at = time.monotonic()
+        self._until_idle, self._idle_s, self._idle = until_idle, idle_s, False
+        await self.runner.run(until=lambda: self._idle)
         return self.counts
+
+    async def handle(self, record: ConsumerRecord) -> None:
+        self._last_record_at = time.monotonic()
+        await self._take(record)
+
+    async def after_batch(self) -> None:
+        """Write what is pending every `flush_s` (and once idle, with `until_idle`)."""
+        consumer = self.runner.consumer
+        now = time.monotonic()
+        self._idle = self._until_idle and (
+            await _caught_up(consumer)
+            or bool(consumer.assignment() and now - self._last_record_at > self._idle_s)
+        )
+        if self._idle or now - self._flushed_at >= self.flush_s:
+            await self._flush()
+            self._flushed_at = now
+
+    def commit_floor(self, tp: TopicPartition) -> int | None:
+        return self._unwritten.get(tp)
 
     async def _take(self, record: ConsumerRecord) -> None:
         """Buffer the record's rows; one that does not parse raises (dead-lettered)."""
@@ -113,7 +111,7 @@ class AnalyticsStage:
             self._pending = {}
         self._unwritten.clear()
 
-    def _revoked(self, tp: TopicPartition) -> None:
+    def on_revoke(self, tp: TopicPartition) -> None:
         """The partition's next owner reads from the group's commit: a floor kept from
         before would hold (or move back) its commits if it comes back here. Its rows
         still pending are written with the rest (the warehouse counts a key once)."""

@@ -38,7 +38,7 @@ from bench.processes import (
 )
 from bench.sse_client import StreamRecord, Target, chat_body, stream_chat
 from chatpipe import cli
-from chatpipe.settings import Settings
+from chatpipe.settings import SETTINGS
 
 log = logging.getLogger("bench")
 
@@ -149,7 +149,7 @@ async def capacity(
         await _first_answer(target, stages[-1])
         run = CapacityRun(plan)
         idle_after_s = float(
-            settings.get("kafka_idle_after_s", Settings.model_fields["kafka_idle_after_s"].default)
+            settings.get("kafka_idle_after_s", SETTINGS["kafka_idle_after_s"].default)
         )
         await _idle_and_probes(run, target, [*stages, broker], idle_after_s)
         for streams in plan.streams:

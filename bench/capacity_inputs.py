@@ -114,7 +114,7 @@ class Inputs:
         "s",
         "assumption: between an answer's end and the conversation's next turn (reading, typing)",
     )
-    coalesce_ms: float = _in(50, "ms", "CHATPIPE_COALESCE_MS default (chatpipe/settings.py)")
+    coalesce_ms: float = _in(50, "ms", "CHATPIPE_COALESCE_MS default (workers/config.py)")
     record_overhead_bytes: float = _in(
         70,
         "bytes/record",
@@ -184,7 +184,7 @@ class Inputs:
     gateway_load: float = _in(
         0.7, "of the held level", "assumption: headroom for a gateway's loss and uneven balancing"
     )
-    heartbeat_s: float = _in(1, "s", "worker and gateway heartbeat period (chatpipe/settings.py)")
+    heartbeat_s: float = _in(1, "s", "worker and gateway heartbeat period (workers/config.py)")
     lwt_per_turn: float = _in(
         7,
         "conditional writes",

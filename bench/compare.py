@@ -32,7 +32,7 @@ from bench.processes import (
 )
 from bench.sse_client import Target
 from bench.topic_log import content_chunk_tokens, token_chunks
-from chatpipe.settings import Settings
+from chatpipe.settings import SETTINGS
 
 log = logging.getLogger("bench")
 
@@ -194,12 +194,12 @@ async def chatpipe_side(
         target = Target(name, port, API_KEY, cfg.model_name)
         await drive(side, target, [up, broker], workload, bootstrap)
         wait_ms = settings.get(
-            "kafka_fetch_max_wait_ms", Settings.model_fields["kafka_fetch_max_wait_ms"].default
+            "kafka_fetch_max_wait_ms", SETTINGS["kafka_fetch_max_wait_ms"].default
         )
         found = await fetch_timer.measure(bootstrap, int(wait_ms))  # type: ignore[call-overload]
         side.fetch_delay_ms = (percentile(found, 50), percentile(found, 90))
         if workload.disconnects:
-            coalesce_ms = settings.get("coalesce_ms", Settings.model_fields["coalesce_ms"].default)
+            coalesce_ms = settings.get("coalesce_ms", SETTINGS["coalesce_ms"].default)
             coalesce_s = float(coalesce_ms) / 1000  # type: ignore[arg-type]
             side.cancel = await cancel.chatpipe_waste(target, bootstrap, workload, coalesce_s)
         return side

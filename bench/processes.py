@@ -223,7 +223,7 @@ def chatpipe_env(
     api_key: str, work_dir: Path, bootstrap: str, **settings: object
 ) -> dict[str, str]:
     """Environment of a chatpipe process on the benchmark's broker (limits lifted)."""
-    from chatpipe.settings import Settings
+    from chatpipe.settings import SETTINGS
 
     env = {
         "KAFKA_BOOTSTRAP_SERVERS": bootstrap,
@@ -232,10 +232,10 @@ def chatpipe_env(
         "CHATPIPE_KEY_SECRET": "bench-key-secret",
         "CHATPIPE_DATABASE_PATH": str(work_dir / "chatpipe.db"),
     }
-    unknown = set(settings) - set(Settings.model_fields)
+    unknown = set(settings) - set(SETTINGS)
     if unknown:
         raise ValueError(f"not chatpipe settings: {sorted(unknown)}")
-    lifted = {k: v for k, v in LIMITS_OFF.items() if k in Settings.model_fields}
+    lifted = {k: v for k, v in LIMITS_OFF.items() if k in SETTINGS}
     for name, value in {**lifted, **settings}.items():
         text = json.dumps(value) if isinstance(value, dict | list) else str(value)
         env[f"CHATPIPE_{name.upper()}"] = text

@@ -23,7 +23,7 @@ from aiokafka.structs import ConsumerRecord
 
 from bus.broker import EmbeddedBroker
 from bus.clients import KafkaConfig
-from bus.stage_runner import StageRunner
+from bus.stage_runner import RunnerOptions, Stage, StageRunner
 from bus.topics import create_topics
 
 N = 400
@@ -72,12 +72,13 @@ def summary(name: str, lat: list[float]) -> str:
 
 async def ours(bootstrap: str) -> list[float]:
     kafka = KafkaConfig(bootstrap_servers=bootstrap, fetch_max_wait_ms=20)
-    runner = StageRunner(kafka, "hop", "hop-ours", ["in1"], poll_ms=100)
 
-    async def handle(record: ConsumerRecord) -> None:
-        await runner.publisher.producer.send("out1", record.value)
+    class Hop(Stage):
+        async def handle(self, record: ConsumerRecord) -> None:
+            await runner.publisher.producer.send("out1", record.value)
 
-    task = asyncio.create_task(runner.run(handle))
+    runner = StageRunner(kafka, "hop", "hop-ours", ["in1"], Hop(), RunnerOptions(poll_ms=100))
+    task = asyncio.create_task(runner.run())
     await asyncio.sleep(3.0)  # joined its group
     try:
         return await probe(bootstrap, "in1", "out1")

@@ -37,12 +37,12 @@ async def classifier_latency() -> list[str]:
 
     classifiers = {
         "rules (3 categories + PII)": RuleClassifier(
-            settings.safety_rule_categories, settings.safety_output_pii
+            settings.safety.rule_categories, settings.safety.output_pii
         ),
         "embedding (all-MiniLM-L6-v2)": EmbeddingClassifier(
             SentenceEmbedder(),
-            settings.safety_embedding_exemplars,
-            settings.safety_embedding_threshold,
+            settings.safety.embedding_exemplars,
+            settings.safety.embedding_threshold,
         ),
     }
     rows = []

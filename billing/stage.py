@@ -14,7 +14,7 @@ from aiokafka.structs import ConsumerRecord
 
 from billing.core import charges_for, usage_key
 from bus.clients import KafkaConfig
-from bus.stage_runner import StageRunner
+from bus.stage_runner import RunnerOptions, Stage, StageRunner
 from bus.subscriber import decode_record
 from common.durable import retried
 from ledger.store import UsageLedger
@@ -25,15 +25,17 @@ STAGE = "billing"
 GROUP = "chatpipe-billing"
 
 
-class BillingStage:
+class BillingStage(Stage):
     def __init__(self, kafka: KafkaConfig, ledger: UsageLedger) -> None:
         self.ledger = ledger
-        self.runner = StageRunner(kafka, STAGE, GROUP, [topics.USAGE], bulk=True)
+        self.runner = StageRunner(
+            kafka, STAGE, GROUP, [topics.USAGE], self, RunnerOptions(bulk=True)
+        )
 
     async def run(self) -> None:
-        await self.runner.run(self._handle)
+        await self.runner.run()
 
-    async def _handle(self, record: ConsumerRecord) -> None:
+    async def handle(self, record: ConsumerRecord) -> None:
         event = decode_record(UsageEvent, record)
         await retried(
             lambda: self.ledger.record(usage_key(event), charges_for(event)),

@@ -1,19 +1,33 @@
 """The one consume/commit/rebalance loop every stage adapter runs.
 
-An adapter says only what differs: its name, group and topics, how it handles one
-record, and what (if anything) it does after each batch. The runner builds the producer
-and the consumer, subscribes, starts and stops them, and commits::
+A stage says only what differs: its name, group and topics, how it handles one record
+(`Stage.handle`), and whatever else of the `Stage` protocol it needs; every other
+method of `Stage` has a default that does nothing. The plain values (fetch less often,
+how long a poll waits, how many records it takes, by assignment) are `RunnerOptions`.
+The runner builds the producer and the consumer, subscribes, starts and stops them,
+and commits::
 
-    class BillingStage:
+    class BillingStage(Stage):
         def __init__(self, kafka: KafkaConfig, ledger: UsageLedger) -> None:
             self.runner = StageRunner(kafka, "billing", "chatpipe-billing",
-                                      [topics.USAGE], bulk=True)
+                                      [topics.USAGE], self, RunnerOptions(bulk=True))
 
         async def run(self) -> None:
-            await self.runner.run(self._handle)
+            await self.runner.run()
 
-        async def _handle(self, record: ConsumerRecord) -> None:
+        async def handle(self, record: ConsumerRecord) -> None:
             ...  # decode, act, await what must be durable before the commit
+
+What the runner calls, on the stage it runs:
+
+- `handle(record)`: each record; `after_batch()` after each poll batch, before the
+  commit; `on_failure(record, exc)` once a record whose handler raised is dead-lettered.
+- `commit_floor(tp)`, `commit_rule(done)`, `after_commit(committed)`: what (not) to
+  commit, below.
+- `on_assign(partitions)`, `on_revoke(tp)`: the rebalance, below.
+- `busy()`, `wakes(topic)`, `eager(batch)`: the stage's word on how much work it has
+  (streams open), which topics' records are work and when a stream's first event is on
+  its way (`PacedConsumer.busy_while`).
 
 While `run` runs, the handler may use `runner.publisher` (a `RetryingPublisher`: it
 sends events), `runner.tracker` (to hold a record open: `started`, later `done`) and
@@ -22,9 +36,10 @@ and drain, the scheduler's claim and journal replay) calls `start`, `consume`, `
 and `stop` itself instead of `run`.
 
 A stage that must not wait for a group to rebalance (the scheduler: a restart would wait
-out a dead member's session) reads by assignment (`assign=True`): every partition of its
-topics, from the group's committed offsets (`committed`), without joining the group; no
-revoke or assign is ever told. Its commits are the same as a member's.
+out a dead member's session) reads by assignment (`RunnerOptions(assign=True)`): every
+partition of its topics, from the group's committed offsets (`committed`), without
+joining the group; no revoke or assign is ever told. Its commits are the same as a
+member's.
 
 What the runner guarantees, the same for every stage:
 
@@ -42,8 +57,9 @@ What the runner guarantees, the same for every stage:
   that step or the commit raises, it is logged and retried after a backoff; records
   not committed stay uncommitted, nothing is skipped.
 - A revoked partition is its next owner's: the stage's `on_revoke(tp)` drops its
-  state for that topic partition and the tracker forgets it; the next owner reads from the committed offset
-  (`commit_on_revoke` commits what is done first).
+  state for that topic partition and the tracker forgets it; the next owner reads from
+  the committed offset (`RunnerOptions(commit_on_revoke=True)` commits what is done
+  first).
 
 Why our own runner and not FastStream: FastStream's Kafka subscriber acknowledges one
 message at a time (`AckPolicy`; `KafkaMessage.ack()` calls aiokafka's `commit()` with no
@@ -60,23 +76,83 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from aiokafka import AIOKafkaProducer, ConsumerRebalanceListener
 from aiokafka.structs import ConsumerRecord, TopicPartition
 
 from bus.clients import KafkaConfig
-from bus.fetch_pace import Batch, PacedConsumer
+from bus.fetch_pace import BEATS, Batch, PacedConsumer
 from bus.offsets import OffsetTracker
 from bus.produce_failures import RetryingPublisher
-from bus.subscriber import FailureHandler, RecordHandler, consume
+from bus.subscriber import consume
 from bus.topics import topic_partitions
 
 log = logging.getLogger(__name__)
 
-CommitFloor = Callable[[TopicPartition], int | None]
-"""Per partition, the first offset the stage still needs, or None."""
 Offsets = dict[TopicPartition, int]
+
+
+class Stage:
+    """What a stage runner calls on the stage it runs. A stage defines `handle`; every
+    other method's default does nothing (commits everything done, no floor, no pacing
+    of its own)."""
+
+    async def handle(self, record: ConsumerRecord) -> None:
+        """One record; once it returns the record is done (unless `tracker.started`
+        holds it open)."""
+        raise NotImplementedError
+
+    async def after_batch(self) -> None:
+        """After each poll batch's records, before the commit."""
+
+    async def on_failure(self, record: ConsumerRecord, exc: Exception) -> None:
+        """`record`'s handler raised and it is dead-lettered: end what it belonged to."""
+
+    def commit_floor(self, tp: TopicPartition) -> int | None:
+        """The first offset of `tp` the stage still needs, or None."""
+        return None
+
+    def commit_rule(self, done: Offsets) -> Offsets:
+        """Of the offsets done and below their floors, those to commit now."""
+        return done
+
+    async def after_commit(self, committed: Offsets) -> None:
+        """After each commit step, told what it committed (maybe nothing)."""
+
+    def on_assign(self, partitions: set[TopicPartition]) -> None:
+        """The partitions this member holds after a rebalance."""
+
+    def on_revoke(self, tp: TopicPartition) -> None:
+        """`tp` is another member's now: drop what is kept for it."""
+
+    def busy(self) -> int:
+        """How much work the stage has in hand (streams open): 0 is none."""
+        return 0
+
+    def wakes(self, topic: str) -> bool:
+        """Whether records of `topic` are work (by default: any but status and
+        heartbeats)."""
+        return topic not in BEATS
+
+    def eager(self, batch: Batch) -> bool:
+        """Told a poll's records (not yet handled): a stream's first event is on its way."""
+        return False
+
+
+@dataclass(frozen=True, slots=True)
+class RunnerOptions:
+    """How a stage runner reads."""
+
+    bulk: bool = False
+    """Off a stream's path, so it fetches less often (`KafkaConfig.consumer`)."""
+    poll_ms: int = 200
+    max_records: int = 500
+    assign: bool = False
+    """Read every partition by assignment, never joining the group."""
+    commit_on_revoke: bool = False
+    """Commit what is done before a revoked partition is forgotten."""
 
 
 class StageRunner:
@@ -93,74 +169,38 @@ class StageRunner:
     def __init__(
         self,
         kafka: KafkaConfig,
-        stage: str,
+        name: str,
         group: str,
         topics: Sequence[str],
-        *,
-        bulk: bool = False,
-        poll_ms: int = 200,
-        max_records: int = 500,
-        commit_floor: CommitFloor | None = None,
-        on_revoke: Callable[[TopicPartition], None] | None = None,
-        commit_on_revoke: bool = False,
-        on_assign: Callable[[set[TopicPartition]], None] | None = None,
-        busy_while: Callable[[], int] | None = None,
-        wakes: Callable[[str], bool] | None = None,
-        eager: Callable[[Batch], bool] | None = None,
-        assign: bool = False,
-        commit_rule: Callable[[Offsets], Offsets] | None = None,
-        after_commit: Callable[[Offsets], Awaitable[None]] | None = None,
+        stage: Stage,
+        options: RunnerOptions = RunnerOptions(),
     ) -> None:
-        """`bulk`: off a stream's path, so it fetches less often (`KafkaConfig.consumer`).
-        `busy_while`, `wakes`, `eager`: the stage's word on how much work it has (streams
-        open), which topics' records are work and when a stream's first event is on its
-        way (`PacedConsumer.busy_while`).
-        `on_assign`: told the partitions this member holds after a rebalance.
-        `assign`: read every partition by assignment, never joining the group.
-        `commit_rule`: of the offsets done and below their floors, those to commit now.
-        `after_commit`: after each commit step, told what it committed (maybe nothing)."""
+        """`name`: the stage's, in logs, metrics and dead letters."""
         self.kafka = kafka
-        self.stage = stage
+        self.name = name
         self.group = group
         self.topics = tuple(topics)
-        self.bulk = bulk
-        self.poll_ms = poll_ms
-        self.max_records = max_records
-        self.commit_floor = commit_floor
-        self.on_revoke = on_revoke
-        self.commit_on_revoke = commit_on_revoke
-        self.on_assign = on_assign
-        self.busy_while = busy_while
-        self.wakes = wakes
-        self.eager = eager
-        self.assign = assign
-        self.commit_rule = commit_rule
-        self.after_commit = after_commit
+        self.stage = stage
+        self.options = options
         self.tracker = OffsetTracker()
         self._producer: AIOKafkaProducer | None = None
 
-    async def run(
-        self,
-        handle: RecordHandler,
-        after_batch: Callable[[], Awaitable[None]] | None = None,
-        on_failure: FailureHandler | None = None,
-        until: Callable[[], bool] | None = None,
-    ) -> None:
+    async def run(self, until: Callable[[], bool] | None = None) -> None:
         """Start, consume until cancelled (or until `until()` is true after a batch's
         step and commit), then stop."""
         await self.start()
         try:
-            await self.consume(handle, after_batch, on_failure, until)
+            await self.consume(until)
         finally:
             await self.stop()
 
     async def start(self) -> None:
         self._producer = self.kafka.producer()
         self.publisher = RetryingPublisher(self._producer)
-        self.consumer = self.kafka.consumer(group_id=self.group, bulk=self.bulk)
-        if self.busy_while is not None:
-            self.consumer.busy_while(self.busy_while, self.wakes, self.eager)
-        if not self.assign:
+        self.consumer = self.kafka.consumer(group_id=self.group, bulk=self.options.bulk)
+        if _paces(self.stage):
+            self.consumer.busy_while(self.stage.busy, self.stage.wakes, self.stage.eager)
+        if not self.options.assign:
             self.consumer.subscribe(list(self.topics), listener=_Rebalance(self))
         await self._producer.start()
         try:
@@ -168,7 +208,7 @@ class StageRunner:
         except BaseException:
             await self._producer.stop()
             raise
-        if self.assign:
+        if self.options.assign:
             try:
                 await self._assign_all()
             except BaseException:
@@ -197,61 +237,60 @@ class StageRunner:
             if self._producer is not None:
                 await self._producer.stop()
 
-    async def consume(
-        self,
-        handle: RecordHandler,
-        after_batch: Callable[[], Awaitable[None]] | None = None,
-        on_failure: FailureHandler | None = None,
-        until: Callable[[], bool] | None = None,
-    ) -> None:
+    async def consume(self, until: Callable[[], bool] | None = None) -> None:
         """The loop alone (`start` first): handle each record, then after each batch the
         stage's `after_batch` and the commit."""
+        stage = self.stage
 
         async def handled(record: ConsumerRecord) -> None:
-            await handle(record)
+            await stage.handle(record)
             self.tracker.seen(TopicPartition(record.topic, record.partition), record.offset)
 
         async def step() -> None:
-            if after_batch is not None:
-                await after_batch()
+            await stage.after_batch()
             await self.commit()
 
         await consume(
             self.consumer,
-            self.stage,
+            self.name,
             self.publisher,
             handled,
             step,
-            poll_ms=self.poll_ms,
+            poll_ms=self.options.poll_ms,
             tracker=self.tracker,
-            on_failure=on_failure,
-            max_records=self.max_records,
+            on_failure=stage.on_failure,
+            max_records=self.options.max_records,
             until=until,
         )
 
     async def commit(self) -> None:
         """Commit every partition's done records (below its floor, as the stage's rule
         allows), once what the stage published is on the bus; then `after_commit`."""
-        offsets = self.tracker.to_commit(self.commit_floor)
-        if self.commit_rule is not None:
-            offsets = self.commit_rule(offsets)
+        offsets = self.stage.commit_rule(self.tracker.to_commit(self.stage.commit_floor))
         if offsets:
             await self.publisher.flush()
             await self.consumer.commit(offsets)
             self.tracker.committed(offsets)
-        if self.after_commit is not None:
-            await self.after_commit(offsets)
+        await self.stage.after_commit(offsets)
 
     async def revoked(self, partitions: set[TopicPartition]) -> None:
-        if self.commit_on_revoke:
+        if self.options.commit_on_revoke:
             try:
                 await self.commit()
             except Exception:
-                log.warning("%s: commit before a rebalance failed", self.stage, exc_info=True)
-        if self.on_revoke is not None:
-            for tp in partitions:
-                self.on_revoke(tp)
+                log.warning("%s: commit before a rebalance failed", self.name, exc_info=True)
+        for tp in partitions:
+            self.stage.on_revoke(tp)
         self.tracker.forget(partitions)
+
+
+def _paces(stage: Stage) -> bool:
+    """Whether `stage` has its own word on its work (`busy`, `wakes`, `eager`): the
+    consumer's pace otherwise keeps its defaults, the same as `Stage`'s."""
+    return any(
+        getattr(getattr(stage, name), "__func__", None) is not getattr(Stage, name)
+        for name in ("busy", "wakes", "eager")
+    )
 
 
 class _Rebalance(ConsumerRebalanceListener):
@@ -262,5 +301,4 @@ class _Rebalance(ConsumerRebalanceListener):
         await self.runner.revoked(set(revoked))
 
     async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
-        if self.runner.on_assign is not None:
-            self.runner.on_assign(set(assigned))
+        self.runner.stage.on_assign(set(assigned))

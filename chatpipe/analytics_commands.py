@@ -27,7 +27,7 @@ DATA_HELP = "the Parquet directory; default: analytics/ beside the database"
 
 def locations(db: Path | None, data: Path | None) -> tuple[Path, Path]:
     """The DuckDB database and the Parquet directory, defaults filled in."""
-    database = db or Settings().database_path.parent / "analytics.duckdb"
+    database = db or Settings().storage.database_path.parent / "analytics.duckdb"
     return database, data or database.parent / "analytics"
 
 

@@ -49,9 +49,9 @@ def new_key() -> tuple[str, str]:
 
 def key_secret(settings: Settings) -> bytes | None:
     """CHATPIPE_KEY_SECRET as bytes; None when unset or empty."""
-    if settings.key_secret is None or not settings.key_secret.get_secret_value():
+    if settings.gateway.key_secret is None or not settings.gateway.key_secret.get_secret_value():
         return None
-    return settings.key_secret.get_secret_value().encode()
+    return settings.gateway.key_secret.get_secret_value().encode()
 
 
 def secret_file(database_path: Path) -> Path:
@@ -65,10 +65,10 @@ def development_settings(settings: Settings) -> Settings:
     without CHATPIPE_KEY_SECRET it refuses to start (SystemExit)."""
     if key_secret(settings) is not None:
         return settings
-    if settings.store == "cassandra":
+    if settings.storage.store == "cassandra":
         raise SystemExit(f"chatpipe up with store=cassandra: {NO_SECRET}")
-    secret = development_secret(settings.database_path)
-    return settings.model_copy(update={"key_secret": SecretStr(secret.decode())})
+    secret = development_secret(settings.storage.database_path)
+    return settings.replace(**{"key_secret": SecretStr(secret.decode())})
 
 
 def require_key_secret(settings: Settings, who: str) -> None:
@@ -81,12 +81,12 @@ def cli_settings(settings: Settings) -> Settings:
     """`chatpipe keys …`: CHATPIPE_KEY_SECRET, else the secret `chatpipe up` keeps beside
     its SQLite database, if it has made one; else the settings as they are (listing and
     revoking keys need no secret)."""
-    if key_secret(settings) is not None or settings.store != "sqlite":
+    if key_secret(settings) is not None or settings.storage.store != "sqlite":
         return settings
-    path = secret_file(settings.database_path)
+    path = secret_file(settings.storage.database_path)
     if not path.exists():
         return settings
-    return settings.model_copy(update={"key_secret": SecretStr(_read_secret(path).decode())})
+    return settings.replace(**{"key_secret": SecretStr(_read_secret(path).decode())})
 
 
 def development_secret(database_path: Path) -> bytes:

@@ -14,7 +14,7 @@ import typer
 from chatpipe.analytics_commands import analytics_app
 from chatpipe.ops_commands import dlq_app, replay_app
 from chatpipe.rollout_commands import rollout_app
-from chatpipe.settings import Settings
+from chatpipe.settings import SETTINGS, Settings
 from conversations.store import ApiKey, ConversationStore, OrgSettings
 from schemas.topics import Tier
 
@@ -135,9 +135,9 @@ def topics_create() -> None:
     from chatpipe.wiring import kafka_from_settings, topic_layout
 
     settings = Settings()
-    if not settings.kafka_bootstrap_servers:
+    if not settings.kafka.bootstrap_servers:
         raise typer.BadParameter("set KAFKA_BOOTSTRAP_SERVERS")
-    kafka = kafka_from_settings(settings, settings.kafka_bootstrap_servers)
+    kafka = kafka_from_settings(settings, settings.kafka.bootstrap_servers)
     created = asyncio.run(ensure_topics(kafka, topic_layout(settings)))
     typer.echo(f"created: {', '.join(created) or 'nothing (all exist)'}")
 
@@ -151,24 +151,25 @@ def store_create_schema() -> None:
     CHATPIPE_CASSANDRA_CREATE_SCHEMA=false.
     """
     settings = Settings()
-    if settings.store == "cassandra":
+    if settings.storage.store == "cassandra":
         from conversations.cassandra_store import create_schema
         from ledger.cassandra import create_schema as create_ledger_schema
 
+        storage = settings.storage
         for create in (create_schema, create_ledger_schema):  # the store's, the ledger's
-            asyncio.run(create(settings.cassandra_hosts, settings.cassandra_keyspace,
-                               settings.cassandra_replication_factor))  # fmt: skip
-        typer.echo(f"schema ready in keyspace {settings.cassandra_keyspace}")
+            asyncio.run(create(storage.cassandra_hosts, storage.cassandra_keyspace,
+                               storage.cassandra_replication_factor))  # fmt: skip
+        typer.echo(f"schema ready in keyspace {storage.cassandra_keyspace}")
         return
     from conversations.sqlite_store import SQLiteStore
 
     async def create() -> None:
-        store = SQLiteStore(settings.database_path)
+        store = SQLiteStore(settings.storage.database_path)
         await store.open()
         await store.close()
 
     asyncio.run(create())
-    typer.echo(f"schema ready in {settings.database_path}")
+    typer.echo(f"schema ready in {settings.storage.database_path}")
 
 
 KEY_FIELDS = ("id", "user", "org", "tier", "name", "created", "expires", "revoked")
@@ -367,9 +368,7 @@ def schemas_export(
 
 @app.command("make-tiny-model")
 def make_tiny_model(
-    out: Annotated[Path, typer.Option(help="directory to write")] = Settings.model_fields[
-        "model"
-    ].default,
+    out: Annotated[Path, typer.Option(help="directory to write")] = SETTINGS["model"].default,
 ) -> None:
     """Build the tiny random-weight Llama and its tokenizer used by tests and `make run`."""
     from chatpipe.tiny_model import build_tiny_model

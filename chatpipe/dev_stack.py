@@ -44,10 +44,10 @@ def running_sim_stack(settings: Settings) -> contextlib.AbstractAsyncContextMana
     return running_engine_stack(
         settings,
         SimEngine(
-            settings.model_name,
-            settings.max_slots,
-            settings.sim_tokens_per_s,
-            settings.sim_prompt_tokens_per_s,
+            settings.inference.model_name,
+            settings.inference.max_slots,
+            settings.inference.sim_tokens_per_s,
+            settings.inference.sim_prompt_tokens_per_s,
         ),
     )
 

@@ -27,10 +27,10 @@ def operator_kafka(settings: Settings) -> Any:
     from chatpipe.wiring import kafka_from_settings
     from ops.runtime_file import NoRunningStack, running_stack_info
 
-    if settings.kafka_bootstrap_servers:
-        return kafka_from_settings(settings, settings.kafka_bootstrap_servers)
+    if settings.kafka.bootstrap_servers:
+        return kafka_from_settings(settings, settings.kafka.bootstrap_servers)
     try:
-        info = running_stack_info(settings.database_path)
+        info = running_stack_info(settings.storage.database_path)
     except NoRunningStack as exc:
         _fail(str(exc))
     if info.embedded_broker:

@@ -31,7 +31,7 @@ def _history(kafka: Any, settings: Settings, alias: str | None = None
     the gateways applied (one naming a version not served they dead-lettered)."""
     from bus.replay import read_to_end
 
-    found = {name: [dict(weights)] for name, weights in settings.model_aliases.items()}
+    found = {name: [dict(weights)] for name, weights in settings.scheduler.model_aliases.items()}
     records = asyncio.run(read_to_end(kafka, topics.ROLLOUT, RolloutSet))
     for _, _, record in records:
         try:

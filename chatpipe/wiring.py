@@ -29,12 +29,7 @@ from gateway.app import GatewayDeps, create_app
 from gateway.cached_pipeline import CachedPipeline
 from gateway.config import (
     ServerToolsConfig,
-    ContextConfig,
     GatewayConfig,
-    QuotaConfig,
-    RateLimitConfig,
-    RequestLimits,
-    ResponseCacheConfig,
 )
 from gateway.context_builder import ContextBuilder
 from gateway.quotas import QuotaGate
@@ -44,13 +39,12 @@ from gateway.relay import KafkaPipeline
 from gateway.rollout import ModelAliases
 from gateway.slow_clients import guarded_protocol
 from ledger.store import SQLiteLedger, UsageLedger
-from moderation.policy import PolicyConfig, SafetyPolicy, build_policy
+from moderation.policy import SafetyPolicy, build_policy
 from ops.metrics import metrics_app
 from ops.runtime_file import published_run
 from ops.tracing import setup_tracing, shutdown_tracing
 from recorder.stage import RecorderStage
-from retrieval.documents import Documents, FileLimits
-from safety.core import SafetyConfig
+from retrieval.documents import Documents
 from safety.stage import SafetyStage
 from scheduler.core import Policy
 from scheduler.shards import Shard
@@ -61,8 +55,6 @@ from servertools.clock import Clock
 from servertools.documents import SearchDocuments
 from servertools.stage import ToolsStage
 from servertools.toolbox import ServerTool, Toolbox
-from workers.coalesce import ChunkPacing
-from workers.core import WorkerConfig
 from workers.engine import Engine
 from workers.stage import WorkerStage
 
@@ -85,15 +77,14 @@ async def open_kafka(
     """The configured Kafka, or an embedded broker living as long as `stack`. That one is
     started again on its port whenever it exits, empty (it keeps nothing on disk), with the shared
     topics and `own_topics` (read then) created again; `pause()` is held meanwhile."""
-    bootstrap = settings.kafka_bootstrap_servers
+    bootstrap = settings.kafka.bootstrap_servers
     if bootstrap:
-        kafka = kafka_from_settings(settings, bootstrap)
+        kafka = settings.kafka.client(bootstrap)
     else:
         broker = await stack.enter_async_context(EmbeddedBroker())
         # The embedded broker has no users: it listens on loopback only (bus.broker).
-        kafka = kafka_from_settings(
-            settings.model_copy(update={"kafka_security_protocol": "PLAINTEXT"}),
-            broker.bootstrap_servers,
+        kafka = settings.kafka.model_copy(update={"security_protocol": "PLAINTEXT"}).client(
+            broker.bootstrap_servers
         )
         await stack.enter_async_context(
             broker_kept_up(
@@ -101,7 +92,7 @@ async def open_kafka(
                 lambda: create_topics(
                     kafka,
                     {**topic_layout(settings).partitions(), **(own_topics or {})},
-                    settings.kafka_replication_factor,
+                    settings.kafka.replication_factor,
                 ),
                 pause,
             )
@@ -112,91 +103,71 @@ async def open_kafka(
 
 def kafka_from_settings(settings: Settings, bootstrap_servers: str) -> KafkaConfig:
     """The broker at `bootstrap_servers`, with this process's credential and tuning."""
-    password = settings.kafka_sasl_password
-    return KafkaConfig(
-        bootstrap_servers=bootstrap_servers,
-        compression=None if settings.kafka_compression == "none" else settings.kafka_compression,
-        idempotence=settings.kafka_idempotence,
-        session_timeout_ms=settings.kafka_session_timeout_ms,
-        heartbeat_interval_ms=settings.kafka_heartbeat_interval_ms,
-        fetch_max_wait_ms=settings.kafka_fetch_max_wait_ms,
-        bulk_fetch_max_wait_ms=settings.kafka_bulk_fetch_max_wait_ms,
-        idle_fetch_wait_ms=settings.kafka_idle_fetch_wait_ms,
-        idle_after_s=settings.kafka_idle_after_s,
-        loaded_fetch_wait_ms=settings.kafka_loaded_fetch_wait_ms,
-        loaded_streams=settings.kafka_loaded_streams,
-        first_event_fetch_wait_ms=settings.kafka_first_event_fetch_wait_ms,
-        linger_ms=settings.kafka_linger_ms,
-        security_protocol=settings.kafka_security_protocol,
-        sasl_mechanism=settings.kafka_sasl_mechanism,
-        sasl_username=settings.kafka_sasl_username,
-        sasl_password=password.get_secret_value() if password is not None else None,
-        ssl_cafile=str(settings.kafka_ssl_cafile) if settings.kafka_ssl_cafile else None,
-    )
+    return settings.kafka.client(bootstrap_servers)
 
 
 def topic_layout(settings: Settings) -> TopicLayout:
-    return TopicLayout(
-        settings.topic_partitions,
-        settings.work_partitions,
-        settings.kafka_replication_factor,
-        shards=tuple(settings.scheduler_shards),
+    return settings.topics.layout(
+        settings.kafka.replication_factor, shards=tuple(settings.scheduler.scheduler_shards)
     )
 
 
 def build_engine(settings: Settings) -> Engine:
-    if settings.engine == "sim":
+    engine = settings.inference
+    if engine.engine == "sim":
         from workers.sim_engine import SimEngine
 
         return SimEngine(
-            settings.model_name,
-            settings.max_slots,
-            settings.sim_tokens_per_s,
-            settings.sim_prompt_tokens_per_s,
+            engine.model_name,
+            engine.max_slots,
+            engine.sim_tokens_per_s,
+            engine.sim_prompt_tokens_per_s,
         )
     from workers.vllm_engine import VllmEngine
 
     return VllmEngine(
-        settings.model, settings.model_name, settings.vllm_args, tool_parser=settings.tool_parser
+        engine.model, engine.model_name, engine.vllm_args, tool_parser=engine.tool_parser
     )
 
 
 def build_store(settings: Settings) -> ConversationStore:
-    if settings.store == "cassandra":
+    store = settings.storage
+    if store.store == "cassandra":
         from conversations.cassandra_store import CassandraStore
 
         return CassandraStore(
-            settings.cassandra_hosts,
-            settings.cassandra_keyspace,
-            create_schema=settings.cassandra_create_schema,
-            replication_factor=settings.cassandra_replication_factor,
+            store.cassandra_hosts,
+            store.cassandra_keyspace,
+            create_schema=store.cassandra_create_schema,
+            replication_factor=store.cassandra_replication_factor,
             key_secret=key_secret(settings),
         )
-    return SQLiteStore(settings.database_path, key_secret=key_secret(settings))
+    return SQLiteStore(store.database_path, key_secret=key_secret(settings))
 
 
 def build_ledger(settings: Settings) -> UsageLedger:
     """The usage ledger billing writes and the gateway's quotas read, beside the
     conversation store: its SQLite file, or its Cassandra keyspace."""
-    if settings.store == "cassandra":
+    store = settings.storage
+    if store.store == "cassandra":
         from ledger.cassandra import CassandraLedger
 
         return CassandraLedger(
-            settings.cassandra_hosts,
-            settings.cassandra_keyspace,
-            create_schema=settings.cassandra_create_schema,
-            replication_factor=settings.cassandra_replication_factor,
+            store.cassandra_hosts,
+            store.cassandra_keyspace,
+            create_schema=store.cassandra_create_schema,
+            replication_factor=store.cassandra_replication_factor,
         )
-    return SQLiteLedger(settings.database_path)
+    return SQLiteLedger(store.database_path)
 
 
 def gateway_pipeline(kafka: KafkaConfig, settings: Settings) -> KafkaPipeline:
     """A gateway's Kafka side, keeping its model aliases current from chat.rollout."""
     return KafkaPipeline(
         kafka,
-        settings.gateway_id,
-        heartbeat_interval_s=settings.heartbeat_interval_s,
-        aliases=ModelAliases(settings.model_aliases, settings.models),
+        settings.gateway.gateway_id,
+        heartbeat_interval_s=settings.worker.heartbeat_interval_s,
+        aliases=ModelAliases(settings.scheduler.model_aliases, settings.models),
     )
 
 
@@ -206,102 +177,51 @@ def safety_policy(
     """The classifiers of the input and output checks, made once per process (the
     embedding model loads once); the judge, input only, asks through `client` (a
     gateway's, started). A safety stage run alone builds the output check only."""
+    safety = settings.safety
     if output_only:
-        settings = settings.model_copy(update={"safety_input_classifiers": {}})
-    if not settings.safety_judge_model and any(
-        "judge" in names for names in settings.safety_input_classifiers.values()
+        safety = safety.model_copy(update={"input_classifiers": {}})
+    if not safety.judge_model and any(
+        "judge" in names for names in safety.input_classifiers.values()
     ):
         raise ValueError(
             "CHATPIPE_SAFETY_INPUT_CLASSIFIERS names the judge: "
             "set CHATPIPE_SAFETY_JUDGE_MODEL, the model it asks"
         )
     ask = None
-    if settings.safety_judge_model and client is not None:
+    if safety.judge_model and client is not None:
         from safety.judge import judge_ask
 
-        ask = judge_ask(client, settings.safety_judge_model)
-    return build_policy(
-        PolicyConfig(
-            input_classifiers=settings.safety_input_classifiers,
-            output_classifiers=settings.safety_output_classifiers,
-            rule_categories=settings.safety_rule_categories,
-            input_pii=settings.safety_input_pii,
-            output_pii=settings.safety_output_pii,
-            embedding_exemplars=settings.safety_embedding_exemplars,
-            embedding_threshold=settings.safety_embedding_threshold,
-        ),
-        ask,
-    )
+        ask = judge_ask(client, safety.judge_model)
+    return build_policy(safety.policy_config(), ask)
 
 
 def gateway_config(settings: Settings) -> GatewayConfig:
     """What the gateway reads of the settings."""
+    gateway, context = settings.gateway, settings.context
+    tools = settings.tools
     return GatewayConfig(
-        limits=RequestLimits(
-            models=tuple(settings.models),
-            default_model=settings.model_name,
-            tier_models={tier: tuple(models) for tier, models in settings.tier_models.items()},
-            max_message_chars=settings.max_message_chars,
-            max_messages=settings.max_messages,
-            max_stop_sequences=settings.max_stop_sequences,
-            max_stop_chars=settings.max_stop_chars,
-            max_tools=settings.max_tools,
-            max_choices=settings.max_choices,
-            max_tokens_limit=settings.max_tokens_limit,
-            default_max_tokens=settings.default_max_tokens,
+        limits=gateway.limits(
+            settings.models, settings.inference.model_name, settings.scheduler.tier_models
         ),
-        context=ContextConfig(
-            system_prompt=settings.system_prompt,
-            window_tokens=dict(settings.context_window_tokens),
-            default_window_tokens=settings.max_model_len,
-            strategies=dict(settings.context_strategy),
-            default_strategy=settings.default_context_strategy,
-            keep_ratio=settings.context_keep_ratio,
-            summary_trigger_ratio=settings.summary_trigger_ratio,
-            retrieve_top_k=settings.retrieve_top_k,
-            retrieve_min_similarity=settings.retrieve_min_similarity,
-            retrieve_budget_ratio=settings.retrieve_budget_ratio,
-            tokenizers=dict(settings.context_tokenizers),
-            default_tokenizer=settings.model,
-            embedding_model=settings.embedding_model,
-            summary_model=settings.summary_model or settings.small_model,
-            summary_max_tokens=settings.summary_max_tokens,
+        context=context.config(
+            default_window_tokens=settings.inference.max_model_len,
+            default_tokenizer=settings.inference.model,
+            small_model=settings.scheduler.small_model,
         ),
-        rate_limits=RateLimitConfig(
-            user_requests_per_minute=settings.user_requests_per_minute,
-            org_requests_per_minute=settings.org_requests_per_minute,
-            user_tokens_per_minute=settings.user_tokens_per_minute,
-            org_tokens_per_minute=settings.org_tokens_per_minute,
-            storage=settings.rate_limit_storage,
-        ),
-        quotas=QuotaConfig(
-            user_token_budget=settings.user_token_budget,
-            org_token_budget=settings.org_token_budget,
-            period=settings.budget_period,
-        ),
-        request_timeout_s=settings.request_timeout_s,
-        stream_stall_s=settings.stream_stall_s,
-        resume_grace_s=settings.resume_grace_s,
-        max_body_bytes=settings.max_body_bytes,
-        body_read_timeout_s=settings.body_read_timeout_s,
-        auto_titles=settings.auto_titles,
-        files=FileLimits(
-            max_file_bytes=settings.max_file_bytes,
-            max_chunks=settings.max_file_chunks,
-            chunk_chars=settings.file_chunk_chars,
-            overlap_chars=settings.file_chunk_overlap_chars,
-            top_k=settings.file_top_k,
-            min_score=settings.file_min_score,
-        ),
-        response_cache=ResponseCacheConfig(
-            ttl_s=settings.response_cache_ttl_s,
-            tokens_per_s=settings.response_cache_tokens_per_s,
-            system_prompt=settings.system_prompt,
-        ),
+        rate_limits=settings.rate_limits.rate_limits(),
+        quotas=settings.rate_limits.quotas(),
+        request_timeout_s=gateway.request_timeout_s,
+        stream_stall_s=gateway.stream_stall_s,
+        resume_grace_s=gateway.resume_grace_s,
+        max_body_bytes=gateway.max_body_bytes,
+        body_read_timeout_s=gateway.body_read_timeout_s,
+        auto_titles=context.auto_titles,
+        files=settings.files.limits(),
+        response_cache=gateway.response_cache(context.system_prompt),
         server_tools=ServerToolsConfig(
-            tools=catalog.specs(settings.server_tools), max_rounds=settings.max_tool_rounds
+            tools=catalog.specs(tools.server_tools), max_rounds=tools.max_tool_rounds
         ),
-        max_embedding_inputs=settings.max_embedding_inputs,
+        max_embedding_inputs=settings.embeddings.max_embedding_inputs,
     )
 
 
@@ -340,10 +260,12 @@ async def ensure_dev_key(store: ConversationStore, settings: Settings) -> str:
 
     The development keys stored before (an earlier start's random key, or an earlier
     CHATPIPE_DEV_API_KEY) are revoked: only the key printed last opens."""
-    key = settings.dev_api_key or f"cp-dev-{secrets.token_urlsafe(18)}"
+    key = settings.gateway.dev_api_key or f"cp-dev-{secrets.token_urlsafe(18)}"
     await store.add_api_key(
         key,
-        ApiKey(user_id=DEV_USER, org_id=DEV_USER, tier=settings.default_tier, name=DEV_KEY_NAME),
+        ApiKey(
+            user_id=DEV_USER, org_id=DEV_USER, tier=settings.gateway.default_tier, name=DEV_KEY_NAME
+        ),
     )
     current = await store.find_api_key(key)
     if current is not None and current.revoked_at is not None:
@@ -357,35 +279,13 @@ async def ensure_dev_key(store: ConversationStore, settings: Settings) -> str:
 
 
 def worker_stage(kafka: KafkaConfig, engine: Engine, settings: Settings) -> WorkerStage:
-    pacing = ChunkPacing(
-        settings.coalesce_ms / 1000,
-        settings.coalesce_max_ms / 1000,
-        settings.coalesce_max_chunks_per_s,
-    )
-    return WorkerStage(
-        kafka,
-        engine,
-        WorkerConfig(
-            settings.worker_id,
-            pacing,
-            settings.heartbeat_interval_s,
-            settings.ready_file,
-            shard=settings.shard_of(settings.model_name),
-        ),
-    )
+    shard = settings.shard_of(settings.inference.model_name)
+    return WorkerStage(kafka, engine, settings.worker.config(shard))
 
 
 def safety_stage(kafka: KafkaConfig, settings: Settings, policy: SafetyPolicy) -> SafetyStage:
-    return SafetyStage(
-        kafka,
-        policy,
-        SafetyConfig(
-            window_chars=settings.safety_window_chars,
-            overlap_chars=settings.safety_overlap_chars,
-            sentences=settings.safety_sentence_window,
-            idle_timeout_s=settings.generation_idle_timeout_s,
-        ),
-    )
+    config = settings.safety.stage_config(settings.gateway.generation_idle_timeout_s)
+    return SafetyStage(kafka, policy, config)
 
 
 def build_documents(settings: Settings, store: ConversationStore) -> Documents:
@@ -405,10 +305,11 @@ def tools_stage(
         "clock": Clock,
         "search_documents": lambda: SearchDocuments(store, documents),
     }
-    searches = "search_documents" in settings.server_tools
+    tools = settings.tools
+    searches = "search_documents" in tools.server_tools
     return ToolsStage(
         kafka,
-        Toolbox([built[name]() for name in settings.server_tools], settings.server_tool_timeout_s),
+        Toolbox([built[name]() for name in tools.server_tools], tools.server_tool_timeout_s),
         warm_up=documents.warm_up if searches else None,
     )
 
@@ -416,30 +317,16 @@ def tools_stage(
 def recorder_stage(
     kafka: KafkaConfig, store: ConversationStore, settings: Settings
 ) -> RecorderStage:
-    return RecorderStage(kafka, store, settings.generation_idle_timeout_s)
+    return RecorderStage(kafka, store, settings.gateway.generation_idle_timeout_s)
 
 
 def scheduling_policy(settings: Settings, shard: Shard = Shard()) -> Policy:
     """The policy of `shard`'s scheduler: routes between models stay inside the shard."""
-    inside = shard.decides
-    return Policy(
-        min_share=settings.tier_min_share,
-        max_wait_s=settings.tier_max_wait_s,
-        affinity_max_load=settings.affinity_max_load,
-        tier_models=settings.tier_models,
-        fallback_models={
-            model: fallback
-            for model, fallback in settings.fallback_models.items()
-            if inside(model) and inside(fallback)
-        },
-        small_model=settings.small_model
-        if settings.small_model and inside(settings.small_model)
-        else None,
-        simple_request_max_chars=settings.simple_request_max_chars,
-        queue_update_interval_s=settings.queue_update_interval_s,
-        worker_lost_after_s=settings.worker_lost_after_s,
+    return settings.scheduler.policy(
+        shard.decides,
+        worker_lost_after_s=settings.worker.worker_lost_after_s,
         # A gateway's heartbeats stop, then clients have the resume grace to come back.
-        gateway_grace_s=settings.resume_grace_s + 2 * settings.heartbeat_interval_s,
+        gateway_grace_s=settings.gateway.resume_grace_s + 2 * settings.worker.heartbeat_interval_s,
     )
 
 
@@ -448,13 +335,14 @@ def scheduler_stage(
 ) -> SchedulerStage:
     """The scheduler of `shard` (default: the settings' `scheduler_shard`). Only the
     unnamed shard's deletes the delivery topics of gone gateways (one janitor)."""
-    of = Shard.of(settings.scheduler_shards, settings.scheduler_shard if shard is None else shard)
+    scheduler = settings.scheduler
+    of = Shard.of(scheduler.scheduler_shards, scheduler.scheduler_shard if shard is None else shard)
     return SchedulerStage(
         kafka,
         scheduling_policy(settings, of),
-        deliver_topic_ttl_s=0.0 if of.name else settings.deliver_topic_ttl_s,
+        deliver_topic_ttl_s=0.0 if of.name else settings.gateway.deliver_topic_ttl_s,
         shard=of,
-        gc_freeze_s=settings.scheduler_gc_freeze_s,
+        gc_freeze_s=scheduler.scheduler_gc_freeze_s,
     )
 
 
@@ -472,14 +360,15 @@ def gateway_server(
     """The gateway's HTTP server: headers bounded in time (`header_read_timeout_s`),
     bodies by the app; /docs and /openapi.json with `api_docs` (unset: `docs_by_default`,
     on under `chatpipe up`, off for a gateway run alone)."""
-    api_docs = docs_by_default if settings.api_docs is None else settings.api_docs
+    gateway = settings.gateway
+    api_docs = docs_by_default if gateway.api_docs is None else gateway.api_docs
     config = uvicorn.Config(
         create_app(deps, api_docs=api_docs),
-        host=settings.host,
-        port=settings.port,
+        host=gateway.host,
+        port=gateway.port,
         log_level="warning",
         lifespan="on",
-        http=guarded_protocol(settings.header_read_timeout_s),
+        http=guarded_protocol(gateway.header_read_timeout_s),
     )
     return _EmbeddedServer(config)
 
@@ -536,7 +425,7 @@ class Stack:
 
     @property
     def base_url(self) -> str:
-        return f"http://{self.settings.host}:{self.settings.port}"
+        return f"http://{self.settings.gateway.host}:{self.settings.gateway.port}"
 
 
 @contextlib.asynccontextmanager
@@ -544,15 +433,15 @@ async def running_stack(settings: Settings, engine: Engine | None) -> AsyncItera
     """Start everything around an already started engine; stop it all on exit.
 
     With `engine=None` no worker runs in this process (workers run elsewhere)."""
-    if settings.port == 0:
-        settings = settings.model_copy(update={"port": free_port(settings.host)})
+    if settings.gateway.port == 0:
+        settings = settings.replace(port=free_port(settings.gateway.host))
     settings = development_settings(settings)  # the key secret (chatpipe.api_keys)
     async with contextlib.AsyncExitStack() as stack:
         supervisor = Supervisor()
         delivery_topic: dict[str, int] = {}  # once the pipeline has one
         shards = {
             shard: f"scheduler-{shard}" if shard else "scheduler"
-            for shard in ("", *settings.scheduler_shards)
+            for shard in ("", *settings.scheduler.scheduler_shards)
         }  # one scheduler each
         kafka_stages = (*shards.values(), "safety", "recorder", "billing", "tools", "worker")
         pipelines: list[KafkaPipeline] = []
@@ -588,7 +477,7 @@ async def running_stack(settings: Settings, engine: Engine | None) -> AsyncItera
             )
             for shard, name in shards.items()
         }
-        scheduler = schedulers[settings.shard_of(settings.model_name)]
+        scheduler = schedulers[settings.shard_of(settings.inference.model_name)]
         supervisor.start("safety", lambda: safety_stage(kafka, settings, policy))
         supervisor.start("recorder", lambda: recorder_stage(kafka, store, settings))
         supervisor.start("billing", lambda: BillingStage(kafka, ledger))
@@ -666,7 +555,7 @@ async def run_all(settings: Settings) -> None:
     """`chatpipe up`: broker (unless external), every stage and the gateway, one process."""
     _configure_logging()
     settings = development_settings(settings)  # before the engine loads: may refuse
-    setup_tracing(settings.otlp_endpoint)
+    setup_tracing(settings.tracing.otlp_endpoint)
     engine = build_engine(settings)
     await engine.start()
     try:
@@ -674,10 +563,10 @@ async def run_all(settings: Settings) -> None:
             _freeze_startup_objects()
             print(f"chatpipe is up: {stack.base_url}/  API key: {stack.api_key}", flush=True)
             with published_run(
-                settings.database_path,
+                settings.storage.database_path,
                 stack.kafka.bootstrap_servers,
                 stack.base_url,
-                not settings.kafka_bootstrap_servers,
+                not settings.kafka.bootstrap_servers,
             ):
                 await _until_stopped(stack.tasks)
     finally:
@@ -688,18 +577,18 @@ async def run_all(settings: Settings) -> None:
 async def run_stage(stage: str, settings: Settings) -> None:
     """One stage in its own process, against the Kafka in KAFKA_BOOTSTRAP_SERVERS."""
     _configure_logging()
-    if not settings.kafka_bootstrap_servers:
+    if not settings.kafka.bootstrap_servers:
         raise SystemExit("set KAFKA_BOOTSTRAP_SERVERS to run a single stage")
     if stage == "gateway":  # it checks API keys; no development secret outside chatpipe up
         require_key_secret(settings, "chatpipe gateway")
-        if (unshared := per_process(settings.rate_limit_storage)) is not None:
+        if (unshared := per_process(settings.rate_limits.rate_limit_storage)) is not None:
             log.warning("%s", unshared)  # a gateway run alone is one of many
     async with contextlib.AsyncExitStack() as stack:
-        if setup_tracing(settings.otlp_endpoint):
+        if setup_tracing(settings.tracing.otlp_endpoint):
             stack.callback(shutdown_tracing)
         kafka = await open_kafka(settings, stack)
-        if settings.metrics_port is not None:
-            await stack.enter_async_context(serving_metrics(settings.metrics_port))
+        if settings.gateway.metrics_port is not None:
+            await stack.enter_async_context(serving_metrics(settings.gateway.metrics_port))
         runners: dict[str, Callable[[], Awaitable[None]]] = {
             "scheduler": lambda: scheduler_stage(kafka, settings).run(),
         }
@@ -723,7 +612,7 @@ async def run_stage(stage: str, settings: Settings) -> None:
                     kafka, settings, store, build_documents(settings, store)
                 ).run()
             else:
-                if settings.dev_api_key:  # the dev user only when asked for
+                if settings.gateway.dev_api_key:  # the dev user only when asked for
                     await ensure_dev_key(store, settings)
                 pipeline = await stack.enter_async_context(gateway_pipeline(kafka, settings))
                 deps = build_gateway_deps(
@@ -745,7 +634,7 @@ async def run_stage(stage: str, settings: Settings) -> None:
         try:
             await _until_stopped({stage: task})
             if worker is not None and not task.done():
-                await worker.drain(settings.drain_timeout_s)
+                await worker.drain(settings.worker.drain_timeout_s)
         finally:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)

@@ -12,10 +12,10 @@ from __future__ import annotations
 import logging
 import time
 
-from aiokafka.structs import ConsumerRecord
+from aiokafka.structs import ConsumerRecord, TopicPartition
 
 from bus.clients import KafkaConfig
-from bus.stage_runner import StageRunner
+from bus.stage_runner import RunnerOptions, Stage, StageRunner
 from bus.subscriber import decode_record
 from common.durable import retried
 from conversations.answers import finish_answer
@@ -30,7 +30,7 @@ STAGE = "recorder"
 GROUP = "chatpipe-recorder"
 
 
-class RecorderStage:
+class RecorderStage(Stage):
     def __init__(
         self, kafka: KafkaConfig, store: ConversationStore, idle_timeout_s: float = 120.0
     ) -> None:
@@ -41,15 +41,23 @@ class RecorderStage:
             STAGE,
             GROUP,
             [topics.ANSWERS],
-            bulk=True,
-            commit_floor=lambda tp: self.recorder.commit_floor(tp.partition),
-            on_revoke=lambda tp: self.recorder.forget_partition(tp.partition),
+            self,
+            RunnerOptions(bulk=True),
         )
 
     async def run(self) -> None:
-        await self.runner.run(self._handle, self._expire)
+        await self.runner.run()
 
-    async def _handle(self, record: ConsumerRecord) -> None:
+    def commit_floor(self, tp: TopicPartition) -> int | None:
+        return self.recorder.commit_floor(tp.partition)
+
+    def on_revoke(self, tp: TopicPartition) -> None:
+        self.recorder.forget_partition(tp.partition)
+
+    async def after_batch(self) -> None:
+        await self._expire()
+
+    async def handle(self, record: ConsumerRecord) -> None:
         event = decode_record(ANSWER_EVENT, record)
         message = self.recorder.on_event(
             event, partition=record.partition, offset=record.offset, now=time.monotonic()

@@ -20,12 +20,12 @@ import time
 from collections import deque
 
 from aiokafka.errors import UnknownTopicOrPartitionError
-from aiokafka.structs import ConsumerRecord
+from aiokafka.structs import ConsumerRecord, TopicPartition
 
 from bus.clients import KafkaConfig
 from bus.fetch_pace import Batch
 from bus.produce_failures import PIPELINE_REJECTED, PIPELINE_REJECTED_MESSAGE, RecordRejected
-from bus.stage_runner import Offsets, StageRunner
+from bus.stage_runner import Offsets, RunnerOptions, Stage, StageRunner
 from bus.subscriber import decode_record
 from moderation.classifiers import Verdict, first_verdict
 from moderation.policy import SafetyPolicy
@@ -47,7 +47,7 @@ ATTEMPT_MARKER = (EVENT_TYPE_HEADER, b"attempt")
 """The header of an `AttemptStarted` record (`schemas.codec.headers`)."""
 
 
-class SafetyStage:
+class SafetyStage(Stage):
     def __init__(self, kafka: KafkaConfig, policy: SafetyPolicy, config: SafetyConfig) -> None:
         self.policy = policy
         self.core = SafetyCore(config)
@@ -57,20 +57,31 @@ class SafetyStage:
             STAGE,
             GROUP,
             [topics.TOKENS],
-            poll_ms=100,
-            commit_floor=lambda tp: self.core.commit_floor(tp.partition),
-            on_revoke=lambda tp: self.core.forget_partition(tp.partition),
-            busy_while=lambda: self.core.open_count,
-            eager=lambda batch: self.core.awaiting_first_chunk or _starts_a_stream(batch),
-            commit_rule=self._commit_due,
+            self,
+            RunnerOptions(poll_ms=100),
         )
         self._committed_at = float("-inf")
         self._gone_topics: dict[str, float] = {}  # delivery topic -> dropped until
 
     async def run(self) -> None:
-        await self.runner.run(self._handle, self._expire, self._on_failure)
+        await self.runner.run()
 
-    async def _handle(self, record: ConsumerRecord) -> None:
+    def commit_floor(self, tp: TopicPartition) -> int | None:
+        return self.core.commit_floor(tp.partition)
+
+    def on_revoke(self, tp: TopicPartition) -> None:
+        self.core.forget_partition(tp.partition)
+
+    def busy(self) -> int:
+        return self.core.open_count
+
+    def eager(self, batch: Batch) -> bool:
+        return self.core.awaiting_first_chunk or _starts_a_stream(batch)
+
+    async def after_batch(self) -> None:
+        await self._expire()
+
+    async def handle(self, record: ConsumerRecord) -> None:
         event = decode_record(TOKEN_EVENT, record)
         step = self.core.on_event(event, record.partition, record.offset, time.monotonic())
         if isinstance(step, Check):
@@ -91,7 +102,7 @@ class SafetyStage:
     async def _send(self, outputs: list[Output]) -> None:
         """Send every output; one the bus refuses (`RecordRejected`) is raised once the
         others are sent, so a stored answer still reaches `chat.answers` when its
-        gateway's topic refuses it, and the stream then ends (`_on_failure`)."""
+        gateway's topic refuses it, and the stream then ends (`on_failure`)."""
         for output in outputs:
             if isinstance(output, ModerationEvent):
                 log.info("retracting %s: %s", output.message_id, output.reason)
@@ -113,7 +124,7 @@ class SafetyStage:
         if rejected is not None:
             raise rejected
 
-    def _commit_due(self, offsets: Offsets) -> Offsets:
+    def commit_rule(self, offsets: Offsets) -> Offsets:
         """The done offsets, once COMMIT_EVERY_S has passed since the last commit."""
         now = time.monotonic()
         if not offsets or now - self._committed_at < COMMIT_EVERY_S:
@@ -121,7 +132,7 @@ class SafetyStage:
         self._committed_at = now
         return offsets
 
-    async def _on_failure(self, record: ConsumerRecord, exc: Exception) -> None:
+    async def on_failure(self, record: ConsumerRecord, exc: Exception) -> None:
         try:
             event = decode_record(TOKEN_EVENT, record)
         except EventDecodeError:

@@ -10,11 +10,11 @@ reads the claim stops acting (fenced) and stays idle.
 restarted scheduler replays it from its committed offset up to its own claim (a known
 end: Tansu cannot say where a partition ends), so a request it reads again is never
 decided twice; `JournalWindow` says which journal offset may be committed. It runs on
-the stage runner by assignment (`StageRunner(assign=True)`): every topic read from the
+the stage runner by assignment (`RunnerOptions(assign=True)`): every topic read from the
 group's committed offsets, no group join, so a restart never waits for a dead member's
 session to time out. A request's offset is committed once it is decided (dispatched or
 ended), after its events are sent; heartbeats and control events less often
-(`_commit_rule`); `chat.scheduler` only by the claim; the journal after them
+(`commit_rule`); `chat.scheduler` only by the claim; the journal after them
 (`_commit_journal`). Decisions are made one batch at a time, after the batch's records.
 
 Before each attempt it writes the attempt's `AttemptStarted` marker on `chat.tokens`;
@@ -34,7 +34,7 @@ from aiokafka.structs import ConsumerRecord, TopicPartition
 from bus.clients import KafkaConfig
 from bus.produce_failures import PIPELINE_REJECTED, RecordRejected, RetryingPublisher
 from bus.replay import read_between
-from bus.stage_runner import Offsets, StageRunner
+from bus.stage_runner import Offsets, RunnerOptions, Stage, StageRunner
 from bus.subscriber import decode_record, failed
 from ops import metrics, tracing
 from scheduler.claims import Claim
@@ -83,7 +83,7 @@ SWEEP_S = 60.0
 BEAT_TOPICS = frozenset({topics.WORKERS, topics.CONTROL})
 
 
-class SchedulerStage:
+class SchedulerStage(Stage):
     def __init__(
         self,
         kafka: KafkaConfig,
@@ -114,12 +114,8 @@ class SchedulerStage:
                 topics.SCHEDULER,
                 self.work_topic,
             ),
-            assign=True,
-            poll_ms=100,
-            busy_while=self._busy,
-            wakes=lambda topic: topic.startswith(topics.REQUESTS_PREFIX),
-            commit_rule=self._commit_rule,
-            after_commit=self._commit_journal,
+            self,
+            RunnerOptions(assign=True, poll_ms=100),
         )
         self.publisher: RetryingPublisher
         self._sources: dict[str, tuple[TopicPartition, int]] = {}
@@ -153,9 +149,7 @@ class SchedulerStage:
         try:
             await self._start()
             janitor = asyncio.create_task(self.delivery_topics.run(), name="delivery-topics")
-            await self.runner.consume(
-                self._handle, self._decide, self._on_failure, until=self.fenced.is_set
-            )
+            await self.runner.consume(until=self.fenced.is_set)
         finally:
             if janitor is not None:
                 janitor.cancel()
@@ -165,7 +159,16 @@ class SchedulerStage:
     def _delivering(self) -> set[str]:
         return {request.reply_to for request in (*self.core.waiting(), *self.core.running())}
 
-    def _busy(self) -> int:
+    def wakes(self, topic: str) -> bool:
+        return topic.startswith(topics.REQUESTS_PREFIX)
+
+    async def after_batch(self) -> None:
+        await self._decide()
+
+    async def after_commit(self, committed: Offsets) -> None:
+        await self._commit_journal(committed)
+
+    def busy(self) -> int:
         """Requests waiting or in flight: the streams this scheduler carries."""
         return self.core.waiting_count + sum(
             len(worker.in_flight) for worker in self.core.registry.workers.values()
@@ -209,7 +212,7 @@ class SchedulerStage:
 
     # --- records ----------------------------------------------------------------------
 
-    async def _handle(self, record: ConsumerRecord) -> None:
+    async def handle(self, record: ConsumerRecord) -> None:
         """One record; the runner marks it done unless it is a request left waiting."""
         if self.fenced.is_set():
             return
@@ -294,7 +297,7 @@ class SchedulerStage:
         if admission.routed_reason:
             await self._announce_route(request, admission.routed_reason)
 
-    async def _on_failure(self, record: ConsumerRecord, exc: Exception) -> None:
+    async def on_failure(self, record: ConsumerRecord, exc: Exception) -> None:
         """A request whose handling failed ends its stream (it may have been queued)."""
         if not record.topic.startswith(topics.REQUESTS_PREFIX):
             return
@@ -568,7 +571,7 @@ class SchedulerStage:
             key=STAGE,
         )
 
-    def _commit_rule(self, done: Offsets) -> Offsets:
+    def commit_rule(self, done: Offsets) -> Offsets:
         """What the runner commits after each batch's decisions (after flushing their
         events): nothing once fenced (the newer scheduler commits); never
         `chat.scheduler` (the claim commits it, so a restart reads every claim since);

@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable
 from aiokafka.structs import ConsumerRecord, TopicPartition
 
 from bus.clients import KafkaConfig
-from bus.stage_runner import StageRunner
+from bus.stage_runner import RunnerOptions, Stage, StageRunner
 from bus.subscriber import decode_record
 from schemas import topics
 from schemas.events import ToolRound
@@ -33,7 +33,7 @@ STAGE = "tools"
 GROUP = "chatpipe-tools"
 
 
-class ToolsStage:
+class ToolsStage(Stage):
     def __init__(
         self,
         kafka: KafkaConfig,
@@ -50,22 +50,24 @@ class ToolsStage:
             STAGE,
             GROUP,
             [topics.TOOLS],
-            poll_ms=100,
-            commit_on_revoke=True,
-            busy_while=lambda: len(self._rounds),
+            self,
+            RunnerOptions(poll_ms=100, commit_on_revoke=True),
         )
 
     async def run(self) -> None:
         warming = asyncio.create_task(_warmed(self._warm_up)) if self._warm_up else None
         try:
-            await self.runner.run(self._handle)
+            await self.runner.run()
         finally:
             for task in self._rounds:
                 task.cancel()
             if warming is not None:
                 warming.cancel()
 
-    async def _handle(self, record: ConsumerRecord) -> None:
+    def busy(self) -> int:
+        return len(self._rounds)
+
+    async def handle(self, record: ConsumerRecord) -> None:
         tool_round = decode_record(ToolRound, record)
         if tool_round.request.server_tools is None:
             raise ValueError("a tool round of a turn without server tools")

@@ -32,7 +32,7 @@ from aiokafka.structs import ConsumerRecord, TopicPartition
 from bus.clients import KafkaConfig
 from bus.fetch_pace import NO_RECORDS, PacedConsumer
 from bus.produce_failures import RecordRejected
-from bus.stage_runner import StageRunner
+from bus.stage_runner import RunnerOptions, Stage, StageRunner
 from bus.subscriber import consume, decode_record
 from bus.topics import topic_partitions
 from ops import tracing
@@ -62,7 +62,7 @@ GROUP = "chatpipe-workers"
 SHUTDOWN_S = 5.0
 
 
-class WorkerStage:
+class WorkerStage(Stage):
     def __init__(self, kafka: KafkaConfig, engine: Engine, config: WorkerConfig) -> None:
         self.kafka = kafka
         self.engine = engine
@@ -75,10 +75,8 @@ class WorkerStage:
             STAGE,
             f"{GROUP}-{config.shard}" if config.shard else GROUP,
             [topics.work_topic(config.shard)],
-            poll_ms=100,
-            commit_on_revoke=True,
-            on_assign=self._assigned,
-            busy_while=lambda: len(self.book.running),
+            self,
+            RunnerOptions(poll_ms=100, commit_on_revoke=True),
         )
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._control: PacedConsumer | None = None  # set by `run`
@@ -115,7 +113,7 @@ class WorkerStage:
         self.started.set()
         watch_worker(self.engine)
         loops = [
-            asyncio.create_task(self.runner.consume(self._on_work)),
+            asyncio.create_task(self.runner.consume()),
             asyncio.create_task(
                 consume(control, STAGE, self.publisher, self._on_control, poll_ms=100)
             ),
@@ -174,7 +172,11 @@ class WorkerStage:
 
     # --- assignments ----------------------------------------------------------------
 
-    async def _on_work(self, record: ConsumerRecord) -> None:
+    def busy(self) -> int:
+        return len(self.book.running)
+
+    async def handle(self, record: ConsumerRecord) -> None:
+        """A record of chat.work."""
         event = decode_record(WORK_EVENT, record)
         if isinstance(event, SchedulerClaim):
             self.book.claimed(record.partition, event.epoch)
@@ -302,7 +304,7 @@ class WorkerStage:
 
     # --- rebalances, heartbeats --------------------------------------------------------
 
-    def _assigned(self, assigned: set[TopicPartition]) -> None:
+    def on_assign(self, assigned: set[TopicPartition]) -> None:
         self.book.partitions = tuple(sorted(tp.partition for tp in assigned))
         self.heartbeat_now.set()
 

@@ -29,7 +29,7 @@ async def slow_stack(tmp_path_factory) -> AsyncIterator[Stack]:
         max_slots=1,
         auto_titles=False,
     )
-    engine = SimEngine(settings.model_name, 1, SLOW_TOKENS_PER_S, 1e6)
+    engine = SimEngine(settings.inference.model_name, 1, SLOW_TOKENS_PER_S, 1e6)
     async with running_stack(settings, engine) as stack:
         await _first_answer(stack)
         yield stack

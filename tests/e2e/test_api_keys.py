@@ -63,7 +63,7 @@ async def status(base_url: str, key: str) -> int:
 
 
 async def test_a_revoked_key_is_refused_at_once(sim_stack: Stack) -> None:
-    database = sim_stack.settings.database_path
+    database = sim_stack.settings.storage.database_path
     assert secret_file(database).exists()  # the CLI uses it: no CHATPIPE_KEY_SECRET here
     user = f"user-{uuid.uuid4().hex[:6]}"
     key = await create_key(database, "--user", user, "--org", "acme", "--tier", "pro")
@@ -85,7 +85,7 @@ async def test_a_revoked_key_is_refused_at_once(sim_stack: Stack) -> None:
 
 
 async def test_an_expired_key_is_refused(sim_stack: Stack) -> None:
-    database = sim_stack.settings.database_path
+    database = sim_stack.settings.storage.database_path
     expires_in_s = 3.0
     key = await create_key(database, "--user", "erin", "--org", "acme", "--tier", "free",
                            "--expires-in", str(expires_in_s / 86_400))  # fmt: skip
@@ -135,7 +135,7 @@ async def test_the_same_user_id_in_another_org_sees_nothing(sim_stack: Stack) ->
 
         # A live request (OpenAI-compatible: known only to this gateway's live table).
         async with owner.stream("POST", "/v1/chat/completions", json={
-            "model": sim_stack.settings.model_name, "stream": True, "max_tokens": 2000,
+            "model": sim_stack.settings.inference.model_name, "stream": True, "max_tokens": 2000,
             "messages": [{"role": "user", "content": "[[sim:length=2000]]"}],
         }) as response:  # fmt: skip
             assert response.status_code == 200

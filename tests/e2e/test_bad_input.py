@@ -56,7 +56,7 @@ async def test_request_errors(sim_stack):
         )
         empty = await client.post(url, json={"content": ""})
         assert 400 <= empty.status_code < 500 and "error" in empty.json()
-        big = "x" * (sim_stack.settings.max_message_chars + 1)
+        big = "x" * (sim_stack.settings.gateway.max_message_chars + 1)
         _assert_error(await client.post(url, json={"content": big}), 413)
         _assert_error(
             await client.post(
@@ -128,7 +128,7 @@ async def test_values_the_bus_cannot_carry_are_422_before_anything_is_stored(sim
         before = await client.post(
             "/v1/chat/completions",
             json={
-                "model": sim_stack.settings.model_name,
+                "model": sim_stack.settings.inference.model_name,
                 "max_tokens": 1,
                 "messages": [{"role": "user", "content": "count me"}],
             },
@@ -157,7 +157,7 @@ async def test_values_the_bus_cannot_carry_are_422_before_anything_is_stored(sim
         after = await client.post(
             "/v1/chat/completions",
             json={
-                "model": sim_stack.settings.model_name,
+                "model": sim_stack.settings.inference.model_name,
                 "max_tokens": 1,
                 "messages": [{"role": "user", "content": "count me"}],
             },
@@ -183,13 +183,13 @@ async def test_a_10mb_body_without_a_key_is_413(sim_stack):
 async def test_a_prompt_over_the_window_is_413_on_both_apis_with_the_real_engine(vllm_stack):
     """Not the engine's error as a 500: the gateway counts the prompt with the model's
     tokenizer and refuses it first."""
-    window = vllm_stack.settings.max_model_len
+    window = vllm_stack.settings.inference.max_model_len
     long = "lorem ipsum " * window  # two or more tokens a repetition
     async with client_for(vllm_stack) as client:
         response = await client.post(
             "/v1/chat/completions",
             json={
-                "model": vllm_stack.settings.model_name,
+                "model": vllm_stack.settings.inference.model_name,
                 "max_tokens": 4,
                 "messages": [{"role": "user", "content": long}],
             },

@@ -35,7 +35,7 @@ def sdk(stack) -> openai.AsyncOpenAI:
 
 async def answer(stack, **request) -> openai.types.chat.ChatCompletion:
     return await sdk(stack).chat.completions.create(
-        model=stack.settings.model_name, messages=QUESTION, **request
+        model=stack.settings.inference.model_name, messages=QUESTION, **request
     )
 
 
@@ -86,7 +86,7 @@ async def test_logprobs_of_every_token_whole_and_streamed(vllm_stack):
         assert entry.logprob == pytest.approx(likeliest[0])  # greedy: the likeliest token
         assert entry.bytes == list(entry.token.encode())
     stream = await sdk(vllm_stack).chat.completions.create(
-        model=vllm_stack.settings.model_name,
+        model=vllm_stack.settings.inference.model_name,
         messages=QUESTION,
         stream=True,
         stream_options={"include_usage": True},
@@ -113,7 +113,7 @@ async def test_response_format_json_schema_holds_the_answer_to_the_schema(vllm_s
     }
     client = sdk(vllm_stack)
     request = dict(
-        model=vllm_stack.settings.model_name,
+        model=vllm_stack.settings.inference.model_name,
         messages=QUESTION,
         max_tokens=64,
         temperature=1.0,
@@ -148,7 +148,7 @@ async def test_n_choices_with_the_usage_of_all(vllm_stack):
     assert reply.usage.prompt_tokens == single.usage.prompt_tokens  # the prompt counts once
     assert reply.choices[0].message.content == single.choices[0].message.content
     stream = await sdk(vllm_stack).chat.completions.create(
-        model=vllm_stack.settings.model_name,
+        model=vllm_stack.settings.inference.model_name,
         messages=QUESTION,
         n=2,
         stream=True,

@@ -85,7 +85,7 @@ async def test_message_streams_is_stored_and_next_turn_sees_it(vllm_stack):
         request_id = second.request["request_id"]
         [queued] = await find_events(
             vllm_stack.kafka,
-            topics.requests_topic(vllm_stack.settings.default_tier),
+            topics.requests_topic(vllm_stack.settings.gateway.default_tier),
             GenerationRequest,
             lambda r: r.request_id == request_id,
         )
@@ -96,7 +96,7 @@ async def test_message_streams_is_stored_and_next_turn_sees_it(vllm_stack):
 async def test_openai_sdk_streams_with_usage(vllm_stack):
     client = openai.AsyncOpenAI(base_url=f"{vllm_stack.base_url}/v1", api_key=API_KEY)
     stream = await client.chat.completions.create(
-        model=vllm_stack.settings.model_name,
+        model=vllm_stack.settings.inference.model_name,
         messages=[{"role": "user", "content": "hi"}],
         max_tokens=12,
         stream=True,
@@ -115,7 +115,7 @@ async def test_openai_sdk_streams_with_usage(vllm_stack):
     assert 0 < usage.completion_tokens <= 12
 
     completion = await client.chat.completions.create(
-        model=vllm_stack.settings.model_name,
+        model=vllm_stack.settings.inference.model_name,
         messages=[{"role": "user", "content": "hi"}],
         max_tokens=5,
     )
@@ -123,7 +123,8 @@ async def test_openai_sdk_streams_with_usage(vllm_stack):
     assert completion.usage.completion_tokens <= 5
     models = await client.models.list()
     ids = [m.id for m in models.data]
-    assert ids[0] == vllm_stack.settings.model_name  # the chat model, then the embedding one
+    chat_model = vllm_stack.settings.inference.model_name
+    assert ids[0] == chat_model  # the chat model, then the embedding one
     assert len(ids) == 2 and "MiniLM" in ids[1], ids
 
 
@@ -136,7 +137,7 @@ async def test_openai_disconnect_aborts_generation(vllm_stack):
             "POST",
             "/v1/chat/completions",
             json={
-                "model": vllm_stack.settings.model_name,
+                "model": vllm_stack.settings.inference.model_name,
                 "stream": True,
                 "ignore_eos": True,
                 "messages": [{"role": "user", "content": "talk for a long time"}],

@@ -38,7 +38,7 @@ async def as_owner(stack, user: str, org: str) -> openai.AsyncOpenAI:
 async def test_a_completion_is_generated_from_the_raw_prompt_streamed_and_not(
     vllm_stack, tiny_model_dir
 ):
-    client, model = sdk(vllm_stack), vllm_stack.settings.model_name
+    client, model = sdk(vllm_stack), vllm_stack.settings.inference.model_name
     tokenizer = AutoTokenizer.from_pretrained(str(tiny_model_dir))
     raw_tokens = len(tokenizer.encode(PROMPT, add_special_tokens=True))
     templated = len(prompt_token_ids(tokenizer, [{"role": "user", "content": PROMPT}]))
@@ -71,7 +71,7 @@ async def test_a_completion_is_generated_from_the_raw_prompt_streamed_and_not(
 
 @pytest.mark.vllm
 async def test_echo_and_stop_on_real_vllm(vllm_stack):
-    client, model = sdk(vllm_stack), vllm_stack.settings.model_name
+    client, model = sdk(vllm_stack), vllm_stack.settings.inference.model_name
     echoed = await client.completions.create(
         model=model, prompt=PROMPT, max_tokens=4, temperature=0, echo=True
     )
@@ -92,12 +92,12 @@ async def test_a_completions_usage_is_billed_as_a_chat_answers(sim_stack):
     org, user = f"org-{uuid.uuid4().hex[:6]}", f"user-{uuid.uuid4().hex[:6]}"
     client = await as_owner(sim_stack, user, org)
     completion = await client.completions.create(
-        model=sim_stack.settings.model_name, prompt="bill me [[sim:reply=one two three]]"
+        model=sim_stack.settings.inference.model_name, prompt="bill me [[sim:reply=one two three]]"
     )
     assert completion.choices[0].text == "one two three"
     usage = completion.usage
     assert (usage.prompt_tokens, usage.completion_tokens) == (5, 3)  # sim: a token a word
-    ledger = SQLiteLedger(sim_stack.settings.database_path)
+    ledger = SQLiteLedger(sim_stack.settings.storage.database_path)
     await ledger.open()
     try:
         assert await until_used(ledger, Account.user(org, user), 8) == 8
@@ -130,7 +130,9 @@ async def test_bad_completions_are_4xx_json_naming_the_field(
 ):
     client = sdk(sim_stack)
     with pytest.raises(error) as refused:
-        await client.completions.create(**{"model": sim_stack.settings.model_name, **request_body})
+        await client.completions.create(
+            **{"model": sim_stack.settings.inference.model_name, **request_body}
+        )
     assert refused.value.code == code and refused.value.param == param
     assert refused.value.body["code"] == code  # the SDK parsed a JSON error body
 
@@ -176,7 +178,7 @@ async def test_an_embeddings_tokens_are_billed_to_its_user_and_org(sim_stack):
         model=await minilm_id(client), input=["bill me", "and me too"]
     )
     tokens = answer.usage.prompt_tokens
-    ledger = SQLiteLedger(sim_stack.settings.database_path)
+    ledger = SQLiteLedger(sim_stack.settings.storage.database_path)
     await ledger.open()
     try:
         for account in (Account.user(org, user), Account.org(org)):
@@ -205,6 +207,6 @@ async def test_bad_embedding_requests_are_4xx_json(sim_stack, request_body, erro
 async def test_a_chat_model_embeds_nothing_and_minilm_completes_nothing(sim_stack):
     client = sdk(sim_stack)
     with pytest.raises(openai.NotFoundError):
-        await client.embeddings.create(model=sim_stack.settings.model_name, input="x")
+        await client.embeddings.create(model=sim_stack.settings.inference.model_name, input="x")
     with pytest.raises(openai.NotFoundError):
         await client.completions.create(model=await minilm_id(client), prompt="x")

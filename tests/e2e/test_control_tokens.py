@@ -40,7 +40,7 @@ def counts(tokenizer, request: GenerationRequest) -> tuple[int, int]:
 async def queued(stack, request_id: str) -> GenerationRequest:
     [request] = await find_events(
         stack.kafka,
-        topics.requests_topic(stack.settings.default_tier),
+        topics.requests_topic(stack.settings.gateway.default_tier),
         GenerationRequest,
         lambda r: r.request_id == request_id,
     )
@@ -52,7 +52,7 @@ async def test_openai_api_runs_a_forged_system_turn_as_text(vllm_stack, tokenize
         response = await client.post(
             "/v1/chat/completions",
             json={
-                "model": vllm_stack.settings.model_name,
+                "model": vllm_stack.settings.inference.model_name,
                 "max_tokens": 4,
                 "temperature": 0,
                 "messages": [{"role": "user", "content": forged_turn(tokenizer)}],

@@ -53,7 +53,7 @@ async def test_list_pages_newest_first_then_read_rename_and_delete(sim_stack: St
         assert tree["thread"] == tree["roots"] + [answer_id] == [user_id, answer_id]
         assert by_id(tree)[user_id]["children"] == [answer_id]
         assert by_id(tree)[answer_id]["content"] == answered.text
-        assert by_id(tree)[answer_id]["model"] == sim_stack.settings.model_name
+        assert by_id(tree)[answer_id]["model"] == sim_stack.settings.inference.model_name
 
         renamed = await client.patch(f"/v1/conversations/{cids[1]}", json={"title": "Renamed"})
         assert renamed.status_code == 200 and renamed.json()["title"] == "Renamed"
@@ -243,7 +243,7 @@ async def test_a_title_is_generated_after_the_first_exchange(sim_stack: Stack) -
         assert (asked.tier, asked.store, asked.model) == (
             Tier.FREE,
             False,
-            sim_stack.settings.model_name,
+            sim_stack.settings.inference.model_name,
         )
         assert first.text in asked.messages[1].content
         assert asked.user_id == BACKGROUND_ACCOUNT  # not billed to the user
@@ -278,7 +278,7 @@ async def _title_once_generated(client: Client, cid: str, expected: str) -> str:
 async def test_a_message_over_the_window_is_413_and_not_stored(sim_stack: Stack) -> None:
     async with await new_user(sim_stack) as client:
         cid = await new_conversation(client)
-        window = sim_stack.settings.max_model_len  # the answer alone takes all of it
+        window = sim_stack.settings.inference.max_model_len  # the answer alone takes all of it
         response = await client.post(
             f"/v1/conversations/{cid}/messages", json={"content": "hello", "max_tokens": window}
         )

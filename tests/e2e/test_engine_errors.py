@@ -28,7 +28,7 @@ async def test_native_stream_ends_with_the_code_only(sim_stack):
 
 async def test_openai_api_answers_the_code_only(sim_stack):
     body = {
-        "model": sim_stack.settings.model_name,
+        "model": sim_stack.settings.inference.model_name,
         "max_tokens": 8,
         "messages": [{"role": "user", "content": "[[sim:fail]]"}],
     }

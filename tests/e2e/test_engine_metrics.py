@@ -18,7 +18,7 @@ async def test_the_real_engine_serves_vllm_metrics_beside_chatpipes(vllm_stack):
     """`chatpipe up` with vLLM: vLLM's own engine metrics (its Prometheus stat logger) on
     the same /metrics, and the engine's KV cache use in chatpipe's gauge."""
     url = f"{vllm_stack.base_url}/metrics"
-    model = vllm_stack.settings.model_name
+    model = vllm_stack.settings.inference.model_name
     before = await scrape(url)
     async with client_for(vllm_stack) as client:
         answer = await client.post(

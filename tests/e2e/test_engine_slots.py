@@ -28,7 +28,7 @@ async def heartbeats(stack: Stack, count: int = 1) -> list[WorkerHeartbeat]:
         stack.kafka,
         topics.WORKERS,
         WorkerHeartbeat,
-        lambda h: h.worker_id == stack.settings.worker_id,
+        lambda h: h.worker_id == stack.settings.worker.worker_id,
         count=count,
     )
 

@@ -74,7 +74,7 @@ async def test_files_are_uploaded_listed_and_deleted_by_their_owner_only(
 
 
 async def test_bad_uploads_are_refused_with_a_json_error(sim_stack: Stack) -> None:
-    limit = sim_stack.settings.max_file_bytes
+    limit = sim_stack.settings.files.max_file_bytes
     many_paragraphs = "\n\n".join(["A paragraph of filler words."] * 40_000).encode()
     async with client_for(sim_stack) as client:
         cases = [
@@ -123,7 +123,7 @@ async def test_a_turn_with_file_ids_answers_from_the_top_chunk_and_cites_it(
 
         request = await queued_request(sim_stack, result.request["request_id"])
         system_prompt, *_, excerpts, question = request.messages
-        assert system_prompt.content == sim_stack.settings.system_prompt
+        assert system_prompt.content == sim_stack.settings.context.system_prompt
         assert excerpts.role == "system"
         assert (
             f"[1] lighthouse.md (chunk {top['chunk_index']})\n"

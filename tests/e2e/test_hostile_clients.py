@@ -42,7 +42,7 @@ async def guarded_stack(tiny_model_dir, tmp_path_factory) -> AsyncIterator[Stack
 
 
 async def _connect(stack: Stack) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-    return await asyncio.open_connection(stack.settings.host, stack.settings.port)
+    return await asyncio.open_connection(stack.settings.gateway.host, stack.settings.gateway.port)
 
 
 async def _response(reader: asyncio.StreamReader, timeout_s: float) -> tuple[int | None, bytes]:
@@ -63,7 +63,7 @@ async def _still_serves(stack: Stack) -> None:
         response = await client.post(
             "/v1/chat/completions",
             json={
-                "model": stack.settings.model_name,
+                "model": stack.settings.inference.model_name,
                 "max_tokens": 3,
                 "messages": [{"role": "user", "content": "still there?"}],
             },
@@ -213,7 +213,7 @@ async def test_keep_alive_requests_are_not_cut_by_the_header_timer(guarded_stack
             "POST",
             "/v1/chat/completions",
             json={
-                "model": guarded_stack.settings.model_name,
+                "model": guarded_stack.settings.inference.model_name,
                 "stream": True,
                 "messages": [{"role": "user", "content": "[[sim:length=80]]"}],
                 "max_tokens": 80,

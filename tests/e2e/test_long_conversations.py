@@ -125,7 +125,7 @@ async def test_summary_replaces_the_oldest_turns_and_every_prompt_fits(
         lambda r: r.conversation_id == cid and r.messages[0].content == SUMMARY_INSTRUCTIONS,
     )
     assert asked and not asked[0].store
-    assert asked[0].sampling.max_tokens == summary_stack.settings.summary_max_tokens
+    assert asked[0].sampling.max_tokens == summary_stack.settings.context.summary_max_tokens
 
 
 async def _summaries(stack: Stack, cid: str, timeout_s: float = 20) -> list:

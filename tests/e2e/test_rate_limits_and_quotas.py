@@ -61,7 +61,7 @@ async def limited_stack(tmp_path_factory) -> AsyncIterator[Stack]:
 @pytest_asyncio.fixture(loop_scope="session")
 async def ledger(limited_stack: Stack) -> AsyncIterator[SQLiteLedger]:
     """A reader of billing's ledger on its own connection, as a second gateway would be."""
-    reader = SQLiteLedger(limited_stack.settings.database_path)
+    reader = SQLiteLedger(limited_stack.settings.storage.database_path)
     await reader.open()
     yield reader
     await reader.close()
@@ -124,7 +124,7 @@ async def test_every_generation_response_carries_the_headers_and_the_4th_request
             assert response.headers["x-ratelimit-limit-tokens"] == "1000"
         # Native "hi" comes after the system prompt; "hello there" is 11 characters:
         # 3 tokens estimated. Plus max_tokens 4 per call.
-        native_prompt = ceil((len(limited_stack.settings.system_prompt) + 2) / 4)
+        native_prompt = ceil((len(limited_stack.settings.context.system_prompt) + 2) / 4)
         assert plain.headers["x-ratelimit-remaining-tokens"] == str(
             1000 - native_prompt - 4 - 2 * 7
         )
@@ -214,7 +214,7 @@ async def test_budgets_run_out_on_completed_usage_per_user_and_per_org(
         )
         assert answered.status_code == 200 and events[-1].data == "[DONE]"
         used = await until_used(ledger, Account.user(quota_org, "quota-a"), 300)
-        system_words = len(limited_stack.settings.system_prompt.split())
+        system_words = len(limited_stack.settings.context.system_prompt.split())
         assert used == system_words + 3 + 320  # the sim engine counts prompt words
 
         refused, _ = await native_turn(a, {"content": "more", "max_tokens": 4}, conversation)

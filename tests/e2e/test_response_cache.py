@@ -98,7 +98,7 @@ async def test_an_opted_in_orgs_repeat_is_replayed_without_dispatch(sim_stack) -
 
 
 async def test_the_openai_route_replays_a_repeat_too(sim_stack) -> None:
-    body = {"model": sim_stack.settings.model_name, "temperature": 0, "max_tokens": 64,
+    body = {"model": sim_stack.settings.inference.model_name, "temperature": 0, "max_tokens": 64,
             "stream": True, "stream_options": {"include_usage": True},
             "messages": [{"role": "user", "content": PROMPT + " (openai)"}]}  # fmt: skip
     async with await tenant(sim_stack, cached=True) as client:

@@ -19,7 +19,7 @@ from tests.support.tool_calls import sdk
 
 
 async def test_a_response_and_its_continuation_share_one_conversation(sim_stack):
-    client, model = sdk(sim_stack), sim_stack.settings.model_name
+    client, model = sdk(sim_stack), sim_stack.settings.inference.model_name
     first = await client.responses.create(
         model=model, instructions="Answer in one line.", input="[[sim:reply=Paris is the capital]]"
     )
@@ -46,7 +46,7 @@ async def test_a_response_and_its_continuation_share_one_conversation(sim_stack)
 
 
 async def test_a_streamed_response_as_the_sdk_reads_it(sim_stack):
-    client, model = sdk(sim_stack), sim_stack.settings.model_name
+    client, model = sdk(sim_stack), sim_stack.settings.inference.model_name
     stream = await client.responses.create(
         model=model, input="[[sim:length=12]]", max_output_tokens=8, stream=True
     )
@@ -61,7 +61,7 @@ async def test_a_streamed_response_as_the_sdk_reads_it(sim_stack):
 
 
 async def test_a_background_response_runs_on_and_resumes_starting_after(sim_stack):
-    client, model = sdk(sim_stack), sim_stack.settings.model_name
+    client, model = sdk(sim_stack), sim_stack.settings.inference.model_name
     queued = await client.responses.create(model=model, input="[[sim:length=150]]", background=True)
     assert queued.status == "queued"
     seen = []
@@ -85,7 +85,7 @@ async def test_a_background_response_runs_on_and_resumes_starting_after(sim_stac
 
 
 async def test_a_background_response_is_cancelled(sim_stack):
-    client, model = sdk(sim_stack), sim_stack.settings.model_name
+    client, model = sdk(sim_stack), sim_stack.settings.inference.model_name
     queued = await client.responses.create(
         model=model, input="[[sim:length=2000]]", max_output_tokens=2000, background=True
     )
@@ -100,7 +100,7 @@ async def test_a_background_response_is_cancelled(sim_stack):
 
 
 async def test_an_unstored_response_is_not_retrievable(sim_stack):
-    client, model = sdk(sim_stack), sim_stack.settings.model_name
+    client, model = sdk(sim_stack), sim_stack.settings.inference.model_name
     response = await client.responses.create(model=model, input="[[sim:reply=gone]]", store=False)
     assert response.output_text == "gone"
     with pytest.raises(openai.NotFoundError):
@@ -112,14 +112,14 @@ async def test_an_unstored_response_is_not_retrievable(sim_stack):
     ({"reasoning": {"effort": "high"}}, "reasoning"),
 ])  # fmt: skip
 async def test_a_field_not_honoured_is_a_400_naming_it(sim_stack, extra, param):
-    client, model = sdk(sim_stack), sim_stack.settings.model_name
+    client, model = sdk(sim_stack), sim_stack.settings.inference.model_name
     with pytest.raises(openai.BadRequestError) as refused:
         await client.responses.create(model=model, input="hi", extra_body=extra)
     assert refused.value.body["param"] == param
 
 
 async def test_a_background_response_streamed_from_its_start(sim_stack):
-    client, model = sdk(sim_stack), sim_stack.settings.model_name
+    client, model = sdk(sim_stack), sim_stack.settings.inference.model_name
     stream = await client.responses.create(
         model=model, input="[[sim:length=30]]", background=True, stream=True
     )

@@ -14,7 +14,7 @@ pytestmark = pytest.mark.vllm
 
 
 async def test_a_streamed_round_trip_and_its_continuation(vllm_stack):
-    client, model = sdk(vllm_stack), vllm_stack.settings.model_name
+    client, model = sdk(vllm_stack), vllm_stack.settings.inference.model_name
     stream = await client.responses.create(
         model=model,
         instructions="Answer briefly.",

@@ -70,13 +70,16 @@ async def second_worker(stack: Stack, model: str) -> AsyncIterator[None]:
     """A sim worker of `model` beside the stack's own, on the same broker."""
     settings = stack.settings
     engine = SimEngine(
-        model, settings.max_slots, settings.sim_tokens_per_s, settings.sim_prompt_tokens_per_s
+        model,
+        settings.inference.max_slots,
+        settings.inference.sim_tokens_per_s,
+        settings.inference.sim_prompt_tokens_per_s,
     )
     await engine.start()
     stage = worker_stage(
         stack.kafka,
         engine,
-        settings.model_copy(update={"worker_id": f"worker-{model}", "ready_file": None}),
+        settings.replace(**{"worker_id": f"worker-{model}", "ready_file": None}),
     )
     task = asyncio.create_task(stage.run(), name=f"worker-{model}")
     try:
@@ -95,7 +98,7 @@ def rollout_cli(stack: Stack, *args: str, exit_code: int = 0) -> str:
         list(args),
         env={
             "KAFKA_BOOTSTRAP_SERVERS": stack.kafka.bootstrap_servers,
-            "CHATPIPE_DATABASE_PATH": str(stack.settings.database_path),
+            "CHATPIPE_DATABASE_PATH": str(stack.settings.storage.database_path),
             "CHATPIPE_MODEL_NAME": "v1",
             "CHATPIPE_SERVED_MODELS": '["v1", "v2"]',
             "CHATPIPE_MODEL_ALIASES": json.dumps({"chat": START}),

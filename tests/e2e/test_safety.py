@@ -73,7 +73,7 @@ async def test_output_that_trips_mid_stream_is_retracted_and_stopped(sim_stack):
 async def test_openai_stream_ends_with_content_filter(sim_stack):
     client = openai.AsyncOpenAI(base_url=f"{sim_stack.base_url}/v1", api_key=API_KEY)
     stream = await client.chat.completions.create(
-        model=sim_stack.settings.model_name,
+        model=sim_stack.settings.inference.model_name,
         stream=True,
         max_tokens=400,
         messages=[{"role": "user", "content": TRIPPING}],
@@ -104,7 +104,7 @@ async def test_window_keeps_tripping_text_from_ever_reaching_the_client(tmp_path
     settings = stack_settings(
         tmp_path, engine="sim", sim_tokens_per_s=200.0, safety_window_chars=48
     )
-    engine = SimEngine(settings.model_name, 4, settings.sim_tokens_per_s, 1e6)
+    engine = SimEngine(settings.inference.model_name, 4, settings.inference.sim_tokens_per_s, 1e6)
     async with running_stack(settings, engine) as stack, client_for(stack) as client:
         cid = await _conversation(client)
         result = await post_message(client, cid, {"content": TRIPPING, "max_tokens": 400})
@@ -123,8 +123,8 @@ async def test_the_judge_asks_through_the_pipeline_and_its_answer_decides(tmp_pa
     settings = stack_settings(
         tmp_path, engine="sim", safety_input_classifiers={"*": ["rules", "judge"]}
     )
-    settings = settings.model_copy(update={"safety_judge_model": settings.model_name})
-    engine = SimEngine(settings.model_name, 4, settings.sim_tokens_per_s, 1e6)
+    settings = settings.replace(**{"safety_judge_model": settings.inference.model_name})
+    engine = SimEngine(settings.inference.model_name, 4, settings.inference.sim_tokens_per_s, 1e6)
     async with running_stack(settings, engine) as stack, client_for(stack) as client:
 
         async def ask(content: str):
@@ -132,7 +132,7 @@ async def test_the_judge_asks_through_the_pipeline_and_its_answer_decides(tmp_pa
                 return await client.post(
                     "/v1/chat/completions",
                     json={
-                        "model": settings.model_name,
+                        "model": settings.inference.model_name,
                         "messages": [{"role": "user", "content": content}],
                     },
                 )
@@ -154,7 +154,7 @@ async def test_blocked_input_never_reaches_the_queue(sim_stack):
         completion = await client.post(
             "/v1/chat/completions",
             json={
-                "model": sim_stack.settings.model_name,
+                "model": sim_stack.settings.inference.model_name,
                 "messages": [{"role": "user", "content": marker}],
             },
         )

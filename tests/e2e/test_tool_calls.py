@@ -45,7 +45,7 @@ def round_trip(calls: list[dict]) -> list[dict]:
 
 
 async def test_named_tool_choice_round_trip_not_streamed(vllm_stack):
-    client, model = sdk(vllm_stack), vllm_stack.settings.model_name
+    client, model = sdk(vllm_stack), vllm_stack.settings.inference.model_name
     completion = await client.chat.completions.create(
         model=model,
         messages=QUESTION,
@@ -70,7 +70,7 @@ async def test_named_tool_choice_round_trip_not_streamed(vllm_stack):
 
 
 async def test_required_tool_choice_round_trip_streamed(vllm_stack):
-    client, model = sdk(vllm_stack), vllm_stack.settings.model_name
+    client, model = sdk(vllm_stack), vllm_stack.settings.inference.model_name
     content, parts, finish = await streamed(
         client,
         model=model,
@@ -105,7 +105,7 @@ async def test_required_tool_choice_round_trip_streamed(vllm_stack):
 
 
 async def test_named_tool_choice_streams_its_arguments(vllm_stack):
-    client, model = sdk(vllm_stack), vllm_stack.settings.model_name
+    client, model = sdk(vllm_stack), vllm_stack.settings.inference.model_name
     content, parts, finish = await streamed(
         client,
         model=model,
@@ -132,7 +132,7 @@ async def test_named_tool_choice_streams_its_arguments(vllm_stack):
 
 async def test_required_tool_choice_not_streamed(vllm_stack):
     completion = await sdk(vllm_stack).chat.completions.create(
-        model=vllm_stack.settings.model_name,
+        model=vllm_stack.settings.inference.model_name,
         messages=QUESTION,
         tools=TOOLS,
         tool_choice="required",
@@ -150,7 +150,7 @@ async def test_a_constrained_answer_cut_at_max_tokens_is_text(vllm_stack):
     """Parallel calls are allowed here, and the tiny model goes on adding calls: at its
     length limit the JSON is not whole, so the answer is its text, ended `length`."""
     completion = await sdk(vllm_stack).chat.completions.create(
-        model=vllm_stack.settings.model_name,
+        model=vllm_stack.settings.inference.model_name,
         messages=QUESTION,
         tools=TOOLS,
         tool_choice="required",
@@ -215,7 +215,7 @@ async def test_a_tool_choice_naming_a_function_not_offered_is_a_404(vllm_stack):
 
 async def create(stack, change: dict):
     request = {
-        "model": stack.settings.model_name,
+        "model": stack.settings.inference.model_name,
         "messages": QUESTION,
         "tools": TOOLS,
         "tool_choice": "auto",

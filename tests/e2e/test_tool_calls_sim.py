@@ -12,7 +12,7 @@ from tests.support.tool_calls import CLOCK, QUESTION, TOOLS, WEATHER, sdk, strea
 
 
 async def test_the_sim_answers_a_named_and_a_required_tool_choice(sim_stack):
-    client, model = sdk(sim_stack), sim_stack.settings.model_name
+    client, model = sdk(sim_stack), sim_stack.settings.inference.model_name
     completion = await client.chat.completions.create(
         model=model,
         messages=QUESTION,

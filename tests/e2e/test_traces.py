@@ -28,7 +28,9 @@ CALLER = f"00-{CALLER_TRACE:032x}-{CALLER_SPAN:016x}-01"
 async def traced_stack(tmp_path) -> AsyncIterator[tuple[Stack, InMemorySpanExporter]]:
     exporter = InMemorySpanExporter()
     settings = stack_settings(tmp_path, engine="sim", sim_tokens_per_s=200.0, auto_titles=False)
-    assert tracing.setup_tracing(settings.otlp_endpoint, exporter)  # before the stack starts
+    assert tracing.setup_tracing(
+        settings.tracing.otlp_endpoint, exporter
+    )  # before the stack starts
     try:
         async with running_sim_stack(settings) as stack:
             yield stack, exporter

@@ -144,7 +144,7 @@ async def test_sign_in_checks_the_key_and_lists_the_models(browser, sim_stack):
     await page.get_by_placeholder("API key").fill(API_KEY)
     await page.get_by_role("button", name="Sign in").click()
     await expect(page.locator("#app")).to_be_visible()
-    await expect(page.get_by_label("Model")).to_have_value(sim_stack.settings.model_name)
+    await expect(page.get_by_label("Model")).to_have_value(sim_stack.settings.inference.model_name)
 
     await page.reload()  # the key is remembered
     await expect(page.locator("#app")).to_be_visible()

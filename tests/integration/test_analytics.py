@@ -82,7 +82,7 @@ def _cli(stack: Stack, *args: str) -> str:
         list(args),
         env={
             "KAFKA_BOOTSTRAP_SERVERS": stack.kafka.bootstrap_servers,
-            "CHATPIPE_DATABASE_PATH": str(stack.settings.database_path),
+            "CHATPIPE_DATABASE_PATH": str(stack.settings.storage.database_path),
         },
     )
     assert result.exit_code == 0, (result.output, result.exception)

@@ -92,8 +92,9 @@ async def test_shedding_refuses_with_503_and_retry_after(tmp_path):
         await chat.ask("warm up", 20)  # one finished request: the scheduler knows its pace
         # Each backlog request runs 3 s: the tier sheds for several seconds.
         backlog = [asyncio.create_task(chat.ask(f"more {i}", 120)) for i in range(6)]
+        model = stack.settings.inference.model_name
         for _ in range(100):
-            if stack.pipeline.overloaded(Tier.FREE, stack.settings.model_name) is not None:
+            if stack.pipeline.overloaded(Tier.FREE, model) is not None:
                 break
             await asyncio.sleep(0.05)
         conversation = (await chat.client.post("/v1/conversations", json={})).json()

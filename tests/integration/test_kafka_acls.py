@@ -173,7 +173,7 @@ async def test_every_topic_a_stage_uses_is_granted_to_its_kafka_user(
             await producer.stop()
 
         expected = {
-            ("gateway", W, Resource.TOPIC, topics.requests_topic(settings.default_tier)),
+            ("gateway", W, Resource.TOPIC, topics.requests_topic(settings.gateway.default_tier)),
             ("gateway", C, Resource.TOPIC, stack.pipeline.reply_to),
             ("gateway", W, Resource.TOPIC, topics.CONTROL),
             ("scheduler", W, Resource.TOPIC, topics.WORK),
@@ -187,7 +187,7 @@ async def test_every_topic_a_stage_uses_is_granted_to_its_kafka_user(
             ("worker", W, Resource.TOPIC, topics.TOOLS),
             ("tools", R, Resource.TOPIC, topics.TOOLS),
             ("tools", W, Resource.TOPIC, topics.TOKENS),
-            ("tools", W, Resource.TOPIC, topics.requests_topic(settings.default_tier)),
+            ("tools", W, Resource.TOPIC, topics.requests_topic(settings.gateway.default_tier)),
             *(
                 (stage, W, Resource.TOPIC, topics.DLQ)
                 for stage in ("gateway", "scheduler", "safety", "recorder", "billing", "tools")

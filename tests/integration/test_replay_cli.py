@@ -463,7 +463,7 @@ async def test_a_dead_letter_whose_cause_is_fixed_is_processed_when_retried(sim_
     row = await until_row(sim_stack, lambda r: r["key"] == user)
     code, _, err = await cli("dlq", "retry", row["id"], kafka=sim_stack.kafka.bootstrap_servers)
     assert code == 0, err
-    ledger = SQLiteLedger(sim_stack.settings.database_path)
+    ledger = SQLiteLedger(sim_stack.settings.storage.database_path)
     await ledger.open()
     try:
         window = period_of(time.time(), "day")

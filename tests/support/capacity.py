@@ -30,7 +30,7 @@ async def sim_pipeline(tmp_path, slots: int, **overrides: object) -> AsyncIterat
         sim_tokens_per_s=TOKENS_PER_S,
         **overrides,
     )
-    engine = SimEngine(settings.model_name, slots, TOKENS_PER_S, 1e6)
+    engine = SimEngine(settings.inference.model_name, slots, TOKENS_PER_S, 1e6)
     async with running_stack(settings, engine) as stack:
         for tier in Tier:
             for user in ("a", "b", "c"):

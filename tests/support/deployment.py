@@ -12,7 +12,7 @@ import pytest
 import yaml
 from pydantic import AliasChoices
 
-from chatpipe.settings import Settings
+from chatpipe.settings import SETTINGS, Settings
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = ROOT / "docker-compose.yml"
@@ -127,8 +127,8 @@ def accepted_env_names() -> dict[str, str]:
     """Environment variable name -> Settings field, as pydantic-settings reads them."""
     prefix = Settings.model_config["env_prefix"]
     names = {}
-    for name, field in Settings.model_fields.items():
-        alias = field.validation_alias
+    for name, setting in SETTINGS.items():
+        alias = setting.info.validation_alias
         if isinstance(alias, AliasChoices):
             names.update(
                 {choice.upper(): name for choice in alias.choices if isinstance(choice, str)}

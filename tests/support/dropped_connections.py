@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from chatpipe.settings import Settings
+from chatpipe.settings import SETTINGS
 from chatpipe.wiring import Stack
 
 ANSWER_REQUEST = re.compile(rb"POST /v1/conversations/[^/ ]+/messages HTTP/1\.1\r\n")
@@ -122,7 +122,7 @@ def _cut_point(stream: bytes, deltas: int) -> int | None:
 def hold_dropped_answers(stack: Stack, monkeypatch: pytest.MonkeyPatch) -> None:
     """For this test, the running `stack` holds a dropped answer for the default resume
     grace (15 s): the test stacks' is short, so that a dropped stream frees its slot soon."""
-    default = Settings.model_fields["resume_grace_s"].default
+    default = SETTINGS["resume_grace_s"].default
     deps = stack.gateway.state.deps
     held = replace(deps, config=replace(deps.config, resume_grace_s=default))
     # Starlette's State keeps attributes in `_state`: setattr's undo would delete them.

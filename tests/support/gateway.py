@@ -182,7 +182,7 @@ def word_context(settings: Settings) -> ContextBuilder:
     """The deployment's context policy, counting words instead of loading a tokenizer."""
     built = ContextBuilder.from_config(gateway_config(settings).context)
     return ContextBuilder(
-        system_prompt=settings.system_prompt,
+        system_prompt=settings.context.system_prompt,
         policy=built.policy,
         counter=lambda model: TokenCounter(WordTokenizer()),
     )

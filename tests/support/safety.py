@@ -70,7 +70,7 @@ def stream_records(texts: list[str], done: bool = True) -> list[ConsumerRecord]:
 
 async def feed(stage: SafetyStage, texts: list[str], done: bool = True) -> None:
     for each in stream_records(texts, done):
-        await stage._handle(each)
+        await stage.handle(each)
 
 
 def to_gateway(out: RecordingPublisher) -> list[object]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from aiokafka.structs import TopicPartition
@@ -66,7 +67,8 @@ async def test_rows_of_a_failed_write_are_written_on_the_retry_and_only_then_com
     consumer = FakeConsumer([usage(0), usage(1)], [])
     warehouse = FlakyWarehouse(consumer)
     stage = stage_on(consumer, warehouse)
-    await stage.runner.consume(stage._take, stage._flush, until=lambda: not consumer.batches)
+    stage.flush_s = 0.0  # every batch's rows written after it
+    await stage.runner.consume(until=lambda: not consumer.batches)
     assert warehouse.commits_before_writes == [[], []]  # nothing committed past the rows
     assert warehouse.written == [["r0", "r1"]]
     assert consumer.commits == [{TP: 2}]
@@ -79,9 +81,6 @@ async def test_a_revoked_partition_read_again_commits_from_where_it_is_read_not_
     await stage._take(usage(5))  # buffered, not written: its floor is 5
     await stage.runner.revoked({TP})
     # The group committed up to 9 meanwhile; the partition comes back and is read from 9.
-
-    async def no_flush() -> None:
-        pass
-
-    await stage.runner.consume(stage._take, no_flush, until=lambda: not consumer.batches)
+    stage.flush_s = math.inf  # no rows written
+    await stage.runner.consume(until=lambda: not consumer.batches)
     assert consumer.commits == [{TP: 9}]  # never 5: behind the group's commit

@@ -191,7 +191,7 @@ async def test_safety_ends_a_refused_stream_pipeline_rejected_without_the_cause(
     stage, out = stage_with()
     await feed(stage, ["a"], done=False)
     cause = RecordRejected("chat.deliver.x", errors.MessageSizeTooLargeError("9000000 bytes"))
-    await stage._on_failure(record(chunk_of(1, "b"), 1), cause)
+    await stage.on_failure(record(chunk_of(1, "b"), 1), cause)
     [end] = [e for e in to_gateway(out) if isinstance(e, DeliveryError)]
     assert isinstance(end, DeliveryError) and end.code == PIPELINE_REJECTED
     assert "9000000" not in end.message and "MessageSizeTooLarge" not in end.message

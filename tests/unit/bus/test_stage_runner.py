@@ -6,37 +6,50 @@ import pytest
 from aiokafka.structs import ConsumerRecord, TopicPartition
 
 from bus.clients import KafkaConfig
-from bus.stage_runner import StageRunner
+from bus.stage_runner import Offsets, RunnerOptions, Stage, StageRunner
 from tests.support.bus import TP, FakeConsumer, FakePublisher, record
 
 
-def runner(consumer: FakeConsumer, **options) -> StageRunner:
-    made = StageRunner(KafkaConfig("127.0.0.1:1"), "billing", "g", [TP.topic], **options)
+class FakeStage(Stage):
+    """Each hook given as a function, or the default."""
+
+    def __init__(self, handle=None, **hooks) -> None:
+        self._handle = handle
+        for name, hook in hooks.items():
+            setattr(self, name, hook)
+
+    async def handle(self, record: ConsumerRecord) -> None:
+        if self._handle is not None:
+            await self._handle(record)
+
+
+def runner(
+    consumer: FakeConsumer, stage: Stage | None = None, options: RunnerOptions = RunnerOptions()
+) -> StageRunner:
+    made = StageRunner(
+        KafkaConfig("127.0.0.1:1"), "billing", "g", [TP.topic], stage or FakeStage(), options
+    )
     made.consumer = consumer  # type: ignore[assignment]
     made.publisher = FakePublisher()  # type: ignore[assignment]
     return made
 
 
-async def run_out(stage: StageRunner, handle, after_batch=None) -> None:
+async def run_out(stage: StageRunner) -> None:
     consumer = stage.consumer
-    await stage.consume(handle, after_batch, until=lambda: not consumer.batches)  # type: ignore[attr-defined]
+    await stage.consume(until=lambda: not consumer.batches)  # type: ignore[attr-defined]
 
 
 async def test_commits_one_past_what_was_handled_after_each_batch_once_published():
     consumer = FakeConsumer([record(0), record(1)], [record(2)])
     stage = runner(consumer)
 
-    async def handle(_: ConsumerRecord) -> None:
-        pass
-
-    await run_out(stage, handle)
+    await run_out(stage)
     assert consumer.commits == [{TP: 2}, {TP: 3}]
     assert stage.publisher.flushes == 2  # type: ignore[attr-defined]
 
 
 async def test_a_record_that_fails_is_dead_lettered_and_committed_past():
     consumer = FakeConsumer([record(0), record(1)])
-    stage = runner(consumer)
     ended: list[int] = []
 
     async def handle(r: ConsumerRecord) -> None:
@@ -46,7 +59,8 @@ async def test_a_record_that_fails_is_dead_lettered_and_committed_past():
     async def on_failure(r: ConsumerRecord, exc: Exception) -> None:
         ended.append(r.offset)
 
-    await stage.consume(handle, on_failure=on_failure, until=lambda: not consumer.batches)
+    stage = runner(consumer, FakeStage(handle, on_failure=on_failure))
+    await stage.consume(until=lambda: not consumer.batches)
     assert [topic for topic, _ in stage.publisher.sent] == ["chat.dlq"]  # type: ignore[attr-defined]
     assert ended == [0]
     assert consumer.commits == [{TP: 2}]
@@ -55,7 +69,6 @@ async def test_a_record_that_fails_is_dead_lettered_and_committed_past():
 async def test_never_commits_past_the_floor_nor_a_record_held_open():
     consumer = FakeConsumer([record(0), record(1), record(2)], [])
     floor: dict[TopicPartition, int] = {TP: 1}
-    stage = runner(consumer, commit_floor=floor.get)
 
     async def handle(r: ConsumerRecord) -> None:
         if r.offset == 2:
@@ -65,7 +78,8 @@ async def test_never_commits_past_the_floor_nor_a_record_held_open():
         if not consumer.batches:  # the second batch: the floor's answer is done
             floor.clear()
 
-    await run_out(stage, handle, after_batch)
+    stage = runner(consumer, FakeStage(handle, commit_floor=floor.get, after_batch=after_batch))
+    await run_out(stage)
     assert consumer.commits == [{TP: 1}, {TP: 2}]
     stage.tracker.done(TP, 2)
     await stage.commit()
@@ -74,11 +88,7 @@ async def test_never_commits_past_the_floor_nor_a_record_held_open():
 
 async def test_a_failing_after_batch_step_is_retried_and_commits_nothing_meanwhile():
     consumer = FakeConsumer([record(0)], [])
-    stage = runner(consumer)
     attempts = 0
-
-    async def handle(_: ConsumerRecord) -> None:
-        pass
 
     async def after_batch() -> None:
         nonlocal attempts
@@ -87,7 +97,8 @@ async def test_a_failing_after_batch_step_is_retried_and_commits_nothing_meanwhi
             raise OSError("store unreachable")
         assert consumer.commits == []
 
-    await run_out(stage, handle, after_batch)
+    stage = runner(consumer, FakeStage(after_batch=after_batch))
+    await run_out(stage)
     assert attempts == 2
     assert consumer.commits == [{TP: 1}]
 
@@ -95,7 +106,9 @@ async def test_a_failing_after_batch_step_is_retried_and_commits_nothing_meanwhi
 async def test_a_revoked_partition_is_forgotten_by_the_stage_and_the_tracker():
     consumer = FakeConsumer()
     forgotten: list[TopicPartition] = []
-    stage = runner(consumer, on_revoke=forgotten.append, commit_on_revoke=True)
+    stage = runner(
+        consumer, FakeStage(on_revoke=forgotten.append), RunnerOptions(commit_on_revoke=True)
+    )
     stage.tracker.seen(TP, 4)
     await stage.revoked({TP})
     assert forgotten == [TP]  # the topic too: a stage reading several must tell them apart
@@ -110,14 +123,11 @@ async def test_a_commit_rule_says_what_to_commit_now_and_after_commit_hears_each
     async def after_commit(committed: dict[TopicPartition, int]) -> None:
         heard.append(committed)
 
-    stage = runner(
-        consumer, commit_rule=lambda done: done if done[TP] >= 3 else {}, after_commit=after_commit
-    )
+    def commit_rule(done: Offsets) -> Offsets:
+        return done if done[TP] >= 3 else {}
 
-    async def handle(_: ConsumerRecord) -> None:
-        pass
-
-    await run_out(stage, handle)
+    stage = runner(consumer, FakeStage(commit_rule=commit_rule, after_commit=after_commit))
+    await run_out(stage)
     assert consumer.commits == [{TP: 3}]
     assert heard == [{}, {TP: 3}]
     assert stage.publisher.flushes == 1  # type: ignore[attr-defined]
@@ -180,7 +190,8 @@ async def test_by_assignment_it_reads_every_partition_from_the_groups_commit_wit
         "scheduler",
         "g",
         [TP.topic],  # type: ignore[arg-type]
-        assign=True,
+        FakeStage(),
+        RunnerOptions(assign=True),
     )
     await stage.start()
     second = TopicPartition(TP.topic, 1)
@@ -197,8 +208,33 @@ async def test_by_assignment_a_missing_topic_stops_what_started():
         "scheduler",
         "g",
         ["chat.none"],  # type: ignore[arg-type]
-        assign=True,
+        FakeStage(),
+        RunnerOptions(assign=True),
     )
     with pytest.raises(LookupError):
         await stage.start()
     assert consumer.stopped
+
+
+class PacingConsumer(AssignedConsumer):
+    """Remembers what the stage said about its work (`PacedConsumer.busy_while`)."""
+
+    told: tuple[int, bool, bool] | None = None
+
+    def busy_while(self, busy, wakes=None, eager=None) -> None:
+        self.told = (busy(), wakes("chat.workers"), eager({}))
+
+
+async def test_a_stage_with_its_own_word_on_its_work_paces_the_consumer_with_it():
+    consumer = PacingConsumer()
+    stage = StageRunner(
+        AssignedKafka(consumer),
+        "safety",
+        "g",
+        [TP.topic],  # type: ignore[arg-type]
+        FakeStage(busy=lambda: 3),
+        RunnerOptions(assign=True),
+    )
+    await stage.start()
+    assert consumer.told == (3, False, False)  # its own busy; the default wakes and eager
+    await stage.stop()

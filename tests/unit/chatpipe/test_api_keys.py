@@ -246,10 +246,12 @@ def test_chatpipe_up_keeps_one_secret_beside_its_database(tmp_path: Path) -> Non
     path = secret_file(database)
     assert path == tmp_path / "sub" / "chat.db.key-secret"
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
-    assert first.key_secret is not None and again.key_secret is not None
-    assert first.key_secret.get_secret_value() == again.key_secret.get_secret_value()
-    assert first.key_secret.get_secret_value() == path.read_text().strip()
-    assert len(first.key_secret.get_secret_value()) >= 43
+    assert first.gateway.key_secret is not None and again.gateway.key_secret is not None
+    assert (
+        first.gateway.key_secret.get_secret_value() == again.gateway.key_secret.get_secret_value()
+    )
+    assert first.gateway.key_secret.get_secret_value() == path.read_text().strip()
+    assert len(first.gateway.key_secret.get_secret_value()) >= 43
     assert [p.name for p in path.parent.iterdir()] == [path.name]  # no draft left behind
 
 
@@ -276,7 +278,7 @@ def test_without_a_secret_cassandra_and_a_gateway_alone_refuse(tmp_path: Path) -
 def test_the_cli_makes_no_secret_file(tmp_path: Path) -> None:
     settings = Settings(database_path=tmp_path / "chat.db")
 
-    assert cli_settings(settings).key_secret is None
+    assert cli_settings(settings).gateway.key_secret is None
     assert not secret_file(tmp_path / "chat.db").exists()
 
 
@@ -312,7 +314,7 @@ async def test_each_new_dev_key_revokes_the_previous_ones(tmp_path: Path) -> Non
     try:
         first = await ensure_dev_key(store, settings)  # a random key, as `chatpipe up` makes
         second = await ensure_dev_key(store, settings)
-        chosen = settings.model_copy(update={"dev_api_key": "chosen"})
+        chosen = settings.replace(**{"dev_api_key": "chosen"})
         assert await ensure_dev_key(store, chosen) == "chosen"
         assert await ensure_dev_key(store, chosen) == "chosen"  # the same key: kept
 

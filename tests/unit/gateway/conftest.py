@@ -28,7 +28,7 @@ from tests.support.gateway import (
 async def store(settings: Settings) -> AsyncIterator[SQLiteStore]:
     """A SQLite store in the module's `settings`, with two keys: `key-alice` (alice of
     org-a, pro) and `key-bob` (bob of org-b, free)."""
-    store = SQLiteStore(settings.database_path, key_secret=b"test-key-secret")
+    store = SQLiteStore(settings.storage.database_path, key_secret=b"test-key-secret")
     await store.open()
     await store.add_api_key("key-alice", ApiKey("alice", "org-a", Tier.PRO))
     await store.add_api_key("key-bob", ApiKey("bob", "org-b", Tier.FREE))

@@ -241,11 +241,13 @@ async def test_native_request_carries_owner_and_prompt(client, store, pipeline, 
     assert request.cache_salt == "org-a" and request.reply_to == REPLY_TO and request.store
     assert request.model == "tiny"
     assert [(m.role, m.content) for m in request.messages] == [
-        (Role.SYSTEM, settings.system_prompt),
+        (Role.SYSTEM, settings.context.system_prompt),
         (Role.USER, "hi"),
     ]
     assert (request.sampling.max_tokens, request.sampling.temperature) == (5, 0.0)
-    assert request.deadline == pytest.approx(request.created_at + settings.request_timeout_s, 1)
+    assert request.deadline == pytest.approx(
+        request.created_at + settings.gateway.request_timeout_s, 1
+    )
     assert request.message_id not in (user.message_id, request.request_id)
 
 
@@ -410,7 +412,7 @@ async def test_native_stream_cut_short_reports_and_is_held_for_a_resume(client, 
     assert [m.event for m in messages] == ["request", "delta", "error", None]
     assert json.loads(messages[2].data)["code"] == "stream_interrupted"
     assert pipeline.cancelled == []
-    assert pipeline.held == [(pipeline.submitted[0].request_id, settings.resume_grace_s)]
+    assert pipeline.held == [(pipeline.submitted[0].request_id, settings.gateway.resume_grace_s)]
 
 
 # --- OpenAI-compatible API ------------------------------------------------------------
@@ -521,7 +523,7 @@ async def test_disconnect_holds_native_stream_for_a_resume(app, client, pipeline
     assert '"partial"' in body_text(sent) and "[DONE]" not in body_text(sent)
     [request] = pipeline.submitted
     assert pipeline.cancelled == [], "the generation goes on for the resume grace"
-    assert pipeline.held == [(request.request_id, settings.resume_grace_s)]
+    assert pipeline.held == [(request.request_id, settings.gateway.resume_grace_s)]
 
 
 async def test_disconnect_cancels_openai_stream(app, pipeline):

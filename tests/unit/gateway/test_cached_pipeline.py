@@ -51,7 +51,7 @@ def recorder() -> Recorder:
 
 @pytest.fixture
 def cached(pipeline, recorder, store, settings) -> CachedPipeline:
-    config = dataclasses.replace(CONFIG, system_prompt=settings.system_prompt)
+    config = dataclasses.replace(CONFIG, system_prompt=settings.context.system_prompt)
     return CachedPipeline(pipeline, recorder, store, config)
 
 

@@ -182,7 +182,7 @@ async def test_regenerate_and_edit_build_from_the_right_thread(client, store, pi
 async def test_a_prompt_over_the_window_is_413_before_anything_is_stored(
     store, pipeline, settings: Settings
 ):
-    small = settings.model_copy(update={"max_model_len": 20})
+    small = settings.replace(**{"max_model_len": 20})
     async with app_client(small, store, pipeline) as (client, _):
         cid = await new_conversation(client)
         response = await client.post(
@@ -232,7 +232,7 @@ async def test_title_stays_the_fallback_when_the_answer_fails(client, store, pip
 
 
 async def test_no_generated_title_when_titles_are_off(store, pipeline, settings: Settings):
-    untitled = settings.model_copy(update={"auto_titles": False})
+    untitled = settings.replace(**{"auto_titles": False})
     async with app_client(untitled, store, pipeline) as (client, deps):
         cid = await new_conversation(client)
         await client.patch(f"/v1/conversations/{cid}", json={"title": ""}, headers=ALICE)
@@ -256,8 +256,8 @@ async def test_closing_cancels_background_generations(client, pipeline, deps: Ga
 async def test_a_summary_is_generated_once_the_history_fills_the_window(
     store, pipeline, settings: Settings
 ):
-    small = settings.model_copy(
-        update={
+    small = settings.replace(
+        **{
             "context_window_tokens": {"tiny": 60},
             "context_strategy": {"tiny": "summary"},
             "system_prompt": "sys",
@@ -279,7 +279,7 @@ async def test_a_summary_is_generated_once_the_history_fills_the_window(
     asked = pipeline.background[1]
     assert asked.messages[0].content == SUMMARY_INSTRUCTIONS and not asked.store
     assert (asked.tier, asked.user_id) == (Tier.FREE, BACKGROUND_ACCOUNT)
-    assert asked.sampling.max_tokens == small.summary_max_tokens
+    assert asked.sampling.max_tokens == small.context.summary_max_tokens
     [summary] = await store.list_summaries(cid)
     system = pipeline.submitted[-1].messages[0]
     assert system.content == f"sys\n\n{SUMMARY_HEADING}\nAlice asked questions."

@@ -385,7 +385,7 @@ def test_the_engine_tokenizes_a_prompt_as_it_is(tiny_model_dir):
 
 
 async def test_completions_are_charged_to_the_rate_limits(settings, store, pipeline, limiter):
-    settings = settings.model_copy(update={"user_requests_per_minute": 1})
+    settings = settings.replace(**{"user_requests_per_minute": 1})
     deps = gateway_deps(
         settings,
         store,
@@ -522,6 +522,6 @@ def test_the_api_document_declares_both_routes_and_the_completion_limits(deps, s
     assert {"/v1/completions", "/v1/embeddings"} <= set(document["paths"])
     prompt = document["components"]["schemas"]["CompletionRequest"]["properties"]["prompt"]
     [text] = [branch for branch in prompt["anyOf"] if branch.get("type") == "string"]
-    assert text["maxLength"] == settings.max_message_chars
+    assert text["maxLength"] == settings.gateway.max_message_chars
     max_tokens = document["components"]["schemas"]["CompletionRequest"]["properties"]["max_tokens"]
-    assert max_tokens["maximum"] == settings.max_tokens_limit
+    assert max_tokens["maximum"] == settings.gateway.max_tokens_limit

@@ -227,7 +227,7 @@ async def test_completion_bounds_are_422(client, pipeline, limiter, fields, code
 
 
 async def test_more_messages_than_max_messages_is_422(client, pipeline, settings):
-    messages = [{"role": "user", "content": "x"}] * (settings.max_messages + 1)
+    messages = [{"role": "user", "content": "x"}] * (settings.gateway.max_messages + 1)
     response = await client.post(
         "/v1/chat/completions", json={"model": "tiny", "messages": messages}, headers=ALICE
     )
@@ -236,7 +236,7 @@ async def test_more_messages_than_max_messages_is_422(client, pipeline, settings
     response = await client.post(
         "/v1/chat/completions",
         headers=ALICE,
-        json={"model": "tiny", "messages": messages[: settings.max_messages]},
+        json={"model": "tiny", "messages": messages[: settings.gateway.max_messages]},
     )
     assert response.status_code == 200, response.text
 
@@ -264,7 +264,7 @@ async def test_a_model_outside_the_tier_is_403_on_both_apis(client, store, pipel
 async def test_a_tier_whose_default_model_is_not_allowed_gets_its_first_allowed(
     settings, store, pipeline, deps, tmp_path
 ):
-    narrowed = settings.model_copy(update={"tier_models": {Tier.FREE: ["big"]}})
+    narrowed = settings.replace(**{"tier_models": {Tier.FREE: ["big"]}})
     app = create_app(gateway_deps(narrowed, store, pipeline))
     async with httpx.AsyncClient(
         transport=httpx.ASGITransport(app), base_url="http://test"
@@ -548,17 +548,17 @@ def test_the_document_declares_every_error_as_error_body_and_the_limits(deps, se
     assert {"403", "409", "429", "503"} <= set(turn["responses"])
     schemas = document["components"]["schemas"]
     completion_fields = schemas["ChatCompletionRequest"]["properties"]
-    assert completion_fields["messages"]["maxItems"] == settings.max_messages
+    assert completion_fields["messages"]["maxItems"] == settings.gateway.max_messages
     assert completion_fields["model"]["enum"] == ["tiny", "big"]
     [text, array, _] = completion_fields["stop"]["anyOf"]
-    assert text["maxLength"] == array["items"]["maxLength"] == settings.max_stop_chars
-    assert array["maxItems"] == settings.max_stop_sequences
+    assert text["maxLength"] == array["items"]["maxLength"] == settings.gateway.max_stop_chars
+    assert array["maxItems"] == settings.gateway.max_stop_sequences
     [seed, _] = completion_fields["seed"]["anyOf"]
     assert (seed["minimum"], seed["maximum"]) == (0, SEED_LIMIT - 1)
     [max_tokens, _] = schemas["PostMessage"]["properties"]["max_tokens"]["anyOf"]
-    assert max_tokens["maximum"] == settings.max_tokens_limit
+    assert max_tokens["maximum"] == settings.gateway.max_tokens_limit
     assert schemas["PostMessage"]["properties"]["content"]["maxLength"] == (
-        settings.max_message_chars
+        settings.gateway.max_message_chars
     )
     assert "HTTPValidationError" not in schemas
     stream = turn["responses"]["200"]["content"]["text/event-stream"]["schema"]
@@ -651,7 +651,7 @@ async def test_a_deeply_nested_body_is_400_not_a_crash(client):
 async def test_a_completion_over_the_models_window_is_413_not_an_engine_error(
     settings, store, pipeline
 ):
-    small = settings.model_copy(update={"max_model_len": 300})
+    small = settings.replace(**{"max_model_len": 300})
     context = CountingContext(word_context(small))
     app = create_app(gateway_deps(small, store, pipeline, context))
     async with httpx.AsyncClient(
@@ -684,14 +684,14 @@ def test_a_gateway_run_alone_serves_no_docs_unless_asked(deps, settings):
         return server.config.app.openapi_url
 
     assert docs_url(gateway_server(deps, settings, docs_by_default=False)) is None
-    asked = settings.model_copy(update={"api_docs": True})
+    asked = settings.replace(**{"api_docs": True})
     assert docs_url(gateway_server(deps, asked, docs_by_default=False)) == "/openapi.json"
     up = gateway_server(deps, settings)  # chatpipe up
     assert docs_url(up) == "/openapi.json"
-    refused = settings.model_copy(update={"api_docs": False})
+    refused = settings.replace(**{"api_docs": False})
     assert docs_url(gateway_server(deps, refused)) is None
     assert issubclass(up.config.http, GuardedProtocol)
-    assert up.config.http.header_timeout_s == settings.header_read_timeout_s
+    assert up.config.http.header_timeout_s == settings.gateway.header_read_timeout_s
 
 
 async def test_the_model_list_shows_what_the_callers_tier_may_use(client):

@@ -207,7 +207,7 @@ def pipeline() -> ScriptedPipeline:
 
 @pytest.fixture
 def aliases(settings: Settings) -> ModelAliases:
-    return ModelAliases(settings.model_aliases, settings.models)
+    return ModelAliases(settings.scheduler.model_aliases, settings.models)
 
 
 @pytest.fixture

@@ -82,7 +82,7 @@ async def test_resume_is_the_owners_only_and_ids_are_checked(client, pipeline):
 async def test_a_stream_with_no_event_for_the_stall_time_ends_and_is_cancelled(
     store, pipeline, settings
 ):
-    quick = settings.model_copy(update={"stream_stall_s": 0.2})
+    quick = settings.replace(**{"stream_stall_s": 0.2})
     async with app_client(quick, store, pipeline) as (client, _):
         cid = await new_conversation(client)
         pipeline.script(delta("a", 0), hold=True)

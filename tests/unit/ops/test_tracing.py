@@ -82,7 +82,7 @@ def test_off_no_headers_no_spans_no_wrapping(monkeypatch):
     monkeypatch.delenv("CHATPIPE_OTLP_ENDPOINT", raising=False)
     assert not tracing.enabled()
     assert not tracing.setup_tracing(
-        Settings().otlp_endpoint
+        Settings().tracing.otlp_endpoint
     )  # no endpoint, no exporter: stays off
     event = Cancel(request_id="r1")
     with trace.get_tracer("t").start_as_current_span("x"):  # even inside someone's span
@@ -341,7 +341,7 @@ def test_spans_are_posted_to_the_otlp_endpoint(monkeypatch):
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{server.server_port}")
-        assert tracing.setup_tracing(Settings().otlp_endpoint)
+        assert tracing.setup_tracing(Settings().tracing.otlp_endpoint)
         with tracing.tracer("scheduler").start_as_current_span("chat.requests.pro process"):
             pass
         tracing.shutdown_tracing()  # exports what is buffered

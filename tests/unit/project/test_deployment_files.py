@@ -20,7 +20,7 @@ import typer
 import yaml
 
 from chatpipe.cli import STAGES, app
-from chatpipe.settings import Settings
+from chatpipe.settings import SETTINGS, Settings
 from schemas import topics
 from tests.support.deployment import (
     COMPOSE_FILE,
@@ -130,7 +130,7 @@ def resolve_cli(args: tuple[str, ...]) -> dict[str, Any]:
 def cli_overrides(container: Container) -> dict[str, Any]:
     """The CLI options that override Settings fields (`worker --engine sim`)."""
     params = resolve_cli(container.args)
-    return {k: v for k, v in params.items() if v is not None and k in Settings.model_fields}
+    return {k: v for k, v in params.items() if v is not None and k in SETTINGS}
 
 
 def container_settings(container: Container, monkeypatch: pytest.MonkeyPatch) -> Settings:
@@ -182,9 +182,9 @@ def test_env_values_validate_as_settings(
     settings = container_settings(container, monkeypatch)
     if container.command in STAGES or container.args[:1] == ("topics",):
         # Unset, a stage would refuse to start (only `chatpipe up` embeds a broker).
-        assert settings.kafka_bootstrap_servers
+        assert settings.kafka.bootstrap_servers
     if container.command in ("gateway", "recorder"):
-        assert settings.store != "sqlite", "a SQLite file is private to one container"
+        assert settings.storage.store != "sqlite", "a SQLite file is private to one container"
 
 
 def test_per_pod_ids_are_never_shared() -> None:
@@ -212,9 +212,9 @@ def test_compose_worker_reserves_a_gpu_and_mounts_its_model(
     devices = service.spec["deploy"]["resources"]["reservations"]["devices"]
     assert any(d["driver"] == "nvidia" and "gpu" in d["capabilities"] for d in devices)
     settings = container_settings(service, monkeypatch)
-    assert settings.engine == "vllm"
+    assert settings.inference.engine == "vllm"
     targets = [Path(volume.split(":")[1]) for volume in service.spec["volumes"]]
-    assert any(settings.model.is_relative_to(target) for target in targets)
+    assert any(settings.inference.model.is_relative_to(target) for target in targets)
 
 
 def test_k8s_worker_requests_a_gpu_and_time_to_load_weights(
@@ -226,7 +226,7 @@ def test_k8s_worker_requests_a_gpu_and_time_to_load_weights(
     assert startup["periodSeconds"] * startup["failureThreshold"] >= MIN_WEIGHT_LOADING_S
     assert "readinessProbe" in container.spec
     settings = container_settings(container, monkeypatch)
-    assert settings.engine == "vllm"
+    assert settings.inference.engine == "vllm"
     (deployment,) = [d for d in k8s_objects("Deployment") if d["metadata"]["name"] == "worker"]
     claims = {
         v["name"]
@@ -234,7 +234,7 @@ def test_k8s_worker_requests_a_gpu_and_time_to_load_weights(
         if "persistentVolumeClaim" in v
     }
     mounts = [Path(m["mountPath"]) for m in container.spec["volumeMounts"] if m["name"] in claims]
-    assert any(settings.model.is_relative_to(mount) for mount in mounts)
+    assert any(settings.inference.model.is_relative_to(mount) for mount in mounts)
 
 
 DRAIN_MARGIN_S = 10  # the last heartbeat, commits and leaving the group after the drain
@@ -243,10 +243,10 @@ DRAIN_MARGIN_S = 10  # the last heartbeat, commits and leaving the group after t
 def test_workers_get_to_drain_before_they_are_killed(monkeypatch: pytest.MonkeyPatch) -> None:
     """SIGTERM drains a worker for CHATPIPE_DRAIN_TIMEOUT_S; the kill must come later."""
     service = worker(compose_containers())
-    drain = container_settings(service, monkeypatch).drain_timeout_s
+    drain = container_settings(service, monkeypatch).worker.drain_timeout_s
     assert _seconds(service.spec["stop_grace_period"]) >= drain + DRAIN_MARGIN_S
     container = worker(k8s_containers())
-    drain = container_settings(container, monkeypatch).drain_timeout_s
+    drain = container_settings(container, monkeypatch).worker.drain_timeout_s
     (deployment,) = [d for d in k8s_objects("Deployment") if d["metadata"]["name"] == "worker"]
     grace = deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
     assert grace >= drain + DRAIN_MARGIN_S
@@ -271,11 +271,11 @@ def model_dirs(container: Container, settings: Settings) -> dict[str, Path]:
     if container.command == "gateway":
         # ContextBuilder.warm_up: every served model's tokenizer and chat template.
         return {
-            model: settings.context_tokenizers.get(model, settings.model)
+            model: settings.context.context_tokenizers.get(model, settings.inference.model)
             for model in settings.models
         }
-    if container.command == "worker" and settings.engine == "vllm":
-        return {settings.model_name: settings.model}  # weights and tokenizer
+    if container.command == "worker" and settings.inference.engine == "vllm":
+        return {settings.inference.model_name: settings.inference.model}  # weights and tokenizer
     return {}
 
 
@@ -289,7 +289,7 @@ def test_model_directories_are_set_and_mounted_read_only_from_the_models_volume(
     container: Container, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     settings = container_settings(container, monkeypatch)
-    default = Settings.model_fields["model"].default
+    default = SETTINGS["model"].default
     for model, directory in model_dirs(container, settings).items():
         assert directory != default, (
             f"{container.where}: {model}'s directory left at the default {default}, which"
@@ -309,7 +309,7 @@ def test_gateways_count_tokens_with_the_served_model(
     gateways = [c for c in containers() if c.command == "gateway"]
     served = worker(containers())
     assert gateways
-    worker_settings = container_settings(served, monkeypatch)
+    worker_settings = container_settings(served, monkeypatch).inference
     for gateway in gateways:
         settings = container_settings(gateway, monkeypatch)
         assert worker_settings.model_name in settings.models, gateway.where
@@ -386,7 +386,9 @@ def test_worker_autoscaling_reads_the_scheduler_backlog_and_demand(
     }
     assert "replicas" not in k8s_object("Deployment", "worker")["spec"], "KEDA sets it"
     settings = settings_from(chatpipe_env(), monkeypatch)
-    assert 1 <= spec["minReplicaCount"] <= spec["maxReplicaCount"] <= settings.work_partitions
+    assert (
+        1 <= spec["minReplicaCount"] <= spec["maxReplicaCount"] <= settings.topics.work_partitions
+    )
     assert spec["maxReplicaCount"] > 100, "room for hundreds of GPU workers"
 
     behavior = spec["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]
@@ -397,7 +399,7 @@ def test_worker_autoscaling_reads_the_scheduler_backlog_and_demand(
     kafka = [t["metadata"] for t in triggers if t["type"] == "kafka"]
     assert sorted(m["topic"] for m in kafka) == sorted(topics.request_topics())
     namespace = yaml.safe_load((K8S_DIR / "kustomization.yaml").read_text())["namespace"]
-    service = k8s_object("Service", settings.kafka_bootstrap_servers.split(":")[0])
+    service = k8s_object("Service", settings.kafka.bootstrap_servers.split(":")[0])
     for metadata in kafka:
         assert metadata["consumerGroup"] == SCHEDULER_GROUP
         assert metadata["allowIdleConsumers"] == "true", "else capped at the topic's partitions"
@@ -477,21 +479,23 @@ def test_every_workload_has_a_disruption_budget_that_lets_drains_through() -> No
 def test_gateway_listens_where_it_is_published(monkeypatch: pytest.MonkeyPatch) -> None:
     service = next(c for c in compose_containers() if c.command == "gateway")
     settings = container_settings(service, monkeypatch)
-    assert settings.host == "0.0.0.0"
-    assert any(str(p).endswith(f":{settings.port}") for p in service.spec["ports"])
+    assert settings.gateway.host == "0.0.0.0"
+    assert any(str(p).endswith(f":{settings.gateway.port}") for p in service.spec["ports"])
 
     container = next(c for c in k8s_containers() if c.command == "gateway")
     settings = container_settings(container, monkeypatch)
-    assert settings.host == "0.0.0.0"
+    assert settings.gateway.host == "0.0.0.0"
     ports = {p["name"]: p["containerPort"] for p in container.spec["ports"]}
     (k8s_service,) = [s for s in k8s_objects("Service") if s["metadata"]["name"] == "gateway"]
     target = k8s_service["spec"]["ports"][0]["targetPort"]
-    assert ports.get(target, target) == settings.port
+    assert ports.get(target, target) == settings.gateway.port
 
 
 def hosts(settings: Settings) -> set[str]:
-    servers = (settings.kafka_bootstrap_servers or "").split(",")
-    return {h.split(":")[0].split(".")[0] for h in [*servers, *settings.cassandra_hosts] if h}
+    servers = (settings.kafka.bootstrap_servers or "").split(",")
+    return {
+        h.split(":")[0].split(".")[0] for h in [*servers, *settings.storage.cassandra_hosts] if h
+    }
 
 
 def test_kafka_and_cassandra_hosts_are_services_of_the_same_deployment(
@@ -570,9 +574,9 @@ def test_every_kafka_client_has_its_own_user_and_a_password_from_a_secret(
 
     settings = container_settings(container, monkeypatch)
     user = kafka_user(container)
-    assert settings.kafka_security_protocol in ("SASL_PLAINTEXT", "SASL_SSL")
-    assert settings.kafka_sasl_mechanism == MECHANISM
-    assert settings.kafka_sasl_username == user
+    assert settings.kafka.security_protocol in ("SASL_PLAINTEXT", "SASL_SSL")
+    assert settings.kafka.sasl_mechanism == MECHANISM
+    assert settings.kafka.sasl_username == user
     password = env_field("kafka_sasl_password")
     if container.kind == "service":
         assert required_from_env_file(container.env[password], password_variable(user))
@@ -675,7 +679,7 @@ def test_both_deployments_run_the_secured_broker_from_its_script(
     # Clients reach the broker where it advertises itself.
     advertised = broker_config()["advertised.listeners"]
     port = advertised.rsplit(":", 1)[1]
-    assert settings_from(chatpipe_env(), monkeypatch).kafka_bootstrap_servers == (f"kafka:{port}")
+    assert settings_from(chatpipe_env(), monkeypatch).kafka.bootstrap_servers == (f"kafka:{port}")
 
 
 @pytest.mark.parametrize("script", [KAFKA_SERVER_SCRIPT, KAFKA_ACLS_SCRIPT], ids=lambda p: p.name)
@@ -697,7 +701,10 @@ def test_kafka_is_not_published_outside_the_deployment() -> None:
 
 
 def test_no_development_user_and_gateways_get_the_key_secret() -> None:
-    for path in [COMPOSE_FILE, *sorted(p for p in K8S_DIR.rglob("*") if p.is_file())]:
+    for path in [
+        COMPOSE_FILE,
+        *sorted(p for p in K8S_DIR.rglob("*") if p.is_file() and "__pycache__" not in p.parts),
+    ]:
         assert "DEV_API_KEY" not in path.read_text(), f"{path.name} creates the dev user"
     gateways = [c for c in all_containers() if c.command == "gateway"]
     assert {c.kind for c in gateways} == {"service", "Deployment"}

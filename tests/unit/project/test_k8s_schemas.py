@@ -326,19 +326,19 @@ def test_the_sharded_deployment_is_the_plain_one_with_a_scheduler_per_shard(
         (container,) = deployment["spec"]["template"]["spec"]["containers"]
         own_env = {e["name"]: e["value"] for e in container.get("env", ()) if "value" in e}
         settings = settings_from({**env, **own_env}, monkeypatch)
-        names.add(settings.scheduler_shard)
+        names.add(settings.scheduler.scheduler_shard)
         assert deployment["spec"]["replicas"] == 1
         assert deployment["spec"]["strategy"]["type"] == "Recreate"
         assert one(docs, "PodDisruptionBudget", deployment["metadata"]["name"])
-    assert names == {"", *settings.scheduler_shards}
-    served = settings.shard_of(settings.model_name)
+    assert names == {"", *settings.scheduler.scheduler_shards}
+    served = settings.shard_of(settings.inference.model_name)
     assert served
     groups = {
         t["metadata"]["consumerGroup"]
         for t in one(docs, "ScaledObject", "worker")["spec"]["triggers"]
         if t["type"] == "kafka"
     }
-    assert groups == {Shard.of(settings.scheduler_shards, served).group}
+    assert groups == {Shard.of(settings.scheduler.scheduler_shards, served).group}
 
 
 def operator_docs() -> list[Document]:
@@ -369,20 +369,20 @@ def test_stages_reach_the_operators_services(monkeypatch: pytest.MonkeyPatch) ->
     plain_env = one(documents(K8S_DIR / "configmap.yaml"), "ConfigMap", "chatpipe-env")["data"]
     settings = settings_from({**plain_env, **env_patch()}, monkeypatch)
     # Strimzi's bootstrap Service and cass-operator's datacenter Service.
-    assert settings.kafka_bootstrap_servers == (
+    assert settings.kafka.bootstrap_servers == (
         f"{kafka['metadata']['name']}-kafka-bootstrap:{listener['port']}"
     )
-    assert settings.cassandra_hosts == [
+    assert settings.storage.cassandra_hosts == [
         f"{cassandra['clusterName']}-{datacenter['metadata']['name']}-service"
     ]
     assert listener["tls"] is False
-    assert settings.kafka_security_protocol == "SASL_PLAINTEXT"
-    assert listener["authentication"]["type"].upper() == settings.kafka_sasl_mechanism
+    assert settings.kafka.security_protocol == "SASL_PLAINTEXT"
+    assert listener["authentication"]["type"].upper() == settings.kafka.sasl_mechanism
     brokers = [p for p in docs if p["kind"] == "KafkaNodePool" and "broker" in p["spec"]["roles"]]
     min_insync = kafka["spec"]["kafka"]["config"]["min.insync.replicas"]
-    assert settings.kafka_replication_factor > min_insync
-    assert sum(p["spec"]["replicas"] for p in brokers) >= settings.kafka_replication_factor
-    assert datacenter["size"] >= settings.cassandra_replication_factor > 1
+    assert settings.kafka.replication_factor > min_insync
+    assert sum(p["spec"]["replicas"] for p in brokers) >= settings.kafka.replication_factor
+    assert datacenter["size"] >= settings.storage.cassandra_replication_factor > 1
 
 
 def test_the_strimzi_cluster_runs_kraft_with_node_pools() -> None:

@@ -107,10 +107,12 @@ def test_every_stage_serves_metrics_where_its_pod_is_scraped(monkeypatch) -> Non
         annotations = template["metadata"]["annotations"]
         assert annotations["prometheus.io/scrape"] == "true"
         assert annotations["prometheus.io/path"] == "/metrics"
-        assert int(annotations["prometheus.io/port"]) == settings.metrics_port
-        assert settings.metrics_port in [p["containerPort"] for p in container["ports"]]
+        assert int(annotations["prometheus.io/port"]) == settings.gateway.metrics_port
+        assert settings.gateway.metrics_port in [p["containerPort"] for p in container["ports"]]
         scraped.add(container["args"][0])
     assert scraped == set(STAGES)
     for container in compose_containers():
         if container.command in STAGES:
-            assert settings_from(container.env, monkeypatch).metrics_port == 9100, container.where
+            assert settings_from(container.env, monkeypatch).gateway.metrics_port == 9100, (
+                container.where
+            )

@@ -312,9 +312,7 @@ async def test_clean_stream_is_released_and_ends_done():
     stage, out = stage_with()
     consumer = FakeConsumer(stream_records(["Hello ", "world"]))
     stage.runner.consumer = consumer  # type: ignore[assignment]
-    await stage.runner.consume(
-        stage._handle, stage._expire, stage._on_failure, until=lambda: not consumer.batches
-    )
+    await stage.runner.consume(until=lambda: not consumer.batches)
     deltas = [e.text for e in to_gateway(out) if isinstance(e, Delta)]
     assert deltas == ["Hello ", "world"]
     assert isinstance(to_gateway(out)[-1], DeliveryDone)
@@ -350,8 +348,8 @@ async def test_window_keeps_tripping_text_from_ever_being_sent():
 async def test_duplicates_are_dropped():
     stage, out = stage_with()
     chunk = TokenChunk(**STREAM, seq=0, text="hi", token_count=1, completion_tokens=1)
-    await stage._handle(record(chunk, 0))
-    await stage._handle(record(chunk, 0))
+    await stage.handle(record(chunk, 0))
+    await stage.handle(record(chunk, 0))
     assert len([e for e in to_gateway(out) if isinstance(e, Delta)]) == 1
 
 
@@ -477,11 +475,11 @@ def test_safety_commits_at_most_once_a_second(monkeypatch):
     now = [100.0]
     monkeypatch.setattr(safety.stage.time, "monotonic", lambda: now[0])
     done = {TopicPartition(topics.TOKENS, 0): 3}
-    assert stage._commit_due(done) == done, "the first commit at once"
+    assert stage.commit_rule(done) == done, "the first commit at once"
     now[0] += 0.5
-    assert stage._commit_due({TopicPartition(topics.TOKENS, 0): 5}) == {}
+    assert stage.commit_rule({TopicPartition(topics.TOKENS, 0): 5}) == {}
     now[0] += 0.5
-    assert stage._commit_due({TopicPartition(topics.TOKENS, 0): 5}) == {
+    assert stage.commit_rule({TopicPartition(topics.TOKENS, 0): 5}) == {
         TopicPartition(topics.TOKENS, 0): 5
     }
-    assert stage._commit_due({}) == {}
+    assert stage.commit_rule({}) == {}

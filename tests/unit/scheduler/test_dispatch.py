@@ -155,8 +155,8 @@ async def test_a_shard_passes_over_requests_and_heartbeats_of_other_shards_model
     stage = stage_on(FakeBus())
     stage.shard = Shard.of({"big": ["big"]}, "")  # the unnamed shard: not "big"
     for request in (make_request("mine", model="small"), make_request("theirs", model="big")):
-        await stage._handle(_record(topics.requests_topic(request.tier), request))
-    await stage._handle(_record(topics.WORKERS, heartbeat("w9", model="big")))
+        await stage.handle(_record(topics.requests_topic(request.tier), request))
+    await stage.handle(_record(topics.WORKERS, heartbeat("w9", model="big")))
     assert [r.request_id for r in stage.core.waiting()] == ["mine"]
     assert "w9" not in stage.core.workers
 

@@ -111,9 +111,9 @@ def test_routes_between_models_stay_inside_a_shard():
         small_model="llama-8b",
         simple_request_max_chars=40,
     )
-    big = scheduling_policy(settings, Shard.of(settings.scheduler_shards, "big"))
+    big = scheduling_policy(settings, Shard.of(settings.scheduler.scheduler_shards, "big"))
     assert big.fallback_models == {} and big.small_model is None
-    unnamed = scheduling_policy(settings, Shard.of(settings.scheduler_shards, ""))
+    unnamed = scheduling_policy(settings, Shard.of(settings.scheduler.scheduler_shards, ""))
     assert unnamed.fallback_models == {"mistral": "llama-8b"}
     assert unnamed.small_model == "llama-8b"
 

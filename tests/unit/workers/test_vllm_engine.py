@@ -143,7 +143,7 @@ def test_slots_are_unknown_until_the_engine_has_started() -> None:
 def test_vllm_args_come_from_the_environment_as_json(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CHATPIPE_VLLM_ARGS", '{"enforce_eager": true, "max_num_seqs": 64}')
 
-    assert Settings().vllm_args == {"enforce_eager": True, "max_num_seqs": 64}
+    assert Settings().inference.vllm_args == {"enforce_eager": True, "max_num_seqs": 64}
 
 
 def test_max_slots_redirects_a_vllm_user_to_vllm_args(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -151,4 +151,4 @@ def test_max_slots_redirects_a_vllm_user_to_vllm_args(monkeypatch: pytest.Monkey
 
     with pytest.raises(ValueError, match="CHATPIPE_VLLM_ARGS='{\"max_num_seqs\": 64}'"):
         Settings(engine="vllm")
-    assert Settings(engine="sim").max_slots == 64
+    assert Settings(engine="sim").inference.max_slots == 64

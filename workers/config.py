@@ -1,0 +1,105 @@
+"""The model, engine and worker settings (composed into `chatpipe.settings.Settings`)."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field, model_validator
+
+from workers.coalesce import ChunkPacing
+from workers.core import WorkerConfig
+
+DEFAULT_MODEL_DIR = Path(os.path.expanduser("~/.cache/chatpipe/tiny-model"))
+
+
+class EngineSettings(BaseModel):
+    """The model served and the engine that runs it."""
+
+    engine: Literal["vllm", "sim"] = Field(
+        "vllm", description="vllm (AsyncLLM in the worker) or sim (deterministic text, no model)"
+    )
+    model: Path = Field(DEFAULT_MODEL_DIR, description="local HF model directory")
+    model_name: str = Field("tiny", description="name clients ask for")
+    max_model_len: int = Field(
+        2048,
+        description="context length (prompt + answer) conversations are fitted into for a"
+        " model not in context_window_tokens; at most the engine's (vLLM: the model's own)",
+    )
+    vllm_args: dict[str, Any] = Field(
+        default_factory=dict,
+        description="vllm engine: AsyncEngineArgs fields over vLLM's"
+        ' defaults, e.g. {"max_num_seqs": 64} (README: Engine configuration)',
+    )
+    tool_parser: str = Field(
+        "hermes",
+        description="vllm engine: vLLM's tool parser for the model (as `vllm serve "
+        "--tool-call-parser` names it), which finds the calls in an answer to tool_choice auto",
+    )
+    max_slots: int = Field(
+        32,
+        ge=1,
+        description="sim engine: requests it runs at once (vllm: vLLM's max_num_seqs,"
+        " set in vllm_args)",
+    )
+    sim_tokens_per_s: float = Field(
+        50.0,
+        gt=0,
+        description="sim engine: tokens per second per stream",
+    )
+    sim_prompt_tokens_per_s: float = Field(
+        5000.0,
+        gt=0,
+        description="sim engine: prompt tokens per second (time to first token)",
+    )
+
+    @model_validator(mode="after")
+    def _check_engine_slots(self) -> EngineSettings:
+        if self.engine == "vllm" and "max_slots" in self.model_fields_set:
+            raise ValueError(
+                "max_slots is the sim engine's: the vllm engine runs vLLM's"
+                """ max_num_seqs, e.g. CHATPIPE_VLLM_ARGS='{"max_num_seqs": 64}'"""
+            )
+        return self
+
+
+class WorkerSettings(BaseModel):
+    """A worker process: its name, chunk pacing, heartbeats, drain and probe file."""
+
+    worker_id: str = Field(
+        default_factory=lambda: f"worker-{uuid.uuid4().hex[:8]}",
+        description="names the worker in heartbeats and assignments",
+    )
+    coalesce_ms: float = Field(50.0, ge=0, description="token chunk interval after the first")
+    coalesce_max_chunks_per_s: float = Field(
+        1000.0,
+        ge=0,
+        description="chunk events per second one worker aims to stay under: with "
+        "many streams the chunk interval widens (up to coalesce_max_ms); 0 = never widen. "
+        "Fewer events, less pipeline CPU, longer pauses between chunks",
+    )
+    coalesce_max_ms: float = Field(200.0, ge=0, description="widest chunk interval under load")
+    heartbeat_interval_s: float = Field(1.0, description="worker heartbeat period on chat.workers")
+    worker_lost_after_s: float = Field(
+        5.0, description="a worker silent this long is lost; its requests are dispatched again"
+    )
+    drain_timeout_s: float = Field(
+        30.0,
+        ge=0,
+        description="on SIGTERM a worker takes no new work and lets running answers "
+        "finish this long, then hands the rest to other workers as continuations",
+    )
+    ready_file: Path | None = Field(
+        None, description="touched once the engine is loaded and on every heartbeat (probes)"
+    )
+
+    def config(self, shard: str = "") -> WorkerConfig:
+        """The worker stage's configuration, reading the chat.work topic of `shard`."""
+        pacing = ChunkPacing(
+            self.coalesce_ms / 1000, self.coalesce_max_ms / 1000, self.coalesce_max_chunks_per_s
+        )
+        return WorkerConfig(
+            self.worker_id, pacing, self.heartbeat_interval_s, self.ready_file, shard=shard
+        )
