@@ -58,7 +58,9 @@ class Inputs:
     )
     system_prompt_tokens: float = _in(500, "tokens", "assumption: system prompt of a chat product")
     user_message_tokens: float = _in(100, "tokens", "assumption: a user's message")
-    chars_per_token: float = _in(4, "chars", "the gateway's own estimate (gateway/rate_limits.py)")
+    chars_per_token: float = _in(
+        4, "chars", "the gateway's own estimate (gateway/admission/rate_limits.py)"
+    )
     prefix_cached_fraction: float = _in(
         0.75,
         "of prompt tokens",
@@ -222,7 +224,9 @@ class Inputs:
         "assumption: repair and bootstrap stay hours, half the disk free for compaction",
     )
     redis_commands_per_turn: float = _in(
-        10, "commands", "gateway/rate_limits.py: 4 limits read and hit, 2 token corrections"
+        10,
+        "commands",
+        "gateway/admission/rate_limits.py: 4 limits read and hit, 2 token corrections",
     )
     redis_ops_per_shard: float = _in(
         50000,

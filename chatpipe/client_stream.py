@@ -2,14 +2,14 @@
 
 The gateway that started a stream read its request's delivery events from its own
 `chat.deliver.<gateway_id>` topic (the request's `reply_to`), took them through the
-stream relay's rule (`gateway.stream_relay.StreamRelay`: the one answer rule, queue
+stream relay's rule (`gateway.streaming.stream_relay.StreamRelay`: the one answer rule, queue
 updates only before any output) and wrote each with `schemas.sse.native_event`,
 after the `request` event and before `[DONE]`. The same is done here with the same
 functions; where the delivery topic is gone, a stored answer's events on
 `chat.answers` (the same events, also written by the safety stage) stand in.
 
 What the bus cannot tell: the gateway joins consecutive deltas that arrive in one
-batch into one event (`gateway.generation.merged_deltas`, the id of the last), so a
+batch into one event (`gateway.streaming.generation.merged_deltas`, the id of the last), so a
 client may have seen fewer, longer delta events with the same text and final ids; and
 what the gateway itself said without the bus (a stall, an interrupted stream, pings)."""
 
@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from gateway.stream_relay import StreamRelay
+from gateway.streaming.stream_relay import StreamRelay
 from ops.bus_records import ReadRecord
 from schemas import sse, topics
 from schemas.events import DeliveryEvent, GenerationRequest

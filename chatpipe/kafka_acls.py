@@ -22,8 +22,8 @@ from billing.stage import GROUP as BILLING_GROUP
 from recorder.stage import GROUP as RECORDER_GROUP
 from safety.stage import GROUP as SAFETY_GROUP
 from scheduler.shards import GROUP as SCHEDULER_GROUP
-from servertools.stage import GROUP as TOOLS_GROUP
 from schemas import topics
+from servertools.stage import GROUP as TOOLS_GROUP
 from workers.stage import GROUP as WORKER_GROUP
 
 ADMIN = "admin"
@@ -90,7 +90,7 @@ GRANTS: dict[str, tuple[Grant, ...]] = {
         # here tells the gateway that held it (on that one's delivery topic).
         *on_prefix(topics.DELIVER_PREFIX, R, W, C),
         *reads(topics.SCHEDULER, topics.ANSWERS, topics.ROLLOUT),  # model aliases' weights
-        # chat.usage: an answer replayed from the response cache (gateway.cached_pipeline)
+        # chat.usage: an answer replayed from the response cache (gateway.cache.cached_pipeline)
         *writes(
             topics.ANSWERS,
             topics.CONTROL,

@@ -25,19 +25,19 @@ from chatpipe.settings import Settings
 from chatpipe.supervise import Pause, Supervisor, broker_kept_up
 from conversations.sqlite_store import SQLiteStore
 from conversations.store import ApiKey, ConversationStore
+from gateway.admission.quotas import QuotaGate
+from gateway.admission.rate_limits import RateLimiter, per_process
 from gateway.app import GatewayDeps, create_app
-from gateway.cached_pipeline import CachedPipeline
+from gateway.cache.cached_pipeline import CachedPipeline
 from gateway.config import (
-    ServerToolsConfig,
     GatewayConfig,
+    ServerToolsConfig,
 )
-from gateway.context_builder import ContextBuilder
-from gateway.quotas import QuotaGate
-from gateway.rate_limits import RateLimiter, per_process
+from gateway.context.builder import ContextBuilder
+from gateway.edge.slow_clients import guarded_protocol
 from gateway.pipeline import Pipeline
-from gateway.relay import KafkaPipeline
 from gateway.rollout import ModelAliases
-from gateway.slow_clients import guarded_protocol
+from gateway.streaming.relay import KafkaPipeline
 from ledger.store import SQLiteLedger, UsageLedger
 from moderation.policy import SafetyPolicy, build_policy
 from ops.metrics import metrics_app

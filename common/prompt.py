@@ -19,7 +19,7 @@ vocabulary's tokens, as if the token had never been added. A content holding non
 A text completion's prompt is not templated (`completion_prompt_ids`).
 
 The worker (`VllmEngine`) and the gateway's token counter
-(`gateway.tokens.TokenCounter`) both build prompts here, so a context window
+(`gateway.context.tokens.TokenCounter`) both build prompts here, so a context window
 check counts exactly what the engine runs.
 """
 

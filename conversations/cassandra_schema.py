@@ -44,9 +44,9 @@ from typing import Any
 from conversations.store import (
     ApiKey,
     Conversation,
-    TurnUsage,
     StoredMessage,
     Summary,
+    TurnUsage,
     derived_key_id,
 )
 from schemas.events import Role

@@ -202,13 +202,13 @@ class OrgSettings:
 
     org_id: str
     response_cache: bool = False
-    """Its exact-match answers may be cached and replayed (`gateway.response_cache`)."""
+    """Its exact-match answers may be cached and replayed (`gateway.cache.rules`)."""
 
 
 @dataclass(frozen=True, slots=True)
 class CachedResponse:
     """A finished answer the response cache keeps under `cache_key` (a digest of org,
-    model, prompt and sampling: `gateway.response_cache.cache_key`) until `expires_at`
+    model, prompt and sampling: `gateway.cache.rules.cache_key`) until `expires_at`
     (epoch seconds)."""
 
     cache_key: str

@@ -15,23 +15,19 @@ from contextlib import asynccontextmanager
 
 from fastapi import APIRouter, Depends, FastAPI, Request, Response
 
-from gateway import (
-    chat,
-    completions,
-    conversations,
-    embeddings,
-    feedback,
-    files,
-    openai_compat,
-    responses_api,
-    web,
-)
-from gateway.admission import ResponseHeaders
+from gateway import web
+from gateway.admission.gates import ResponseHeaders
 from gateway.api_document import api_document
-from gateway.auth import current_owner
-from gateway.body_limits import BodyLimits
 from gateway.deps import GatewayDeps
+from gateway.edge.auth import current_owner
+from gateway.edge.body_limits import BodyLimits
 from gateway.errors import error_responses, install_error_handlers
+from gateway.native import conversations, feedback, files
+from gateway.native import messages as chat
+from gateway.openai.chat_completions import api_router as chat_completions
+from gateway.openai.completions import api_router as completions
+from gateway.openai.embeddings import api_router as embeddings
+from gateway.openai.responses import api_router as responses
 from ops.http_spans import HttpSpans
 from ops.metrics import exposition
 
@@ -86,10 +82,10 @@ def create_app(deps: GatewayDeps, *, api_docs: bool = True) -> FastAPI:
     v1.include_router(chat.router)
     v1.include_router(files.router)
     v1.include_router(feedback.router)
-    v1.include_router(openai_compat.router)
+    v1.include_router(chat_completions.router)
     v1.include_router(completions.router)
     v1.include_router(embeddings.router)
-    v1.include_router(responses_api.router)
+    v1.include_router(responses.router)
     app.include_router(v1)
     app.include_router(web.router)
     app.openapi = lambda: _cached_document(app)  # type: ignore[method-assign]

@@ -13,7 +13,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, SecretStr
 
-from gateway.context import Strategy
+from gateway.context.window import Strategy
 from retrieval.documents import FileLimits
 from schemas.tools import ToolSpec
 from schemas.topics import Tier
@@ -21,7 +21,7 @@ from schemas.topics import Tier
 
 @dataclass(frozen=True, slots=True)
 class RequestLimits:
-    """What one request may ask for: checked by `gateway.limits`, declared in the API
+    """What one request may ask for: checked by `gateway.admission.limits`, declared in the API
     document (`gateway.api_document`)."""
 
     models: Sequence[str]
@@ -44,7 +44,7 @@ class RequestLimits:
 
 @dataclass(frozen=True, slots=True)
 class ContextConfig:
-    """How a turn's prompt is built within its model's window (`gateway.context_builder`);
+    """How a turn's prompt is built within its model's window (`gateway.context.builder`);
     a model not named in a mapping takes the default."""
 
     system_prompt: str
@@ -67,7 +67,7 @@ class ContextConfig:
 
 @dataclass(frozen=True, slots=True)
 class RateLimitConfig:
-    """Requests and tokens per minute (`gateway.rate_limits`), kept in `storage`
+    """Requests and tokens per minute (`gateway.admission.rate_limits`), kept in `storage`
     (memory://, or redis://host:port shared by every gateway)."""
 
     user_requests_per_minute: int
@@ -79,7 +79,7 @@ class RateLimitConfig:
 
 @dataclass(frozen=True, slots=True)
 class QuotaConfig:
-    """Token budgets per period (`gateway.quotas`); a None budget is off."""
+    """Token budgets per period (`gateway.admission.quotas`); a None budget is off."""
 
     user_token_budget: int | None
     org_token_budget: int | None
@@ -88,7 +88,7 @@ class QuotaConfig:
 
 @dataclass(frozen=True, slots=True)
 class ResponseCacheConfig:
-    """The response cache (`gateway.cached_pipeline`), for the orgs that opted in."""
+    """The response cache (`gateway.cache.cached_pipeline`), for the orgs that opted in."""
 
     ttl_s: float = 86400.0
     """How long an answer is kept; 0: no response cache on this gateway."""

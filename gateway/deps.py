@@ -10,16 +10,16 @@ from typing import Annotated
 from fastapi import Depends, Request
 
 from conversations.store import ConversationStore
-from gateway.admission import Gates
-from gateway.background import BackgroundJobs, OwnRequests
+from gateway.admission.gates import Gates
+from gateway.admission.quotas import QuotaGate
+from gateway.admission.rate_limits import RateLimiter
 from gateway.config import GatewayConfig
-from gateway.context_builder import ContextBuilder
-from gateway.generation import LiveRequests
+from gateway.context.builder import ContextBuilder
+from gateway.native.background import BackgroundJobs, OwnRequests
+from gateway.native.turns import Turns
 from gateway.pipeline import Pipeline
-from gateway.quotas import QuotaGate
-from gateway.rate_limits import RateLimiter
 from gateway.rollout import ModelAliases
-from gateway.turns import Turns
+from gateway.streaming.generation import LiveRequests
 from moderation.policy import SafetyPolicy
 from retrieval.documents import Documents
 

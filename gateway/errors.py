@@ -6,7 +6,7 @@ or a token budget → 429 `rate_limited` / `quota_exceeded`, with Retry-After.
 A message is written here or by a stage for the client: no exception's own text
 ever reaches one (an unexpected error is 500 `internal_error`, logged).
 
-The gateway's decisions refuse in the domain's words (`gateway.core.Refused`);
+The gateway's decisions refuse in the domain's words (`gateway.refusals.Refused`);
 `STATUS` is the one place that gives each kind of refusal its HTTP status. `ApiError`
 is for what speaks HTTP already: keys, rate limits and budgets, the routes' own checks.
 """
@@ -22,7 +22,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from gateway.core import (
+from gateway.refusals import (
     Invalid,
     NotAllowed,
     NotFound,

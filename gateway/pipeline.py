@@ -1,6 +1,6 @@
 """What the HTTP routes need from the rest of the pipeline.
 
-`gateway.relay.KafkaPipeline` implements it over Kafka: `submit` produces the
+`gateway.streaming.relay.KafkaPipeline` implements it over Kafka: `submit` produces the
 request on `chat.requests.<tier>` and returns the stream of delivery events read
 from this gateway's own `chat.deliver.<gateway_id>` topic (`bus.request_reply`; the
 scheduler deletes it once the gateway is gone, `scheduler.delivery_topics`);
@@ -13,7 +13,17 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Protocol
 
-from schemas.events import Event, FeedbackEvent, GenerationRequest, ModerationEvent, UsageEvent
+from conversations.store import ApiKey
+from schemas.events import (
+    ChatMessage,
+    Event,
+    FeedbackEvent,
+    GenerationRequest,
+    ModerationEvent,
+    SamplingOptions,
+    UsageEvent,
+)
+from schemas.generation import generation_request
 from schemas.topics import Tier
 
 
@@ -69,3 +79,18 @@ class Pipeline(Protocol):
     def overloaded(self, tier: Tier, model: str) -> float | None:
         """Retry-After seconds while the scheduler deciding for `model` sheds `tier`'s
         new requests, else None."""
+
+
+def owner_request(
+    owner: ApiKey, *, model: str, messages: tuple[ChatMessage, ...], sampling: SamplingOptions,
+    reply_to: str, timeout_s: float, sent_at: float, conversation_id: str | None = None,
+    parent_id: str | None = None, store: bool = False, alias: str | None = None,
+) -> GenerationRequest:  # fmt: skip
+    """A request asked by `owner` (billed, prioritised and prefix-cached as them);
+    `alias`: the alias asked for, whose version `model` is."""
+    return generation_request(
+        user_id=owner.user_id, org_id=owner.org_id, tier=owner.tier, cache_salt=owner.org_id,
+        model=model, messages=messages, sampling=sampling, reply_to=reply_to,
+        timeout_s=timeout_s, sent_at=sent_at, conversation_id=conversation_id,
+        parent_id=parent_id, store=store, alias=alias,
+    )  # fmt: skip

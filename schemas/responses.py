@@ -287,7 +287,7 @@ def response_status(status: RequestStatus) -> tuple[ResponseStatus, IncompleteRe
 
 class ResponseEvent(BaseModel):
     """One event of a streamed response; `sequence_number` orders them and is what
-    `starting_after` counts (`gateway.response_events`)."""
+    `starting_after` counts (`gateway.openai.responses.events`)."""
 
     type: str
     sequence_number: int

@@ -37,9 +37,9 @@ from pydantic import BaseModel, Field
 from schemas.api import ChatCompletionChunk, ErrorBody, ErrorDetail, TextCompletion
 from schemas.events import (
     CacheOutcome,
-    DeliverEvent,
     DeliveredToolCall,
     DeliveredToolResult,
+    DeliverEvent,
     DeliveryDone,
     DeliveryError,
     Delta,

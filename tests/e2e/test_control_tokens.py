@@ -9,7 +9,7 @@ import pytest
 
 from bench.topic_log import find_events
 from common.prompt import prompt_token_ids
-from gateway.tokens import TokenCounter
+from gateway.context.tokens import TokenCounter
 from schemas import topics
 from schemas.events import GenerationRequest
 from tests.support.chat import post_message

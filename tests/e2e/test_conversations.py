@@ -8,8 +8,8 @@ import asyncio
 
 from bench.topic_log import find_events
 from chatpipe.wiring import Stack
-from gateway.background import BACKGROUND_ACCOUNT
-from gateway.summaries import TITLE_INSTRUCTIONS
+from gateway.context.summaries import TITLE_INSTRUCTIONS
+from gateway.native.background import BACKGROUND_ACCOUNT
 from schemas import topics
 from schemas.events import GenerationRequest, Role
 from schemas.sse import read_messages

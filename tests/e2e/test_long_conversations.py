@@ -20,8 +20,8 @@ import pytest_asyncio
 from bench.topic_log import find_events
 from chatpipe.dev_stack import running_sim_stack, stack_settings
 from chatpipe.wiring import Stack
-from gateway.summaries import SUMMARY_HEADING, SUMMARY_INSTRUCTIONS
-from gateway.tokens import TokenCounter
+from gateway.context.summaries import SUMMARY_HEADING, SUMMARY_INSTRUCTIONS
+from gateway.context.tokens import TokenCounter
 from schemas import topics
 from schemas.events import GenerationRequest, Role
 from schemas.topics import Tier

@@ -18,10 +18,10 @@ import pytest_asyncio
 from common.embeddings import SentenceEmbedder
 from conversations.sqlite_store import SQLiteStore
 from conversations.store import NewMessage
-from gateway.context import BuiltContext, ContextPolicy
-from gateway.context_builder import ContextBuilder
-from gateway.summaries import SUMMARY_HEADING
-from gateway.tokens import TokenCounter
+from gateway.context.builder import ContextBuilder
+from gateway.context.summaries import SUMMARY_HEADING
+from gateway.context.tokens import TokenCounter
+from gateway.context.window import BuiltContext, ContextPolicy
 from schemas.events import Role
 
 SYSTEM = "You are a helpful assistant. Answer briefly."

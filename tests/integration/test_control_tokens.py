@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from common.prompt import prompt_token_ids
-from gateway.tokens import TokenCounter
+from gateway.context.tokens import TokenCounter
 from schemas.events import ChatMessage, GenerationRequest, Role, SamplingOptions
 from tests.support.control_tokens import forged_turn
 

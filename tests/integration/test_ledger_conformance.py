@@ -31,8 +31,8 @@ import pytest_asyncio
 from billing.core import charges_for, usage_key
 from conversations.cassandra_session import DriverSession
 from conversations.store import ApiKey
+from gateway.admission.quotas import QuotaGate
 from gateway.errors import ApiError
-from gateway.quotas import QuotaGate
 from ledger import cassandra_schema
 from ledger.cassandra import TAKEOVER_AFTER_S, CassandraLedger
 from ledger.charges import Account

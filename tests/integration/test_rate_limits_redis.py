@@ -15,8 +15,8 @@ from bus.broker import free_port
 from chatpipe.settings import Settings
 from chatpipe.wiring import gateway_config
 from conversations.store import ApiKey
+from gateway.admission.rate_limits import RateLimiter
 from gateway.errors import ApiError
-from gateway.rate_limits import RateLimiter
 from schemas.topics import Tier
 from tests.support.redis import REDIS_SERVER
 

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from gateway.context import (
+from gateway.context.tokens import TokenCounter
+from gateway.context.window import (
     Counting,
 )
-from gateway.tokens import TokenCounter
 
 
 class WordTokenizer:

@@ -16,10 +16,10 @@ from chatpipe.wiring import gateway_config
 from conversations.answers import answer_started
 from conversations.sqlite_store import SQLiteStore
 from gateway.app import create_app
-from gateway.context_builder import ContextBuilder
+from gateway.context.builder import ContextBuilder
+from gateway.context.summaries import SUMMARY_INSTRUCTIONS, TITLE_INSTRUCTIONS
+from gateway.context.tokens import TokenCounter
 from gateway.deps import GatewayDeps
-from gateway.summaries import SUMMARY_INSTRUCTIONS, TITLE_INSTRUCTIONS
-from gateway.tokens import TokenCounter
 from schemas.events import (
     DeliverEvent,
     DeliveryDone,

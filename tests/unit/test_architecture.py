@@ -45,8 +45,9 @@ CORES = {
     "recorder/core.py",
     "safety/core.py",
     "workers/core.py",
-    "gateway/core.py",
-    "gateway/response_cache.py",
+    "gateway/refusals.py",
+    "gateway/native/turn_rules.py",
+    "gateway/cache/rules.py",
     "servertools/core.py",
 }
 """Pure cores: values in, values out; time only from an injected clock."""

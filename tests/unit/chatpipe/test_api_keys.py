@@ -31,9 +31,9 @@ from chatpipe.cli import KEY_FIELDS, app
 from chatpipe.settings import Settings
 from conversations.sqlite_store import SQLiteStore
 from conversations.store import ApiKey, hash_api_key
-from gateway.auth import check_key
+from gateway.edge.auth import check_key
 from gateway.errors import ApiError
-from gateway.generation import LiveRequests
+from gateway.streaming.generation import LiveRequests
 from schemas.events import ChatMessage, GenerationRequest, Role, SamplingOptions
 from schemas.topics import Tier
 

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 
 from common.prompt import prompt_token_ids, text_ids
-from gateway.tokens import TokenCounter
+from gateway.context.tokens import TokenCounter
 from schemas.events import ChatMessage, GenerationRequest, Role, SamplingOptions
 from workers.vllm_engine import VllmEngine
 

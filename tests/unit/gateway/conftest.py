@@ -14,9 +14,9 @@ from chatpipe.settings import Settings
 from chatpipe.wiring import gateway_config
 from conversations.sqlite_store import SQLiteStore
 from conversations.store import ApiKey
+from gateway.admission.rate_limits import RateLimiter, storage_from_uri
 from gateway.app import create_app
 from gateway.deps import GatewayDeps
-from gateway.rate_limits import RateLimiter, storage_from_uri
 from schemas.topics import Tier
 from tests.support.gateway import (
     ScriptedPipeline,

@@ -1,4 +1,4 @@
-"""The response cache in the gateway, in process (`gateway.cached_pipeline`): real SQLite
+"""The response cache in the gateway, in process (`gateway.cache.cached_pipeline`): real SQLite
 store, scripted pipeline (see test_gateway_app), both APIs through HTTP."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from prometheus_client import REGISTRY
 from conversations.sqlite_store import SQLiteStore
 from conversations.store import OrgSettings
 from gateway.app import create_app
-from gateway.cached_pipeline import CachedPipeline, ReplayStream
+from gateway.cache.cached_pipeline import CachedPipeline, ReplayStream
 from gateway.config import ResponseCacheConfig
 from gateway.deps import GatewayDeps
 from schemas import sse
@@ -214,7 +214,7 @@ async def test_stop_ends_a_replay_aborted_after_what_was_shown() -> None:
 
 def test_the_cached_pipeline_passes_on_every_call_of_the_pipeline() -> None:
     """A call the wrapper lacks fails only when that route is used (it did: feedback)."""
-    from gateway.cached_pipeline import CachedPipeline
+    from gateway.cache.cached_pipeline import CachedPipeline
     from gateway.pipeline import Pipeline
 
     wanted = {name for name in vars(Pipeline) if not name.startswith("_")}

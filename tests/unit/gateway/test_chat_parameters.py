@@ -12,13 +12,18 @@ import openai
 import orjson
 import pytest
 
+from gateway.admission.rate_limits import text_tokens
 from gateway.api_document import api_document
+from gateway.cache.rules import refusal as cache_refusal
 from gateway.config import RequestLimits
-from gateway.core import Invalid, Refused, Unacceptable
-from gateway.generation import merged_deltas
-from gateway.parameters import ACCEPTED, REFUSED, chat_sampling, check_parameters
-from gateway.rate_limits import text_tokens
-from gateway.response_cache import refusal as cache_refusal
+from gateway.openai.chat_completions.parameters import (
+    ACCEPTED,
+    REFUSED,
+    chat_sampling,
+    check_parameters,
+)
+from gateway.refusals import Invalid, Refused, Unacceptable
+from gateway.streaming.generation import merged_deltas
 from safety.core import SafetyConfig, SafetyCore
 from schemas import sse
 from schemas.api import ChatCompletionRequest
@@ -561,7 +566,7 @@ async def test_n_choices_reserve_n_answers_against_the_token_limits(sdk, pipelin
     async def admit(gates, owner, tokens, model):
         charged.append(tokens)
 
-    monkeypatch.setattr("gateway.openai_compat.admit", admit)
+    monkeypatch.setattr("gateway.openai.chat_completions.api_router.admit", admit)
     for _ in range(n):
         pipeline.script(delta("x", 0), done(1))
     await sdk.chat.completions.create(model="tiny", messages=[USER], n=n, max_tokens=9)
@@ -605,7 +610,7 @@ class Vocabulary:
 
 
 async def test_logit_bias_names_only_tokens_the_model_has():
-    from gateway.openai_compat import check_logit_bias
+    from gateway.openai.chat_completions.api_router import check_logit_bias
 
     await check_logit_bias(Vocabulary(), plan_request(logit_bias={99: 1.0}))
     await check_logit_bias(Vocabulary(), plan_request())

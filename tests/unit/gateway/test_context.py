@@ -1,4 +1,4 @@
-"""Context window core (`gateway.context`) and the builder around it, with a
+"""Context window core (`gateway.context.window`) and the builder around it, with a
 word-counting tokenizer: cut rule, prefix stability, summaries, retrieval."""
 
 from __future__ import annotations
@@ -9,16 +9,16 @@ import pytest
 
 from conversations.sqlite_store import SQLiteStore
 from conversations.store import StoredMessage
-from gateway.context import (
+from gateway.context.builder import ContextBuilder
+from gateway.context.summaries import SUMMARY_HEADING, clean_title, fallback_title
+from gateway.context.tokens import TokenCounter
+from gateway.context.window import (
     BuiltContext,
     ContextPolicy,
     assemble,
     exchanges,
     replay_cut,
 )
-from gateway.context_builder import ContextBuilder
-from gateway.summaries import SUMMARY_HEADING, clean_title, fallback_title
-from gateway.tokens import TokenCounter
 from schemas.events import ChatMessage, Role
 from schemas.lifecycle import RequestStatus
 from tests.support.context import WordTokenizer, counting

@@ -10,9 +10,9 @@ import orjson
 
 from chatpipe.settings import Settings
 from conversations.store import NewMessage
-from gateway.background import BACKGROUND_ACCOUNT
+from gateway.context.summaries import SUMMARY_HEADING, SUMMARY_INSTRUCTIONS, TITLE_INSTRUCTIONS
 from gateway.deps import GatewayDeps
-from gateway.summaries import SUMMARY_HEADING, SUMMARY_INSTRUCTIONS, TITLE_INSTRUCTIONS
+from gateway.native.background import BACKGROUND_ACCOUNT
 from schemas.events import DeliveryError, Role
 from schemas.topics import Tier
 from tests.support.gateway import (

@@ -1,5 +1,6 @@
-"""The gateway's pure decisions (`gateway.core`) on hand-made trees, and the one table
-that gives each refusal its HTTP status; the wait for the previous answer on a fake clock."""
+"""The gateway's pure decisions (`gateway.native.turn_rules`, `gateway.refusals`) on
+hand-made trees, and the one table that gives each refusal its HTTP status; the wait for
+the previous answer on a fake clock."""
 
 from __future__ import annotations
 
@@ -7,9 +8,10 @@ import pytest
 
 from conversations.store import ApiKey, StoredMessage
 from conversations.tree import ConversationTree
-from gateway import core
+from gateway import pipeline, refusals
 from gateway.errors import STATUS, refusal_response
-from gateway.turns import wait_for
+from gateway.native import turn_rules
+from gateway.native.turns import wait_for
 from schemas.events import ChatMessage, Role, SamplingOptions
 from schemas.lifecycle import RequestStatus
 from schemas.topics import Tier
@@ -35,32 +37,32 @@ Q2 = message("m3", Role.USER, "m2")
 
 
 def test_an_edit_continues_the_thread_up_to_the_edited_messages_parent():
-    assert core.edit_thread(tree(Q1, A1, Q2), "m3") == [Q1, A1]
-    assert core.edit_thread(tree(Q1, A1, Q2), "m1") == []
+    assert turn_rules.edit_thread(tree(Q1, A1, Q2), "m3") == [Q1, A1]
+    assert turn_rules.edit_thread(tree(Q1, A1, Q2), "m1") == []
 
 
 @pytest.mark.parametrize(
     ("target", "refusal", "code"),
     [
-        ("m2", core.Unacceptable, "not_a_user_message"),
-        ("m9", core.NotFound, "message_not_found"),
+        ("m2", refusals.Unacceptable, "not_a_user_message"),
+        ("m9", refusals.NotFound, "message_not_found"),
     ],
 )
 def test_only_a_users_message_of_this_conversation_is_edited(target, refusal, code):
     with pytest.raises(refusal) as refused:
-        core.edit_thread(tree(Q1, A1, Q2), target)
+        turn_rules.edit_thread(tree(Q1, A1, Q2), target)
     assert refused.value.code == code
 
 
 def test_a_regeneration_answers_the_user_message_again():
-    assert core.regenerated_question(tree(Q1, A1), "m2") == Q1
-    assert core.regenerated_question(tree(Q1, A1), "m1") == Q1
+    assert turn_rules.regenerated_question(tree(Q1, A1), "m2") == Q1
+    assert turn_rules.regenerated_question(tree(Q1, A1), "m1") == Q1
 
 
 def test_an_answer_without_a_question_is_not_regenerated():
     orphan = message("m1", Role.ASSISTANT)
-    with pytest.raises(core.Unacceptable) as refused:
-        core.regenerated_question(tree(orphan), "m1")
+    with pytest.raises(refusals.Unacceptable) as refused:
+        turn_rules.regenerated_question(tree(orphan), "m1")
     assert refused.value.code == "nothing_to_regenerate"
 
 
@@ -87,7 +89,7 @@ def test_an_answer_without_a_question_is_not_regenerated():
     ],
 )
 def test_a_turn_waits_only_for_an_answer_still_streaming(thread, pending):
-    assert core.pending_answer(thread, NOW, stale_after_s=300) == pending
+    assert turn_rules.pending_answer(thread, NOW, stale_after_s=300) == pending
 
 
 @pytest.mark.parametrize(
@@ -99,7 +101,7 @@ def test_a_turn_waits_only_for_an_answer_still_streaming(thread, pending):
     ],
 )
 def test_a_waiting_turn_goes_on_once_the_answer_it_waits_for_has_ended(answer, ended):
-    assert core.answer_ended(answer) is ended
+    assert turn_rules.answer_ended(answer) is ended
 
 
 @pytest.mark.parametrize(("ends_after", "waited"), [(0, True), (3, True), (None, False)])
@@ -123,7 +125,7 @@ async def test_a_turn_looks_again_more_and_more_slowly_until_the_wait_is_up(ends
 def test_an_owners_request_is_billed_and_cached_as_the_owner():
     owner = ApiKey("alice", "acme", Tier.PRO)
     messages = (ChatMessage(role=Role.USER, content="hi"),)
-    request = core.owner_request(owner, model="tiny", messages=messages,
+    request = pipeline.owner_request(owner, model="tiny", messages=messages,
                                  sampling=SamplingOptions(), reply_to="chat.deliver.g1",
                                  timeout_s=30, sent_at=NOW, conversation_id="c1",
                                  parent_id="m1", store=True)  # fmt: skip
@@ -135,7 +137,7 @@ def test_an_owners_request_is_billed_and_cached_as_the_owner():
     )
     assert (request.conversation_id, request.parent_id, request.store) == ("c1", "m1", True)
     assert request.deadline == NOW + 30
-    other = core.owner_request(owner, model="tiny", messages=messages, sampling=SamplingOptions(),
+    other = pipeline.owner_request(owner, model="tiny", messages=messages, sampling=SamplingOptions(),
                                reply_to="r", timeout_s=30, sent_at=NOW)  # fmt: skip
     assert len({request.request_id, request.message_id, other.request_id,
                 other.conversation_id, other.message_id}) == 5  # fmt: skip
@@ -143,12 +145,12 @@ def test_an_owners_request_is_billed_and_cached_as_the_owner():
 
 
 def test_every_kind_of_refusal_has_its_status():
-    kinds = set(core.Refused.__subclasses__())
+    kinds = set(refusals.Refused.__subclasses__())
     assert kinds == set(STATUS)
 
 
 def test_a_refusal_answers_with_its_status_code_and_retry_after():
-    response = refusal_response(core.reply_pending())
+    response = refusal_response(refusals.reply_pending())
     assert response.status_code == 409
     assert response.headers["Retry-After"] == "1"
     assert b'"code":"reply_pending"' in response.body

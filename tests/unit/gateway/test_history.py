@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from conversations.store import StoredMessage
 from conversations.tree import ConversationTree
-from gateway.history import prompt_turns
+from gateway.context.history import prompt_turns
 from schemas.events import Role
 from schemas.lifecycle import RequestStatus
 

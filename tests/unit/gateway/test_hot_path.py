@@ -13,8 +13,8 @@ from aiokafka.structs import ConsumerRecord
 from starlette.background import BackgroundTask
 
 from bus.request_reply import Inbox, decoded_batch
-from gateway.event_stream import EventStreamResponse
-from gateway.generation import Generation, StreamTimers, _StallTimer, merged_deltas
+from gateway.streaming.event_stream import EventStreamResponse
+from gateway.streaming.generation import Generation, StreamTimers, _StallTimer, merged_deltas
 from schemas import sse
 from schemas.events import DeliveryDone, DeliveryError, Delta, Queued, Reroute, Usage
 from schemas.lifecycle import RequestStatus

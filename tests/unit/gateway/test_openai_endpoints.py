@@ -20,15 +20,19 @@ from chatpipe.settings import Settings
 from chatpipe.wiring import gateway_config
 from common.embeddings import BUNDLED_MODEL, EmbeddingModel
 from conversations.store import ApiKey
+from gateway.admission.rate_limits import RateLimiter, storage_from_uri
 from gateway.app import create_app
-from gateway.completions import completion_prompt, to_generation_request
-from gateway.context_builder import ContextBuilder
-from gateway.core import TooLarge, Unacceptable
+from gateway.cache.rules import refusal
+from gateway.context.builder import ContextBuilder
+from gateway.context.tokens import TokenCounter
 from gateway.deps import GatewayDeps
-from gateway.embeddings import check_input_tokens, embedding_inputs, embedding_list
-from gateway.rate_limits import RateLimiter, storage_from_uri
-from gateway.response_cache import refusal
-from gateway.tokens import TokenCounter
+from gateway.openai.completions.api_router import completion_prompt, to_generation_request
+from gateway.openai.embeddings.api_router import (
+    check_input_tokens,
+    embedding_inputs,
+    embedding_list,
+)
+from gateway.refusals import TooLarge, Unacceptable
 from moderation.classifiers import RuleClassifier
 from moderation.policy import SafetyPolicy
 from schemas import sse

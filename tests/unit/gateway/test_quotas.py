@@ -8,8 +8,8 @@ import pytest
 
 from billing.core import charges_for, usage_key
 from conversations.store import ApiKey
+from gateway.admission.quotas import Budget, QuotaGate, budgets_for, exhausted
 from gateway.errors import ApiError
-from gateway.quotas import Budget, QuotaGate, budgets_for, exhausted
 from ledger.charges import Account
 from ledger.store import MemoryLedger
 from schemas.events import UsageEvent

@@ -12,8 +12,7 @@ import pytest
 from chatpipe.settings import Settings
 from chatpipe.wiring import gateway_config
 from conversations.store import ApiKey
-from gateway.errors import ApiError
-from gateway.rate_limits import (
+from gateway.admission.rate_limits import (
     Check,
     Limit,
     RateLimiter,
@@ -24,6 +23,7 @@ from gateway.rate_limits import (
     refusal,
     storage_from_uri,
 )
+from gateway.errors import ApiError
 from schemas.events import ChatMessage, Role
 from schemas.topics import Tier
 

@@ -17,12 +17,12 @@ from limits.storage import MemoryStorage  # noqa: F401  (the storage the URI bel
 
 from chatpipe.settings import Settings
 from conversations.store import ApiKey
+from gateway.admission.limits import BUS_HEADROOM_BYTES, BUS_MESSAGE_BYTES, bus_bytes
+from gateway.admission.rate_limits import RateLimiter
 from gateway.app import create_app
-from gateway.background import generate_text, own_request
-from gateway.body_limits import BodyLimits
 from gateway.deps import GatewayDeps
-from gateway.limits import BUS_HEADROOM_BYTES, BUS_MESSAGE_BYTES, bus_bytes
-from gateway.rate_limits import RateLimiter
+from gateway.edge.body_limits import BodyLimits
+from gateway.native.background import generate_text, own_request
 from moderation.classifiers import JudgeClassifier, RuleClassifier
 from moderation.policy import SafetyPolicy
 from schemas.codec import encode
@@ -678,7 +678,7 @@ async def test_a_completion_over_the_models_window_is_413_not_an_engine_error(
 
 def test_a_gateway_run_alone_serves_no_docs_unless_asked(deps, settings):
     from chatpipe.wiring import gateway_server
-    from gateway.slow_clients import GuardedProtocol
+    from gateway.edge.slow_clients import GuardedProtocol
 
     def docs_url(server) -> str | None:
         return server.config.app.openapi_url

@@ -1,4 +1,4 @@
-"""The response cache's rules (`gateway.response_cache`): which requests it may answer,
+"""The response cache's rules (`gateway.cache.rules`): which requests it may answer,
 under which key, what it keeps, and how a kept answer is paced."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 from pydantic import Field
 
 from conversations.store import CachedResponse
-from gateway.response_cache import (
+from gateway.cache.rules import (
     cache_key,
     entry_to_keep,
     marked_miss,

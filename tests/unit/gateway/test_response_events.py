@@ -11,7 +11,7 @@ from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
 
 from conversations.store import StoredMessage
-from gateway.response_events import HEAD, ResponseEvents, stored
+from gateway.openai.responses.events import HEAD, ResponseEvents, stored
 from schemas.events import DeliveryDone, DeliveryError, Delta, Queued, Retract, Role, Usage
 from schemas.lifecycle import RequestStatus
 from schemas.responses import ResponseObject, ResponseRequest, refused_fields

@@ -7,7 +7,7 @@ import asyncio
 import json
 
 from conversations.answers import answer_started
-from gateway.stream_relay import StreamRelay
+from gateway.streaming.stream_relay import StreamRelay
 from schemas import sse
 from schemas.events import (
     ChatMessage,
@@ -181,7 +181,7 @@ async def test_a_native_cancel_of_the_closing_task_does_not_drop_the_generation_
     """The SSE response cancels its task when the client leaves (`task.cancel()`, which an
     anyio shield does not keep out); landing while the stream closes, it must not stop
     the cancel from reaching the pipeline, or the engine writes the answer for nobody."""
-    from gateway.generation import start_generation
+    from gateway.streaming.generation import start_generation
 
     asked = request().model_copy(update={"messages": (ChatMessage(role=Role.USER, content="hi"),)})
     generation = await start_generation(pipeline, asked)

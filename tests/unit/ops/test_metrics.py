@@ -15,9 +15,9 @@ from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
 
 from bus.subscriber import failed
-from gateway.admission import Gates, admit
-from gateway.core import Refused
+from gateway.admission.gates import Gates, admit
 from gateway.errors import ApiError
+from gateway.refusals import Refused
 from ops import metrics
 from scheduler.core import Policy, Scheduler
 from schemas.events import (

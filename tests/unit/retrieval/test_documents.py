@@ -1,7 +1,7 @@
 """`retrieval.documents.Documents` on a real SQLite store with a word-hash embedder:
 uploads are checked, chunked, embedded off the event loop and stored; a search ranks
 the chunks of the files named; a turn names only its caller's files
-(`gateway.grounding`); the excerpts land in the prompt's right place."""
+(`gateway.native.grounding`); the excerpts land in the prompt's right place."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ import pytest
 from common.embeddings import Embedder
 from conversations.sqlite_store import SQLiteStore
 from conversations.store import ApiKey
-from gateway.context import ContextPolicy, assemble
-from gateway.core import NotFound
-from gateway.grounding import Grounding, ground, named_files
+from gateway.context.window import ContextPolicy, assemble
+from gateway.native.grounding import Grounding, ground, named_files
+from gateway.refusals import NotFound
 from retrieval.documents import (
     Documents,
     FileLimits,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from chatpipe.kafka_acls import GRANTS, Operation, Resource, allowed
-from gateway.rate_limits import per_process
+from gateway.admission.rate_limits import per_process
 from scheduler.gateways import GatewayWatch
 
 G1, G2, G3 = "chat.deliver.g1", "chat.deliver.g2", "chat.deliver.g3"

@@ -12,7 +12,7 @@ from pydantic import ValidationError
 from bus.topics import TopicLayout
 from chatpipe.settings import Settings
 from chatpipe.wiring import scheduling_policy
-from gateway.shedding import STATUS_FRESH_S, Shedding
+from gateway.admission.shedding import STATUS_FRESH_S, Shedding
 from ops.bus_records import kind_of
 from scheduler.claims import fences
 from scheduler.shards import UNFREEZE_EVERY, HeapFreezer, Shard

@@ -1,6 +1,6 @@
 """Tool calling's pure parts: a completion's tools and messages read
-(`gateway.tool_requests`), a constrained answer read back into calls
-(`workers.tool_calls`), the answer sent as OpenAI sends it (`gateway.tool_answers`),
+(`gateway.openai.chat_completions.tool_requests`), a constrained answer read back into calls
+(`workers.tool_calls`), the answer sent as OpenAI sends it (`gateway.openai.chat_completions.tool_answers`),
 the template's inputs (`common.prompt`), and the worker and sim engine carrying calls."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import pytest
 
 from common.prompt import template_messages, template_tools
 from gateway.config import RequestLimits
-from gateway.core import NotFound, Unacceptable
-from gateway.tool_answers import StreamedAnswer, finish_reason, message
-from gateway.tool_requests import chat_messages, tool_use
+from gateway.openai.chat_completions.tool_answers import StreamedAnswer, finish_reason, message
+from gateway.openai.chat_completions.tool_requests import chat_messages, tool_use
+from gateway.refusals import NotFound, Unacceptable
 from schemas.api import ChatCompletionRequest
 from schemas.events import (
     ChatMessage,
@@ -511,7 +511,7 @@ def test_the_prompt_shows_the_tools_and_the_calls_as_the_template_writes_them(ti
     from transformers import AutoTokenizer
 
     from common.prompt import prompt_token_ids
-    from gateway.tokens import TokenCounter
+    from gateway.context.tokens import TokenCounter
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     tokenizer.chat_template = TOOL_TEMPLATE
@@ -535,7 +535,7 @@ def test_the_prompt_shows_the_tools_and_the_calls_as_the_template_writes_them(ti
 
 
 def test_the_tools_and_the_calls_count_against_the_token_limits():
-    from gateway.tool_requests import tool_texts
+    from gateway.openai.chat_completions.tool_requests import tool_texts
 
     request_ = request(uses()).model_copy(
         update={
