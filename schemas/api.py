@@ -348,7 +348,7 @@ class NamedToolChoice(BaseModel):
 
 
 class ChatCompletionRequest(SamplingParameters):
-    """Every field of OpenAI's request is declared: `gateway.openai.chat_completions.parameters` refuses those
+    """Every field of OpenAI's request is declared: `gateway.openai.chat_completions.protocol` refuses those
     chatpipe cannot honour, and any other field (`model_extra`), naming it."""
 
     model_config = ConfigDict(extra="allow")
@@ -380,7 +380,7 @@ class ChatCompletionRequest(SamplingParameters):
     parallel_tool_calls: bool | None = Field(
         None, description="the model may call several tools in one answer (default true)"
     )
-    # issue 17: the rest of OpenAI's request (gateway.openai.chat_completions.parameters says what each does)
+    # issue 17: the rest of OpenAI's request (gateway.openai.chat_completions.protocol says what each does)
     logprobs: bool | None = None
     top_logprobs: int | None = Field(None, ge=0, le=TOP_LOGPROBS_LIMIT)
     response_format: ResponseFormat | None = None

@@ -27,13 +27,13 @@ from gateway.admission.limits import choose_model, sampling_options
 from gateway.config import GatewayConfig
 from gateway.deps import Deps
 from gateway.edge.auth import Owner
-from gateway.openai.chat_completions.api_router import (
-    STREAMED_COMPLETION,
+from gateway.openai.chat_completions.api_router import STREAMED_COMPLETION
+from gateway.openai.chat_completions.protocol import check_known_fields
+from gateway.openai.chat_completions.serving import (
     admit_generation,
     interrupted_chunk,
     stream_error_chunk,
 )
-from gateway.openai.chat_completions.parameters import check_known_fields
 from gateway.openai.chat_completions.tool_answers import finish_reason
 from gateway.pipeline import owner_request
 from gateway.refusals import TooLarge, Unacceptable

@@ -26,7 +26,7 @@ Mapping onto chatpipe's conversations (so both APIs see one history):
 
 Admission, limits, quotas, the prompt's window and the input safety check are the
 native turn's (`gateway.native.turns.start_reply`) or the completion's
-(`gateway.openai.chat_completions.api_router.admitted_request`). A request field chatpipe does not honour is
+(`gateway.openai.chat_completions.serving.admitted_request`). A request field chatpipe does not honour is
 a 400 naming it (`schemas.responses.refused_fields`). A response is its owner's: any
 other caller gets 404, as for an unknown id.
 """
@@ -49,7 +49,7 @@ from gateway.errors import error_responses
 from gateway.native.messages import stop
 from gateway.native.turn_rules import answer_ended
 from gateway.native.turns import send_turn, start_reply
-from gateway.openai.chat_completions.api_router import admitted_request
+from gateway.openai.chat_completions.serving import admitted_request
 from gateway.openai.responses.events import ResponseEvents, answered, stored
 from gateway.refusals import NotFound, Unacceptable, reply_pending
 from gateway.streaming.event_stream import EventStreamResponse
