@@ -26,9 +26,9 @@ Mapping onto chatpipe's conversations (so both APIs see one history):
 
 Admission, limits, quotas, the prompt's window and the input safety check are the
 native turn's (`gateway.native.turns.start_reply`) or the completion's
-(`gateway.openai.chat_completions.serving.admitted_request`). A request field chatpipe does not honour is
-a 400 naming it (`schemas.responses.refused_fields`). A response is its owner's: any
-other caller gets 404, as for an unknown id.
+(`gateway.openai.chat_completions.serving.admitted_request`). A request field chatpipe
+does not honour is a 400 naming it (`schemas.responses.refused_fields`). A response is
+its owner's: any other caller gets 404, as for an unknown id.
 """
 
 from __future__ import annotations
