@@ -27,7 +27,7 @@ Mapping onto chatpipe's conversations (so both APIs see one history):
 Admission, limits, quotas, the prompt's window and the input safety check are the
 native turn's (`gateway.native.turns.start_reply`) or the completion's
 (`gateway.openai.chat_completions.serving.admitted_request`). A request field chatpipe
-does not honour is a 400 naming it (`schemas.responses.refused_fields`). A response is
+does not honour is a 400 naming it (`protocol.check_fields`). A response is
 its owner's: any other caller gets 404, as for an unknown id.
 """
 
@@ -48,6 +48,7 @@ from gateway.native.turn_rules import answer_ended
 from gateway.native.turns import send_turn, start_reply
 from gateway.openai.chat_completions.serving import admitted_request
 from gateway.openai.responses.events import ResponseEvents, answered, stored
+from gateway.openai.responses.protocol import chat_completion, check_fields, turn_options
 from gateway.refusals import NotFound, Unacceptable, reply_pending
 from gateway.streaming.event_stream import EventStreamResponse
 from gateway.streaming.generation import (
@@ -61,7 +62,6 @@ from gateway.streaming.generation import (
 )
 from gateway.streaming.stream_relay import StreamRelay
 from schemas import sse
-from schemas.api import ChatCompletionRequest, InputMessage, TurnOptions
 from schemas.events import GenerationRequest, Role, now
 from schemas.lifecycle import RequestStatus
 from schemas.responses import (
@@ -71,7 +71,6 @@ from schemas.responses import (
     ResponseObject,
     ResponseRequest,
     message_id_of,
-    refused_fields,
     response_id,
 )
 
@@ -142,17 +141,6 @@ async def _followed(deps: GatewayDeps, head: ResponseObject, request_id: str,
     return event_stream(response_frames(ResponseEvents(head, after), generation), generation)
 
 
-def check_fields(body: ResponseRequest) -> None:
-    """400 naming the first field set that chatpipe does not honour, or a combination it
-    cannot."""
-    refused = refused_fields(body)
-    if refused:
-        name, code = refused[0]
-        raise Unacceptable(code, f"{name!r} is not supported here", param=name)
-    if body.background and not body.store:
-        raise Unacceptable("invalid_request", "background needs store", param="background")
-
-
 async def owned_response(
     store: ConversationStore, owner: ApiKey, response_id: str, param: str | None = None
 ) -> tuple[StoredMessage, Conversation]:
@@ -197,13 +185,8 @@ async def _start_stored(deps: GatewayDeps, owner: ApiKey, body: ResponseRequest
     if not items or items[-1].role != "user":
         raise Unacceptable("invalid_input", "input must end with a user message", param="input")
     conversation, thread = await _continued(deps.store, owner, body.previous_response_id)
-    options = TurnOptions(
-        model=body.model,
-        max_tokens=body.max_output_tokens,
-        temperature=body.temperature,
-        top_p=body.top_p,
-    )
-    turn = await start_reply(deps.turns, owner, conversation, thread, items[-1].text, options,
+    turn = await start_reply(deps.turns, owner, conversation, thread, items[-1].text,
+                             turn_options(body),
                              earlier=[(Role(item.role), item.text) for item in items[:-1]],
                              instructions=body.all_instructions,
                              new=body.previous_response_id is None)  # fmt: skip
@@ -240,20 +223,8 @@ async def _start_unstored(deps: GatewayDeps, owner: ApiKey, body: ResponseReques
         )
         tree = await deps.store.get_tree(conversation.conversation_id)
         history = prompt_turns(tree.path_to(message.message_id))
-    instructions = body.all_instructions
-    messages = [
-        *([InputMessage(role="system", content=instructions)] if instructions else []),
-        *(InputMessage(role=m.role.value, content=m.content) for m in history),
-        *(InputMessage(role=item.role, content=item.text) for item in body.conversation_items),
-    ]  # fmt: skip
     model = body.model or served_model(deps.config.limits, None, owner.tier)
-    completion = ChatCompletionRequest(
-        model=model,
-        messages=messages,
-        max_tokens=body.max_output_tokens,
-        temperature=body.temperature,
-        top_p=body.top_p,
-    )
+    completion = chat_completion(body, history, model)
     request = await admitted_request(completion, owner, deps)
     generation = await start_generation(
         deps.pipeline, request, deps.live, timers=StreamTimers(deps.config.stream_stall_s)
