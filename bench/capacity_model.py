@@ -6,7 +6,7 @@
 Pure computation from `bench/capacity_inputs.py` (the design load's numbers, assumptions,
 figures measured in bench/RESULTS.md, a published vLLM result) and event and row sizes
 measured by encoding real events (`bench/capacity_sizes.py`), then a Markdown renderer.
-`tests/unit/test_capacity_model.py` keeps docs/CAPACITY.md equal to what this renders.
+`tests/unit/bench/test_capacity_model.py` keeps docs/CAPACITY.md equal to what this renders.
 """
 
 from __future__ import annotations
@@ -567,7 +567,7 @@ Written by `bench/capacity_model.py`; regenerate with
 .venv/bin/python -m bench capacity_model --write
 ```
 
-`tests/unit/test_capacity_model.py` fails when this file and the script disagree. Every
+`tests/unit/bench/test_capacity_model.py` fails when this file and the script disagree. Every
 output below is computed from the inputs table, with its formula beside it, at the
 average and at the peak (three times the average). Four kinds of input: the design
 load's numbers (the load chatpipe is sized for: 100M weekly users, 10M conversations a

@@ -9,11 +9,11 @@ FastAPI writes what the routes and models declare; this adds what it cannot know
   count and length, stop sequences, max_tokens, the models served and the model
   aliases (those of the document's first build: `chatpipe rollout set` may add one
   later), the tools one request offers, the choices (`n`);
-* what `gateway.openai.chat_completions.parameters` refuses: unknown fields, OpenAI's fields chatpipe cannot
-  honour (null only), fields taking a few values only;
-* the rules of tool calling that span fields (`gateway.openai.chat_completions.tool_requests`): a tool message
-  names its call, only an assistant's carries calls, a tool choice other than none or
-  auto needs tools;
+* what `gateway.openai.chat_completions.protocol` refuses: unknown fields, OpenAI's
+  fields chatpipe cannot honour (null only), fields taking a few values only;
+* the rules of tool calling that span fields
+  (`gateway.openai.chat_completions.tool_requests`): a tool message names its call, only
+  an assistant's carries calls, a tool choice other than none or auto needs tools;
 * what a stream carries: in OpenAPI 3.1 the `schema` of `text/event-stream` is one
   event (FastAPI writes a string there).
 """
@@ -28,7 +28,7 @@ from fastapi.openapi.utils import get_openapi
 
 from gateway.config import RequestLimits
 from gateway.errors import error_responses
-from gateway.openai.chat_completions.parameters import ACCEPTED, REFUSED
+from gateway.openai.chat_completions.protocol import ACCEPTED, REFUSED
 from schemas.api import SEED_LIMIT
 
 Schema = dict[str, Any]
@@ -137,8 +137,9 @@ def _declare_response_limits(schemas: dict[str, Schema], limits: RequestLimits,
 
 
 def _declare_parameters(completion: Schema, limits: RequestLimits) -> None:
-    """What `gateway.openai.chat_completions.parameters` refuses: any field not declared, a field chatpipe cannot
-    honour unless null, one of a few values only, top_logprobs without logprobs."""
+    """What `gateway.openai.chat_completions.protocol` refuses: any field not declared, a
+    field chatpipe cannot honour unless null, one of a few values only, top_logprobs
+    without logprobs."""
     completion["additionalProperties"] = False
     properties = completion.get("properties", {})
     for name in REFUSED:

@@ -348,8 +348,9 @@ class NamedToolChoice(BaseModel):
 
 
 class ChatCompletionRequest(SamplingParameters):
-    """Every field of OpenAI's request is declared: `gateway.openai.chat_completions.parameters` refuses those
-    chatpipe cannot honour, and any other field (`model_extra`), naming it."""
+    """Every field of OpenAI's request is declared:
+    `gateway.openai.chat_completions.protocol` refuses those chatpipe cannot honour, and
+    any other field (`model_extra`), naming it."""
 
     model_config = ConfigDict(extra="allow")
 
@@ -380,7 +381,8 @@ class ChatCompletionRequest(SamplingParameters):
     parallel_tool_calls: bool | None = Field(
         None, description="the model may call several tools in one answer (default true)"
     )
-    # the rest of OpenAI's request (gateway.openai.chat_completions.parameters says what each does)
+    # the rest of OpenAI's request
+    # (gateway.openai.chat_completions.protocol says what each does)
     logprobs: bool | None = None
     top_logprobs: int | None = Field(None, ge=0, le=TOP_LOGPROBS_LIMIT)
     response_format: ResponseFormat | None = None
@@ -584,8 +586,8 @@ class CompletionRequest(SamplingParameters):
 
     Every field of OpenAI's request is declared, its sampling parameters (penalties,
     `logit_bias`, vLLM's extras) as a chat completion's: what chatpipe cannot honour is
-    refused by `gateway.openai.completions.api_router` with a 400 naming it when set to anything but its
-    default;
+    refused by `gateway.openai.completions.protocol` with a 400 naming it when set to
+    anything but its default;
     a field OpenAI does not define is kept (`model_extra`) to be refused, 400
     `unknown_parameter`."""
 

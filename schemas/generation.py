@@ -2,8 +2,9 @@
 delivery topic to answer on, unstored unless asked.
 
 Used by every sender of a generation: the gateway's chat turns (`gateway/native/turns.py`,
-stored), OpenAI completions (`gateway/openai/chat_completions/api_router.py`), its background titles and
-summaries (`gateway/native/background.py`) and the safety stage's LLM judge (`safety/judge.py`).
+stored), OpenAI completions (`gateway/openai/chat_completions/protocol.py`), its
+background titles and summaries (`gateway/native/background.py`) and the safety stage's
+LLM judge (`safety/judge.py`).
 Each states only who asks, what for, and where the answer goes.
 """
 

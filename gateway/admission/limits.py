@@ -121,7 +121,7 @@ def sampling_options(
 ) -> SamplingOptions:
     """SamplingOptions from request fields; unset fields take the defaults. `engine`:
     further `SamplingOptions` fields, set as given (OpenAI's penalties, `logit_bias`,
-    vLLM's extras, `logprobs`, a JSON format: `gateway.openai.chat_completions.parameters`)."""
+    vLLM's extras, `logprobs`, a JSON format: `gateway.openai.chat_completions.protocol`)."""
     if max_tokens is not None and max_tokens > limits.max_tokens_limit:
         raise Invalid(
             "max_tokens_too_large",

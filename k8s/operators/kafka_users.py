@@ -12,7 +12,7 @@ from chatpipe.kafka_acls import ADMIN, EVERY_STAGE, GRANTS, Grant
 
 HEAD = """\
 # Generated from chatpipe/kafka_acls.py by `python k8s/operators/kafka_users.py >
-# k8s/operators/kafka-users.yaml` (tests/unit/test_k8s_schemas.py checks they agree):
+# k8s/operators/kafka-users.yaml` (tests/unit/project/test_k8s_schemas.py checks they agree):
 # every stage's Kafka user and ACLs for the Strimzi cluster (kafka.yaml here), in place
 # of kafka-acls.sh. The User Operator sets each SCRAM password from the Secret the stage
 # reads it from (chatpipe-kafka-<user>, README: Kafka users, ACLs and API keys), so both

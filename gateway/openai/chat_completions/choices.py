@@ -17,7 +17,7 @@ import asyncio
 from collections.abc import AsyncIterator, Sequence
 from contextlib import aclosing
 
-from gateway.openai.chat_completions.parameters import choice_sampling
+from gateway.openai.chat_completions.protocol import choice_sampling
 from gateway.pipeline import Pipeline
 from gateway.streaming.generation import Generation, LiveRequests, StreamTimers, start_generation
 from schemas.events import DeliverEvent, GenerationRequest, Usage

@@ -29,7 +29,7 @@ from gateway.admission.rate_limits import text_tokens
 from gateway.deps import Deps, GatewayDeps
 from gateway.edge.auth import Owner
 from gateway.errors import error_responses
-from gateway.openai.chat_completions.parameters import check_known_fields
+from gateway.openai.chat_completions.protocol import check_known_fields
 from gateway.refusals import NotFound, TooLarge, Unacceptable
 from retrieval.documents import embed
 from schemas.api import Embedding, EmbeddingList, EmbeddingRequest, EmbeddingUsage

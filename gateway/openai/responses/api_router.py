@@ -1,82 +1,19 @@
-"""The OpenAI Responses API: `POST /v1/responses`, `GET /v1/responses/{id}` (also as a
-stream, resumed `starting_after` a sequence number) and `POST /v1/responses/{id}/cancel`.
-
-Mapping onto chatpipe's conversations (so both APIs see one history):
-
-* A stored response (`store`, the default) is a native turn: its input's last user
-  message and the assistant message answering it are stored in a conversation, and
-  **the response id is `resp_` + that assistant message's id**; its output item's id is
-  `msg_` + the same id, and `conversation.id` names the conversation
-  (`GET /v1/conversations/{id}` shows the same messages).
-* Without `previous_response_id` a new conversation is made; with it, the answer
-  continues the conversation of that response, after that answer: a branch beside any
-  later turn, as an edit is (the new turn is selected).
-* `input` messages before the last are stored before it (`user`, `assistant`);
-  `instructions`, and the `system`/`developer` messages of `input`, go after the
-  deployment's system prompt for this answer only, as OpenAI does not carry them over.
-* `store: false` runs as a chat completion does (no conversation; the history of a
-  `previous_response_id` is read, not added to) and is never retrievable.
-* `background: true` (stored only) answers at once, `queued`; the gateway reads the
-  generation to its end (a job of `BackgroundJobs`, cancelled with its conversation) and
-  stores it (with `stream`, the answer is streamed as a reader of it). `GET` gives
-  its status and, once ended, its output; with `stream=true` it replays the answer's
-  events from `chat.answers` on any gateway, live to the end, numbered as
-  `gateway.openai.responses.events` says, after `starting_after`. Reading it never cancels
-  it; `POST /v1/responses/{id}/cancel` does.
-
-Admission, limits, quotas, the prompt's window and the input safety check are the
-native turn's (`gateway.native.turns.start_reply`) or the completion's
-(`gateway.openai.chat_completions.api_router.admitted_request`). A request field chatpipe does not honour is
-a 400 naming it (`schemas.responses.refused_fields`). A response is its owner's: any
-other caller gets 404, as for an unknown id.
+"""The OpenAI Responses API's routes: `POST /v1/responses`, `GET /v1/responses/{id}` (also
+as a stream) and `POST /v1/responses/{id}/cancel`; each calls one function of `serving`.
 """
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import AsyncIterator
-from contextlib import aclosing
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Request
 
-from conversations.store import ApiKey, Conversation, ConversationStore, StoredMessage
-from gateway.admission.limits import check_message_count, served_model
-from gateway.context.history import prompt_turns
-from gateway.deps import Deps, GatewayDeps
+from gateway.deps import Deps
 from gateway.edge.auth import Owner
 from gateway.errors import error_responses
-from gateway.native.messages import stop
-from gateway.native.turn_rules import answer_ended
-from gateway.native.turns import send_turn, start_reply
-from gateway.openai.chat_completions.api_router import admitted_request
-from gateway.openai.responses.events import ResponseEvents, answered, stored
-from gateway.refusals import NotFound, Unacceptable, reply_pending
+from gateway.openai.responses import serving
 from gateway.streaming.event_stream import EventStreamResponse
-from gateway.streaming.generation import (
-    INTERRUPTED,
-    Generation,
-    StreamTimers,
-    collected,
-    event_stream,
-    merged_deltas,
-    start_generation,
-)
-from gateway.streaming.stream_relay import StreamRelay
-from schemas import sse
-from schemas.api import ChatCompletionRequest, InputMessage, TurnOptions
-from schemas.events import GenerationRequest, Role, now
-from schemas.lifecycle import RequestStatus
-from schemas.responses import (
-    ConversationRef,
-    ResponseErrorEvent,
-    ResponseEvent,
-    ResponseObject,
-    ResponseRequest,
-    message_id_of,
-    refused_fields,
-    response_id,
-)
+from schemas.responses import ResponseObject, ResponseRequest
 
 router = APIRouter(tags=["responses"])
 
@@ -90,23 +27,7 @@ async def create_response(
     body: ResponseRequest, owner: Owner, deps: Deps, request: Request
 ) -> ResponseObject | EventStreamResponse:
     """A response to `input`: streamed, whole, or at once (`background`)."""
-    check_fields(body)
-    check_message_count(deps.config.limits, len(body.items))
-    if body.store:
-        head, generation = await _start_stored(deps, owner, body)
-    else:
-        head, generation = await _start_unstored(deps, owner, body)
-    if body.background:
-        conversation_id = head.conversation.id if head.conversation is not None else ""
-        deps.background.start(
-            (f"response {generation.request_id}", conversation_id), _read_to_end(generation)
-        )
-        if body.stream:
-            return await _followed(deps, head, generation.request_id)
-        return head.model_copy(update={"status": "queued"})
-    if body.stream:
-        return event_stream(response_frames(ResponseEvents(head), generation), generation)
-    return answered(head, await collected(generation, request))
+    return await serving.serve_response(body, owner, deps, request)
 
 
 @router.get("/responses/{response_id}", response_model=ResponseObject,
@@ -117,200 +38,11 @@ async def retrieve_response(
         ge=-1, description="with `stream`: the events after this sequence number")] = None,
 ) -> ResponseObject | EventStreamResponse:  # fmt: skip
     """A stored response as it stands; with `stream`, its events (live until its end)."""
-    message, conversation = await owned_response(deps.store, owner, response_id)
-    head = await _stored_head(deps.store, message, conversation)
-    if not stream:
-        return stored(head, message)
-    after = -1 if starting_after is None else starting_after
-    return await _followed(deps, head, message.request_id or "", after)
+    return await serving.read_response(response_id, owner, deps, stream, starting_after)
 
 
 @router.post("/responses/{response_id}/cancel", response_model=ResponseObject,
              responses=error_responses(404))  # fmt: skip
 async def cancel_response(response_id: str, owner: Owner, deps: Deps) -> ResponseObject:
     """Stop a response still being generated; its answer ends `cancelled`."""
-    message, conversation = await owned_response(deps.store, owner, response_id)
-    head = await _stored_head(deps.store, message, conversation)
-    if message.status != RequestStatus.IN_PROGRESS or message.request_id is None:
-        return stored(head, message)
-    await stop(deps, owner, message.request_id)
-    return head.model_copy(update={"status": "cancelled"})
-
-
-async def _followed(deps: GatewayDeps, head: ResponseObject, request_id: str,
-                    after: int = -1) -> EventStreamResponse:  # fmt: skip
-    """A stored response's events after `after`, read from `chat.answers` (any gateway),
-    live to the end; its reader never cancels it."""
-    record = await deps.store.get_request(request_id)
-    if record is None:
-        raise _not_found(head.id)
-    followed = await deps.pipeline.follow(
-        record.request_id, record.conversation_id, record.answers_partition, record.answers_offset
-    )
-    generation = Generation(
-        deps.pipeline,
-        record.request_id,
-        followed,
-        StreamRelay(),
-        StreamTimers(deps.config.stream_stall_s, cancels=False),
-    )
-    return event_stream(response_frames(ResponseEvents(head, after), generation), generation)
-
-
-def check_fields(body: ResponseRequest) -> None:
-    """400 naming the first field set that chatpipe does not honour, or a combination it
-    cannot."""
-    refused = refused_fields(body)
-    if refused:
-        name, code = refused[0]
-        raise Unacceptable(code, f"{name!r} is not supported here", param=name)
-    if body.background and not body.store:
-        raise Unacceptable("invalid_request", "background needs store", param="background")
-
-
-async def owned_response(
-    store: ConversationStore, owner: ApiKey, response_id: str, param: str | None = None
-) -> tuple[StoredMessage, Conversation]:
-    """The stored answer `response_id` names and its conversation, if the caller (org and
-    user) owns them; else `response_not_found`."""
-    message_id = message_id_of(response_id)
-    message = await store.get_message(message_id) if message_id else None
-    conversation = None
-    if message is not None and message.role == Role.ASSISTANT:
-        conversation = await store.get_conversation(message.conversation_id)
-    if conversation is None or not conversation.owned_by(owner):
-        raise _not_found(response_id, param)
-    return message, conversation  # type: ignore[return-value]
-
-
-async def response_frames(events: ResponseEvents, generation: Generation
-                          ) -> AsyncIterator[bytes]:  # fmt: skip
-    """The response's stream; what arrived together is written together."""
-    yield _frames(events.head())
-    async with aclosing(generation.batches()) as batches:
-        async for batch in batches:
-            shown = [e for event in merged_deltas(batch) for e in events.add(event)]
-            if shown:
-                yield _frames(shown)
-    if not generation.finished:
-        yield _frames(
-            [
-                ResponseErrorEvent(
-                    sequence_number=events.last + 1, code="stream_interrupted", message=INTERRUPTED
-                )
-            ]
-        )
-
-
-def _frames(events: list[ResponseEvent]) -> bytes:
-    return b"".join(sse.frame(event.model_dump_json(), event.type) for event in events)
-
-
-async def _start_stored(deps: GatewayDeps, owner: ApiKey, body: ResponseRequest
-                        ) -> tuple[ResponseObject, Generation]:  # fmt: skip
-    items = body.conversation_items
-    if not items or items[-1].role != "user":
-        raise Unacceptable("invalid_input", "input must end with a user message", param="input")
-    conversation, thread = await _continued(deps.store, owner, body.previous_response_id)
-    options = TurnOptions(
-        model=body.model,
-        max_tokens=body.max_output_tokens,
-        temperature=body.temperature,
-        top_p=body.top_p,
-    )
-    turn = await start_reply(deps.turns, owner, conversation, thread, items[-1].text, options,
-                             earlier=[(Role(item.role), item.text) for item in items[:-1]],
-                             instructions=body.all_instructions,
-                             new=body.previous_response_id is None)  # fmt: skip
-    generation = await send_turn(deps.turns, turn)
-    return _head(body, turn.request), generation
-
-
-async def _continued(store: ConversationStore, owner: ApiKey, previous: str | None
-                     ) -> tuple[Conversation, list[StoredMessage]]:  # fmt: skip
-    """The conversation a response continues and the thread up to `previous`'s answer;
-    without one, a new conversation (not stored yet)."""
-    if previous is None:
-        return Conversation(
-            conversation_id=uuid.uuid4().hex,
-            user_id=owner.user_id,
-            title="",
-            created_at=now(),
-            org_id=owner.org_id,
-        ), []
-    message, conversation = await owned_response(store, owner, previous, "previous_response_id")
-    if not answer_ended(message):
-        raise reply_pending()
-    tree = await store.get_tree(conversation.conversation_id)
-    return conversation, tree.path_to(message.message_id)
-
-
-async def _start_unstored(deps: GatewayDeps, owner: ApiKey, body: ResponseRequest
-                          ) -> tuple[ResponseObject, Generation]:  # fmt: skip
-    """As a chat completion: the instructions, the previous response's thread, `input`."""
-    history: list[StoredMessage] = []
-    if body.previous_response_id is not None:
-        message, conversation = await owned_response(
-            deps.store, owner, body.previous_response_id, "previous_response_id"
-        )
-        tree = await deps.store.get_tree(conversation.conversation_id)
-        history = prompt_turns(tree.path_to(message.message_id))
-    instructions = body.all_instructions
-    messages = [
-        *([InputMessage(role="system", content=instructions)] if instructions else []),
-        *(InputMessage(role=m.role.value, content=m.content) for m in history),
-        *(InputMessage(role=item.role, content=item.text) for item in body.conversation_items),
-    ]  # fmt: skip
-    model = body.model or served_model(deps.config.limits, None, owner.tier)
-    completion = ChatCompletionRequest(
-        model=model,
-        messages=messages,
-        max_tokens=body.max_output_tokens,
-        temperature=body.temperature,
-        top_p=body.top_p,
-    )
-    request = await admitted_request(completion, owner, deps)
-    generation = await start_generation(
-        deps.pipeline, request, deps.live, timers=StreamTimers(deps.config.stream_stall_s)
-    )
-    return _head(body, request), generation
-
-
-def _head(body: ResponseRequest, request: GenerationRequest) -> ResponseObject:
-    """The response as created: in progress, nothing generated yet."""
-    sampling = request.sampling
-    return ResponseObject(
-        id=response_id(request.message_id), created_at=now(), status="in_progress",
-        model=request.alias or request.model, instructions=body.instructions,
-        max_output_tokens=sampling.max_tokens, temperature=sampling.temperature,
-        top_p=sampling.top_p, previous_response_id=body.previous_response_id,
-        store=body.store, background=body.background,
-        conversation=ConversationRef(id=request.conversation_id) if body.store else None,
-    )  # fmt: skip
-
-
-async def _stored_head(store: ConversationStore, message: StoredMessage,
-                       conversation: Conversation) -> ResponseObject:  # fmt: skip
-    """A stored response as created (what the store keeps of it: no instructions nor
-    sampling); its previous response is the answer before its user message, if any."""
-    question = await store.get_message(message.parent_id) if message.parent_id else None
-    before = await store.get_message(question.parent_id) if question and question.parent_id \
-        else None  # fmt: skip
-    previous = before.message_id if before is not None and before.role == Role.ASSISTANT \
-        else None  # fmt: skip
-    return ResponseObject(
-        id=response_id(message.message_id), created_at=message.created_at,
-        status="in_progress", model=message.alias or message.model or "",
-        previous_response_id=response_id(previous) if previous else None,
-        conversation=ConversationRef(id=conversation.conversation_id))  # fmt: skip
-
-
-async def _read_to_end(generation: Generation) -> None:
-    """A background response's generation, read to its end (then stored)."""
-    async with aclosing(generation.events()) as events:
-        async for _ in events:
-            pass
-
-
-def _not_found(response_id: str, param: str | None = None) -> NotFound:
-    return NotFound("response_not_found", f"no response {response_id!r}", param=param)
+    return await serving.cancel(response_id, owner, deps)

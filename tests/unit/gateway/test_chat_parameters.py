@@ -16,7 +16,7 @@ from gateway.admission.rate_limits import text_tokens
 from gateway.api_document import api_document
 from gateway.cache.rules import refusal as cache_refusal
 from gateway.config import RequestLimits
-from gateway.openai.chat_completions.parameters import (
+from gateway.openai.chat_completions.protocol import (
     ACCEPTED,
     REFUSED,
     chat_sampling,
@@ -566,7 +566,7 @@ async def test_n_choices_reserve_n_answers_against_the_token_limits(sdk, pipelin
     async def admit(gates, owner, tokens, model):
         charged.append(tokens)
 
-    monkeypatch.setattr("gateway.openai.chat_completions.api_router.admit", admit)
+    monkeypatch.setattr("gateway.openai.chat_completions.serving.admit", admit)
     for _ in range(n):
         pipeline.script(delta("x", 0), done(1))
     await sdk.chat.completions.create(model="tiny", messages=[USER], n=n, max_tokens=9)
@@ -610,7 +610,7 @@ class Vocabulary:
 
 
 async def test_logit_bias_names_only_tokens_the_model_has():
-    from gateway.openai.chat_completions.api_router import check_logit_bias
+    from gateway.openai.chat_completions.serving import check_logit_bias
 
     await check_logit_bias(Vocabulary(), plan_request(logit_bias={99: 1.0}))
     await check_logit_bias(Vocabulary(), plan_request())

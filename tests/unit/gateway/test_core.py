@@ -126,9 +126,9 @@ def test_an_owners_request_is_billed_and_cached_as_the_owner():
     owner = ApiKey("alice", "acme", Tier.PRO)
     messages = (ChatMessage(role=Role.USER, content="hi"),)
     request = pipeline.owner_request(owner, model="tiny", messages=messages,
-                                 sampling=SamplingOptions(), reply_to="chat.deliver.g1",
-                                 timeout_s=30, sent_at=NOW, conversation_id="c1",
-                                 parent_id="m1", store=True)  # fmt: skip
+                                     sampling=SamplingOptions(), reply_to="chat.deliver.g1",
+                                     timeout_s=30, sent_at=NOW, conversation_id="c1",
+                                     parent_id="m1", store=True)  # fmt: skip
     assert (request.user_id, request.org_id, request.tier, request.cache_salt) == (
         "alice",
         "acme",
@@ -137,8 +137,9 @@ def test_an_owners_request_is_billed_and_cached_as_the_owner():
     )
     assert (request.conversation_id, request.parent_id, request.store) == ("c1", "m1", True)
     assert request.deadline == NOW + 30
-    other = pipeline.owner_request(owner, model="tiny", messages=messages, sampling=SamplingOptions(),
-                               reply_to="r", timeout_s=30, sent_at=NOW)  # fmt: skip
+    other = pipeline.owner_request(owner, model="tiny", messages=messages,
+                                   sampling=SamplingOptions(), reply_to="r", timeout_s=30,
+                                   sent_at=NOW)  # fmt: skip
     assert len({request.request_id, request.message_id, other.request_id,
                 other.conversation_id, other.message_id}) == 5  # fmt: skip
     assert not other.store

@@ -26,7 +26,7 @@ from gateway.cache.rules import refusal
 from gateway.context.builder import ContextBuilder
 from gateway.context.tokens import TokenCounter
 from gateway.deps import GatewayDeps
-from gateway.openai.completions.api_router import completion_prompt, to_generation_request
+from gateway.openai.completions.protocol import completion_prompt, to_generation_request
 from gateway.openai.embeddings.api_router import (
     check_input_tokens,
     embedding_inputs,

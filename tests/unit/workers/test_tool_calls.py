@@ -1,7 +1,8 @@
 """Tool calling's pure parts: a completion's tools and messages read
 (`gateway.openai.chat_completions.tool_requests`), a constrained answer read back into calls
-(`workers.tool_calls`), the answer sent as OpenAI sends it (`gateway.openai.chat_completions.tool_answers`),
-the template's inputs (`common.prompt`), and the worker and sim engine carrying calls."""
+(`workers.tool_calls`), the answer sent as OpenAI sends it
+(`gateway.openai.chat_completions.tool_answers`), the template's inputs (`common.prompt`),
+and the worker and sim engine carrying calls."""
 
 from __future__ import annotations
 

@@ -1,4 +1,6 @@
-"""Every field of OpenAI's chat completion request, honoured or refused.
+"""A chat completion request turned into the `GenerationRequest` it asks for, in one
+place (`to_generation_request`): every field of OpenAI's request honoured or refused,
+the model chosen, the messages and tools read, this API's limits checked.
 
 Pure, like `gateway.admission.limits`: it runs before anything is charged or queued. A field
 chatpipe honours passes to the engine with OpenAI's meaning (`chat_sampling`): the
@@ -7,19 +9,28 @@ engine's structured outputs. A field chatpipe cannot honour is refused 400
 `unsupported_parameter` naming it (`param`) once it is set to anything but null,
 or to a value other than what chatpipe does anyway (`store: false`, `service_tier:
 auto`); a field OpenAI does not define is refused 400 `unknown_parameter`, as OpenAI
-refuses it.
+refuses it. Tools and tool messages are read by `tool_requests`.
 """
 
 from __future__ import annotations
 
 from pydantic import BaseModel
 
-from gateway.admission.limits import sampling_options
-from gateway.config import RequestLimits
-from gateway.openai.chat_completions.tool_requests import schema_error
+from conversations.store import ApiKey
+from gateway.admission.limits import (
+    check_message,
+    check_message_count,
+    choose_model,
+    sampling_options,
+)
+from gateway.config import GatewayConfig, RequestLimits
+from gateway.openai.chat_completions.tool_requests import chat_messages, schema_error, tool_use
+from gateway.pipeline import owner_request
 from gateway.refusals import Invalid, Unacceptable
+from gateway.rollout import ModelAliases
 from schemas.api import SEED_LIMIT, ChatCompletionRequest
-from schemas.events import SamplingOptions
+from schemas.events import GenerationRequest, SamplingOptions, now
+from schemas.generation import new_id
 
 REFUSED: dict[str, str] = {
     "audio": "chatpipe's models write text, not audio",
@@ -41,6 +52,33 @@ ACCEPTED: dict[str, tuple[list[object], str]] = {
     "modalities": ([["text"]], "chatpipe's models write text"),
 }
 """Fields refused unless null or one of these values (JSON), and why."""
+
+
+def to_generation_request(
+    completion: ChatCompletionRequest,
+    owner: ApiKey,
+    config: GatewayConfig,
+    reply_to: str,
+    aliases: ModelAliases | None = None,
+) -> GenerationRequest:
+    """A completion has no conversation: each is one of its own, so an alias picks a
+    version per completion."""
+    limits = config.limits
+    check_parameters(completion, limits)
+    conversation_id = new_id()
+    choice = choose_model(limits, aliases, completion.model, owner.tier, conversation_id)
+    check_message_count(limits, len(completion.messages))
+    for message in completion.messages:
+        for text in message.texts:
+            check_message(limits, text, allow_empty=True)
+    sampling = chat_sampling(completion, limits)
+    tools = tool_use(completion, limits)
+    request = owner_request(owner, model=choice.model,
+                            messages=chat_messages(completion.messages), sampling=sampling,
+                            reply_to=reply_to, timeout_s=config.request_timeout_s,
+                            sent_at=now(), conversation_id=conversation_id,
+                            alias=choice.alias)  # fmt: skip
+    return request if tools is None else request.model_copy(update={"tool_use": tools})
 
 
 def check_parameters(completion: ChatCompletionRequest, limits: RequestLimits) -> None:
