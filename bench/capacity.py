@@ -133,7 +133,8 @@ async def capacity(
                 "coalesce_ms": plan.coalesce_ms,
             },
         )
-        subprocess.run(
+        await asyncio.to_thread(
+            subprocess.run,
             [CHATPIPE, "topics", "create"],
             env=child_env(env),
             check=True,

@@ -349,9 +349,9 @@ def _hops(run: BenchRun) -> str:
             "answers a fetch on its timer, not when data arrives. Four records are fetched "
             "before the first token (the request by the scheduler, the assignment by the "
             "worker, the first chunk by safety, the first delta by the gateway): about "
-            f"{FIRST_TOKEN_FETCHES * p50:.0f} ms of chatpipe's time to first token is this broker's timer, "
-            "whatever the stages do. Apache Kafka answers a fetch as soon as a record "
-            "arrives (`fetch.min.bytes` 1)."
+            f"{FIRST_TOKEN_FETCHES * p50:.0f} ms of chatpipe's time to first token is this "
+            "broker's timer, whatever the stages do. Apache Kafka answers a fetch as soon as "
+            "a record arrives (`fetch.min.bytes` 1)."
         )
         lines.append(_floor_caps(run, side, p50))
     return "\n".join(lines) + "\n"
@@ -415,7 +415,8 @@ def _cpu(run: BenchRun) -> str:
             )
             lines.append(
                 f"| {lv.stats.concurrency} | {side.name} | {procs} | "
-                f"{lv.cpu.tested * per_k:.2f} | {lv.cpu.client * per_k:.2f} | {lv.cpu.cores(lv.cpu.foreign):.2f} | "
+                f"{lv.cpu.tested * per_k:.2f} | {lv.cpu.client * per_k:.2f} | "
+                f"{lv.cpu.cores(lv.cpu.foreign):.2f} | "
                 f"{lv.tries} |"
             )
     return "\n".join(lines) + "\n"

@@ -2,7 +2,8 @@
 
     python -m bench scheduler_sim --workers 1000            # ~1.5 min
     python -m bench scheduler_sim --workers 1000 --shards 2 --kafka-seconds 0 --gc-freeze
-    python -m bench scheduler_sim --workers 20 --waiting 200 --rate 300 --seconds 0.5 --kafka-seconds 0
+    python -m bench scheduler_sim --workers 20 --waiting 200 --rate 300 --seconds 0.5 \
+        --kafka-seconds 0
 
 The real scheduler core (`scheduler/core.py`) with simulated workers: heterogeneous
 slot counts (64/128/256, like vLLM's max_num_seqs), two models, heartbeats on every

@@ -278,7 +278,9 @@ def keys_list(
     ]
     widths = [max(len(line[i]) for line in table) for i in range(len(KEY_FIELDS))]
     for line in table:
-        typer.echo("  ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip())
+        typer.echo(
+            "  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip()
+        )
 
 
 @keys_app.command("revoke")

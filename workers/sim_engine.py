@@ -40,7 +40,6 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from schemas.events import (
-    ChatMessage,
     GenerationRequest,
     Logprobs,
     Role,
