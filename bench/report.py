@@ -251,13 +251,13 @@ def _targets(run: BenchRun) -> str:
                 f"| TTFT p50 at c=1 ≤ {label} + {TTFT_MARGIN_MS:g} ms | "
                 f"{delta:+.0f} ms | {_met(delta <= TTFT_MARGIN_MS)} |"
             )
-    c = cp.cancel
-    if c and c.generated_after_median is not None and c.interval_tokens is not None:
-        met = c.generated_after_median <= c.interval_tokens
+    cancel = cp.cancel
+    if cancel and cancel.generated_after_median is not None and cancel.interval_tokens is not None:
+        met = cancel.generated_after_median <= cancel.interval_tokens
         rows.append(
             f"| cancellation waste (tokens generated after the hang-up, median) ≤ one "
-            f"coalescing interval of tokens | {c.generated_after_median:.1f} tokens "
-            f"(max {c.generated_after_max:.0f}) vs {c.interval_tokens:.1f} | "
+            f"coalescing interval of tokens | {cancel.generated_after_median:.1f} tokens "
+            f"(max {cancel.generated_after_max:.0f}) vs {cancel.interval_tokens:.1f} | "
             f"{_met(met)} |"
         )
     return "\n".join(rows) + "\n"

@@ -7,7 +7,7 @@ import json
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Annotated, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import typer
 
@@ -48,7 +48,8 @@ STAGES = ("gateway", "scheduler", "worker", "safety", "recorder", "billing", "to
 
 
 def _settings(**overrides: object) -> Settings:
-    return Settings(**{k: v for k, v in overrides.items() if v is not None})
+    given: dict[str, Any] = {k: v for k, v in overrides.items() if v is not None}
+    return Settings(**given)
 
 
 @app.command()
@@ -155,8 +156,8 @@ def store_create_schema() -> None:
         from conversations.cassandra_store import create_schema
         from ledger.cassandra import create_schema as create_ledger_schema
 
-        for create in (create_schema, create_ledger_schema):  # the store's, the ledger's
-            asyncio.run(create(settings.cassandra_hosts, settings.cassandra_keyspace,
+        for make_schema in (create_schema, create_ledger_schema):  # the store's, the ledger's
+            asyncio.run(make_schema(settings.cassandra_hosts, settings.cassandra_keyspace,
                                settings.cassandra_replication_factor))  # fmt: skip
         typer.echo(f"schema ready in keyspace {settings.cassandra_keyspace}")
         return
