@@ -52,7 +52,6 @@ COPY recorder/ recorder/
 COPY common/ common/
 COPY conversations/ conversations/
 COPY chatpipe/ chatpipe/
-COPY bench/ bench/
 COPY billing/ billing/
 COPY ledger/ ledger/
 COPY ops/ ops/

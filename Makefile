@@ -9,7 +9,7 @@ CHROMIUM := /usr/bin/chromium
 # Wheels built against another torch: they fail to load beside its CPU build.
 BROKEN_BESIDE_CPU_TORCH := torchvision torchaudio torchcodec
 
-.PHONY: setup run test test-unit test-integration test-e2e bench clean
+.PHONY: setup run check test test-unit test-integration test-e2e bench clean
 
 setup: $(VENV)/.installed $(MODEL_DIR)/config.json $(CHROMIUM)
 
@@ -30,6 +30,12 @@ $(CHROMIUM):
 
 run: setup
 	$(BIN)/chatpipe up
+
+# Formatting, lint and types (the settings are in pyproject.toml); needs only the venv.
+check: $(VENV)/.installed
+	$(BIN)/ruff format --check .
+	$(BIN)/ruff check .
+	$(BIN)/mypy
 
 # The unit tests are pure and run on both cores; the tests with real processes run one
 # at a time (their timings and fault scenarios assume the machine is theirs). Both run

@@ -97,7 +97,7 @@ class Period:
 def _rows(con: duckdb.DuckDBPyConnection, sql: str, period: Period) -> list[dict[str, Any]]:
     cursor = con.execute(sql, period.params())
     names = [column[0] for column in cursor.description]
-    return [dict(zip(names, row)) for row in cursor.fetchall()]
+    return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
 
 
 def report(con: duckdb.DuckDBPyConnection, period: Period) -> dict[str, Any]:
@@ -155,7 +155,8 @@ def text_table(rows: list[dict[str, Any]]) -> list[str]:
     ]
     widths = [max(len(line[i]) for line in cells) for i in range(len(header))]
     return [
-        "  " + "  ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip()
+        "  "
+        + "  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip()
         for line in cells
     ]
 
@@ -190,7 +191,7 @@ def plot_tokens_per_minute(answer: dict[str, Any], path: Path) -> None:
     figure, axes = plt.subplots(figsize=(9, 4.5))
     for tier, per_minute in sorted(tokens.items()):
         axes.plot(
-            [datetime.fromisoformat(m) for m in minutes],
+            matplotlib.dates.date2num([datetime.fromisoformat(m) for m in minutes]),
             [per_minute.get(m, 0) for m in minutes],
             marker="o",
             label=tier,
@@ -204,8 +205,8 @@ def plot_tokens_per_minute(answer: dict[str, Any], path: Path) -> None:
     axes.set_ylim(bottom=0)
     if minutes:  # a single point would otherwise span years of minute ticks
         axes.set_xlim(
-            datetime.fromisoformat(minutes[0]) - timedelta(seconds=30),
-            datetime.fromisoformat(minutes[-1]) + timedelta(seconds=30),
+            matplotlib.dates.date2num(datetime.fromisoformat(minutes[0]) - timedelta(seconds=30)),
+            matplotlib.dates.date2num(datetime.fromisoformat(minutes[-1]) + timedelta(seconds=30)),
         )
     axes.xaxis.set_major_locator(
         matplotlib.dates.MinuteLocator(interval=max(1, -(-len(minutes) // 10)), tz=UTC)

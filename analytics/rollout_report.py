@@ -72,7 +72,7 @@ def _rows(con: duckdb.DuckDBPyConnection, sql: str, params: dict[str, Any]
           ) -> list[dict[str, Any]]:  # fmt: skip
     cursor = con.execute(sql, params)
     names = [column[0] for column in cursor.description]
-    return [dict(zip(names, row)) for row in cursor.fetchall()]
+    return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
 
 
 def versions(con: duckdb.DuckDBPyConnection, period: Period, alias: str | None = None

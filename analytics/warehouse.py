@@ -57,7 +57,9 @@ class Warehouse:
         con.execute(f"CREATE OR REPLACE TEMP TABLE batch ({columns})")
         if rows:
             unnested = ", ".join(f"unnest(${i + 1})" for i in range(len(table.columns)))
-            con.execute(f"INSERT INTO batch SELECT {unnested}", [list(c) for c in zip(*rows)])
+            con.execute(
+                f"INSERT INTO batch SELECT {unnested}", [list(c) for c in zip(*rows, strict=True)]
+            )
         hidden = directory / f".{name}.tmp"
         con.execute(f"COPY batch TO {_literal(hidden)} (FORMAT parquet)")
         target = directory / name

@@ -4,7 +4,8 @@ python -m bench                 # the full run (~15 min): vLLM server at its def
                                 # chatpipe up, vLLM server with chatpipe's engine args, capacity
 python -m bench smoke --out D   # seconds: chatpipe with the sim engine, tiny load
 python -m bench profile --streams 100   # stages under pyinstrument; bench/PROFILE.md
-python -m bench faults          # ~2 min: fault scenarios (bench/fault_scenarios.py), bench/RESULTS.md
+python -m bench faults          # ~2 min: fault scenarios (bench/fault_scenarios.py),
+                                # bench/RESULTS.md
 python -m bench gateway         # streams one gateway process holds (--help), RESULTS.md
 python -m bench capacity --streams 100,300 --out D   # the capacity phase alone, idle cost
 python -m bench capacity_model [--write]   # what the design load needs: docs/CAPACITY.md

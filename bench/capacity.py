@@ -133,7 +133,8 @@ async def capacity(
                 "coalesce_ms": plan.coalesce_ms,
             },
         )
-        subprocess.run(
+        await asyncio.to_thread(
+            subprocess.run,
             [CHATPIPE, "topics", "create"],
             env=child_env(env),
             check=True,
@@ -148,9 +149,9 @@ async def capacity(
         await wait_until(lambda: http_ok(port, "/healthz"), stages[-1], 240, "/healthz")
         await _first_answer(target, stages[-1])
         run = CapacityRun(plan)
-        idle_after_s = float(
-            settings.get("kafka_idle_after_s", SETTINGS["kafka_idle_after_s"].default)
-        )
+        idle = settings.get("kafka_idle_after_s", SETTINGS["kafka_idle_after_s"].default)
+        assert isinstance(idle, int | float | str), idle
+        idle_after_s = float(idle)
         await _idle_and_probes(run, target, [*stages, broker], idle_after_s)
         for streams in plan.streams:
             level = await _level(target, plan, streams, [*stages, broker])

@@ -220,13 +220,13 @@ def _gpus(
         s,
         f"{label}: GPUs without prefix-cache hits",
         formula.format("prompt tokens/s"),
-        [gpus(o, p, decode, prefill, tp, i) for o, p in zip(out, prompt_tps)],
+        [gpus(o, p, decode, prefill, tp, i) for o, p in zip(out, prompt_tps, strict=True)],
     )
     add(
         s,
         f"{label}: GPUs with prefix-cache hits",
         formula.format("prompt tokens/s past the prefix cache"),
-        [gpus(o, p, decode, prefill, tp, i) for o, p in zip(out, missed)],
+        [gpus(o, p, decode, prefill, tp, i) for o, p in zip(out, missed, strict=True)],
     )
     return add(
         s,
@@ -259,7 +259,7 @@ def _prefix_cache(sheet: Sheet, i: Inputs, turns: Pair, prompt: float) -> None:
         s,
         "conversations a replica serves between two turns of one",
         "turns/s ÷ replicas with prefix-cache hits × think time",
-        [t / r * i.think_time_s for t, r in zip(turns, _replicas(i, turns))],
+        [t / r * i.think_time_s for t, r in zip(turns, _replicas(i, turns), strict=True)],
     )
     sheet.notes[s] = (
         "The cached fraction assumed holds only if a conversation's blocks are still on its "
@@ -363,7 +363,7 @@ def _gateways(add: Callable[..., Pair], i: Inputs, streams: Pair, out: Pair) -> 
         s,
         "gateway replicas",
         "max(the two above)",
-        [max(a, b) for a, b in zip(by_streams, by_tokens)],
+        [max(a, b) for a, b in zip(by_streams, by_tokens, strict=True)],
     )
 
 
@@ -440,7 +440,7 @@ def _kafka(add: Callable[..., Pair], i: Inputs, topics: tuple[TopicLoad, ...]) -
         s,
         "brokers' MB/s out",
         "consumed MB/s + produced MB/s × (RF − 1)",
-        [r + p * (rf - 1) for r, p in zip(read, produced)],
+        [r + p * (rf - 1) for r, p in zip(read, produced, strict=True)],
     )
     partitions = sum(t.partitions * t.count for t in topics)
     add(
@@ -460,7 +460,7 @@ def _kafka(add: Callable[..., Pair], i: Inputs, topics: tuple[TopicLoad, ...]) -
                 _up(max(w, o) / i.broker_mb_per_s),
                 _up(partitions * rf / i.partitions_per_broker),
             )
-            for w, o in zip(written, sent)
+            for w, o in zip(written, sent, strict=True)
         ],
     )
 
@@ -527,7 +527,7 @@ def _cassandra(add: Callable[..., Pair], i: Inputs, turns: Pair) -> None:
         "max(⌈replica writes/s ÷ per node⌉, ⌈replica reads/s ÷ per node⌉)",
         [
             max(_up(w / i.cassandra_writes_per_node), _up(r / i.cassandra_reads_per_node))
-            for w, r in zip(writes, reads)
+            for w, r in zip(writes, reads, strict=True)
         ],
     )
     add(

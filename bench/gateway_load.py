@@ -230,8 +230,8 @@ async def read(
             result["errors"].append(record.error[:200])
     cpu = psutil.Process().cpu_times()
     result["cpu_s"] = cpu.user + cpu.system
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_bytes(orjson.dumps(result, option=orjson.OPT_NON_STR_KEYS))
+    await asyncio.to_thread(out.parent.mkdir, parents=True, exist_ok=True)
+    await asyncio.to_thread(out.write_bytes, orjson.dumps(result, option=orjson.OPT_NON_STR_KEYS))
 
 
 def _stream_summary(record: StreamRecord, result: dict) -> dict:

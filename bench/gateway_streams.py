@@ -141,9 +141,10 @@ async def _fresh_level(plan: GatewayPlan, streams: int, work: Path) -> GatewayLe
             port=port,
             **plan.settings,
         )
-        subprocess.run(
+        await asyncio.to_thread(
+            subprocess.run,
             [CHATPIPE, "topics", "create"],
-            env=child_env(env),  # noqa: ASYNC221
+            env=child_env(env),
             check=True,
             capture_output=True,
             timeout=60,
@@ -437,7 +438,8 @@ def markdown(
         "",
         (
             "| streams | completed | tokens/s | SSE events/s | gap p50 / p99 ms "
-            "| slowest 10% tokens/s (min) | TTFT p50 / p99 ms | gateway cores (all open / level) | gateway RSS MB "
+            "| slowest 10% tokens/s (min) | TTFT p50 / p99 ms "
+            "| gateway cores (all open / level) | gateway RSS MB "
             "| feeder, readers, broker, other cores | holds |"
         ),
         "|---|---|---|---|---|---|---|---|---|---|---|",
@@ -482,8 +484,8 @@ def _what_breaks(plan: GatewayPlan, levels: list[GatewayLevel]) -> str:
     text += (
         f"At {broken.streams} streams: {', '.join(failed)}, with the gateway at "
         f"{broken.steady_cores.get('gateway', math.nan):.2f} cores while all streams "
-        f"were open (one event loop: ~1 core is all it can use) and the feeder at most {broken.feeder_late_ms:.0f} ms behind its "
-        "schedule."
+        "were open (one event loop: ~1 core is all it can use) and the feeder at most "
+        f"{broken.feeder_late_ms:.0f} ms behind its schedule."
     )
     profile = (
         plan.profile_dir / f"gateway-{broken.streams}.txt" if plan.profile_dir is not None else None

@@ -12,6 +12,7 @@ to first token and give no ITL sample.
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -36,7 +37,7 @@ def per_token_itl(times: Sequence[float], tokens: Sequence[int]) -> list[float]:
 
 
 def chunk_gaps(times: Sequence[float]) -> list[float]:
-    return [b - a for a, b in zip(times, times[1:], strict=False)]
+    return [b - a for a, b in itertools.pairwise(times)]
 
 
 def chunk_tokens(record: StreamRecord, from_pipeline: list[int] | None) -> list[int] | None:

@@ -14,6 +14,7 @@ import asyncio
 import statistics
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import httpx
@@ -36,7 +37,7 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
 
 
-def jain(values: list[float]) -> float:
+def jain(values: Sequence[float]) -> float:
     """Jain's fairness index: 1 when every user got the same, 1/n when one got all."""
     return sum(values) ** 2 / (len(values) * sum(v * v for v in values)) if values else 1.0
 

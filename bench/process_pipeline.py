@@ -129,8 +129,9 @@ class Pipeline:
     def kill(self, name: str) -> None:
         """SIGKILL the stage's whole process group, as a crash would."""
         self.signal(name, signal.SIGKILL)
-        assert self.stages[name].process is not None
-        self.stages[name].process.wait()
+        process = self.stages[name].process
+        assert process is not None
+        process.wait()
 
     def signal(self, name: str, signum: int = signal.SIGTERM) -> None:
         process = self.stages[name].process
@@ -264,10 +265,10 @@ async def running_pipeline(tmp_path: Path, **settings: object) -> AsyncIterator[
     async with EmbeddedBroker() as broker:
         shards = settings.get("scheduler_shards") or {}  # each its own chat.work.<shard>
         assert isinstance(shards, dict)
-        layout = TopicLayout(
-            **{k: v for k, v in settings.items() if k in ("topic_partitions", "work_partitions")},
-            shards=tuple(shards),
-        )
+        sizes: dict[str, Any] = {
+            k: v for k, v in settings.items() if k in ("topic_partitions", "work_partitions")
+        }
+        layout = TopicLayout(**sizes, shards=tuple(shards))
         await ensure_topics(broker.bootstrap_servers, layout)
         pipeline = Pipeline(tmp_path, broker, settings)
         try:

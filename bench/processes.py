@@ -7,6 +7,7 @@ a run can read a process tree's CPU time and stop everything it started.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -92,14 +93,10 @@ class Service:
     def stop(self, timeout_s: float = 20.0) -> None:
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 self.process.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                pass
-        try:  # whatever the leader left behind (engine processes)
+        with contextlib.suppress(ProcessLookupError):  # what the leader left (engines)
             os.killpg(self.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
         self.process.wait()
         self._log.close()
 

@@ -8,7 +8,6 @@ functions where each stage spends its own time in event-loop callbacks.
 from __future__ import annotations
 
 import sys
-from collections import Counter
 from pathlib import Path
 
 WORK_ROOT = "Handle._run"
@@ -33,7 +32,7 @@ def hot_functions(session_path: Path, top: int = 12) -> tuple[float, list[tuple[
     from pyinstrument.session import Session
 
     root = Session.load(str(session_path)).root_frame()
-    own: Counter[str] = Counter()
+    own: dict[str, float] = {}
     stack = [(root, False)] if root is not None else []
     while stack:
         frame, in_work = stack.pop()
@@ -42,10 +41,9 @@ def hot_functions(session_path: Path, top: int = 12) -> tuple[float, list[tuple[
         stack.extend((child, in_work) for child in children)
         if in_work and not children:
             owner = frame.parent if frame.is_synthetic_leaf and frame.parent else frame
-            own[f"{_name(owner)} ({owner.file_path_short}:{owner.line_no})"] += (
-                frame.total_self_time
-            )
-    return sum(own.values()), own.most_common(top)
+            where = f"{_name(owner)} ({owner.file_path_short}:{owner.line_no})"
+            own[where] = own.get(where, 0.0) + frame.total_self_time
+    return sum(own.values()), sorted(own.items(), key=lambda item: item[1], reverse=True)[:top]
 
 
 def _name(frame: object) -> str:

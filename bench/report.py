@@ -251,13 +251,13 @@ def _targets(run: BenchRun) -> str:
                 f"| TTFT p50 at c=1 ≤ {label} + {TTFT_MARGIN_MS:g} ms | "
                 f"{delta:+.0f} ms | {_met(delta <= TTFT_MARGIN_MS)} |"
             )
-    c = cp.cancel
-    if c and c.generated_after_median is not None and c.interval_tokens is not None:
-        met = c.generated_after_median <= c.interval_tokens
+    cancel = cp.cancel
+    if cancel and cancel.generated_after_median is not None and cancel.interval_tokens is not None:
+        met = cancel.generated_after_median <= cancel.interval_tokens
         rows.append(
             f"| cancellation waste (tokens generated after the hang-up, median) ≤ one "
-            f"coalescing interval of tokens | {c.generated_after_median:.1f} tokens "
-            f"(max {c.generated_after_max:.0f}) vs {c.interval_tokens:.1f} | "
+            f"coalescing interval of tokens | {cancel.generated_after_median:.1f} tokens "
+            f"(max {cancel.generated_after_max:.0f}) vs {cancel.interval_tokens:.1f} | "
             f"{_met(met)} |"
         )
     return "\n".join(rows) + "\n"
@@ -349,9 +349,9 @@ def _hops(run: BenchRun) -> str:
             "answers a fetch on its timer, not when data arrives. Four records are fetched "
             "before the first token (the request by the scheduler, the assignment by the "
             "worker, the first chunk by safety, the first delta by the gateway): about "
-            f"{FIRST_TOKEN_FETCHES * p50:.0f} ms of chatpipe's time to first token is this broker's timer, "
-            "whatever the stages do. Apache Kafka answers a fetch as soon as a record "
-            "arrives (`fetch.min.bytes` 1)."
+            f"{FIRST_TOKEN_FETCHES * p50:.0f} ms of chatpipe's time to first token is this "
+            "broker's timer, whatever the stages do. Apache Kafka answers a fetch as soon as "
+            "a record arrives (`fetch.min.bytes` 1)."
         )
         lines.append(_floor_caps(run, side, p50))
     return "\n".join(lines) + "\n"
@@ -415,7 +415,8 @@ def _cpu(run: BenchRun) -> str:
             )
             lines.append(
                 f"| {lv.stats.concurrency} | {side.name} | {procs} | "
-                f"{lv.cpu.tested * per_k:.2f} | {lv.cpu.client * per_k:.2f} | {lv.cpu.cores(lv.cpu.foreign):.2f} | "
+                f"{lv.cpu.tested * per_k:.2f} | {lv.cpu.client * per_k:.2f} | "
+                f"{lv.cpu.cores(lv.cpu.foreign):.2f} | "
                 f"{lv.tries} |"
             )
     return "\n".join(lines) + "\n"

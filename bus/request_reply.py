@@ -251,7 +251,7 @@ class RequestReplyClient:
     def _route(self, record: ConsumerRecord) -> None:
         self._deliver(decode_record(GATEWAY_EVENT, record))
 
-    def _deliver(self, event: Event) -> None:
+    def _deliver(self, event: GatewayEvent) -> None:
         if isinstance(event, Reroute):
             if self._on_reroute is not None:
                 self._on_reroute(event.request_id)
@@ -262,10 +262,10 @@ class RequestReplyClient:
             stream.put(event)
 
 
-GATEWAY_EVENTS = TypeAdapter(list[GatewayEvent])
+GATEWAY_EVENTS: TypeAdapter[list[GatewayEvent]] = TypeAdapter(list[GatewayEvent])
 
 
-def decoded_batch(records: list[ConsumerRecord]) -> list[Event] | None:
+def decoded_batch(records: list[ConsumerRecord]) -> list[GatewayEvent] | None:
     """The events of `records` validated in one call (what a client does per token chunk,
     so per record costs count); None if any record is not a delivery event."""
     try:

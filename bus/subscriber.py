@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from aiokafka import AIOKafkaConsumer
 from aiokafka.structs import ConsumerRecord, TopicPartition
@@ -29,7 +29,7 @@ the bus refused one of its outputs), never to be shown to a client as it is."""
 AFTER_BATCH_BACKOFF_S = (0.1, 0.5, 1.0, 2.0, 5.0)
 
 
-def decode_record(kind: type[E] | TypeAdapter[Any], record: ConsumerRecord) -> E:
+def decode_record(kind: type[E] | TypeAdapter[E], record: ConsumerRecord) -> E:
     event = decode(kind, record.value)
     tracing.decoded(event)
     return event

@@ -7,7 +7,7 @@ import json
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Annotated, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import typer
 
@@ -48,7 +48,8 @@ STAGES = ("gateway", "scheduler", "worker", "safety", "recorder", "billing", "to
 
 
 def _settings(**overrides: object) -> Settings:
-    return Settings(**{k: v for k, v in overrides.items() if v is not None})
+    given: dict[str, Any] = {k: v for k, v in overrides.items() if v is not None}
+    return Settings(**given)
 
 
 @app.command()
@@ -156,8 +157,8 @@ def store_create_schema() -> None:
         from ledger.cassandra import create_schema as create_ledger_schema
 
         storage = settings.storage
-        for create in (create_schema, create_ledger_schema):  # the store's, the ledger's
-            asyncio.run(create(storage.cassandra_hosts, storage.cassandra_keyspace,
+        for make_schema in (create_schema, create_ledger_schema):  # the store's, the ledger's
+            asyncio.run(make_schema(storage.cassandra_hosts, storage.cassandra_keyspace,
                                storage.cassandra_replication_factor))  # fmt: skip
         typer.echo(f"schema ready in keyspace {storage.cassandra_keyspace}")
         return
@@ -279,7 +280,9 @@ def keys_list(
     ]
     widths = [max(len(line[i]) for line in table) for i in range(len(KEY_FIELDS))]
     for line in table:
-        typer.echo("  ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip())
+        typer.echo(
+            "  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip()
+        )
 
 
 @keys_app.command("revoke")

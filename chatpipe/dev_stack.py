@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 from chatpipe.settings import Settings
 from chatpipe.wiring import Stack, running_stack
@@ -24,19 +25,18 @@ API_KEY = "test-dev-key"
 def stack_settings(tmp: Path, **overrides: object) -> Settings:
     """Settings of a stack on its own embedded broker, free port and database under
     `tmp`, quick to notice a dropped stream; `overrides` win."""
-    return Settings(
-        **{
-            "kafka_bootstrap_servers": None,
-            "port": 0,
-            "dev_api_key": API_KEY,
-            "database_path": tmp / "chatpipe.db",
-            "coalesce_ms": 50,
-            "heartbeat_interval_s": 0.5,
-            # A dropped stream frees its slot soon (tests of the grace itself set their own).
-            "resume_grace_s": 0.5,
-            **overrides,
-        }
-    )
+    values: dict[str, Any] = {
+        "kafka_bootstrap_servers": None,
+        "port": 0,
+        "dev_api_key": API_KEY,
+        "database_path": tmp / "chatpipe.db",
+        "coalesce_ms": 50,
+        "heartbeat_interval_s": 0.5,
+        # A dropped stream frees its slot soon (tests of the grace itself set their own).
+        "resume_grace_s": 0.5,
+        **overrides,
+    }
+    return Settings(**values)
 
 
 def running_sim_stack(settings: Settings) -> contextlib.AbstractAsyncContextManager[Stack]:

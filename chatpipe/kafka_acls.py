@@ -168,10 +168,17 @@ def _acl_lines(user: str, grants: tuple[Grant, ...]) -> list[str]:
     return lines
 
 
+# The admin's login, for the script's client config.
+ADMIN_JAAS = (
+    "org.apache.kafka.common.security.scram.ScramLoginModule required "
+    f'username="{ADMIN}" password="$KAFKA_ADMIN_PASSWORD";'
+)
+
 SCRIPT_HEAD = f"""\
 #!/bin/sh
-# Generated from chatpipe/kafka_acls.py by `python -m chatpipe.kafka_acls > k8s/kafka-acls.sh`: change the
-# table there, not this file (tests/unit/chatpipe/test_kafka_acls.py checks they agree).
+# Generated from chatpipe/kafka_acls.py by
+# `python -m chatpipe.kafka_acls > k8s/kafka-acls.sh`: change the table there, not this
+# file (tests/unit/chatpipe/test_kafka_acls.py checks they agree).
 #
 # Run as the Kafka admin once the broker is up, in the apache/kafka image: sets each
 # stage's SCRAM password (creating the user, or rotating it) and adds its ACLs. Safe to
@@ -185,7 +192,7 @@ trap 'rm -f "$admin"' EXIT
 cat > "$admin" <<EOF
 security.protocol=SASL_PLAINTEXT
 sasl.mechanism={MECHANISM}
-sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required username="{ADMIN}" password="$KAFKA_ADMIN_PASSWORD";
+sasl.jaas.config={ADMIN_JAAS}
 EOF
 
 user() {{  # user NAME PASSWORD

@@ -76,8 +76,9 @@ def replay_request(
     """A request's whole life across the topics, in order.
 
     Request, assignments, chunks of each attempt, deliveries, safety decisions, usage,
-    moderation, dead letters: one JSON object a line: topic, partition, offset, timestamp, t_ms (after the request's first event),
-    key and the event (or its raw bytes when it is none)."""
+    moderation, dead letters: one JSON object a line: topic, partition, offset, timestamp,
+    t_ms (after the request's first event), key and the event (or its raw bytes when it is
+    none)."""
     from ops.replay import request_records
     from ops.request_life import life_lines
 
@@ -194,7 +195,9 @@ def dlq_list(
     ]
     widths = [max(len(line[i]) for line in table) for i in range(len(LIST_FIELDS))]
     for line in table:
-        typer.echo("  ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip())
+        typer.echo(
+            "  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip()
+        )
 
 
 def _cell(value: object, width: int | None = None) -> str:

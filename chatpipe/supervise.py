@@ -163,7 +163,8 @@ def _being_cancelled() -> bool:
 class Broker(Protocol):
     """What `keep_broker` needs of `bus.broker.EmbeddedBroker`."""
 
-    bootstrap_servers: str
+    @property
+    def bootstrap_servers(self) -> str: ...
 
     async def exited(self) -> int: ...
 

@@ -15,7 +15,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager, contextmanager, suppress
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
@@ -324,10 +324,8 @@ class TerminalChat:
             return
         answer.halt.set()
         if answer.request_id is not None:
-            try:
+            with suppress(httpx.HTTPError):
                 self.api.cancel(answer.request_id)
-            except httpx.HTTPError:
-                pass
         assert answer.thread is not None
         answer.thread.join(STOP_GRACE_S)
         if answer.thread.is_alive() and answer.response is not None:

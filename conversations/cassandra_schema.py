@@ -38,7 +38,7 @@ records round-trip exactly.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from conversations.store import (
@@ -359,7 +359,7 @@ def _check_name(keyspace: str) -> None:
 # --- rows -> records ------------------------------------------------------------------
 
 
-def applied(rows: list[Row]) -> bool:
+def applied(rows: Sequence[Row]) -> bool:
     """Whether a conditional (LWT) statement took effect."""
     return bool(rows and rows[0].get("[applied]"))
 
@@ -434,7 +434,7 @@ def message_of(row: Row) -> StoredMessage:
     )
 
 
-def messages_of(rows: list[Row]) -> list[StoredMessage]:
+def messages_of(rows: Sequence[Row]) -> list[StoredMessage]:
     """The messages of a partition read, in seq order, one per message_id.
 
     A partition holding only static columns reads as one row with no `seq`;
@@ -450,7 +450,7 @@ def messages_of(rows: list[Row]) -> list[StoredMessage]:
     return messages
 
 
-def choices_of(rows: list[Row]) -> dict[str, str]:
+def choices_of(rows: Sequence[Row]) -> dict[str, str]:
     """The `selected` static map of a partition read (parent key -> child id)."""
     return dict(rows[0].get("selected") or {}) if rows else {}
 
@@ -463,7 +463,7 @@ def usage_of(messages: list[StoredMessage]) -> list[TurnUsage]:
     ]
 
 
-def summaries_of(rows: list[Row]) -> list[Summary]:
+def summaries_of(rows: Sequence[Row]) -> list[Summary]:
     found = [
         Summary(r["conversation_id"], r["through_message_id"], r["content"], r["created_at"])
         for r in rows

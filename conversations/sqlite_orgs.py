@@ -8,20 +8,14 @@ Expired cache entries are never returned, and each write deletes the expired one
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Awaitable, Callable
-from typing import TypeVar
 
+from common.sqlite_file import SQLiteFile
 from conversations.sqlite_schema import CACHED_RESPONSE_COLUMNS, cached_response_row
 from conversations.store import CachedResponse, OrgSettings
 
-T = TypeVar("T")
 
-
-class SQLiteOrgs:
-    """Mixed into `SQLiteStore`, which provides `_run` and `_clock`."""
-
-    _clock: Callable[[], float]
-    _run: Callable[[Callable[[sqlite3.Connection], T]], Awaitable[T]]
+class SQLiteOrgs(SQLiteFile):
+    """Mixed into `SQLiteStore`; its `SQLiteFile` provides `_run` and `_clock`."""
 
     async def set_org_settings(self, settings: OrgSettings) -> None:
         await self._run(lambda conn: conn.execute(

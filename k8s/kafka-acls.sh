@@ -1,6 +1,7 @@
 #!/bin/sh
-# Generated from chatpipe/kafka_acls.py by `python -m chatpipe.kafka_acls > k8s/kafka-acls.sh`: change the
-# table there, not this file (tests/unit/chatpipe/test_kafka_acls.py checks they agree).
+# Generated from chatpipe/kafka_acls.py by
+# `python -m chatpipe.kafka_acls > k8s/kafka-acls.sh`: change the table there, not this
+# file (tests/unit/chatpipe/test_kafka_acls.py checks they agree).
 #
 # Run as the Kafka admin once the broker is up, in the apache/kafka image: sets each
 # stage's SCRAM password (creating the user, or rotating it) and adds its ACLs. Safe to

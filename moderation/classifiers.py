@@ -154,7 +154,7 @@ class JudgeClassifier:
         prompt = JUDGE_PROMPT.format(categories=", ".join(self._categories), text=text)
         try:
             answer = await self._ask(prompt)
-        except Exception as exc:  # noqa: BLE001 - no verdict is never a pass
+        except Exception as exc:  # no verdict is never a pass
             raise ClassifierFailed(f"{self.name}: {type(exc).__name__}: {exc}") from exc
         return judge_verdict(answer, self._categories, self.name)
 

@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 from itertools import groupby
 from typing import Any
 
-from pydantic import BaseModel, TypeAdapter
+from pydantic import TypeAdapter
 
 from schemas import topics
 from schemas.codec import (
@@ -80,7 +80,7 @@ class ReadRecord:
     error: str | None = None
 
 
-_KINDS: dict[str, type[BaseModel] | TypeAdapter[Any]] = {
+_KINDS: dict[str, type[Event] | TypeAdapter[Any]] = {
     topics.WORK: WORK_EVENT,
     topics.WORKERS: WorkerHeartbeat,
     topics.SCHEDULER: SCHEDULER_EVENT,
@@ -111,7 +111,7 @@ PIPELINE_ORDER = (
 in this order (the request before its dispatch, a chunk before its delivery)."""
 
 
-def kind_of(topic: str) -> type[BaseModel] | TypeAdapter[Any] | None:
+def kind_of(topic: str) -> type[Event] | TypeAdapter[Any] | None:
     """What `topic` carries; None for a topic chatpipe does not know."""
     if topic.startswith(topics.REQUESTS_PREFIX):
         return GenerationRequest

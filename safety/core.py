@@ -141,7 +141,7 @@ class SafetyCore:
 
     def on_event(
         self,
-        event: object,
+        event: Event,
         partition: int,
         offset: int,
         now: float,
@@ -356,11 +356,11 @@ def _tool_step(event: ToolCallsMade | ToolResult, generation: _Generation) -> li
     return outputs
 
 
-def records(outputs: list[Output]) -> list[tuple[str, Event, str]]:
+def records(outputs: list[Output]) -> list[tuple[str, Event, str | None]]:
     """(topic, event, key) of each record the outputs make, in order: a delivery goes to
     its gateway and, for a stored answer, to `chat.answers`; a cancel to
     `chat.control`; a moderation decision to `chat.moderation`."""
-    made: list[tuple[str, Event, str]] = []
+    made: list[tuple[str, Event, str | None]] = []
     for output in outputs:
         match output:
             case Deliver():

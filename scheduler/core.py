@@ -279,8 +279,12 @@ class Scheduler:
         while self._deadlines and self._deadlines[0][0] < now:
             _, request_id = heapq.heappop(self._deadlines)
             request = self._waiting.get(request_id)
-            if request is not None and request.attempt == 0:
-                expired.append(self.cancel(request_id))
+            if (
+                request is not None
+                and request.attempt == 0
+                and (cancelled := self.cancel(request_id)) is not None
+            ):
+                expired.append(cancelled)
         return expired
 
     # --- estimates ------------------------------------------------------------------
@@ -299,12 +303,13 @@ class Scheduler:
         for tier in _TIERS:
             wait_s = self.expected_wait_s(tier, extra=1)
             bound = self.policy.max_wait_s.get(tier)
-            shedding = wait_s is not None and bound is not None and wait_s > bound
+            over_s = wait_s - bound if wait_s is not None and bound is not None else 0.0
+            shedding = over_s > 0
             statuses[tier] = TierStatus(
                 waiting=len(self._queues[tier]),
                 expected_wait_s=wait_s,
                 shedding=shedding,
-                retry_after_s=_retry_after(wait_s - bound) if shedding else None,
+                retry_after_s=_retry_after(over_s) if shedding else None,
             )
         return statuses
 

@@ -93,7 +93,8 @@ class FairQueue:
                 key = (org_id, user_id)
                 queue = queues.get(key)
                 if queue is None:
-                    queue = queues[key] = tuple(self._orgs.get(org_id, {}).get(user_id, ()))
+                    org = self._orgs.get(org_id)
+                    queue = queues[key] = tuple(org.get(user_id, ()) if org is not None else ())
                 index = taken.get(key, 0)
                 if index < len(queue):
                     yield queue[index]

@@ -433,8 +433,10 @@ class SchedulerStage(Stage):
             return
         bounds: dict[int, tuple[int, int]] = {}
         for flight in unknown:
-            start, end = bounds.get(flight.partition, (flight.offset, flight.offset + 1))
-            bounds[flight.partition] = (min(start, flight.offset), max(end, flight.offset + 1))
+            if (offset := flight.offset) is None:
+                continue  # no known assignment to read: given up below
+            start, end = bounds.get(flight.partition, (offset, offset + 1))
+            bounds[flight.partition] = (min(start, offset), max(end, offset + 1))
         try:
             records = await read_between(
                 self.kafka, self.work_topic, bounds, WORK_EVENT, timeout_s=READ_BACK_TIMEOUT_S
@@ -452,7 +454,8 @@ class SchedulerStage(Stage):
         self._read_back_failures = 0
         found = {(p, o): event for p, o, event in records}
         for flight in unknown:
-            event = found.get((flight.partition, flight.offset))
+            offset = flight.offset
+            event = None if offset is None else found.get((flight.partition, offset))
             if isinstance(event, WorkAssignment) and event.request.request_id == flight.request_id:
                 self.core.resolve_unknown(flight.request_id, event.request)
             else:

@@ -347,6 +347,16 @@ class NamedToolChoice(BaseModel):
     function: FunctionName
 
 
+def _include_usage(options: StreamOptions | None) -> bool:
+    return options is not None and options.include_usage
+
+
+def _stop_sequences(stop: str | list[str] | None) -> tuple[str, ...]:
+    if stop is None:
+        return ()
+    return (stop,) if isinstance(stop, str) else tuple(stop)
+
+
 class ChatCompletionRequest(SamplingParameters):
     """Every field of OpenAI's request is declared:
     `gateway.openai.chat_completions.protocol` refuses those chatpipe cannot honour, and
@@ -416,13 +426,11 @@ class ChatCompletionRequest(SamplingParameters):
 
     @property
     def include_usage(self) -> bool:
-        return self.stream_options is not None and self.stream_options.include_usage
+        return _include_usage(self.stream_options)
 
     @property
     def stop_sequences(self) -> tuple[str, ...]:
-        if self.stop is None:
-            return ()
-        return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+        return _stop_sequences(self.stop)
 
     @property
     def output_limit(self) -> int | None:
@@ -620,8 +628,13 @@ class CompletionRequest(SamplingParameters):
     suffix: Text | None = Field(None, description="refused")
 
     # The same fields as a chat completion's, read the same way.
-    include_usage = ChatCompletionRequest.include_usage
-    stop_sequences = ChatCompletionRequest.stop_sequences
+    @property
+    def include_usage(self) -> bool:
+        return _include_usage(self.stream_options)
+
+    @property
+    def stop_sequences(self) -> tuple[str, ...]:
+        return _stop_sequences(self.stop)
 
 
 class CompletionChoice(BaseModel):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import orjson
 from pydantic import BaseModel, TypeAdapter
@@ -42,7 +42,7 @@ def headers(event: Event) -> list[tuple[str, bytes]]:
     ]
 
 
-def decode(kind: type[E] | TypeAdapter[Any], raw: bytes | None) -> E:
+def decode(kind: type[E] | TypeAdapter[E], raw: bytes | None) -> E:
     """Parse `raw` as `kind` (a model class or a TypeAdapter of a union)."""
     if raw is None:
         raise EventDecodeError("empty message")
@@ -55,10 +55,10 @@ def decode(kind: type[E] | TypeAdapter[Any], raw: bytes | None) -> E:
         raise EventDecodeError(str(exc)) from exc
 
 
-TOKEN_EVENT = TypeAdapter(TokenEvent)
-DELIVER_EVENT = TypeAdapter(DeliverEvent)
-CONTROL_EVENT = TypeAdapter(ControlEvent)
-ANSWER_EVENT = TypeAdapter(AnswerEvent)
-WORK_EVENT = TypeAdapter(WorkEvent)
-SCHEDULER_EVENT = TypeAdapter(SchedulerEvent)
-GATEWAY_EVENT = TypeAdapter(GatewayEvent)
+TOKEN_EVENT: TypeAdapter[TokenEvent] = TypeAdapter(TokenEvent)
+DELIVER_EVENT: TypeAdapter[DeliverEvent] = TypeAdapter(DeliverEvent)
+CONTROL_EVENT: TypeAdapter[ControlEvent] = TypeAdapter(ControlEvent)
+ANSWER_EVENT: TypeAdapter[AnswerEvent] = TypeAdapter(AnswerEvent)
+WORK_EVENT: TypeAdapter[WorkEvent] = TypeAdapter(WorkEvent)
+SCHEDULER_EVENT: TypeAdapter[SchedulerEvent] = TypeAdapter(SchedulerEvent)
+GATEWAY_EVENT: TypeAdapter[GatewayEvent] = TypeAdapter(GatewayEvent)

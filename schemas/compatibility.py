@@ -73,7 +73,7 @@ def _compare(
     old_items, new_items = old.get("prefixItems", []), new.get("prefixItems", [])
     if len(old_items) != len(new_items):
         problems.append(f"{where}: tuple length changed from {len(old_items)} to {len(new_items)}")
-    for index, (before, after) in enumerate(zip(old_items, new_items)):
+    for index, (before, after) in enumerate(zip(old_items, new_items, strict=False)):
         problems += _compare(f"{path}[{index}]", before, after, old_root, new_root)
     unknown = (set(old) | set(new)) - _IGNORED - _KNOWN
     problems += [
@@ -146,7 +146,7 @@ def _alternatives(
                 f"became {len(after)})"
             )
             continue
-        for index, (a, b) in enumerate(zip(before, after)):
+        for index, (a, b) in enumerate(zip(before, after, strict=True)):
             problems += _compare(f"{path}<{index}>", a, b, old_root, new_root)
     return problems
 

@@ -13,6 +13,7 @@ The response and its stream events hold the fields the SDK's `Response` and
 
 from __future__ import annotations
 
+import builtins
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -257,7 +258,7 @@ class ResponseObject(BaseModel):
     usage: ResponseUsage | None = None
     parallel_tool_calls: bool = False
     tool_choice: Literal["none"] = "none"
-    tools: list[dict[str, object]] = Field(default_factory=list)
+    tools: list[dict[str, builtins.object]] = Field(default_factory=list)  # `object`: a field
     metadata: dict[str, str] = Field(default_factory=dict)
     text: TextConfig = Field(default_factory=TextConfig)
     truncation: Literal["auto"] = "auto"

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import codecs
 import time
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Iterator
 from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
@@ -159,20 +159,20 @@ def native_event(event: DeliverEvent) -> bytes:
             # Queue updates come before any output: no id, so resuming never skips text.
             return _event(QueuedPayload(position=event.position, eta_ms=event.eta_ms), "queued")
         case Routed():
-            payload = RoutedPayload(
+            routed = RoutedPayload(
                 model=event.model, requested_model=event.requested_model, reason=event.reason
             )
-            return _event(payload, "model")
+            return _event(routed, "model")
         case Retract():
-            payload = RetractPayload(
+            retract = RetractPayload(
                 message_id=event.message_id, reason=event.reason, replacement=event.replacement
             )
-            return _event(payload, event.type, event.seq)
+            return _event(retract, event.type, event.seq)
         case DeliveryError():
-            payload = ErrorPayload(
+            error = ErrorPayload(
                 code=event.code, message=event.message, retry_after=event.retry_after
             )
-            return _event(payload, event.type, event.seq)
+            return _event(error, event.type, event.seq)
         case DeliveredToolCall():
             call = ToolCallPayload(
                 id=event.call.id,
@@ -310,7 +310,7 @@ def iter_messages(
             yield message
 
 
-async def aiter_messages(lines: AsyncIterator[str]) -> AsyncIterator[SSEMessage]:
+async def aiter_messages(lines: AsyncIterator[str]) -> AsyncGenerator[SSEMessage]:
     """Messages as they arrive, stamped with `time.monotonic()`, e.g. from
     `httpx.Response.aiter_lines()`."""
     reader = SSEReader(time.monotonic)

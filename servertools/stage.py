@@ -101,7 +101,7 @@ class ToolsStage(Stage):
             )
         except asyncio.CancelledError:
             raise  # stopping: not done, the next owner of the partition runs it again
-        except Exception:  # noqa: BLE001 - one round's failure must not stop the stage
+        except Exception:  # one round's failure must not stop the stage
             log.exception("tool round of %s failed", request.request_id)
         self.runner.tracker.done(tp, offset)
 
@@ -110,7 +110,7 @@ async def _warmed(warm_up: Callable[[], Awaitable[None]]) -> None:
     started = time.monotonic()
     try:
         await warm_up()
-    except Exception:  # noqa: BLE001 - the first round loads it, or reports the failure
+    except Exception:  # the first round loads it, or reports the failure
         log.warning("warming up failed; the first round that needs it loads it", exc_info=True)
         return
     log.info("warmed up in %.1f s", time.monotonic() - started)

@@ -26,7 +26,7 @@ class ServerTool(Protocol):
 
     spec: ToolSpec
 
-    async def __call__(self, arguments: dict[str, Any], caller: Caller) -> Any: ...
+    async def __call__(self, arguments: dict[str, Any], caller: Caller, /) -> Any: ...
 
 
 class Toolbox:

@@ -59,8 +59,11 @@ class EngineStats:
 
 class Engine(Protocol):
     model: str
-    max_slots: int
-    """Requests it runs at once (the scheduler's slots for it); known once started."""
+
+    @property
+    def max_slots(self) -> int:
+        """Requests it runs at once (the scheduler's slots for it); known once started."""
+        ...
 
     async def start(self) -> None:
         """Load the model; returns when the engine accepts requests."""

@@ -315,10 +315,8 @@ class WorkerStage(Stage):
             except RecordRejected:  # the next one may fit (fewer answers running)
                 log.exception("heartbeat not sent")
             self.heartbeat_now.clear()
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.heartbeat_now.wait(), self.config.heartbeat_interval_s)
-            except TimeoutError:
-                pass
 
     async def _send_heartbeat(self, wait: bool = False) -> None:
         heartbeat = self.book.heartbeat(

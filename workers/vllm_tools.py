@@ -61,6 +61,7 @@ class ToolReader:
         asked = parser.adjust_request(
             ChatCompletionRequest(model=self._model, messages=[], tools=tools, tool_choice="auto")
         )
+        assert isinstance(asked, ChatCompletionRequest)  # the kind of request it was given
         params.skip_special_tokens = asked.skip_special_tokens  # calls may be special tokens
 
         def parse(text: str) -> ToolCalls | None:

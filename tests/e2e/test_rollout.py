@@ -142,7 +142,7 @@ async def test_the_alias_spreads_conversations_and_keeps_each_on_its_version(rol
         cids = [await new_chat(client) for _ in range(16)]
         for cid in cids:
             SENT[cid] = (await answered(client, cid))["model"]
-        assert SENT == {cid: pick("chat", START, cid) for cid in cids}
+        assert {cid: pick("chat", START, cid) for cid in cids} == SENT
         assert set(SENT.values()) == {"v1", "v2"}
 
         for cid in cids[:4]:  # a next turn, and a regeneration of it

@@ -281,7 +281,7 @@ def model_dirs(container: Container, settings: Settings) -> dict[str, Path]:
 
 def test_every_stage_says_whether_it_reads_model_directories() -> None:
     assert not STAGES_READING_MODELS & STAGES_WITHOUT_MODELS
-    assert STAGES_READING_MODELS | STAGES_WITHOUT_MODELS == set(STAGES)
+    assert set(STAGES) == STAGES_READING_MODELS | STAGES_WITHOUT_MODELS
 
 
 @by_where(all_containers())

@@ -14,9 +14,9 @@ from schemas.tools import ToolSpec, ToolUse, call_id
 
 pytest.importorskip("vllm", reason="vLLM is not installed")
 
-from vllm import SamplingParams  # noqa: E402
+from vllm import SamplingParams
 
-from workers.vllm_tools import ToolReader, constraint  # noqa: E402
+from workers.vllm_tools import ToolReader, constraint
 
 WEATHER = {"type": "object", "required": ["city"], "properties": {"city": {"type": "string"}}}
 TOOLS = (
