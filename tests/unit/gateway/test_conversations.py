@@ -15,6 +15,7 @@ from gateway.deps import GatewayDeps
 from gateway.native.background import BACKGROUND_ACCOUNT
 from schemas.events import DeliveryError, Role
 from schemas.topics import Tier
+from tests.support.chat import until as until_holds
 from tests.support.gateway import (
     ALICE,
     BOB,
@@ -36,9 +37,7 @@ async def turn(client, cid: str, content: str = "hi", headers=ALICE, **body) -> 
 
 
 async def until(predicate, timeout_s: float = 2.0) -> None:
-    async with asyncio.timeout(timeout_s):
-        while not await predicate():
-            await asyncio.sleep(0.01)
+    await until_holds(predicate, timeout_s, interval_s=0.01)
 
 
 # --- list, rename, delete -----------------------------------------------------------------
