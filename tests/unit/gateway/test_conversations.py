@@ -279,7 +279,7 @@ async def test_a_summary_is_generated_once_the_history_fills_the_window(
     assert asked.messages[0].content == SUMMARY_INSTRUCTIONS and not asked.store
     assert (asked.tier, asked.user_id) == (Tier.FREE, BACKGROUND_ACCOUNT)
     assert asked.sampling.max_tokens == small.context.summary_max_tokens
-    [summary] = await store.list_summaries(cid)
+    [_summary] = await store.list_summaries(cid)
     system = pipeline.submitted[-1].messages[0]
     assert system.content == f"sys\n\n{SUMMARY_HEADING}\nAlice asked questions."
     assert "question 0 word word word" not in [m.content for m in pipeline.submitted[-1].messages]
