@@ -46,7 +46,8 @@ class Inputs:
     turns_per_conversation: float = _in(
         10,
         "turns",
-        "assumption: 10M conversations × 10 turns / 86,400 s gives the design load's ≈1,160 turns/s",
+        "assumption: 10M conversations × 10 turns / 86,400 s"
+        " gives the design load's ≈1,160 turns/s",
     )
     output_tokens_per_turn: float = _in(500, "tokens", SIZED_FOR + ": ≈500 output tokens per turn")
     peak_to_average: float = _in(3, "×", SIZED_FOR + ": three times the average at peak")

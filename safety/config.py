@@ -28,7 +28,10 @@ class SafetySettings(BaseModel):
     )
     output_classifiers: dict[str, list[str]] = Field(
         default_factory=lambda: {"*": ["rules"]},
-        description="as safety_input_classifiers, for the output stage: rules, embedding (not judge: input only)",
+        description=(
+            "as safety_input_classifiers, for the output stage: rules, embedding"
+            " (not judge: input only)"
+        ),
     )
     rule_categories: dict[str, list[str]] = Field(
         default_factory=lambda: {

@@ -107,6 +107,6 @@ class TokenCounter:
     def _measure_overhead(self) -> int:
         """Template tokens around one message's content (role markers, end marker)."""
         one = [ChatMessage(role=Role.USER, content=_PROBE)]
-        two = one + [ChatMessage(role=Role.ASSISTANT, content=_PROBE)]
+        two = [*one, ChatMessage(role=Role.ASSISTANT, content=_PROBE)]
         added = self.count_prompt(two) - self.count_prompt(one)
         return max(0, added - self.count_text(_PROBE))

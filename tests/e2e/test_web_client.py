@@ -593,4 +593,4 @@ async def test_screenshot_of_a_streamed_conversation(browser, sim_stack, monkeyp
         await page.mouse.move(0, 0)
         path = Path(os.environ.get("CHATPIPE_SCREENSHOT") or tmp_path / "screenshot.png")
         await page.screenshot(path=path)
-        assert path.stat().st_size > 20_000
+        assert (await asyncio.to_thread(path.stat)).st_size > 20_000

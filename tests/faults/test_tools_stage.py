@@ -69,7 +69,7 @@ async def test_a_round_waits_for_a_killed_tools_stage_and_ends_whole(pipeline):
         assert await results_of(pipeline, cid) == [], "no tools stage ran the round"
         await pipeline.restart(TOOLS)
         result = await asyncio.wait_for(asked, 30)
-    call, answer = step(result)
+    _call, answer = step(result)
     # It loads search_documents' embedding model at start, though no round searched.
     for _ in range(300):
         if "warmed up in" in pipeline.log_tail(TOOLS, 200):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 
 import pytest
 import pytest_asyncio
@@ -23,7 +23,7 @@ from bus.topics import create_topics, delete_topics, ensure_topics, list_topics
 from scheduler.core import Policy
 from scheduler.stage import SchedulerStage
 from schemas import topics
-from tests.support.chat import generation_request
+from tests.support.chat import generation_request, until
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -54,12 +54,6 @@ def client(kafka: KafkaConfig, name: str) -> RequestReplyClient:
     return RequestReplyClient(
         kafka, f"{name}-{uuid.uuid4().hex[:6]}", partitions=1, heartbeat_interval_s=0.1
     )
-
-
-async def until(condition: Callable[[], object], timeout_s: float = 30.0) -> None:
-    async with asyncio.timeout(timeout_s):
-        while not await condition():
-            await asyncio.sleep(0.1)
 
 
 async def test_the_topics_of_gone_gateways_are_deleted_those_still_used_kept(kafka):

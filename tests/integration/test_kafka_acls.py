@@ -3,7 +3,8 @@ runs on the embedded broker with each stage's clients named after it, every topi
 producer writes, a consumer reads or an admin client creates (and every consumer group
 joined) is noted, and each must be one the stage's Kafka user is granted. Tansu has no
 ACLs, so this is where a stage that starts using a new topic is caught before a secured
-broker refuses it (the broker's own config is checked in tests/unit/project/test_deployment_files.py).
+broker refuses it (the broker's own config is checked in
+tests/unit/project/test_deployment_files.py).
 """
 
 from __future__ import annotations

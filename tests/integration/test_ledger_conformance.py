@@ -325,10 +325,14 @@ async def test_a_crash_between_steps_counts_the_event_once_or_twice_never_not_at
         clock.now += TAKEOVER_AFTER_S
     await record(again, usage(n, **A0))
 
-    assert dict(zip(TOTALS, await every_total(again, n))) == dict(zip(TOTALS, counted))
+    assert dict(zip(TOTALS, await every_total(again, n), strict=True)) == dict(
+        zip(TOTALS, counted, strict=True)
+    )
     assert all(row["pending"] is None for row in session.charged.values())
     assert await record(again, usage(n, **A0)) is False  # and from then on, never again
-    assert dict(zip(TOTALS, await every_total(again, n))) == dict(zip(TOTALS, counted))
+    assert dict(zip(TOTALS, await every_total(again, n), strict=True)) == dict(
+        zip(TOTALS, counted, strict=True)
+    )
 
 
 async def test_a_charge_pending_under_a_live_writer_waits_for_it(n: Names) -> None:

@@ -5,6 +5,7 @@ from KAFKA_BOOTSTRAP_SERVERS or from a running `chatpipe up`'s runtime file."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -34,7 +35,7 @@ from schemas.events import DeadLetter, UsageEvent
 from schemas.lifecycle import RequestStatus
 from schemas.sse import SSEMessage, parse_messages, read_messages
 from schemas.topics import Tier
-from tests.support.chat import post_message
+from tests.support.chat import post_message, until
 from tests.support.stack import client_for
 
 pytestmark = pytest.mark.timeout(300)
@@ -467,14 +468,17 @@ async def test_a_dead_letter_whose_cause_is_fixed_is_processed_when_retried(sim_
     await ledger.open()
     try:
         window = period_of(time.time(), "day")
-        deadline = time.monotonic() + 20
-        while (
-            used := (await ledger.used([Account.user("retry-org", user)], "day", window.key))[
-                Account.user("retry-org", user)
-            ]
-        ) < 11 and time.monotonic() < deadline:
-            await asyncio.sleep(0.2)
-        assert used == 11
+        account = Account.user("retry-org", user)
+
+        async def used() -> int:
+            return (await ledger.used([account], "day", window.key))[account]
+
+        async def counted() -> bool:
+            return await used() >= 11
+
+        with contextlib.suppress(TimeoutError):
+            await until(counted, timeout_s=20, interval_s=0.2)
+        assert await used() == 11
     finally:
         await ledger.close()
     assert [r for r in await dlq_rows(sim_stack) if r["retry_of"] == row["id"]] == []

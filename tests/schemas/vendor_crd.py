@@ -1,4 +1,5 @@
-"""Extract one version's schema from a CustomResourceDefinition, for tests/unit/project/test_k8s_schemas.py.
+"""Extract one version's schema from a CustomResourceDefinition, for
+tests/unit/project/test_k8s_schemas.py.
 
     git show <tag>:<path-to-crd.yaml> | python tests/schemas/vendor_crd.py <version> > <kind>.json
 

@@ -4,6 +4,7 @@ minimal generation request (`generation_request`), a condition awaited (`until`)
 from __future__ import annotations
 
 import asyncio
+import inspect
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -73,8 +74,15 @@ def generation_request(reply_to: str) -> GenerationRequest:
     )
 
 
-async def until(condition: Callable[[], bool], timeout_s: float = 30.0) -> None:
-    """Until `condition()` holds, checked every 0.1 s; TimeoutError after `timeout_s`."""
+async def until(
+    condition: Callable[[], object], timeout_s: float | None = 30.0, interval_s: float = 0.1
+) -> None:
+    """Until `condition()` holds (its result awaited when it is awaitable), checked every
+    `interval_s`; TimeoutError after `timeout_s` (never with None)."""
     async with asyncio.timeout(timeout_s):
-        while not condition():
-            await asyncio.sleep(0.1)
+        while not await _value(condition()):  # noqa: ASYNC110 polls state no event announces
+            await asyncio.sleep(interval_s)
+
+
+async def _value(result: object) -> object:
+    return await result if inspect.isawaitable(result) else result

@@ -32,6 +32,7 @@ from schemas.events import (
 )
 from schemas.lifecycle import RequestStatus
 from schemas.topics import Tier
+from tests.support.chat import until
 
 ALICE = {"Authorization": "Bearer key-alice"}
 BOB = {"Authorization": "Bearer key-bob"}
@@ -230,8 +231,7 @@ async def disconnect_after_hold(app, pipeline, path: str, body: dict) -> list[di
         if first_receive:
             first_receive = False
             return {"type": "http.request", "body": orjson.dumps(body), "more_body": False}
-        while not pipeline.streams:
-            await asyncio.sleep(0.01)
+        await until(lambda: pipeline.streams, timeout_s=None, interval_s=0.01)
         await pipeline.streams[-1].held.wait()
         await asyncio.sleep(0.05)  # let the last event reach the client
         return {"type": "http.disconnect"}

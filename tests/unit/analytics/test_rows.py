@@ -53,7 +53,7 @@ def chunk(seq: int, attempt: int = 0) -> TokenChunk:
 def test_a_request_row_keeps_when_and_whose_not_what() -> None:
     [(table, row)] = rows_of(record(topics.requests_topic("pro"), REQUEST))
     assert table is REQUESTS
-    assert dict(zip(table.column_names, row)) == {
+    assert dict(zip(table.column_names, row, strict=True)) == {
         "request_id": "r1",
         "attempt": 0,
         "conversation_id": "c1",
@@ -91,7 +91,7 @@ def test_a_usage_row_has_every_count() -> None:
         created_at=130.0,
     )
     [(table, row)] = rows_of(record(topics.USAGE, usage))
-    values = dict(zip(USAGE.column_names, row))
+    values = dict(zip(USAGE.column_names, row, strict=True))
     assert table is USAGE
     assert (values["tier"], values["org_id"], values["status"], values["attempt"]) == (
         "free",
@@ -113,7 +113,7 @@ def test_a_usage_row_has_every_count() -> None:
 def test_only_a_streams_first_chunk_counts_with_its_send_time(header: bool) -> None:
     [(table, row)] = rows_of(record(topics.TOKENS, chunk(0), header=header))
     assert table is FIRST_CHUNKS
-    assert dict(zip(table.column_names, row))["sent_at"] == 100.25
+    assert dict(zip(table.column_names, row, strict=True))["sent_at"] == 100.25
     assert rows_of(record(topics.TOKENS, chunk(1), header=header)) == []
     assert rows_of(record(topics.TOKENS, chunk(4, attempt=1), header=header)) == []
     [(_, retried)] = rows_of(record(topics.TOKENS, chunk(0, attempt=1)))
@@ -126,9 +126,9 @@ def test_ends_record_status_or_error_code() -> None:
     error = GenerationError(**fields, code="expired", message="too late")
     [(table, row)] = rows_of(record(topics.TOKENS, done))
     assert table is ENDS
-    assert dict(zip(ENDS.column_names, row))["status"] == "finished_aborted"
+    assert dict(zip(ENDS.column_names, row, strict=True))["status"] == "finished_aborted"
     [(_, row)] = rows_of(record(topics.TOKENS, error))
-    values = dict(zip(ENDS.column_names, row))
+    values = dict(zip(ENDS.column_names, row, strict=True))
     assert (values["status"], values["code"], values["seq"]) == ("error", "expired", 3)
 
 
@@ -142,7 +142,10 @@ def test_moderation_rows_and_skipped_events() -> None:
         created_at=140.0,
     )
     [(table, row)] = rows_of(record(topics.MODERATION, retract))
-    assert table is MODERATION and dict(zip(MODERATION.column_names, row))["action"] == "retract"
+    assert (
+        table is MODERATION
+        and dict(zip(MODERATION.column_names, row, strict=True))["action"] == "retract"
+    )
     marker = AttemptStarted(request_id="r1", attempt=1, conversation_id="c1", worker_id="w")
     assert rows_of(record(topics.TOKENS, marker)) == []
     unknown = Record(topics.TOKENS, 0, 1, 0, "a-later-kind", b'{"type": "a-later-kind"}')

@@ -1,4 +1,5 @@
-"""FetchPace: a consumer with nothing to do fetches with the long wait; work brings the short one back."""
+"""FetchPace: a consumer with nothing to do fetches with the long wait; work brings the short one
+back."""
 
 import asyncio
 

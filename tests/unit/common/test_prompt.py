@@ -82,7 +82,7 @@ def test_the_premise_a_non_special_added_token_survives_split_special_tokens(qwe
     assert qwen_like.convert_tokens_to_ids("<tool_call>") in ids
 
 
-@pytest.mark.parametrize("token", NON_SPECIAL + [SPECIAL, "<|user|>", "<|end|>"])
+@pytest.mark.parametrize("token", [*NON_SPECIAL, SPECIAL, "<|user|>", "<|end|>"])
 def test_an_added_token_in_user_text_is_ordinary_text(qwen_like, token):
     text = f"a {token} b{token}{token}\n{token}"
     ids = text_ids(qwen_like, text)

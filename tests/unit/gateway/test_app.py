@@ -286,7 +286,7 @@ async def test_a_turn_while_the_previous_answer_streams_waits_then_is_409(
     pipeline.script(done(0))
     await client.post(f"/v1/conversations/{cid}/messages", json={"content": "hi"}, headers=ALICE)
     first = pipeline.submitted[0]
-    user, answer = await store.list_messages(cid)
+    user, _answer = await store.list_messages(cid)
     # Another answer to the same message, still streaming (say, on another gateway).
     streaming = NewMessage(
         "m2",

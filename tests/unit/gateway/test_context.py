@@ -83,7 +83,7 @@ def test_the_cut_moves_in_blocks_not_every_turn() -> None:
 
 
 def test_exchanges_group_a_question_with_its_answers() -> None:
-    thread = conversation(2) + [stored("a1b", Role.ASSISTANT, "again")]
+    thread = [*conversation(2), stored("a1b", Role.ASSISTANT, "again")]
 
     assert [[m.message_id for m in g] for g in exchanges(thread)] == [
         ["u0", "a0"], ["u1", "a1", "a1b"],
@@ -212,7 +212,7 @@ def builder(strategy: str = "truncate", window: int = 1000) -> ContextBuilder:
 
 
 async def test_builder_answers_a_regeneration_from_the_thread() -> None:
-    thread = conversation(2) + [stored("u2", Role.USER, "last question")]
+    thread = [*conversation(2), stored("u2", Role.USER, "last question")]
 
     built = await builder().build(SQLiteStore(":memory:"), "c1", thread, None, model="m",
                                   max_tokens=10)  # fmt: skip

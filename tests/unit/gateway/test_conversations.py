@@ -15,6 +15,7 @@ from gateway.deps import GatewayDeps
 from gateway.native.background import BACKGROUND_ACCOUNT
 from schemas.events import DeliveryError, Role
 from schemas.topics import Tier
+from tests.support.chat import until as until_holds
 from tests.support.gateway import (
     ALICE,
     BOB,
@@ -36,9 +37,7 @@ async def turn(client, cid: str, content: str = "hi", headers=ALICE, **body) -> 
 
 
 async def until(predicate, timeout_s: float = 2.0) -> None:
-    async with asyncio.timeout(timeout_s):
-        while not await predicate():
-            await asyncio.sleep(0.01)
+    await until_holds(predicate, timeout_s, interval_s=0.01)
 
 
 # --- list, rename, delete -----------------------------------------------------------------
@@ -280,7 +279,7 @@ async def test_a_summary_is_generated_once_the_history_fills_the_window(
     assert asked.messages[0].content == SUMMARY_INSTRUCTIONS and not asked.store
     assert (asked.tier, asked.user_id) == (Tier.FREE, BACKGROUND_ACCOUNT)
     assert asked.sampling.max_tokens == small.context.summary_max_tokens
-    [summary] = await store.list_summaries(cid)
+    [_summary] = await store.list_summaries(cid)
     system = pipeline.submitted[-1].messages[0]
     assert system.content == f"sys\n\n{SUMMARY_HEADING}\nAlice asked questions."
     assert "question 0 word word word" not in [m.content for m in pipeline.submitted[-1].messages]

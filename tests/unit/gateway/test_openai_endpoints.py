@@ -40,6 +40,7 @@ from schemas.api import CompletionRequest, EmbeddingRequest
 from schemas.events import Retract
 from schemas.lifecycle import RequestStatus
 from schemas.topics import Tier
+from tests.support.chat import until
 from tests.support.documents import WordEmbedder
 from tests.support.gateway import (
     ALICE,
@@ -501,8 +502,7 @@ async def test_embedding_runs_off_the_event_loop(client, embedder):
     embedding = asyncio.create_task(
         client.post("/v1/embeddings", headers=ALICE, json={"model": BUNDLED_MODEL, "input": "x"})
     )
-    while not embedder.entered.is_set():
-        await asyncio.sleep(0.01)
+    await until(embedder.entered.is_set, timeout_s=None, interval_s=0.01)
     health = await client.get("/healthz")  # served while the model is busy
     assert health.status_code == 200 and not embedding.done()
     embedder.gate.set()

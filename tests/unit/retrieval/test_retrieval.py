@@ -3,6 +3,8 @@ the ranking, prompt block and citations made of them."""
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 
@@ -108,7 +110,7 @@ def test_a_long_paragraph_is_cut_into_overlapping_windows_at_sentence_ends() -> 
 
     assert all(len(w) <= 200 for w in cut)
     assert all(w.endswith(".") for w in cut)
-    for before, after in zip(cut, cut[1:], strict=False):
+    for before, after in itertools.pairwise(cut):
         assert after[:20] in before  # each window starts inside the one before
     assert cut[-1].endswith(sentences[-1])
     assert "".join(cut).count(sentences[0]) == 1

@@ -1,3 +1,5 @@
+import itertools
+
 from workers.coalesce import ChunkPacing, Coalescer
 
 
@@ -38,7 +40,7 @@ def test_sends_keep_to_the_schedule_when_outputs_come_in_steps():
         if c.add("x", 1, now=(t := step * 0.05 + (0.003 if step % 3 else -0.003)))
     ]
     assert len(sent) == 21
-    assert max(b - a for a, b in zip(sent, sent[1:])) < 0.11
+    assert max(b - a for a, b in itertools.pairwise(sent)) < 0.11
 
 
 def test_a_quiet_spell_does_not_bring_a_burst_after_it():

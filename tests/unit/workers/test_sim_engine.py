@@ -9,6 +9,7 @@ import pytest
 
 from schemas.events import ChatMessage, GenerationRequest, Role, SamplingOptions
 from schemas.lifecycle import RequestStatus
+from tests.support.chat import until
 from workers.engine import EngineOutput, EngineStats
 from workers.sim_engine import SimEngine, SimEngineFailure, plan_reply
 
@@ -45,11 +46,8 @@ def text_of(outputs: list[EngineOutput]) -> str:
     return "".join(out.text for out in outputs)
 
 
-async def wait_until(condition, timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not reached"
-        await asyncio.sleep(0.001)
+async def wait_until(condition) -> None:
+    await until(condition, timeout_s=5.0, interval_s=0.001)
 
 
 async def test_same_request_gives_same_text_and_other_requests_differ():

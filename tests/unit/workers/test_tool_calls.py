@@ -197,7 +197,7 @@ def test_bad_tools_are_refused_naming_the_field(fields, expected):
 
 
 def test_a_function_name_openai_would_refuse_fails_validation():
-    with pytest.raises(ValueError, match="function.name"):
+    with pytest.raises(ValueError, match=r"function\.name"):
         completion(tools=[{"type": "function", "function": {"name": "has space"}}])
 
 

@@ -3,6 +3,7 @@ CHATPIPE_VLLM_ARGS; names vLLM does not know fail before anything starts."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -149,6 +150,6 @@ def test_vllm_args_come_from_the_environment_as_json(monkeypatch: pytest.MonkeyP
 def test_max_slots_redirects_a_vllm_user_to_vllm_args(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CHATPIPE_MAX_SLOTS", "64")
 
-    with pytest.raises(ValueError, match="CHATPIPE_VLLM_ARGS='{\"max_num_seqs\": 64}'"):
+    with pytest.raises(ValueError, match=re.escape("CHATPIPE_VLLM_ARGS='{\"max_num_seqs\": 64}'")):
         Settings(engine="vllm")
     assert Settings(engine="sim").inference.max_slots == 64
