@@ -129,7 +129,7 @@ def pick_retrieved(
         score = max((relevance.get(m.message_id, -1.0) for m in group), default=-1.0)
         if score >= policy.retrieve_min_similarity:
             scored.append((score, index, group))
-    chosen = []
+    chosen: list[tuple[int, float, list[StoredMessage]]] = []
     for score, index, group in sorted(scored, key=lambda s: (-s[0], s[1])):
         size = sum(map(cost, group))
         if len(chosen) < policy.retrieve_top_k and size <= budget:
@@ -181,7 +181,7 @@ def assemble(
     fixed = counting.count_prompt([*head, empty]) - counting.estimate(empty)
     fixed += sum(map(counting.estimate, excerpts))
     budget = policy.max_prompt_tokens - fixed
-    window_budget = budget
+    window_budget: float = budget
     if policy.strategy == "retrieve":
         window_budget = budget * (1 - policy.retrieve_budget_ratio)
     costs = [*map(cost, turns), counting.estimate(new)]

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass
 from typing import TypeVar
@@ -115,7 +115,7 @@ class Generation:
         """A terminal event (done or error) was received."""
         return self.relay.ended
 
-    async def batches(self) -> AsyncIterator[list[DeliverEvent]]:
+    async def batches(self) -> AsyncGenerator[list[DeliverEvent]]:
         """Events to show, all that have arrived at once, up to and including the
         terminal one; closes on exit."""
         stall = _StallTimer(self._timers.stall_s)
@@ -129,7 +129,7 @@ class Generation:
                         self.request_id,
                         self._timers.stall_s,
                     )
-                    shown = [self.relay.stall(self.request_id)]
+                    shown: list[DeliverEvent] = [self.relay.stall(self.request_id)]
                     if self._timers.cancels:
                         with anyio.move_on_after(CLOSE_TIMEOUT_S, shield=True):
                             await self._cancel("stalled")  # close() will not: the relay ended
@@ -147,7 +147,7 @@ class Generation:
             stall.cancel()
             await self.close()
 
-    async def events(self) -> AsyncIterator[DeliverEvent]:
+    async def events(self) -> AsyncGenerator[DeliverEvent]:
         """Events to show one at a time, up to and including the terminal one."""
         async with aclosing(self.batches()) as batches:
             async for batch in batches:

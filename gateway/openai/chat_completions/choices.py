@@ -14,7 +14,7 @@ rate limits reserve `n` times `max_tokens` at admission.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from contextlib import aclosing
 
 from gateway.openai.chat_completions.protocol import choice_sampling
@@ -65,7 +65,7 @@ async def close_all(generations: Sequence[Generation]) -> None:
 
 async def choice_batches(
     generations: Sequence[Generation],
-) -> AsyncIterator[tuple[int, list[DeliverEvent]]]:
+) -> AsyncGenerator[tuple[int, list[DeliverEvent]]]:
     """Each choice's batches of events as they come, with the choice's index; ends when
     every choice's stream has. Leaving early closes every generation."""
     if len(generations) == 1:
@@ -87,11 +87,11 @@ async def choice_batches(
     running = len(relays)
     try:
         while running:
-            index, batch = await arrived.get()
-            if batch is None:
+            index, arrival = await arrived.get()
+            if arrival is None:
                 running -= 1
             else:
-                yield index, batch
+                yield index, arrival
     finally:
         for task in relays:
             task.cancel()

@@ -348,8 +348,10 @@ async def collect(
     """The whole answer of every choice; a client that disconnects first cancels the
     generations, and an error of one choice ends them all."""
     texts = await collected_all(generations, request, [_ChoiceText() for _ in generations])
-    ends = [text.end for text in texts]
-    assert all(isinstance(end, DeliveryDone) for end in ends)
+    ends: list[DeliveryDone] = []
+    for text in texts:
+        assert isinstance(text.end, DeliveryDone)
+        ends.append(text.end)
     return ChatCompletion(
         id=answer.id,
         created=answer.created,

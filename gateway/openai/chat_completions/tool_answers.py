@@ -20,7 +20,9 @@ def finish_reason(tool_use: ToolUse | None, end: DeliveryDone, retracted: bool) 
         return "content_filter"
     if end.tool_calls is not None and tool_use is not None and tool_use.choice != "function":
         return "tool_calls"
-    return end.status.openai_finish_reason
+    reason = end.status.openai_finish_reason
+    assert reason is not None, "a done event's status is terminal"
+    return reason
 
 
 def message(text: str, end: DeliveryDone, retracted: bool) -> AssistantMessage:
