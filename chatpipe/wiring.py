@@ -9,8 +9,9 @@ import gc
 import logging
 import secrets
 import signal
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import uvicorn
 from fastapi import FastAPI
@@ -494,6 +495,8 @@ async def running_stack(settings: Settings, engine: Engine | None) -> AsyncItera
                 server, scheduler, supervisor.tasks, expect_worker=engine is not None
             )
             supervisor.restarting = True
+            app = server.config.app
+            assert isinstance(app, FastAPI), "gateway_server serves create_app's FastAPI app"
             yield Stack(
                 settings,
                 kafka,
@@ -502,7 +505,7 @@ async def running_stack(settings: Settings, engine: Engine | None) -> AsyncItera
                 engine,
                 api_key,
                 supervisor.tasks,
-                server.config.app,
+                app,
             )
         finally:
             supervisor.restarting = False
@@ -589,7 +592,7 @@ async def run_stage(stage: str, settings: Settings) -> None:
         kafka = await open_kafka(settings, stack)
         if settings.gateway.metrics_port is not None:
             await stack.enter_async_context(serving_metrics(settings.gateway.metrics_port))
-        runners: dict[str, Callable[[], Awaitable[None]]] = {
+        runners: dict[str, Callable[[], Coroutine[Any, Any, None]]] = {
             "scheduler": lambda: scheduler_stage(kafka, settings).run(),
         }
         server: uvicorn.Server | None = None

@@ -51,9 +51,14 @@ def create_app(deps: GatewayDeps, *, api_docs: bool = True) -> FastAPI:
             await deps.background.close()
 
     config = deps.config
-    docs = {} if api_docs else {"openapi_url": None, "docs_url": None, "redoc_url": None}
-    app = FastAPI(title="chatpipe", summary="ChatGPT-style chat over a Kafka pipeline",
-                  lifespan=lifespan, **docs)  # fmt: skip
+    app = FastAPI(
+        title="chatpipe",
+        summary="ChatGPT-style chat over a Kafka pipeline",
+        lifespan=lifespan,
+        openapi_url="/openapi.json" if api_docs else None,
+        docs_url="/docs" if api_docs else None,
+        redoc_url="/redoc" if api_docs else None,
+    )
     app.state.deps = deps
     install_error_handlers(app)
     app.add_middleware(HttpSpans)  # a span per request while tracing is on

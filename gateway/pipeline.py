@@ -10,7 +10,7 @@ any gateway.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Protocol
 
 from conversations.store import ApiKey
@@ -32,7 +32,7 @@ class RequestStream(Protocol):
 
     def __aiter__(self) -> AsyncIterator[Event]: ...
 
-    async def take(self) -> list[Event]:
+    async def take(self) -> Sequence[Event]:
         """Every event that has arrived and not been taken, waiting for the first."""
 
     async def aclose(self) -> None:

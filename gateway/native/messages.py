@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Query
 
@@ -36,7 +36,9 @@ from schemas.lifecycle import RequestStatus
 
 router = APIRouter(tags=["conversations"])
 
-_SSE = {200: {"content": {"text/event-stream": {}}, "description": "the answer"}}
+_SSE: dict[int | str, dict[str, Any]] = {
+    200: {"content": {"text/event-stream": {}}, "description": "the answer"}
+}
 _EVENT_ID = {"pattern": "^[0-9]{0,18}$"}
 """An `id:` the stream sent (or empty: from the start); anything else is 400."""
 _TURN = {**_SSE, **error_responses(400, 403, 404, 413, 429, 503)}

@@ -46,6 +46,7 @@ EMBEDDING_WORKER = "gateway-embeddings"
 async def create_embeddings(body: EmbeddingRequest, owner: Owner, deps: Deps) -> EmbeddingList:
     name = served_embedding_model(deps)
     texts = embedding_inputs(body, name, deps.config.max_embedding_inputs)
+    assert name is not None, "embedding_inputs refuses a request when no model is served"
     model = await deps.context.embedding_model()  # loaded once, in a thread
     if not isinstance(model, EmbeddingModel):
         raise _not_served(body.model)

@@ -4,7 +4,7 @@ as a stream) and `POST /v1/responses/{id}/cancel`; each calls one function of `s
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request
 
@@ -17,7 +17,7 @@ from schemas.responses import ResponseObject, ResponseRequest
 
 router = APIRouter(tags=["responses"])
 
-_SSE = {200: {"content": {"text/event-stream": {}},
+_SSE: dict[int | str, dict[str, Any]] = {200: {"content": {"text/event-stream": {}},
               "description": "the response; with `stream`, its events as SSE"}}  # fmt: skip
 
 
