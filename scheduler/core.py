@@ -1,6 +1,7 @@
 """The scheduler's decisions: pure, synchronous, no Kafka.
 
-It holds the waiting set and the worker registry, and decides (docs/design.md, *Why a scheduler*):
+It holds the waiting set and the worker registry, and decides
+(docs/decisions.md, *Why a scheduler*):
 - strict tier priority, except that a lower tier keeps a minimum share of the
   dispatches while higher tiers are busy (credit per dispatch, so nothing starves);
 - fair share inside a tier (`FairQueue`: round robin over orgs, then users);

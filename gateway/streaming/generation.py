@@ -2,7 +2,7 @@
 stream core (`gateway.streaming.stream_relay`), the answer stored before its end is shown, and
 what happens when the listener goes away first.
 
-The client going away is an event the response listens for (docs/design.md, *Thin routes*):
+The client going away is an event the response listens for (docs/decisions.md, *Thin routes*):
 `EventStreamResponse` cancels the stream when `http.disconnect` arrives, and
 `until_disconnected` does the same for a plain JSON answer. Either way
 `Generation.close` runs, shielded: with a resume grace (native streams) the
