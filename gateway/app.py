@@ -16,7 +16,7 @@ from contextlib import asynccontextmanager
 from fastapi import APIRouter, Depends, FastAPI, Request, Response
 
 from gateway import web
-from gateway.admission.gates import ResponseHeaders
+from gateway.admission.headers import ResponseHeaders
 from gateway.api_document import api_document
 from gateway.deps import GatewayDeps
 from gateway.edge.auth import current_owner

@@ -1,6 +1,6 @@
 """What the routes are given: the wiring builds `GatewayDeps`, routes read it through
 `Annotated` dependencies (thin routes) and hand each domain module the narrow value it
-takes (`gates`, `own_requests`, `turns`). The store and pipeline live outside the app."""
+takes (`admission`, `own_requests`, `turns`). The store and pipeline live outside the app."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Annotated
 from fastapi import Depends, Request
 
 from conversations.store import ConversationStore
-from gateway.admission.gates import Gates
+from gateway.admission.gates import Admission, SheddingGate
 from gateway.admission.quotas import QuotaGate
 from gateway.admission.rate_limits import RateLimiter
 from gateway.config import GatewayConfig
@@ -47,9 +47,10 @@ class GatewayDeps:
     """Model aliases and their weighted versions, kept current from chat.rollout."""
 
     @property
-    def gates(self) -> Gates:
-        """What admission asks."""
-        return Gates(self.pipeline, self.rate_limiter, self.quotas, self.safety)
+    def admission(self) -> Admission:
+        """The gates a request passes: shedding, then budgets, then rate limits."""
+        gates = [SheddingGate(self.pipeline), self.quotas, self.rate_limiter]
+        return Admission([g for g in gates if g is not None], self.pipeline, self.safety)
 
     @property
     def own_requests(self) -> OwnRequests:
@@ -59,7 +60,7 @@ class GatewayDeps:
     @property
     def turns(self) -> Turns:
         """What native turns are served with."""
-        return Turns(self.config, self.store, self.pipeline, self.context, self.gates,
+        return Turns(self.config, self.store, self.pipeline, self.context, self.admission,
                      self.own_requests, self.live, self.documents, self.aliases)  # fmt: skip
 
 

@@ -1,174 +1,135 @@
-"""Admission of a generation request: cheap gates first, then the
-expensive input safety check.
+"""Admission of a generation request: a row of cheap gates, then the input check.
 
-`admit` runs before any expensive work (store polling, the prompt's build, the
-classifiers): shedding (in memory), then token budgets (a ledger read, charging
-nothing, so a request refused for its budget is not charged to the rate limits),
-then the rate limits, charged at once from an estimate of the request's tokens.
-A request refused after that (its prompt does not fit, its input is blocked, it is
-too large for the bus) stays charged: it cost the work that refused it.
+Every gate has one interface (`Gate`): it judges an `Ask` (who asks, for which model,
+for about how many tokens) and lets it pass, with headers for the response, or
+refuses it by raising. `Admission.admit` runs the gates in order before anything
+expensive (store polling, the prompt's build, the classifiers):
 
-The rate-limit headers of an admitted request are noted for its response, whatever
-response that turns out to be (an SSE stream, a JSON answer, a later error):
-`ResponseHeaders` adds them.
+1. shedding (`gateway.admission.shedding`): in memory, the scheduler's last word;
+2. token budgets (`gateway.admission.quotas`): a ledger read that charges nothing,
+   so a request refused for its budget is not charged to the rate limits;
+3. rate limits (`gateway.admission.rate_limits`): charged at once, from the estimate.
+
+Once the prompt is built, `settle` charges what the request costs beyond its
+estimate, and `check_input` runs the input classifiers (`gateway.admission.input_check`).
+A request refused after the gates (its prompt does not fit, its input is blocked, it
+is too large for the bus) stays charged: it cost the work that refused it.
+
+Each refusal is counted by tier and reason; a 429 also carries the caller's standing
+with the other gates (the rate-limit headers of a budget refusal). The checks of one
+request's fields against the served models and sizes (`gateway.admission.limits`) are
+pure and run earlier, where each API translates its request.
 """
 
 from __future__ import annotations
 
-import logging
 import math
-from collections.abc import Sequence
-from contextvars import ContextVar
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-
-from starlette.datastructures import MutableHeaders
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from typing import Protocol
 
 from conversations.store import ApiKey
-from gateway.admission.quotas import QuotaGate
-from gateway.admission.rate_limits import RateLimiter
+from gateway.admission.headers import note_response_headers
+from gateway.admission.input_check import check_input
 from gateway.errors import ApiError
 from gateway.pipeline import Pipeline
-from gateway.refusals import Unacceptable, Unavailable, safety_unavailable
-from moderation.classifiers import ClassifierFailed, first_verdict
+from gateway.refusals import Refused, Unavailable
 from moderation.policy import SafetyPolicy
 from ops.metrics import admission_rejected
-from schemas.events import ModerationEvent
+from schemas.topics import Tier
 
-ASKS_A_MODEL = frozenset({"judge"})
-"""Classifiers that cost a generation each: run once per request."""
-
-_noted_headers: ContextVar[dict[str, str] | None] = ContextVar("noted_headers", default=None)
-
-log = logging.getLogger(__name__)
+NO_HEADERS: Mapping[str, str] = {}
 
 
 @dataclass(frozen=True, slots=True)
-class Gates:
-    """What admission asks: the pipeline (is the tier shedding; where a blocked input is
-    reported), the budgets and rate limits, the input classifiers (None: that gate is off)."""
+class Ask:
+    """What a gate judges: `owner` asks `model` for a request of about `tokens` tokens
+    (the prompt's estimate plus its most output)."""
 
-    pipeline: Pipeline
-    rate_limiter: RateLimiter | None = None
-    quotas: QuotaGate | None = None
-    safety: SafetyPolicy | None = None
+    owner: ApiKey
+    model: str
+    tokens: int
 
 
-async def admit(gates: Gates, owner: ApiKey, tokens: int, model: str) -> None:
-    """Return if the request for `model` may run (charged `tokens` against the token
-    limits); else refuse it `overloaded` (the scheduler shard of `model` sheds its tier),
-    or raise 429 `quota_exceeded` or `rate_limited`, with Retry-After and the rate-limit
-    headers."""
-    retry_after = gates.pipeline.overloaded(owner.tier, model)
-    if retry_after is not None:
-        admission_rejected(owner.tier, "overloaded")
+class Gate:
+    """One check of admission. `check` is the gate; `settle` and `standing` are for the
+    gates that keep counts."""
+
+    async def check(self, ask: Ask) -> Mapping[str, str]:
+        """Return the headers for the response if `ask` may pass; raise `ApiError` or
+        `Refused` if not."""
+        raise NotImplementedError
+
+    async def settle(self, ask: Ask, actual: int) -> None:
+        """The admitted `ask` costs `actual` tokens, now that its prompt is built."""
+
+    async def standing(self, owner: ApiKey) -> Mapping[str, str]:
+        """Headers saying where `owner` stands with this gate, charging nothing."""
+        return NO_HEADERS
+
+
+class ShedsTiers(Protocol):
+    def overloaded(self, tier: Tier, model: str) -> float | None: ...
+
+
+class SheddingGate(Gate):
+    """Refuses `overloaded` (503, Retry-After) while the scheduler deciding for the
+    model sheds the caller's tier."""
+
+    def __init__(self, schedulers: ShedsTiers) -> None:
+        self.schedulers = schedulers
+
+    async def check(self, ask: Ask) -> Mapping[str, str]:
+        tier = ask.owner.tier
+        retry_after = self.schedulers.overloaded(tier, ask.model)
+        if retry_after is None:
+            return NO_HEADERS
         raise Unavailable(
             "overloaded",
-            f"the {owner.tier} tier is overloaded; retry in {retry_after:.0f} s",
+            f"the {tier} tier is overloaded; retry in {retry_after:.0f} s",
             retry_after_s=math.ceil(retry_after),
         )
-    limiter = gates.rate_limiter
-    if gates.quotas is not None:
-        try:
-            await gates.quotas.check(owner)
-        except ApiError as refused:
-            admission_rejected(owner.tier, refused.code)
-            if limiter is not None:
-                refused.headers = {**await limiter.headers(owner), **(refused.headers or {})}
-            raise
-    if limiter is not None:
-        try:
-            headers = await limiter.acquire(owner, tokens)
-        except ApiError as refused:
-            admission_rejected(owner.tier, refused.code)
-            raise
-        note_response_headers(headers)
 
 
-async def charge_rest(gates: Gates, owner: ApiKey, estimated: int, actual: int) -> None:
-    """Charge what an admitted request costs beyond the estimate it was admitted with."""
-    if gates.rate_limiter is not None and actual > estimated:
-        await gates.rate_limiter.charge_tokens(owner, actual - estimated)
+@dataclass(frozen=True, slots=True)
+class Admission:
+    """The gates a request passes, in order; the input classifiers (None: no input
+    check) and the pipeline their decisions are reported on."""
 
+    gates: Sequence[Gate]
+    pipeline: Pipeline
+    safety: SafetyPolicy | None = None
 
-async def check_input(gates: Gates, owner: ApiKey, model: str, texts: Sequence[str]) -> None:
-    """Classify every message the caller wrote, with the classifiers for its tier and
-    model, before anything is queued or stored: a blocked one is refused `content_blocked`
-    naming the category, and the decision goes to chat.moderation.
+    async def admit(self, owner: ApiKey, tokens: int, model: str) -> Ask:
+        """The admitted ask of `owner` for `model` (charged `tokens`); the first gate
+        that refuses it raises, with its reason counted."""
+        ask = Ask(owner, model, tokens)
+        for gate in self.gates:
+            try:
+                note_response_headers(await gate.check(ask))
+            except (ApiError, Refused) as refused:
+                admission_rejected(owner.tier, refused.code)
+                if isinstance(refused, ApiError) and refused.status_code == 429:
+                    refused.headers = {
+                        **await self._standing(owner, besides=gate),
+                        **(refused.headers or {}),
+                    }
+                raise
+        return ask
 
-    Each distinct text is classified on its own, newest first (a blocked phrase hidden
-    among long harmless messages must not be diluted); the first verdict stops it. A
-    classifier that asks a model (the judge) runs once, over the texts joined: a request
-    of many messages costs one judge generation, not one per message."""
-    if gates.safety is None:
-        return
-    classifiers = gates.safety.input_classifiers(owner.tier, model)
-    if not classifiers:
-        return
-    per_text = [c for c in classifiers if c.name not in ASKS_A_MODEL]
-    once = [c for c in classifiers if c.name in ASKS_A_MODEL]
-    distinct = [text for text in dict.fromkeys(reversed(texts)) if text.strip()]
-    checks = [(per_text, text) for text in distinct]
-    if once and distinct:
-        checks.append((once, "\n\n".join(reversed(distinct))))
-    for chosen, text in checks:
-        try:
-            verdict = await first_verdict(chosen, text) if chosen else None
-        except ClassifierFailed as exc:
-            log.warning("input check failed for %s: %s", owner.key_id, exc)
-            raise safety_unavailable() from exc
-        if verdict is None:
-            continue
-        await gates.pipeline.moderate(
-            ModerationEvent(
-                user_id=owner.user_id,
-                action="block_input",
-                category=verdict.category,
-                reason=f"{verdict.classifier}: {verdict.reason}",
-            )
-        )
-        raise Unacceptable(
-            "content_blocked",
-            f"the message was blocked by the {verdict.category} policy",
-            param="content",
-        )
+    async def settle(self, ask: Ask, actual: int) -> None:
+        """Charge what the admitted `ask` costs (`actual` tokens) beyond its estimate."""
+        for gate in self.gates:
+            await gate.settle(ask, actual)
 
+    async def check_input(self, owner: ApiKey, model: str, texts: Sequence[str]) -> None:
+        """Refuse `content_blocked` an input the classifiers of `owner`'s tier block."""
+        if self.safety is not None:
+            await check_input(self.safety, self.pipeline, owner, model, texts)
 
-def note_response_headers(headers: dict[str, str]) -> None:
-    """Headers for the response to the current request (needs `ResponseHeaders`)."""
-    noted = _noted_headers.get()
-    if noted is not None:
-        noted.update(headers)
-
-
-class ResponseHeaders:
-    """ASGI middleware: adds the headers noted while handling a request to its response.
-
-    Routes build their own responses; this lets admission add headers to any of
-    them without each route passing them along. A header the response already
-    has is kept.
-    """
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        noted: dict[str, str] = {}
-        token = _noted_headers.set(noted)
-
-        async def send_with_noted(message: Message) -> None:
-            if message["type"] == "http.response.start" and noted:
-                message.setdefault("headers", [])
-                headers = MutableHeaders(scope=message)
-                for name, value in noted.items():
-                    if name not in headers:
-                        headers[name] = value
-            await send(message)
-
-        try:
-            await self.app(scope, receive, send_with_noted)
-        finally:
-            _noted_headers.reset(token)
+    async def _standing(self, owner: ApiKey, *, besides: Gate) -> dict[str, str]:
+        headers: dict[str, str] = {}
+        for gate in self.gates:
+            if gate is not besides:
+                headers.update(await gate.standing(owner))
+        return headers

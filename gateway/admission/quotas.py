@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from math import ceil
 
 from conversations.store import ApiKey
+from gateway.admission.gates import NO_HEADERS, Ask, Gate
 from gateway.config import QuotaConfig
 from gateway.errors import ApiError
 from ledger.charges import Account
@@ -54,7 +55,7 @@ def quota_exceeded(budget: Budget, used: int, window: PeriodWindow, now: float) 
     return ApiError(429, "quota_exceeded", message, headers={"Retry-After": str(retry_after)})
 
 
-class QuotaGate:
+class QuotaGate(Gate):
     """Refuses a request whose user or org has used up its budget for this period."""
 
     def __init__(
@@ -81,14 +82,16 @@ class QuotaGate:
             period=config.period,
         )
 
-    async def check(self, owner: ApiKey) -> None:
-        """Return if every budget of `owner` has tokens left; raise 429 quota_exceeded if not."""
+    async def check(self, ask: Ask) -> Mapping[str, str]:
+        """Pass if every budget of the asker has tokens left; raise 429 quota_exceeded if not."""
+        owner = ask.owner
         budgets = budgets_for(owner, self.user_budget, self.org_budget)
         if not budgets:
-            return
+            return NO_HEADERS
         now = self.clock()
         window = period_of(now, self.period)
         used = await self.ledger.used([b.account for b in budgets], self.period, window.key)
         spent = exhausted(budgets, used)
         if spent is not None:
             raise quota_exceeded(spent, used.get(spent.account, 0), window, now)
+        return NO_HEADERS

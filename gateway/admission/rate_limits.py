@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from math import ceil, floor, inf
 from typing import Literal, cast
@@ -32,6 +32,7 @@ from limits.errors import StorageError
 from limits.storage import storage_from_string
 
 from conversations.store import ApiKey
+from gateway.admission.gates import Ask, Gate
 from gateway.config import RateLimitConfig
 from gateway.errors import ApiError
 from ledger.charges import Account
@@ -226,7 +227,7 @@ def storage_from_uri(uri: str) -> Storage:
     return storage
 
 
-class RateLimiter:
+class RateLimiter(Gate):
     """Charges each admitted request to its owner's four limits, or refuses it whole.
 
     Every limit is read first and the request charged only when all have room,
@@ -245,6 +246,15 @@ class RateLimiter:
     @classmethod
     def from_config(cls, config: RateLimitConfig) -> RateLimiter:
         return cls(config, storage_from_uri(config.storage))
+
+    async def check(self, ask: Ask) -> Mapping[str, str]:
+        return await self.acquire(ask.owner, ask.tokens)
+
+    async def settle(self, ask: Ask, actual: int) -> None:
+        await self.charge_tokens(ask.owner, actual - ask.tokens)
+
+    async def standing(self, owner: ApiKey) -> Mapping[str, str]:
+        return await self.headers(owner)
 
     async def acquire(self, owner: ApiKey, tokens: int) -> dict[str, str]:
         """Charge one request of `tokens`; its rate-limit headers. 429 when over a limit."""

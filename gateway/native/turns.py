@@ -43,7 +43,7 @@ from conversations.store import (
     StoredMessage,
 )
 from conversations.tree import ConversationTree
-from gateway.admission.gates import Gates, admit, charge_rest, check_input
+from gateway.admission.gates import Admission, Ask
 from gateway.admission.limits import check_bus_size, check_message, choose_model, sampling_options
 from gateway.admission.rate_limits import admission_tokens, text_tokens
 from gateway.config import GatewayConfig
@@ -91,7 +91,7 @@ class Turns:
     store: ConversationStore
     pipeline: Pipeline
     context: ContextBuilder
-    gates: Gates
+    admission: Admission
     own: OwnRequests
     live: LiveRequests
     documents: Documents | None = None
@@ -120,11 +120,11 @@ async def start_turn(
     files = await named_files(turns.store, owner, post.file_ids)
     choice, sampling = _answer_options(turns, owner, post, conversation)
     charged = text_tokens([post.content], sampling.max_tokens)
-    await admit(turns.gates, owner, charged, choice.model)
+    ask = await turns.admission.admit(owner, charged, choice.model)
     tree = await settled_tree(turns.store, conversation.conversation_id, turns.config)
     grounding = await ground(turns.documents, files, post.content)
     turn = await _new_user_turn(turns, owner, conversation, tree.thread(), post.content,
-                                choice, sampling, charged, grounding,
+                                choice, sampling, ask, grounding,
                                 first=not tree.messages)  # fmt: skip
     return _tooled(turns, turn, tool_use)
 
@@ -140,11 +140,11 @@ async def start_edit(
     files = await named_files(turns.store, owner, post.file_ids)
     choice, sampling = _answer_options(turns, owner, post, conversation)
     charged = text_tokens([post.content], sampling.max_tokens)
-    await admit(turns.gates, owner, charged, choice.model)
+    ask = await turns.admission.admit(owner, charged, choice.model)
     thread = edit_thread(await turns.store.get_tree(conversation.conversation_id), message_id)
     grounding = await ground(turns.documents, files, post.content)
     turn = await _new_user_turn(turns, owner, conversation, thread, post.content, choice,
-                                sampling, charged, grounding)  # fmt: skip
+                                sampling, ask, grounding)  # fmt: skip
     return _tooled(turns, turn, tool_use)
 
 
@@ -160,7 +160,7 @@ async def start_regenerate(
     choice, sampling = _answer_options(turns, owner, options, conversation)
     model = choice.model
     charged = text_tokens([], sampling.max_tokens)
-    await admit(turns.gates, owner, charged, choice.model)
+    ask = await turns.admission.admit(owner, charged, choice.model)
     tree = await turns.store.get_tree(conversation.conversation_id)
     question = regenerated_question(tree, message_id)
     thread = tree.path_to(question.message_id)
@@ -175,12 +175,10 @@ async def start_regenerate(
         sampling,
         grounding.documents,
     )
-    await charge_rest(
-        turns.gates, owner, charged, admission_tokens(built.messages, sampling.max_tokens)
-    )
+    await turns.admission.settle(ask, admission_tokens(built.messages, sampling.max_tokens))
     request = _request(turns, owner, conversation, question.message_id, choice, sampling, built)
     check_bus_size(turns.config.limits, request)
-    await check_input(turns.gates, owner, model, [question.content])
+    await turns.admission.check_input(owner, model, [question.content])
     _ask_for_summary(turns.own, owner, model, built)
     return _tooled(
         turns,
@@ -214,9 +212,9 @@ async def start_reply(
     choice, sampling = _answer_options(turns, owner, options, conversation)
     said = [content, *(text for _, text in earlier), *([instructions] if instructions else [])]
     charged = text_tokens(said, sampling.max_tokens)
-    await admit(turns.gates, owner, charged, choice.model)
+    ask = await turns.admission.admit(owner, charged, choice.model)
     return await _new_user_turn(turns, owner, conversation, thread, content, choice, sampling,
-                                charged, NO_GROUNDING, first=not thread, earlier=earlier,
+                                ask, NO_GROUNDING, first=not thread, earlier=earlier,
                                 instructions=instructions, new=new)  # fmt: skip
 
 
@@ -287,12 +285,12 @@ def store_answer(store: ConversationStore) -> OnEnd:
 
 async def _new_user_turn(
     turns: Turns, owner: ApiKey, conversation: Conversation, thread: list[StoredMessage],
-    content: str, choice: ModelChoice, sampling: SamplingOptions, charged: int,
+    content: str, choice: ModelChoice, sampling: SamplingOptions, ask: Ask,
     grounding: Grounding, *, first: bool = False, earlier: Sequence[tuple[Role, str]] = (),
     instructions: str | None = None, new: bool = False,
 ) -> Turn:  # fmt: skip
     """Store `content` as a user message after `thread` (and the `earlier` messages
-    before it) and answer it (the turn was admitted, `charged` tokens), from the
+    before it) and answer it (the turn was admitted as `ask`), from the
     excerpts of `grounding`; `start_reply` says what the rest is."""
     cid = conversation.conversation_id
     model = choice.model
@@ -309,15 +307,12 @@ async def _new_user_turn(
         grounding.documents,
         instructions,
     )
-    await charge_rest(
-        turns.gates, owner, charged, admission_tokens(built.messages, sampling.max_tokens)
-    )
+    await turns.admission.settle(ask, admission_tokens(built.messages, sampling.max_tokens))
     user_message_id = new_id()
     request = _request(turns, owner, conversation, user_message_id, choice, sampling, built)
     # Before the message is stored: a refused turn leaves no unanswered message behind.
     check_bus_size(turns.config.limits, request)
-    await check_input(
-        turns.gates,
+    await turns.admission.check_input(
         owner,
         model,
         [*(m.content for m in pending), content, *([instructions] if instructions else [])],

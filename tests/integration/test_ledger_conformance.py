@@ -31,6 +31,7 @@ import pytest_asyncio
 from billing.core import charges_for, usage_key
 from conversations.cassandra_session import DriverSession
 from conversations.store import ApiKey
+from gateway.admission.gates import Ask
 from gateway.admission.quotas import QuotaGate
 from gateway.errors import ApiError
 from ledger import cassandra_schema
@@ -267,10 +268,10 @@ async def test_a_gateway_refuses_what_billing_charged_elsewhere(
                       clock=lambda: at(f"{DAY}T21:00:00"))  # fmt: skip
 
     await record(billing, usage(n, prompt=60, completion=30))
-    await quota.check(owner)
+    await quota.check(Ask(owner, "m", 10))
     await record(billing, usage(n, attempt=1, prompt=60, prior=30, completion=20))
     with pytest.raises(ApiError) as refused:
-        await quota.check(owner)
+        await quota.check(Ask(owner, "m", 10))
     assert refused.value.detail.startswith("user token budget exhausted: 110 of 100")
 
 

@@ -29,7 +29,6 @@ from fastapi import Request
 
 from common.prompt import template_tools
 from conversations.store import ApiKey
-from gateway.admission.gates import admit, check_input
 from gateway.admission.limits import check_bus_size
 from gateway.admission.rate_limits import text_tokens
 from gateway.context.builder import ContextBuilder
@@ -125,12 +124,11 @@ async def admit_generation(
     check_bus_size(deps.config.limits, request)
     written = [*(m.content for m in request.messages), *filter(None, [request.prompt])]
     prompt = [*written, *tool_texts(request)]
-    await admit(
-        deps.gates, owner, text_tokens(prompt, request.sampling.max_tokens * choices), request.model
-    )
+    tokens = text_tokens(prompt, request.sampling.max_tokens * choices)
+    await deps.admission.admit(owner, tokens, request.model)
     await check_window(deps.context, request)
     await check_logit_bias(deps.context, request)
-    await check_input(deps.gates, owner, request.model, written)
+    await deps.admission.check_input(owner, request.model, written)
 
 
 TEMPLATE_TOKENS = 256

@@ -24,7 +24,6 @@ from fastapi import APIRouter
 
 from common.embeddings import EmbeddingModel, embedding_model_name, to_bytes
 from conversations.store import ApiKey
-from gateway.admission.gates import admit, charge_rest
 from gateway.admission.rate_limits import text_tokens
 from gateway.deps import Deps, GatewayDeps
 from gateway.edge.auth import Owner
@@ -52,9 +51,9 @@ async def create_embeddings(body: EmbeddingRequest, owner: Owner, deps: Deps) ->
         raise _not_served(body.model)
     check_dimensions(body.dimensions, model)
     estimated = text_tokens(texts, 0)
-    await admit(deps.gates, owner, estimated, name)
+    ask = await deps.admission.admit(owner, estimated, name)
     counts = await asyncio.to_thread(model.token_counts, texts)
-    await charge_rest(deps.gates, owner, estimated, sum(counts))
+    await deps.admission.settle(ask, sum(counts))
     check_input_tokens(counts, model.max_input_tokens, name)
     vectors = await embed(model, texts)  # in batches: a turn's retrieval gets a turn
     await deps.pipeline.usage(embedding_usage(owner, name, sum(counts)))

@@ -12,6 +12,7 @@ import openai
 import orjson
 import pytest
 
+from gateway.admission.gates import Admission, Ask
 from gateway.admission.rate_limits import text_tokens
 from gateway.api_document import api_document
 from gateway.cache.rules import refusal as cache_refusal
@@ -563,10 +564,11 @@ async def test_n_streamed_choices_carry_their_index(client, pipeline):
 async def test_n_choices_reserve_n_answers_against_the_token_limits(sdk, pipeline, monkeypatch, n):
     charged: list[int] = []
 
-    async def admit(gates, owner, tokens, model):
+    async def admit(self, owner, tokens, model):
         charged.append(tokens)
+        return Ask(owner, model, tokens)
 
-    monkeypatch.setattr("gateway.openai.chat_completions.serving.admit", admit)
+    monkeypatch.setattr(Admission, "admit", admit)
     for _ in range(n):
         pipeline.script(delta("x", 0), done(1))
     await sdk.chat.completions.create(model="tiny", messages=[USER], n=n, max_tokens=9)

@@ -8,6 +8,7 @@ import pytest
 
 from billing.core import charges_for, usage_key
 from conversations.store import ApiKey
+from gateway.admission.gates import Ask
 from gateway.admission.quotas import Budget, QuotaGate, budgets_for, exhausted
 from gateway.errors import ApiError
 from ledger.charges import Account
@@ -78,10 +79,10 @@ async def spend(ledger: MemoryLedger, tokens: int, user: str = "alice") -> None:
 async def test_a_user_over_budget_is_refused_until_the_period_resets() -> None:
     ledger = MemoryLedger()
     await spend(ledger, 99)
-    await gate(ledger, user=100).check(ALICE)
+    await gate(ledger, user=100).check(Ask(ALICE, "m", 10))
     await spend(ledger, 5)
     with pytest.raises(ApiError) as refused:
-        await gate(ledger, user=100).check(ALICE)
+        await gate(ledger, user=100).check(Ask(ALICE, "m", 10))
     error = refused.value
     assert (error.status_code, error.code) == (429, "quota_exceeded")
     assert error.headers == {"Retry-After": str(3 * 3600)}
@@ -96,7 +97,7 @@ async def test_an_org_budget_counts_all_its_users_and_resets_monthly() -> None:
     await spend(ledger, 600, user="bob")
     await spend(ledger, 600, user="carol")
     with pytest.raises(ApiError) as refused:
-        await gate(ledger, "month", user=1000, org=1000).check(ALICE)
+        await gate(ledger, "month", user=1000, org=1000).check(Ask(ALICE, "m", 10))
     assert refused.value.detail.startswith("org token budget exhausted: 1200 of 1000")
     assert "resets at 2025-04-01T00:00:00Z" in refused.value.detail
 
@@ -106,4 +107,4 @@ async def test_no_budgets_no_ledger_read() -> None:
         async def used(self, *args: object) -> dict[Account, int]:
             raise AssertionError("read the ledger with no budget set")
 
-    await gate(Unreadable()).check(ALICE)
+    await gate(Unreadable()).check(Ask(ALICE, "m", 10))

@@ -15,7 +15,7 @@ from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
 
 from bus.subscriber import failed
-from gateway.admission.gates import Gates, admit
+from gateway.admission.gates import Admission, Ask, Gate, SheddingGate
 from gateway.errors import ApiError
 from gateway.refusals import Refused
 from ops import metrics
@@ -119,35 +119,30 @@ def test_a_stream_counts_its_end_by_finished_reason(end, reason) -> None:
     assert value("chatpipe:time_to_first_token_seconds_count", tier="pro", model=model) == 0
 
 
-class Refusing:
-    """A quota gate or rate limiter that refuses with `code`."""
+class Refusing(Gate):
+    """A gate that refuses with `code`."""
 
     def __init__(self, code: str) -> None:
         self.code = code
 
-    async def check(self, owner: object) -> None:
+    async def check(self, ask: Ask) -> dict[str, str]:
         raise ApiError(429, self.code, "no")
-
-    async def acquire(self, owner: object, tokens: int) -> dict[str, str]:
-        raise ApiError(429, self.code, "no")
-
-    async def headers(self, owner: object) -> dict[str, str]:
-        return {}
 
 
 @pytest.mark.parametrize(
     ("gate", "reason"),
     [
-        ({"pipeline": SimpleNamespace(overloaded=lambda tier, model: 3.0)}, "overloaded"),
-        ({"quotas": Refusing("quota_exceeded")}, "quota_exceeded"),
-        ({"rate_limiter": Refusing("rate_limited")}, "rate_limited"),
+        (SheddingGate(SimpleNamespace(overloaded=lambda tier, model: 3.0)), "overloaded"),
+        (Refusing("quota_exceeded"), "quota_exceeded"),
+        (Refusing("rate_limited"), "rate_limited"),
     ],
 )
 async def test_admission_counts_each_refusal_by_tier_and_reason(gate, reason) -> None:
     before = value("chatpipe:admission_rejections_total", tier="enterprise", reason=reason)
-    gates = Gates(**{"pipeline": SimpleNamespace(overloaded=lambda tier, model: None), **gate})
+    passing = SheddingGate(SimpleNamespace(overloaded=lambda tier, model: None))
+    admission = Admission([passing, gate], pipeline=SimpleNamespace())  # type: ignore[arg-type]
     with pytest.raises((ApiError, Refused)) as refused:
-        await admit(gates, SimpleNamespace(tier=Tier.ENTERPRISE), 10, "m")  # type: ignore[arg-type]
+        await admission.admit(SimpleNamespace(tier=Tier.ENTERPRISE), 10, "m")  # type: ignore[arg-type]
     assert refused.value.code == reason
     assert (
         value("chatpipe:admission_rejections_total", tier="enterprise", reason=reason) == before + 1
