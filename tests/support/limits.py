@@ -8,6 +8,7 @@ from typing import Any
 
 import httpx
 
+from gateway.config import RequestLimits
 from ledger.charges import Account
 from ledger.periods import period_of
 from ledger.store import SQLiteLedger
@@ -52,3 +53,20 @@ async def until_used(
             return used
         await asyncio.sleep(0.1)
     raise AssertionError(f"{account} never reached {at_least} tokens in the ledger")
+
+
+def small_limits(**overrides: Any) -> RequestLimits:
+    """Request limits small enough for a unit test to reach each one: one model
+    (`tiny`), short messages and stop lists, at most 100 tokens."""
+    fields: dict[str, Any] = {
+        "models": ("tiny",),
+        "default_model": "tiny",
+        "tier_models": {},
+        "max_message_chars": 1000,
+        "max_messages": 10,
+        "max_stop_sequences": 4,
+        "max_stop_chars": 8,
+        "max_tokens_limit": 100,
+        "default_max_tokens": 10,
+    }
+    return RequestLimits(**(fields | overrides))

@@ -16,7 +16,6 @@ from gateway.admission.gates import Admission, Ask
 from gateway.admission.rate_limits import text_tokens
 from gateway.api_document import api_document
 from gateway.cache.rules import refusal as cache_refusal
-from gateway.config import RequestLimits
 from gateway.openai.chat_completions.protocol import (
     ACCEPTED,
     REFUSED,
@@ -41,24 +40,14 @@ from schemas.events import (
 )
 from schemas.lifecycle import RequestStatus
 from tests.support.gateway import ALICE, delta, done
+from tests.support.limits import small_limits
 from workers.core import DEFAULT_PACING, Attempt, JsonOutputInterrupted, PriorOutput
 from workers.engine import EngineOutput
 from workers.failures import client_error
 from workers.sim_engine import plan_reply, sim_logprobs
 from workers.vllm_engine import sampling_params, token_logprobs
 
-LIMITS = RequestLimits(
-    models=("tiny",),
-    default_model="tiny",
-    tier_models={},
-    max_message_chars=1000,
-    max_messages=10,
-    max_stop_sequences=4,
-    max_stop_chars=8,
-    max_tokens_limit=100,
-    default_max_tokens=10,
-    max_choices=4,
-)
+LIMITS = small_limits(max_choices=4)
 USER = {"role": "user", "content": "hi"}
 SCHEMA = {"type": "object", "required": ["city"], "properties": {"city": {"type": "string"}}}
 # The fields of the `openai` package's chat completion request, as this version has them.

@@ -12,7 +12,6 @@ import jsonschema
 import pytest
 
 from common.prompt import template_messages, template_tools
-from gateway.config import RequestLimits
 from gateway.openai.chat_completions.tool_answers import StreamedAnswer, finish_reason, message
 from gateway.openai.chat_completions.tool_requests import chat_messages, tool_use
 from gateway.refusals import NotFound, Unacceptable
@@ -27,6 +26,7 @@ from schemas.events import (
 )
 from schemas.lifecycle import RequestStatus
 from schemas.tools import FunctionCall, ToolCall, ToolCalls, ToolSpec, ToolUse, call_id
+from tests.support.limits import small_limits
 from workers.core import DEFAULT_PACING, Attempt, PriorOutput, ToolCallInterrupted
 from workers.engine import EngineOutput
 from workers.failures import client_error
@@ -47,18 +47,7 @@ TOOLS = [
     {"type": "function", "function": {"name": "get_weather", "parameters": WEATHER}},
     {"type": "function", "function": {"name": "get_time"}},
 ]
-LIMITS = RequestLimits(
-    models=("tiny",),
-    default_model="tiny",
-    tier_models={},
-    max_message_chars=1000,
-    max_messages=10,
-    max_stop_sequences=4,
-    max_stop_chars=8,
-    max_tokens_limit=100,
-    default_max_tokens=10,
-    max_tools=3,
-)
+LIMITS = small_limits(max_tools=3)
 USER = {"role": "user", "content": "weather?"}
 
 
