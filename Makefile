@@ -9,7 +9,7 @@ CHROMIUM := /usr/bin/chromium
 # Wheels built against another torch: they fail to load beside its CPU build.
 BROKEN_BESIDE_CPU_TORCH := torchvision torchaudio torchcodec
 
-.PHONY: setup run check test test-unit test-integration test-e2e bench clean
+.PHONY: setup run check docs test test-unit test-integration test-e2e bench clean
 
 setup: $(VENV)/.installed $(MODEL_DIR)/config.json $(CHROMIUM)
 
@@ -31,11 +31,17 @@ $(CHROMIUM):
 run: setup
 	$(BIN)/chatpipe up
 
-# Formatting, lint and types (the settings are in pyproject.toml); needs only the venv.
+# Formatting, lint and types (their settings are in pyproject.toml), then the docs site
+# built strictly (a broken link or a page missing from the nav fails); needs only the venv.
 check: $(VENV)/.installed
 	$(BIN)/ruff format --check .
 	$(BIN)/ruff check .
 	$(BIN)/mypy
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir $(VENV)/site
+
+# The docs site (docs/, nav in mkdocs.yml) at http://127.0.0.1:8001, rebuilt on each edit.
+docs: $(VENV)/.installed
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve --dev-addr 127.0.0.1:8001
 
 # The unit tests are pure and run on both cores; the tests with real processes run one
 # at a time (their timings and fault scenarios assume the machine is theirs). Both run
@@ -58,4 +64,4 @@ bench: setup
 	$(BIN)/python -m bench
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build site *.egg-info

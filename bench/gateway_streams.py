@@ -1,6 +1,6 @@
 """`python -m bench gateway`: how many concurrent streams ONE gateway process holds.
 
-    .venv/bin/python -m bench gateway --gateway-levels 250,500,1000,2000,3000,4000
+    .venv/bin/python -m bench gateway --levels 250,500,1000,2000,3000,4000
 
 Only the gateway is under test. The embedded broker, one `chatpipe gateway` process
 (rate limits, budgets and shedding lifted: policy, not capacity; titles off), a

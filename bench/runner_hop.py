@@ -3,7 +3,7 @@
     pip install 'faststream[kafka]==0.7.8'   # not a dependency of chatpipe
     .venv/bin/python -m bench.runner_hop     # ~1 min: two runs of each, printed
 
-Why chatpipe has its own runner (README: *What runs where*) is its commit rules; this
+Why chatpipe has its own runner (docs/architecture/index.md) is its commit rules; this
 checks that FastStream would not be faster either.
 
 Each relays records from an input topic to an output topic (read, then send); a probe

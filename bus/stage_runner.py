@@ -67,9 +67,9 @@ offsets, i.e. everything the consumer has fetched, 0.7.8). It has no per-partiti
 commit floor below work still open, no commit once per batch of exactly the offsets
 that are done, and no hook for the fetch pacing (`PacedConsumer`) or the rebalance
 order (commit, then forget) the stages need. Getting them would mean `AckPolicy.MANUAL`
-and this same loop written around its handler. Latency does not decide it: one hop
-(read, send on; 400 records at 100/s, embedded Tansu, 2 cores) took p50 8-9 ms, p99
-15-16 ms with either.
+and this same loop written around its handler. Latency does not decide it
+either: the measured figures and the command that reproduces them are in
+docs/decisions.md, *Our own stage runner*.
 """
 
 from __future__ import annotations

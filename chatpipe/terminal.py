@@ -1,4 +1,4 @@
-"""`chatpipe chat`: a terminal client of the native API (README "Client API").
+"""`chatpipe chat`: a terminal client of the native API (docs/api/native.md).
 
 Answers stream as they arrive; the queue position shows while a turn waits.
 An answer streams on a thread of its own, so the prompt still reads `/stop`,

@@ -197,9 +197,12 @@ class GatewaySettings(BaseModel):
     default_tier: Tier = Field(Tier.FREE, description="tier of the development user")
     default_max_tokens: int = Field(256, description="answer length when a request names none")
     max_tokens_limit: int = Field(
-        4096, description="largest max_tokens a request may ask for (400 above)"
+        4096,
+        description="largest max_tokens a request may ask for (422 max_tokens_too_large above)",
     )
-    max_message_chars: int = Field(32_000, description="longest message accepted (400 above)")
+    max_message_chars: int = Field(
+        32_000, description="longest message accepted (413 message_too_long above)"
+    )
     request_timeout_s: float = Field(300.0, description="deadline of a queued request")
     resume_grace_s: float = Field(
         15.0,

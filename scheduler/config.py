@@ -52,7 +52,7 @@ class SchedulerSettings(BaseModel):
         default_factory=dict,
         description='schedulers by model, e.g. {"big": ["llama-70b"]}: '
         "each named shard decides for its models alone, on its own chat.work.<shard>; the "
-        "unnamed scheduler for every other model (README: Scale)",
+        "unnamed scheduler for every other model (docs/architecture/scale.md)",
     )
     scheduler_shard: str = Field(
         "",
@@ -64,8 +64,9 @@ class SchedulerSettings(BaseModel):
         ge=0,
         description="a scheduler process moves what it holds out of CPython's "
         "garbage collector's sight (gc.freeze) this often, so full collections do not walk "
-        "every waiting and running request (README: Scale); 0: never. For a process that "
-        "runs the scheduler alone (`chatpipe scheduler`): it freezes the whole process",
+        "every waiting and running request (docs/architecture/scale.md); 0: never. "
+        "For a process that runs the scheduler alone (`chatpipe scheduler`): it freezes "
+        "the whole process",
     )
 
     @model_validator(mode="after")

@@ -1,6 +1,6 @@
 """Scheduler shards: schedulers side by side, each deciding for its own models.
 
-One scheduler carries about 5,000 decisions a second on one core (README: Scale). Past
+One scheduler carries about 5,000 decisions a second on one core (docs/architecture/scale.md). Past
 that, `scheduler_shards` names groups of models, each decided by its own scheduler with
 its own journal (`chat.work.<shard>`), claim and consumer group; workers of a model
 read the journal of the model's shard. The unnamed shard decides for every model no

@@ -31,7 +31,7 @@ class EngineSettings(BaseModel):
     vllm_args: dict[str, Any] = Field(
         default_factory=dict,
         description="vllm engine: AsyncEngineArgs fields over vLLM's"
-        ' defaults, e.g. {"max_num_seqs": 64} (README: Engine configuration)',
+        ' defaults, e.g. {"max_num_seqs": 64} (docs/operating/engine.md)',
     )
     tool_parser: str = Field(
         "hermes",

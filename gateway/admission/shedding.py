@@ -1,4 +1,4 @@
-"""What the schedulers last said about shedding, per scheduler shard (README: Scale).
+"""What the schedulers last said about shedding, per scheduler shard (docs/architecture/scale.md).
 
 Each scheduler shard publishes its own `SchedulerStatus` on `chat.scheduler`, naming the
 models it decides for; the unnamed shard (empty name) decides for every other model. A

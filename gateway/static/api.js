@@ -1,4 +1,4 @@
-// The native API (README "Client API"), as the page uses it.
+// The native API (docs/api/native.md), as the page uses it.
 import { readEvents } from "./sse.js";
 
 const enc = encodeURIComponent;

@@ -15,7 +15,7 @@ HEAD = """\
 # k8s/operators/kafka-users.yaml` (tests/unit/project/test_k8s_schemas.py checks they agree):
 # every stage's Kafka user and ACLs for the Strimzi cluster (kafka.yaml here), in place
 # of kafka-acls.sh. The User Operator sets each SCRAM password from the Secret the stage
-# reads it from (chatpipe-kafka-<user>, README: Kafka users, ACLs and API keys), so both
+# reads it from (chatpipe-kafka-<user>, docs/operating/deployment.md), so both
 # deployments take the same Secrets.
 """
 

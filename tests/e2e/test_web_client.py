@@ -7,7 +7,7 @@ A few failure paths the pipeline cannot be made to take on demand (a 503, an err
 event) are played to the page by Playwright's request interception; a connection
 dropped mid-answer is a proxy between the page and the gateway
 (`tests/support/dropped_connections.py`).
-Set CHATPIPE_SCREENSHOT=docs/screenshot.png to refresh the README's screenshot.
+Set CHATPIPE_SCREENSHOT=docs/screenshot.png to refresh the web client page's screenshot.
 """
 
 from __future__ import annotations
@@ -534,7 +534,7 @@ async def test_conversation_list_pages_renames_and_deletes(browser, sim_stack):
         assert (await client.get(f"/v1/conversations/{cids[20]}")).status_code == 404
 
 
-# --- the README's screenshot -------------------------------------------------------------
+# --- the web client page's screenshot -------------------------------------------------------------
 
 SCREENSHOT_ANSWERS = {
     "How does chatpipe stream an answer to my browser?": (

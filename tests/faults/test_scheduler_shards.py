@@ -1,4 +1,4 @@
-"""Two scheduler shards side by side (`CHATPIPE_SCHEDULER_SHARDS`, README: Scale), each
+"""Two scheduler shards side by side (`CHATPIPE_SCHEDULER_SHARDS`, docs/architecture/scale.md), each
 its own process on a real broker with sim-engine workers, requests straight onto the
 request topics (as in test_scheduler_restart):
 

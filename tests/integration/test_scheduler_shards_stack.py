@@ -1,6 +1,6 @@
-"""`chatpipe up` with scheduler shards (README: Scale): one scheduler per shard runs in the
-stack, the served model's requests are decided by its shard's scheduler on that shard's
-`chat.work.<shard>`, and a turn through the gateway is answered."""
+"""`chatpipe up` with scheduler shards (docs/architecture/scale.md): one scheduler per
+shard runs in the stack, the served model's requests are decided by its shard's
+scheduler on that shard's `chat.work.<shard>`, and a turn through the gateway is answered."""
 
 from __future__ import annotations
 

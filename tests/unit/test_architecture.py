@@ -1,4 +1,4 @@
-"""The shape of the code (README: *What runs where*): stages depend on libraries, never
+"""The shape of the code (docs/architecture/index.md): stages depend on libraries, never
 on each other or on the deployment; pure cores touch no Kafka, HTTP, settings or clock.
 
 Read from the source with `ast`, so an import inside a function counts too.
@@ -87,7 +87,7 @@ def package_files(package: str) -> list[Path]:
 
 
 def test_every_package_is_named_here():
-    """A new top-level package gets a place in the rules (and in the README)."""
+    """A new top-level package gets a place in the rules (and in docs/architecture/index.md)."""
     named = set(STAGES) | set(LIBRARIES) | {DEPLOYMENT, "bench", "tests"}
     packages = {p.parent.name for p in ROOT.glob("*/__init__.py")}
     assert packages <= named, f"unplaced packages: {packages - named}"

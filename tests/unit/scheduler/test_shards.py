@@ -1,4 +1,4 @@
-"""Scheduler shards by model (`scheduler/shards.py`, README: Scale): which scheduler
+"""Scheduler shards by model (`scheduler/shards.py`, docs/architecture/scale.md): which scheduler
 decides for which model, claims that fence only their own shard, the settings that name
 the shards, and the gateway's shedding per shard."""
 
