@@ -37,7 +37,7 @@ check: $(VENV)/.installed
 	$(BIN)/ruff format --check .
 	$(BIN)/ruff check .
 	$(BIN)/mypy
-	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir $(VENV)/site
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir $(VENV)/site
 
 # The docs site (docs/, nav in mkdocs.yml) at http://127.0.0.1:8001, rebuilt on each edit.
 docs: $(VENV)/.installed
