@@ -172,6 +172,12 @@ REQUESTS_UNSERVED = Counter(
     "cancelled, deadline_exceeded, dispatch_failed, pipeline_rejected.",
     ["tier", "code"],
 )
+PREEMPTIONS = Counter(
+    "chatpipe:preemptions",
+    "Running requests whose slot the scheduler took back for a tenant kept waiting "
+    "while another held more than its share of the model's slots.",
+    ["tier", "model"],
+)
 DELIVERY_TOPICS_DELETED = Counter(
     "chatpipe:delivery_topics_deleted",
     "chat.deliver.<gateway_id> topics the scheduler deleted: their gateway was gone.",
@@ -338,6 +344,10 @@ def admission_rejected(tier: str, reason: str) -> None:
 
 
 # --- scheduler, worker, bus ----------------------------------------------------------------
+
+
+def preempted(tier: str, model: str) -> None:
+    PREEMPTIONS.labels(str(tier), model).inc()
 
 
 def dispatched(request: GenerationRequest) -> None:

@@ -48,6 +48,13 @@ class SchedulerSettings(BaseModel):
     simple_request_max_chars: int = Field(
         0, description="route prompts up to this many characters to small_model; 0 = off"
     )
+    scheduler_fair_preemption: bool = Field(
+        True,
+        description="when a request finds no free slot of its model while another org (or "
+        "another user of its org) of its tier or a lower one holds at least two slots more "
+        "than its own, take the newest of those back: it continues on its next attempt "
+        "(docs/architecture/scheduling.md)",
+    )
     scheduler_shards: dict[str, list[str]] = Field(
         default_factory=dict,
         description='schedulers by model, e.g. {"big": ["llama-70b"]}: '
@@ -122,4 +129,5 @@ class SchedulerSettings(BaseModel):
             queue_update_interval_s=self.queue_update_interval_s,
             worker_lost_after_s=worker_lost_after_s,
             gateway_grace_s=gateway_grace_s,
+            fair_preemption=self.scheduler_fair_preemption,
         )

@@ -4,7 +4,11 @@ It holds the waiting set and the worker registry, and decides
 (docs/decisions.md, *Why a scheduler*):
 - strict tier priority, except that a lower tier keeps a minimum share of the
   dispatches while higher tiers are busy (credit per dispatch, so nothing starves);
-- fair share inside a tier (`FairQueue`: round robin over orgs, then users);
+- fair share inside a tier (`FairQueue`: round robin over orgs, then users), and of
+  the running slots: a free slot goes to the waiting tenant holding the fewest of its
+  model's, and a tenant kept waiting while another holds more than its share takes a
+  slot back by preemption (`scheduler.shares`; the preempted request continues on its
+  next attempt);
 - capacity-aware dispatch to workers serving the request's model, keeping each
   engine's own queue empty so priority is decided here, globally;
 - conversation affinity while the previous worker's load is under a bound;
@@ -50,6 +54,11 @@ AFFINITY_MEMORY = 100_000
 QUEUE_HEAD = 32
 """Waiting requests told of every change of their position; those behind them are
 told once per `queue_update_interval_s`, by a sweep over the queue."""
+PICK_AMONG = 8
+"""A free slot goes to the first of this many waiting requests of a tier (in fair order,
+of the model of its first) whose org, then user, holds the fewest of the model's slots."""
+PREEMPT_WAIT_S = 10.0
+"""A preemption not answered (its request still running) within this is asked again."""
 QUEUE_SWEEP_MIN = 64
 """Requests the sweep walks per call at least; else its share of the queue for the time
 since the last call, so that it walks the whole queue in an interval, never in one call."""
@@ -70,6 +79,9 @@ class Policy:
     worker_lost_after_s: float = 5.0
     gateway_grace_s: float = 0.0
     """A stream whose gateway went silent this long, unresumed, is cancelled; 0: never."""
+    fair_preemption: bool = True
+    """Preempt a running request of a tenant over its share of a model's slots for a
+    tenant kept waiting (`scheduler.shares`)."""
 
     def allows(self, tier: Tier, model: str) -> bool:
         allowed = self.tier_models.get(tier)
@@ -102,6 +114,17 @@ class Dispatch:
     partition: int
     routed_reason: str | None = None
     incarnation: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Preemption:
+    """Take `request`'s slot on `worker_id` back (`Preempt` on chat.control): the worker
+    hands it back, and its next attempt waits its turn again. `for_request_id` waits
+    for that slot."""
+
+    request: GenerationRequest
+    worker_id: str
+    for_request_id: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,6 +170,10 @@ class Scheduler:
         """Answers a client cancelled: a later tool round of one ends when it comes."""
         self._waiting_rounds = RoundsHeld()
         self._unknown: dict[str, InFlight] = {}
+        self._preempting: dict[str, tuple[str, float]] = {}
+        """Preempted request id -> (the waiting request id it is for, when asked)."""
+        self._preempted_for: dict[str, str] = {}  # waiting request id -> preempted one
+        self._preemptions: list[Preemption] = []
         self._shares = tuple(  # each tier with a minimum share, and the tiers above it
             (lower, share, tuple(t for t in _TIERS if _RANK[t] < _RANK[lower]))
             for lower in _TIERS
@@ -433,23 +460,70 @@ class Scheduler:
     # --- decisions ------------------------------------------------------------------
 
     def schedule(self) -> list[Dispatch]:
-        """Hand out as many waiting requests as free slots allow."""
+        """Hand out as many waiting requests as free slots allow; where a tier's model
+        has no free slot, ask for one back from a tenant over its share (`preemptions`)."""
         dispatches: list[Dispatch] = []
         blocked: set[Tier] = set()
         while True:
             tier = self._next_tier(blocked)
             if tier is None:
                 return dispatches
-            request = self._queues[tier].peek()
-            assert request is not None
-            placed = self._place(request)
+            candidates = self._fairest(self._queues[tier])
+            placed = next(filter(None, map(self._place, candidates)), None)
             if placed is None:
-                blocked.add(tier)  # head of this tier cannot run now: keep tier order
+                blocked.add(tier)  # its model has no free slot now: keep tier order
+                if self.policy.fair_preemption:
+                    self._preempt_for(candidates)
                 continue
-            self._queues[tier].pop()
-            self._forget(request.request_id)
+            self._queues[tier].take(placed.request.request_id)
+            self._forget(placed.request.request_id)
             self._account(tier)
             dispatches.append(placed)
+
+    def preemptions(self) -> list[Preemption]:
+        """The preemptions decided since the last call (each to send once)."""
+        preemptions, self._preemptions = self._preemptions, []
+        return preemptions
+
+    def _fairest(self, queue: FairQueue) -> list[GenerationRequest]:
+        """The first `PICK_AMONG` waiting requests of `queue` for the model of its first,
+        those whose org, then user, holds the fewest of the model's slots first (stable:
+        of equals, in the queue's order)."""
+        head = queue.peek()
+        assert head is not None
+        model = head.model
+        shares = self.registry.shares
+        candidates = [r for r in queue.first(PICK_AMONG) if r.model == model]
+        return sorted(
+            candidates,
+            key=lambda r: (shares.slots(model, r.org_id), shares.slots(model, r.org_id, r.user_id)),
+        )
+
+    def _preempt_for(self, candidates: list[GenerationRequest]) -> None:
+        """One preemption for the first of `candidates` (none of which found a free slot)
+        that another tenant holds more than its share against, unless one is asked for
+        it already."""
+        now = self._clock()
+        for asked, (waiting_id, asked_at) in list(self._preempting.items()):
+            if self.registry.flight(asked) is None or now - asked_at > PREEMPT_WAIT_S:
+                del self._preempting[asked]
+                self._preempted_for.pop(waiting_id, None)
+        for request in candidates:
+            if request.request_id in self._preempted_for:
+                return  # its slot is on its way
+            victim = self.registry.shares.victim(request)
+            if victim is None or victim in self._preempting:
+                continue
+            flight = self.registry.flight(victim)
+            worker = self.registry.holder(victim)
+            if flight is None or flight.request is None or worker is None:
+                continue
+            self._preempting[victim] = (request.request_id, now)
+            self._preempted_for[request.request_id] = victim
+            self._preemptions.append(
+                Preemption(flight.request, worker.worker_id, request.request_id)
+            )
+            return
 
     def _next_tier(self, blocked: set[Tier]) -> Tier | None:
         """The lowest tier owed a slot (full credit), else the highest with requests."""

@@ -48,6 +48,22 @@ class FairQueue:
         del self._owners[request.request_id]
         return request
 
+    def take(self, request_id: str) -> GenerationRequest:
+        """Take a queued request out as `pop` takes the first: its user and org go to
+        the back (for the first, O(1); else O(its user's queue))."""
+        org_id, user_id = self._owners[request_id]
+        first = self.peek()
+        if first is not None and first.request_id == request_id:
+            return self.pop()
+        request = self.remove(request_id)
+        assert request is not None
+        users = self._orgs.get(org_id)
+        if users is not None:
+            if user_id in users:
+                users.move_to_end(user_id)
+            self._orgs.move_to_end(org_id)
+        return request
+
     def remove(self, request_id: str) -> GenerationRequest | None:
         owner = self._owners.pop(request_id, None)
         if owner is None:

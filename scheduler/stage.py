@@ -38,7 +38,7 @@ from bus.stage_runner import Offsets, RunnerOptions, Stage, StageRunner
 from bus.subscriber import decode_record, failed
 from ops import metrics, tracing
 from scheduler.claims import Claim
-from scheduler.core import Dispatch, Policy, Scheduler
+from scheduler.core import Dispatch, Policy, Preemption, Scheduler
 from scheduler.delivery_topics import DeliveryTopicJanitor
 from scheduler.gateways import GatewayWatch
 from scheduler.journal import (
@@ -56,7 +56,9 @@ from schemas.events import (
     AttemptStarted,
     Cancel,
     Event,
+    GatewayHeartbeat,
     GenerationRequest,
+    Preempt,
     Queued,
     Reroute,
     Routed,
@@ -231,7 +233,9 @@ class SchedulerStage(Stage):
                 await self._on_cancel(event)
             elif isinstance(event, Reroute):
                 self.gateways.rerouted(event.request_id, event.reply_to)
-            elif self.gateways.fresh(event.sent_at, time.time()):  # not an old one
+            elif isinstance(event, GatewayHeartbeat) and self.gateways.fresh(
+                event.sent_at, time.time()
+            ):  # not an old one; a `Preempt` is the workers'
                 self.gateways.heartbeat(event.reply_to, time.monotonic())
         else:
             request = decode_record(GenerationRequest, record)
@@ -373,6 +377,8 @@ class SchedulerStage(Stage):
             await asyncio.gather(
                 *(self.traces.within(d.request.request_id, self._dispatch(d)) for d in dispatches)
             )
+        for preemption in self.core.preemptions():
+            await self._preempt(preemption)
         for update in self.core.queue_updates():
             request = update.request
             await self._per_request(
@@ -467,6 +473,26 @@ class SchedulerStage(Stage):
                     flight.offset,
                 )
                 self.core.resolve_unknown(flight.request_id, None)
+
+    async def _preempt(self, preemption: Preemption) -> None:
+        """Ask the worker running the request to hand it back (`scheduler.shares`). A
+        preemption that cannot be sent is asked again later: nothing waits on it."""
+        request = preemption.request
+        log.info(
+            "preempting %s on %s for %s (org %s holds more than its share of %s)",
+            request.request_id, preemption.worker_id, preemption.for_request_id,
+            request.org_id, request.model,
+        )  # fmt: skip
+        metrics.preempted(request.tier, request.model)
+        await self.publisher.send(
+            topics.CONTROL,
+            Preempt(
+                request_id=request.request_id,
+                worker_id=preemption.worker_id,
+                attempt=request.attempt,
+            ),
+            key=request.request_id,
+        )
 
     async def _dispatch(self, dispatch: Dispatch) -> None:
         """Mark the attempt's start on the stream, then hand it to the worker. A dispatch

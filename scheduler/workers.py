@@ -18,6 +18,7 @@ from collections.abc import Container, Iterator
 from dataclasses import dataclass, field
 from typing import TypeVar
 
+from scheduler.shares import RunningShares
 from schemas.events import (
     GenerationRequest,
     SchedulerClaim,
@@ -162,12 +163,30 @@ class WorkerState:
         self.free_kv_blocks = heartbeat.free_kv_blocks
         self.stopping = heartbeat.stopping
         self.last_seen = now
-        handed_back = frozenset(heartbeat.handed_back) if heartbeat.handed_back else _NONE
+        handed_back = self._handed_back(heartbeat) if heartbeat.handed_back else _NONE
         settled = self._settle(listed, handed_back)
         settled.lost = lost
         # What it runs and what it was handed and does not list yet (not started).
         self.load = len(self.active) + len(self._unstarted)
         return settled
+
+    def _handed_back(self, heartbeat: WorkerHeartbeat) -> frozenset[str]:
+        """The requests the heartbeat hands back, but for one whose attempt in flight here
+        is a later one than the attempt handed back (it was dispatched again since)."""
+        attempts = heartbeat.handed_back_attempts
+        in_flight = self.in_flight
+
+        def later(request_id: str) -> bool:
+            flight = in_flight.get(request_id)
+            given = attempts.get(request_id)
+            return (
+                given is not None
+                and flight is not None
+                and flight.request is not None
+                and flight.request.attempt > given
+            )
+
+        return frozenset(r for r in heartbeat.handed_back if not later(r))
 
     def _settle(self, listed: frozenset[str], handed_back: frozenset[str]) -> Settled:
         """A loop only over the flights whose state changed (`_changed`: not running, or
@@ -243,6 +262,8 @@ class Registry:
         self.decided: OrderedDict[str, Decision] = OrderedDict()
         self._claimed: dict[int, int] = {}
         self._holder: dict[str, WorkerState] = {}  # request id -> the worker it is in flight on
+        self.shares = RunningShares()
+        """Who holds each model's running slots (`scheduler.shares`)."""
         self._free = FreeSlots()
         self._unread = _FirstUnread()
         self._seen_since = -math.inf
@@ -279,6 +300,8 @@ class Registry:
     def _add(self, worker: WorkerState, flight: InFlight) -> None:
         worker.add_flight(flight)
         self._holder[flight.request_id] = worker
+        if flight.request is not None:
+            self.shares.add(flight.request)
         self._free.changed(worker)
         self._unread.stale(worker.worker_id)
 
@@ -288,6 +311,7 @@ class Registry:
         flight = worker.in_flight.get(request.request_id) if worker is not None else None
         if flight is not None:
             flight.request, flight.offset = request, offset
+            self.shares.add(request)
             self._unread.stale(worker_id)
 
     def decide(self, request_id: str, decision: Decision) -> None:
@@ -297,6 +321,10 @@ class Registry:
         worker = self._holder.get(request_id)
         return None if worker is None else worker.in_flight.get(request_id)
 
+    def holder(self, request_id: str) -> WorkerState | None:
+        """The worker `request_id` is in flight on, if any."""
+        return self._holder.get(request_id)
+
     def knows(self, request_id: str) -> bool:
         """Decided, or in flight (a decision may have left the bounded memory)."""
         return request_id in self.decided or request_id in self._holder
@@ -304,6 +332,7 @@ class Registry:
     def drop(self, request_id: str) -> None:
         worker = self._holder.pop(request_id, None)
         if worker is not None:
+            self.shares.remove(request_id)
             worker.pop_flight(request_id)
             self._free.changed(worker)
             self._unread.stale(worker.worker_id)
@@ -366,6 +395,7 @@ class Registry:
         """`request_id` is no longer in flight on `worker`."""
         if self._holder.get(request_id) is worker:
             del self._holder[request_id]
+            self.shares.remove(request_id)
 
     def remove_lost(self, deadline: float) -> list[WorkerState]:
         """Forget the workers last heard of before `deadline`; returns them. A worker's

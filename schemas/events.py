@@ -271,7 +271,14 @@ class WorkerHeartbeat(Event):
         description="active request id -> (chat.work partition, offset) of its assignment",
     )
     handed_back: tuple[str, ...] = Field(
-        (), description="requests a draining worker gives back unfinished: dispatch them again"
+        (),
+        description="requests the worker gives back unfinished (draining, or preempted): "
+        "dispatch them again",
+    )
+    handed_back_attempts: dict[str, int] = Field(
+        default_factory=dict,
+        description="handed-back request id -> the attempt given back: a later attempt of "
+        "the same request, dispatched since, is not the one handed back",
     )
     running: int = 0
     waiting: int = 0
@@ -580,6 +587,19 @@ class Cancel(Event):
     sent_at: float = Field(default_factory=now)
 
 
+class Preempt(Event):
+    """The scheduler takes a running request's slot back for a tenant kept waiting: the
+    worker running `attempt` stops it and hands it back, and its next attempt continues
+    the stream where it stopped."""
+
+    type: Literal["preempt"] = "preempt"
+    request_id: str
+    worker_id: str
+    attempt: int
+    reason: str = "fair_share"
+    sent_at: float = Field(default_factory=now)
+
+
 class Reroute(Event):
     """A gateway resumed a stream: it relays it now, through `reply_to`."""
 
@@ -597,7 +617,7 @@ class GatewayHeartbeat(Event):
     sent_at: float = Field(default_factory=now)
 
 
-ControlEvent = Annotated[Cancel | Reroute | GatewayHeartbeat, Field(discriminator="type")]
+ControlEvent = Annotated[Cancel | Preempt | Reroute | GatewayHeartbeat, Field(discriminator="type")]
 GatewayEvent = Annotated[
     Delta | Queued | Routed | Retract | DeliveryError | DeliveryDone | Reroute | ToolDelivery,
     Field(discriminator="type"),

@@ -61,6 +61,11 @@ class WorkerConfig:
     """The scheduler shard of its model: it reads that shard's `chat.work.<shard>`."""
 
 
+TELL_HANDED_BACK = 3
+"""Heartbeats that list a request handed back by a worker that goes on (preempted):
+the scheduler requeues it on the first; the others cover a heartbeat it skipped as old."""
+
+
 class Take(enum.Enum):
     """What the worker does with an assignment it reads."""
 
@@ -84,6 +89,12 @@ class WorkerBook:
         self.running: dict[str, Place] = {}
         self.handed_back: dict[str, Place] = {}
         """Requests given back unfinished: the scheduler dispatches them again."""
+        self._attempts: dict[str, int] = {}
+        """The attempt of each request running or handed back here."""
+        self._unreleased: set[str] = set()
+        """Handed back, but what it streamed is not on the bus yet: listed as running."""
+        self._told: dict[str, int] = {}
+        """Heartbeats that handed a request back, while this worker goes on."""
         self.stopping = False
         self._wall = wall
         self._epochs: dict[int, int] = {}
@@ -102,9 +113,11 @@ class WorkerBook:
             return Take.SKIP
         request = assignment.request
         request_id = request.request_id
+        self._attempts[request_id] = request.attempt
         if self.stopping:
             self.handed_back[request_id] = (partition, offset)
             return Take.HAND_BACK
+        self._forget_handed_back(request_id)  # a later attempt of one handed back runs here
         self.running[request_id] = (partition, offset)
         self._rounds.hold(request)
         return Take.RUN
@@ -126,17 +139,34 @@ class WorkerBook:
     def ended(self, request: GenerationRequest) -> None:
         """The attempt ended (or found its answer ended already): a copy is skipped."""
         self.running.pop(request.request_id, None)
+        if request.request_id not in self.handed_back:
+            self._attempts.pop(request.request_id, None)
         self._rounds.release(request)
         _remember(self._finished, (request.request_id, request.attempt))
 
-    def hand_back(self, request_id: str) -> bool:
-        """Give a running request back unfinished (draining, stopping); False when it
-        is not running. It stays running until its attempt has stopped (`stopped`)."""
+    def hand_back(
+        self, request_id: str, *, attempt: int | None = None, until_released: bool = False
+    ) -> bool:
+        """Give a running request back unfinished (draining, stopping, preempted); False
+        when it is not running (or runs another `attempt`). It stays running until its
+        attempt has stopped (`stopped`); `until_released`: and until `released` says what
+        it streamed is on the bus, so its next attempt continues from all of it."""
         place = self.running.get(request_id)
-        if place is None:
+        if place is None or (attempt is not None and self._attempts.get(request_id) != attempt):
             return False
         self.handed_back[request_id] = place
+        if until_released:
+            self._unreleased.add(request_id)
         return True
+
+    def released(self, request_id: str) -> None:
+        """What the handed-back request streamed is on the bus: hand it back now."""
+        self._unreleased.discard(request_id)
+
+    def _forget_handed_back(self, request_id: str) -> None:
+        if self.handed_back.pop(request_id, None) is not None:
+            self._unreleased.discard(request_id)
+            self._told.pop(request_id, None)
 
     def stopped(self, request_id: str) -> Place | None:
         """An attempt stopped without an end: where its assignment lies when it was
@@ -168,16 +198,19 @@ class WorkerBook:
     ) -> WorkerHeartbeat:
         """The capacity report: what runs, where each assignment lies, what was handed
         back; `consumed` is each partition's next offset to read."""
-        return WorkerHeartbeat(
+        unreleased = self._unreleased
+        handed_back = tuple(r for r in self.handed_back if r not in unreleased)
+        heartbeat = WorkerHeartbeat(
             worker_id=self.worker_id,
             incarnation=self.incarnation,
             model=model,
             partitions=self.partitions,
             max_slots=max_slots,
-            active=tuple(self.running),
+            active=(*self.running, *(r for r in unreleased if r not in self.running)),
             consumed=consumed,
             assignments={**self.handed_back, **self.running},
-            handed_back=tuple(self.handed_back),
+            handed_back=handed_back,
+            handed_back_attempts={r: self._attempts[r] for r in handed_back if r in self._attempts},
             running=stats.running,
             waiting=stats.waiting,
             peak_running=peak_running,
@@ -185,6 +218,18 @@ class WorkerBook:
             stopping=self.stopping,
             sent_at=self._wall(),
         )
+        if not self.stopping:
+            self._told_once_more(handed_back)
+        return heartbeat
+
+    def _told_once_more(self, handed_back: tuple[str, ...]) -> None:
+        """A worker that goes on lists a request it handed back in `TELL_HANDED_BACK`
+        heartbeats, then forgets it (the scheduler has read the first)."""
+        for request_id in handed_back:
+            told = self._told[request_id] = self._told.get(request_id, 0) + 1
+            if told >= TELL_HANDED_BACK:
+                self._forget_handed_back(request_id)
+                self._attempts.pop(request_id, None)
 
 
 K = TypeVar("K", bound=Hashable)

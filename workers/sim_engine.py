@@ -419,7 +419,9 @@ class StepClock:
             loop = asyncio.get_running_loop()
             self._next_at = max(self._next_at + self.period_s, loop.time())
             self._timer = loop.call_at(self._next_at, self._tick)
-        await self._step
+        # Shielded: a cancelled waiter (a request stopped, or handed back) must not
+        # cancel the step every other running request waits on.
+        await asyncio.shield(self._step)
 
     def wake(self) -> None:
         """A step now, between the timer's steps (an abort)."""

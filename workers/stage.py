@@ -44,6 +44,7 @@ from schemas.events import (
     GenerationDone,
     GenerationError,
     GenerationRequest,
+    Preempt,
     SchedulerClaim,
     TokenChunk,
     ToolCallsMade,
@@ -281,6 +282,25 @@ class WorkerStage(Stage):
         self.runner.tracker.done(tp, offset)
         self.heartbeat_now.set()
 
+    async def _preempted(self, preempt: Preempt) -> None:
+        """The scheduler takes the slot of a request running here back (a tenant over its
+        share): stop it without an end, put what it streamed on the bus, then hand it
+        back; its next attempt continues the stream."""
+        request_id = preempt.request_id
+        task = self._tasks.get(request_id)
+        if preempt.worker_id != self.worker_id or task is None:
+            return
+        if not self.book.hand_back(request_id, attempt=preempt.attempt, until_released=True):
+            return
+        log.info("preempted %s (attempt %d): %s", request_id, preempt.attempt, preempt.reason)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        try:
+            await self.publisher.flush()
+        finally:
+            self.book.released(request_id)
+            self.heartbeat_now.set()
+
     def _hand_back(self, request_id: str) -> None:
         task = self._tasks.get(request_id)
         if task is not None and self.book.hand_back(request_id):
@@ -288,6 +308,9 @@ class WorkerStage(Stage):
 
     async def _on_control(self, record: ConsumerRecord) -> None:
         event = decode_record(CONTROL_EVENT, record)
+        if isinstance(event, Preempt):
+            await self._preempted(event)
+            return
         if not isinstance(event, Cancel):
             return
         running = self.book.cancel(event)

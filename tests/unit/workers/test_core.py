@@ -20,7 +20,15 @@ from schemas.events import (
 )
 from schemas.lifecycle import RequestStatus
 from workers.coalesce import ChunkPacing
-from workers.core import DEFAULT_PACING, NOTHING, Attempt, PriorOutput, Take, WorkerBook
+from workers.core import (
+    DEFAULT_PACING,
+    NOTHING,
+    TELL_HANDED_BACK,
+    Attempt,
+    PriorOutput,
+    Take,
+    WorkerBook,
+)
 from workers.engine import Continuation, EngineOutput, EngineStats
 
 
@@ -153,6 +161,46 @@ def test_an_attempt_stopped_without_being_handed_back_is_not_done_here():
     worker.take(assignment(), 1, 5)
     assert worker.stopped("r") is None
     assert worker.running == {}
+
+
+def beat_of(worker: WorkerBook):
+    return worker.heartbeat("tiny", 8, EngineStats(running=1, waiting=0), 1, {0: 9})
+
+
+def test_a_preempted_request_is_listed_running_until_its_stream_is_released():
+    worker = book()
+    worker.take(assignment("r", attempt=2), 0, 5)
+    assert not worker.hand_back("r", attempt=1, until_released=True)  # another attempt's
+    assert worker.hand_back("r", attempt=2, until_released=True)
+    assert worker.stopped("r") == (0, 5)
+    beat = beat_of(worker)
+    assert (beat.active, beat.handed_back) == (("r",), ())  # its tokens are not out yet
+    worker.released("r")
+    beat = beat_of(worker)
+    assert (beat.active, beat.handed_back, beat.handed_back_attempts) == ((), ("r",), {"r": 2})
+    assert beat.assignments == {"r": (0, 5)}
+
+
+def test_a_worker_that_goes_on_forgets_a_hand_back_after_telling_it_a_few_times():
+    worker = book()
+    worker.take(assignment("r"), 0, 5)
+    worker.hand_back("r", until_released=True)
+    worker.stopped("r")
+    worker.released("r")
+    told = [beat_of(worker).handed_back for _ in range(TELL_HANDED_BACK + 1)]
+    assert told == [("r",)] * TELL_HANDED_BACK + [()]
+    assert worker.handed_back == {}
+
+
+def test_the_next_attempt_of_a_request_handed_back_here_runs_here():
+    worker = book()
+    worker.take(assignment("r"), 0, 5)
+    worker.hand_back("r", until_released=True)
+    worker.stopped("r")
+    worker.released("r")
+    assert worker.take(assignment("r", attempt=1), 0, 9) is Take.RUN
+    beat = beat_of(worker)
+    assert (beat.active, beat.handed_back, beat.assignments) == (("r",), (), {"r": (0, 9)})
 
 
 def test_cancels():

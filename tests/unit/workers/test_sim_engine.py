@@ -11,7 +11,7 @@ from schemas.events import ChatMessage, GenerationRequest, Role, SamplingOptions
 from schemas.lifecycle import RequestStatus
 from tests.support.chat import until
 from workers.engine import EngineOutput, EngineStats
-from workers.sim_engine import SimEngine, SimEngineFailure, plan_reply
+from workers.sim_engine import SimEngine, SimEngineFailure, StepClock, plan_reply
 
 
 def make_request(
@@ -165,3 +165,17 @@ async def test_a_freed_slot_goes_to_a_waiting_request():
     assert engine.peak_running == 1
     assert [r[-1].completion_tokens for r in results] == [20, 20, 20]
     assert engine.stats().waiting == 0
+
+
+async def test_a_waiter_cancelled_mid_step_leaves_the_others_waiting_for_it():
+    # What a preempted or handed-back request does: its task is cancelled while every
+    # running request waits on the same step.
+    steps = StepClock(0.01)
+    steps.join()
+    steps.join()
+    kept = asyncio.create_task(steps.next())
+    gone = asyncio.create_task(steps.next())
+    await asyncio.sleep(0)  # both wait on the step
+    gone.cancel()
+    await asyncio.wait_for(kept, 1)  # the step still comes for the other
+    assert kept.done() and not kept.cancelled()

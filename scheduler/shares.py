@@ -1,0 +1,133 @@
+"""Who holds a model's running slots: counts per org and per user, and the request to
+preempt so that a tenant kept waiting gets its fair share.
+
+The waiting set is fair already (`FairQueue`), but a tenant whose requests arrived while
+slots were free can hold every one of them for as long as its answers run. So when a
+request cannot get a slot of its model, the scheduler asks `victim` whether another
+tenant holds more than its share: the org with the most slots of the model (within an
+org, the user with the most) gives one back if it holds at least two more than the
+waiting request's org (or user). Repeated as long as someone waits, that converges on
+equal slots per org, then per user, among those who want them (max-min fairness); a
+tenant alone keeps every slot (nothing waits, so nothing is preempted).
+
+Only a request of the waiting request's tier or a lower one is preempted: tiers are the
+operator's priority (`Policy.min_share` keeps lower tiers served). Nor is one whose
+output is held to a JSON schema (a constrained tool call, a `response_format`): its
+next attempt could not continue it (`workers.core.Attempt.resume`). The request given
+back is the tenant's newest: it has done the least work, which its next attempt, on
+whichever worker, prefills again before it continues the stream.
+
+Every update and the victim's choice are O(1) in the running requests, but for the
+scan over the orgs (and an org's users) running the model.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from typing import TypeVar
+
+from schemas.events import GenerationRequest
+from schemas.topics import Tier
+
+_RANK = {tier: tier.rank for tier in Tier}
+K = TypeVar("K")
+NOT_PREEMPTABLE = -1
+"""Below every tier's rank: no waiting request may preempt it."""
+
+
+def preemptable(request: GenerationRequest) -> bool:
+    """Whether a next attempt can continue `request` where this one stops."""
+    tool_use = request.tool_use
+    return not (tool_use is not None and tool_use.constrained) and not request.sampling.structured
+
+
+@dataclass(frozen=True, slots=True)
+class _Running:
+    model: str
+    org: str
+    user: str
+    rank: int
+
+
+class RunningShares:
+    """The requests running (handed out and not ended) per model, by org and user."""
+
+    def __init__(self) -> None:
+        self._of: dict[str, _Running] = {}
+        self._orgs: dict[str, Counter[str]] = {}  # model -> org -> slots
+        self._users: dict[tuple[str, str], Counter[str]] = {}  # (model, org) -> user -> slots
+        self._newest: dict[tuple[str, str, str], dict[str, int]] = {}
+        """(model, org, user) -> its running request ids, oldest first, with their tier's
+        rank (`NOT_PREEMPTABLE`: never preempted)."""
+
+    def __len__(self) -> int:
+        return len(self._of)
+
+    def add(self, request: GenerationRequest) -> None:
+        request_id = request.request_id
+        if request_id in self._of:
+            self.remove(request_id)
+        running = _Running(request.model, request.org_id, request.user_id, _RANK[request.tier])
+        self._of[request_id] = running
+        self._orgs.setdefault(running.model, Counter())[running.org] += 1
+        self._users.setdefault((running.model, running.org), Counter())[running.user] += 1
+        key = (running.model, running.org, running.user)
+        self._newest.setdefault(key, {})[request_id] = (
+            running.rank if preemptable(request) else NOT_PREEMPTABLE
+        )
+
+    def remove(self, request_id: str) -> None:
+        running = self._of.pop(request_id, None)
+        if running is None:
+            return
+        model, org, user = running.model, running.org, running.user
+        _take(self._orgs, model, org)
+        _take(self._users, (model, org), user)
+        requests = self._newest[(model, org, user)]
+        del requests[request_id]
+        if not requests:
+            del self._newest[(model, org, user)]
+
+    def slots(self, model: str, org: str, user: str | None = None) -> int:
+        """Slots of `model` that `org` (or its `user`) holds."""
+        if user is None:
+            return self._orgs.get(model, Counter())[org]
+        return self._users.get((model, org), Counter())[user]
+
+    def victim(self, waiting: GenerationRequest) -> str | None:
+        """The running request to preempt so that `waiting` (which found no free slot of
+        its model) gets one: the newest of the tenant over its share, or None."""
+        model, org, user = waiting.model, waiting.org_id, waiting.user_id
+        rank = _RANK[waiting.tier]
+        orgs = self._orgs.get(model)
+        if not orgs:
+            return None
+        top_org, top = max(orgs.items(), key=lambda item: item[1])
+        if top_org != org:
+            if top < orgs[org] + 2:
+                return None
+            return self._newest_of(model, top_org, None, rank)
+        users = self._users[(model, org)]
+        top_user, top = max(users.items(), key=lambda item: item[1])
+        if top_user == user or top < users[user] + 2:
+            return None
+        return self._newest_of(model, org, top_user, rank)
+
+    def _newest_of(self, model: str, org: str, user: str | None, rank: int) -> str | None:
+        """The newest request of `org` (of its `user`; else of its user with the most
+        slots) on `model` in a tier ranked `rank` or lower."""
+        if user is None:
+            users = self._users[(model, org)]
+            user = max(users.items(), key=lambda item: item[1])[0]
+        requests = self._newest[(model, org, user)]
+        return next((r for r in reversed(requests) if requests[r] >= rank), None)
+
+
+def _take(counters: dict[K, Counter[str]], key: K, name: str) -> None:
+    counter = counters[key]
+    counter[name] -= 1
+    if counter[name] <= 0:
+        del counter[name]
+    if not counter:
+        del counters[key]
