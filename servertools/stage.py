@@ -14,9 +14,9 @@ server-tools round, goes to chat.dlq.
 Every round ends: a call that fails is the model's error result (`Toolbox.run` never
 raises), and a round whose results or next round cannot be built or sent (the bus
 refusing a next round too large for it, say) goes to chat.dlq by the runner's own path
-(`StageRunner.failed`) and its answer ends with an error on its stream (`on_failure`):
-`pipeline_rejected` when the bus refused a record, `tool_round_failed` otherwise. The
-round is committed past then, never run again.
+(`StageRunner.failed`) and its answer ends with an error on its stream (`on_failure`,
+`servertools.failures`): `pipeline_rejected` when the bus refused a record,
+`tool_round_failed` otherwise. The round is committed past then, never run again.
 """
 
 from __future__ import annotations
@@ -29,22 +29,19 @@ from collections.abc import Awaitable, Callable
 from aiokafka.structs import ConsumerRecord, TopicPartition
 
 from bus.clients import KafkaConfig
-from bus.produce_failures import PIPELINE_REJECTED, PIPELINE_REJECTED_MESSAGE, RecordRejected
 from bus.stage_runner import RunnerOptions, Stage, StageRunner
 from bus.subscriber import decode_record
 from schemas import topics
 from schemas.codec import EventDecodeError
 from schemas.events import ToolRound
 from servertools.core import caller_of, next_round, results, round_failed
+from servertools.failures import round_error
 from servertools.toolbox import Toolbox
 
 log = logging.getLogger(__name__)
 
 STAGE = "tools"
 GROUP = "chatpipe-tools"
-TOOL_ROUND_FAILED = "tool_round_failed"
-TOOL_ROUND_FAILED_MESSAGE = "the server tools could not hand this answer on"
-"""What the client reads: the cause stays in the stage's log and on `chat.dlq`."""
 
 
 class ToolsStage(Stage):
@@ -129,10 +126,7 @@ class ToolsStage(Stage):
             return  # nothing says which answer it belonged to
         if tool_round.request.server_tools is None:
             return  # not a server-tools round: no answer of this stage's to end
-        if isinstance(exc, RecordRejected):
-            end = round_failed(tool_round, PIPELINE_REJECTED, PIPELINE_REJECTED_MESSAGE)
-        else:
-            end = round_failed(tool_round, TOOL_ROUND_FAILED, TOOL_ROUND_FAILED_MESSAGE)
+        end = round_failed(tool_round, *round_error(exc))
         await self.runner.publisher.send_and_wait(
             topics.TOKENS, end, key=tool_round.request.conversation_id
         )

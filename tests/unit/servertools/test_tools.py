@@ -1,5 +1,6 @@
 """Server-side tools, their pure parts: the calculator, the clock,
-the tools core (results, next round, the rounds bound), the toolbox's error results,
+the tools core (results, next round, the rounds bound, a round's end when it cannot be
+handed on), the toolbox's error results (a raise, a result the bus cannot carry),
 the worker pausing a round on its calls, the safety stage showing the steps, and the
 stored answer keeping them."""
 
@@ -11,6 +12,7 @@ import json
 
 import pytest
 
+from bus.produce_failures import PIPELINE_REJECTED, PIPELINE_REJECTED_MESSAGE, RecordRejected
 from conversations.answers import AnswerBuilder, answer_started
 from safety.core import Deliver, SafetyCore
 from schemas.answer import AnswerLog
@@ -50,6 +52,7 @@ from servertools.core import (
     results,
     round_failed,
 )
+from servertools.failures import TOOL_ROUND_FAILED, TOOL_ROUND_FAILED_MESSAGE, round_error
 from servertools.toolbox import Toolbox
 from workers.core import DEFAULT_PACING, NOTHING, Attempt, WorkerBook
 from workers.engine import EngineOutput
@@ -324,6 +327,14 @@ def test_a_round_that_cannot_be_handed_on_ends_after_its_results():
     for event in answered:
         assert log.take(event)
     assert log.take(end) and log.ended  # it follows the results on the stream
+
+
+def test_a_round_that_cannot_be_handed_on_tells_a_code_never_the_exception():
+    refused = RecordRejected("chat.requests.free", ValueError("8388700 bytes is too large"))
+    assert round_error(refused) == (PIPELINE_REJECTED, PIPELINE_REJECTED_MESSAGE)
+    code, message = round_error(KeyError("/srv/secret/path"))
+    assert code == TOOL_ROUND_FAILED == "tool_round_failed"
+    assert "secret" not in message and message == TOOL_ROUND_FAILED_MESSAGE
 
 
 def test_after_the_last_round_the_model_is_shown_no_tools():
