@@ -31,9 +31,11 @@ What the runner calls, on the stage it runs:
 
 While `run` runs, the handler may use `runner.publisher` (a `RetryingPublisher`: it
 sends events), `runner.tracker` (to hold a record open: `started`, later `done`) and
-`runner.consumer`. A stage that runs more than this loop (the workers' control consumer
-and drain, the scheduler's claim and journal replay) calls `start`, `consume`, `commit`
-and `stop` itself instead of `run`.
+`runner.consumer`. Work a handler holds open and finishes later (the tools stage's
+rounds) that fails calls `runner.failed(record, exc)`: the same dead letter and
+`on_failure` as a handler that raised. A stage that runs more than this loop (the
+workers' control consumer and drain, the scheduler's claim and journal replay) calls
+`start`, `consume`, `commit` and `stop` itself instead of `run`.
 
 A stage that must not wait for a group to rebalance (the scheduler: a restart would wait
 out a dead member's session) reads by assignment (`RunnerOptions(assign=True)`): every
@@ -86,7 +88,7 @@ from bus.clients import KafkaConfig
 from bus.fetch_pace import BEATS, Batch, PacedConsumer
 from bus.offsets import OffsetTracker
 from bus.produce_failures import RetryingPublisher
-from bus.subscriber import consume
+from bus.subscriber import consume, failed
 from bus.topics import topic_partitions
 
 log = logging.getLogger(__name__)
@@ -262,6 +264,12 @@ class StageRunner:
             max_records=self.options.max_records,
             until=until,
         )
+
+    async def failed(self, record: ConsumerRecord, exc: Exception) -> None:
+        """`record`, held open (`tracker.started`), failed after its handler returned:
+        dead-letter it and end what it belonged to (`on_failure`), as for a handler
+        that raised. It never raises; the caller then marks the record done."""
+        await failed(self.name, self.publisher, record, exc, self.stage.on_failure)
 
     async def commit(self) -> None:
         """Commit every partition's done records (below its floor, as the stage's rule

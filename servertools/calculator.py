@@ -4,6 +4,11 @@ An expression is parsed by Python's own parser (`ast`, mode `eval`) and walked: 
 numbers, `+ - * / // % **`, unary `+ -` and parentheses are allowed; anything else (a
 name, a call, an attribute, a string) is refused. Sizes are bounded so no expression
 can take long: its length, an exponent, and every intermediate result's magnitude.
+
+The result is a JSON number, except an integer beyond what every JSON reader holds
+exactly (magnitude over 2**53, a double's integers): that one is its exact decimal
+digits in a string (`2 ** 64` gives `"18446744073709551616"`), so neither the bus's
+encoder (64-bit integers at most) nor a reader parsing it as a double changes a digit.
 """
 
 from __future__ import annotations
@@ -19,6 +24,8 @@ from schemas.tools import FunctionSpec, ToolSpec
 MAX_CHARS = 200
 MAX_EXPONENT = 100
 MAX_MAGNITUDE = 1e100
+EXACT_INTEGER = 2**53
+"""The largest integer magnitude given as a JSON number; a larger one is a string."""
 
 SPEC = ToolSpec(
     function=FunctionSpec(
@@ -99,8 +106,15 @@ def _bounded(value: Any) -> int | float:
     return value
 
 
+def as_json(value: int | float) -> int | float | str:
+    """`value` as the tool's result: an integer over `EXACT_INTEGER` as its digits."""
+    if isinstance(value, int) and abs(value) > EXACT_INTEGER:
+        return str(value)
+    return value
+
+
 class Calculator:
-    """The tool: `{"expression": ...}` in, `{"expression", "result"}` out."""
+    """The tool: `{"expression": ...}` in, `{"expression", "result"}` out (`as_json`)."""
 
     spec = SPEC
 
@@ -108,4 +122,4 @@ class Calculator:
         expression = arguments.get("expression")
         if not isinstance(expression, str):
             raise CalculationError("expression: a string is required")
-        return {"expression": expression, "result": calculate(expression)}
+        return {"expression": expression, "result": as_json(calculate(expression))}

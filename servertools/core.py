@@ -7,7 +7,9 @@ A server-tools round that called tools ends on its worker (`ToolCallsMade` on
 calls, then queues the next round: the same turn, the calls and results appended to
 its messages, as a new request (`round_request_id`) through the scheduler, which
 places it on the conversation's previous worker while it has room (prefix cache).
-After `max_rounds` rounds the model is shown no tools: it answers in text.
+After `max_rounds` rounds the model is shown no tools: it answers in text. A round
+whose results or next round cannot be built or sent ends the answer instead
+(`round_failed`): an error at the position after its results.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import orjson
 
 from schemas.events import (
     ChatMessage,
+    GenerationError,
     GenerationRequest,
     Role,
     ToolResult,
@@ -46,9 +49,14 @@ class Outcome:
     error: bool = False
 
 
+ERROR_CHARS = 1000
+"""The most of an error's message the model is given."""
+
+
 def error_outcome(message: str) -> Outcome:
-    """The result a failed call gives the model: `{"error": message}`."""
-    return Outcome(orjson.dumps({"error": message}).decode(), error=True)
+    """The result a failed call gives the model: `{"error": message}` (its first
+    `ERROR_CHARS` characters)."""
+    return Outcome(orjson.dumps({"error": message[:ERROR_CHARS]}).decode(), error=True)
 
 
 def caller_of(tool_round: ToolRound) -> Caller:
@@ -69,6 +77,15 @@ def results(tool_round: ToolRound, outcomes: Sequence[Outcome]) -> list[ToolResu
         )
         for index, (call, outcome) in enumerate(zip(tool_round.calls.calls, outcomes, strict=True))
     ]
+
+
+def round_failed(tool_round: ToolRound, code: str, message: str) -> GenerationError:
+    """The answer's end when its round could not be handed on: an error of the round's
+    attempt at the position after its results (the next round's first), so it follows
+    whatever of the round is on the stream already."""
+    calls = len(tool_round.calls.calls)
+    first = tool_round.seq + calls_span(calls) + calls
+    return GenerationError(**stream_fields(tool_round.request, first), code=code, message=message)
 
 
 def next_round(tool_round: ToolRound, answered: Sequence[ToolResult]) -> GenerationRequest:

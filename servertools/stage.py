@@ -2,12 +2,21 @@
 `chat.tokens`, then the turn's next round on `chat.requests.<tier>`.
 The decisions are `servertools.core`'s, the calls `servertools.toolbox`'s.
 
-Rounds run side by side (a slow tool holds no other turn up). Commit policy: a
-round's offset is committed once its results and next round are acknowledged
-(`tracker.started` holds it open until then), so a stage killed mid-call runs the
-round again on restart: its results land at the same positions (the one answer rule
-drops the copies) and its next round has the same request id (the scheduler runs it
-once). An event that does not parse, or is no server-tools round, goes to chat.dlq.
+Rounds run side by side (a slow tool holds no other turn up); within a round each
+result is acknowledged before the next is sent, so they land in order and one the bus
+refuses is seen. Commit policy: a round's offset is committed once its results and
+next round are acknowledged (`tracker.started` holds it open until then), so a stage
+killed mid-call runs the round again on restart: its results land at the same
+positions (the one answer rule drops the copies) and its next round has the same
+request id (the scheduler runs it once). An event that does not parse, or is no
+server-tools round, goes to chat.dlq.
+
+Every round ends: a call that fails is the model's error result (`Toolbox.run` never
+raises), and a round whose results or next round cannot be built or sent (the bus
+refusing a next round too large for it, say) goes to chat.dlq by the runner's own path
+(`StageRunner.failed`) and its answer ends with an error on its stream (`on_failure`,
+`servertools.failures`): `pipeline_rejected` when the bus refused a record,
+`tool_round_failed` otherwise. The round is committed past then, never run again.
 """
 
 from __future__ import annotations
@@ -23,8 +32,10 @@ from bus.clients import KafkaConfig
 from bus.stage_runner import RunnerOptions, Stage, StageRunner
 from bus.subscriber import decode_record
 from schemas import topics
+from schemas.codec import EventDecodeError
 from schemas.events import ToolRound
-from servertools.core import caller_of, next_round, results
+from servertools.core import caller_of, next_round, results, round_failed
+from servertools.failures import round_error
 from servertools.toolbox import Toolbox
 
 log = logging.getLogger(__name__)
@@ -71,13 +82,22 @@ class ToolsStage(Stage):
         tool_round = decode_record(ToolRound, record)
         if tool_round.request.server_tools is None:
             raise ValueError("a tool round of a turn without server tools")
-        tp = TopicPartition(record.topic, record.partition)
-        self.runner.tracker.started(tp, record.offset)
-        task = asyncio.create_task(self._run(tool_round, tp, record.offset))
+        self.runner.tracker.started(TopicPartition(record.topic, record.partition), record.offset)
+        task = asyncio.create_task(self._run(tool_round, record))
         self._rounds.add(task)
         task.add_done_callback(self._rounds.discard)
 
-    async def _run(self, tool_round: ToolRound, tp: TopicPartition, offset: int) -> None:
+    async def _run(self, tool_round: ToolRound, record: ConsumerRecord) -> None:
+        try:
+            await self._round(tool_round)
+        except asyncio.CancelledError:
+            raise  # stopping: not done, the next owner of the partition runs it again
+        except Exception as exc:  # noqa: BLE001 - a round's failure ends its answer, not the stage
+            await self.runner.failed(record, exc)  # logged, dead-lettered, answer ended
+        self.runner.tracker.done(TopicPartition(record.topic, record.partition), record.offset)
+
+    async def _round(self, tool_round: ToolRound) -> None:
+        """Run the calls, send their results, then queue the next round."""
         request = tool_round.request
         log.info(
             "round %s of %s: running %d call(s)",
@@ -85,25 +105,31 @@ class ToolsStage(Stage):
             request.answer_id,
             len(tool_round.calls.calls),
         )
+        caller = caller_of(tool_round)
+        outcomes = await asyncio.gather(
+            *(self.toolbox.run(call, caller) for call in tool_round.calls.calls)
+        )
+        answered = results(tool_round, outcomes)
+        publisher = self.runner.publisher
+        for result in answered:
+            await publisher.send_and_wait(topics.TOKENS, result, key=request.conversation_id)
+        following = next_round(tool_round, answered)
+        await publisher.send_and_wait(
+            topics.requests_topic(following.tier), following, key=request.conversation_id
+        )
+
+    async def on_failure(self, record: ConsumerRecord, exc: Exception) -> None:
+        """A round that could not be handed on ends its answer with an error."""
         try:
-            caller = caller_of(tool_round)
-            outcomes = await asyncio.gather(
-                *(self.toolbox.run(call, caller) for call in tool_round.calls.calls)
-            )
-            answered = results(tool_round, outcomes)
-            publisher = self.runner.publisher
-            for result in answered:
-                await publisher.send(topics.TOKENS, result, key=request.conversation_id)
-            await publisher.flush()  # the results are on the stream before the next round
-            following = next_round(tool_round, answered)
-            await publisher.send_and_wait(
-                topics.requests_topic(following.tier), following, key=request.conversation_id
-            )
-        except asyncio.CancelledError:
-            raise  # stopping: not done, the next owner of the partition runs it again
-        except Exception:  # one round's failure must not stop the stage
-            log.exception("tool round of %s failed", request.request_id)
-        self.runner.tracker.done(tp, offset)
+            tool_round = decode_record(ToolRound, record)
+        except EventDecodeError:
+            return  # nothing says which answer it belonged to
+        if tool_round.request.server_tools is None:
+            return  # not a server-tools round: no answer of this stage's to end
+        end = round_failed(tool_round, *round_error(exc))
+        await self.runner.publisher.send_and_wait(
+            topics.TOKENS, end, key=tool_round.request.conversation_id
+        )
 
 
 async def _warmed(warm_up: Callable[[], Awaitable[None]]) -> None:

@@ -7,6 +7,7 @@ and the answer still ends."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 from aiokafka import AIOKafkaProducer
@@ -93,6 +94,23 @@ async def test_a_failing_or_unknown_tool_gives_the_model_an_error_and_the_answer
             assert answer["error"] and error in json.loads(answer["content"])["error"]
             assert result.of("done")[-1].json()["status"] == "finished_stopped"
             await recorded(client, cid, result.request["message_id"])
+
+
+async def test_a_result_beyond_64_bits_ends_its_turn_within_seconds(sim_stack: Stack) -> None:
+    """`2 ** 64` is inside the calculator's bounds, but beyond the bus encoder's 64-bit
+    integers: the turn still ends, at once, with the exact value for the model."""
+    async with client_for(sim_stack) as client:
+        cid = await new_conversation(client)
+        asked = ask(client, cid, calling("calculator", {"expression": "2 ** 64"}))
+        result = await asyncio.wait_for(asked, 10)
+        _, answer = step(result)
+        assert not answer["error"]
+        assert json.loads(answer["content"]) == {
+            "expression": "2 ** 64",
+            "result": "18446744073709551616",
+        }
+        assert result.text == ANSWER
+        assert result.of("done")[-1].json()["status"] == "finished_stopped"
 
 
 async def test_a_tool_that_is_not_on_is_refused_before_anything_runs(sim_stack: Stack) -> None:

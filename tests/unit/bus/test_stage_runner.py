@@ -66,6 +66,34 @@ async def test_a_record_that_fails_is_dead_lettered_and_committed_past():
     assert consumer.commits == [{TP: 2}]
 
 
+async def test_a_record_held_open_that_fails_later_takes_the_same_dead_letter_path():
+    """Work a handler holds open (`tracker.started`) and fails after it returned: the
+    record is dead-lettered, `on_failure` ends what it belonged to, and once marked done
+    it is committed past."""
+    consumer = FakeConsumer([record(0)], [])
+    ended: list[tuple[int, str]] = []
+
+    async def handle(r: ConsumerRecord) -> None:
+        stage.tracker.started(TP, r.offset)
+
+    async def on_failure(r: ConsumerRecord, exc: Exception) -> None:
+        ended.append((r.offset, str(exc)))
+
+    stage = runner(consumer, FakeStage(handle, on_failure=on_failure))
+    await stage.consume(until=lambda: len(consumer.batches) == 1)
+    assert consumer.commits == [{TP: 0}]  # held open: nothing past it
+    assert stage.publisher.sent == []  # type: ignore[attr-defined]
+
+    await stage.failed(record(0), RuntimeError("the round failed"))
+    stage.tracker.done(TP, 0)
+    await stage.consume(until=lambda: not consumer.batches)
+    [(topic, letter)] = stage.publisher.sent  # type: ignore[attr-defined]
+    assert topic == "chat.dlq" and letter.error == "RuntimeError: the round failed"
+    assert (letter.stage, letter.offset) == ("billing", 0)
+    assert ended == [(0, "the round failed")]
+    assert consumer.commits[-1] == {TP: 1}
+
+
 async def test_never_commits_past_the_floor_nor_a_record_held_open():
     consumer = FakeConsumer([record(0), record(1), record(2)], [])
     floor: dict[TopicPartition, int] = {TP: 1}

@@ -1,5 +1,6 @@
 """Server-side tools, their pure parts: the calculator, the clock,
-the tools core (results, next round, the rounds bound), the toolbox's error results,
+the tools core (results, next round, the rounds bound, a round's end when it cannot be
+handed on), the toolbox's error results (a raise, a result the bus cannot carry),
 the worker pausing a round on its calls, the safety stage showing the steps, and the
 stored answer keeping them."""
 
@@ -11,6 +12,7 @@ import json
 
 import pytest
 
+from bus.produce_failures import PIPELINE_REJECTED, PIPELINE_REJECTED_MESSAGE, RecordRejected
 from conversations.answers import AnswerBuilder, answer_started
 from safety.core import Deliver, SafetyCore
 from schemas.answer import AnswerLog
@@ -41,7 +43,16 @@ from schemas.tools import (
 from servertools.calculator import CalculationError, Calculator, calculate
 from servertools.catalog import SPECS
 from servertools.clock import Clock, now_in
-from servertools.core import Caller, Outcome, error_outcome, next_round, results
+from servertools.core import (
+    ERROR_CHARS,
+    Caller,
+    Outcome,
+    error_outcome,
+    next_round,
+    results,
+    round_failed,
+)
+from servertools.failures import TOOL_ROUND_FAILED, TOOL_ROUND_FAILED_MESSAGE, round_error
 from servertools.toolbox import Toolbox
 from workers.core import DEFAULT_PACING, NOTHING, Attempt, WorkerBook
 from workers.engine import EngineOutput
@@ -96,6 +107,28 @@ async def test_the_calculator_tool_answers_with_the_expression_and_result():
         await Calculator()({"expression": 42}, None)
 
 
+@pytest.mark.parametrize(
+    ("expression", "result"),
+    [
+        ("2 ** 53", 2**53),
+        ("-(2 ** 53)", -(2**53)),
+        ("2 ** 53 + 1", "9007199254740993"),
+        ("2 ** 64", "18446744073709551616"),
+        ("-(2 ** 64)", "-18446744073709551616"),
+        ("10 ** 100", "1" + "0" * 100),
+        ("2.0 ** 64", 2.0**64),
+    ],
+)
+async def test_the_calculator_gives_an_integer_no_json_reader_holds_exactly_as_digits(
+    expression, result
+):
+    """Every result is a value the bus carries and a reader parses without a digit lost:
+    an integer over 2**53 is its decimal digits."""
+    box = Toolbox([Calculator()], timeout_s=1.0)
+    outcome = await box.run(call("calculator", json.dumps({"expression": expression})), CALLER)
+    assert not outcome.error and json.loads(outcome.content)["result"] == result
+
+
 # --- the clock -------------------------------------------------------------------------
 
 NOON = dt.datetime(2026, 7, 1, 12, 0, 5, tzinfo=dt.UTC)
@@ -135,6 +168,33 @@ def call(name: str, arguments: str, index: int = 0) -> ToolCall:
     return ToolCall(id=f"call_{index}", function=FunctionCall(name=name, arguments=arguments))
 
 
+CALLER = Caller("o", "u")
+
+
+class Gives:
+    """A tool that returns `value`, whatever it is."""
+
+    spec = SPECS["clock"]
+
+    def __init__(self, value: object) -> None:
+        self.value = value
+
+    async def __call__(self, arguments, caller):
+        return self.value
+
+
+class Unprintable(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("no text either")
+
+
+class RaisesUnprintably:
+    spec = SPECS["clock"]
+
+    async def __call__(self, arguments, caller):
+        raise Unprintable()
+
+
 async def test_the_toolbox_turns_every_failure_into_an_error_result():
     box = Toolbox([Calculator(), Slow(), Raises()], timeout_s=0.01)
     caller = Caller("o", "u")
@@ -152,6 +212,39 @@ async def test_the_toolbox_turns_every_failure_into_an_error_result():
     for made, error in cases.items():
         outcome = await box.run(made, caller)
         assert outcome.error and json.loads(outcome.content) == {"error": error}
+
+
+@pytest.mark.parametrize(
+    ("value", "why"),
+    [
+        ({"n": 2**64}, "Integer exceeds 64-bit range"),
+        ([-(2**63) - 1], "Integer exceeds 64-bit range"),
+        ({"x": float("nan")}, "a number is not finite"),
+        ({"deep": [[1.0, {"y": float("-inf")}]]}, "a number is not finite"),
+        ({"s": {1, 2}}, "not JSON serializable: set"),
+        ({"o": object()}, "not JSON serializable: object"),
+        ({1: "one"}, "Dict key must be str"),
+        ({"text": "x" * 8000}, "longer than 8000 characters"),
+    ],
+)
+async def test_a_result_the_bus_cannot_carry_is_the_models_error(value, why):
+    outcome = await Toolbox([Gives(value)], timeout_s=1.0).run(call("clock", "{}"), CALLER)
+    assert outcome.error and why in json.loads(outcome.content)["error"]
+
+
+async def test_json_results_pass_whole_none_and_large_64_bit_integers_included():
+    for value in ({"n": None, "big": 2**64 - 1, "small": -(2**63)}, [1.5, "null", None], 7):
+        outcome = await Toolbox([Gives(value)], timeout_s=1.0).run(call("clock", "{}"), CALLER)
+        assert not outcome.error and json.loads(outcome.content) == value
+
+
+async def test_the_toolbox_never_raises_a_tools_failure():
+    """Even a failure that cannot be described is an error result, never a raise."""
+    box = Toolbox([RaisesUnprintably()], timeout_s=1.0)
+    outcome = await box.run(call("clock", "{}"), CALLER)
+    assert outcome.error and json.loads(outcome.content) == {"error": "clock failed"}
+    long = error_outcome("x" * 5000)
+    assert len(json.loads(long.content)["error"]) == ERROR_CHARS
 
 
 # --- the tools core: results and the next round ------------------------------------------
@@ -220,6 +313,28 @@ def test_the_next_round_appends_the_calls_and_results_and_is_its_own_request():
     assert following.tool_use.choice == "auto" and following.tool_use.function is None
     # the stream events of the next round carry the answer's id
     assert stream_fields(following, 10)["request_id"] == "r"
+
+
+def test_a_round_that_cannot_be_handed_on_ends_after_its_results():
+    tool_round = a_round(first_round(), calls=2, seq=5)
+    answered = results(tool_round, [Outcome("1"), Outcome("2")])
+    end = round_failed(tool_round, "tool_round_failed", "could not")
+    # ToolCallsMade at 5 (text 5, calls 6 and 7), results 8 and 9: the end is at 10
+    assert (end.request_id, end.attempt, end.seq) == ("r", 1, 10)
+    assert end.seq == next_round(tool_round, answered).server_tools.first_seq
+    assert (end.code, end.message, end.conversation_id) == ("tool_round_failed", "could not", "c")
+    log = AnswerLog()
+    for event in answered:
+        assert log.take(event)
+    assert log.take(end) and log.ended  # it follows the results on the stream
+
+
+def test_a_round_that_cannot_be_handed_on_tells_a_code_never_the_exception():
+    refused = RecordRejected("chat.requests.free", ValueError("8388700 bytes is too large"))
+    assert round_error(refused) == (PIPELINE_REJECTED, PIPELINE_REJECTED_MESSAGE)
+    code, message = round_error(KeyError("/srv/secret/path"))
+    assert code == TOOL_ROUND_FAILED == "tool_round_failed"
+    assert "secret" not in message and message == TOOL_ROUND_FAILED_MESSAGE
 
 
 def test_after_the_last_round_the_model_is_shown_no_tools():
