@@ -236,8 +236,8 @@ def build_gateway_deps(
     config = gateway_config(settings)
     context = ContextBuilder.from_config(config.context)
     cached = config.response_cache
-    served: Pipeline = (CachedPipeline(pipeline, pipeline, store, cached) if cached.ttl_s > 0
-                        else pipeline)  # fmt: skip
+    served: Pipeline = (CachedPipeline(pipeline, pipeline, store, cached, safety.output_policy)
+                        if cached.ttl_s > 0 else pipeline)  # fmt: skip
     return GatewayDeps(
         config,
         store,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -36,6 +36,9 @@ class Verdict:
 
 class Classifier(Protocol):
     name: str
+    settings: Mapping[str, object]
+    """What it trips on, as plain values: two classifiers of one name with equal settings
+    give the same verdicts (`SafetyPolicy.output_policy` digests them)."""
 
     async def classify(self, text: str) -> Verdict | None: ...
 
@@ -72,6 +75,7 @@ class RuleClassifier:
             (category, re.compile(pattern, re.IGNORECASE)) for category, pattern in rules
         ]
         self._pii = set(pii)
+        self.settings: Mapping[str, object] = {"categories": categories, "pii": sorted(self._pii)}
 
     async def classify(self, text: str) -> Verdict | None:
         return self.check(text)
@@ -104,6 +108,11 @@ class EmbeddingClassifier:
         self._categories = [c for c, texts in exemplars.items() for _ in texts]
         self._vectors = embedder.embed([t for texts in exemplars.values() for t in texts])
         self.threshold = threshold
+        self.settings: Mapping[str, object] = {
+            "model": embedder.name,
+            "exemplars": exemplars,
+            "threshold": threshold,
+        }
 
     async def classify(self, text: str) -> Verdict | None:
         if not text.strip() or not self._categories:
@@ -149,6 +158,7 @@ class JudgeClassifier:
     def __init__(self, ask: Callable[[str], Awaitable[str]], categories: list[str]) -> None:
         self._ask = ask
         self._categories = categories
+        self.settings: Mapping[str, object] = {"categories": categories}
 
     async def classify(self, text: str) -> Verdict | None:
         prompt = JUDGE_PROMPT.format(categories=", ".join(self._categories), text=text)

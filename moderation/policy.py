@@ -3,13 +3,18 @@ check both look up their classifiers here.
 
 Classifier lists are configured per `"<tier>/<model>"`, per `"<tier>"`, or for
 every request with `"*"`, the most specific key winning. Names: `rules`,
-`embedding`, `judge`. `build_policy` makes them from a `PolicyConfig` (built from
+`embedding`, `judge`. `SafetyPolicy.output_policy` names the output check a request gets
+as a digest, equal for two requests exactly when their answers are checked alike: the
+response cache keys on it, so an answer kept for one policy is never replayed under
+another. `build_policy` makes them from a `PolicyConfig` (built from
 the deployment's settings in `chatpipe/wiring.py`), once per process: the gateway
 and the safety stage share one policy when they run together.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
@@ -50,6 +55,17 @@ class SafetyPolicy:
 
     def output_classifiers(self, tier: Tier | None, model: str) -> list[Classifier]:
         return _lookup(self.output, tier, model)
+
+    def output_policy(self, tier: Tier | None, model: str) -> str:
+        """The output check of an answer for `tier` and `model` (the classifiers the
+        safety stage picks, in order, each with what it trips on), as a hex SHA-256: two
+        requests get the same digest exactly when their answers are checked alike, so
+        two tiers under one policy share it and a changed setting (a PII kind, a
+        category's patterns, a threshold) changes it. One digest for every request that
+        no output classifier checks."""
+        described = [[c.name, c.settings] for c in self.output_classifiers(tier, model)]
+        encoded = json.dumps(described, sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(encoded.encode()).hexdigest()
 
 
 def _lookup(table: dict[str, list[Classifier]], tier: Tier | None, model: str) -> list[Classifier]:

@@ -176,6 +176,12 @@ class GenerationRequest(Event):
         description="a native turn whose tool calls chatpipe runs (chat.tools)",
         exclude_if=_unset,
     )
+    file_ids: tuple[str, ...] = Field(
+        (),
+        description="the user's files a native turn named (`file_ids`): their excerpts, "
+        "if any were found, are in `messages`",
+        exclude_if=_unset,
+    )
     created_at: float = Field(default_factory=now)
     # --- text completions (/v1/completions) -------------------------------------------
     prompt: str | None = Field(

@@ -2,7 +2,9 @@
 cacheable request of an opted-in org from the conversation store, with no queueing, no
 scheduler slot and no GPU time, and keeps the answer of one it had to queue.
 
-The rules are `gateway.cache.rules`'s; the entries live in the conversation store
+The rules are `gateway.cache.rules`'s; the key has the request's output policy, from the
+same safety policy the gateway's settings make for the safety stage
+(`SafetyPolicy.output_policy`). The entries live in the conversation store
 (`put_cached_response`), shared by every gateway. Admission (rate limits, budgets, input
 safety) runs before `submit`, so a hit is charged to the rate limits like any request.
 
@@ -31,7 +33,7 @@ from typing import Protocol, TypeVar
 import anyio
 
 from conversations.store import CachedResponse, ConversationStore
-from gateway.cache.rules import cache_key, entry_to_keep, marked_miss, replay
+from gateway.cache.rules import cache_key, entry_to_keep, marked_miss, refusal, replay
 from gateway.config import ResponseCacheConfig
 from gateway.pipeline import Pipeline, RequestStream
 from ops.metrics import RESPONSE_CACHE_FILLS, RESPONSE_CACHE_LOOKUPS
@@ -56,6 +58,8 @@ D = TypeVar("D")
 STORE_TIMEOUT_S = 2.0
 """The most a lookup or a fill waits for the store; past it the cache is skipped."""
 REPLAY_WORKER = "response-cache"
+OutputPolicy = Callable[[Tier, str], str]
+"""(tier, model) -> the output check their answers get (`SafetyPolicy.output_policy`)."""
 
 
 class ReplayRecorder(Protocol):
@@ -75,12 +79,14 @@ class CachedPipeline:
         recorder: ReplayRecorder,
         store: ConversationStore,
         config: ResponseCacheConfig,
+        output_policy: OutputPolicy,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._inner = inner
         self._recorder = recorder
         self._store = store
         self._config = config
+        self._output_policy = output_policy
         self._clock = clock
         self._replays: dict[str, ReplayStream] = {}
 
@@ -105,16 +111,19 @@ class CachedPipeline:
         return await self._replay(request, entry)
 
     async def _lookup_key(self, request: GenerationRequest) -> str | None:
-        """The request's cache key if the cache may answer it and its org opted in."""
-        key = cache_key(request, self._config.system_prompt)
-        if key is None:
+        """The request's cache key if the cache may answer it and its org opted in (the
+        output policy is digested only then)."""
+        if refusal(request, self._config.system_prompt) is not None:
             return None
         settings = await _bounded(
             self._store.get_org_settings(request.org_id),
             None,
             f"reading org {request.org_id}'s settings",
         )
-        return key if settings is not None and settings.response_cache else None
+        if settings is None or not settings.response_cache:
+            return None
+        policy = self._output_policy(request.tier, request.model)
+        return cache_key(request, self._config.system_prompt, output_policy=policy)
 
     async def _replay(self, request: GenerationRequest, entry: CachedResponse) -> RequestStream:
         timed = replay(request, entry, self._config.tokens_per_s, self._config.chunk_s)

@@ -9,9 +9,16 @@ later) refuses the request when it is set, so a feature that adds input to the p
 cannot be answered from the cache by mistake. A native (stored) prompt is built by the
 gateway, so its only system message may be the deployment's system prompt: one the
 gateway added (excerpts of the user's files, a summary) refuses it even when the
-deployment has no system prompt of its own. The key is
-a digest of the org, the model, the messages and every sampling option: two orgs never
-share an entry.
+deployment has no system prompt of its own. A native turn that names the user's files
+(`file_ids`) refuses it even when their search found nothing to add.
+
+The key is a digest of the org, the output policy (the safety stage's output check for
+the request's tier and model, `moderation.policy.SafetyPolicy.output_policy`), the model,
+the messages and every sampling option: two orgs never share an entry, nor two requests
+whose answers the safety stage checks differently, so an answer kept for a tier that
+nothing retracts is never replayed to one whose check would retract it. The input policy
+is not in the key: the input check runs before the lookup and only passes or blocks the
+prompt, it never changes the answer.
 
 An answer is kept only when the model ended it itself or at its length limit, nothing
 was retracted, and the model that answered is the one asked for (not a router's
@@ -38,14 +45,15 @@ from schemas.events import (
     Usage,
 )
 
-KEY_VERSION = 1
+KEY_VERSION = 2
 """Part of every key: a change to what a key covers starts a fresh cache."""
 KEYED_FIELDS = frozenset({"model", "messages", "sampling"})
-"""What the answer depends on: the key covers these (and the org)."""
+"""What the answer depends on: the key covers these (and the org and output policy)."""
 ROUTING_FIELDS = frozenset({
     "type", "schema_version", "request_id", "conversation_id", "message_id", "parent_id",
-    "user_id", "org_id", "tier", "reply_to", "deadline", "cache_salt", "store", "created_at",
+    "user_id", "org_id", "reply_to", "deadline", "cache_salt", "store", "created_at",
     "alias",  # the model alias asked for (rollout): `model` is the version that answers
+    "tier",  # what it changes of the answer is the output policy, which the key has
 })  # fmt: skip
 """Who asks and where the answer goes: they do not change the answer."""
 MESSAGE_FIELDS = frozenset({"role", "content"})
@@ -79,14 +87,18 @@ def _message_extras(message: ChatMessage) -> set[str]:
     return set(message.model_dump(exclude_defaults=True)) - MESSAGE_FIELDS
 
 
-def cache_key(request: GenerationRequest, system_prompt: str = "") -> str | None:
-    """The request's key (hex SHA-256 of org, model, messages and sampling), or None if
-    the cache may not answer it (`refusal`)."""
+def cache_key(
+    request: GenerationRequest, system_prompt: str = "", *, output_policy: str
+) -> str | None:
+    """The request's key (hex SHA-256 of org, output policy, model, messages and
+    sampling), or None if the cache may not answer it (`refusal`). `output_policy`: the
+    output check the safety stage gives the request's answer (its tier and model's)."""
     if refusal(request, system_prompt) is not None:
         return None
     keyed = {
         "v": KEY_VERSION,
         "org": request.org_id,
+        "output_policy": output_policy,
         "model": request.model,
         "messages": [[m.role.value, m.content] for m in request.messages],
         "sampling": request.sampling.model_dump(mode="json"),

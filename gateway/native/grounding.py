@@ -18,10 +18,12 @@ from schemas.files import Citation
 @dataclass(frozen=True, slots=True)
 class Grounding:
     """What retrieval adds to a turn: the excerpts' system message (None: nothing
-    found) and what the answer cites."""
+    found) and what the answer cites, and the files the turn named (searched, whatever
+    was found: the request carries them, and the response cache refuses it)."""
 
     documents: str | None = None
     citations: tuple[Citation, ...] = ()
+    file_ids: tuple[str, ...] = ()
 
 
 NO_GROUNDING = Grounding()
@@ -45,7 +47,8 @@ async def named_files(store: FileStore, owner: ApiKey,
 async def ground(documents: Documents | None, files: Sequence[StoredFile],
                  question: str) -> Grounding:  # fmt: skip
     """The excerpts of `files` most similar to `question`, and their citations."""
+    named = tuple(f.file_id for f in files)
     if documents is None or not files:
-        return NO_GROUNDING
+        return Grounding(file_ids=named)
     hits = await documents.search(files, question)
-    return Grounding(context_block(hits), tuple(citations(hits)))
+    return Grounding(context_block(hits), tuple(citations(hits)), named)

@@ -176,7 +176,8 @@ async def start_regenerate(
         grounding.documents,
     )
     await turns.admission.settle(ask, admission_tokens(built.messages, sampling.max_tokens))
-    request = _request(turns, owner, conversation, question.message_id, choice, sampling, built)
+    request = _request(turns, owner, conversation, question.message_id, choice, sampling, built,
+                       grounding)  # fmt: skip
     check_bus_size(turns.config.limits, request)
     await turns.admission.check_input(owner, model, [question.content])
     _ask_for_summary(turns.own, owner, model, built)
@@ -309,7 +310,8 @@ async def _new_user_turn(
     )
     await turns.admission.settle(ask, admission_tokens(built.messages, sampling.max_tokens))
     user_message_id = new_id()
-    request = _request(turns, owner, conversation, user_message_id, choice, sampling, built)
+    request = _request(turns, owner, conversation, user_message_id, choice, sampling, built,
+                       grounding)  # fmt: skip
     # Before the message is stored: a refused turn leaves no unanswered message behind.
     check_bus_size(turns.config.limits, request)
     await turns.admission.check_input(
@@ -416,14 +418,18 @@ def _ask_for_summary(own: OwnRequests, owner: ApiKey, model: str, built: BuiltCo
 
 def _request(
     turns: Turns, owner: ApiKey, conversation: Conversation, question_id: str,
-    choice: ModelChoice, sampling: SamplingOptions, built: BuiltContext,
+    choice: ModelChoice, sampling: SamplingOptions, built: BuiltContext, grounding: Grounding,
 ) -> GenerationRequest:  # fmt: skip
-    return owner_request(owner, model=choice.model, alias=choice.alias,
-                         messages=built.messages, sampling=sampling,
-                         reply_to=turns.pipeline.reply_to,
-                         timeout_s=turns.config.request_timeout_s, sent_at=now(),
-                         conversation_id=conversation.conversation_id, parent_id=question_id,
-                         store=True)  # fmt: skip
+    """The turn's request, carrying the files it named (`grounding.file_ids`)."""
+    request = owner_request(owner, model=choice.model, alias=choice.alias,
+                            messages=built.messages, sampling=sampling,
+                            reply_to=turns.pipeline.reply_to,
+                            timeout_s=turns.config.request_timeout_s, sent_at=now(),
+                            conversation_id=conversation.conversation_id,
+                            parent_id=question_id, store=True)  # fmt: skip
+    if not grounding.file_ids:
+        return request
+    return request.model_copy(update={"file_ids": grounding.file_ids})
 
 
 FIRST_LOOK_S = 0.02

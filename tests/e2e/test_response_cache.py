@@ -2,7 +2,9 @@
 recorder, billing; real HTTP): an opted-in org's repeat is replayed from the store with
 no work dispatched, in paced chunks, marked in the done event and usage, stored in the
 conversation and resumable; another org, an opted-out org and a prompt with history are
-generated.
+generated. An answer kept for a tier whose output nothing checks (enterprise, on the sim
+stack) is never replayed to a free user, whose check retracts it; a turn naming files
+is never answered from the cache nor kept, even when their search finds nothing.
 
 The sim engine seeds each answer with its request id, so two generations of one prompt
 differ: an answer equal to the first one's text was replayed, not generated.
@@ -21,6 +23,8 @@ from schemas import topics
 from schemas.events import UsageEvent
 from schemas.topics import Tier
 from tests.support.chat import SseResult, post_message, read_sse
+from tests.support.conversations import queued_request
+from tests.support.files import upload
 from tests.support.stack import client_for
 
 PROMPT = "[[sim:length=40]] tell me about caches"
@@ -41,12 +45,21 @@ def dispatched() -> float:
 
 async def tenant(stack, *, cached: bool) -> httpx.AsyncClient:
     """A client of a new org (and user), opted in to the response cache or not."""
+    [client] = await org_users(stack, Tier.PRO, cached=cached)
+    return client
+
+
+async def org_users(stack, *tiers: Tier, cached: bool = True) -> list[httpx.AsyncClient]:
+    """Clients of a new org (opted in to the response cache or not), a user of each tier."""
     org = f"org-{uuid.uuid4().hex[:8]}"
-    key = f"cp-test-{uuid.uuid4().hex}"
-    await stack.store.add_api_key(key, ApiKey(user_id="ann", org_id=org, tier=Tier.PRO))
     if cached:
         await stack.store.set_org_settings(OrgSettings(org, response_cache=True))
-    return client_for(stack, key)
+    clients = []
+    for number, tier in enumerate(tiers):
+        key = f"cp-test-{uuid.uuid4().hex}"
+        await stack.store.add_api_key(key, ApiKey(f"user-{number}", org_id=org, tier=tier))
+        clients.append(client_for(stack, key))
+    return clients
 
 
 async def turn(client: httpx.AsyncClient, body=TURN, conversation_id=None) -> SseResult:
@@ -129,3 +142,54 @@ async def test_other_orgs_opted_out_orgs_and_history_are_generated(sim_stack) ->
         again = await turn(acme, conversation_id=first.conversation_id)  # after history
         assert "cache" not in done(again) and again.text != first.text
         assert dispatched() == before + 4
+
+
+LEAKY = {**TURN, "content": "[[sim:reply=Write to bob@example.com for the details.]] who?"}
+"""An answer the output check (rules: an e-mail address) retracts, where it runs."""
+
+
+async def test_a_free_user_never_gets_an_answer_kept_where_nothing_checks_output(
+    sim_stack,
+) -> None:
+    enterprise, free = await org_users(sim_stack, Tier.ENTERPRISE, Tier.FREE)
+    async with enterprise, free:
+        kept = await turn(enterprise, LEAKY)  # nothing checks enterprise answers: kept
+        assert done(kept)["cache"] == "miss" and not kept.of("retract")
+        assert "bob@example.com" in kept.text
+        assert done(await turn(enterprise, LEAKY))["cache"] == "hit", "the entry is there"
+
+        for _ in range(2):  # the free user's own answers are retracted, so never kept
+            checked = await turn(free, LEAKY)
+            end = done(checked)
+            assert (end["cache"], end["finish_reason"]) == ("miss", "content_filter"), end
+            [retract] = checked.of("retract")
+            assert retract.json()["reason"] == "pii"
+            assert "bob@example.com" not in retract.json()["replacement"]
+
+
+GARDEN = (
+    "Behind the tower Anna grows potatoes, beans, onions and a row of tall sunflowers. "
+    "The wind off the sea is hard on everything."
+)
+"""A file whose search for PROMPT finds nothing (no chunk is similar enough)."""
+
+
+async def test_a_turn_naming_files_never_hits_and_is_never_kept(sim_stack) -> None:
+    async with await tenant(sim_stack, cached=True) as client:
+        garden = (await upload(client, "garden.md", GARDEN.encode(), "text/markdown")).json()
+        with_files = {**TURN, "file_ids": [garden["id"]]}
+
+        first = await turn(client, with_files)
+        plain = await turn(client)
+        again = await turn(client, with_files)
+
+        assert "cache" not in done(first) and "cache" not in done(again), "not looked up"
+        assert done(plain)["cache"] == "miss", "the turn with files kept nothing"
+        assert len({first.text, plain.text, again.text}) == 3, "each one generated"
+        assert not first.of("citations") and not again.of("citations")
+        queued = [await queued_request(sim_stack, r.request["request_id"])
+                  for r in (first, plain, again)]  # fmt: skip
+        assert queued[0].messages == queued[1].messages == queued[2].messages, (
+            "the search found nothing: the prompt is the plain turn's"
+        )
+        assert queued[0].file_ids == queued[2].file_ids == (garden["id"],)

@@ -12,15 +12,19 @@ import httpx
 import pytest
 from prometheus_client import REGISTRY
 
+from conversations.files import StoredFile
 from conversations.sqlite_store import SQLiteStore
-from conversations.store import OrgSettings
+from conversations.store import ApiKey, OrgSettings
 from gateway.app import create_app
 from gateway.cache.cached_pipeline import CachedPipeline, ReplayStream
 from gateway.config import ResponseCacheConfig
 from gateway.deps import GatewayDeps
+from moderation.classifiers import RuleClassifier
+from moderation.policy import SafetyPolicy
 from schemas import sse
 from schemas.events import DeliverEvent, DeliveryDone, GenerationRequest, Usage, UsageEvent
 from schemas.lifecycle import RequestStatus
+from schemas.topics import Tier
 from tests.support.gateway import (
     ALICE,
     BOB,
@@ -29,11 +33,18 @@ from tests.support.gateway import (
     done,
     gateway_deps,
     is_background,
+    new_conversation,
 )
 
 CONFIG = ResponseCacheConfig(ttl_s=60.0, tokens_per_s=100.0, chunk_s=0.001)
 """One token a chunk, 10 ms apart: a few chunks, quickly (and the deployment's system
 prompt, from the test's settings)."""
+POLICY = SafetyPolicy(output={"free": [RuleClassifier({}, pii=["email"])]})
+"""Output classifiers for the free tier only: a pro or enterprise answer is not checked."""
+CAROL = {"Authorization": "Bearer key-carol"}
+"""carol of org-a (alice's), free."""
+DAVE = {"Authorization": "Bearer key-dave"}
+"""dave of org-a, enterprise."""
 
 
 class Recorder:
@@ -52,7 +63,7 @@ def recorder() -> Recorder:
 @pytest.fixture
 def cached(pipeline, recorder, store, settings) -> CachedPipeline:
     config = dataclasses.replace(CONFIG, system_prompt=settings.context.system_prompt)
-    return CachedPipeline(pipeline, recorder, store, config)
+    return CachedPipeline(pipeline, recorder, store, config, POLICY.output_policy)
 
 
 @pytest.fixture
@@ -153,6 +164,61 @@ async def test_another_orgs_identical_request_is_a_miss(client, pipeline, store,
     answer_script(pipeline)
     _, bobs = await native(client, headers=BOB)
     assert done_of(bobs)["cache"] == "miss" and len(user_turns(pipeline)) == 2
+
+
+async def test_a_user_under_another_output_policy_never_gets_the_kept_answer(
+    client, pipeline, store, opted_in
+) -> None:
+    await store.add_api_key("key-carol", ApiKey("carol", "org-a", Tier.FREE))
+    await store.add_api_key("key-dave", ApiKey("dave", "org-a", Tier.ENTERPRISE))
+    pipeline.script(delta("Write to ", 0), delta("bob@example.com.", 1), done(2))
+    _, alices = await native(client)  # pro: nothing checks this answer; it is kept
+    assert done_of(alices)["cache"] == "miss"
+
+    answer_script(pipeline)
+    _, carols = await native(client, headers=CAROL)  # free: her answers are checked
+
+    assert done_of(carols)["cache"] == "miss" and text_of(carols) == "The answer is 4."
+    assert len(user_turns(pipeline)) == 2, "generated (and checked), not replayed"
+    # under the same output policy as alice's (none), another tier's repeat is a hit
+    _, daves = await native(client, headers=DAVE)
+    assert done_of(daves)["cache"] == "hit" and text_of(daves) == "Write to bob@example.com."
+    _, carols_again = await native(client, headers=CAROL)  # her own policy's entry
+    assert done_of(carols_again)["cache"] == "hit" and len(user_turns(pipeline)) == 2
+
+
+async def test_a_turn_naming_files_is_never_looked_up_nor_kept(
+    client, pipeline, store, opted_in
+) -> None:
+    """No documents service here: the files' search finds nothing, so the turn's prompt
+    is a plain first turn's; naming files still keeps it from the cache."""
+    await store.add_file(StoredFile("file-1", "org-a", "alice", "notes.md", "text/markdown",
+                                    "assistants", 10, 0, "minilm"), [])  # fmt: skip
+    answer_script(pipeline)
+    await native(client)  # kept
+    with_files = {"content": "2+2?", "temperature": 0, "file_ids": ["file-1"]}
+    for _ in range(2):
+        answer_script(pipeline)
+        cid = await new_conversation(client)
+        response = await client.post(f"/v1/conversations/{cid}/messages", headers=ALICE,
+                                     json=with_files)  # fmt: skip
+        assert response.status_code == 200, response.text
+        assert "cache" not in done_of(sse.parse_messages(response.text))
+    *_, plain, first_with_files, second_with_files = user_turns(pipeline)
+    assert first_with_files.messages == plain.messages, "nothing was retrieved"
+    assert first_with_files.file_ids == second_with_files.file_ids == ("file-1",)
+    assert len(user_turns(pipeline)) == 3
+
+    await store.set_org_settings(OrgSettings("org-b", response_cache=True))
+    await store.add_file(StoredFile("file-2", "org-b", "bob", "notes.md", "text/markdown",
+                                    "assistants", 10, 0, "minilm"), [])  # fmt: skip
+    answer_script(pipeline)
+    cid = await new_conversation(client, headers=BOB)
+    await client.post(f"/v1/conversations/{cid}/messages", headers=BOB,
+                      json={**with_files, "file_ids": ["file-2"]})  # fmt: skip
+    answer_script(pipeline)
+    _, plain_after = await native(client, headers=BOB)
+    assert done_of(plain_after)["cache"] == "miss", "the turn with files kept nothing"
 
 
 async def test_a_prompt_with_history_or_temperature_never_hits(client, pipeline,

@@ -4,7 +4,6 @@ under which key, what it keeps, and how a kept answer is paced."""
 from __future__ import annotations
 
 import pytest
-from pydantic import Field
 
 from conversations.store import CachedResponse
 from gateway.cache.rules import (
@@ -29,11 +28,18 @@ from schemas.events import (
     Usage,
 )
 from schemas.lifecycle import RequestStatus
+from schemas.tools import FunctionSpec, ServerToolTurn, ToolSpec, ToolUse
 from schemas.topics import Tier
 
 SYSTEM = ChatMessage(role=Role.SYSTEM, content="You are terse.")
 QUESTION = ChatMessage(role=Role.USER, content="2+2?")
 ANSWER = ChatMessage(role=Role.ASSISTANT, content="4")
+POLICY = "rules(email)"
+"""An output policy: its digest, as `SafetyPolicy.output_policy` gives it."""
+
+
+def key(made: GenerationRequest, system_prompt: str = "", policy: str = POLICY) -> str | None:
+    return cache_key(made, system_prompt, output_policy=policy)
 
 
 def request(*messages: ChatMessage, temperature: float = 0.0, **fields) -> GenerationRequest:
@@ -60,14 +66,11 @@ class WithTools(GenerationRequest):
     tools: tuple[str, ...] = ()
 
 
-class WithFiles(GenerationRequest):
-    """A request as retrieval may shape it."""
-
-    file_ids: tuple[str, ...] = Field(())
-
-
 class ToolMessage(ChatMessage):
     tool_call_id: str | None = None
+
+
+CLOCK = ToolUse(tools=(ToolSpec(function=FunctionSpec(name="clock")),))
 
 
 def with_tools(**fields) -> GenerationRequest:
@@ -88,7 +91,13 @@ def with_tools(**fields) -> GenerationRequest:
     (request(SYSTEM), "history"),
     (with_tools(tools=("calculator",)), "other_input"),
     (with_tools(), None),  # the field exists but is unset: nothing else goes in
-    (WithFiles(**request().model_dump(), file_ids=("f1",)), "other_input"),
+    (request(tool_use=CLOCK), "other_input"),  # tools shown to the model, server or not
+    (request(tool_use=CLOCK, server_tools=ServerToolTurn(answer_id="r1", max_rounds=4)),
+     "other_input"),
+    # a native turn naming files: refused whatever their search found (here nothing: no
+    # excerpts in the prompt, which is otherwise a plain first turn)
+    (request(file_ids=("file-1",)), "other_input"),
+    (request(SYSTEM, QUESTION, file_ids=("file-1", "file-2")), "other_input"),
     (request(ToolMessage(role=Role.USER, content="2+2?", tool_call_id="t1")), "other_input"),
     (request(attempt=1), "not_a_new_request"),
     (request(requested_model="big"), "not_a_new_request"),
@@ -97,7 +106,7 @@ def with_tools(**fields) -> GenerationRequest:
 ])  # fmt: skip
 def test_which_requests_the_cache_may_answer(made: GenerationRequest, why: str | None) -> None:
     assert refusal(made) == why
-    assert (cache_key(made) is None) == (why is not None)
+    assert (key(made) is None) == (why is not None)
 
 
 EXCERPTS = ChatMessage(role=Role.SYSTEM, content="From notes.md: the answer is 4.")
@@ -119,15 +128,20 @@ def test_a_native_prompt_may_hold_only_the_deployments_system_prompt(
     made: GenerationRequest, system_prompt: str, why: str | None
 ) -> None:
     assert refusal(made, system_prompt) == why
-    assert (cache_key(made, system_prompt) is None) == (why is not None)
+    assert (key(made, system_prompt) is None) == (why is not None)
 
 
-def test_the_key_covers_org_model_prompt_and_sampling_not_who_or_where() -> None:
-    key = cache_key(request())
-    assert key is not None and len(key) == 64
+def test_the_key_covers_org_output_policy_model_prompt_and_sampling_not_who_or_where() -> None:
+    first = key(request())
+    assert first is not None and len(first) == 64
     same = request(request_id="r2", conversation_id="c2", message_id="m2", user_id="bob",
-                   reply_to="chat.deliver.gw-2", store=False)  # fmt: skip
-    assert cache_key(same) == key
+                   reply_to="chat.deliver.gw-2", store=False, alias="chat")  # fmt: skip
+    assert key(same) == first
+    # the tier changes the answer only through its output policy: under the same one
+    # two tiers share the entry, under another they never do
+    assert key(request(tier=Tier.FREE)) == first
+    assert key(request(tier=Tier.FREE), policy="none") != first
+    assert key(request(), policy="none") != first
     others = [
         request(org_id="globex"),
         request(SYSTEM, QUESTION),
@@ -141,8 +155,8 @@ def test_the_key_covers_org_model_prompt_and_sampling_not_who_or_where() -> None
             update={"sampling": SamplingOptions(temperature=0, max_tokens=16, seed=7)}
         ),
     ]
-    keys = {cache_key(other) for other in others}
-    assert key not in keys and len(keys) == len(others)
+    keys = {key(other) for other in others}
+    assert first not in keys and len(keys) == len(others)
 
 
 def ended(*events) -> AnswerText:
