@@ -28,7 +28,8 @@ $(CHROMIUM):
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; \
 	else echo "no apt-get: install Chromium at $(CHROMIUM) or the browser tests are skipped"; fi
 
-run: setup
+# The browser is for the tests only: `make run` needs the venv and the model.
+run: $(VENV)/.installed $(MODEL_DIR)/config.json
 	$(BIN)/chatpipe up
 
 # Formatting, lint and types (their settings are in pyproject.toml), then the docs site

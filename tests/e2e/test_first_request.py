@@ -39,11 +39,12 @@ class Up:
 
 
 def reader_env() -> dict[str, str]:
-    """A reader's environment: no chatpipe settings or broker of the test run's, the
-    venv's commands on the PATH."""
+    """A reader's environment: no chatpipe settings or broker of the test run's, and
+    not the venv's commands on the PATH (the pages say how to get them)."""
+    path = os.pathsep.join(d for d in os.environ["PATH"].split(os.pathsep) if Path(d) != BIN)
     env = {k: v for k, v in os.environ.items()
            if k not in ENV_BROKER and not k.startswith("CHATPIPE_")}  # fmt: skip
-    return env | {"PATH": f"{BIN}:{os.environ['PATH']}"}
+    return env | {"PATH": path}
 
 
 def free_port() -> int:
@@ -85,7 +86,8 @@ def filled(block: str, up: Up, request_id: str | None = None) -> str:
     """`block` pointed at `up`: its address, its key, the request named."""
     address = up.url.removeprefix("http://")
     text = block.replace("http://localhost:8000", up.url).replace("localhost:8000", address)
-    text = re.sub(r"^KEY=\S+.*$", "", text, flags=re.M)  # the key comes from the environment
+    text = re.sub(r"^(export )?KEY=\S+.*$", "", text, flags=re.M)  # the key: from the env
+    text = text.replace("source .venv/bin/activate", f"source {BIN}/activate")
     return text.replace("<request_id>", request_id) if request_id else text
 
 
@@ -121,7 +123,9 @@ async def test_the_curl_commands_stream_an_answer_and_replay_names_it(page, up):
     [replay] = [b for b in blocks(page, "sh") if "chatpipe replay" in b]
     commands = [line for line in filled(replay, up, request_id).splitlines() if line.strip()]
     assert len(commands) == 3
-    tokens, life, as_client = [await run("bash", "-c", c, up=up) for c in commands]
+    # In the terminal of the curl commands: the venv is active there.
+    activated = [f"source {BIN}/activate && {command}" for command in commands]
+    tokens, life, as_client = [await run("bash", "-c", c, up=up) for c in activated]
     assert {json.loads(line)["topic"] for line in tokens.splitlines()} == {"chat.tokens"}
     topics = [json.loads(line)["topic"] for line in life.splitlines()]
     assert {"chat.tokens", "chat.work", "chat.answers"} <= set(topics)

@@ -191,4 +191,7 @@ async def test_grounding_gives_the_excerpts_and_their_citations(store: SQLiteSto
     grounded = await ground(documents, [mine], "when does she light the lamp at dusk")
     assert grounded.documents is not None and "[1] lighthouse.md (chunk 1)" in grounded.documents
     assert next((c.file_id, c.chunk_index) for c in grounded.citations) == (mine.file_id, 1)
-    assert await ground(documents, [], "anything") == await ground(None, [mine], "x") == Grounding()
+    assert grounded.file_ids == (mine.file_id,)
+    assert await ground(documents, [], "anything") == Grounding()
+    # No search without documents, but the turn still names its file (the cache refuses it).
+    assert await ground(None, [mine], "x") == Grounding(file_ids=(mine.file_id,))
