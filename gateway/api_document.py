@@ -29,7 +29,7 @@ from fastapi.openapi.utils import get_openapi
 from gateway.config import RequestLimits
 from gateway.errors import error_responses
 from gateway.openai.chat_completions.protocol import ACCEPTED, REFUSED
-from schemas.api import SEED_LIMIT
+from schemas.bounds import SEED_LIMIT
 
 Schema = dict[str, Any]
 

@@ -148,9 +148,28 @@ async def _on_validation_error(request: Request, exc: RequestValidationError) ->
     return error_response(422, detail)
 
 
+def _unparsed_body(exc: StarletteHTTPException) -> str | None:
+    """Why FastAPI could not parse a JSON body that is not malformed JSON as such (it
+    answers those with a bare 400 "There was an error parsing the body", raised from the
+    parser's error); None for any other HTTP error."""
+    if exc.status_code != 400 or isinstance(exc, ApiError):
+        return None
+    cause = exc.__cause__
+    if isinstance(cause, RecursionError):
+        return "request body nests arrays or objects deeper than the JSON parser goes"
+    if isinstance(cause, UnicodeDecodeError):
+        return "request body is not UTF-8"
+    if isinstance(cause, ValueError):  # the parser's other refusal: over 4,300 digits
+        return "request body holds a number too long to read"
+    return None
+
+
 async def _on_http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
     if isinstance(exc, ApiError):
         return error_response(exc.status_code, exc.detail_body, exc.headers)
+    if (why := _unparsed_body(exc)) is not None:
+        return error_response(400, ErrorDetail(code="invalid_json", message=why,
+                                               type=error_type(400)))  # fmt: skip
     try:
         code = HTTPStatus(exc.status_code).phrase.lower().replace(" ", "_")
     except ValueError:

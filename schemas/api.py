@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, JsonValue
 from pydantic.dataclasses import dataclass as pydantic_dataclass
 
+from schemas.bounds import INT32_MAX, Finite, Seed, TokenId
 from schemas.events import CacheOutcome, Logprobs, Rating, Role, TopLogprob, Usage
 from schemas.files import MAX_FILES_PER_TURN, Citation
 from schemas.lifecycle import RequestStatus
@@ -34,15 +35,13 @@ def _encodable(text: str) -> str:
 Text = Annotated[str, AfterValidator(_encodable)]
 """Any string a request carries."""
 
-SEED_LIMIT = 1 << 64
-"""A seed is an unsigned 64-bit integer, as the engines take it."""
-
 StopText = Annotated[Text, Field(min_length=1)]
 """A stop sequence: an empty one would match everywhere (vLLM refuses it)."""
-Seed = Annotated[int, Field(ge=0, lt=SEED_LIMIT, description="0 <= seed < 2**64")]
-Temperature = Annotated[float, Field(ge=0.0, le=2.0)]
-TopP = Annotated[float, Field(gt=0.0, le=1.0)]
+Temperature = Annotated[Finite, Field(ge=0.0, le=2.0)]
+TopP = Annotated[Finite, Field(gt=0.0, le=1.0)]
 MaxTokens = Annotated[int, Field(ge=1, description="at most CHATPIPE_MAX_TOKENS_LIMIT")]
+Count = Annotated[int, Field(ge=1, le=INT32_MAX)]
+"""How many of something a request asks for (choices, dimensions)."""
 
 
 # --- errors ---------------------------------------------------------------------------
@@ -271,7 +270,8 @@ LOGIT_BIAS_LIMIT = 300
 TOP_LOGPROBS_LIMIT = 20
 """Most alternatives per token, as OpenAI (and vLLM's default `max_logprobs`) allow."""
 
-Bias = Annotated[float, Field(ge=-100.0, le=100.0)]
+Bias = Annotated[Finite, Field(ge=-100.0, le=100.0)]
+Penalty = Annotated[Finite, Field(ge=-2.0, le=2.0)]
 
 
 class SamplingParameters(BaseModel):
@@ -279,16 +279,21 @@ class SamplingParameters(BaseModel):
     extras vLLM's server takes; each passes to the engine with its OpenAI (or vLLM)
     meaning (`SamplingOptions`)."""
 
-    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
-    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
-    logit_bias: dict[Annotated[int, Field(ge=0)], Bias] | None = Field(
+    presence_penalty: Penalty | None = None
+    frequency_penalty: Penalty | None = None
+    logit_bias: dict[TokenId, Bias] | None = Field(
         None,
         max_length=LOGIT_BIAS_LIMIT,
         description="token id (as a string) -> bias from -100 to 100 added to its logit",
     )
-    min_p: float | None = Field(None, ge=0.0, le=1.0, description="vLLM extension")
-    top_k: int | None = Field(None, ge=-1, description="vLLM extension; -1 or 0: all tokens")
-    repetition_penalty: float | None = Field(None, gt=0.0, description="vLLM extension; 1: none")
+    min_p: Finite | None = Field(None, ge=0.0, le=1.0, description="vLLM extension")
+    top_k: int | None = Field(
+        None,
+        ge=-1,
+        le=INT32_MAX,
+        description="vLLM extension; -1 or 0, or more than the vocabulary: all tokens",
+    )
+    repetition_penalty: Finite | None = Field(None, gt=0.0, description="vLLM extension; 1: none")
 
     def engine_sampling(self) -> dict[str, object]:
         """The `SamplingOptions` fields set here."""
@@ -379,7 +384,7 @@ class ChatCompletionRequest(SamplingParameters):
             "at most CHATPIPE_MAX_STOP_SEQUENCES, each at most CHATPIPE_MAX_STOP_CHARS long"
         ),
     )
-    n: int = Field(1, ge=1, description="choices; at most CHATPIPE_MAX_CHOICES")
+    n: Count = Field(1, description="choices; at most CHATPIPE_MAX_CHOICES")
     user: Text | None = None
     ignore_eos: bool = Field(False, description="vLLM extension, for benchmarks")
     tools: list[ToolSpec] | None = Field(
@@ -602,7 +607,7 @@ class CompletionRequest(SamplingParameters):
     model_config = ConfigDict(extra="allow")
 
     model: Text
-    prompt: Text | list[Text] | list[int] | list[list[int]] = Field(
+    prompt: Text | list[Text] | list[TokenId] | list[list[TokenId]] = Field(
         description=(
             "a string, or a list holding one string; token arrays and several prompts are refused"
         )
@@ -622,8 +627,8 @@ class CompletionRequest(SamplingParameters):
     echo: bool = Field(False, description="the prompt before the completion in `text`")
     user: Text | None = None
     ignore_eos: bool = Field(False, description="vLLM extension, for benchmarks")
-    n: int = Field(1, ge=1, description="refused unless 1")
-    best_of: int | None = Field(None, ge=1, description="refused unless 1")
+    n: Count = Field(1, description="refused unless 1")
+    best_of: Count | None = Field(None, description="refused unless 1")
     logprobs: int | None = Field(None, ge=0, le=5, description="refused")
     suffix: Text | None = Field(None, description="refused")
 
@@ -663,12 +668,12 @@ class EmbeddingRequest(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     model: Text
-    input: Text | list[Text] | list[int] | list[list[int]] = Field(
+    input: Text | list[Text] | list[TokenId] | list[list[TokenId]] = Field(
         description="a string or a list of strings, each not empty; at most "
         "CHATPIPE_MAX_EMBEDDING_INPUTS, each within the model's window"
     )
     encoding_format: Literal["float", "base64"] = "float"
-    dimensions: int | None = Field(None, ge=1, description="refused unless the model's own")
+    dimensions: Count | None = Field(None, description="refused unless the model's own")
     user: Text | None = None
 
 

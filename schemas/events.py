@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from schemas.bounds import Finite
 from schemas.lifecycle import RequestStatus
 from schemas.tools import ServerToolTurn, ToolCall, ToolCalls, ToolUse
 from schemas.topics import Tier
@@ -66,19 +67,20 @@ class SamplingOptions(BaseModel):
     model_config = ConfigDict(extra="ignore", frozen=True)
 
     max_tokens: int = Field(256, ge=1)
-    temperature: float = Field(0.7, ge=0.0, le=2.0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    temperature: Finite = Field(0.7, ge=0.0, le=2.0)
+    top_p: Finite = Field(1.0, gt=0.0, le=1.0)
     seed: int | None = None
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
     # OpenAI's other sampling parameters and vLLM's extras, each with vLLM's
     # meaning; unset, the engine's default, and left out of the JSON.
-    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0, exclude_if=_unset)
-    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0, exclude_if=_unset)
-    repetition_penalty: float | None = Field(None, gt=0.0, exclude_if=_unset)
-    min_p: float | None = Field(None, ge=0.0, le=1.0, exclude_if=_unset)
+    # Every float finite (`schemas.bounds`): the bus would carry infinity as null.
+    presence_penalty: Finite | None = Field(None, ge=-2.0, le=2.0, exclude_if=_unset)
+    frequency_penalty: Finite | None = Field(None, ge=-2.0, le=2.0, exclude_if=_unset)
+    repetition_penalty: Finite | None = Field(None, gt=0.0, exclude_if=_unset)
+    min_p: Finite | None = Field(None, ge=0.0, le=1.0, exclude_if=_unset)
     top_k: int | None = Field(None, ge=-1, description="-1 or 0: every token", exclude_if=_unset)
-    logit_bias: dict[int, float] | None = Field(
+    logit_bias: dict[int, Finite] | None = Field(
         None, description="token id -> bias added to its logit (-100 to 100)", exclude_if=_unset
     )
     logprobs: int | None = Field(

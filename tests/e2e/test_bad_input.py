@@ -3,6 +3,7 @@ every stage keeps running. Runs on the sim engine through the real broker."""
 
 from __future__ import annotations
 
+import json
 import uuid
 
 import httpx
@@ -10,6 +11,7 @@ import pytest
 from aiokafka import AIOKafkaProducer
 
 from bench.topic_log import find_events
+from chatpipe.dev_stack import API_KEY
 from schemas import topics
 from schemas.events import DeadLetter
 from tests.support.chat import post_message
@@ -164,6 +166,107 @@ async def test_values_the_bus_cannot_carry_are_422_before_anything_is_stored(sim
         )
         # Only the two counted completions were charged (the window may have slid).
         assert int(after.headers["x-ratelimit-remaining-requests"]) >= remaining - 1
+
+
+def _nested_schema(levels: int) -> dict:
+    schema: dict = {"type": "object"}
+    for _ in range(levels):
+        schema = {"type": "object", "properties": {"a": schema}}
+    return schema
+
+
+def _mistakes(model: str, conversation_id: str) -> list[tuple[str, str, str, int, str]]:
+    """(route, body as JSON text, the field at fault, status, code): each a client's
+    mistake that once was a 500 (or, for 1e400, a 200), with the connection dropped."""
+    chat_url, text_url = "/v1/chat/completions", "/v1/completions"
+    turn_url = f"/v1/conversations/{conversation_id}/messages"
+    bases = {
+        chat_url: {
+            "model": model,
+            "max_tokens": 2,
+            "messages": [{"role": "user", "content": "hi"}],
+        },
+        text_url: {"model": model, "max_tokens": 2, "prompt": "hi"},
+        "/v1/embeddings": {"model": model, "input": "hi"},
+        "/v1/responses": {"model": model, "input": "hi"},
+        turn_url: {"content": "hi"},
+    }
+    tool = {"type": "function", "function": {"name": "f", "parameters": _nested_schema(120)}}
+    schema = {"name": "x", "schema": _nested_schema(120)}
+    fields: list[tuple[str, dict, str, int, str]] = [
+        (chat_url, {"top_k": 10**30}, "top_k", 422, "invalid_request"),
+        (chat_url, {"logit_bias": {str(10**30): 1}}, "logit_bias", 422, "invalid_request"),
+        (text_url, {"logit_bias": {str(10**30): 1}}, "logit_bias", 422, "invalid_request"),
+        (text_url, {"top_k": 10**30}, "top_k", 422, "invalid_request"),
+        (chat_url, {"seed": 2**64}, "seed", 422, "invalid_request"),
+        (chat_url, {"tools": [tool]}, "tools.0.function.parameters", 400, "invalid_tools"),
+        (chat_url, {"response_format": {"type": "json_schema", "json_schema": schema}},
+         "response_format.json_schema.schema", 400, "invalid_response_format"),
+        ("/v1/embeddings", {"dimensions": 10**30}, "dimensions", 422, "invalid_request"),
+        ("/v1/responses", {"max_output_tokens": 10**30}, "max_output_tokens", 422,
+         "max_tokens_too_large"),
+        (turn_url, {"seed": 10**30}, "seed", 422, "invalid_request"),
+    ]  # fmt: skip
+    numbers = [
+        (chat_url, "repetition_penalty", "1e400"),
+        (chat_url, "temperature", "NaN"),
+        (text_url, "presence_penalty", "-Infinity"),
+    ]
+    nested = "[" * 10_000 + "]" * 10_000
+    deep = json.dumps(bases[chat_url]).replace('"hi"', nested)
+    return [
+        *((url, json.dumps({**bases[url], **more}), field, status, code)
+          for url, more, field, status, code in fields),
+        *((url, json.dumps(bases[url])[:-1] + f', "{name}": {number}}}', name, 422,
+           "invalid_request") for url, name, number in numbers),
+        (chat_url, deep, "", 400, "invalid_json"),
+    ]  # fmt: skip
+
+
+async def test_a_clients_mistake_is_a_4xx_naming_the_field_and_the_connection_stays_open(
+    sim_stack,
+):
+    """Every mistake over one keep-alive connection: each answered with its 4xx naming the
+    field, and the connection answers the next request (a 500 would have closed it)."""
+    model = sim_stack.settings.inference.model_name
+    one = httpx.Limits(max_connections=1, max_keepalive_connections=1)
+    async with client_for(sim_stack) as setup:
+        cid = (await setup.post("/v1/conversations", json={})).json()["conversation_id"]
+    async with httpx.AsyncClient(
+        base_url=sim_stack.base_url, headers={"Authorization": f"Bearer {API_KEY}"},
+        timeout=120, limits=one,
+    ) as client:  # fmt: skip
+        connections = set()
+        for url, body, field, status, code in _mistakes(model, cid):
+            response = await client.post(
+                url, content=body.encode(), headers={"content-type": "application/json"}
+            )
+            assert response.status_code == status, (url, field, response.text[:500])
+            error = response.json()["error"]
+            assert error["code"] == code and error["message"], (url, field, error)
+            if field:
+                assert (error["param"] or "").startswith(field), (url, field, error)
+            assert response.headers.get("connection") != "close", (url, field)
+            connections.add(_local_address(response))
+            after = await client.get("/v1/models")
+            assert after.status_code == 200, (url, field, after.text)
+            connections.add(_local_address(after))
+        answer = await client.post(
+            "/v1/chat/completions",
+            json={"model": model, "max_tokens": 3,
+                  "messages": [{"role": "user", "content": "still there?"}]},
+        )  # fmt: skip
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["choices"][0]["message"]["content"]
+        connections.add(_local_address(answer))
+    assert len(connections) == 1, f"the gateway dropped the connection: {connections}"
+    async with client_for(sim_stack) as client:
+        await _no_messages(client, cid)
+
+
+def _local_address(response: httpx.Response) -> tuple[str, int]:
+    """The client's end of the connection the response came on."""
+    return response.extensions["network_stream"].get_extra_info("client_addr")
 
 
 async def test_a_10mb_body_without_a_key_is_413(sim_stack):

@@ -28,7 +28,8 @@ from gateway.openai.chat_completions.tool_requests import chat_messages, schema_
 from gateway.pipeline import owner_request
 from gateway.refusals import Invalid, Unacceptable
 from gateway.rollout import ModelAliases
-from schemas.api import SEED_LIMIT, ChatCompletionRequest
+from schemas.api import ChatCompletionRequest
+from schemas.bounds import SEED_LIMIT
 from schemas.events import GenerationRequest, SamplingOptions, now
 from schemas.generation import new_id
 
@@ -99,13 +100,19 @@ def check_parameters(completion: ChatCompletionRequest, limits: RequestLimits) -
         raise Unacceptable(
             "invalid_value", "top_logprobs needs logprobs: true", param="top_logprobs"
         )
+    for name in ("max_tokens", "max_completion_tokens"):
+        value = getattr(completion, name)
+        if value is not None and value > limits.max_tokens_limit:
+            raise Invalid(
+                "max_tokens_too_large", f"{name} is at most {limits.max_tokens_limit}", param=name
+            )
     if completion.n > limits.max_choices:
         raise Invalid("too_many_choices", f"n is at most {limits.max_choices}", param="n")
     schema = completion.json_format.get("json_schema")
     if isinstance(schema, dict) and (error := schema_error(schema)) is not None:
         raise Unacceptable(
             "invalid_response_format",
-            f"response_format's schema is not a valid JSON Schema: {error}",
+            f"response_format's schema is not a JSON Schema chatpipe takes: {error}",
             param="response_format.json_schema.schema",
         )
 

@@ -20,6 +20,7 @@ from jsonschema import SchemaError, validators
 from gateway.config import RequestLimits
 from gateway.refusals import NotFound, Unacceptable
 from schemas.api import ChatCompletionRequest, InputMessage
+from schemas.bounds import json_shape_error
 from schemas.events import ChatMessage, GenerationRequest, Role
 from schemas.tools import ToolSpec, ToolUse
 
@@ -68,7 +69,8 @@ def _check_tools(tools: list[ToolSpec], limits: RequestLimits) -> None:
         if error is not None:
             raise Unacceptable(
                 "invalid_tools",
-                f"the parameters of {function.name!r} are not a valid JSON Schema: {error}",
+                f"the parameters of {function.name!r} are not a JSON Schema chatpipe takes: "
+                f"{error}",
                 param=param,
             )
         if parameters.get("type", "object") != "object":
@@ -88,14 +90,20 @@ def _check_tools(tools: list[ToolSpec], limits: RequestLimits) -> None:
 
 
 def schema_error(schema: dict[str, Any]) -> str | None:
-    """Why `schema` is no valid JSON Schema (by the draft it names, else the newest);
-    None when it is one."""
+    """Why `schema` is not a JSON Schema chatpipe takes: deeper or larger than
+    `schemas.bounds` allows (checked first, without recursion, so the validator never
+    meets a schema deep enough to exhaust the stack), or no valid JSON Schema (by the
+    draft it names, else the newest); None when it is one."""
+    if (shape := json_shape_error(schema)) is not None:
+        return shape
     try:
         if not isinstance(schema.get("$schema", ""), str):
             raise SchemaError("$schema must be a string")
         validators.validator_for(schema).check_schema(schema)
     except SchemaError as error:
         return error.message
+    except RecursionError:
+        return "it nests too deeply to be checked"
     return None
 
 

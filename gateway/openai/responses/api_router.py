@@ -13,6 +13,7 @@ from gateway.edge.auth import Owner
 from gateway.errors import error_responses
 from gateway.openai.responses import serving
 from gateway.streaming.event_stream import EventStreamResponse
+from schemas.bounds import INT32_MAX
 from schemas.responses import ResponseObject, ResponseRequest
 
 router = APIRouter(tags=["responses"])
@@ -35,7 +36,8 @@ async def create_response(
 async def retrieve_response(
     response_id: str, owner: Owner, deps: Deps, stream: bool = False,
     starting_after: Annotated[int | None, Query(
-        ge=-1, description="with `stream`: the events after this sequence number")] = None,
+        ge=-1, le=INT32_MAX,
+        description="with `stream`: the events after this sequence number")] = None,
 ) -> ResponseObject | EventStreamResponse:  # fmt: skip
     """A stored response as it stands; with `stream`, its events (live until its end)."""
     return await serving.read_response(response_id, owner, deps, stream, starting_after)

@@ -7,20 +7,29 @@
 from __future__ import annotations
 
 from conversations.store import StoredMessage
-from gateway.refusals import Unacceptable
+from gateway.config import RequestLimits
+from gateway.refusals import Invalid, Unacceptable
 from schemas.api import ChatCompletionRequest, InputMessage, TurnOptions
 from schemas.responses import ResponseRequest, refused_fields
 
 
-def check_fields(body: ResponseRequest) -> None:
+def check_fields(body: ResponseRequest, limits: RequestLimits) -> None:
     """400 naming the first field set that chatpipe does not honour, or a combination it
-    cannot."""
+    cannot; 422 for `max_output_tokens` over the limit, naming it (the turn or the chat
+    completion it runs as calls it `max_tokens`)."""
     refused = refused_fields(body)
     if refused:
         name, code = refused[0]
         raise Unacceptable(code, f"{name!r} is not supported here", param=name)
     if body.background and not body.store:
         raise Unacceptable("invalid_request", "background needs store", param="background")
+    most = limits.max_tokens_limit
+    if body.max_output_tokens is not None and body.max_output_tokens > most:
+        raise Invalid(
+            "max_tokens_too_large",
+            f"max_output_tokens is at most {most}",
+            param="max_output_tokens",
+        )
 
 
 def turn_options(body: ResponseRequest) -> TurnOptions:

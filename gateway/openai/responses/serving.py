@@ -80,7 +80,7 @@ async def serve_response(
 ) -> ResponseObject | EventStreamResponse:
     """The response to `body`: its fields checked, started stored (a native turn) or not
     (a chat completion), then streamed, whole, or at once (`background`)."""
-    check_fields(body)
+    check_fields(body, deps.config.limits)
     check_message_count(deps.config.limits, len(body.items))
     if body.store:
         head, generation = await _start_stored(deps, owner, body)
