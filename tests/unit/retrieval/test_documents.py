@@ -29,7 +29,7 @@ from retrieval.extract import UnreadableFile, UnsupportedFile
 from schemas.events import Role
 from schemas.topics import Tier
 from tests.support.context import counting
-from tests.support.documents import WordEmbedder, pdf_of
+from tests.support.documents import ThreadReader, WordEmbedder, pdf_of
 
 LIGHTHOUSE = """# The lighthouse
 
@@ -46,8 +46,9 @@ def documents_on(store: SQLiteStore, embedder: Embedder, **limits) -> Documents:
     async def loaded() -> Embedder:
         return embedder
 
-    return Documents(store, loaded, FileLimits(**{"chunk_chars": 100, "overlap_chars": 0,
-                                                  "top_k": 2, **limits}))  # fmt: skip
+    limits = FileLimits(**{"chunk_chars": 100, "overlap_chars": 0, "top_k": 2, **limits})
+    reader = ThreadReader(limits.chunk_chars, limits.overlap_chars, limits.extraction.caps)
+    return Documents(store, loaded, limits, reader)
 
 
 def upload(data: bytes, filename: str = "lighthouse.md", user: str = "alice") -> Upload:
