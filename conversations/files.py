@@ -51,16 +51,16 @@ hyphen, the byte-order mark, interlinear annotation."""
 
 
 def display_filename(name: str) -> str:
-    """`name` as lists and citations show it: control characters (C0, DEL, C1) and
-    line or paragraph separators become a space, the characters of `_INVISIBLE` and
-    lone surrogates are dropped, runs of spaces become one and the ends are trimmed;
-    `UNNAMED` if nothing is left. The same name again gives itself."""
+    """`name` as lists and citations show it: white space of any kind (tabs, line
+    ends, line and paragraph separators) becomes a space, the other control characters
+    (C0, DEL, C1), the characters of `_INVISIBLE` and lone surrogates are dropped, runs
+    of spaces become one and the ends are trimmed; `UNNAMED` if nothing is left. The
+    same name again gives itself."""
     kept: list[str] = []
     for char in name:
-        category = unicodedata.category(char)
-        if category in ("Cc", "Zl", "Zp") or char.isspace():
+        if char.isspace():
             kept.append(" ")
-        elif category != "Cs" and char not in _INVISIBLE:
+        elif unicodedata.category(char) not in ("Cc", "Cs") and char not in _INVISIBLE:
             kept.append(char)
     return " ".join("".join(kept).split()) or UNNAMED
 

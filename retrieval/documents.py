@@ -6,10 +6,11 @@ while a file is read and embedded: a file is read and its text chunked in a limi
 process of its own (`retrieval.extraction`: out of the gateway's GIL, with caps on
 its pages, text, CPU time, memory and time, a few at a time), and chunks are
 embedded `EMBED_BATCH` at a time, each batch in a worker thread (the model and its
-tokenizer release the GIL while they compute). Uploads embed one at a time
-(`_ingesting`): two large files do not take every core, and a turn's one-line
-query, which takes no lock, slips in between their batches. What is embedded is
-bounded by the caps: at most `max_chunks` chunks of a text of at most
+tokenizer release the GIL while they compute). Uploads embed one batch at a time
+(`_ingesting`, taken per batch and in turn): two large files do not take every core,
+a small file waits for one batch of a large one, not for all of it, and a turn's
+one-line query, which takes no lock, slips in between their batches. What is
+embedded is bounded by the caps: at most `max_chunks` chunks of a text of at most
 `TextCaps.max_chars` characters.
 
 The embedding model is the context builder's (loaded once, on first use).
@@ -18,6 +19,7 @@ The embedding model is the context builder's (loaded once, on first use).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -137,8 +139,7 @@ class Documents:
         """Embed `read`'s chunks and store them as `upload`'s file."""
         embedder = await self._embedder()
         chunks = read.chunks
-        async with self._ingesting:
-            vectors = await embed(embedder, [c.text for c in chunks])
+        vectors = await embed(embedder, [c.text for c in chunks], lock=self._ingesting)
         file_id = f"file-{uuid.uuid4().hex}"
         stored = StoredFile(file_id=file_id, org_id=upload.org_id, user_id=upload.user_id,
                             filename=upload.filename, content_type=read.kind,
@@ -163,8 +164,12 @@ class Documents:
         return rank(vectors[0], candidates, self.limits.top_k, self.limits.min_score)
 
 
-async def embed(embedder: Embedder, texts: list[str], batch: int = EMBED_BATCH) -> np.ndarray:
-    """`embedder.embed(texts)`, `batch` texts per worker-thread call."""
-    parts = [await asyncio.to_thread(embedder.embed, texts[i:i + batch])
-             for i in range(0, len(texts), batch)]  # fmt: skip
+async def embed(embedder: Embedder, texts: list[str], batch: int = EMBED_BATCH,
+                lock: asyncio.Lock | None = None) -> np.ndarray:  # fmt: skip
+    """`embedder.embed(texts)`, `batch` texts per worker-thread call, each call holding
+    `lock` if one is given (taken in turn, so uploads sharing it interleave)."""
+    parts = []
+    for start in range(0, len(texts), batch):
+        async with lock or contextlib.nullcontext():
+            parts.append(await asyncio.to_thread(embedder.embed, texts[start : start + batch]))
     return np.concatenate(parts) if parts else np.zeros((0, 0), dtype=np.float32)

@@ -25,36 +25,48 @@ HOSTILE_CONTENT_BYTES = 5_000_000
 
 def pdf_of(*pages: str) -> bytes:
     """A PDF of one page per text (Helvetica, one line of the page per line of text)."""
-    writer = PdfWriter()
-    font = _helvetica(writer)
-    for text in pages:
-        page = _page(writer, font)
-        lines = [_pdf_string(line) for line in text.split("\n")]
-        body = b"BT /F1 11 Tf 14 TL 72 740 Td " + b" T* ".join(b"(%s) Tj" % s for s in lines)
-        stream = DecodedStreamObject()
-        stream.set_data(body + b" ET")
-        page[NameObject("/Contents")] = writer._add_object(stream)
-    return _written(writer)
+    return pdf_with(list(pages))
 
 
 def hostile_pdf(content_bytes: int = HOSTILE_CONTENT_BYTES, pages: int = 4) -> bytes:
     """A small PDF (about 40 KB for the default 5 MB) whose `pages` pages all show one
     FlateDecode content stream of `content_bytes` of text operators (`(word) Tj`):
     pypdf's extraction of it grows faster than its size (tens of seconds for 5 MB)."""
+    return pdf_with([], then_hostile=pages, content_bytes=content_bytes)
+
+
+def pdf_with(texts: list[str], then_hostile: int = 0,
+             content_bytes: int = HOSTILE_CONTENT_BYTES) -> bytes:  # fmt: skip
+    """A PDF of a page per text (`pdf_of`), then `then_hostile` pages that all show one
+    compressed content stream of `content_bytes` (`hostile_pdf`)."""
+    writer = PdfWriter()
+    font = _helvetica(writer)
+    for text in texts:
+        lines = [_pdf_string(line) for line in text.split("\n")]
+        body = b"BT /F1 11 Tf 14 TL 72 740 Td " + b" T* ".join(b"(%s) Tj" % s for s in lines)
+        stream = DecodedStreamObject()
+        stream.set_data(body + b" ET")
+        _page(writer, font)[NameObject("/Contents")] = writer._add_object(stream)
+    if then_hostile:
+        stream = StreamObject()
+        stream.set_data(zlib.compress(_text_operators(content_bytes), 9))
+        stream[NameObject("/Filter")] = NameObject("/FlateDecode")
+        contents = writer._add_object(stream)
+        for _ in range(then_hostile):
+            _page(writer, font)[NameObject("/Contents")] = contents
+    out = io.BytesIO()
+    writer.write(out)
+    return out.getvalue()
+
+
+def _text_operators(size: int) -> bytes:
+    """About `size` bytes of one text object showing words picked at random, as one
+    1500-word block over and over: it compresses a hundredfold."""
     words = [b"lorem", b"ipsum", b"dolor", b"sit", b"amet", b"consectetur", b"adipiscing"]
     rng = random.Random(7)
     block = b"".join(b"(%s) Tj " % rng.choice(words) for _ in range(1500))
-    body = (block * (content_bytes // len(block) + 1))[:content_bytes]
-    body = b"BT /F1 11 Tf 72 740 Td " + body[: body.rfind(b" Tj ") + 4] + b"ET"
-    writer = PdfWriter()
-    font = _helvetica(writer)
-    stream = StreamObject()
-    stream.set_data(zlib.compress(body, 9))
-    stream[NameObject("/Filter")] = NameObject("/FlateDecode")
-    contents = writer._add_object(stream)
-    for _ in range(pages):
-        _page(writer, font)[NameObject("/Contents")] = contents
-    return _written(writer)
+    body = (block * (size // len(block) + 1))[:size]
+    return b"BT /F1 11 Tf 72 740 Td " + body[: body.rfind(b" Tj ") + 4] + b"ET"
 
 
 def _helvetica(writer: PdfWriter) -> object:
@@ -69,12 +81,6 @@ def _page(writer: PdfWriter, font: object) -> DictionaryObject:
         {NameObject("/Font"): DictionaryObject({NameObject("/F1"): font})}
     )
     return page
-
-
-def _written(writer: PdfWriter) -> bytes:
-    out = io.BytesIO()
-    writer.write(out)
-    return out.getvalue()
 
 
 def _pdf_string(text: str) -> bytes:
