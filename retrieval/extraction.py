@@ -150,20 +150,22 @@ class Extractor:
             if child.returncode is None:  # timed out, or the upload was cancelled
                 child.kill()
                 await child.wait()
-        return _outcome(child.returncode, out, err, limits)
+        return outcome(child.returncode, out, err, limits)
 
 
-def _outcome(status: int | None, out: bytes, err: bytes, limits: ExtractionLimits) -> list[Chunk]:
-    """The child's answer as chunks, or the refusal it stands for."""
-    if status in (-signal.SIGXCPU, -signal.SIGKILL):
+def outcome(status: int | None, out: bytes, err: bytes, limits: ExtractionLimits) -> list[Chunk]:
+    """The child's answer (exit `status`, `out` and `err` as it wrote them) as chunks, or
+    the refusal it stands for; `RuntimeError` for a child that failed on its own."""
+    if status == -signal.SIGXCPU:
         raise FileTooComplex(f"reading the file's text took more than {limits.cpu_s:g} s of CPU")
     if status == OUT_OF_MEMORY_EXIT:
         raise FileTooComplex(
             f"reading the file's text needs more than {limits.memory_bytes >> 20} MiB of memory"
         )
-    if status is not None and status < 0:
-        log.warning("the extraction process died of signal %d: %s", -status, err[-2000:])
-        raise FileTooComplex("reading the file's text crashed its reader")
+    if status is not None and status < 0:  # the OOM killer, or a crash in a C library
+        name = signal.strsignal(-status) or f"signal {-status}"
+        log.warning("the extraction process was killed by %s: %s", name, err[-2000:])
+        raise FileTooComplex(f"the process reading the file's text was killed ({name})")
     if status != 0:
         log.error("the extraction process failed (exit %s): %s", status, err[-4000:])
         raise RuntimeError(f"the extraction process failed (exit {status})")
