@@ -23,6 +23,7 @@ from conversations.files import (
     StoredFile,
     citations_json,
     citations_of,
+    display_filename,
     tool_steps_json,
     tool_steps_of,
 )
@@ -41,7 +42,11 @@ class CassandraFiles:
         raise NotImplementedError
 
     async def add_file(self, file: StoredFile, chunks: Sequence[FileChunk]) -> StoredFile:
-        new = replace(file, created_at=file.created_at or self._clock())
+        new = replace(
+            file,
+            filename=display_filename(file.filename),
+            created_at=file.created_at or self._clock(),
+        )
         rows = await self._run("insert_file", astuple(new))
         if not cql.applied(rows):
             stored = _file_of(rows[0])

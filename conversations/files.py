@@ -7,6 +7,9 @@ Contracts:
 * A file is stored with its chunks in one call (`add_file`), idempotent on its id
   (the first one stored is kept). Chunks never change; a file is not edited, only
   deleted (`delete_file`, its chunks with it).
+* A file's name is stored as it is shown (`display_filename`): `add_file` stores and
+  returns it without control or bidi-control characters, so lists and citations show
+  what a user can read.
 * Ownership is by (org_id, user_id), as for conversations: `list_files` lists one
   owner's; `delete_file` deletes only its owner's (False otherwise, as for an unknown
   id). Reads by id (`get_file`, `file_chunks`) do not check who asks: the caller
@@ -24,6 +27,7 @@ Contracts:
 
 from __future__ import annotations
 
+import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -32,6 +36,33 @@ import orjson
 
 from schemas.files import Citation
 from schemas.tools import ToolStep
+
+UNNAMED = "upload"
+"""The name of a file whose name is nothing once made safe to show."""
+_INVISIBLE = frozenset(
+    "\u00ad\u061c\u180e\u200b\u200e\u200f\u2060\u2061\u2062\u2063\u2064\ufeff"
+    "\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069\u206a\u206b\u206c\u206d"
+    "\u206e\u206f\ufff9\ufffa\ufffb"
+)
+"""Format characters that change how the text around them shows or show nothing: the
+bidi marks, embeddings, overrides and isolates, zero-width spaces and joiners that are
+not a script's (ZWJ and ZWNJ stay: emoji and several scripts need them), the soft
+hyphen, the byte-order mark, interlinear annotation."""
+
+
+def display_filename(name: str) -> str:
+    """`name` as lists and citations show it: white space of any kind (tabs, line
+    ends, line and paragraph separators) becomes a space, the other control characters
+    (C0, DEL, C1), the characters of `_INVISIBLE` and lone surrogates are dropped, runs
+    of spaces become one and the ends are trimmed; `UNNAMED` if nothing is left. The
+    same name again gives itself."""
+    kept: list[str] = []
+    for char in name:
+        if char.isspace():
+            kept.append(" ")
+        elif unicodedata.category(char) not in ("Cc", "Cs") and char not in _INVISIBLE:
+            kept.append(char)
+    return " ".join("".join(kept).split()) or UNNAMED
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,7 +92,8 @@ class FileChunk:
 
 class FileStore(Protocol):
     async def add_file(self, file: StoredFile, chunks: Sequence[FileChunk]) -> StoredFile:
-        """Store the file and its chunks; a file_id already stored is returned unchanged."""
+        """Store the file (its name as `display_filename` gives it) and its chunks, and
+        return it as stored; a file_id already stored is returned unchanged."""
 
     async def get_file(self, file_id: str) -> StoredFile | None: ...
 

@@ -13,6 +13,7 @@ from conversations.files import (
     StoredFile,
     citations_json,
     citations_of,
+    display_filename,
     tool_steps_json,
     tool_steps_of,
 )
@@ -25,7 +26,11 @@ class SQLiteFiles(SQLiteFile):
     """The file methods of `SQLiteStore`."""
 
     async def add_file(self, file: StoredFile, chunks: Sequence[FileChunk]) -> StoredFile:
-        new = replace(file, created_at=file.created_at or self._clock())
+        new = replace(
+            file,
+            filename=display_filename(file.filename),
+            created_at=file.created_at or self._clock(),
+        )
         placeholders = ", ".join("?" * len(FILE_COLUMNS.split(",")))
 
         def add(conn: sqlite3.Connection) -> StoredFile:

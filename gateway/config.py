@@ -67,14 +67,16 @@ class ContextConfig:
 
 @dataclass(frozen=True, slots=True)
 class RateLimitConfig:
-    """Requests and tokens per minute (`gateway.admission.rate_limits`), kept in `storage`
-    (memory://, or redis://host:port shared by every gateway)."""
+    """Requests, tokens and uploaded files per minute (`gateway.admission.rate_limits`),
+    kept in `storage` (memory://, or redis://host:port shared by every gateway)."""
 
     user_requests_per_minute: int
     org_requests_per_minute: int
     user_tokens_per_minute: int
     org_tokens_per_minute: int
     storage: str = "memory://"
+    user_files_per_minute: int = 10
+    org_files_per_minute: int = 100
 
 
 @dataclass(frozen=True, slots=True)
@@ -266,7 +268,7 @@ class GatewaySettings(BaseModel):
 
 
 class RateLimitSettings(BaseModel):
-    """Requests and tokens per minute, and token budgets per period."""
+    """Requests, tokens and uploaded files per minute, and token budgets per period."""
 
     rate_limit_storage: str = Field(
         "memory://", description="limits storage URI; redis://host:6379 shares it across gateways"
@@ -279,6 +281,8 @@ class RateLimitSettings(BaseModel):
     org_tokens_per_minute: int = Field(
         2_000_000, description="prompt + max_tokens per org per minute"
     )
+    user_files_per_minute: int = Field(10, description="POST /v1/files uploads per user per minute")
+    org_files_per_minute: int = Field(100, description="POST /v1/files uploads per org per minute")
     user_token_budget: int | None = Field(None, description="tokens per budget period; None = off")
     org_token_budget: int | None = Field(
         None, description="tokens per budget period per org; None = off"
@@ -292,6 +296,8 @@ class RateLimitSettings(BaseModel):
             user_tokens_per_minute=self.user_tokens_per_minute,
             org_tokens_per_minute=self.org_tokens_per_minute,
             storage=self.rate_limit_storage,
+            user_files_per_minute=self.user_files_per_minute,
+            org_files_per_minute=self.org_files_per_minute,
         )
 
     def quotas(self) -> QuotaConfig:

@@ -8,7 +8,8 @@ expensive (store polling, the prompt's build, the classifiers):
 1. shedding (`gateway.admission.shedding`): in memory, the scheduler's last word;
 2. token budgets (`gateway.admission.quotas`): a ledger read that charges nothing,
    so a request refused for its budget is not charged to the rate limits;
-3. rate limits (`gateway.admission.rate_limits`): charged at once, from the estimate.
+3. rate limits (`gateway.admission.rate_limits`): charged at once, from the estimate
+   (an upload, `Ask.files`, also against the files per minute).
 
 Once the prompt is built, `settle` charges what the request costs beyond its
 estimate, and `check_input` runs the input classifiers (`gateway.admission.input_check`).
@@ -44,11 +45,13 @@ NO_HEADERS: Mapping[str, str] = {}
 @dataclass(frozen=True, slots=True)
 class Ask:
     """What a gate judges: `owner` asks `model` for a request of about `tokens` tokens
-    (the prompt's estimate plus its most output)."""
+    (the prompt's estimate plus its most output), uploading `files` files with it
+    (`POST /v1/files`: one, whose text `model`, the embedding model, embeds)."""
 
     owner: ApiKey
     model: str
     tokens: int
+    files: int = 0
 
 
 class Gate:
@@ -100,10 +103,10 @@ class Admission:
     pipeline: Pipeline
     safety: SafetyPolicy | None = None
 
-    async def admit(self, owner: ApiKey, tokens: int, model: str) -> Ask:
-        """The admitted ask of `owner` for `model` (charged `tokens`); the first gate
-        that refuses it raises, with its reason counted."""
-        ask = Ask(owner, model, tokens)
+    async def admit(self, owner: ApiKey, tokens: int, model: str, *, files: int = 0) -> Ask:
+        """The admitted ask of `owner` for `model` (charged `tokens`, and `files` uploads);
+        the first gate that refuses it raises, with its reason counted."""
+        ask = Ask(owner, model, tokens, files)
         for gate in self.gates:
             try:
                 note_response_headers(await gate.check(ask))

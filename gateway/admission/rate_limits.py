@@ -1,4 +1,5 @@
-"""Requests and tokens per minute, per user and per org, on `limits`' async API.
+"""Requests, tokens and uploaded files per minute, per user and per org, on `limits`'
+async API.
 
 Strategy: sliding window counter. Each limit keeps two counters (this window
 and the last) and weighs the last by how much of it still overlaps the
@@ -13,6 +14,11 @@ estimate made before it runs: prompt characters / 4 + max_tokens. The gateway
 charges before any expensive work: an OpenAI request's prompt is all in
 the request; a native turn is charged for its new message first and, once its
 prompt is built from the history, for the rest (`charge_tokens`, never refused).
+
+An upload (`POST /v1/files`) also costs 1 against the files limits, and 0 tokens when
+it is admitted: what it makes the embedding model read (its chunks' characters / 4)
+is charged once its text is read, before it is embedded, as the rest of a native
+turn is. The files limits are read only for an upload.
 """
 
 from __future__ import annotations
@@ -43,7 +49,8 @@ log = logging.getLogger(__name__)
 CHARS_PER_TOKEN = 4
 UNBOUNDED = 1 << 62
 """The limit a charge that must not be refused is made under."""
-Quantity = Literal["requests", "tokens"]
+Quantity = Literal["requests", "tokens", "files"]
+QUANTITIES: tuple[Quantity, ...] = ("requests", "tokens", "files")
 
 
 def admission_tokens(messages: Sequence[ChatMessage], max_tokens: int) -> int:
@@ -115,7 +122,7 @@ class WindowCount:
 
 @dataclass(frozen=True, slots=True)
 class Limit:
-    """One of the four limits on a request, named after the setting that sets it."""
+    """One of the limits on a request, named after the setting that sets it."""
 
     name: str
     quantity: Quantity
@@ -127,11 +134,17 @@ class Limit:
         return RateLimitItemPerMinute(self.per_minute, namespace="chatpipe")
 
 
-def limits_for(config: RateLimitConfig, owner: ApiKey) -> list[Limit]:
+def limits_for(config: RateLimitConfig, owner: ApiKey, *, files: bool = False) -> list[Limit]:
+    """The four limits on every request, and with `files` the two on uploads."""
     # A user is one of an org's (the same id in two orgs is two users): one account id.
     user = ("user", Account.user(owner.org_id, owner.user_id).account_id)
     org = ("org", owner.org_id)
-    return [
+    uploads = [
+        Limit("user_files_per_minute", "files", config.user_files_per_minute,
+              ("files", *user)),
+        Limit("org_files_per_minute", "files", config.org_files_per_minute, ("files", *org)),
+    ] if files else []  # fmt: skip
+    return [*uploads,
         Limit("user_requests_per_minute", "requests", config.user_requests_per_minute,
               ("requests", *user)),
         Limit("org_requests_per_minute", "requests", config.org_requests_per_minute,
@@ -159,9 +172,10 @@ def refusal(checks: Sequence[Check]) -> Check | None:
 
 
 def ratelimit_headers(checks: Sequence[Check]) -> dict[str, str]:
-    """OpenAI's x-ratelimit-* headers, per quantity from the tighter of user and org."""
+    """OpenAI's x-ratelimit-* headers, per quantity from the tighter of user and org
+    (`x-ratelimit-*-files` only where the files limits were checked)."""
     headers = {}
-    for quantity in ("requests", "tokens"):
+    for quantity in QUANTITIES:
         windows = [c.window for c in checks if c.limit.quantity == quantity]
         if not windows:
             continue
@@ -228,7 +242,8 @@ def storage_from_uri(uri: str) -> Storage:
 
 
 class RateLimiter(Gate):
-    """Charges each admitted request to its owner's four limits, or refuses it whole.
+    """Charges each admitted request to its owner's four limits (an upload to the two
+    files limits too), or refuses it whole.
 
     Every limit is read first and the request charged only when all have room,
     so a refused request costs nothing. Two gateways may both read room and
@@ -248,7 +263,7 @@ class RateLimiter(Gate):
         return cls(config, storage_from_uri(config.storage))
 
     async def check(self, ask: Ask) -> Mapping[str, str]:
-        return await self.acquire(ask.owner, ask.tokens)
+        return await self.acquire(ask.owner, ask.tokens, files=ask.files)
 
     async def settle(self, ask: Ask, actual: int) -> None:
         await self.charge_tokens(ask.owner, actual - ask.tokens)
@@ -256,10 +271,11 @@ class RateLimiter(Gate):
     async def standing(self, owner: ApiKey) -> Mapping[str, str]:
         return await self.headers(owner)
 
-    async def acquire(self, owner: ApiKey, tokens: int) -> dict[str, str]:
-        """Charge one request of `tokens`; its rate-limit headers. 429 when over a limit."""
+    async def acquire(self, owner: ApiKey, tokens: int, *, files: int = 0) -> dict[str, str]:
+        """Charge one request of `tokens` uploading `files`; its rate-limit headers. 429
+        when over a limit."""
         try:
-            checks = await self._checks(owner, tokens)
+            checks = await self._checks(owner, tokens, files)
             refused = refusal(checks)
             if refused is not None:
                 raise rate_limited(refused, ratelimit_headers(checks))
@@ -298,11 +314,12 @@ class RateLimiter(Gate):
         except StorageError:
             return {}
 
-    async def _checks(self, owner: ApiKey, tokens: int) -> list[Check]:
-        limits = limits_for(self.config, owner)
+    async def _checks(self, owner: ApiKey, tokens: int, files: int = 0) -> list[Check]:
+        limits = limits_for(self.config, owner, files=files > 0)
         windows = await asyncio.gather(*(self._window(limit) for limit in limits))
+        costs = {"requests": 1, "tokens": tokens, "files": files}
         return [
-            Check(limit, window, 1 if limit.quantity == "requests" else tokens)
+            Check(limit, window, costs[limit.quantity])
             for limit, window in zip(limits, windows, strict=True)
         ]
 

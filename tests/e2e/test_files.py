@@ -19,7 +19,7 @@ from tests.support.conversations import (
     recorded,
     sse_post,
 )
-from tests.support.documents import pdf_of
+from tests.support.documents import hostile_pdf, pdf_of
 from tests.support.files import LIGHTHOUSE, owners, upload
 from tests.support.stack import client_for
 
@@ -75,7 +75,9 @@ async def test_files_are_uploaded_listed_and_deleted_by_their_owner_only(
 
 async def test_bad_uploads_are_refused_with_a_json_error(sim_stack: Stack) -> None:
     limit = sim_stack.settings.files.max_file_bytes
-    many_paragraphs = "\n\n".join(["A paragraph of filler words."] * 40_000).encode()
+    filler = "A paragraph of filler words."
+    many_paragraphs = "\n\n".join([filler] * 30_000).encode()  # 900,000 characters
+    too_much_text = "\n\n".join([filler] * 40_000).encode()
     async with client_for(sim_stack) as client:
         cases = [
             (await upload(client, "photo.png", b"\x89PNG\r\n\x1a\n"), 400,
@@ -87,6 +89,8 @@ async def test_bad_uploads_are_refused_with_a_json_error(sim_stack: Stack) -> No
             (await upload(client, "huge.txt", b"x" * (limit + (1 << 20))), 413,
              "body_too_large"),
             (await upload(client, "long.txt", many_paragraphs), 413, "too_many_chunks"),
+            (await upload(client, "longer.txt", too_much_text), 413, "file_text_too_long"),
+            (await upload(client, "bomb.pdf", hostile_pdf()), 413, "file_too_complex"),
             (await upload(client, "notes.txt", b"text", purpose="fine-tune"), 422,
              "invalid_request"),
             (await client.post("/v1/files", data={"purpose": "assistants"}), 422,

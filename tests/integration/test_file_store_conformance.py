@@ -36,6 +36,18 @@ async def test_a_file_round_trips_with_its_chunks_in_order(
     assert await store.file_chunks([n.nothing]) == []
 
 
+async def test_a_files_name_is_stored_as_it_is_shown(
+    store: ConversationStore, n: Names, clock: Clock
+) -> None:
+    sent = a_file(n.f1, n.alice, n.org, filename="\x1b[2Jinvoice\u202efdp\u2066.exe\x85")
+    stored = await store.add_file(sent, chunks_of(n.f1))
+
+    shown = a_file(n.f1, n.alice, n.org, filename="[2Jinvoicefdp.exe", created_at=clock.now)
+    assert stored == shown
+    assert await store.get_file(n.f1) == shown
+    assert await store.list_files(n.alice, org_id=n.org) == [shown]
+
+
 async def test_add_file_is_idempotent_on_its_id(store: ConversationStore, n: Names) -> None:
     first = await store.add_file(a_file(n.f1, n.alice, n.org), chunks_of(n.f1))
     again = await store.add_file(a_file(n.f1, n.alice, n.org, filename="other.txt"),

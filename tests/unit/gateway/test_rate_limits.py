@@ -236,3 +236,42 @@ async def test_the_same_user_id_in_another_org_has_limits_of_its_own(
     assert "user_requests_per_minute" in (await refused(limiter, other_alice, 1)).detail
     headers = await limiter.acquire(ALICE, 1)
     assert headers["x-ratelimit-remaining-requests"] == "2"
+
+
+@pytest.fixture
+async def upload_limiter(clock: Clock):
+    settings = Settings(
+        user_requests_per_minute=100,
+        org_requests_per_minute=100,
+        user_files_per_minute=2,
+        org_files_per_minute=3,
+    )
+    limiter = RateLimiter(gateway_config(settings).rate_limits, storage_from_uri("memory://"))
+    yield limiter
+    await limiter.storage.reset()
+
+
+async def test_uploads_count_against_the_files_limits_and_turns_do_not(
+    upload_limiter: RateLimiter,
+) -> None:
+    turn = await upload_limiter.acquire(ALICE, 10)
+    assert not [name for name in turn if name.endswith("-files")]
+    first = await upload_limiter.acquire(ALICE, 0, files=1)
+    assert (first["x-ratelimit-limit-files"], first["x-ratelimit-remaining-files"]) == ("2", "1")
+    assert first["x-ratelimit-remaining-requests"] == "98"  # an upload is a request too
+    await upload_limiter.acquire(ALICE, 0, files=1)
+
+    with pytest.raises(ApiError) as caught:
+        await upload_limiter.acquire(ALICE, 0, files=1)
+    error = caught.value
+    assert (error.status_code, error.code) == (429, "rate_limited")
+    assert error.detail.startswith("user_files_per_minute reached: 2 of 2")
+    assert int(error.headers["Retry-After"]) in (20, 21)  # the window ends in 20 s
+    assert error.headers["x-ratelimit-remaining-files"] == "0"
+    assert error.headers["x-ratelimit-remaining-requests"] == "97"  # the refusal cost nothing
+
+    await upload_limiter.acquire(ALICE, 10)  # turns go on
+    await upload_limiter.acquire(BOB, 0, files=1)
+    with pytest.raises(ApiError) as caught:
+        await upload_limiter.acquire(BOB, 0, files=1)
+    assert caught.value.detail.startswith("org_files_per_minute reached: 3 of 3")

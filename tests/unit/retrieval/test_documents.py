@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -29,7 +30,7 @@ from retrieval.extract import UnreadableFile, UnsupportedFile
 from schemas.events import Role
 from schemas.topics import Tier
 from tests.support.context import counting
-from tests.support.documents import WordEmbedder, pdf_of
+from tests.support.documents import ThreadReader, WordEmbedder, pdf_of
 
 LIGHTHOUSE = """# The lighthouse
 
@@ -46,8 +47,9 @@ def documents_on(store: SQLiteStore, embedder: Embedder, **limits) -> Documents:
     async def loaded() -> Embedder:
         return embedder
 
-    return Documents(store, loaded, FileLimits(**{"chunk_chars": 100, "overlap_chars": 0,
-                                                  "top_k": 2, **limits}))  # fmt: skip
+    limits = FileLimits(**{"chunk_chars": 100, "overlap_chars": 0, "top_k": 2, **limits})
+    reader = ThreadReader(limits.chunk_chars, limits.overlap_chars, limits.extraction.caps)
+    return Documents(store, loaded, limits, reader)
 
 
 def upload(data: bytes, filename: str = "lighthouse.md", user: str = "alice") -> Upload:
@@ -135,6 +137,38 @@ async def test_embedding_runs_off_the_event_loop(store: SQLiteStore) -> None:
     assert ticks == 20 and not adding.done()
     embedder.release.set()
     assert (await adding).chunk_count > 1
+
+
+class SlowEmbedder(WordEmbedder):
+    """Takes 100 ms a call, in its worker thread, and notes the first text of each."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.firsts: list[str] = []
+        self.started = threading.Event()
+
+    def embed(self, texts: list[str]) -> np.ndarray:
+        self.firsts.append(texts[0])
+        self.started.set()
+        time.sleep(0.1)
+        return super().embed(texts)
+
+
+async def test_a_small_upload_waits_for_one_batch_of_a_large_one_not_all(
+    store: SQLiteStore,
+) -> None:
+    embedder = SlowEmbedder()
+    documents = documents_on(store, embedder)
+    large = "\n\n".join(f"Paragraph {i} of the large file, about lamps." for i in range(200))
+    adding = asyncio.create_task(documents.add(upload(large.encode(), "large.md")))
+    assert await asyncio.to_thread(embedder.started.wait, 30)
+    small = await documents.add(upload(b"A small note about bread.", "small.md"))
+
+    assert not adding.done()  # the small file was stored while the large one embedded
+    large_file = await adding
+    assert large_file.chunk_count > 2 * 32 and small.chunk_count == 1
+    assert embedder.firsts.index("A small note about bread.") == 1  # after one batch
+    assert len(embedder.firsts) == 2 + (large_file.chunk_count - 1) // 32
 
 
 async def test_embedding_goes_in_batches() -> None:
