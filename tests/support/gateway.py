@@ -270,10 +270,11 @@ async def disconnect_after_hold(app, pipeline, path: str, body: dict) -> list[di
 
 
 @contextlib.asynccontextmanager
-async def app_client(settings: Settings, store, pipeline: ScriptedPipeline
+async def app_client(settings: Settings, store, pipeline: ScriptedPipeline, **options: Any
                      ) -> AsyncIterator[tuple[httpx.AsyncClient, GatewayDeps]]:  # fmt: skip
-    """A client of an app on other settings than the fixtures'."""
-    deps = gateway_deps(settings, store, pipeline, reply_wait_s=0.3)
+    """A client of an app on other settings than the fixtures' (`options`: more of what
+    `gateway_deps` takes)."""
+    deps = gateway_deps(settings, store, pipeline, reply_wait_s=0.3, **options)
     transport = httpx.ASGITransport(create_app(deps))
     try:
         async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
