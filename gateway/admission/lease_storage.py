@@ -167,7 +167,7 @@ class RedisLeases:
         args: list[int | str] = [-1 if limit is None else limit, _ms(ttl_s), *leases]
         try:
             taken, held = cast(list[int], await self._take(keys=[KEY_PREFIX + key], args=args))
-        except RedisError as exc:
+        except (RedisError, OSError) as exc:
             raise LeaseStorageError(str(exc)) from exc
         return Taken(bool(taken), int(held))
 
@@ -180,19 +180,19 @@ class RedisLeases:
                     await self._renew(keys=[KEY_PREFIX + key], args=[_ms(ttl_s), *ids],
                                       client=pipe)  # fmt: skip
                 await pipe.execute()
-        except RedisError as exc:
+        except (RedisError, OSError) as exc:
             raise LeaseStorageError(str(exc)) from exc
 
     async def free(self, key: str, leases: Sequence[str]) -> None:
         try:
             await self._client.zrem(KEY_PREFIX + key, *leases)
-        except RedisError as exc:
+        except (RedisError, OSError) as exc:
             raise LeaseStorageError(str(exc)) from exc
 
     async def held(self, key: str) -> int:
         try:
             return int(cast(int, await self._held(keys=[KEY_PREFIX + key])))
-        except RedisError as exc:
+        except (RedisError, OSError) as exc:
             raise LeaseStorageError(str(exc)) from exc
 
     async def aclose(self) -> None:
