@@ -180,6 +180,10 @@ class ConcurrencyGate(Gate):
     def _forget(self, lease: Lease) -> None:
         self._live.pop(lease.lease_id, None)
         self._renewed_at.pop(lease.lease_id, None)
+        renewing = self._renewing
+        if not self._live and renewing is not None and renewing is not asyncio.current_task():
+            renewing.cancel()  # nothing left to renew; the next lease starts it again
+            self._renewing = None
 
     async def _free(self, lease: Lease) -> None:
         self._forget(lease)
