@@ -225,9 +225,10 @@ class Inputs:
         "assumption: repair and bootstrap stay hours, half the disk free for compaction",
     )
     redis_commands_per_turn: float = _in(
-        10,
+        13,
         "commands",
-        "gateway/admission/rate_limits.py: 4 limits read and hit, 2 token corrections",
+        "gateway/admission/rate_limits.py: 4 limits read and hit, 2 token corrections;"
+        " gateway/admission/concurrency.py: a lease taken, renewed, released",
     )
     redis_ops_per_shard: float = _in(
         50000,

@@ -88,6 +88,8 @@ class Pipeline:
             "auto_titles": False,
             "heartbeat_interval_s": 0.5,
             "worker_lost_after_s": 3.0,
+            # Tests and scenarios load the pipeline from one key; the limit has its own tests.
+            "max_concurrent_requests": {},
             **self.settings,
             **settings,
         }

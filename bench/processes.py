@@ -212,8 +212,10 @@ LIMITS_OFF: dict[str, object] = {
     "user_tokens_per_minute": UNLIMITED,
     "org_tokens_per_minute": UNLIMITED,
     "tier_max_wait_s": {"enterprise": 3600, "pro": 3600, "free": 3600},
+    "max_concurrent_requests": {},
 }
-"""Rate limits and shedding are policy, not capacity: the benchmark lifts them."""
+"""Rate limits, concurrency limits and shedding are policy, not capacity: the benchmark
+lifts them."""
 
 
 def chatpipe_env(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import time
 from collections.abc import Awaitable, Callable
@@ -173,7 +174,9 @@ def store_create_schema() -> None:
     typer.echo(f"schema ready in {settings.storage.database_path}")
 
 
-KEY_FIELDS = ("id", "user", "org", "tier", "name", "created", "expires", "revoked")
+KEY_FIELDS = (
+    "id", "user", "org", "tier", "name", "created", "expires", "max_concurrent", "revoked",
+)  # fmt: skip
 MAX_EXPIRES_IN_DAYS = 36_500
 """A hundred years: a later expiry is not a date `keys list` can show."""
 """What `chatpipe keys list` shows of a key (never the key: only its hash is stored)."""
@@ -206,6 +209,16 @@ def keys_create(
             "--expires-in", metavar="DAYS", help="expire after this many days; default: never"
         ),
     ] = None,
+    max_concurrent_requests: Annotated[
+        int | None,
+        typer.Option(
+            "--max-concurrent-requests",
+            metavar="N",
+            min=1,
+            help="generations the key may run at once; default: its org's limit (`orgs set`), "
+            "else its tier's (CHATPIPE_MAX_CONCURRENT_REQUESTS)",
+        ),
+    ] = None,
 ) -> None:
     """Create an API key for a user of an org; it is printed once, on the last line.
 
@@ -235,6 +248,7 @@ def keys_create(
         key_id=key_id,
         name=name,
         expires_at=expires_at,
+        max_concurrent_requests=max_concurrent_requests,
     )
 
     async def create(store: ConversationStore) -> ApiKey | None:
@@ -255,9 +269,10 @@ def keys_create(
 def keys_list(
     as_json: Annotated[bool, typer.Option("--json", help="a JSON array of objects")] = False,
 ) -> None:
-    """Every API key: id, user, org, tier, name, created, expires, revoked.
+    """Every API key: id, user, org, tier, name, created, expires, max_concurrent, revoked.
 
-    No secrets: only a key's hash is stored. Times are UTC, ISO 8601.
+    No secrets: only a key's hash is stored. Times are UTC, ISO 8601. `max_concurrent` is
+    the key's own limit on concurrent generations (none: its org's or tier's).
     """
     from chatpipe.api_keys import iso_time
 
@@ -267,7 +282,7 @@ def keys_list(
     rows = [
         {"id": k.key_id, "user": k.user_id, "org": k.org_id, "tier": k.tier.value,
          "name": k.name, "created": iso_time(k.created_at), "expires": iso_time(k.expires_at),
-         "revoked": k.revoked_at is not None}
+         "max_concurrent": k.max_concurrent_requests, "revoked": k.revoked_at is not None}
         for k in _with_store(Settings(), list_keys)
     ]  # fmt: skip
     if as_json:
@@ -299,47 +314,95 @@ def keys_revoke(key_id: Annotated[str, typer.Argument(metavar="KEY_ID")]) -> Non
     typer.echo(f"revoked API key {key_id}")
 
 
+TIER_LIMIT = "tier"
+"""`orgs set --max-concurrent-requests tier`: the org's keys take their tier's limit again."""
+
+
 @orgs_app.command("set")
 def orgs_set(
     org: Annotated[str, typer.Argument(metavar="ORG")],
     response_cache: Annotated[
-        bool,
+        bool | None,
         typer.Option(
             "--response-cache/--no-response-cache",
             help="replay exact repeats of the org's single-turn, temperature-0 requests from "
             "the response cache (kept CHATPIPE_RESPONSE_CACHE_TTL_S, never shared with another "
-            "org)",
+            "org); default: as it was (off for an org never set)",
+            show_default=False,
         ),
-    ] = False,
+    ] = None,
+    max_concurrent_requests: Annotated[
+        str | None,
+        typer.Option(
+            "--max-concurrent-requests",
+            metavar="N|tier",
+            help="generations each of the org's keys may run at once, unless the key has its "
+            f"own limit; `{TIER_LIMIT}`: its tier's (CHATPIPE_MAX_CONCURRENT_REQUESTS); "
+            "default: as it was",
+        ),
+    ] = None,
 ) -> None:
-    """Set an org's settings; every gateway uses them from the org's next request."""
+    """Set an org's settings (those not given stay as they were); every gateway uses them
+    from the org's next request."""
     if not org.strip():
         raise typer.BadParameter("ORG must not be empty")
+    limit = _concurrency_limit(max_concurrent_requests)
 
     async def save(store: ConversationStore) -> OrgSettings:
-        await store.set_org_settings(OrgSettings(org, response_cache=response_cache))
+        current = await store.get_org_settings(org)
+        changed = dataclasses.replace(
+            current,
+            response_cache=current.response_cache if response_cache is None else response_cache,
+            max_concurrent_requests=(current.max_concurrent_requests
+                                     if max_concurrent_requests is None else limit),
+        )  # fmt: skip
+        await store.set_org_settings(changed)
         return await store.get_org_settings(org)
 
     saved = _with_store(Settings(), save)
-    typer.echo(f"org {org!r}: response cache {'on' if saved.response_cache else 'off'}")
+    concurrent = saved.max_concurrent_requests
+    typer.echo(
+        f"org {org!r}: response cache {'on' if saved.response_cache else 'off'}, "
+        f"max concurrent requests {concurrent if concurrent is not None else 'of the tier'}"
+    )
+
+
+def _concurrency_limit(value: str | None) -> int | None:
+    """`--max-concurrent-requests`: a positive integer, or `tier` (None)."""
+    if value is None or value.strip().lower() == TIER_LIMIT:
+        return None
+    try:
+        limit = int(value)
+    except ValueError:
+        limit = 0
+    if limit < 1:
+        raise typer.BadParameter(
+            f"--max-concurrent-requests must be a whole number above 0, or {TIER_LIMIT}"
+        )
+    return limit
 
 
 @orgs_app.command("list")
 def orgs_list(
     as_json: Annotated[bool, typer.Option("--json", help="a JSON array of objects")] = False,
 ) -> None:
-    """Every org whose settings were set (any other has them all off)."""
+    """Every org whose settings were set (any other has the response cache off and its
+    keys' tiers' limits)."""
 
     async def list_orgs(store: ConversationStore) -> list[OrgSettings]:
         return await store.list_org_settings()
 
-    rows = [{"org": o.org_id, "response_cache": o.response_cache}
+    rows = [{"org": o.org_id, "response_cache": o.response_cache,
+             "max_concurrent_requests": o.max_concurrent_requests}
             for o in _with_store(Settings(), list_orgs)]  # fmt: skip
     if as_json:
         typer.echo(json.dumps(rows, indent=2))
         return
     for row in rows:
-        typer.echo(f"{row['org']}  response_cache={'on' if row['response_cache'] else 'off'}")
+        limit = row["max_concurrent_requests"]
+        cache = "on" if row["response_cache"] else "off"
+        concurrent = limit if limit is not None else TIER_LIMIT
+        typer.echo(f"{row['org']}  response_cache={cache}  max_concurrent_requests={concurrent}")
 
 
 @schemas_app.command("export")

@@ -24,7 +24,9 @@ API_KEY = "test-dev-key"
 
 def stack_settings(tmp: Path, **overrides: object) -> Settings:
     """Settings of a stack on its own embedded broker, free port and database under
-    `tmp`, quick to notice a dropped stream; `overrides` win."""
+    `tmp`, quick to notice a dropped stream, with no tier's limit on a key's concurrent
+    generations (tests and benchmarks load the stack from one key; a key or org given
+    its own limit keeps it); `overrides` win."""
     values: dict[str, Any] = {
         "kafka_bootstrap_servers": None,
         "port": 0,
@@ -34,6 +36,7 @@ def stack_settings(tmp: Path, **overrides: object) -> Settings:
         "heartbeat_interval_s": 0.5,
         # A dropped stream frees its slot soon (tests of the grace itself set their own).
         "resume_grace_s": 0.5,
+        "max_concurrent_requests": {},
         **overrides,
     }
     return Settings(**values)

@@ -26,6 +26,7 @@ from chatpipe.settings import Settings
 from chatpipe.supervise import Pause, Supervisor, broker_kept_up
 from conversations.sqlite_store import SQLiteStore
 from conversations.store import ApiKey, ConversationStore
+from gateway.admission.concurrency import ConcurrencyGate, lease_ttl_s
 from gateway.admission.quotas import QuotaGate
 from gateway.admission.rate_limits import RateLimiter, per_process
 from gateway.app import GatewayDeps, create_app
@@ -223,6 +224,7 @@ def gateway_config(settings: Settings) -> GatewayConfig:
             tools=catalog.specs(tools.server_tools), max_rounds=tools.max_tool_rounds
         ),
         max_embedding_inputs=settings.embeddings.max_embedding_inputs,
+        concurrency=settings.rate_limits.concurrency(lease_ttl_s(gateway.stream_stall_s)),
     )
 
 
@@ -245,6 +247,7 @@ def build_gateway_deps(
         context,
         rate_limiter=RateLimiter.from_config(config.rate_limits),
         quotas=QuotaGate.from_config(config.quotas, ledger),
+        concurrency=ConcurrencyGate.from_config(config.concurrency, store.get_org_settings),
         safety=safety,
         aliases=pipeline.aliases,
         documents=Documents(store, context.embedding_model, config.files),

@@ -9,7 +9,8 @@ entry is gone at the same moment on both stores.
 from __future__ import annotations
 
 import math
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
 
 from conversations.cassandra_session import Rows
 from conversations.store import CachedResponse, OrgSettings
@@ -23,16 +24,17 @@ class CassandraOrgs:
     _run: Callable[[str, tuple], Awaitable[Rows]]
 
     async def set_org_settings(self, settings: OrgSettings) -> None:
-        await self._run("insert_org_settings", (settings.org_id, settings.response_cache))
+        s = settings
+        await self._run("insert_org_settings",
+                        (s.org_id, s.response_cache, s.max_concurrent_requests))  # fmt: skip
 
     async def get_org_settings(self, org_id: str) -> OrgSettings:
         rows = await self._run("select_org_settings", (org_id,))
-        return OrgSettings(org_id, bool(rows[0]["response_cache"])) if rows else OrgSettings(org_id)
+        return _org_settings(rows[0]) if rows else OrgSettings(org_id)
 
     async def list_org_settings(self) -> list[OrgSettings]:
         rows = await self._run("select_all_org_settings", ())
-        return sorted((OrgSettings(row["org_id"], bool(row["response_cache"])) for row in rows),
-                      key=lambda settings: settings.org_id)  # fmt: skip
+        return sorted(map(_org_settings, rows), key=lambda settings: settings.org_id)
 
     async def put_cached_response(self, entry: CachedResponse) -> None:
         ttl_s = math.ceil(entry.expires_at - self._clock())
@@ -53,3 +55,9 @@ class CassandraOrgs:
             content=row["content"], prompt_tokens=row["prompt_tokens"],
             completion_tokens=row["completion_tokens"], status=RequestStatus(row["status"]),
             created_at=row["created_at"], expires_at=row["expires_at"])  # fmt: skip
+
+
+def _org_settings(row: Mapping[str, Any]) -> OrgSettings:
+    return OrgSettings(
+        row["org_id"], bool(row["response_cache"]), row.get("max_concurrent_requests")
+    )

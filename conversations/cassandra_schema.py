@@ -64,7 +64,10 @@ REQUEST_COLUMNS = (
     "request_id, conversation_id, message_id, user_id, answers_partition, answers_offset,"
     " reply_to, created_at, org_id"
 )
-API_KEY_COLUMNS = "key_id, user_id, org_id, tier, name, created_at, expires_at, revoked_at"
+API_KEY_COLUMNS = (
+    "key_id, user_id, org_id, tier, name, created_at, expires_at, revoked_at,"
+    " max_concurrent_requests"
+)
 FILE_COLUMNS = (
     "file_id, org_id, user_id, filename, content_type, purpose, size_bytes, chunk_count,"
     " embedding_model, created_at"
@@ -152,7 +155,8 @@ TABLES = (
     name text,
     created_at double,
     expires_at double,
-    revoked_at double)""",
+    revoked_at double,
+    max_concurrent_requests int)""",
     """CREATE TABLE IF NOT EXISTS {ks}.api_key_ids (
     key_id text PRIMARY KEY,
     key_hash text)""",
@@ -190,7 +194,8 @@ TABLES = (
     PRIMARY KEY (conversation_id, message_id))""",
     """CREATE TABLE IF NOT EXISTS {ks}.org_settings (
     org_id text PRIMARY KEY,
-    response_cache boolean)""",
+    response_cache boolean,
+    max_concurrent_requests int)""",
     """CREATE TABLE IF NOT EXISTS {ks}.response_cache (
     cache_key text PRIMARY KEY,
     org_id text,
@@ -212,6 +217,8 @@ UPGRADES = (
     "ALTER TABLE {ks}.api_keys ADD IF NOT EXISTS expires_at double",
     "ALTER TABLE {ks}.api_keys ADD IF NOT EXISTS revoked_at double",
     "ALTER TABLE {ks}.messages ADD IF NOT EXISTS alias text",
+    "ALTER TABLE {ks}.api_keys ADD IF NOT EXISTS max_concurrent_requests int",
+    "ALTER TABLE {ks}.org_settings ADD IF NOT EXISTS max_concurrent_requests int",
 )
 
 _PAGE = (
@@ -283,7 +290,7 @@ STATEMENTS = {
     " WHERE conversation_id = ? AND model = ?",
     # API keys
     "insert_api_key": f"INSERT INTO {{ks}}.api_keys (key_hash, {API_KEY_COLUMNS})"
-    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) IF NOT EXISTS",
+    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) IF NOT EXISTS",
     "insert_api_key_id": "INSERT INTO {ks}.api_key_ids (key_id, key_hash) VALUES (?, ?)"
     " IF NOT EXISTS",
     "select_api_key": f"SELECT key_hash, {API_KEY_COLUMNS} FROM {{ks}}.api_keys WHERE key_hash = ?",
@@ -317,9 +324,12 @@ STATEMENTS = {
     "select_tool_steps": "SELECT message_id, steps FROM {ks}.tool_steps WHERE conversation_id = ?",
     "delete_tool_steps": "DELETE FROM {ks}.tool_steps WHERE conversation_id = ?",
     # orgs and the response cache
-    "insert_org_settings": "INSERT INTO {ks}.org_settings (org_id, response_cache) VALUES (?, ?)",
-    "select_org_settings": "SELECT org_id, response_cache FROM {ks}.org_settings WHERE org_id = ?",
-    "select_all_org_settings": "SELECT org_id, response_cache FROM {ks}.org_settings",
+    "insert_org_settings": "INSERT INTO {ks}.org_settings (org_id, response_cache,"
+    " max_concurrent_requests) VALUES (?, ?, ?)",
+    "select_org_settings": "SELECT org_id, response_cache, max_concurrent_requests"
+    " FROM {ks}.org_settings WHERE org_id = ?",
+    "select_all_org_settings": "SELECT org_id, response_cache, max_concurrent_requests"
+    " FROM {ks}.org_settings",
     "insert_cached_response": f"INSERT INTO {{ks}}.response_cache ({CACHED_RESPONSE_COLUMNS})"
     " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) USING TTL ?",
     "select_cached_response": f"SELECT {CACHED_RESPONSE_COLUMNS} FROM {{ks}}.response_cache"
@@ -385,7 +395,7 @@ def api_key_values(key_hash: str, key: ApiKey) -> tuple:
     """The values of `insert_api_key`: the hash, then `API_KEY_COLUMNS` in order."""
     k = key
     return (key_hash, k.key_id, k.user_id, k.org_id, k.tier.value, k.name, k.created_at,
-            k.expires_at, k.revoked_at)  # fmt: skip
+            k.expires_at, k.revoked_at, k.max_concurrent_requests)  # fmt: skip
 
 
 def api_key_of(row: Row) -> ApiKey:
@@ -402,6 +412,7 @@ def api_key_of(row: Row) -> ApiKey:
         name=row.get("name") or "",
         expires_at=row.get("expires_at"),
         revoked_at=row["created_at"] if old and revoked_at is None else revoked_at,
+        max_concurrent_requests=row.get("max_concurrent_requests"),
     )
 
 

@@ -19,21 +19,27 @@ class SQLiteOrgs(SQLiteFile):
 
     async def set_org_settings(self, settings: OrgSettings) -> None:
         await self._run(lambda conn: conn.execute(
-            "INSERT OR REPLACE INTO org_settings (org_id, response_cache) VALUES (?, ?)",
-            (settings.org_id, int(settings.response_cache))))  # fmt: skip
+            "INSERT OR REPLACE INTO org_settings (org_id, response_cache,"
+            " max_concurrent_requests) VALUES (?, ?, ?)",
+            (settings.org_id, int(settings.response_cache),
+             settings.max_concurrent_requests)))  # fmt: skip
 
     async def get_org_settings(self, org_id: str) -> OrgSettings:
         def select(conn: sqlite3.Connection) -> OrgSettings:
-            row = conn.execute("SELECT response_cache FROM org_settings WHERE org_id = ?",
-                               (org_id,)).fetchone()  # fmt: skip
-            return OrgSettings(org_id, bool(row[0])) if row else OrgSettings(org_id)
+            row = conn.execute(
+                "SELECT response_cache, max_concurrent_requests FROM org_settings WHERE org_id = ?",
+                (org_id,),
+            ).fetchone()
+            return OrgSettings(org_id, bool(row[0]), row[1]) if row else OrgSettings(org_id)
 
         return await self._run(select)
 
     async def list_org_settings(self) -> list[OrgSettings]:
         def select(conn: sqlite3.Connection) -> list[OrgSettings]:
-            rows = conn.execute("SELECT org_id, response_cache FROM org_settings ORDER BY org_id")
-            return [OrgSettings(org_id, bool(cached)) for org_id, cached in rows]
+            rows = conn.execute("SELECT org_id, response_cache, max_concurrent_requests"
+                                " FROM org_settings ORDER BY org_id")  # fmt: skip
+            return [OrgSettings(org_id, bool(cached), concurrent)
+                    for org_id, cached, concurrent in rows]  # fmt: skip
 
         return await self._run(select)
 

@@ -85,7 +85,8 @@ CREATE TABLE IF NOT EXISTS api_keys (
     name TEXT NOT NULL DEFAULT '',
     expires_at REAL,
     revoked_at REAL,
-    key_id TEXT NOT NULL DEFAULT ''
+    key_id TEXT NOT NULL DEFAULT '',
+    max_concurrent_requests INTEGER
 );
 CREATE UNIQUE INDEX IF NOT EXISTS api_keys_by_id ON api_keys (key_id);
 CREATE TABLE IF NOT EXISTS files (
@@ -122,7 +123,8 @@ CREATE TABLE IF NOT EXISTS tool_steps (
 );
 CREATE TABLE IF NOT EXISTS org_settings (
     org_id TEXT PRIMARY KEY,
-    response_cache INTEGER NOT NULL DEFAULT 0
+    response_cache INTEGER NOT NULL DEFAULT 0,
+    max_concurrent_requests INTEGER
 );
 CREATE TABLE IF NOT EXISTS response_cache (
     cache_key TEXT PRIMARY KEY,
@@ -169,6 +171,8 @@ ADDED_COLUMNS = (
     ("api_keys", "revoked_at", "REAL", None),
     ("api_keys", "key_id", "TEXT NOT NULL DEFAULT ''", _OLD_KEYS),
     ("messages", "alias", "TEXT", None),
+    ("api_keys", "max_concurrent_requests", "INTEGER", None),
+    ("org_settings", "max_concurrent_requests", "INTEGER", None),
 )  # fmt: skip
 
 CONVERSATION_COLUMNS = "conversation_id, user_id, title, created_at, auto_title, org_id"
@@ -183,7 +187,10 @@ REQUEST_COLUMNS = (
     " reply_to, created_at, org_id"
 )
 
-API_KEY_COLUMNS = "key_id, user_id, org_id, tier, name, created_at, expires_at, revoked_at"
+API_KEY_COLUMNS = (
+    "key_id, user_id, org_id, tier, name, created_at, expires_at, revoked_at,"
+    " max_concurrent_requests"
+)
 
 FILE_COLUMNS = (
     "file_id, org_id, user_id, filename, content_type, purpose, size_bytes, chunk_count,"
@@ -220,8 +227,9 @@ def conversation_row(row: tuple) -> Conversation:
 
 def api_key_row(row: tuple) -> ApiKey:
     """A row of `API_KEY_COLUMNS`."""
-    key_id, user_id, org_id, tier, name, created_at, expires_at, revoked_at = row
-    return ApiKey(user_id, org_id, Tier(tier), created_at, key_id, name, expires_at, revoked_at)
+    key_id, user_id, org_id, tier, name, created_at, expires_at, revoked_at, concurrent = row
+    return ApiKey(user_id, org_id, Tier(tier), created_at, key_id, name, expires_at, revoked_at,
+                  concurrent)  # fmt: skip
 
 
 def cached_response_row(row: tuple) -> CachedResponse:

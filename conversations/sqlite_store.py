@@ -302,11 +302,11 @@ class SQLiteStore(SQLiteOrgs, SQLiteFiles):
         o = owner
         values = (key_hash, o.key_id or derived_key_id(key_hash), o.user_id, o.org_id,
                   o.tier.value, o.name, o.created_at or self._clock(), o.expires_at,
-                  o.revoked_at)  # fmt: skip
+                  o.revoked_at, o.max_concurrent_requests)  # fmt: skip
         await self._run(
             lambda conn: conn.execute(
                 f"INSERT OR IGNORE INTO api_keys (key_hash, {API_KEY_COLUMNS})"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 values,
             )
         )

@@ -28,14 +28,16 @@ Contracts every store keeps:
   whoever sees the answer end first gives it its final text (`finish_answer`),
   and only that one writer succeeds.
 * Orgs and the response cache: an org's settings (`set_org_settings`; an org never set
-  has `OrgSettings`' defaults) say whether its answers may be cached. A cached answer
+  has `OrgSettings`' defaults) say whether its answers may be cached, and how many
+  generations each of its keys may run at once. A cached answer
   (`put_cached_response`) is found by its key and its org only (`get_cached_response`)
   until it expires (the store clock; Cassandra also drops it with a TTL).
 * API keys: only a keyed hash of a key is stored (`hash_api_key`: HMAC-SHA256
   under the deployment's key secret, which the store is opened with), with a
-  public `key_id`, the owner and its tier, a name, an expiry and a revocation
-  time. `find_api_key` returns the row as stored, revoked or expired alike:
-  whoever authenticates decides with `ApiKey.refusal(now)`. Nothing caches a
+  public `key_id`, the owner and its tier, a name, an expiry, a revocation
+  time and the key's own limit on concurrent generations. `find_api_key` returns
+  the row as stored, revoked or expired alike: whoever authenticates decides with
+  `ApiKey.refusal(now)`. Nothing caches a
   key, so a revocation holds on every gateway from its next request.
 """
 
@@ -186,6 +188,9 @@ class ApiKey:
     name: str = ""
     expires_at: float | None = None
     revoked_at: float | None = None
+    max_concurrent_requests: int | None = None
+    """Generations the key may run at once; None: its org's limit, else its tier's
+    (`gateway.admission.concurrency`)."""
 
     def refusal(self, now: float) -> str | None:
         """Why the key no longer opens at `now`, or None while it does."""
@@ -203,6 +208,9 @@ class OrgSettings:
     org_id: str
     response_cache: bool = False
     """Its exact-match answers may be cached and replayed (`gateway.cache.rules`)."""
+    max_concurrent_requests: int | None = None
+    """Generations each of its keys may run at once, unless the key sets its own; None:
+    the key's tier's (`gateway.admission.concurrency`)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,7 +5,8 @@ Every request's body is bounded (`BodyLimits`) before anything else, the key che
 included; /docs, /redoc and /openapi.json are served only with `api_docs`.
 The app's lifespan loads the served models' tokenizers before it takes requests
 (the embedding model, slower, in the background when a model retrieves), and on
-shutdown cancels the titles and summaries still being generated.
+shutdown cancels the titles and summaries still being generated and stops renewing
+the leases of concurrent generations.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from fastapi import APIRouter, Depends, FastAPI, Request, Response
 
 from gateway import web
 from gateway.admission.headers import ResponseHeaders
+from gateway.admission.leases import ReleasesLeases
 from gateway.api_document import api_document
 from gateway.deps import GatewayDeps
 from gateway.edge.auth import current_owner
@@ -49,6 +51,8 @@ def create_app(deps: GatewayDeps, *, api_docs: bool = True) -> FastAPI:
             yield
         finally:
             await deps.background.close()
+            if deps.concurrency is not None:
+                await deps.concurrency.aclose()
 
     config = deps.config
     app = FastAPI(
@@ -63,6 +67,7 @@ def create_app(deps: GatewayDeps, *, api_docs: bool = True) -> FastAPI:
     install_error_handlers(app)
     app.add_middleware(HttpSpans)  # a span per request while tracing is on
     app.add_middleware(ResponseHeaders)
+    app.add_middleware(ReleasesLeases)  # a request's leases no generation claimed
     # Added last, so it runs first.
     app.add_middleware(
         BodyLimits,

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, Field, SecretStr
+from pydantic import BaseModel, Field, PositiveInt, SecretStr
 
 from gateway.context.window import Strategy
 from retrieval.documents import FileLimits
@@ -80,6 +80,18 @@ class RateLimitConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class ConcurrencyConfig:
+    """Generations one API key may run at once (`gateway.admission.concurrency`), by tier
+    (a tier not named: no limit), the leases that count them kept in `storage` (the rate
+    limits' URI: memory://, or redis://host:port shared by every gateway) for
+    `lease_ttl_s` past the last sign of their stream."""
+
+    per_tier: Mapping[Tier, int]
+    storage: str = "memory://"
+    lease_ttl_s: float = 60.0
+
+
+@dataclass(frozen=True, slots=True)
 class QuotaConfig:
     """Token budgets per period (`gateway.admission.quotas`); a None budget is off."""
 
@@ -136,6 +148,8 @@ class GatewayConfig:
     """The server tools a native turn may offer the model (`tool_choice`)."""
     max_embedding_inputs: int = 64
     """Texts one `/v1/embeddings` request may embed."""
+    concurrency: ConcurrencyConfig = ConcurrencyConfig({})
+    """Generations one key may run at once; by default none is limited."""
 
 
 class GatewaySettings(BaseModel):
@@ -268,7 +282,8 @@ class GatewaySettings(BaseModel):
 
 
 class RateLimitSettings(BaseModel):
-    """Requests, tokens and uploaded files per minute, and token budgets per period."""
+    """Requests, tokens and uploaded files per minute, token budgets per period, and the
+    generations one key may run at once."""
 
     rate_limit_storage: str = Field(
         "memory://", description="limits storage URI; redis://host:6379 shares it across gateways"
@@ -288,6 +303,20 @@ class RateLimitSettings(BaseModel):
         None, description="tokens per budget period per org; None = off"
     )
     budget_period: Literal["day", "month"] = Field("day", description="day or month")
+    max_concurrent_requests: dict[Tier, PositiveInt] = Field(
+        default_factory=lambda: {Tier.ENTERPRISE: 64, Tier.PRO: 16, Tier.FREE: 4},
+        description="tier -> generations one API key may run at once, streamed or not, "
+        "queued or running (429 too_many_concurrent_requests past it); a tier not named: no "
+        "limit; an org's or a key's own limit wins (`chatpipe orgs set`, `chatpipe keys "
+        "create`); counted in rate_limit_storage",
+    )
+
+    def concurrency(self, lease_ttl_s: float) -> ConcurrencyConfig:
+        return ConcurrencyConfig(
+            per_tier=dict(self.max_concurrent_requests),
+            storage=self.rate_limit_storage,
+            lease_ttl_s=lease_ttl_s,
+        )
 
     def rate_limits(self) -> RateLimitConfig:
         return RateLimitConfig(

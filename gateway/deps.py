@@ -10,6 +10,7 @@ from typing import Annotated
 from fastapi import Depends, Request
 
 from conversations.store import ConversationStore
+from gateway.admission.concurrency import ConcurrencyGate
 from gateway.admission.gates import Admission, SheddingGate
 from gateway.admission.quotas import QuotaGate
 from gateway.admission.rate_limits import RateLimiter
@@ -35,6 +36,8 @@ class GatewayDeps:
     """Requests and tokens per minute; None: no rate limits."""
     quotas: QuotaGate | None = None
     """Token budgets per period; None: no budgets."""
+    concurrency: ConcurrencyGate | None = None
+    """Generations one key may run at once; None: no limit."""
     safety: SafetyPolicy | None = None
     """Input classifiers run before a request is queued; None: no input check."""
     live: LiveRequests = field(default_factory=LiveRequests)
@@ -48,8 +51,9 @@ class GatewayDeps:
 
     @property
     def admission(self) -> Admission:
-        """The gates a request passes: shedding, then budgets, then rate limits."""
-        gates = [SheddingGate(self.pipeline), self.quotas, self.rate_limiter]
+        """The gates a request passes: shedding, budgets, concurrent generations, then rate
+        limits."""
+        gates = [SheddingGate(self.pipeline), self.quotas, self.concurrency, self.rate_limiter]
         return Admission([g for g in gates if g is not None], self.pipeline, self.safety)
 
     @property

@@ -1,8 +1,9 @@
 """One error shape for every failure: `{"error": {"code", "message", "type", "param"}}`.
 
 Bad input is always a 4xx: malformed JSON → 400, a field that fails validation
-→ 422, a limit → its own status (413, 404 model_not_found, …). Over a rate limit
-or a token budget → 429 `rate_limited` / `quota_exceeded`, with Retry-After.
+→ 422, a limit → its own status (413, 404 model_not_found, …). Over a rate limit,
+a token budget or the key's concurrent generations → 429 `rate_limited` /
+`quota_exceeded` / `too_many_concurrent_requests`, with Retry-After.
 A message is written here or by a stage for the client: no exception's own text
 ever reaches one (an unexpected error is 500 `internal_error`, logged).
 
@@ -44,7 +45,7 @@ _MEANING = {
     409: "the previous answer is still streaming",
     413: "the body, a message, the prompt or the request is too large",
     422: "a field fails validation",
-    429: "over a rate limit or token budget (Retry-After)",
+    429: "over a rate limit, a token budget or the key's concurrent requests (Retry-After)",
     500: "the answer failed in the pipeline",
     502: "the answer stopped before its end",
     503: "overloaded or the pipeline is unavailable (Retry-After)",

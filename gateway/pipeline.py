@@ -60,7 +60,7 @@ class Pipeline(Protocol):
 
     def hold(self, request_id: str, stream: RequestStream, grace_s: float) -> None:
         """The client dropped `stream`: cancel the generation unless it ends or is
-        resumed within `grace_s`."""
+        resumed within `grace_s`; close `stream` once the hold ends, whichever way."""
 
     async def announce_resume(self, request_id: str, held_by: str) -> None:
         """This gateway relays the stream now: the one holding it (`held_by`, its

@@ -8,8 +8,14 @@ expensive (store polling, the prompt's build, the classifiers):
 1. shedding (`gateway.admission.shedding`): in memory, the scheduler's last word;
 2. token budgets (`gateway.admission.quotas`): a ledger read that charges nothing,
    so a request refused for its budget is not charged to the rate limits;
-3. rate limits (`gateway.admission.rate_limits`): charged at once, from the estimate
+3. concurrent generations (`gateway.admission.concurrency`): a lease per generation,
+   taken at once and given back if a later gate refuses, so a request refused for
+   running too many is not charged to the rate limits either;
+4. rate limits (`gateway.admission.rate_limits`): charged at once, from the estimate
    (an upload, `Ask.files`, also against the files per minute).
+
+The leases an admitted ask holds (`Ask.leases`) go to its generations as they start;
+those none claims are released when the HTTP request ends (`gateway.admission.leases`).
 
 Once the prompt is built, `settle` charges what the request costs beyond its
 estimate, and `check_input` runs the input classifiers (`gateway.admission.input_check`).
@@ -26,12 +32,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from conversations.store import ApiKey
 from gateway.admission.headers import note_response_headers
 from gateway.admission.input_check import check_input
+from gateway.admission.leases import Leases, hold_until_request_ends
 from gateway.errors import ApiError
 from gateway.pipeline import Pipeline
 from gateway.refusals import Refused, Unavailable
@@ -45,13 +52,18 @@ NO_HEADERS: Mapping[str, str] = {}
 @dataclass(frozen=True, slots=True)
 class Ask:
     """What a gate judges: `owner` asks `model` for a request of about `tokens` tokens
-    (the prompt's estimate plus its most output), uploading `files` files with it
-    (`POST /v1/files`: one, whose text `model`, the embedding model, embeds)."""
+    (the prompt's estimate plus its most output) that runs `generations` at once (a
+    completion's `n` choices; 0: none, an embedding or an upload), uploading `files`
+    files with it (`POST /v1/files`: one, whose text `model`, the embedding model,
+    embeds); the leases the gates took for its generations (`leases`), until each
+    generation claims its own."""
 
     owner: ApiKey
     model: str
     tokens: int
+    generations: int = 1
     files: int = 0
+    leases: Leases = field(default_factory=Leases, compare=False)
 
 
 class Gate:
@@ -103,21 +115,29 @@ class Admission:
     pipeline: Pipeline
     safety: SafetyPolicy | None = None
 
-    async def admit(self, owner: ApiKey, tokens: int, model: str, *, files: int = 0) -> Ask:
-        """The admitted ask of `owner` for `model` (charged `tokens`, and `files` uploads);
-        the first gate that refuses it raises, with its reason counted."""
-        ask = Ask(owner, model, tokens, files)
-        for gate in self.gates:
-            try:
-                note_response_headers(await gate.check(ask))
-            except (ApiError, Refused) as refused:
-                admission_rejected(owner.tier, refused.code)
-                if isinstance(refused, ApiError) and refused.status_code == 429:
-                    refused.headers = {
-                        **await self._standing(owner, besides=gate),
-                        **(refused.headers or {}),
-                    }
-                raise
+    async def admit(
+        self, owner: ApiKey, tokens: int, model: str, generations: int = 1, *, files: int = 0
+    ) -> Ask:
+        """The admitted ask of `owner` for `model` (charged `tokens`, running
+        `generations`, uploading `files`); the first gate that refuses it raises, with its
+        reason counted, and the leases the gates before it took are given back."""
+        ask = Ask(owner, model, tokens, generations, files)
+        try:
+            for gate in self.gates:
+                try:
+                    note_response_headers(await gate.check(ask))
+                except (ApiError, Refused) as refused:
+                    admission_rejected(owner.tier, refused.code)
+                    if isinstance(refused, ApiError) and refused.status_code == 429:
+                        refused.headers = {
+                            **await self._standing(owner, besides=gate),
+                            **(refused.headers or {}),
+                        }
+                    raise
+        except BaseException:
+            await ask.leases.release()
+            raise
+        hold_until_request_ends(ask.leases)
         return ask
 
     async def settle(self, ask: Ask, actual: int) -> None:

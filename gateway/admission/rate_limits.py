@@ -225,8 +225,9 @@ def per_process(uri: str) -> str | None:
     user would get each gateway's limits in full."""
     if uri.removeprefix("async+").startswith("memory://"):
         return (
-            f"rate limits in {uri} are this gateway's own: with N gateways a user gets "
-            "N times them; set CHATPIPE_RATE_LIMIT_STORAGE=redis://host:6379, shared"
+            f"rate limits and concurrency leases in {uri} are this gateway's own: with N "
+            "gateways a user gets N times them; set CHATPIPE_RATE_LIMIT_STORAGE="
+            "redis://host:6379, shared"
         )
     return None
 

@@ -92,7 +92,7 @@ async def add_file(documents: Documents, admission: Admission, owner: ApiKey, up
     file refused once read stays charged its request and file: reading it was done."""
     with _refused():
         documents.check(upload)
-    ask = await admission.admit(owner, 0, model, files=1)
+    ask = await admission.admit(owner, 0, model, generations=0, files=1)
     with _refused():
         read = await documents.read(upload)
     await admission.settle(ask, ceil(read.chars / CHARS_PER_TOKEN))

@@ -88,7 +88,8 @@ async def resume_events(
         json_schema_extra=_EVENT_ID)] = None,
 ) -> EventStreamResponse:  # fmt: skip
     """A stored answer's stream, on any gateway: the events after `Last-Event-ID` (all of
-    them without it), live until the end; an answer that has ended is replayed."""
+    them without it), live until the end; an answer that has ended is replayed. One still
+    running holds a lease here until it ends (never refused: it runs anyway)."""
     record = await _owned_request(deps.store, owner, request_id)
     after = _event_id(last_event_id_header if last_event_id_header is not None
                       else last_event_id)  # fmt: skip
@@ -96,6 +97,10 @@ async def resume_events(
     stream = await deps.pipeline.follow(
         request_id, record.conversation_id, record.answers_partition, record.answers_offset
     )
+    # The generation runs on, now streamed here: it counts among its key's concurrent
+    # requests here (the gateway that held it lets its own lease go).
+    running = answer is not None and answer.status == RequestStatus.IN_PROGRESS
+    lease = await deps.concurrency.adopt(owner) if running and deps.concurrency else None
     await deps.pipeline.announce_resume(request_id, record.reply_to)
     generation = Generation(
         deps.pipeline,
@@ -104,6 +109,7 @@ async def resume_events(
         StreamRelay(after_id=after),
         native_timers(deps.config),
         on_end=store_answer(deps.store),
+        lease=lease,
     )
     payload = sse.RequestPayload(
         request_id=request_id,

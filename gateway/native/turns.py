@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import anyio
 
@@ -44,6 +44,7 @@ from conversations.store import (
 )
 from conversations.tree import ConversationTree
 from gateway.admission.gates import Admission, Ask
+from gateway.admission.leases import Leases
 from gateway.admission.limits import check_bus_size, check_message, choose_model, sampling_options
 from gateway.admission.rate_limits import admission_tokens, text_tokens
 from gateway.config import GatewayConfig
@@ -109,6 +110,9 @@ class Turn:
     """The conversation's first exchange: it gets a title once answered."""
     citations: tuple[Citation, ...] = ()
     """The chunks of the user's files its prompt carries."""
+    leases: Leases = field(default_factory=Leases, compare=False)
+    """Its place among its key's concurrent requests, taken at admission (none: no
+    limit); its generation holds it to its end."""
 
 
 async def start_turn(
@@ -183,7 +187,13 @@ async def start_regenerate(
     _ask_for_summary(turns.own, owner, model, built)
     return _tooled(
         turns,
-        Turn(request=request, user_message=question, owner=owner, citations=grounding.citations),
+        Turn(
+            request=request,
+            user_message=question,
+            owner=owner,
+            citations=grounding.citations,
+            leases=ask.leases,
+        ),
         tool_use,
     )
 
@@ -220,8 +230,9 @@ async def start_reply(
 
 
 async def send_turn(turns: Turns, turn: Turn) -> Generation:
-    """Store the answer as in progress with where its events start, then queue it. If
-    queueing fails, the answer is stored as failed so the next turn can go on."""
+    """Store the answer as in progress with where its events start, then queue it (its
+    generation holding the turn's lease). If queueing fails, the answer is stored as
+    failed so the next turn can go on."""
     request = turn.request
     try:
         partition, offset = await turns.pipeline.start_answer(request)
@@ -251,6 +262,7 @@ async def send_turn(turns: Turns, turn: Turn) -> Generation:
             relay,
             native_timers(turns.config),
             store_answer(turns.store),
+            turn.leases.claim(),
         )
     except Refused:
         failed = relay.answer()
@@ -343,6 +355,7 @@ async def _new_user_turn(
         owner=owner,
         first=first,
         citations=grounding.citations,
+        leases=ask.leases,
     )
 
 

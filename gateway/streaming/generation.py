@@ -8,7 +8,9 @@ The client going away is an event the response listens for (docs/decisions.md, *
 `Generation.close` runs, shielded: with a resume grace (native streams) the
 generation is held that long for the client to come back, else it is cancelled at
 once, so no GPU time is spent on output nobody reads. A stream that gets no event
-for `stall_s` ends with error `stalled` and its generation is cancelled.
+for `stall_s` ends with error `stalled` and its generation is cancelled. A
+generation's lease (`gateway.admission.leases`) is released at its end, before the
+end is shown, or when its stream is closed (after a hold, for a held one).
 
 Events are relayed in batches: all that arrived since the relay last looked, so a
 relay that falls behind (a busy gateway) catches up in one write, its deltas merged
@@ -28,6 +30,7 @@ import anyio
 from fastapi import Request
 from starlette.background import BackgroundTask
 
+from gateway.admission.leases import Lease, LeasedStream
 from gateway.errors import ApiError, from_delivery_error
 from gateway.pipeline import Pipeline, RequestStream
 from gateway.refusals import Refused, pipeline_unavailable
@@ -98,11 +101,15 @@ class Generation:
         live: LiveRequests | None = None,
         on_end: OnEnd | None = None,
         timing: StreamTiming | None = None,
+        lease: Lease | None = None,
     ) -> None:
+        """`lease`: the generation's place among its key's concurrent requests, held by
+        its stream (`LeasedStream`) and released once it ends or is closed."""
         self.request_id = request_id
         self.relay = relay or StreamRelay()
         self._pipeline = pipeline
-        self._stream = stream
+        self._lease = lease
+        self._stream: RequestStream = stream if lease is None else LeasedStream(stream, lease)
         self._timers = timers
         self._live = live
         self._on_end = on_end
@@ -140,6 +147,8 @@ class Generation:
                 if shown and self._timing is not None:
                     self._timing.shown(shown, self.relay.ended)
                 if self.relay.ended:
+                    if self._lease is not None:  # before the end is shown: the next may start
+                        await self._lease.release()
                     await self._ended()
                 if shown:
                     yield shown
@@ -204,21 +213,23 @@ class Generation:
 async def start_generation(
     pipeline: Pipeline, request: GenerationRequest, live: LiveRequests | None = None,
     relay: StreamRelay | None = None, timers: StreamTimers = StreamTimers(),
-    on_end: OnEnd | None = None,
+    on_end: OnEnd | None = None, lease: Lease | None = None,
 ) -> Generation:  # fmt: skip
-    """Submit the request (known to `live` until its stream closes); refused
-    `pipeline_unavailable` if the pipeline cannot take it."""
+    """Submit the request (known to `live` until its stream closes, holding `lease` until
+    it ends); refused `pipeline_unavailable` if the pipeline cannot take it (the lease
+    given back)."""
     try:
         stream = await pipeline.submit(request)
-    except Refused:
-        raise
-    except Exception as exc:
+    except BaseException as exc:
+        if lease is not None:
+            await lease.release()
+        if isinstance(exc, Refused) or not isinstance(exc, Exception):
+            raise
         raise pipeline_unavailable() from exc
     if live is not None:
         live.add(request)
-    return Generation(
-        pipeline, request.request_id, stream, relay, timers, live, on_end, StreamTiming(request)
-    )
+    return Generation(pipeline, request.request_id, stream, relay, timers, live, on_end,
+                      StreamTiming(request), lease)  # fmt: skip
 
 
 def event_stream(

@@ -103,6 +103,35 @@ async def test_an_expired_key_is_refused(sim_stack: Stack) -> None:
     assert await status(sim_stack.base_url, past) == 401
 
 
+async def test_a_key_created_with_its_own_concurrency_limit_is_held_to_it(
+    sim_stack: Stack,
+) -> None:
+    database = sim_stack.settings.storage.database_path
+    key = await create_key(database, "--user", "cara", "--org", f"org-{uuid.uuid4().hex[:6]}",
+                           "--tier", "pro", "--max-concurrent-requests", "1")  # fmt: skip
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "[[sim:length=2000]]"}],
+            "max_tokens": 2000, "stream": True}  # fmt: skip
+    async with client_for(sim_stack, key) as client:
+        async with client.stream("POST", "/v1/chat/completions", json=body) as running:
+            assert running.status_code == 200
+            async for line in running.aiter_lines():
+                if line.startswith("data:"):
+                    break
+            refused = await client.post("/v1/chat/completions", json=body)
+            assert refused.status_code == 429, refused.text
+            assert refused.json()["error"]["code"] == "too_many_concurrent_requests"
+        # The client went away: the stream is cancelled and the key has its place back.
+        deadline = time.monotonic() + 10
+        while (again := await client.post("/v1/chat/completions",
+                                          json={**body, "max_tokens": 2, "stream": False})
+               ).status_code == 429:  # fmt: skip
+            assert time.monotonic() < deadline, again.text
+            await asyncio.sleep(0.05)
+        assert again.status_code == 200, again.text
+    rows = {row["id"]: row for row in json.loads(await keys_cli(database, "list", "--json"))}
+    assert rows[key_id(key)]["max_concurrent"] == 1
+
+
 async def test_the_same_user_id_in_another_org_sees_nothing(sim_stack: Stack) -> None:
     """The stack's dev key is user `dev` of org `dev`; another org's `dev` is someone else:
     their conversation, stored request and live request are all 404 to it."""

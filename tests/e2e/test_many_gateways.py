@@ -1,8 +1,8 @@
 """Two gateway processes on one pipeline share what a user's requests are held to:
-the per-user rate limit (in Redis), the token budget (billing's ledger),
-and the rule that a conversation's next turn waits for its streaming answer (the
-store), whichever gateway each request goes through. A stream started on one gateway
-is cancelled through the other, and stored.
+the per-user rate limit and a key's concurrent generations (in Redis), the token budget
+(billing's ledger), and the rule that a conversation's next turn waits for its
+streaming answer (the store), whichever gateway each request goes through. A stream
+started on one gateway is cancelled through the other, and stored.
 
 Resuming on another gateway, and a dead gateway's streams, are proven in
 `tests/faults/test_streams_finish.py`.
@@ -10,6 +10,7 @@ Resuming on another gateway, and a dead gateway's streams, are proven in
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -69,14 +70,26 @@ class User:
 
 @pytest_asyncio.fixture
 async def user(pipeline: Pipeline) -> AsyncIterator[User]:
-    key, user_id = f"key-{uuid.uuid4().hex}", f"user-{uuid.uuid4().hex[:8]}"
+    async with new_user(pipeline) as user:
+        yield user
+
+
+@contextlib.asynccontextmanager
+async def new_user(
+    pipeline: Pipeline, max_concurrent_requests: int | None = None
+) -> AsyncIterator[User]:
+    """A user whose key (with its own concurrency limit, if given) opens on both
+    gateways."""
+    secret, user_id = f"key-{uuid.uuid4().hex}", f"user-{uuid.uuid4().hex[:8]}"
     store = SQLiteStore(pipeline.tmp_path / "chatpipe.db", key_secret=KEY_SECRET.encode())
     await store.open()
     try:
-        await store.add_api_key(key, ApiKey(user_id=user_id, org_id=ORG, tier=Tier.PRO))
+        owner = ApiKey(user_id=user_id, org_id=ORG, tier=Tier.PRO,
+                       max_concurrent_requests=max_concurrent_requests)  # fmt: skip
+        await store.add_api_key(secret, owner)
     finally:
         await store.close()
-    async with pipeline.http("g1", key) as first, pipeline.http("g2", key) as second:
+    async with pipeline.http("g1", secret) as first, pipeline.http("g2", secret) as second:
         yield User(user_id, first, second)
 
 
@@ -93,6 +106,27 @@ async def test_a_users_rate_limit_counts_the_requests_of_both_gateways(user):
     refused, _ = await native_turn(user.second, turn(2))
     assert error_of(refused)["code"] == "rate_limited"
     assert refused.headers["x-ratelimit-remaining-requests"] == "0"
+
+
+@pytest.mark.skipif(REDIS_SERVER is None, reason="no redis-server binary")
+async def test_a_keys_concurrent_generations_count_on_both_gateways(pipeline):
+    async with new_user(pipeline, max_concurrent_requests=1) as user:
+        created = await user.first.post("/v1/conversations", json={})
+        url = f"/v1/conversations/{created.json()['conversation_id']}/messages"
+        async with user.first.stream("POST", url, json=turn(2000)) as streaming:
+            assert streaming.status_code == 200
+            lines = streaming.aiter_lines()
+            [started] = await read_messages(lines, stop=lambda m: m.event == "request")
+            refused, _ = await native_turn(user.second, turn(2))
+            assert error_of(refused)["code"] == "too_many_concurrent_requests"
+            assert refused.headers["retry-after"] == "1"
+            stopped = await user.second.post(
+                f"/v1/requests/{orjson.loads(started.data)['request_id']}/cancel"
+            )
+            assert stopped.status_code == 202, stopped.text
+            await read_messages(lines)  # to its end: its lease is released before it
+        admitted, events = await native_turn(user.second, turn(2))
+        assert admitted.status_code == 200 and events[-1].data == "[DONE]", admitted.text
 
 
 async def test_a_users_token_budget_counts_what_both_gateways_asked(pipeline, user):

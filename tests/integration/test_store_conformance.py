@@ -522,7 +522,7 @@ async def test_an_api_key_round_trips_every_field(
     store: ConversationStore, n: Names, clock: Clock
 ) -> None:
     row = ApiKey(n.u1, n.o1, Tier.ENTERPRISE, created_at=10.0, key_id=n.k1, name="ci",
-                 expires_at=99.5)  # fmt: skip
+                 expires_at=99.5, max_concurrent_requests=3)  # fmt: skip
     await store.add_api_key(n.secret, row)
     clock.now = 20.0
     await store.add_api_key(n.other, ApiKey(n.u2, n.o2, Tier.FREE))  # no id, no time
@@ -532,6 +532,7 @@ async def test_an_api_key_round_trips_every_field(
     assert derived is not None and derived.created_at == 20.0 and derived.name == ""
     assert len(derived.key_id) == 12 and derived.key_id not in n.other
     assert (derived.expires_at, derived.revoked_at) == (None, None)
+    assert derived.max_concurrent_requests is None
     await store.add_api_key(n.other, ApiKey(n.u2, n.o2, Tier.FREE))
     assert await store.find_api_key(n.other) == derived  # the same id again
 
@@ -678,6 +679,19 @@ async def test_an_org_never_set_has_the_defaults_and_a_set_one_keeps_its_last(
     listed = [s for s in await store.list_org_settings() if s.org_id in (n.acme, n.globex)]
     assert listed == sorted([OrgSettings(n.acme, True), OrgSettings(n.globex, False)],
                             key=lambda s: s.org_id)  # fmt: skip
+
+
+async def test_an_orgs_concurrency_limit_is_kept_and_cleared(
+    store: ConversationStore, n: Names
+) -> None:
+    assert (await store.get_org_settings(n.acme)).max_concurrent_requests is None
+    await store.set_org_settings(
+        OrgSettings(n.acme, response_cache=True, max_concurrent_requests=5)
+    )
+    assert await store.get_org_settings(n.acme) == OrgSettings(n.acme, True, 5)
+    assert OrgSettings(n.acme, True, 5) in await store.list_org_settings()
+    await store.set_org_settings(OrgSettings(n.acme, response_cache=True))
+    assert await store.get_org_settings(n.acme) == OrgSettings(n.acme, True, None)
 
 
 def cached(key: str, org_id: str, clock: Clock, ttl_s: float = 60.0, **fields) -> CachedResponse:

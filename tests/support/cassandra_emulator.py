@@ -317,8 +317,14 @@ class EmulatedCql(EmulatedFilesCql):
 
     # --- orgs and the response cache ------------------------------------------------
 
-    def _insert_org_settings(self, org_id: str, response_cache: bool) -> list[Row]:
-        self.org_settings[org_id] = {"org_id": org_id, "response_cache": response_cache}
+    def _insert_org_settings(
+        self, org_id: str, response_cache: bool, max_concurrent_requests: int | None
+    ) -> list[Row]:
+        self.org_settings[org_id] = {
+            "org_id": org_id,
+            "response_cache": response_cache,
+            "max_concurrent_requests": max_concurrent_requests,
+        }
         return []
 
     def _select_org_settings(self, org_id: str) -> list[Row]:

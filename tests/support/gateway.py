@@ -102,6 +102,8 @@ class ScriptedPipeline:
         self.started: list[GenerationRequest] = []
         self.followed: list[tuple[str, int]] = []
         self.held: list[tuple[str, float]] = []
+        self.holding: dict[str, Any] = {}
+        """The streams held now, by request id, until `end_hold`."""
         self.resumed: list[tuple[str, str]] = []
         self.feedback_events: list[FeedbackEvent] = []
         self.usage_events: list[UsageEvent] = []
@@ -148,6 +150,12 @@ class ScriptedPipeline:
 
     def hold(self, request_id: str, stream: ScriptedStream, grace_s: float) -> None:
         self.held.append((request_id, grace_s))
+        self.holding[request_id] = stream
+
+    async def end_hold(self, request_id: str) -> None:
+        """The hold of `request_id` ends (its grace ran out, or it was resumed): the
+        held stream is closed, as the Kafka pipeline's is."""
+        await self.holding.pop(request_id).aclose()
 
     async def announce_resume(self, request_id: str, held_by: str) -> None:
         self.resumed.append((request_id, held_by))
@@ -262,10 +270,11 @@ async def disconnect_after_hold(app, pipeline, path: str, body: dict) -> list[di
 
 
 @contextlib.asynccontextmanager
-async def app_client(settings: Settings, store, pipeline: ScriptedPipeline
+async def app_client(settings: Settings, store, pipeline: ScriptedPipeline, **options: Any
                      ) -> AsyncIterator[tuple[httpx.AsyncClient, GatewayDeps]]:  # fmt: skip
-    """A client of an app on other settings than the fixtures'."""
-    deps = gateway_deps(settings, store, pipeline, reply_wait_s=0.3)
+    """A client of an app on other settings than the fixtures' (`options`: more of what
+    `gateway_deps` takes)."""
+    deps = gateway_deps(settings, store, pipeline, reply_wait_s=0.3, **options)
     transport = httpx.ASGITransport(create_app(deps))
     try:
         async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:

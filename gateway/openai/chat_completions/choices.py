@@ -7,8 +7,9 @@ seed + index, as vLLM seeds the choices of one `SamplingParams.n` request), and 
 gateway joins their streams, each chunk carrying its choice's `index`. The choices
 share the prompt: vLLM's prefix cache serves it to the choices a worker runs after
 the first. Usage counts the prompt once, as OpenAI does, and every choice's
-completion tokens; billing charges what each generation used (`chat.usage`), and the
-rate limits reserve `n` times `max_tokens` at admission.
+completion tokens; billing charges what each generation used (`chat.usage`), the
+rate limits reserve `n` times `max_tokens` at admission, and the choices hold `n` of
+their key's concurrent requests, each until its own answer ends.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import asyncio
 from collections.abc import AsyncGenerator, Sequence
 from contextlib import aclosing
 
+from gateway.admission.leases import Leases
 from gateway.openai.chat_completions.protocol import choice_sampling
 from gateway.pipeline import Pipeline
 from gateway.streaming.generation import Generation, LiveRequests, StreamTimers, start_generation
@@ -46,12 +48,17 @@ async def start_choices(
     requests: Sequence[GenerationRequest],
     live: LiveRequests | None,
     timers: StreamTimers,
+    leases: Leases | None = None,
 ) -> list[Generation]:
-    """One generation per choice; all of them or none (those started are cancelled)."""
+    """One generation per choice, each holding one of `leases`; all of them or none
+    (those started are cancelled)."""
     generations: list[Generation] = []
     try:
         for request in requests:
-            generations.append(await start_generation(pipeline, request, live, timers=timers))
+            lease = leases.claim() if leases is not None else None
+            generations.append(
+                await start_generation(pipeline, request, live, timers=timers, lease=lease)
+            )
     except BaseException:
         await close_all(generations)
         raise

@@ -29,6 +29,7 @@ from fastapi import Request
 
 from common.prompt import template_tools
 from conversations.store import ApiKey
+from gateway.admission.gates import Ask
 from gateway.admission.limits import check_bus_size
 from gateway.admission.rate_limits import text_tokens
 from gateway.context.builder import ContextBuilder
@@ -86,10 +87,10 @@ async def serve_chat_completion(
 ) -> ChatCompletion | EventStreamResponse:
     """The completion admitted (`admitted_request`), its `n` choices started, and its
     answer: chunks as SSE when streamed, else the whole completion once every choice ended."""
-    generation_request = await admitted_request(completion, owner, deps)
+    generation_request, ask = await admitted_request(completion, owner, deps)
     requests = choice_requests(generation_request, completion.n)
     generations = await start_choices(
-        deps.pipeline, requests, deps.live, StreamTimers(deps.config.stream_stall_s)
+        deps.pipeline, requests, deps.live, StreamTimers(deps.config.stream_stall_s), ask.leases
     )
     answer = _Answer.of(generation_request, completion.include_usage)
     if completion.stream:
@@ -103,32 +104,35 @@ async def serve_chat_completion(
 
 async def admitted_request(
     completion: ChatCompletionRequest, owner: ApiKey, deps: GatewayDeps
-) -> GenerationRequest:
-    """The request to queue, once every check has passed: its fields and size (cheap,
-    charging nothing), the caller's budgets and rate limits (charged), then its prompt
-    in the model's window and every message through the input classifiers."""
+) -> tuple[GenerationRequest, Ask]:
+    """The request to queue and its admitted ask, once every check has passed: its
+    fields and size (cheap, charging nothing), the caller's budgets, concurrent
+    requests and rate limits (charged), then its prompt in the model's window and every
+    message through the input classifiers."""
     request = to_generation_request(
         completion, owner, deps.config, deps.pipeline.reply_to, deps.aliases
     )
-    await admit_generation(request, owner, deps, choices=completion.n)
-    return request
+    ask = await admit_generation(request, owner, deps, choices=completion.n)
+    return request, ask
 
 
 async def admit_generation(
     request: GenerationRequest, owner: ApiKey, deps: GatewayDeps, choices: int = 1
-) -> None:
+) -> Ask:
     """Every check of an OpenAI-API request after its fields (chat or text completion):
-    its size on the bus, the budgets and rate limits (charged, for its `choices`), its
-    prompt in the model's window, its logit bias in the model's vocabulary, and what the
-    client wrote through the input classifiers."""
+    its size on the bus, the budgets, concurrent requests and rate limits (charged, for
+    its `choices`), its prompt in the model's window, its logit bias in the model's
+    vocabulary, and what the client wrote through the input classifiers. The ask holds
+    a lease per choice."""
     check_bus_size(deps.config.limits, request)
     written = [*(m.content for m in request.messages), *filter(None, [request.prompt])]
     prompt = [*written, *tool_texts(request)]
     tokens = text_tokens(prompt, request.sampling.max_tokens * choices)
-    await deps.admission.admit(owner, tokens, request.model)
+    ask = await deps.admission.admit(owner, tokens, request.model, generations=choices)
     await check_window(deps.context, request)
     await check_logit_bias(deps.context, request)
     await deps.admission.check_input(owner, request.model, written)
+    return ask
 
 
 TEMPLATE_TOKENS = 256

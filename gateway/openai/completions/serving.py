@@ -45,12 +45,13 @@ async def serve_completion(
     generation_request = to_generation_request(
         body, owner, deps.config, deps.pipeline.reply_to, deps.aliases
     )
-    await admit_generation(generation_request, owner, deps)
+    ask = await admit_generation(generation_request, owner, deps)
     generation = await start_generation(
         deps.pipeline,
         generation_request,
         deps.live,
         timers=StreamTimers(deps.config.stream_stall_s),
+        lease=ask.leases.claim(),
     )
     answer = _TextAnswer(f"cmpl-{generation_request.request_id}", generation_request.model,
                          int(now()), body.include_usage,

@@ -51,7 +51,7 @@ async def create_embeddings(body: EmbeddingRequest, owner: Owner, deps: Deps) ->
         raise _not_served(body.model)
     check_dimensions(body.dimensions, model)
     estimated = text_tokens(texts, 0)
-    ask = await deps.admission.admit(owner, estimated, name)
+    ask = await deps.admission.admit(owner, estimated, name, generations=0)
     counts = await asyncio.to_thread(model.token_counts, texts)
     await deps.admission.settle(ask, sum(counts))
     check_input_tokens(counts, model.max_input_tokens, name)

@@ -225,10 +225,11 @@ async def _start_unstored(deps: GatewayDeps, owner: ApiKey, body: ResponseReques
         history = prompt_turns(tree.path_to(message.message_id))
     model = body.model or served_model(deps.config.limits, None, owner.tier)
     completion = chat_completion(body, history, model)
-    request = await admitted_request(completion, owner, deps)
+    request, ask = await admitted_request(completion, owner, deps)
     generation = await start_generation(
-        deps.pipeline, request, deps.live, timers=StreamTimers(deps.config.stream_stall_s)
-    )
+        deps.pipeline, request, deps.live, timers=StreamTimers(deps.config.stream_stall_s),
+        lease=ask.leases.claim(),
+    )  # fmt: skip
     return _head(body, request), generation
 
 

@@ -109,7 +109,8 @@ def test_list_shows_every_key_without_secrets(database: Path) -> None:
     code, table, _ = cli("keys", "list")
 
     assert [list(row) for row in rows] == [list(KEY_FIELDS)] * 2
-    assert KEY_FIELDS == ("id", "user", "org", "tier", "name", "created", "expires", "revoked")
+    assert KEY_FIELDS == ("id", "user", "org", "tier", "name", "created", "expires",
+                          "max_concurrent", "revoked")  # fmt: skip
     one, two = rows
     assert (one["id"], one["user"], one["org"], one["tier"], one["name"]) == (
         first.split("-")[1], "alice", "acme", "free", "")  # fmt: skip
@@ -344,14 +345,57 @@ def test_orgs_set_turns_the_response_cache_on_and_off_and_list_shows_it(
 ) -> None:
     assert cli("orgs", "set", "acme", "--response-cache")[:2] == (
         0,
-        "org 'acme': response cache on\n",
+        "org 'acme': response cache on, max concurrent requests of the tier\n",
     )
-    assert cli("orgs", "set", "globex")[:2] == (0, "org 'globex': response cache off\n")
+    assert cli("orgs", "set", "globex")[:2] == (
+        0,
+        "org 'globex': response cache off, max concurrent requests of the tier\n",
+    )
     code, out, _ = cli("orgs", "list", "--json")
     assert code == 0 and json.loads(out) == [
-        {"org": "acme", "response_cache": True},
-        {"org": "globex", "response_cache": False},
+        {"org": "acme", "response_cache": True, "max_concurrent_requests": None},
+        {"org": "globex", "response_cache": False, "max_concurrent_requests": None},
     ]
     cli("orgs", "set", "acme", "--no-response-cache")
-    assert cli("orgs", "list")[1] == "acme  response_cache=off\nglobex  response_cache=off\n"
+    assert cli("orgs", "list")[1] == (
+        "acme  response_cache=off  max_concurrent_requests=tier\n"
+        "globex  response_cache=off  max_concurrent_requests=tier\n"
+    )
     assert cli("orgs", "set", " ")[0] != 0
+
+
+def test_orgs_set_changes_only_the_settings_it_names(database: Path) -> None:
+    cli("orgs", "set", "acme", "--response-cache")
+    assert cli("orgs", "set", "acme", "--max-concurrent-requests", "5")[:2] == (
+        0,
+        "org 'acme': response cache on, max concurrent requests 5\n",
+    )
+    assert cli("orgs", "set", "acme", "--no-response-cache")[1] == (
+        "org 'acme': response cache off, max concurrent requests 5\n"
+    )
+    assert cli("orgs", "set", "acme", "--max-concurrent-requests", "tier")[1] == (
+        "org 'acme': response cache off, max concurrent requests of the tier\n"
+    )
+    for bad in ("0", "-2", "many", "1.5"):
+        code, out, err = cli("orgs", "set", "acme", "--max-concurrent-requests", bad)
+        assert code != 0 and "--max-concurrent-requests" in out + err, bad
+    code, out, _ = cli("orgs", "list", "--json")
+    assert json.loads(out) == [
+        {"org": "acme", "response_cache": False, "max_concurrent_requests": None}
+    ]
+
+
+def test_a_key_created_with_its_own_concurrency_limit_keeps_and_lists_it(
+    database: Path,
+) -> None:
+    _, own = create("--user", "ann", "--org", "acme", "--tier", "pro",
+                    "--max-concurrent-requests", "3")  # fmt: skip
+    _, plain = create("--user", "ann", "--org", "acme", "--tier", "pro")
+
+    found, default = find(database, own), find(database, plain)
+    assert found is not None and found.max_concurrent_requests == 3
+    assert default is not None and default.max_concurrent_requests is None
+    assert [row["max_concurrent"] for row in listed()] == [3, None]
+    code, out, err = cli("keys", "create", "--user", "u", "--org", "o", "--tier", "pro",
+                         "--max-concurrent-requests", "0")  # fmt: skip
+    assert code != 0 and "--max-concurrent-requests" in out + err

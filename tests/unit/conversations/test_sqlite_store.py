@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from conversations.sqlite_store import SQLiteStore, hash_api_key
-from conversations.store import ApiKey, NewMessage, RequestRecord
+from conversations.store import ApiKey, NewMessage, OrgSettings, RequestRecord
 from schemas.events import Role
 from schemas.lifecycle import RequestStatus
 from schemas.topics import Tier
@@ -243,3 +243,34 @@ async def test_an_older_file_gets_orgs_for_its_rows_and_its_sha256_keys_revoked(
     assert sorted(k.key_id for k in keys) == sorted([sha[:12], "b" * 12, "c" * 12])
     assert all(k.revoked_at is not None for k in keys)
     assert found is None
+
+
+async def test_an_older_file_gains_the_concurrency_limits_of_keys_and_orgs(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "old.db"
+    old = sqlite3.connect(path)
+    old.executescript("""
+        CREATE TABLE api_keys (key_hash TEXT PRIMARY KEY, user_id TEXT NOT NULL,
+            org_id TEXT NOT NULL, tier TEXT NOT NULL, created_at REAL NOT NULL,
+            name TEXT NOT NULL DEFAULT '', expires_at REAL, revoked_at REAL,
+            key_id TEXT NOT NULL DEFAULT '');
+        CREATE TABLE org_settings (org_id TEXT PRIMARY KEY,
+            response_cache INTEGER NOT NULL DEFAULT 0);
+        INSERT INTO org_settings VALUES ('acme', 1);
+    """)
+    old.commit()
+    old.close()
+
+    store = SQLiteStore(path, key_secret=b"s")
+    await store.open()
+    kept = await store.get_org_settings("acme")
+    await store.add_api_key("sk-new", ApiKey("u1", "acme", Tier.PRO, max_concurrent_requests=2))
+    key = await store.find_api_key("sk-new")
+    await store.set_org_settings(OrgSettings("acme", True, max_concurrent_requests=7))
+    changed = await store.get_org_settings("acme")
+    await store.close()
+
+    assert kept == OrgSettings("acme", response_cache=True, max_concurrent_requests=None)
+    assert key is not None and key.max_concurrent_requests == 2
+    assert changed.max_concurrent_requests == 7

@@ -551,17 +551,17 @@ async def test_n_streamed_choices_carry_their_index(client, pipeline):
 
 @pytest.mark.parametrize("n", [1, 3])
 async def test_n_choices_reserve_n_answers_against_the_token_limits(sdk, pipeline, monkeypatch, n):
-    charged: list[int] = []
+    charged: list[tuple[int, int]] = []
 
-    async def admit(self, owner, tokens, model):
-        charged.append(tokens)
-        return Ask(owner, model, tokens)
+    async def admit(self, owner, tokens, model, generations=1):
+        charged.append((tokens, generations))
+        return Ask(owner, model, tokens, generations)
 
     monkeypatch.setattr(Admission, "admit", admit)
     for _ in range(n):
         pipeline.script(delta("x", 0), done(1))
     await sdk.chat.completions.create(model="tiny", messages=[USER], n=n, max_tokens=9)
-    assert charged == [text_tokens(["hi"], 9 * n)]
+    assert charged == [(text_tokens(["hi"], 9 * n), n)]
     assert len(pipeline.submitted) == n
 
 
