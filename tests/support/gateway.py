@@ -229,6 +229,28 @@ def assert_error(response: httpx.Response, status: int, code: str) -> dict:
     return body["error"]
 
 
+def post_scope(path: str, key: str) -> dict:
+    """The ASGI scope of a JSON `POST` to `path` with API key `key`."""
+    return {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": b"",
+        "root_path": "",
+        "client": ("127.0.0.1", 5000),
+        "server": ("test", 80),
+        "headers": [
+            (b"host", b"test"),
+            (b"authorization", f"Bearer {key}".encode()),
+            (b"content-type", b"application/json"),
+        ],
+    }
+
+
 async def disconnect_after_hold(app, pipeline, path: str, body: dict) -> list[dict]:
     """Drive the app over raw ASGI; disconnect once the scripted events are all out."""
     sent: list[dict] = []
@@ -247,24 +269,7 @@ async def disconnect_after_hold(app, pipeline, path: str, body: dict) -> list[di
     async def send(message: dict) -> None:
         sent.append(message)
 
-    scope = {
-        "type": "http",
-        "asgi": {"version": "3.0"},
-        "http_version": "1.1",
-        "method": "POST",
-        "scheme": "http",
-        "path": path,
-        "raw_path": path.encode(),
-        "query_string": b"",
-        "root_path": "",
-        "client": ("127.0.0.1", 5000),
-        "server": ("test", 80),
-        "headers": [
-            (b"host", b"test"),
-            (b"authorization", b"Bearer key-alice"),
-            (b"content-type", b"application/json"),
-        ],
-    }
+    scope = post_scope(path, "key-alice")
     await asyncio.wait_for(app(scope, receive, send), timeout=5)
     return sent
 

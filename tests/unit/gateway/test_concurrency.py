@@ -47,6 +47,7 @@ from tests.support.gateway import (
     gateway_deps,
     is_background,
     new_conversation,
+    post_scope,
 )
 
 TTL_S = 60.0
@@ -602,23 +603,6 @@ async def asgi(
         if on_body is not None and message["type"] == "http.response.body":
             await on_body(message.get("body", b""))
 
-    scope = {
-        "type": "http",
-        "asgi": {"version": "3.0"},
-        "http_version": "1.1",
-        "method": "POST",
-        "scheme": "http",
-        "path": path,
-        "raw_path": path.encode(),
-        "query_string": b"",
-        "root_path": "",
-        "client": ("127.0.0.1", 5000),
-        "server": ("test", 80),
-        "headers": [
-            (b"host", b"test"),
-            (b"authorization", f"Bearer {key}".encode()),
-            (b"content-type", b"application/json"),
-        ],
-    }
+    scope = post_scope(path, key)
     await asyncio.wait_for(app(scope, receive, send), timeout=10)
     return sent
