@@ -27,8 +27,19 @@ def extractor(**limits: object) -> Extractor:
     return Extractor(ExtractionLimits(**limits), chunk_chars=800, overlap_chars=100)
 
 
+_BEFORE: set[int] = set()
+
+
+@pytest.fixture(autouse=True)
+def _children_before() -> None:
+    """The children this process has already (the session's brokers and engines)."""
+    _BEFORE.clear()
+    _BEFORE.update(child.pid for child in psutil.Process().children(recursive=True))
+
+
 def children() -> list[psutil.Process]:
-    return psutil.Process().children(recursive=True)
+    """The children started since the test began: its extraction processes."""
+    return [c for c in psutil.Process().children(recursive=True) if c.pid not in _BEFORE]
 
 
 async def refused(reader: Extractor, data: bytes) -> tuple[Exception, float]:
