@@ -114,7 +114,10 @@ async def test_a_key_created_with_its_own_concurrency_limit_is_held_to_it(
     async with client_for(sim_stack, key) as client:
         async with client.stream("POST", "/v1/chat/completions", json=body) as running:
             assert running.status_code == 200
-            async for line in running.aiter_lines():
+            # Keep the reader: an abandoned one is closed when collected, which closes the
+            # stream, and a client gone gives its place back at once.
+            lines = running.aiter_lines()
+            async for line in lines:
                 if line.startswith("data:"):
                     break
             refused = await client.post("/v1/chat/completions", json=body)
