@@ -146,17 +146,25 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
     return clock
 
 
+async def memory_limiter(**limits: int):
+    """A limiter on these limits over memory storage, reset (its expiry task stopped)
+    after the test."""
+    limiter = RateLimiter(
+        gateway_config(Settings(**limits)).rate_limits, storage_from_uri("memory://")
+    )
+    yield limiter
+    await limiter.storage.reset()
+
+
 @pytest.fixture
 async def limiter(clock: Clock):
-    settings = Settings(
+    async for limiter in memory_limiter(
         user_requests_per_minute=3,
         org_requests_per_minute=5,
         user_tokens_per_minute=1000,
         org_tokens_per_minute=100_000,
-    )
-    limiter = RateLimiter(gateway_config(settings).rate_limits, storage_from_uri("memory://"))
-    yield limiter
-    await limiter.storage.reset()  # also stops the storage's expiry task
+    ):
+        yield limiter
 
 
 async def refused(limiter: RateLimiter, owner: ApiKey, tokens: int = 10) -> ApiError:
@@ -240,15 +248,13 @@ async def test_the_same_user_id_in_another_org_has_limits_of_its_own(
 
 @pytest.fixture
 async def upload_limiter(clock: Clock):
-    settings = Settings(
+    async for limiter in memory_limiter(
         user_requests_per_minute=100,
         org_requests_per_minute=100,
         user_files_per_minute=2,
         org_files_per_minute=3,
-    )
-    limiter = RateLimiter(gateway_config(settings).rate_limits, storage_from_uri("memory://"))
-    yield limiter
-    await limiter.storage.reset()
+    ):
+        yield limiter
 
 
 async def test_uploads_count_against_the_files_limits_and_turns_do_not(
