@@ -45,7 +45,7 @@ from gateway.context.history import prompt_turns
 from gateway.deps import GatewayDeps
 from gateway.native.messages import stop
 from gateway.native.turn_rules import answer_ended
-from gateway.native.turns import send_turn, start_reply
+from gateway.native.turns import send_turn, start_reply, store_answer
 from gateway.openai.chat_completions.serving import admitted_request
 from gateway.openai.responses.events import ResponseEvents, answered, stored
 from gateway.openai.responses.protocol import chat_completion, check_fields, turn_options
@@ -124,7 +124,9 @@ async def cancel(response_id: str, owner: ApiKey, deps: GatewayDeps) -> Response
 async def _followed(deps: GatewayDeps, head: ResponseObject, request_id: str,
                     after: int = -1) -> EventStreamResponse:  # fmt: skip
     """A stored response's events after `after`, read from `chat.answers` (any gateway),
-    live to the end; its reader never cancels it."""
+    live to the end; its reader never cancels it. The reader stores the answer before it
+    shows the end (as whoever else stores it: the first write wins), so a `GET` after the
+    end has been seen finds it ended."""
     record = await deps.store.get_request(request_id)
     if record is None:
         raise _not_found(head.id)
@@ -137,6 +139,7 @@ async def _followed(deps: GatewayDeps, head: ResponseObject, request_id: str,
         followed,
         StreamRelay(),
         StreamTimers(deps.config.stream_stall_s, cancels=False),
+        on_end=store_answer(deps.store),
     )
     return event_stream(response_frames(ResponseEvents(head, after), generation), generation)
 
