@@ -232,9 +232,12 @@ async def billed_once(
 # --- the scenarios ----------------------------------------------------------------------------
 
 
-async def worker_crash(pipe: Pipeline, streams: int = 64) -> FaultResult:
+async def worker_crash(
+    pipe: Pipeline, streams: int = 64, lost_after_s: float = LOST_AFTER_S, named: str = ""
+) -> FaultResult:
     """SIGKILL the worker carrying most of `streams` answers: the scheduler hands what it
-    held to the other worker, which continues each answer where it stopped."""
+    held to the other worker, which continues each answer where it stopped. The pipeline
+    loses a worker after `lost_after_s` of silence (`named`: how the scenario says so)."""
     before = await tokens_billed(pipe)
     async with pipe.http("g1") as client:
         running = Streams([client])
@@ -250,12 +253,12 @@ async def worker_crash(pipe: Pipeline, streams: int = 64) -> FaultResult:
     await pipe.wait_for_workers(victim)
     return await judge(
         pipe,
-        f"SIGKILL one of two workers under {streams} streams",
+        f"SIGKILL one of two workers under {streams} streams{named}",
         watched,
         continued=len(moved),
         tokens_billed=added,
         tokens_used=used,
-        stall_bound_ms=round((LOST_AFTER_S + 2) * 1000),
+        stall_bound_ms=round((lost_after_s + 2) * 1000),
     )
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from bench import fault_scenarios as scenarios
 from bench.fault_scenarios import FaultResult
+from workers.config import WorkerSettings
 
 BEGIN = "<!-- written by python -m bench faults: begin -->"
 END = "<!-- written by python -m bench faults: end -->"
@@ -32,6 +33,21 @@ async def run_all() -> list[FaultResult]:
             await scenarios.gateway_death(pipe, streams=16),
             await scenarios.scheduler_restart(pipe, running=16, queued=8),
         ]
+
+
+async def at_default_timing() -> FaultResult:
+    """The worker crash again, on a pipeline at the product's own lost-worker timing
+    (`CHATPIPE_WORKER_LOST_AFTER_S`, `CHATPIPE_HEARTBEAT_INTERVAL_S` at their defaults):
+    the pause a deployment that keeps them sees."""
+    defaults = WorkerSettings.model_fields
+    lost_after_s = defaults["worker_lost_after_s"].default
+    timing = {"worker_lost_after_s": lost_after_s,
+              "heartbeat_interval_s": defaults["heartbeat_interval_s"].default}  # fmt: skip
+    tmp = Path(tempfile.mkdtemp(prefix="faults-defaults-"))
+    async with scenarios.stream_pipeline(tmp, **timing) as pipe:
+        return await scenarios.worker_crash(
+            pipe, 64, lost_after_s, f" (lost after {lost_after_s:g} s, the default)"
+        )
 
 
 def markdown(results: list[FaultResult], when: str) -> str:
@@ -78,8 +94,12 @@ def write(report: str, path: Path, begin: str = BEGIN, end: str = END) -> None:
     path.write_text(text)
 
 
+async def every_scenario() -> list[FaultResult]:
+    return [*await run_all(), await at_default_timing()]
+
+
 def main(out: Path) -> None:
-    results = asyncio.run(run_all())
+    results = asyncio.run(every_scenario())
     report = markdown(results, time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
     write(report, out / "RESULTS.md")
     print(report)

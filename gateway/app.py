@@ -53,6 +53,7 @@ def create_app(deps: GatewayDeps, *, api_docs: bool = True) -> FastAPI:
             await deps.background.close()
             if deps.concurrency is not None:
                 await deps.concurrency.aclose()
+            await deps.context.close()
 
     config = deps.config
     app = FastAPI(

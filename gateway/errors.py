@@ -23,6 +23,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from common.embedding_process import EmbedderGone
 from gateway.refusals import (
     Invalid,
     NotAllowed,
@@ -35,6 +36,10 @@ from gateway.refusals import (
 )
 from schemas.api import ErrorBody, ErrorDetail
 from schemas.events import DeliveryError
+
+EMBEDDER_RESTART_S = 5
+"""Retry-After of a call the embedding process died under: about how long the next one
+takes to load the model."""
 
 _MEANING = {
     400: "malformed JSON, or a request this route refuses (the code says why)",
@@ -183,6 +188,12 @@ async def _on_refused(request: Request, exc: Refused) -> JSONResponse:
     return refusal_response(exc)
 
 
+async def _on_embedder_gone(request: Request, exc: EmbedderGone) -> JSONResponse:
+    return refusal_response(
+        Unavailable("embedding_unavailable", str(exc), retry_after_s=EMBEDDER_RESTART_S)
+    )
+
+
 async def _on_unexpected_error(request: Request, exc: Exception) -> JSONResponse:
     # Starlette re-raises the exception after this answer, so the server still logs it.
     detail = ErrorDetail(code="internal_error", message="internal error", type=error_type(500))
@@ -195,4 +206,5 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(RequestValidationError, _on_validation_error)  # type: ignore[arg-type]
     app.add_exception_handler(StarletteHTTPException, _on_http_error)  # type: ignore[arg-type]
     app.add_exception_handler(Refused, _on_refused)  # type: ignore[arg-type]
+    app.add_exception_handler(EmbedderGone, _on_embedder_gone)  # type: ignore[arg-type]
     app.add_exception_handler(Exception, _on_unexpected_error)

@@ -73,9 +73,9 @@ class ContextBuilder:
             return TokenCounter.from_dir(config.tokenizers.get(model, config.default_tokenizer))
 
         def embedder() -> Embedder:
-            from common.embeddings import SentenceEmbedder
+            from common.embedding_process import EmbeddingProcess
 
-            return SentenceEmbedder(config.embedding_model)
+            return EmbeddingProcess(config.embedding_model)
 
         def summary_model(model: str) -> str:
             return config.summary_model or model
@@ -187,6 +187,12 @@ class ContextBuilder:
                 if self._embedder is None:
                     self._embedder = await asyncio.to_thread(self._make_embedder)
         return self._embedder
+
+    async def close(self) -> None:
+        """Stop the embedding model's process, if one was started."""
+        close = getattr(self._embedder, "close", None)
+        if close is not None:
+            await asyncio.to_thread(close)
 
 
 def _newest_on_thread(

@@ -4,9 +4,10 @@ bundled, unless `CHATPIPE_EMBEDDING_MODEL` names another), the one retrieval loa
 The gateway runs it rather than a worker stage: the model is small (22 M parameters,
 ~90 MB, on the CPU), it needs no GPU slot, no queue position and no stream, and the
 gateway already holds it for retrieval, so one copy serves both. The encoding runs in
-worker threads, a batch of texts at a time and one batch at once (`SentenceEmbedder`,
-`retrieval.documents.embed`): the event loop, and so every stream this gateway relays,
-never waits on it, and a turn's retrieval waits for one batch at most.
+the gateway's embedding process (`common.embedding_process`), a batch of texts at a
+time, callers in turn (`retrieval.documents.embed`): the event loop, and so every
+stream this gateway relays, never waits on it, and a turn's retrieval waits for one
+batch of each other caller at most.
 
 Order, as for a generation: the fields (pure, charging nothing), the model's own limits
 (`dimensions`), the budgets and rate limits (charged from an estimate, characters / 4),
