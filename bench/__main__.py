@@ -12,6 +12,7 @@ python -m bench capacity_model [--write]   # what the design load needs: docs/CA
 python -m bench scheduler_sim --workers 1000   # the scheduler core at scale (--help)
 python -m bench retrieval       # what file_ids add to TTFT (--help), RESULTS.md
 python -m bench response_cache   # hit ratio, TTFT of a hit against a miss (--help)
+python -m bench broker_clients  # what other Kafka clients meet on the embedded broker
 """
 
 from __future__ import annotations
@@ -280,6 +281,11 @@ def main(argv: list[str] | None = None) -> None:
         from bench.gateway_streams import cli as gateway_streams
 
         gateway_streams(argv[1:], BENCH_DIR)
+        return
+    if argv[:1] == ["broker_clients"]:
+        from bench.broker_clients import cli as broker_clients
+
+        broker_clients(argv[1:])
         return
     if argv[:1] == ["retrieval"]:
         from bench.retrieval import cli as retrieval

@@ -10,6 +10,12 @@ went silent, and deletes its topic once it has been silent for the delivery topi
 TTL (`scheduler.delivery_topics`). A client whose heartbeats got through to nobody for
 TOPIC_RECHECK_S (paused, cut off) makes sure its topic still exists, creating it again
 if it was judged gone. A gateway asks this way for its users, the safety judge for itself.
+
+The same acknowledgements say whether the bus is reachable: with none for
+`BUS_SILENT_S`, or while told the broker is down (`bus_down`, until `bus_up`), a
+submit is refused at once (`BusUnreachable`) rather than left to wait for a broker
+that may never have it, and no heartbeat is written (a broker restarting empty would
+take it before the topic is created again).
 """
 
 from __future__ import annotations
@@ -43,8 +49,15 @@ from schemas.events import (
 log = logging.getLogger(__name__)
 
 TOPIC_RECHECK_S = 30.0
+BUS_SILENT_S = 5.0
+"""No heartbeat acknowledged for this long (and at least three heartbeat periods): the
+bus is unreachable."""
 E = TypeVar("E", bound=Event)
 RecordHandler = Callable[[ConsumerRecord], None]
+
+
+class BusUnreachable(ConnectionError):
+    """The bus takes no records now; nothing was sent."""
 
 
 class Inbox(Generic[E]):
@@ -120,6 +133,7 @@ class RequestReplyClient:
         self._awaiting: set[str] = set()  # submitted, no event back yet
         self._tasks: list[asyncio.Task[None]] = []
         self._beat_acked_at = 0.0
+        self._down = False
 
     @property
     def reply_to(self) -> str:
@@ -128,6 +142,21 @@ class RequestReplyClient:
     @property
     def open_streams(self) -> int:
         return len(self._streams)
+
+    @property
+    def reachable(self) -> bool:
+        """The bus took one of this client's heartbeats lately, and is not known down."""
+        silent_s = max(BUS_SILENT_S, 3 * self.heartbeat_interval_s)
+        return not self._down and time.monotonic() - self._beat_acked_at <= silent_s
+
+    def bus_down(self) -> None:
+        """The broker is gone (restarting): unreachable until `bus_up`."""
+        self._down = True
+
+    def bus_up(self) -> None:
+        """The broker is back, its topics created."""
+        self._down = False
+        self._beat_acked_at = time.monotonic()
 
     async def start(self) -> None:
         await self._create_topic()
@@ -162,7 +191,10 @@ class RequestReplyClient:
         await self.stop()
 
     async def submit(self, request: GenerationRequest) -> DeliveryStream:
-        """Queue `request`; its stream is registered before the request is sent."""
+        """Queue `request`; its stream is registered before the request is sent.
+        `BusUnreachable` at once, sending nothing, while the bus is unreachable."""
+        if not self.reachable:
+            raise BusUnreachable("the bus took no heartbeat lately")
         stream = DeliveryStream(self, request.request_id)
         self._streams[request.request_id] = stream
         self._awaiting.add(request.request_id)
@@ -206,6 +238,9 @@ class RequestReplyClient:
         heartbeat = GatewayHeartbeat(gateway_id=self.client_id, reply_to=self.reply_to)
         while True:
             try:
+                if self._down:
+                    await asyncio.sleep(self.heartbeat_interval_s)
+                    continue
                 if time.monotonic() - self._beat_acked_at > TOPIC_RECHECK_S:
                     await self._create_topic()  # the scheduler may have judged this gone
                 sent = await self.publisher.send(

@@ -452,12 +452,17 @@ async def running_stack(settings: Settings, engine: Engine | None) -> AsyncItera
 
         @contextlib.asynccontextmanager
         async def broker_restarting() -> AsyncIterator[None]:
-            """The stages stop while the broker restarts; the gateway reads its topics
-            again from their new start."""
+            """The broker died with every record: the gateway ends the streams it relays
+            (error `answer_lost`) and refuses new requests, the stages stop while the
+            broker restarts; then the gateway reads its topics again from their new start
+            and takes requests, and new stages start."""
+            for pipeline in pipelines:
+                lost = pipeline.bus_lost()
+                log.warning("the broker died: %d open streams end with answer_lost", lost)
             async with supervisor.paused(kafka_stages):
                 yield
                 for pipeline in pipelines:
-                    pipeline.rewind()
+                    pipeline.bus_back()
 
         kafka = await open_kafka(settings, stack, delivery_topic, broker_restarting)
         store = build_store(settings)

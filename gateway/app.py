@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import APIRouter, Depends, FastAPI, Request, Response
+from fastapi.responses import JSONResponse
 
 from gateway import web
 from gateway.admission.headers import ResponseHeaders
@@ -37,6 +38,9 @@ __all__ = ["GatewayDeps", "create_app"]
 
 UPLOAD_FRAMING = 64 << 10
 """Room in an upload's body for its multipart headers and fields around the file."""
+
+
+NOT_READY_RETRY_S = 5
 
 
 def create_app(deps: GatewayDeps, *, api_docs: bool = True) -> FastAPI:
@@ -79,7 +83,18 @@ def create_app(deps: GatewayDeps, *, api_docs: bool = True) -> FastAPI:
 
     @app.get("/healthz", tags=["ops"])
     async def healthz() -> dict[str, str]:
+        """Liveness: the gateway answers."""
         return {"status": "ok"}
+
+    @app.get("/readyz", tags=["ops"], responses={503: {"description": "not ready"}})
+    async def readyz() -> JSONResponse:
+        """Readiness: whether a request can be carried now. 200 when the bus takes this
+        gateway's records, the default model's scheduler spoke lately and counts a live
+        worker for it; else 503 with Retry-After. The body says which."""
+        report = deps.pipeline.readiness(config.limits.models, config.limits.default_model)
+        if report.ready:
+            return JSONResponse(report.body())
+        return JSONResponse(report.body(), 503, {"Retry-After": str(NOT_READY_RETRY_S)})
 
     @app.get("/metrics", tags=["ops"], include_in_schema=False)
     async def metrics(request: Request) -> Response:

@@ -11,7 +11,7 @@ from fastapi import Depends, Request
 
 from conversations.store import ConversationStore
 from gateway.admission.concurrency import ConcurrencyGate
-from gateway.admission.gates import Admission, SheddingGate
+from gateway.admission.gates import Admission, BusGate, SheddingGate
 from gateway.admission.quotas import QuotaGate
 from gateway.admission.rate_limits import RateLimiter
 from gateway.config import GatewayConfig
@@ -51,9 +51,10 @@ class GatewayDeps:
 
     @property
     def admission(self) -> Admission:
-        """The gates a request passes: shedding, budgets, concurrent generations, then rate
-        limits."""
-        gates = [SheddingGate(self.pipeline), self.quotas, self.concurrency, self.rate_limiter]
+        """The gates a request passes: the bus, shedding, budgets, concurrent generations,
+        then rate limits."""
+        gates = [BusGate(self.pipeline), SheddingGate(self.pipeline), self.quotas,
+                 self.concurrency, self.rate_limiter]  # fmt: skip
         return Admission([g for g in gates if g is not None], self.pipeline, self.safety)
 
     @property

@@ -6,11 +6,17 @@ from this gateway's own `chat.deliver.<gateway_id>` topic (`bus.request_reply`; 
 scheduler deletes it once the gateway is gone, `scheduler.delivery_topics`);
 `follow` reads a stored answer's events from `chat.answers`, for a stream resumed on
 any gateway.
+
+When the bus loses what it held (an embedded broker restarted empty), every stream the
+gateway relays ends at once with error `answer_lost` (`StreamLosses`), and new requests
+are refused `pipeline_unavailable` until it is back (`unreachable`). `readiness` is what
+`GET /readyz` reports: whether a request can be carried now.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 from conversations.store import ApiKey
@@ -39,10 +45,83 @@ class RequestStream(Protocol):
         """Stop listening (does not cancel the generation)."""
 
 
+class Losable(Protocol):
+    def lose(self) -> None:
+        """End the stream now: the bus lost its answer."""
+
+
+class StreamLosses:
+    """The streams a gateway relays, each ended at once with error `answer_lost` when
+    the bus loses every record (`lose_all`): their answers are gone, and no event of
+    theirs will come."""
+
+    def __init__(self) -> None:
+        self._open: set[Losable] = set()
+
+    def add(self, stream: Losable) -> None:
+        self._open.add(stream)
+
+    def discard(self, stream: Losable) -> None:
+        self._open.discard(stream)
+
+    def lose_all(self) -> int:
+        """End every open stream; how many there were."""
+        open_now = list(self._open)
+        for stream in open_now:
+            stream.lose()
+        return len(open_now)
+
+
+@dataclass(frozen=True)
+class Readiness:
+    """Whether the pipeline can carry a request now, as this gateway sees it: the bus
+    takes its records, a scheduler has spoken lately for each model, and how many
+    workers that scheduler last counted per model."""
+
+    bus: bool
+    schedulers: Mapping[str, bool]
+    """Model -> a scheduler deciding for it sent its status lately."""
+    workers: Mapping[str, int]
+    """Model -> live workers serving it, as its scheduler last said (0: none, or no
+    recent status)."""
+    model: str
+    """The default model: ready needs a scheduler and a worker for it."""
+
+    @property
+    def ready(self) -> bool:
+        return (
+            self.bus
+            and self.schedulers.get(self.model, False)
+            and (self.workers.get(self.model, 0) > 0)
+        )
+
+    def body(self) -> dict[str, object]:
+        return {
+            "ready": self.ready,
+            "bus": self.bus,
+            "models": {
+                model: {"scheduler": self.schedulers.get(model, False), "workers": count}
+                for model, count in self.workers.items()
+            },
+        }
+
+
 class Pipeline(Protocol):
     @property
     def reply_to(self) -> str:
         """The delivery topic requests from this gateway name as `reply_to`."""
+
+    @property
+    def losses(self) -> StreamLosses:
+        """The streams to end if the bus loses their answers (every `Generation`
+        registers while it reads)."""
+
+    def unreachable(self) -> bool:
+        """The bus takes no records now (its broker is restarting, or none of this
+        gateway's heartbeats was acknowledged lately): refuse new requests."""
+
+    def readiness(self, models: Sequence[str], default: str) -> Readiness:
+        """What `GET /readyz` reports for the served `models`."""
 
     async def start_answer(self, request: GenerationRequest) -> tuple[int, int]:
         """Mark where a stored answer starts on `chat.answers`: (partition, offset)."""

@@ -400,6 +400,15 @@ class Scheduler:
     def workers(self) -> dict[str, WorkerState]:
         return self.registry.workers
 
+    def live_workers(self) -> dict[str, int]:
+        """Model -> workers that take its work now: heartbeating (not lost), holding
+        chat.work partitions, not draining."""
+        counts: dict[str, int] = {}
+        for worker in self.registry.workers.values():
+            if worker.partitions and not worker.stopping:
+                counts[worker.model] = counts.get(worker.model, 0) + 1
+        return counts
+
     def on_heartbeat(self, heartbeat: WorkerHeartbeat) -> None:
         """Refresh the worker's capacity. What it finished frees its slot; what it
         handed back (draining) or never read (its partition moved) goes out again as

@@ -123,6 +123,7 @@ class SchedulerStage(Stage):
         self._sources: dict[str, tuple[TopicPartition, int]] = {}
         self._status_sent_at = 0.0
         self._status_sent: dict[Tier, TierStatus] = {}
+        self._workers_sent: dict[str, int] = {}
         self._beats_committed_at = 0.0
         self._shedding: set[Tier] = set()
         self._read_back_failures = 0
@@ -587,16 +588,21 @@ class SchedulerStage(Stage):
         gateways refuse (or admit again) without waiting."""
         now = time.monotonic()
         tiers = self.core.status()
+        workers = self.core.live_workers()
         shedding = {tier for tier, status in tiers.items() if status.shedding}
-        if shedding == self._shedding and now - self._status_sent_at < (
-            self.status_interval_s if tiers != self._status_sent else STATUS_UNCHANGED_S
+        if (shedding, workers) == (self._shedding, self._workers_sent) and (
+            now - self._status_sent_at
+            < (self.status_interval_s if tiers != self._status_sent else STATUS_UNCHANGED_S)
         ):
             return
         self._status_sent_at, self._shedding, self._status_sent = now, shedding, tiers
+        self._workers_sent = workers
         models = self.shard.models or ()
         await self.publisher.send(
             topics.SCHEDULER,
-            SchedulerStatus(tiers=tiers, shard=self.shard.name, models=tuple(sorted(models))),
+            SchedulerStatus(
+                tiers=tiers, shard=self.shard.name, models=tuple(sorted(models)), workers=workers
+            ),
             key=STAGE,
         )
 

@@ -573,6 +573,11 @@ class SchedulerStatus(Event):
     models: tuple[str, ...] = Field(
         (), description="the models it decides for; empty: every model no named shard decides for"
     )
+    workers: dict[str, int] = Field(
+        default_factory=dict,
+        description="model -> live workers serving it that take work (heartbeating, "
+        "holding chat.work partitions, not draining)",
+    )
     sent_at: float = Field(default_factory=now)
 
 

@@ -5,6 +5,7 @@ for about how many tokens) and lets it pass, with headers for the response, or
 refuses it by raising. `Admission.admit` runs the gates in order before anything
 expensive (store polling, the prompt's build, the classifiers):
 
+0. the bus (`BusGate`): refused at once while it takes no records, not left to wait;
 1. shedding (`gateway.admission.shedding`): in memory, the scheduler's last word;
 2. token budgets (`gateway.admission.quotas`): a ledger read that charges nothing,
    so a request refused for its budget is not charged to the rate limits;
@@ -80,6 +81,31 @@ class Gate:
 
     async def standing(self, owner: ApiKey) -> Mapping[str, str]:
         """Headers saying where `owner` stands with this gate, charging nothing."""
+        return NO_HEADERS
+
+
+BUS_RETRY_AFTER_S = 5
+"""About how long an embedded broker takes to come back."""
+
+
+class CarriesRequests(Protocol):
+    def unreachable(self) -> bool: ...
+
+
+class BusGate(Gate):
+    """Refuses `pipeline_unavailable` (503, Retry-After) while the bus takes no records:
+    its broker restarting, or this gateway's heartbeats unacknowledged lately."""
+
+    def __init__(self, bus: CarriesRequests) -> None:
+        self.bus = bus
+
+    async def check(self, ask: Ask) -> Mapping[str, str]:
+        if self.bus.unreachable():
+            raise Unavailable(
+                "pipeline_unavailable",
+                "the pipeline's broker is not reachable now; nothing was queued",
+                retry_after_s=BUS_RETRY_AFTER_S,
+            )
         return NO_HEADERS
 
 

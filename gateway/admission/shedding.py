@@ -13,6 +13,9 @@ from schemas.topics import Tier
 
 STATUS_FRESH_S = 5.0
 """An older scheduler status says nothing about now."""
+SCHEDULER_SILENT_S = 15.0
+"""A scheduler sends its status at least every 10 s: one not heard from for this long
+is taken as gone (readiness)."""
 
 
 class Shedding:
@@ -24,12 +27,27 @@ class Shedding:
     def update(self, status: SchedulerStatus) -> None:
         self._by_shard[status.shard] = status
 
+    def speaks_for(self, model: str, now: float) -> bool:
+        """The shard deciding for `model` sent its status within SCHEDULER_SILENT_S."""
+        status = self._deciding(model)
+        return status is not None and status.sent_at >= now - SCHEDULER_SILENT_S
+
+    def workers(self, model: str, now: float) -> int:
+        """Live workers serving `model` as its shard last said; 0 without a recent status."""
+        status = self._deciding(model)
+        if status is None or not self.speaks_for(model, now):
+            return 0
+        return status.workers.get(model, 0)
+
+    def _deciding(self, model: str) -> SchedulerStatus | None:
+        return next(
+            (s for s in self._by_shard.values() if model in s.models), self._by_shard.get("")
+        )
+
     def retry_after(self, tier: Tier, model: str, now: float) -> float | None:
         """Seconds to wait before retrying while the shard deciding for `model` sheds
         `tier` (its status no older than STATUS_FRESH_S at wall time `now`), else None."""
-        status = next(
-            (s for s in self._by_shard.values() if model in s.models), self._by_shard.get("")
-        )
+        status = self._deciding(model)
         if status is None or status.sent_at < now - STATUS_FRESH_S:
             return None
         tier_status = status.tiers.get(tier)

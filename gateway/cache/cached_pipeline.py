@@ -27,7 +27,7 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Protocol, TypeVar
 
 import anyio
@@ -35,7 +35,7 @@ import anyio
 from conversations.store import CachedResponse, ConversationStore
 from gateway.cache.rules import cache_key, entry_to_keep, marked_miss, refusal, replay
 from gateway.config import ResponseCacheConfig
-from gateway.pipeline import Pipeline, RequestStream
+from gateway.pipeline import Pipeline, Readiness, RequestStream, StreamLosses
 from ops.metrics import RESPONSE_CACHE_FILLS, RESPONSE_CACHE_LOOKUPS
 from schemas.answer import AnswerText
 from schemas.events import (
@@ -198,6 +198,16 @@ class CachedPipeline:
 
     def overloaded(self, tier: Tier, model: str) -> float | None:
         return self._inner.overloaded(tier, model)
+
+    @property
+    def losses(self) -> StreamLosses:
+        return self._inner.losses
+
+    def unreachable(self) -> bool:
+        return self._inner.unreachable()
+
+    def readiness(self, models: Sequence[str], default: str) -> Readiness:
+        return self._inner.readiness(models, default)
 
 
 async def _bounded(work: Awaitable[T], failed: D, what: str) -> T | D:

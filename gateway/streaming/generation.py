@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass
 from typing import TypeVar
@@ -126,17 +126,23 @@ class Generation:
         """Events to show, all that have arrived at once, up to and including the
         terminal one; closes on exit."""
         stall = _StallTimer(self._timers.stall_s)
+        losses = self._pipeline.losses
+        losses.add(stall)
         try:
             while not self.relay.ended:
+                shown: list[DeliverEvent]
                 try:
                     arrived = await stall.wait(self._stream.take())
+                except StreamLost:
+                    log.warning("request %s: the bus lost its answer", self.request_id)
+                    shown = [self.relay.lost(self.request_id)]
                 except TimeoutError:
                     log.warning(
                         "request %s stalled: no event for %.0f s",
                         self.request_id,
                         self._timers.stall_s,
                     )
-                    shown: list[DeliverEvent] = [self.relay.stall(self.request_id)]
+                    shown = [self.relay.stall(self.request_id)]
                     if self._timers.cancels:
                         with anyio.move_on_after(CLOSE_TIMEOUT_S, shield=True):
                             await self._cancel("stalled")  # close() will not: the relay ended
@@ -153,6 +159,7 @@ class Generation:
                 if shown:
                     yield shown
         finally:
+            losses.discard(stall)
             stall.cancel()
             await self.close()
 
@@ -279,10 +286,15 @@ def merged_deltas(events: list[DeliverEvent]) -> list[DeliverEvent]:
     return merged
 
 
+class StreamLost(Exception):
+    """The bus lost the stream's answer (`gateway.pipeline.StreamLosses`)."""
+
+
 class _StallTimer:
-    """`wait` raises TimeoutError once nothing has arrived for `stall_s`. One timer per
-    stream, moved on lazily when it fires, where `asyncio.timeout` around every wait
-    would add and cancel a timer per event (thousands of streams, ~10 events/s each)."""
+    """`wait` raises TimeoutError once nothing has arrived for `stall_s`, and StreamLost
+    once `lose()` was called. One timer per stream, moved on lazily when it fires, where
+    `asyncio.timeout` around every wait would add and cancel a timer per event
+    (thousands of streams, ~10 events/s each)."""
 
     def __init__(self, stall_s: float) -> None:
         self._loop = asyncio.get_running_loop()
@@ -290,7 +302,14 @@ class _StallTimer:
         self._last = self._loop.time()
         self._waiting: asyncio.Task[object] | None = None
         self._expired = False
+        self._lost = False
         self._handle = self._loop.call_at(self._last + stall_s, self._check)
+
+    def lose(self) -> None:
+        self._lost = True
+        if self._waiting is not None:
+            self._expired = True
+            self._waiting.cancel()
 
     def _check(self) -> None:
         now, due = self._loop.time(), self._last + self._stall_s
@@ -305,6 +324,10 @@ class _StallTimer:
         """Await `arrival`, for at most `stall_s` (counted from now)."""
         task = asyncio.current_task()
         assert task is not None
+        if self._lost:
+            if isinstance(arrival, Coroutine):
+                arrival.close()
+            raise StreamLost
         cancelling = task.cancelling()
         self._waiting, self._last = task, self._loop.time()
         try:
@@ -312,6 +335,8 @@ class _StallTimer:
         except asyncio.CancelledError:
             if self._expired and task.uncancel() <= cancelling:
                 self._expired = False
+                if self._lost:
+                    raise StreamLost from None
                 self._handle = self._loop.call_at(self._loop.time() + self._stall_s, self._check)
                 raise TimeoutError from None
             raise

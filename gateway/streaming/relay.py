@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Sequence
 
 from aiokafka.structs import ConsumerRecord, TopicPartition
 
@@ -25,7 +26,7 @@ from bus.request_reply import DeliveryStream, RequestReplyClient
 from bus.subscriber import decode_record
 from conversations.answers import answer_started
 from gateway.admission.shedding import Shedding
-from gateway.pipeline import RequestStream
+from gateway.pipeline import Readiness, RequestStream, StreamLosses
 from gateway.rollout import ModelAliases
 from gateway.streaming.follower import AnswerFollower, FollowedAnswer
 from schemas import topics
@@ -80,6 +81,7 @@ class KafkaPipeline:
         self._holds: dict[str, asyncio.Task[None]] = {}
         self._reroutes: set[asyncio.Task[None]] = set()
         self._shedding = Shedding()  # by scheduler shard
+        self.losses = StreamLosses()
 
     @property
     def reply_to(self) -> str:
@@ -216,6 +218,33 @@ class KafkaPipeline:
         gateway's topics again from their new start."""
         self.requests.rewind()
         self.follower.rewind()
+
+    def bus_lost(self) -> int:
+        """The broker died and comes back empty (an embedded broker): new requests are
+        refused until `bus_back`, every open stream ends now with error `answer_lost`,
+        and the dropped streams held for a resume are let go. How many streams ended."""
+        self.requests.bus_down()
+        for hold in list(self._holds.values()):
+            hold.cancel()
+        return self.losses.lose_all()
+
+    def bus_back(self) -> None:
+        """The broker is back with its topics: read them from their new start, and take
+        requests again."""
+        self.rewind()
+        self.requests.bus_up()
+
+    def unreachable(self) -> bool:
+        return not self.requests.reachable
+
+    def readiness(self, models: Sequence[str], default: str) -> Readiness:
+        now = time.time()
+        return Readiness(
+            bus=self.requests.reachable,
+            schedulers={model: self._shedding.speaks_for(model, now) for model in models},
+            workers={model: self._shedding.workers(model, now) for model in models},
+            model=default,
+        )
 
     # --- status -----------------------------------------------------------------------
 

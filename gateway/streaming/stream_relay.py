@@ -15,6 +15,8 @@ from schemas.answer import AnswerLog
 from schemas.events import AnswerStarted, DeliverEvent, DeliveryError, Event, Queued, Routed
 
 STALLED_MESSAGE = "the answer stopped arriving; it was cancelled"
+LOST_MESSAGE = "the pipeline's broker restarted and lost this answer; send the message again"
+LOST_RETRY_AFTER_S = 5.0
 
 
 class StreamRelay:
@@ -49,12 +51,21 @@ class StreamRelay:
 
     def stall(self, request_id: str) -> DeliveryError:
         """Nothing came for too long: the end the client gets (it takes the next id)."""
+        return self._end_here(request_id, "stalled", STALLED_MESSAGE)
+
+    def lost(self, request_id: str) -> DeliveryError:
+        """The bus lost the answer: the end the client gets; it may send it again."""
+        return self._end_here(request_id, "answer_lost", LOST_MESSAGE, LOST_RETRY_AFTER_S)
+
+    def _end_here(self, request_id: str, code: str, message: str,
+                  retry_after: float | None = None) -> DeliveryError:  # fmt: skip
         end = DeliveryError(
             request_id=request_id,
             attempt=max(self._log.attempt, 0),
             seq=self._log.next_seq,
-            code="stalled",
-            message=STALLED_MESSAGE,
+            code=code,
+            message=message,
+            retry_after=retry_after,
         )
         # the newest attempt's: an end from an older one would be dropped by the answer rule
         self.add(end)

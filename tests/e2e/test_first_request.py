@@ -10,47 +10,19 @@ named. A page whose commands stop working fails here.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-import os
 import re
-import signal
-import socket
 import sys
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import pytest_asyncio
 
+from tests.support.chatpipe_up import BIN, Up, chatpipe_up, reader_env
+
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md", ROOT / "docs" / "getting-started.md"]
-BIN = Path(sys.executable).parent
-UP_LINE = re.compile(r"chatpipe is up: (?P<url>http://\S+?)/?\s+API key: (?P<key>\S+)")
-ENV_BROKER = ("KAFKA_BOOTSTRAP_SERVERS", "CHATPIPE_KAFKA_BOOTSTRAP_SERVERS")
-
-
-@dataclass(frozen=True)
-class Up:
-    url: str
-    key: str
-    cwd: Path
-
-
-def reader_env() -> dict[str, str]:
-    """A reader's environment: no chatpipe settings or broker of the test run's, and
-    not the venv's commands on the PATH (the pages say how to get them)."""
-    path = os.pathsep.join(d for d in os.environ["PATH"].split(os.pathsep) if Path(d) != BIN)
-    env = {k: v for k, v in os.environ.items()
-           if k not in ENV_BROKER and not k.startswith("CHATPIPE_")}  # fmt: skip
-    return env | {"PATH": path}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
@@ -58,23 +30,8 @@ async def up(tmp_path_factory, tiny_model_dir) -> AsyncIterator[Up]:
     """`chatpipe up` in a fresh directory (its own database and broker), as `make run`
     starts it but with the deterministic engine: these pages are about the API."""
     cwd = tmp_path_factory.mktemp("first-request")
-    process = await asyncio.create_subprocess_exec(
-        str(BIN / "chatpipe"), "up", "--engine", "sim", "--port", str(free_port()),
-        "--model", str(tiny_model_dir), cwd=cwd,
-        env=reader_env(),
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,
-        start_new_session=True,
-    )  # fmt: skip
-    try:
-        assert process.stdout is not None
-        line = await asyncio.wait_for(process.stdout.readline(), 180)
-        started = UP_LINE.search(line.decode())
-        assert started, f"chatpipe up printed {line!r}, not its URL and key"
-        yield Up(started["url"], started["key"], cwd)
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGTERM)
-        await asyncio.wait_for(process.wait(), 60)
+    async with chatpipe_up(cwd, "--model", str(tiny_model_dir)) as started:
+        yield started
 
 
 def blocks(page: Path, language: str) -> list[str]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import httpx
@@ -20,6 +20,7 @@ from gateway.context.builder import ContextBuilder
 from gateway.context.summaries import SUMMARY_INSTRUCTIONS, TITLE_INSTRUCTIONS
 from gateway.context.tokens import TokenCounter
 from gateway.deps import GatewayDeps
+from gateway.pipeline import Readiness, StreamLosses
 from schemas.events import (
     DeliverEvent,
     DeliveryDone,
@@ -107,10 +108,19 @@ class ScriptedPipeline:
         self.resumed: list[tuple[str, str]] = []
         self.feedback_events: list[FeedbackEvent] = []
         self.usage_events: list[UsageEvent] = []
+        self.losses = StreamLosses()
+        self.bus_down = False
+        self.ready = Readiness(bus=True, schedulers={}, workers={}, model="")
 
     @property
     def reply_to(self) -> str:
         return REPLY_TO
+
+    def unreachable(self) -> bool:
+        return self.bus_down
+
+    def readiness(self, models: Sequence[str], default: str) -> Readiness:
+        return self.ready
 
     def script(self, *events: DeliverEvent, hold: bool = False) -> None:
         self.scripts.append((list(events), hold))

@@ -8,9 +8,12 @@ from types import SimpleNamespace
 import pytest
 
 from conversations.store import ApiKey
-from gateway.admission.gates import Admission, Ask, Gate, SheddingGate
+from gateway.admission.gates import Admission, Ask, BusGate, Gate, SheddingGate
+from gateway.admission.shedding import SCHEDULER_SILENT_S, Shedding
 from gateway.errors import ApiError
+from gateway.pipeline import Readiness
 from gateway.refusals import Unavailable
+from schemas.events import SchedulerStatus
 from schemas.topics import Tier
 
 OWNER = ApiKey("alice", "acme", Tier.PRO)
@@ -71,3 +74,49 @@ async def test_shedding_refuses_overloaded_with_its_retry_after() -> None:
     assert (refused.value.code, refused.value.retry_after_s) == ("overloaded", 3)
     open_ = SheddingGate(SimpleNamespace(overloaded=lambda tier, model: None))
     assert await admission(open_).admit(OWNER, 10, "m") == Ask(OWNER, "m", 10)
+
+
+async def test_an_unreachable_bus_is_refused_at_once_before_any_gate_charges() -> None:
+    calls: list[str] = []
+    down = BusGate(SimpleNamespace(unreachable=lambda: True))
+    with pytest.raises(Unavailable) as refused:
+        await admission(down, Recording("rate", calls)).admit(OWNER, 10, "m")
+    assert (refused.value.code, refused.value.retry_after_s) == ("pipeline_unavailable", 5)
+    assert calls == []
+    up = BusGate(SimpleNamespace(unreachable=lambda: False))
+    assert await admission(up).admit(OWNER, 10, "m") == Ask(OWNER, "m", 10)
+
+
+def status(shard: str = "", models: tuple[str, ...] = (), sent_at: float = 1000.0,
+           **workers: int) -> SchedulerStatus:  # fmt: skip
+    return SchedulerStatus(tiers={}, shard=shard, models=models, workers=workers,
+                           sent_at=sent_at)  # fmt: skip
+
+
+def test_readiness_needs_the_bus_and_a_recent_scheduler_counting_a_worker_for_the_model():
+    shedding = Shedding()
+    assert (shedding.speaks_for("big", 1000.0), shedding.workers("big", 1000.0)) == (False, 0)
+    shedding.update(status(big=2))
+    shedding.update(status("small-shard", ("small",), small=0))
+    now = 1000.0 + SCHEDULER_SILENT_S - 1
+
+    def readiness(bus: bool = True, at: float = now) -> Readiness:
+        models = ("big", "small")
+        return Readiness(
+            bus, {m: shedding.speaks_for(m, at) for m in models},
+            {m: shedding.workers(m, at) for m in models}, model="big",
+        )  # fmt: skip
+
+    assert readiness().ready
+    assert readiness().body() == {
+        "ready": True,
+        "bus": True,
+        "models": {
+            "big": {"scheduler": True, "workers": 2},
+            "small": {"scheduler": True, "workers": 0},
+        },
+    }
+    assert not readiness(bus=False).ready
+    assert not readiness(at=1000.0 + SCHEDULER_SILENT_S + 1).ready  # the scheduler went quiet
+    shedding.update(status(big=0))  # its last worker lost or draining
+    assert not readiness().ready

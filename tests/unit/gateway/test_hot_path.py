@@ -13,10 +13,17 @@ from aiokafka.structs import ConsumerRecord
 from starlette.background import BackgroundTask
 
 from bus.request_reply import Inbox, decoded_batch
+from gateway.pipeline import StreamLosses
 from gateway.streaming.event_stream import EventStreamResponse
-from gateway.streaming.generation import Generation, StreamTimers, _StallTimer, merged_deltas
+from gateway.streaming.generation import (
+    Generation,
+    StreamLost,
+    StreamTimers,
+    _StallTimer,
+    merged_deltas,
+)
 from schemas import sse
-from schemas.events import DeliveryDone, DeliveryError, Delta, Queued, Reroute, Usage
+from schemas.events import DeliverEvent, DeliveryDone, DeliveryError, Delta, Queued, Reroute, Usage
 from schemas.lifecycle import RequestStatus
 
 
@@ -85,6 +92,7 @@ class NeverEnds:
 class CancelRecorder:
     def __init__(self) -> None:
         self.cancelled: list[tuple[str, str]] = []
+        self.losses = StreamLosses()
 
     async def cancel(self, request_id: str, reason: str = "") -> None:
         self.cancelled.append((request_id, reason))
@@ -97,6 +105,31 @@ async def test_a_stream_with_no_event_for_the_stall_time_ends_stalled_and_is_can
     assert len(batches) == 1 and isinstance(batches[0][0], DeliveryError)
     assert batches[0][0].code == "stalled"
     assert pipeline.cancelled == [("r", "stalled")]
+
+
+async def collect(batches: AsyncIterator[list[DeliverEvent]]) -> list[list[DeliverEvent]]:
+    return [batch async for batch in batches]
+
+
+async def test_a_stream_whose_answer_the_bus_lost_ends_at_once_without_a_cancel():
+    pipeline = CancelRecorder()
+    generation = Generation(pipeline, "r", NeverEnds(), timers=StreamTimers(stall_s=30))  # type: ignore[arg-type]
+    reading = asyncio.create_task(collect(generation.batches()))
+    await asyncio.sleep(0.01)
+    assert pipeline.losses.lose_all() == 1
+    [[end]] = await asyncio.wait_for(reading, 1)
+    assert isinstance(end, DeliveryError)
+    assert (end.code, end.retry_after) == ("answer_lost", 5.0)
+    assert generation.finished and pipeline.cancelled == []
+    assert pipeline.losses.lose_all() == 0  # it left the registry when it ended
+
+
+async def test_a_loss_while_the_relay_is_busy_ends_the_next_wait():
+    timer = _StallTimer(30)
+    timer.lose()
+    with pytest.raises(StreamLost):
+        await timer.wait(asyncio.sleep(1))
+    timer.cancel()
 
 
 async def test_the_stall_timer_does_not_fire_while_events_keep_coming():

@@ -21,6 +21,8 @@ import yaml
 
 from chatpipe.cli import STAGES, app
 from chatpipe.settings import SETTINGS, Settings
+from conversations.sqlite_store import SQLiteStore
+from gateway.app import create_app
 from schemas import topics
 from tests.support.deployment import (
     COMPOSE_FILE,
@@ -38,6 +40,7 @@ from tests.support.deployment import (
     k8s_objects,
     settings_from,
 )
+from tests.support.gateway import ScriptedPipeline, gateway_deps
 
 DOCKERFILE = ROOT / "Dockerfile"
 WORKLOAD_KINDS = {"Deployment", "StatefulSet", "DaemonSet", "Job"}
@@ -235,6 +238,18 @@ def test_k8s_worker_requests_a_gpu_and_time_to_load_weights(
     }
     mounts = [Path(m["mountPath"]) for m in container.spec["volumeMounts"] if m["name"] in claims]
     assert any(settings.inference.model.is_relative_to(mount) for mount in mounts)
+
+
+def test_k8s_gateway_probes_readiness_and_liveness_on_the_gateways_own_routes(
+    tmp_path: Path,
+) -> None:
+    [gateway] = [c for c in k8s_containers() if c.command == "gateway"]
+    probes = {probe: gateway.spec[probe]["httpGet"]["path"]
+              for probe in ("readinessProbe", "livenessProbe")}  # fmt: skip
+    assert probes == {"readinessProbe": "/readyz", "livenessProbe": "/healthz"}
+    deps = gateway_deps(Settings(), SQLiteStore(tmp_path / "c.db"), ScriptedPipeline())
+    served = {getattr(route, "path", "") for route in create_app(deps).routes}
+    assert set(probes.values()) <= served
 
 
 DRAIN_MARGIN_S = 10  # the last heartbeat, commits and leaving the group after the drain

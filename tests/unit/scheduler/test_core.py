@@ -438,3 +438,19 @@ def test_a_simple_request_is_judged_by_its_last_user_message():
     assert core.add_request(request).routed_reason == "simple_request"
     no_user = request.model_copy(update={"messages": request.messages[:1]})
     assert no_user.last_user_message == ""
+
+
+def test_the_live_workers_it_counts_per_model_take_work_now() -> None:
+    clock = Clock()
+    core = make_scheduler(clock, worker_lost_after_s=5.0)
+    core.on_heartbeat(heartbeat("w1"))
+    core.on_heartbeat(heartbeat("w2"))
+    core.on_heartbeat(heartbeat("s1", model="small"))
+    core.on_heartbeat(heartbeat("joining", partitions=()))  # no chat.work partition yet
+    core.on_heartbeat(heartbeat("draining", model="small", stopping=True))
+    assert core.live_workers() == {"big": 2, "small": 1}
+    clock.now += 3.0
+    core.on_heartbeat(heartbeat("w1"))
+    clock.now += 3.0
+    core.remove_lost_workers()
+    assert core.live_workers() == {"big": 1}
