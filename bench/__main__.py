@@ -13,6 +13,7 @@ python -m bench scheduler_sim --workers 1000   # the scheduler core at scale (--
 python -m bench retrieval       # what file_ids add to TTFT (--help), RESULTS.md
 python -m bench response_cache   # hit ratio, TTFT of a hit against a miss (--help)
 python -m bench broker_clients  # what other Kafka clients meet on the embedded broker
+python -m bench soak --minutes 20   # mixed load for tens of minutes: idle CPU, slow answers
 """
 
 from __future__ import annotations
@@ -281,6 +282,11 @@ def main(argv: list[str] | None = None) -> None:
         from bench.gateway_streams import cli as gateway_streams
 
         gateway_streams(argv[1:], BENCH_DIR)
+        return
+    if argv[:1] == ["soak"]:
+        from bench.soak import cli as soak
+
+        soak(argv[1:], BENCH_DIR)
         return
     if argv[:1] == ["broker_clients"]:
         from bench.broker_clients import cli as broker_clients

@@ -19,7 +19,8 @@ from typing import Any
 
 import httpx
 
-from bench.process_pipeline import Pipeline, running_pipeline
+from bench.broker_link import BrokerLink
+from bench.process_pipeline import Pipeline, linked_pipeline
 from bench.watched_streams import Watched, token_diff, watch
 from bus.replay import read_to_end
 from ledger.charges import Account
@@ -78,8 +79,12 @@ class FaultResult:
 @contextlib.asynccontextmanager
 async def stream_pipeline(tmp_path: Path, **settings: object) -> AsyncIterator[Pipeline]:
     """Scheduler, safety, recorder, billing, two workers and two gateways, each its own
-    process, on one embedded broker."""
-    async with running_pipeline(tmp_path, **{**PIPELINE_SETTINGS, **settings}) as pipe:
+    process, on one embedded broker that they reach through a link to cut
+    (`broker_cut`)."""
+    async with (
+        BrokerLink() as link,
+        linked_pipeline(tmp_path, link, **{**PIPELINE_SETTINGS, **settings}) as pipe,
+    ):
         for stage in SIDE_STAGES:
             await pipe.start(stage)
         for worker in WORKERS:
@@ -316,6 +321,37 @@ async def gateway_death(pipe: Pipeline, streams: int = 16) -> FaultResult:
         watched,
         resumed=sum(w.connections > 1 for w in watched),
         stored_equal=stored_equal,
+    )
+
+
+async def broker_cut(pipe: Pipeline, streams: int = 16, cut_s: float = 3.0) -> FaultResult:
+    """Cut every stage off the broker for `cut_s` while `streams` answers stream (every
+    connection closed, new ones refused), as a broker restart or a leader moving away
+    looks to its clients, while the broker keeps every record. The stages reconnect
+    and every answer finishes, billed once."""
+    assert pipe.link is not None, "the pipeline reaches its broker through a link"
+    before = await tokens_billed(pipe)
+    async with pipe.http("g1") as client:
+        running = Streams([client])
+        await running.start([100] * streams, "cut")
+        await running.streaming()
+        await asyncio.sleep(0.5)
+        pipe.link.cut()
+        await asyncio.sleep(cut_s)
+        pipe.link.restore()
+        restored = time.monotonic()
+        watched = await running.results()
+        finished_after = time.monotonic() - restored
+    added, used = await billed_once(pipe, before, watched)
+    exited = [name for name, stage in pipe.stages.items() if not stage.running]
+    return await judge(
+        pipe,
+        f"every stage cut off the broker for {cut_s:g} s under {streams} streams",
+        watched,
+        last_finished_after_s=round(finished_after, 1),
+        tokens_billed=added,
+        tokens_used=used,
+        stages_exited=len(exited),
     )
 
 

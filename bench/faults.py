@@ -32,6 +32,7 @@ async def run_all() -> list[FaultResult]:
             await scenarios.worker_drain(pipe, streams=16),
             await scenarios.gateway_death(pipe, streams=16),
             await scenarios.scheduler_restart(pipe, running=16, queued=8),
+            await scenarios.broker_cut(pipe, streams=16, cut_s=3.0),
         ]
 
 

@@ -38,6 +38,7 @@ from typing import Any
 import httpx
 import orjson
 
+from bench.broker_link import BrokerLink
 from bench.topic_log import find_events
 from bus.broker import EmbeddedBroker, free_port
 from bus.clients import KafkaConfig, Publisher
@@ -70,9 +71,12 @@ class Stage:
 class Pipeline:
     """Stage processes by name on one broker; see the module docstring."""
 
-    def __init__(self, tmp_path: Path, broker: EmbeddedBroker, settings: dict[str, object]):
+    def __init__(self, tmp_path: Path, broker: EmbeddedBroker, settings: dict[str, object],
+                 link: BrokerLink | None = None):  # fmt: skip
         self.tmp_path = tmp_path
         self.broker = broker
+        self.link = link
+        """The proxy every stage reaches the broker through, if any."""
         self.kafka = KafkaConfig(broker.bootstrap_servers)
         self.settings = settings
         self.stages: dict[str, Stage] = {}
@@ -264,7 +268,26 @@ def prints_logs_on_failure(test: Callable[..., Awaitable[None]]) -> Callable[...
 @contextlib.asynccontextmanager
 async def running_pipeline(tmp_path: Path, **settings: object) -> AsyncIterator[Pipeline]:
     """A fresh broker with every topic created; stages are started by the test."""
-    async with EmbeddedBroker() as broker:
+    async with _pipeline(tmp_path, None, settings) as pipe:
+        yield pipe
+
+
+@contextlib.asynccontextmanager
+async def linked_pipeline(
+    tmp_path: Path, link: BrokerLink, **settings: object
+) -> AsyncIterator[Pipeline]:
+    """`running_pipeline` whose stages reach the broker through `link` (to cut)."""
+    async with _pipeline(tmp_path, link, settings) as pipe:
+        yield pipe
+
+
+@contextlib.asynccontextmanager
+async def _pipeline(
+    tmp_path: Path, link: BrokerLink | None, settings: dict[str, object]
+) -> AsyncIterator[Pipeline]:
+    broker = EmbeddedBroker(port=link.broker_port, advertised_port=link.port) if link \
+        else EmbeddedBroker()  # fmt: skip
+    async with broker:
         shards = settings.get("scheduler_shards") or {}  # each its own chat.work.<shard>
         assert isinstance(shards, dict)
         sizes: dict[str, Any] = {
@@ -272,7 +295,7 @@ async def running_pipeline(tmp_path: Path, **settings: object) -> AsyncIterator[
         }
         layout = TopicLayout(**sizes, shards=tuple(shards))
         await ensure_topics(broker.bootstrap_servers, layout)
-        pipeline = Pipeline(tmp_path, broker, settings)
+        pipeline = Pipeline(tmp_path, broker, settings, link)
         try:
             yield pipeline
         except BaseException:

@@ -27,19 +27,27 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 class EmbeddedBroker:
-    """A Tansu process on a free loopback port; `async with` starts and stops it."""
+    """A Tansu process on a free loopback port; `async with` starts and stops it.
 
-    def __init__(self, host: str = "127.0.0.1", port: int | None = None) -> None:
+    `advertised_port`: the port clients are told to use (and `bootstrap_servers` names),
+    when something in front of the broker forwards it (a test's proxy); default: its
+    own."""
+
+    def __init__(
+        self, host: str = "127.0.0.1", port: int | None = None, advertised_port: int | None = None
+    ) -> None:
         self.host = host
         self.port = port or free_port(host)
+        self.advertised_port = advertised_port or self.port
         self._process: subprocess.Popen[bytes] | None = None
 
     @property
     def bootstrap_servers(self) -> str:
-        return f"{self.host}:{self.port}"
+        return f"{self.host}:{self.advertised_port}"
 
     async def start(self, timeout_s: float = 30.0) -> None:
         url = f"tcp://{self.host}:{self.port}"
+        advertised = f"tcp://{self.host}:{self.advertised_port}"
         env = {**os.environ, "RUST_LOG": os.environ.get("RUST_LOG", "warn")}
         self._process = await asyncio.to_thread(
             subprocess.Popen,
@@ -49,7 +57,7 @@ class EmbeddedBroker:
                 "--listener-url",
                 url,
                 "--advertised-listener-url",
-                url,
+                advertised,
                 "--storage-engine",
                 "memory://tansu/",
             ],

@@ -74,6 +74,11 @@ class Take(enum.Enum):
     RUN = "run"
     HAND_BACK = "hand_back"
     """Its own, read while stopping: given back unrun in the next heartbeat."""
+    SUPERSEDE = "supersede"
+    """A later attempt of a request running here: stop the running attempt without an
+    end (`supersede`), then take the assignment again: the later attempt runs here,
+    continuing it. The scheduler took this worker for lost (its heartbeats did not
+    reach it for a while) and dispatched the request again, back to this worker."""
 
 
 class WorkerBook:
@@ -98,6 +103,8 @@ class WorkerBook:
         self.stopping = False
         self._wall = wall
         self._epochs: dict[int, int] = {}
+        self._superseded: dict[str, Place] = {}
+        """Running attempts a later attempt of theirs replaces here."""
         self._finished: OrderedDict[tuple[str, int], None] = OrderedDict()
         self._cancelled: OrderedDict[str, None] = OrderedDict()
         self._rounds = RoundsHeld()
@@ -113,6 +120,10 @@ class WorkerBook:
             return Take.SKIP
         request = assignment.request
         request_id = request.request_id
+        if request_id in self.running:
+            if request.attempt > self._attempts.get(request_id, request.attempt):
+                return Take.SUPERSEDE
+            return Take.SKIP  # a copy of the attempt running
         self._attempts[request_id] = request.attempt
         if self.stopping:
             self.handed_back[request_id] = (partition, offset)
@@ -131,10 +142,7 @@ class WorkerBook:
             return False  # read after its partition moved: it belongs to another worker
         if assignment.incarnation and assignment.incarnation != self.incarnation:
             return False  # for this worker's previous process: the scheduler redispatches it
-        return (
-            request.request_id not in self.running
-            and (request.request_id, request.attempt) not in self._finished
-        )
+        return (request.request_id, request.attempt) not in self._finished
 
     def ended(self, request: GenerationRequest) -> None:
         """The attempt ended (or found its answer ended already): a copy is skipped."""
@@ -168,11 +176,20 @@ class WorkerBook:
             self._unreleased.discard(request_id)
             self._told.pop(request_id, None)
 
+    def supersede(self, request_id: str) -> None:
+        """The running attempt of `request_id` stops for a later one (`Take.SUPERSEDE`):
+        once stopped, its assignment is done here, and it is not handed back."""
+        place = self.running.get(request_id)
+        if place is not None:
+            self._superseded[request_id] = place
+
     def stopped(self, request_id: str) -> Place | None:
         """An attempt stopped without an end: where its assignment lies when it was
-        handed back (so it is done here), None when the process is going away."""
+        handed back or superseded (so it is done here), None when the process is going
+        away."""
         self.running.pop(request_id, None)
-        return self.handed_back.get(request_id)
+        superseded = self._superseded.pop(request_id, None)
+        return superseded if superseded is not None else self.handed_back.get(request_id)
 
     def cancel(self, cancel: Cancel) -> str | None:
         """A cancel read on chat.control: the id of its request running here (abort it),

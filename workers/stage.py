@@ -8,7 +8,9 @@ ended (or was handed back) and its last events are acknowledged, so work a dead
 worker held is read again by the partition's next owner. An assignment names its
 worker and carries its scheduler's epoch: another worker's, a duplicate of one
 running or just finished, and one from a scheduler fenced by a newer claim are
-skipped, so no attempt ever runs twice. A rebalance does not wait for running
+skipped, so no attempt ever runs twice. A later attempt of a request running here
+(the scheduler took this worker for lost while its heartbeats were cut off) replaces
+the running one, which stops without an end. A rebalance does not wait for running
 requests: they keep streaming, and the partition's next owner skips their
 assignments because they name this worker.
 
@@ -185,6 +187,9 @@ class WorkerStage(Stage):
             return
         take = self.book.take(event, record.partition, record.offset)
         request = event.request
+        if take is Take.SUPERSEDE:
+            await self._supersede(request.request_id)
+            take = self.book.take(event, record.partition, record.offset)
         if take is Take.SKIP:
             return
         if take is Take.HAND_BACK:
@@ -300,6 +305,17 @@ class WorkerStage(Stage):
         finally:
             self.book.released(request_id)
             self.heartbeat_now.set()
+
+    async def _supersede(self, request_id: str) -> None:
+        """Stop the running attempt of `request_id` without an end: a later attempt of it
+        was assigned here, and continues from what this one streamed before that
+        attempt's marker (what it streams after is not the answer's)."""
+        task = self._tasks.get(request_id)
+        self.book.supersede(request_id)
+        log.info("%s: a later attempt replaces the one running here", request_id)
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
 
     def _hand_back(self, request_id: str) -> None:
         task = self._tasks.get(request_id)

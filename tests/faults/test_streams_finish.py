@@ -52,6 +52,18 @@ async def test_a_killed_worker_s_answers_finish_on_the_other_without_gap_or_repe
     )
 
 
+async def test_stages_cut_off_the_broker_reconnect_and_every_answer_finishes_billed_once(
+    pipeline,
+):
+    """The broker keeps its records (as Apache Kafka does through a restart or a leader
+    change); every stage's connections to it are cut for 3 s mid-answer."""
+    result = await scenarios.broker_cut(pipeline, streams=16, cut_s=3.0)
+    print(result)
+    assert result.clean, result
+    assert result.details["stages_exited"] == 0
+    assert result.details["tokens_billed"] == result.details["tokens_used"]
+
+
 async def test_a_drained_worker_finishes_what_it_can_and_hands_on_the_rest(pipeline):
     result = await scenarios.worker_drain(pipeline, streams=16)
     print(result)

@@ -138,6 +138,21 @@ def test_a_duplicate_of_a_running_or_finished_attempt_is_skipped_the_next_attemp
     assert worker.take(assignment(attempt=1), 0, 4) is Take.RUN
 
 
+def test_a_later_attempt_of_one_running_here_replaces_it_and_its_assignment_is_done():
+    """The scheduler took this worker for lost (its heartbeats were cut off) and sent the
+    request back to it as the next attempt, while the first still runs."""
+    worker = book()
+    assert worker.take(assignment(), 0, 1) is Take.RUN
+    assert worker.take(assignment(attempt=1), 0, 2) is Take.SUPERSEDE
+    assert worker.running == {"r": (0, 1)}  # until the first attempt has stopped
+    worker.supersede("r")
+    assert worker.stopped("r") == (0, 1)  # its assignment is done here
+    assert worker.take(assignment(attempt=1), 0, 2) is Take.RUN
+    assert worker.running == {"r": (0, 2)} and worker.handed_back == {}
+    assert worker.take(assignment(attempt=0), 0, 1) is Take.SKIP  # an older one, read again
+    assert worker.take(assignment(attempt=1), 0, 2) is Take.SKIP  # a copy of the one running
+
+
 def test_a_stopping_worker_hands_its_new_work_back_unrun():
     worker = book()
     worker.stopping = True
