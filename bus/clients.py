@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from aiokafka import AIOKafkaProducer
+from aiokafka import AIOKafkaProducer, errors
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.helpers import create_ssl_context
 from aiokafka.partitioner import DefaultPartitioner, murmur2
@@ -81,7 +82,7 @@ class KafkaConfig:
 
     def producer(self) -> AIOKafkaProducer:
         # Idempotence only where the broker supports it: Tansu answers UnknownError.
-        return AIOKafkaProducer(
+        producer = AIOKafkaProducer(
             **self.connection(),
             compression_type=self.compression,
             enable_idempotence=self.idempotence,
@@ -90,6 +91,8 @@ class KafkaConfig:
             max_request_size=8 * 1024 * 1024,
             partitioner=keyed_partition,
         )
+        _PRODUCERS.add(producer)
+        return producer
 
     def consumer(
         self,
@@ -156,6 +159,42 @@ def _key_hash(key: bytes) -> int:
     return murmur2(key) & 0x7FFFFFFF
 
 
+_PRODUCERS: weakref.WeakSet[AIOKafkaProducer] = weakref.WeakSet()
+"""Every producer this process made (`KafkaConfig.producer`)."""
+
+
+class BrokerGone(errors.KafkaConnectionError):
+    """The broker these records were for is gone with everything it held."""
+
+
+async def drop_pending_writes() -> int:
+    """Stop every producer of this process from writing what it still holds for a
+    broker that died with all it had (an embedded broker), and fail those records: the
+    embedded broker takes a write to a topic before the topic is created again, and
+    then fails the partition's next write. A producer whose records were dropped sends
+    nothing more: whoever goes on needs a new one. How many records were dropped."""
+    dropped = 0
+    gone = BrokerGone("the broker restarted empty")
+    for producer in list(_PRODUCERS):
+        sender = producer._sender  # aiokafka has no API for this
+        if sender is None or sender.sender_task is None:
+            continue  # never started
+        await sender.close()  # nothing it holds is sent any more
+        accumulator = producer._message_accumulator
+        held = [b for q in accumulator._batches.values() for b in q]
+        held += list(accumulator._pending_batches)
+        dropped += sum(batch.record_count for batch in held)
+        accumulator.fail_all(gone)
+    return dropped
+
+
+UNKNOWN_ERROR_RETRIES = 2
+"""`send_and_wait`s sent again after an error the broker gives no reason for: the
+embedded broker fails the first write to a partition that was written to before it
+created the partition again after a restart, and takes the next."""
+UNKNOWN_ERROR_PAUSE_S = 0.05
+
+
 class Publisher:
     """Sends events with their headers; `send` enqueues, `flush` waits for acks."""
 
@@ -177,13 +216,20 @@ class Publisher:
     async def send_and_wait(
         self, topic: str, event: Event, key: str | None = None, partition: int | None = None
     ) -> RecordMetadata:
-        return await self.producer.send_and_wait(
-            topic,
-            encode(event),
-            key=key.encode() if key is not None else None,
-            partition=partition,
-            headers=headers(event),
-        )
+        """Send `event` and wait until the broker has it; an error without a reason is
+        tried again `UNKNOWN_ERROR_RETRIES` times before it is raised."""
+        value, encoded_key = encode(event), key.encode() if key is not None else None
+        retries = 0
+        while True:
+            try:
+                return await self.producer.send_and_wait(
+                    topic, value, key=encoded_key, partition=partition, headers=headers(event)
+                )
+            except errors.UnknownError:
+                if retries == UNKNOWN_ERROR_RETRIES:
+                    raise
+                retries += 1
+                await asyncio.sleep(UNKNOWN_ERROR_PAUSE_S)
 
     async def flush(self) -> None:
         await self.producer.flush()

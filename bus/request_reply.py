@@ -26,6 +26,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Generic, TypeVar
 
+from aiokafka import AIOKafkaProducer
 from aiokafka.structs import ConsumerRecord, TopicPartition
 from pydantic import TypeAdapter
 
@@ -132,6 +133,8 @@ class RequestReplyClient:
         self._streams: dict[str, DeliveryStream] = {}
         self._awaiting: set[str] = set()  # submitted, no event back yet
         self._tasks: list[asyncio.Task[None]] = []
+        self._producer: AIOKafkaProducer
+        self.publisher: Publisher
         self._beat_acked_at = 0.0
         self._down = False
 
@@ -153,8 +156,15 @@ class RequestReplyClient:
         """The broker is gone (restarting): unreachable until `bus_up`."""
         self._down = True
 
-    def bus_up(self) -> None:
-        """The broker is back, its topics created."""
+    async def bus_up(self, new_producer: bool = False) -> None:
+        """The broker is back, its topics created. `new_producer`: what the producer
+        held was dropped (`bus.clients.drop_pending_writes`): send with a new one."""
+        if new_producer:
+            old = self._producer
+            self._producer = self.kafka.producer()
+            await self._producer.start()
+            self.publisher.producer = self._producer
+            await old.stop()
         self._down = False
         self._beat_acked_at = time.monotonic()
 

@@ -18,7 +18,7 @@ from fastapi import FastAPI
 
 from billing.stage import BillingStage
 from bus.broker import EmbeddedBroker, free_port
-from bus.clients import KafkaConfig
+from bus.clients import KafkaConfig, drop_pending_writes
 from bus.request_reply import RequestReplyClient
 from bus.topics import TopicLayout, create_topics, ensure_topics
 from chatpipe.api_keys import development_settings, key_secret, require_key_secret
@@ -453,16 +453,22 @@ async def running_stack(settings: Settings, engine: Engine | None) -> AsyncItera
         @contextlib.asynccontextmanager
         async def broker_restarting() -> AsyncIterator[None]:
             """The broker died with every record: the gateway ends the streams it relays
-            (error `answer_lost`) and refuses new requests, the stages stop while the
-            broker restarts; then the gateway reads its topics again from their new start
-            and takes requests, and new stages start."""
+            (error `answer_lost`) and refuses new requests, every producer drops what it
+            held for the dead broker, the stages stop while the broker restarts; then the
+            gateway reads its topics again from their new start and takes requests (with
+            a new producer), and new stages start."""
             for pipeline in pipelines:
                 lost = pipeline.bus_lost()
                 log.warning("the broker died: %d open streams end with answer_lost", lost)
+            # What producers still hold for the dead broker is dropped, before the stages
+            # stop (their producers' last flush) and again once they have.
+            dropped = await drop_pending_writes()
             async with supervisor.paused(kafka_stages):
+                dropped += await drop_pending_writes()
+                log.warning("the broker died: %d records not yet written are dropped", dropped)
                 yield
                 for pipeline in pipelines:
-                    pipeline.bus_back()
+                    await pipeline.bus_back()
 
         kafka = await open_kafka(settings, stack, delivery_topic, broker_restarting)
         store = build_store(settings)

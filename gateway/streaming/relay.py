@@ -228,11 +228,11 @@ class KafkaPipeline:
             hold.cancel()
         return self.losses.lose_all()
 
-    def bus_back(self) -> None:
+    async def bus_back(self) -> None:
         """The broker is back with its topics: read them from their new start, and take
-        requests again."""
+        requests again, sent with a new producer (the old one's records were dropped)."""
         self.rewind()
-        self.requests.bus_up()
+        await self.requests.bus_up(new_producer=True)
 
     def unreachable(self) -> bool:
         return not self.requests.reachable

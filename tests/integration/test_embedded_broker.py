@@ -8,8 +8,12 @@ import socket
 from pathlib import Path
 
 import pytest
+from aiokafka import AIOKafkaConsumer
+from aiokafka.structs import TopicPartition
 
 from bus.broker import EmbeddedBroker
+from bus.clients import BrokerGone, KafkaConfig, drop_pending_writes
+from bus.topics import create_topics
 
 LISTEN = "0A"  # TCP state in /proc/net/tcp*
 
@@ -87,3 +91,41 @@ async def test_chatpipe_up_reaches_its_embedded_broker_plaintext_whatever_is_con
             assert "chat.work" in await admin.list_topics()
         finally:
             await admin.close()
+
+
+async def test_writes_held_for_a_dead_broker_are_dropped_not_written_to_the_next_one():
+    """Tansu takes a write to a topic it does not have yet; once that topic is created,
+    the partition's next write fails. So what producers still hold when the broker dies
+    is dropped (`drop_pending_writes`), and the new broker gets no early write."""
+    async with EmbeddedBroker() as broker:
+        kafka = KafkaConfig(bootstrap_servers=broker.bootstrap_servers)
+        await create_topics(kafka, {"t": 1})
+        producer = kafka.producer()
+        await producer.start()
+        try:
+            await producer.send_and_wait("t", b"before", partition=0)
+            broker.stop()
+            held = await producer.send("t", b"held", partition=0)
+            assert await drop_pending_writes() >= 1
+            with pytest.raises(BrokerGone):
+                await held
+        finally:
+            await producer.stop()
+        await broker.restart()
+        await create_topics(kafka, {"t": 1})
+        fresh = kafka.producer()
+        await fresh.start()
+        try:
+            written = await fresh.send_and_wait("t", b"after", partition=0)
+        finally:
+            await fresh.stop()
+        reader = AIOKafkaConsumer(bootstrap_servers=broker.bootstrap_servers)
+        await reader.start()
+        try:
+            reader.assign([TopicPartition("t", 0)])
+            reader.seek(TopicPartition("t", 0), 0)
+            fetched = await reader.getmany(timeout_ms=3000)
+        finally:
+            await reader.stop()
+    assert written.offset == 0
+    assert [r.value for records in fetched.values() for r in records] == [b"after"]

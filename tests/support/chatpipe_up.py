@@ -46,6 +46,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def print_log(cwd: Path, lines: int = 150) -> None:
+    """The end of a `chatpipe up`'s log, without the Kafka client's chatter."""
+    log = (cwd / LOG_NAME).read_text(errors="replace").splitlines()
+    kept = [line for line in log if "aiokafka" not in line and "httpx" not in line]
+    print(f"--- the last {lines} lines of {cwd / LOG_NAME}:", *kept[-lines:], sep="\n")
+
+
 def _log_file(cwd: Path) -> IO[bytes]:
     return (cwd / LOG_NAME).open("wb")
 
@@ -67,6 +74,9 @@ async def chatpipe_up(cwd: Path, *args: str, env: dict[str, str] | None = None
         started = UP_LINE.search(line.decode())
         assert started, f"chatpipe up printed {line!r}, not its URL and key"
         yield Up(started["url"], started["key"], cwd, process.pid)
+    except BaseException:
+        print_log(cwd)
+        raise
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGTERM)

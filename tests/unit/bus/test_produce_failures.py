@@ -12,6 +12,7 @@ import pytest
 from aiokafka import errors
 
 from bus import produce_failures
+from bus.clients import Publisher
 from bus.produce_failures import (
     PIPELINE_REJECTED,
     ProduceFailure,
@@ -109,6 +110,17 @@ async def test_a_record_the_bus_refuses_is_raised_at_once_as_rejected(method):
         await getattr(RetryingPublisher(producer), method)("chat.work", event(), key="c")
     assert producer.sent == ["chat.work"], "sent once: again would fail the same way"
     assert raised.value.cause is cause and raised.value.topic == "chat.work"
+
+
+async def test_a_write_the_broker_fails_without_a_reason_is_sent_again_twice():
+    """The embedded broker's first write to a partition it made again after a restart."""
+    twice = FakeProducer(errors.UnknownError(), errors.UnknownError(), None)
+    await Publisher(twice).send_and_wait("chat.tokens", event(), key="c")  # type: ignore[arg-type]
+    assert twice.sent == ["chat.tokens"] * 3
+    always = FakeProducer(*[errors.UnknownError()] * 3)
+    with pytest.raises(RecordRejected):
+        await RetryingPublisher(always).send_and_wait("chat.tokens", event(), key="c")  # type: ignore[arg-type]
+    assert len(always.sent) == 3
 
 
 async def test_a_topic_name_that_cannot_exist_is_refused_without_asking_the_bus():
