@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
 from schemas.api import MaxTokens, Temperature, Text, TopP
 from schemas.events import DeliveryError, Usage
 from schemas.lifecycle import RequestStatus
-from schemas.tools import FUNCTION_NAME
+from schemas.tools import FUNCTION_NAME, FunctionSpec
 
 RESPONSE_ID_PREFIX = "resp_"
 
@@ -105,18 +105,11 @@ InputEntry = Annotated[
 """One item of `input`: a message, a function call or its result."""
 
 
-class FunctionTool(BaseModel):
-    """A function the model may call (`tools`), in the Responses API's flat shape."""
-
-    model_config = ConfigDict(extra="ignore")
+class FunctionTool(FunctionSpec):
+    """A function the model may call (`tools`), in the Responses API's flat shape: the
+    chat route's function, typed."""
 
     type: Literal["function"]
-    name: str = Field(pattern=FUNCTION_NAME)
-    description: Text | None = None
-    parameters: dict[str, Any] | None = Field(
-        None, description="a JSON Schema of the arguments object; unset: any object"
-    )
-    strict: bool | None = None
 
 
 class HostedTool(BaseModel):
@@ -454,18 +447,21 @@ class OutputItemEvent(ResponseEvent):
     item: OutputItem
 
 
-class ContentPartEvent(ResponseEvent):
-    """`response.content_part.added` and `.done`."""
+class _ItemEvent(ResponseEvent):
+    """An event of the output item `item_id`, the `output_index`th of the response."""
 
     item_id: str
     output_index: int = 0
+
+
+class ContentPartEvent(_ItemEvent):
+    """`response.content_part.added` and `.done`."""
+
     content_index: int = 0
     part: OutputText
 
 
-class _TextEvent(ResponseEvent):
-    item_id: str
-    output_index: int = 0
+class _TextEvent(_ItemEvent):
     content_index: int = 0
     logprobs: list[dict[str, object]] = Field(default_factory=list)
 
@@ -489,17 +485,12 @@ class ResponseErrorEvent(ResponseEvent):
     param: str | None = None
 
 
-class _FunctionCallArgumentsEvent(ResponseEvent):
-    item_id: str
-    output_index: int = 0
-
-
-class FunctionCallArgumentsDeltaEvent(_FunctionCallArgumentsEvent):
+class FunctionCallArgumentsDeltaEvent(_ItemEvent):
     type: str = "response.function_call_arguments.delta"
     delta: str
 
 
-class FunctionCallArgumentsDoneEvent(_FunctionCallArgumentsEvent):
+class FunctionCallArgumentsDoneEvent(_ItemEvent):
     type: str = "response.function_call_arguments.done"
     name: str
     arguments: str

@@ -148,14 +148,7 @@ def input_messages(
 
 
 def _tool_spec(tool: FunctionTool) -> ToolSpec:
-    return ToolSpec(
-        function=FunctionSpec(
-            name=tool.name,
-            description=tool.description,
-            parameters=tool.parameters,
-            strict=tool.strict,
-        )
-    )
+    return ToolSpec(function=FunctionSpec.model_validate(tool.model_dump(exclude={"type"})))
 
 
 def _tool_choice(
