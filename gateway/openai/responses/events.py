@@ -120,12 +120,12 @@ def stored(response: ResponseObject, message: StoredMessage) -> ResponseObject:
 class ResponseEvents:
     """The stream events of one response, those numbered after `after` only."""
 
-    def __init__(self, response: ResponseObject, after: int = -1, held: bool = False) -> None:
-        """`response`: as created (in progress, no output); `held`: it offers tools, its
-        items are sent whole at the end."""
+    def __init__(self, response: ResponseObject, after: int = -1) -> None:
+        """`response`: as created (in progress, no output)."""
         self.response = response
         self.after = after
-        self.held = held
+        self.held = bool(response.tools) and response.tool_choice != "none"
+        """It offers the model tools: its items are sent whole at the end."""
         self.answer = AnswerText()
         self.item_id = item_id(response)
         self.last = -1

@@ -105,8 +105,7 @@ async def serve_response(
             return await _followed(deps, head, generation.request_id)
         return head.model_copy(update={"status": "queued"})
     if body.stream:
-        events = ResponseEvents(head, held=bool(head.tools) and head.tool_choice != "none")
-        return event_stream(response_frames(events, generation), generation)
+        return event_stream(response_frames(ResponseEvents(head), generation), generation)
     return answered(head, await collected(generation, request))
 
 

@@ -11,7 +11,7 @@ from pydantic import TypeAdapter, ValidationError
 from gateway.openai.responses.events import HEAD, ResponseEvents
 from gateway.openai.responses.protocol import chat_completion, responses_param
 from schemas.api import JsonObjectFormat, JsonSchemaResponseFormat, NamedToolChoice
-from schemas.events import DeliveryDone, Delta, Usage
+from schemas.events import DeliveryDone, Delta, Retract, Usage
 from schemas.lifecycle import RequestStatus
 from schemas.responses import ResponseObject, ResponseRequest
 from schemas.tools import FunctionCall, ToolCall, ToolCalls
@@ -147,7 +147,7 @@ CALLS = ToolCalls(
 def test_an_answer_that_called_tools_streams_each_call_whole_at_its_end():
     end = DeliveryDone(request_id="r", seq=2, status=RequestStatus.FINISHED_STOPPED,
                        usage=USAGE, tool_calls=CALLS)  # fmt: skip
-    events = sdk(ended_with(ResponseEvents(head(), held=True), end))
+    events = sdk(ended_with(ResponseEvents(head()), end))
     call_events = [
         "response.output_item.added",
         "response.function_call_arguments.delta",
@@ -173,7 +173,7 @@ def test_an_answer_that_called_tools_streams_each_call_whole_at_its_end():
 
 def test_an_answer_with_tools_that_called_none_sends_its_text_whole():
     end = DeliveryDone(request_id="r", seq=2, status=RequestStatus.FINISHED_STOPPED, usage=USAGE)
-    events = sdk(ended_with(ResponseEvents(head(), held=True), end))
+    events = sdk(ended_with(ResponseEvents(head()), end))
     assert [e.type for e in events] == [
         "response.created", "response.in_progress", "response.output_item.added",
         "response.content_part.added", "response.output_text.delta", "response.output_text.done",
@@ -187,7 +187,7 @@ def test_text_beside_the_calls_is_a_message_before_them():
     calls = ToolCalls(calls=CALLS.calls[:1], content="Let me look.")
     end = DeliveryDone(request_id="r", seq=2, status=RequestStatus.FINISHED_STOPPED,
                        usage=USAGE, tool_calls=calls)  # fmt: skip
-    events = ResponseEvents(head(), held=True)
+    events = ResponseEvents(head())
     ended_with(events, end)
     final = events.final
     assert final is not None
@@ -198,6 +198,31 @@ def test_text_beside_the_calls_is_a_message_before_them():
 def test_events_after_starting_after_keep_their_numbers():
     end = DeliveryDone(request_id="r", seq=2, status=RequestStatus.FINISHED_STOPPED,
                        usage=USAGE, tool_calls=CALLS)  # fmt: skip
-    whole = ended_with(ResponseEvents(head(), held=True), end)
-    later = ended_with(ResponseEvents(head(), after=HEAD + 4, held=True), end)
+    whole = ended_with(ResponseEvents(head()), end)
+    later = ended_with(ResponseEvents(head(), after=HEAD + 4), end)
     assert later == [e for e in whole if e.sequence_number > HEAD + 4]
+
+
+def test_tools_the_model_is_not_shown_stream_as_text():
+    events = ResponseEvents(head(tool_choice="none"))
+    end = DeliveryDone(request_id="r", seq=2, status=RequestStatus.FINISHED_STOPPED, usage=USAGE)
+    types = [e.type for e in ended_with(events, end)]
+    assert types[2:5] == [
+        "response.output_item.added",
+        "response.content_part.added",
+        "response.output_text.delta",
+    ]
+
+
+def test_a_retracted_answer_with_calls_is_the_replacement_text_only():
+    events = ResponseEvents(head())
+    events.head()
+    retract = Retract(request_id="r", seq=1, message_id="m1", reason="pii", replacement="[x]")
+    end = DeliveryDone(request_id="r", seq=2, status=RequestStatus.FINISHED_STOPPED,
+                       usage=USAGE, tool_calls=CALLS)  # fmt: skip
+    shown = [e for event in (Delta(request_id="r", seq=0, text="<t"), retract, end)
+             for e in events.add(event)]  # fmt: skip
+    final = shown[-1].response
+    assert (final.status, final.incomplete_details.reason) == ("incomplete", "content_filter")
+    assert [item.type for item in final.output] == ["message"]
+    assert final.output_text == "[x]"
