@@ -6,8 +6,8 @@ chatpipe honours; any other field the client sets is a 400 naming it
 do, `unknown_parameter` for one OpenAI does not know either. A field set to nothing
 (null, `[]`, `{}`) or to what chatpipe does anyway (`NEUTRAL`) is no request at all.
 
-The response and its stream events hold the fields the SDK's `Response` and
-`Response*Event` types require: an assistant message with one `output_text` part, or
+The response holds the fields the SDK's `Response` type requires (its stream events
+are `schemas.response_events`): an assistant message with one `output_text` part, or
 the function calls the model made (`FunctionCallItem`, after the message of any text
 beside them).
 """
@@ -421,76 +421,3 @@ def response_status(status: RequestStatus) -> tuple[ResponseStatus, IncompleteRe
     """A response's status (and why it is incomplete) for its answer's request status;
     anything not finished is `in_progress`."""
     return _STATUS.get(status, ("in_progress", None))
-
-
-# --- stream events --------------------------------------------------------------------
-
-
-class ResponseEvent(BaseModel):
-    """One event of a streamed response; `sequence_number` orders them and is what
-    `starting_after` counts (`gateway.openai.responses.events`)."""
-
-    type: str
-    sequence_number: int
-
-
-class ResponseLifecycleEvent(ResponseEvent):
-    """`response.created`, `.in_progress`, `.completed`, `.failed`, `.incomplete`."""
-
-    response: ResponseObject
-
-
-class OutputItemEvent(ResponseEvent):
-    """`response.output_item.added` and `.done`."""
-
-    output_index: int = 0
-    item: OutputItem
-
-
-class _ItemEvent(ResponseEvent):
-    """An event of the output item `item_id`, the `output_index`th of the response."""
-
-    item_id: str
-    output_index: int = 0
-
-
-class ContentPartEvent(_ItemEvent):
-    """`response.content_part.added` and `.done`."""
-
-    content_index: int = 0
-    part: OutputText
-
-
-class _TextEvent(_ItemEvent):
-    content_index: int = 0
-    logprobs: list[dict[str, object]] = Field(default_factory=list)
-
-
-class TextDeltaEvent(_TextEvent):
-    type: str = "response.output_text.delta"
-    delta: str
-
-
-class TextDoneEvent(_TextEvent):
-    type: str = "response.output_text.done"
-    text: str
-
-
-class ResponseErrorEvent(ResponseEvent):
-    """`error`: the stream stopped before the response's end."""
-
-    type: str = "error"
-    code: str
-    message: str
-    param: str | None = None
-
-
-class FunctionCallArgumentsDeltaEvent(_ItemEvent):
-    type: str = "response.function_call_arguments.delta"
-    delta: str
-
-
-class FunctionCallArgumentsDoneEvent(_ItemEvent):
-    type: str = "response.function_call_arguments.done"
-    name: str
-    arguments: str

@@ -33,23 +33,25 @@ from conversations.store import StoredMessage
 from schemas.answer import AnswerText
 from schemas.events import DeliverEvent, DeliveryDone, DeliveryError, Delta, Usage
 from schemas.lifecycle import RequestStatus
-from schemas.responses import (
-    RESPONSE_ID_PREFIX,
+from schemas.response_events import (
     ContentPartEvent,
     FunctionCallArgumentsDeltaEvent,
     FunctionCallArgumentsDoneEvent,
+    OutputItemEvent,
+    ResponseEvent,
+    ResponseLifecycleEvent,
+    TextDeltaEvent,
+    TextDoneEvent,
+)
+from schemas.responses import (
+    RESPONSE_ID_PREFIX,
     FunctionCallItem,
     IncompleteDetails,
-    OutputItemEvent,
     OutputMessage,
     OutputText,
     ResponseError,
-    ResponseEvent,
-    ResponseLifecycleEvent,
     ResponseObject,
     ResponseUsage,
-    TextDeltaEvent,
-    TextDoneEvent,
     response_status,
 )
 from schemas.tools import ToolCalls

@@ -73,10 +73,9 @@ from gateway.streaming.stream_relay import StreamRelay
 from schemas import sse
 from schemas.events import GenerationRequest, Role, now
 from schemas.lifecycle import RequestStatus
+from schemas.response_events import ResponseErrorEvent, ResponseEvent
 from schemas.responses import (
     ConversationRef,
-    ResponseErrorEvent,
-    ResponseEvent,
     ResponseObject,
     ResponseRequest,
     ToolChoiceNamed,
