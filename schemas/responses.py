@@ -39,6 +39,13 @@ class InputTextPart(BaseModel):
     text: Text
 
 
+InputContent = Text | list[InputTextPart]
+
+
+def content_text(content: InputContent) -> str:
+    return content if isinstance(content, str) else "".join(part.text for part in content)
+
+
 class InputItem(BaseModel):
     """One message of `input`. `system` and `developer` messages are instructions for this
     answer; `user` and `assistant` messages are the conversation."""
@@ -47,13 +54,11 @@ class InputItem(BaseModel):
 
     type: Literal["message"] = "message"
     role: Literal["user", "system", "developer", "assistant"]
-    content: Text | list[InputTextPart]
+    content: InputContent
 
     @property
     def text(self) -> str:
-        if isinstance(self.content, str):
-            return self.content
-        return "".join(part.text for part in self.content)
+        return content_text(self.content)
 
     @property
     def instructs(self) -> bool:
@@ -81,13 +86,11 @@ class FunctionCallOutput(BaseModel):
 
     type: Literal["function_call_output"]
     call_id: Text
-    output: Text | list[InputTextPart]
+    output: InputContent
 
     @property
     def text(self) -> str:
-        if isinstance(self.output, str):
-            return self.output
-        return "".join(part.text for part in self.output)
+        return content_text(self.output)
 
 
 def _item_type(item: object) -> str:
