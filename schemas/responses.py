@@ -6,21 +6,23 @@ chatpipe honours; any other field the client sets is a 400 naming it
 do, `unknown_parameter` for one OpenAI does not know either. A field set to nothing
 (null, `[]`, `{}`) or to what chatpipe does anyway (`NEUTRAL`) is no request at all.
 
-The response and its stream events hold the fields the SDK's `Response` and
-`Response*Event` types require; one output item, an assistant message with one
-`output_text` part.
+The response holds the fields the SDK's `Response` type requires (its stream events
+are `schemas.response_events`): an assistant message with one `output_text` part, or
+the function calls the model made (`FunctionCallItem`, after the message of any text
+beside them).
 """
 
 from __future__ import annotations
 
 import builtins
-from typing import Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
 
 from schemas.api import MaxTokens, Temperature, Text, TopP
 from schemas.events import DeliveryError, Usage
 from schemas.lifecycle import RequestStatus
+from schemas.tools import FUNCTION_NAME, FunctionSpec
 
 RESPONSE_ID_PREFIX = "resp_"
 
@@ -37,6 +39,13 @@ class InputTextPart(BaseModel):
     text: Text
 
 
+InputContent = Text | list[InputTextPart]
+
+
+def content_text(content: InputContent) -> str:
+    return content if isinstance(content, str) else "".join(part.text for part in content)
+
+
 class InputItem(BaseModel):
     """One message of `input`. `system` and `developer` messages are instructions for this
     answer; `user` and `assistant` messages are the conversation."""
@@ -45,17 +54,126 @@ class InputItem(BaseModel):
 
     type: Literal["message"] = "message"
     role: Literal["user", "system", "developer", "assistant"]
-    content: Text | list[InputTextPart]
+    content: InputContent
 
     @property
     def text(self) -> str:
-        if isinstance(self.content, str):
-            return self.content
-        return "".join(part.text for part in self.content)
+        return content_text(self.content)
 
     @property
     def instructs(self) -> bool:
         return self.role in ("system", "developer")
+
+
+class FunctionCallItem(BaseModel):
+    """A function call the model made: an output item, and as input (`function_call`)
+    the call an earlier answer made, sent back beside its result."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    type: Literal["function_call"] = "function_call"
+    id: str | None = None
+    call_id: Text
+    name: str = Field(pattern=FUNCTION_NAME)
+    arguments: str = Field(description="the arguments object as JSON text")
+    status: Literal["in_progress", "completed", "incomplete"] | None = None
+
+
+class FunctionCallOutput(BaseModel):
+    """`function_call_output`: the result of the call `call_id`, as the tool's text."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    type: Literal["function_call_output"]
+    call_id: Text
+    output: InputContent
+
+    @property
+    def text(self) -> str:
+        return content_text(self.output)
+
+
+def _item_type(item: object) -> str:
+    """An input item's type; a message may leave it out (`EasyInputMessage`)."""
+    value = item.get("type", "message") if isinstance(item, dict) else getattr(item, "type", "")
+    return str(value)
+
+
+InputEntry = Annotated[
+    Annotated[InputItem, Tag("message")]
+    | Annotated[FunctionCallItem, Tag("function_call")]
+    | Annotated[FunctionCallOutput, Tag("function_call_output")],
+    Discriminator(_item_type),
+]
+"""One item of `input`: a message, a function call or its result."""
+
+
+class FunctionTool(FunctionSpec):
+    """A function the model may call (`tools`), in the Responses API's flat shape: the
+    chat route's function, typed."""
+
+    type: Literal["function"]
+
+
+class HostedTool(BaseModel):
+    """A tool OpenAI runs itself (`web_search`, `file_search`, …): refused by name."""
+
+    model_config = ConfigDict(extra="allow")
+
+    type: str
+
+
+def _tool_type(tool: object) -> str:
+    kind = tool.get("type") if isinstance(tool, dict) else getattr(tool, "type", None)
+    return "function" if kind == "function" else "hosted"
+
+
+ResponseTool = Annotated[
+    Annotated[FunctionTool, Tag("function")] | Annotated[HostedTool, Tag("hosted")],
+    Discriminator(_tool_type),
+]
+
+
+class ToolChoiceNamed(BaseModel):
+    """`tool_choice` naming the function the model must call; any other `type` (a
+    hosted tool, `allowed_tools`) is refused by name."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    type: str
+    name: str | None = Field(None, pattern=FUNCTION_NAME)
+
+
+class TextFormatJsonSchema(BaseModel):
+    """`text.format` holding the answer to a JSON Schema (the engine's structured output)."""
+
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+
+    type: Literal["json_schema"]
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    description: Text | None = None
+    json_schema: dict[str, Any] | None = Field(
+        None, alias="schema", description="unset: any JSON object"
+    )
+    strict: bool | None = None
+
+
+class TextFormatPlain(BaseModel):
+    type: Literal["text", "json_object"]
+
+
+class TextRequest(BaseModel):
+    """`text`: how the answer is written. Any field other than `format` is refused."""
+
+    model_config = ConfigDict(extra="allow")
+
+    format: (
+        Annotated[TextFormatPlain | TextFormatJsonSchema, Field(discriminator="type")] | None
+    ) = None
+
+    @property
+    def asks_json(self) -> bool:
+        return self.format is not None and self.format.type != "text"
 
 
 class ResponseRequest(BaseModel):
@@ -64,8 +182,9 @@ class ResponseRequest(BaseModel):
 
     model_config = ConfigDict(extra="allow")
 
-    input: Text | list[InputItem] = Field(
-        description="the user's text, or messages ending with a user message"
+    input: Text | list[InputEntry] = Field(
+        description="the user's text, or messages (a stored response's ends with a user "
+        "message), function calls and their outputs"
     )
     instructions: Text | None = Field(
         None,
@@ -86,23 +205,49 @@ class ResponseRequest(BaseModel):
     background: bool = Field(
         False, description="answer at once; the generation goes on (needs store)"
     )
+    tools: list[ResponseTool] | None = Field(
+        None, description="functions the model may call; at most CHATPIPE_MAX_TOOLS"
+    )
+    tool_choice: Literal["none", "auto", "required"] | ToolChoiceNamed | None = Field(
+        None, description="unset: auto with tools, none without"
+    )
+    parallel_tool_calls: bool | None = Field(
+        None, description="the model may call several tools in one answer (default true)"
+    )
+    text: TextRequest | None = Field(None, description="`format`: text, json_object or json_schema")
 
     @property
-    def items(self) -> list[InputItem]:
+    def items(self) -> list[InputItem | FunctionCallItem | FunctionCallOutput]:
         if isinstance(self.input, str):
             return [InputItem(role="user", content=self.input)]
-        return self.input
+        return list(self.input)
 
     @property
     def all_instructions(self) -> str | None:
         """`instructions`, then every system or developer message of `input`."""
-        texts = [self.instructions or "", *(i.text for i in self.items if i.instructs)]
+        texts = [self.instructions or "", *(i.text for i in self.messages if i.instructs)]
         joined = "\n\n".join(t for t in texts if t)
         return joined or None
 
     @property
-    def conversation_items(self) -> list[InputItem]:
-        return [item for item in self.items if not item.instructs]
+    def messages(self) -> list[InputItem]:
+        return [item for item in self.items if isinstance(item, InputItem)]
+
+    @property
+    def conversation_items(self) -> list[InputItem | FunctionCallItem | FunctionCallOutput]:
+        return [item for item in self.items if not isinstance(item, InputItem) or
+                not item.instructs]  # fmt: skip
+
+    @property
+    def runs_as_completion(self) -> bool:
+        """It offers tools, carries function calls or their results, or asks for JSON:
+        it runs as a chat completion and is not stored."""
+        return (
+            bool(self.tools)
+            or self.tool_choice not in (None, "none", "auto")
+            or len(self.messages) < len(self.items)
+            or (self.text is not None and self.text.asks_json)
+        )
 
 
 OPENAI_FIELDS = frozenset(
@@ -111,7 +256,6 @@ OPENAI_FIELDS = frozenset(
         "include",
         "max_tool_calls",
         "metadata",
-        "parallel_tool_calls",
         "prompt",
         "prompt_cache_key",
         "prompt_cache_retention",
@@ -119,9 +263,6 @@ OPENAI_FIELDS = frozenset(
         "safety_identifier",
         "service_tier",
         "stream_options",
-        "text",
-        "tool_choice",
-        "tools",
         "top_logprobs",
         "truncation",
         "user",
@@ -129,14 +270,9 @@ OPENAI_FIELDS = frozenset(
 )
 """Fields of OpenAI's request that chatpipe does not honour (set, they are refused)."""
 
-NEUTRAL: dict[str, tuple[object, ...]] = {
-    "text": ({"format": {"type": "text"}},),
-    "truncation": ("auto",),
-    "tool_choice": ("none", "auto"),
-    "parallel_tool_calls": (True, False),
-}
-"""Values that ask for what chatpipe does anyway: plain text out, old turns dropped or
-summarised when the window is full (`auto`), no tools."""
+NEUTRAL: dict[str, tuple[object, ...]] = {"truncation": ("auto",)}
+"""Values that ask for what chatpipe does anyway: old turns dropped or summarised when
+the window is full (`auto`)."""
 
 
 def refused_fields(request: ResponseRequest) -> list[tuple[str, str]]:
@@ -148,6 +284,9 @@ def refused_fields(request: ResponseRequest) -> list[tuple[str, str]]:
         refused.append(
             (name, "unsupported_parameter" if name in OPENAI_FIELDS else "unknown_parameter")
         )
+    for name, value in (request.text.model_extra or {}).items() if request.text else ():
+        if value not in (None, [], {}):
+            refused.append((f"text.{name}", "unsupported_parameter"))
     return refused
 
 
@@ -228,12 +367,11 @@ class ConversationRef(BaseModel):
     id: str = Field(description="the chatpipe conversation (GET /v1/conversations/{id})")
 
 
-class TextFormat(BaseModel):
-    type: Literal["text"] = "text"
+def _plain_text() -> dict[str, object]:
+    return {"format": {"type": "text"}}
 
 
-class TextConfig(BaseModel):
-    format: TextFormat = Field(default_factory=TextFormat)
+OutputItem = Annotated[OutputMessage | FunctionCallItem, Field(discriminator="type")]
 
 
 class ResponseObject(BaseModel):
@@ -244,7 +382,7 @@ class ResponseObject(BaseModel):
     created_at: float
     status: ResponseStatus
     model: str
-    output: list[OutputMessage] = Field(default_factory=list)
+    output: list[OutputItem] = Field(default_factory=list)
     instructions: str | None = None
     max_output_tokens: int | None = None
     temperature: float | None = None
@@ -256,16 +394,21 @@ class ResponseObject(BaseModel):
     error: ResponseError | None = None
     incomplete_details: IncompleteDetails | None = None
     usage: ResponseUsage | None = None
-    parallel_tool_calls: bool = False
-    tool_choice: Literal["none"] = "none"
-    tools: list[dict[str, builtins.object]] = Field(default_factory=list)  # `object`: a field
+    parallel_tool_calls: bool = True
+    tool_choice: str | dict[str, builtins.object] = "auto"  # `object`: a field
+    tools: list[dict[str, builtins.object]] = Field(default_factory=list)
     metadata: dict[str, str] = Field(default_factory=dict)
-    text: TextConfig = Field(default_factory=TextConfig)
+    text: dict[str, builtins.object] = Field(default_factory=_plain_text)
     truncation: Literal["auto"] = "auto"
 
     @property
     def output_text(self) -> str:
-        return "".join(part.text for item in self.output for part in item.content)
+        return "".join(
+            part.text
+            for item in self.output
+            if isinstance(item, OutputMessage)
+            for part in item.content
+        )
 
 
 _STATUS: dict[RequestStatus, tuple[ResponseStatus, IncompleteReason | None]] = {
@@ -281,62 +424,3 @@ def response_status(status: RequestStatus) -> tuple[ResponseStatus, IncompleteRe
     """A response's status (and why it is incomplete) for its answer's request status;
     anything not finished is `in_progress`."""
     return _STATUS.get(status, ("in_progress", None))
-
-
-# --- stream events --------------------------------------------------------------------
-
-
-class ResponseEvent(BaseModel):
-    """One event of a streamed response; `sequence_number` orders them and is what
-    `starting_after` counts (`gateway.openai.responses.events`)."""
-
-    type: str
-    sequence_number: int
-
-
-class ResponseLifecycleEvent(ResponseEvent):
-    """`response.created`, `.in_progress`, `.completed`, `.failed`, `.incomplete`."""
-
-    response: ResponseObject
-
-
-class OutputItemEvent(ResponseEvent):
-    """`response.output_item.added` and `.done`."""
-
-    output_index: int = 0
-    item: OutputMessage
-
-
-class ContentPartEvent(ResponseEvent):
-    """`response.content_part.added` and `.done`."""
-
-    item_id: str
-    output_index: int = 0
-    content_index: int = 0
-    part: OutputText
-
-
-class _TextEvent(ResponseEvent):
-    item_id: str
-    output_index: int = 0
-    content_index: int = 0
-    logprobs: list[dict[str, object]] = Field(default_factory=list)
-
-
-class TextDeltaEvent(_TextEvent):
-    type: str = "response.output_text.delta"
-    delta: str
-
-
-class TextDoneEvent(_TextEvent):
-    type: str = "response.output_text.done"
-    text: str
-
-
-class ResponseErrorEvent(ResponseEvent):
-    """`error`: the stream stopped before the response's end."""
-
-    type: str = "error"
-    code: str
-    message: str
-    param: str | None = None

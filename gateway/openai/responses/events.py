@@ -14,6 +14,13 @@ same numbers, and `starting_after=N` shows exactly the events after N:
   cut at `max_output_tokens`, retracted by the safety stage, cancelled) are
   `HEAD + e` to `HEAD + e + 3`; a failure is one `response.failed` at `HEAD + e`.
 
+A response that offers tools holds its answer back (it may be a call, known only at
+its end): its head is `response.created` and `response.in_progress` (0, 1), and its
+end at position `e` sends each output item whole — `response.output_item.added`, a
+message's `content_part.added`, one `output_text.delta`, `output_text.done` and
+`content_part.done`, or a call's `function_call_arguments.delta` and `.done`, then
+`response.output_item.done` — numbered on from `HEAD + e`, then the lifecycle end.
+
 Numbers grow but may skip (positions do). The text follows the one answer rule
 (`AnswerText`): a retraction replaces it with the policy's replacement, which the
 `done` events carry (deltas already sent cannot be taken back), status `incomplete`,
@@ -26,22 +33,28 @@ from conversations.store import StoredMessage
 from schemas.answer import AnswerText
 from schemas.events import DeliverEvent, DeliveryDone, DeliveryError, Delta, Usage
 from schemas.lifecycle import RequestStatus
+from schemas.response_events import (
+    ContentPartEvent,
+    FunctionCallArgumentsDeltaEvent,
+    FunctionCallArgumentsDoneEvent,
+    OutputItemEvent,
+    ResponseEvent,
+    ResponseLifecycleEvent,
+    TextDeltaEvent,
+    TextDoneEvent,
+)
 from schemas.responses import (
     RESPONSE_ID_PREFIX,
-    ContentPartEvent,
+    FunctionCallItem,
     IncompleteDetails,
-    OutputItemEvent,
     OutputMessage,
     OutputText,
     ResponseError,
-    ResponseEvent,
-    ResponseLifecycleEvent,
     ResponseObject,
     ResponseUsage,
-    TextDeltaEvent,
-    TextDoneEvent,
     response_status,
 )
+from schemas.tools import ToolCalls
 
 HEAD = 4
 """Events before the first delta."""
@@ -55,18 +68,26 @@ def item_id(response: ResponseObject) -> str:
 
 
 def ended(response: ResponseObject, text: str, status: RequestStatus, usage: Usage | None,
-          error: ResponseError | None = None) -> ResponseObject:  # fmt: skip
-    """`response` once its answer has ended with `status` and `text`."""
+          error: ResponseError | None = None, calls: ToolCalls | None = None
+          ) -> ResponseObject:  # fmt: skip
+    """`response` once its answer has ended with `status` and `text`, or with the
+    function `calls` (after a message of the text beside them, if any)."""
     state, reason = response_status(status)
     if state == "failed" and error is None:
         error = ResponseError(code="server_error", message="the answer failed")
-    item = OutputMessage(
-        id=item_id(response),
-        content=[OutputText(text=text)],
-        status="completed" if state == "completed" else "incomplete",
-    )
+    done = "completed" if state == "completed" else "incomplete"
+    message = OutputMessage(id=item_id(response), content=[OutputText(text=text)], status=done)
+    output: list[OutputMessage | FunctionCallItem] = [message]
+    if calls is not None:
+        output = [
+            *([message.model_copy(update={"content": [OutputText(text=calls.content)]})]
+              if calls.content else []),
+            *(FunctionCallItem(id="fc_" + call.id.removeprefix("call_"), call_id=call.id,
+                               name=call.function.name, arguments=call.function.arguments,
+                               status=done) for call in calls.calls),
+        ]  # fmt: skip
     return response.model_copy(update={
-        "status": state, "output": [item], "error": error,
+        "status": state, "output": output, "error": error,
         "incomplete_details": IncompleteDetails(reason=reason) if reason else None,
         "usage": ResponseUsage.of(usage) if usage is not None else None})  # fmt: skip
 
@@ -80,7 +101,8 @@ def answered(response: ResponseObject, answer: AnswerText) -> ResponseObject:
             )
         case DeliveryDone():
             status = RequestStatus.FINISHED_FILTERED if answer.retracted else end.status
-            return ended(response, str(answer), status, end.usage)
+            calls = None if answer.retracted else end.tool_calls
+            return ended(response, str(answer), status, end.usage, calls=calls)
     raise ValueError("the answer has not ended")
 
 
@@ -104,6 +126,8 @@ class ResponseEvents:
         """`response`: as created (in progress, no output)."""
         self.response = response
         self.after = after
+        self.held = bool(response.tools) and response.tool_choice != "none"
+        """It offers the model tools: its items are sent whole at the end."""
         self.answer = AnswerText()
         self.item_id = item_id(response)
         self.last = -1
@@ -116,11 +140,16 @@ class ResponseEvents:
 
     def head(self) -> list[ResponseEvent]:
         in_progress = self.response.model_copy(update={"status": "in_progress"})
-        return self._after([
+        lifecycle: list[ResponseEvent] = [
             ResponseLifecycleEvent(type="response.created", sequence_number=0,
                                    response=self.response),
             ResponseLifecycleEvent(type="response.in_progress", sequence_number=1,
                                    response=in_progress),
+        ]  # fmt: skip
+        if self.held:
+            return self._after(lifecycle)
+        return self._after([
+            *lifecycle,
             OutputItemEvent(type="response.output_item.added", sequence_number=2,
                             item=OutputMessage(id=self.item_id)),
             ContentPartEvent(type="response.content_part.added", sequence_number=3,
@@ -132,7 +161,7 @@ class ResponseEvents:
         if not self.answer.add(event):
             return []
         match event:
-            case Delta() if not self.answer.retracted:
+            case Delta() if not self.answer.retracted and not self.held:
                 return self._after(
                     [
                         TextDeltaEvent(
@@ -154,7 +183,13 @@ class ResponseEvents:
         )
         if final.status == "failed":
             return [end]
+        if self.held:
+            items = [e for i, item in enumerate(final.output) for e in _whole_item(i, item)]
+            numbered = [e.model_copy(update={"sequence_number": first + n})
+                        for n, e in enumerate([*items, end])]  # fmt: skip
+            return numbered
         [item] = final.output
+        assert isinstance(item, OutputMessage)
         [part] = item.content
         return [
             TextDoneEvent(sequence_number=first, item_id=self.item_id, text=part.text),
@@ -168,3 +203,42 @@ class ResponseEvents:
     def _after(self, events: list[ResponseEvent]) -> list[ResponseEvent]:
         self.last = max([self.last, *(event.sequence_number for event in events)])
         return [event for event in events if event.sequence_number > self.after]
+
+
+def _whole_item(index: int, item: OutputMessage | FunctionCallItem) -> list[ResponseEvent]:
+    """The events of one output item sent whole (numbered by the caller)."""
+    item_id = item.id or ""
+    if isinstance(item, FunctionCallItem):
+        body: list[ResponseEvent] = [
+            FunctionCallArgumentsDeltaEvent(sequence_number=0, item_id=item_id,
+                                            output_index=index, delta=item.arguments),
+            FunctionCallArgumentsDoneEvent(sequence_number=0, item_id=item_id, output_index=index,
+                                           name=item.name, arguments=item.arguments),
+        ]  # fmt: skip
+        added: OutputMessage | FunctionCallItem = item.model_copy(
+            update={"arguments": "", "status": "in_progress"}
+        )
+    else:
+        [part] = item.content
+        part_event = ContentPartEvent(
+            type="response.content_part.added",
+            sequence_number=0,
+            item_id=item_id,
+            output_index=index,
+            part=OutputText(),
+        )
+        body = [
+            part_event,
+            *([TextDeltaEvent(sequence_number=0, item_id=item_id, output_index=index,
+                              delta=part.text)] if part.text else []),
+            TextDoneEvent(sequence_number=0, item_id=item_id, output_index=index, text=part.text),
+            part_event.model_copy(update={"type": "response.content_part.done", "part": part}),
+        ]  # fmt: skip
+        added = OutputMessage(id=item_id)
+    return [
+        OutputItemEvent(type="response.output_item.added", sequence_number=0,
+                        output_index=index, item=added),
+        *body,
+        OutputItemEvent(type="response.output_item.done", sequence_number=0,
+                        output_index=index, item=item),
+    ]  # fmt: skip

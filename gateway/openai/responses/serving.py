@@ -15,7 +15,11 @@ Mapping onto chatpipe's conversations (so both APIs see one history):
   `instructions`, and the `system`/`developer` messages of `input`, go after the
   deployment's system prompt for this answer only, as OpenAI does not carry them over.
 * `store: false` runs as a chat completion does (no conversation; the history of a
-  `previous_response_id` is read, not added to) and is never retrievable.
+  `previous_response_id` is read, not added to) and is never retrievable. So does a
+  response that offers tools, carries function calls or their outputs, or asks for a
+  JSON text format (`ResponseRequest.runs_as_completion`): a native turn has no tool
+  calls of the client's nor a format, and such clients send the whole input each turn.
+  Its `store` is false.
 * `background: true` (stored only) answers at once, `queued`; the gateway reads the
   generation to its end (a job of `BackgroundJobs`, cancelled with its conversation) and
   stores it (with `stream`, the answer is streamed as a reader of it). `GET` gives
@@ -48,7 +52,12 @@ from gateway.native.turn_rules import answer_ended
 from gateway.native.turns import send_turn, start_reply, store_answer
 from gateway.openai.chat_completions.serving import admitted_request
 from gateway.openai.responses.events import ResponseEvents, answered, stored
-from gateway.openai.responses.protocol import chat_completion, check_fields, turn_options
+from gateway.openai.responses.protocol import (
+    chat_completion,
+    check_fields,
+    named_as_responses,
+    turn_options,
+)
 from gateway.refusals import NotFound, Unacceptable, reply_pending
 from gateway.streaming.event_stream import EventStreamResponse
 from gateway.streaming.generation import (
@@ -64,12 +73,12 @@ from gateway.streaming.stream_relay import StreamRelay
 from schemas import sse
 from schemas.events import GenerationRequest, Role, now
 from schemas.lifecycle import RequestStatus
+from schemas.response_events import ResponseErrorEvent, ResponseEvent
 from schemas.responses import (
     ConversationRef,
-    ResponseErrorEvent,
-    ResponseEvent,
     ResponseObject,
     ResponseRequest,
+    ToolChoiceNamed,
     message_id_of,
     response_id,
 )
@@ -82,7 +91,7 @@ async def serve_response(
     (a chat completion), then streamed, whole, or at once (`background`)."""
     check_fields(body, deps.config.limits)
     check_message_count(deps.config.limits, len(body.items))
-    if body.store:
+    if body.store and not body.runs_as_completion:
         head, generation = await _start_stored(deps, owner, body)
     else:
         head, generation = await _start_unstored(deps, owner, body)
@@ -184,7 +193,8 @@ def _frames(events: list[ResponseEvent]) -> bytes:
 
 async def _start_stored(deps: GatewayDeps, owner: ApiKey, body: ResponseRequest
                         ) -> tuple[ResponseObject, Generation]:  # fmt: skip
-    items = body.conversation_items
+    items = body.messages
+    items = [item for item in items if not item.instructs]
     if not items or items[-1].role != "user":
         raise Unacceptable("invalid_input", "input must end with a user message", param="input")
     conversation, thread = await _continued(deps.store, owner, body.previous_response_id)
@@ -228,7 +238,8 @@ async def _start_unstored(deps: GatewayDeps, owner: ApiKey, body: ResponseReques
         history = prompt_turns(tree.path_to(message.message_id))
     model = body.model or served_model(deps.config.limits, None, owner.tier)
     completion = chat_completion(body, history, model)
-    request, ask = await admitted_request(completion, owner, deps)
+    with named_as_responses():
+        request, ask = await admitted_request(completion, owner, deps)
     generation = await start_generation(
         deps.pipeline, request, deps.live, timers=StreamTimers(deps.config.stream_stall_s),
         lease=ask.leases.claim(),
@@ -237,16 +248,26 @@ async def _start_unstored(deps: GatewayDeps, owner: ApiKey, body: ResponseReques
 
 
 def _head(body: ResponseRequest, request: GenerationRequest) -> ResponseObject:
-    """The response as created: in progress, nothing generated yet."""
+    """The response as created: in progress, nothing generated yet; its tools, tool
+    choice and text format as asked."""
     sampling = request.sampling
-    return ResponseObject(
+    stored = body.store and not body.runs_as_completion
+    choice = body.tool_choice
+    head = ResponseObject(
         id=response_id(request.message_id), created_at=now(), status="in_progress",
         model=request.alias or request.model, instructions=body.instructions,
         max_output_tokens=sampling.max_tokens, temperature=sampling.temperature,
         top_p=sampling.top_p, previous_response_id=body.previous_response_id,
-        store=body.store, background=body.background,
-        conversation=ConversationRef(id=request.conversation_id) if body.store else None,
+        store=stored, background=body.background,
+        conversation=ConversationRef(id=request.conversation_id) if stored else None,
+        tools=[tool.model_dump(exclude_none=True) for tool in body.tools or ()],
+        tool_choice=choice.model_dump(exclude_none=True) if isinstance(choice, ToolChoiceNamed)
+        else choice or ("auto" if body.tools else "none"),
+        parallel_tool_calls=body.parallel_tool_calls is not False,
     )  # fmt: skip
+    if body.text is not None and body.text.format is not None:
+        head.text = {"format": body.text.format.model_dump(by_alias=True, exclude_none=True)}
+    return head
 
 
 async def _stored_head(store: ConversationStore, message: StoredMessage,

@@ -347,8 +347,9 @@ async def test_a_response_format_schema_too_deep_is_400_naming_it(client, pipeli
 async def test_a_responses_text_format_is_400_naming_it_however_deep(client, pipeline):
     text = {"format": {"type": "json_schema", "name": "x", "schema": schema_of_depth(241)}}
     response = await post(client, "/v1/responses", {"text": text})
-    error = assert_error(response, 400, "unsupported_parameter")
-    assert error["param"] == "text"
+    error = assert_error(response, 400, "invalid_response_format")
+    assert error["param"] == "text.format.schema"
+    assert pipeline.submitted == []
 
 
 def test_a_schema_the_validator_cannot_walk_is_refused_not_raised():

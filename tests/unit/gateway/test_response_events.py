@@ -177,9 +177,11 @@ def test_a_stored_answer_is_the_response_it_ended_as():
     ({}, []),
     ({"metadata": None, "tools": [], "text": {"format": {"type": "text"}},
       "truncation": "auto", "tool_choice": "none"}, []),
-    ({"tools": [{"type": "function", "name": "f"}]}, [("tools", "unsupported_parameter")]),
+    ({"tools": [{"type": "function", "name": "f"}], "tool_choice": "required",
+      "parallel_tool_calls": False}, []),
     ({"reasoning": {"effort": "low"}}, [("reasoning", "unsupported_parameter")]),
-    ({"text": {"format": {"type": "json_object"}}}, [("text", "unsupported_parameter")]),
+    ({"text": {"format": {"type": "json_object"}}}, []),
+    ({"text": {"verbosity": "low"}}, [("text.verbosity", "unsupported_parameter")]),
     ({"frobnicate": 1}, [("frobnicate", "unknown_parameter")]),
 ])  # fmt: skip
 def test_fields_not_honoured_are_named(extra, refused):

@@ -188,9 +188,17 @@ async def test_a_background_response_can_be_cancelled(alice, store, pipeline):
 
 @pytest.mark.parametrize(("body", "param", "code"), [
     ({"frobnicate": True}, "frobnicate", "unknown_parameter"),
-    ({"tools": [{"type": "function", "name": "f", "parameters": {}}]}, "tools",
-     "unsupported_parameter"),
+    ({"tools": [{"type": "function", "name": "f"}, {"type": "web_search"}]}, "tools.1.type",
+     "unsupported_tool"),
+    ({"tool_choice": {"type": "file_search"}}, "tool_choice", "unsupported_tool_choice"),
+    ({"tools": [{"type": "function", "name": "f", "parameters": {"type": "string"}}]},
+     "tools.0.parameters", "invalid_tools"),
+    ({"text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": 5}}}},
+     "text.format.schema", "invalid_response_format"),
+    ({"text": {"verbosity": "low"}}, "text.verbosity", "unsupported_parameter"),
     ({"background": True, "store": False}, "background", "invalid_request"),
+    ({"background": True, "text": {"format": {"type": "json_object"}}}, "background",
+     "invalid_request"),
     ({"input": [{"role": "assistant", "content": "Hi"}]}, "input", "invalid_input"),
 ])  # fmt: skip
 async def test_fields_not_honoured_are_400_naming_them(client, pipeline, body, param, code):
