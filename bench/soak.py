@@ -8,7 +8,8 @@ Each cycle is `--load-s` of mixed load, then `--idle-s` idle. The load, from one
 with its limits lifted: native streams (some dropped by their client mid-answer and
 never resumed), streamed and whole chat completions, Responses API calls and
 embeddings, `--concurrency` at a time. In each idle window, after a few seconds to
-settle, the CPU of the embedded broker and of the `chatpipe up` process is sampled,
+settle, the CPU of the embedded broker and of the `chatpipe up` process (with its
+embedding process, without the broker) is sampled,
 and one 60-token answer is timed. A cycle is flagged when either process uses more
 than `SPIN_CPU` of a core while idle, or the timed answer takes over `SLOW_ANSWER_S`.
 The table goes to `bench/RESULTS.md`.
@@ -52,6 +53,8 @@ class Cycle:
     failed: int = 0
     broker_idle_cpu: float = 0.0
     chatpipe_idle_cpu: float = 0.0
+    broker_restarted: bool = False
+    """`chatpipe up` restarted its broker during the cycle (it spun while idle)."""
     answer_s: float = 0.0
     failures: dict[str, int] = field(default_factory=dict)
 
@@ -126,11 +129,15 @@ async def load(client: httpx.AsyncClient, cycle: Cycle, seconds: float, concurre
 
 
 def idle_cpu(processes: list[psutil.Process], seconds: float) -> list[float]:
-    """Each process's CPU (share of one core, its children included) over `seconds`."""
+    """Each process's CPU (share of one core, its children but the others of
+    `processes` included: the embedding process, not the broker) over `seconds`."""
+    apart = {p.pid for p in processes}
 
     def total(process: psutil.Process) -> float:
         times = [process.cpu_times()]
         for child in process.children(recursive=True):
+            if child.pid in apart:
+                continue
             with contextlib.suppress(psutil.Error):
                 times.append(child.cpu_times())
         return sum(t.user + t.system for t in times)
@@ -168,7 +175,11 @@ async def soak(minutes: float, load_s: float, idle_s: float, concurrency: int) -
         started = UP_LINE.search((await asyncio.wait_for(up.stdout.readline(), 180)).decode())
         assert started, "chatpipe up did not start"
         main = psutil.Process(up.pid)
-        [broker] = [c for c in main.children(recursive=True) if "--storage-engine" in c.cmdline()]
+
+        def broker() -> psutil.Process:  # a new one after a restart
+            return next(c for c in main.children(recursive=True)
+                        if "--storage-engine" in c.cmdline())  # fmt: skip
+
         headers = {"Authorization": f"Bearer {started['key']}"}
         cycles: list[Cycle] = []
         rng = random.Random(7)
@@ -178,13 +189,15 @@ async def soak(minutes: float, load_s: float, idle_s: float, concurrency: int) -
             deadline = time.monotonic() + minutes * 60
             while time.monotonic() < deadline:
                 cycle = Cycle(len(cycles))
+                broker_before = broker().pid
                 await load(client, cycle, load_s, concurrency, model, rng)
                 await asyncio.sleep(SETTLE_S)
                 broker_cpu, main_cpu = await asyncio.to_thread(
-                    idle_cpu, [broker, main], max(1.0, idle_s - SETTLE_S - 3)
+                    idle_cpu, [broker(), main], max(1.0, idle_s - SETTLE_S - 3)
                 )
                 cycle.broker_idle_cpu, cycle.chatpipe_idle_cpu = broker_cpu, main_cpu
                 cycle.answer_s = await timed_answer(client)
+                cycle.broker_restarted = broker().pid != broker_before
                 cycles.append(cycle)
                 print(cycle, flush=True)
         return cycles
@@ -208,13 +221,14 @@ def markdown(cycles: list[Cycle], args: argparse.Namespace, when: str) -> str:
         f"flagged above {SPIN_CPU:g} of a core idle or {SLOW_ANSWER_S:g} s for the answer.",
         "",
         "| cycle | requests | failed | broker idle CPU | chatpipe idle CPU | 60-token answer s "
-        "| flagged |",
-        "|---|---|---|---|---|---|---|",
+        "| broker restarted | flagged |",
+        "|---|---|---|---|---|---|---|---|",
     ]  # fmt: skip
     for c in cycles:
         failed = f"{c.failed} {c.failures}" if c.failures else "0"
         lines.append(f"| {c.index} | {c.requests} | {failed} | {c.broker_idle_cpu:.3f} | "
                      f"{c.chatpipe_idle_cpu:.3f} | {c.answer_s:.2f} | "
+                     f"{'yes' if c.broker_restarted else ''} | "
                      f"{'yes' if c.flagged else ''} |")  # fmt: skip
     answers = [c.answer_s for c in cycles]
     flagged = sum(c.flagged for c in cycles)

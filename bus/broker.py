@@ -42,6 +42,12 @@ class EmbeddedBroker:
         self._process: subprocess.Popen[bytes] | None = None
 
     @property
+    def pid(self) -> int | None:
+        """The broker process's id while it runs."""
+        process = self._process
+        return process.pid if process is not None and process.poll() is None else None
+
+    @property
     def bootstrap_servers(self) -> str:
         return f"{self.host}:{self.advertised_port}"
 

@@ -101,6 +101,16 @@ class KafkaSettings(BaseModel):
     linger_ms: int = Field(
         0, ge=0, description="producer linger: waiting this long lets more events share a request"
     )
+    embedded_broker_spin_cpu: float = Field(
+        0.5,
+        ge=0,
+        description="chatpipe up: the embedded broker using more than this share of a core "
+        "while no stream is open, for embedded_broker_spin_s, is restarted (it spins and "
+        "stalls answers after a while under load); 0 = never",
+    )
+    embedded_broker_spin_s: float = Field(
+        60.0, gt=0, description="how long the embedded broker may spin while idle"
+    )
 
     def client(self, bootstrap_servers: str) -> KafkaConfig:
         """The broker at `bootstrap_servers`, with this process's credential and tuning."""

@@ -1,16 +1,21 @@
 """`chatpipe up` keeps itself running: a stage that stops is replaced by a new one after
-a backoff, and the embedded broker is started again when its process exits."""
+a backoff, the embedded broker is started again when its process exits, and killed
+first when it spins while nothing streams (`restart_a_spinning_broker`)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
+import os
+import signal
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
+
+import psutil
 
 log = logging.getLogger(__name__)
 
@@ -158,6 +163,66 @@ class Supervisor:
 def _being_cancelled() -> bool:
     task = asyncio.current_task()
     return task is not None and task.cancelling() > 0
+
+
+@dataclass
+class SpinWatch:
+    """Whether a broker spins: more than `cpu` of a core, sampled while the pipeline is
+    idle, for `spin_s` in a row (a sample taken under load starts over)."""
+
+    cpu: float
+    spin_s: float
+    _since: float | None = field(default=None, init=False)
+
+    def observe(self, now: float, cpu: float, idle: bool) -> bool:
+        """One sample at `now`: True once it has spun for `spin_s` (then it starts over)."""
+        if not idle or cpu <= self.cpu:
+            self._since = None
+            return False
+        if self._since is None:
+            self._since = now
+        if now - self._since < self.spin_s:
+            return False
+        self._since = None
+        return True
+
+
+async def restart_a_spinning_broker(
+    pid: Callable[[], int | None],
+    idle: Callable[[], bool],
+    watch: SpinWatch,
+    sample_s: float = 5.0,
+    sleep: Sleep = asyncio.sleep,
+    clock: Clock = time.monotonic,
+) -> None:
+    """Kill the embedded broker (`keep_broker` starts a new one) once it spins while
+    nothing streams: the embedded broker can end up using a whole core after a while
+    under load, and then stalls every answer; restarted, it serves again at once."""
+    last: tuple[int, float] | None = None
+    while True:
+        await sleep(sample_s)
+        process = pid()
+        if process is None:
+            last = None
+            continue
+        try:
+            used = sum(psutil.Process(process).cpu_times()[:2])
+        except psutil.Error:
+            last = None
+            continue
+        now = clock()
+        if last is not None and last[0] == process:
+            share = (used - last[1]) / sample_s
+            if watch.observe(now, share, idle()):
+                log.error(
+                    "the embedded broker used %.0f%% of a core for %.0f s with nothing "
+                    "streaming; restarting it",
+                    share * 100,
+                    watch.spin_s,
+                )
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(process, signal.SIGKILL)
+        last = (process, used)
 
 
 class Broker(Protocol):

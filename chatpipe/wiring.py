@@ -23,7 +23,13 @@ from bus.request_reply import RequestReplyClient
 from bus.topics import TopicLayout, create_topics, ensure_topics
 from chatpipe.api_keys import development_settings, key_secret, require_key_secret
 from chatpipe.settings import Settings
-from chatpipe.supervise import Pause, Supervisor, broker_kept_up
+from chatpipe.supervise import (
+    Pause,
+    SpinWatch,
+    Supervisor,
+    broker_kept_up,
+    restart_a_spinning_broker,
+)
 from conversations.sqlite_store import SQLiteStore
 from conversations.store import ApiKey, ConversationStore
 from gateway.admission.concurrency import ConcurrencyGate, lease_ttl_s
@@ -75,10 +81,13 @@ async def open_kafka(
     stack: contextlib.AsyncExitStack,
     own_topics: Mapping[str, int] | None = None,
     pause: Pause = contextlib.nullcontext,
+    idle: Callable[[], bool] | None = None,
 ) -> KafkaConfig:
     """The configured Kafka, or an embedded broker living as long as `stack`. That one is
     started again on its port whenever it exits, empty (it keeps nothing on disk), with the shared
-    topics and `own_topics` (read then) created again; `pause()` is held meanwhile."""
+    topics and `own_topics` (read then) created again; `pause()` is held meanwhile. With
+    `idle` (nothing streams), it is also restarted when it spins while idle
+    (`embedded_broker_spin_cpu`)."""
     bootstrap = settings.kafka.bootstrap_servers
     if bootstrap:
         kafka = settings.kafka.client(bootstrap)
@@ -99,8 +108,20 @@ async def open_kafka(
                 pause,
             )
         )
+        if idle is not None and settings.kafka.embedded_broker_spin_cpu > 0:
+            watch = SpinWatch(settings.kafka.embedded_broker_spin_cpu,
+                              settings.kafka.embedded_broker_spin_s)  # fmt: skip
+            watching = asyncio.create_task(
+                restart_a_spinning_broker(lambda: broker.pid, idle, watch), name="broker-spin"
+            )
+            stack.push_async_callback(_cancelled, watching)
     await ensure_topics(kafka, topic_layout(settings))
     return kafka
+
+
+async def _cancelled(task: asyncio.Task[None]) -> None:
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
 
 
 def kafka_from_settings(settings: Settings, bootstrap_servers: str) -> KafkaConfig:
@@ -470,7 +491,10 @@ async def running_stack(settings: Settings, engine: Engine | None) -> AsyncItera
                 for pipeline in pipelines:
                     await pipeline.bus_back()
 
-        kafka = await open_kafka(settings, stack, delivery_topic, broker_restarting)
+        kafka = await open_kafka(
+            settings, stack, delivery_topic, broker_restarting,
+            idle=lambda: all(p.open_streams == 0 for p in pipelines),
+        )  # fmt: skip
         store = build_store(settings)
         await store.open()
         stack.push_async_callback(store.close)

@@ -9,7 +9,12 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from chatpipe.supervise import Backoff, Supervisor, keep_broker
+from chatpipe.supervise import (
+    Backoff,
+    SpinWatch,
+    Supervisor,
+    keep_broker,
+)
 from tests.support.clock import FakeClock
 
 
@@ -270,3 +275,14 @@ async def test_broker_that_exits_is_restarted_with_its_topics(
         "could not restart the embedded broker: OSError('port in use'); trying again in 2.0 s",
     ]
     assert caplog.messages[3] == "embedded broker restarted on 127.0.0.1:9, with empty topics"
+
+
+def test_a_broker_spins_once_it_has_used_the_cpu_while_idle_for_the_whole_time():
+    watch = SpinWatch(cpu=0.5, spin_s=60)
+    assert not watch.observe(0, 0.9, idle=True)
+    assert not watch.observe(30, 0.9, idle=True)
+    assert not watch.observe(45, 0.9, idle=False)  # under load: that says nothing
+    assert not watch.observe(50, 0.9, idle=True)  # starts over
+    assert not watch.observe(100, 0.3, idle=True)  # calm again
+    assert [watch.observe(t, 1.0, idle=True) for t in (200, 230, 260)] == [False, False, True]
+    assert not watch.observe(265, 1.0, idle=True)  # starts over after it said so
