@@ -580,10 +580,14 @@ class ChatCompletionChunk(BaseModel):
 
 
 class ModelCard(BaseModel):
+    """OpenAI's model object, and `kind`: what the model answers (chat or text
+    completions, or embeddings), which OpenAI's object does not say."""
+
     id: str
     object: Literal["model"] = "model"
-    created: int = 0
+    created: int
     owned_by: str = "chatpipe"
+    kind: Literal["chat", "embedding"]
 
 
 class ModelList(BaseModel):

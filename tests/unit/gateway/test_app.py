@@ -437,6 +437,7 @@ async def test_openai_non_stream(sdk, pipeline, store):
     )
     [request] = pipeline.submitted
     assert completion.id == f"chatcmpl-{request.request_id}"
+    assert completion._request_id == request.request_id  # the x-request-id header
     assert completion.choices[0].message.content == "Hello"
     assert completion.choices[0].finish_reason == "length"
     assert completion.usage.total_tokens == 9

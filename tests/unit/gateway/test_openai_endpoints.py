@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import threading
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -455,8 +456,26 @@ async def test_the_sdks_default_base64_decodes_to_the_floats(sdk):
     assert np.allclose(default.data[0].embedding, floats.data[0].embedding)
 
 
-async def test_the_models_list_names_the_embedding_model(sdk):
-    assert [m.id for m in (await sdk.models.list()).data] == ["tiny", BUNDLED_MODEL]
+async def test_the_models_list_names_the_embedding_model_and_each_models_kind(sdk):
+    models = (await sdk.models.list()).data
+    assert [(m.id, m.kind) for m in models] == [("tiny", "chat"), (BUNDLED_MODEL, "embedding")]
+    started = {m.created for m in models}
+    assert len(started) == 1 and abs(started.pop() - time.time()) < 600
+    assert [m.created for m in (await sdk.models.list()).data] == [m.created for m in models]
+
+
+async def test_a_model_is_retrieved_by_its_id(sdk):
+    listed = {m.id: m for m in (await sdk.models.list()).data}
+    for model in ("tiny", BUNDLED_MODEL):
+        assert await sdk.models.retrieve(model) == listed[model]
+
+
+async def test_an_unknown_model_is_not_found_naming_it(client):
+    response = await client.get("/v1/models/gpt-9", headers={"Authorization": "Bearer key-alice"})
+    assert response.status_code == 404
+    error = response.json()["error"]
+    assert (error["code"], error["param"]) == ("model_not_found", "model")
+    assert "gpt-9" in error["message"]
 
 
 @pytest.mark.parametrize(
