@@ -454,6 +454,27 @@ class ChatCompletionRequest(SamplingParameters):
 
 # --- OpenAI-compatible API: responses -------------------------------------------------
 
+CHAT_COMPLETION_ID_PREFIX = "chatcmpl-"
+TEXT_COMPLETION_ID_PREFIX = "cmpl-"
+
+
+def chat_completion_id(request_id: str) -> str:
+    """A chat completion's `id`: its (first choice's) request's, prefixed."""
+    return CHAT_COMPLETION_ID_PREFIX + request_id
+
+
+def text_completion_id(request_id: str) -> str:
+    """A text completion's `id`: its request's, prefixed."""
+    return TEXT_COMPLETION_ID_PREFIX + request_id
+
+
+def completion_request_id(completion_id: str) -> str | None:
+    """The request a chat or text completion's id names; None for an id that is neither."""
+    for prefix in (CHAT_COMPLETION_ID_PREFIX, TEXT_COMPLETION_ID_PREFIX):
+        if completion_id.startswith(prefix):
+            return completion_id.removeprefix(prefix) or None
+    return None
+
 
 class PromptTokensDetails(BaseModel):
     cached_tokens: int = 0

@@ -66,6 +66,7 @@ from schemas.api import (
     ChunkDelta,
     CompletionUsage,
     ErrorDetail,
+    chat_completion_id,
 )
 from schemas.events import (
     DeliverEvent,
@@ -213,7 +214,7 @@ class _Answer:
     @classmethod
     def of(cls, request: GenerationRequest, include_usage: bool) -> _Answer:
         answer = cls(
-            f"chatcmpl-{request.request_id}",
+            chat_completion_id(request.request_id),
             request.model,
             int(now()),
             include_usage,

@@ -33,7 +33,13 @@ from gateway.streaming.generation import (
     start_generation,
 )
 from schemas import sse
-from schemas.api import CompletionChoice, CompletionRequest, CompletionUsage, TextCompletion
+from schemas.api import (
+    CompletionChoice,
+    CompletionRequest,
+    CompletionUsage,
+    TextCompletion,
+    text_completion_id,
+)
 from schemas.events import DeliveryDone, DeliveryError, Delta, Retract, now
 
 
@@ -53,8 +59,8 @@ async def serve_completion(
         timers=StreamTimers(deps.config.stream_stall_s),
         lease=ask.leases.claim(),
     )
-    answer = _TextAnswer(f"cmpl-{generation_request.request_id}", generation_request.model,
-                         int(now()), body.include_usage,
+    answer = _TextAnswer(text_completion_id(generation_request.request_id),
+                         generation_request.model, int(now()), body.include_usage,
                          (generation_request.prompt or "") if body.echo else "")  # fmt: skip
     if body.stream:
         return event_stream(completion_chunks(answer, generation), generation)
