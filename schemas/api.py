@@ -8,6 +8,7 @@ Every error, on either API, is one `ErrorBody`.
 
 from __future__ import annotations
 
+from itertools import accumulate
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, JsonValue
@@ -654,7 +655,13 @@ class CompletionRequest(SamplingParameters):
     ignore_eos: bool = Field(False, description="vLLM extension, for benchmarks")
     n: Count = Field(1, description="refused unless 1")
     best_of: Count | None = Field(None, description="refused unless 1")
-    logprobs: int | None = Field(None, ge=0, le=5, description="refused")
+    logprobs: int | None = Field(
+        None,
+        ge=0,
+        le=5,
+        description="each output token's log probability, and this many of the likeliest "
+        "tokens at its place (not with `echo`)",
+    )
     suffix: Text | None = Field(None, description="refused")
 
     # The same fields as a chat completion's, read the same way.
@@ -667,11 +674,32 @@ class CompletionRequest(SamplingParameters):
         return _stop_sequences(self.stop)
 
 
+class CompletionLogprobs(BaseModel):
+    """A text completion's log probabilities in OpenAI's legacy shape: each output token's
+    text, log probability, likeliest tokens at its place (token -> log probability), and
+    where it starts in the completion's text (the tokens' texts counted from `offset`)."""
+
+    tokens: list[str]
+    token_logprobs: list[float]
+    top_logprobs: list[dict[str, float]]
+    text_offset: list[int]
+
+    @classmethod
+    def of(cls, logprobs: Logprobs, offset: int = 0) -> CompletionLogprobs:
+        starts = accumulate((len(entry.token) for entry in logprobs), initial=offset)
+        return cls(
+            tokens=[entry.token for entry in logprobs],
+            token_logprobs=[entry.logprob for entry in logprobs],
+            top_logprobs=[{top.token: top.logprob for top in entry.top} for entry in logprobs],
+            text_offset=list(starts)[: len(logprobs)],
+        )
+
+
 class CompletionChoice(BaseModel):
     index: int = 0
     text: str
     finish_reason: str | None
-    logprobs: None = None
+    logprobs: CompletionLogprobs | None = None
 
 
 class TextCompletion(BaseModel):

@@ -39,7 +39,14 @@ from gateway.streaming.event_stream import EventStreamResponse
 from gateway.streaming.stream_relay import StreamRelay
 from ops.metrics import OPEN_STREAMS, StreamTiming
 from schemas.answer import AnswerText
-from schemas.events import DeliverEvent, DeliveryError, Delta, GenerationRequest
+from schemas.events import (
+    DeliverEvent,
+    DeliveryError,
+    Delta,
+    Event,
+    GenerationRequest,
+    TokenLogprob,
+)
 
 log = logging.getLogger(__name__)
 
@@ -357,6 +364,23 @@ async def collected(generation: Generation, request: Request) -> AnswerText:
     answer that failed its pipeline error."""
     [text] = await collected_all([generation], request, [AnswerText()])
     return text
+
+
+class LoggedAnswerText(AnswerText):
+    """An answer's text and its tokens' log probabilities (what a retraction left)."""
+
+    __slots__ = ("logprobs",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.logprobs: list[TokenLogprob] = []
+
+    def add(self, event: Event) -> bool:
+        if not super().add(event):
+            return False
+        if isinstance(event, Delta) and not self.retracted:
+            self.logprobs += event.logprobs
+        return True
 
 
 AnswerT = TypeVar("AnswerT", bound=AnswerText)
