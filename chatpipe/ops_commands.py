@@ -77,10 +77,10 @@ def replay_request(
 
     ID: the request id (a native stream's `request` event, any answer's `x-request-id`),
     a chat completion's `chatcmpl-…`, a text completion's `cmpl-…` or a response's
-    `resp_…`. Request, assignments, chunks of each attempt, deliveries, safety decisions, usage,
-    moderation, dead letters: one JSON object a line: topic, partition, offset, timestamp,
-    t_ms (after the request's first event), key and the event (or its raw bytes when it is
-    none)."""
+    `resp_…`. Request, assignments, chunks of each attempt, deliveries, safety decisions,
+    usage, moderation, dead letters: one JSON object a line: topic, partition, offset,
+    timestamp, t_ms (after the request's first event), key and the event (or its raw bytes
+    when it is none)."""
     from ops.replay import named_request_id, request_records
     from ops.request_life import life_lines
 
