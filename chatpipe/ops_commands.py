@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn
 
 import orjson
 import typer
@@ -38,7 +38,7 @@ def operator_kafka(settings: Settings) -> Any:
     return kafka_from_settings(settings, info.bootstrap_servers)
 
 
-def _fail(message: str) -> Any:
+def _fail(message: str) -> NoReturn:
     typer.echo(f"chatpipe: {message}", err=True)
     raise typer.Exit(1)
 
@@ -61,7 +61,7 @@ def _print_lines(lines: list[dict[str, Any]]) -> None:
 
 @replay_app.command("request")
 def replay_request(
-    request_id: Annotated[str, typer.Argument(metavar="REQUEST_ID")],
+    client_id: Annotated[str, typer.Argument(metavar="ID")],
     as_client: Annotated[
         bool, typer.Option("--as-client", help="the native SSE stream the client was sent, rebuilt")
     ] = False,
@@ -75,21 +75,33 @@ def replay_request(
 ) -> None:
     """A request's whole life across the topics, in order.
 
-    Request, assignments, chunks of each attempt, deliveries, safety decisions, usage,
-    moderation, dead letters: one JSON object a line: topic, partition, offset, timestamp,
-    t_ms (after the request's first event), key and the event (or its raw bytes when it is
-    none)."""
-    from ops.replay import request_records
+    ID: the request id (a native stream's `request` event, any answer's `x-request-id`),
+    a chat completion's `chatcmpl-…`, a text completion's `cmpl-…` or a response's
+    `resp_…`. Request, assignments, chunks of each attempt, deliveries, safety decisions,
+    usage, moderation, dead letters: one JSON object a line: topic, partition, offset,
+    timestamp, t_ms (after the request's first event), key and the event (or its raw bytes
+    when it is none)."""
+    from ops.replay import named_request_id, request_records
     from ops.request_life import life_lines
 
+    kafka = operator_kafka(Settings())
     since_ms = _time(since, "--since")
-    reads = asyncio.run(request_records(operator_kafka(Settings()), [request_id], since_ms))
+
+    async def read() -> tuple[str | None, list[Any]]:
+        request_id = await named_request_id(kafka, client_id, since_ms)
+        if request_id is None:
+            return None, []
+        return request_id, await request_records(kafka, [request_id], since_ms)
+
+    request_id, reads = asyncio.run(read())
+    if request_id is None:
+        _fail(f"no request of response {client_id} on the bus")
     if as_client:
         _print_client_stream(reads, request_id)
         return
     lines = life_lines(reads, [request_id])
     if not lines:
-        _fail(f"no record of request {request_id} on the bus")
+        _fail(f"no record of request {client_id} on the bus")
     _print_lines(lines)
 
 

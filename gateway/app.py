@@ -30,6 +30,7 @@ from gateway.native import messages as chat
 from gateway.openai.chat_completions import api_router as chat_completions
 from gateway.openai.completions import api_router as completions
 from gateway.openai.embeddings import api_router as embeddings
+from gateway.openai.models import api_router as models
 from gateway.openai.responses import api_router as responses
 from ops.http_spans import HttpSpans
 from ops.metrics import exposition
@@ -70,8 +71,8 @@ def create_app(deps: GatewayDeps, *, api_docs: bool = True) -> FastAPI:
     )
     app.state.deps = deps
     install_error_handlers(app)
-    app.add_middleware(HttpSpans)  # a span per request while tracing is on
     app.add_middleware(ResponseHeaders)
+    app.add_middleware(HttpSpans)  # a span per request while tracing is on, its noted headers seen
     app.add_middleware(ReleasesLeases)  # a request's leases no generation claimed
     # Added last, so it runs first.
     app.add_middleware(
@@ -108,6 +109,7 @@ def create_app(deps: GatewayDeps, *, api_docs: bool = True) -> FastAPI:
     v1.include_router(chat.router)
     v1.include_router(files.router)
     v1.include_router(feedback.router)
+    v1.include_router(models.router)
     v1.include_router(chat_completions.router)
     v1.include_router(completions.router)
     v1.include_router(embeddings.router)

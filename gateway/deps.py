@@ -4,6 +4,7 @@ takes (`admission`, `own_requests`, `turns`). The store and pipeline live outsid
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Annotated
 
@@ -48,6 +49,9 @@ class GatewayDeps:
     """The users' files: uploads and the search of turns that name them; None: no files."""
     aliases: ModelAliases | None = None
     """Model aliases and their weighted versions, kept current from chat.rollout."""
+    started_at: int = field(default_factory=lambda: int(time.time()))
+    """When these dependencies were built from the gateway's config (Unix seconds): the
+    `created` of every model `GET /v1/models` lists."""
 
     @property
     def admission(self) -> Admission:

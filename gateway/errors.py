@@ -180,8 +180,26 @@ async def _on_http_error(request: Request, exc: StarletteHTTPException) -> JSONR
         code = HTTPStatus(exc.status_code).phrase.lower().replace(" ", "_")
     except ValueError:
         code = "http_error"
-    detail = ErrorDetail(code=code, message=str(exc.detail), type=error_type(exc.status_code))
+    message = _no_route(request, exc) or str(exc.detail)
+    detail = ErrorDetail(code=code, message=message, type=error_type(exc.status_code))
     return error_response(exc.status_code, detail, exc.headers)
+
+
+SHOWN_PATH_CHARS = 200
+
+
+def _no_route(request: Request, exc: StarletteHTTPException) -> str | None:
+    """The message of the router's own 404 and 405, naming the route asked for (its path
+    cut at `SHOWN_PATH_CHARS`); None for any other HTTP error."""
+    path = request.url.path
+    shown = path if len(path) <= SHOWN_PATH_CHARS else path[:SHOWN_PATH_CHARS] + "…"
+    route = f"{request.method} {shown}"
+    if exc.status_code == 404 and exc.detail == HTTPStatus.NOT_FOUND.phrase:
+        return f"no route {route}"
+    if exc.status_code == 405 and exc.detail == HTTPStatus.METHOD_NOT_ALLOWED.phrase:
+        allowed = (exc.headers or {}).get("Allow")
+        return f"no route {route}" + (f"; its path takes {allowed}" if allowed else "")
+    return None
 
 
 async def _on_refused(request: Request, exc: Refused) -> JSONResponse:

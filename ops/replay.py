@@ -11,8 +11,9 @@ from aiokafka.structs import ConsumerRecord, TopicPartition
 from bus.clients import KafkaConfig
 from bus.replay import existing_partitions, offsets_at, read_records
 from ops.bus_records import BusRecord, ReadRecord, decoded, window
+from ops.client_ids import parse_client_id
 from ops.dead_letter_queue import RETRY_HEADER, original_record, parse_dead_letter_id, retry_of
-from ops.request_life import conversation_requests, life_topics
+from ops.request_life import answer_requests, conversation_requests, life_topics
 from ops.time_bounds import time_offsets_believable
 from schemas import topics
 from schemas.events import DeadLetter
@@ -55,13 +56,30 @@ async def conversation_request_ids(
     kafka: KafkaConfig, conversation_id: str, since_ms: int | None = None
 ) -> list[str]:
     """The conversation's requests (queued from `since_ms` on), in the order queued."""
+    return conversation_requests(await _queued(kafka, conversation_id, since_ms), conversation_id)
+
+
+async def named_request_id(
+    kafka: KafkaConfig, client_id: str, since_ms: int | None = None
+) -> str | None:
+    """The request an id the client was shown names (`ops.client_ids`); a response's is
+    the first queued for its answer (from `since_ms` on), None when none was."""
+    named = parse_client_id(client_id)
+    if named.message_id is None:
+        return named.request_id
+    found = answer_requests(await _queued(kafka, named.message_id, since_ms), named.message_id)
+    return found[0] if found else None
+
+
+async def _queued(kafka: KafkaConfig, id_: str, since_ms: int | None) -> list[ReadRecord]:
+    """The request topics' records (from `since_ms` on) whose bytes carry `id_`."""
     partitions = await existing_partitions(kafka, topics.request_topics())
     wanted = [tp for tps in partitions.values() for tp in tps]
-    needle = conversation_id.encode()
+    needle = id_.encode()
     records = await read_records(
         kafka, await starts_at(kafka, wanted, since_ms), lambda r: needle in (r.value or b"")
     )
-    return conversation_requests(window(_decoded(records), since_ms), conversation_id)
+    return window(_decoded(records), since_ms)
 
 
 async def topic_records(

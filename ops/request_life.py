@@ -7,7 +7,7 @@ record that is no event when its bytes carry the request id."""
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable
+from collections.abc import Callable, Collection, Iterable
 from typing import Any
 
 from ops.bus_records import ReadRecord, in_order, record_line
@@ -54,12 +54,22 @@ def owner(read: ReadRecord, request_ids: Collection[str]) -> str | None:
 
 def conversation_requests(reads: Iterable[ReadRecord], conversation_id: str) -> list[str]:
     """The ids of the conversation's requests, in the order they were queued."""
+    return _queued(reads, lambda request: request.conversation_id == conversation_id)
+
+
+def answer_requests(reads: Iterable[ReadRecord], message_id: str) -> list[str]:
+    """The ids of the requests queued to write answer `message_id`, in the order queued."""
+    return _queued(reads, lambda request: request.message_id == message_id)
+
+
+def _queued(reads: Iterable[ReadRecord], wanted: Callable[[GenerationRequest], bool]
+            ) -> list[str]:  # fmt: skip
     queued = [
-        r
+        r.event.request_id
         for r in in_order(reads)
-        if isinstance(r.event, GenerationRequest) and r.event.conversation_id == conversation_id
+        if isinstance(r.event, GenerationRequest) and wanted(r.event)
     ]
-    return list(dict.fromkeys(r.event.request_id for r in queued))  # type: ignore[union-attr]
+    return list(dict.fromkeys(queued))
 
 
 def life_lines(reads: Iterable[ReadRecord], request_ids: Collection[str]) -> list[dict[str, Any]]:

@@ -8,6 +8,7 @@ Every error, on either API, is one `ErrorBody`.
 
 from __future__ import annotations
 
+from itertools import accumulate
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, JsonValue
@@ -454,6 +455,27 @@ class ChatCompletionRequest(SamplingParameters):
 
 # --- OpenAI-compatible API: responses -------------------------------------------------
 
+CHAT_COMPLETION_ID_PREFIX = "chatcmpl-"
+TEXT_COMPLETION_ID_PREFIX = "cmpl-"
+
+
+def chat_completion_id(request_id: str) -> str:
+    """A chat completion's `id`: its (first choice's) request's, prefixed."""
+    return CHAT_COMPLETION_ID_PREFIX + request_id
+
+
+def text_completion_id(request_id: str) -> str:
+    """A text completion's `id`: its request's, prefixed."""
+    return TEXT_COMPLETION_ID_PREFIX + request_id
+
+
+def completion_request_id(completion_id: str) -> str | None:
+    """The request a chat or text completion's id names; None for an id that is neither."""
+    for prefix in (CHAT_COMPLETION_ID_PREFIX, TEXT_COMPLETION_ID_PREFIX):
+        if completion_id.startswith(prefix):
+            return completion_id.removeprefix(prefix) or None
+    return None
+
 
 class PromptTokensDetails(BaseModel):
     cached_tokens: int = 0
@@ -580,10 +602,14 @@ class ChatCompletionChunk(BaseModel):
 
 
 class ModelCard(BaseModel):
+    """OpenAI's model object, and `kind`: what the model answers (chat or text
+    completions, or embeddings), which OpenAI's object does not say."""
+
     id: str
     object: Literal["model"] = "model"
-    created: int = 0
+    created: int
     owned_by: str = "chatpipe"
+    kind: Literal["chat", "embedding"]
 
 
 class ModelList(BaseModel):
@@ -629,7 +655,13 @@ class CompletionRequest(SamplingParameters):
     ignore_eos: bool = Field(False, description="vLLM extension, for benchmarks")
     n: Count = Field(1, description="refused unless 1")
     best_of: Count | None = Field(None, description="refused unless 1")
-    logprobs: int | None = Field(None, ge=0, le=5, description="refused")
+    logprobs: int | None = Field(
+        None,
+        ge=0,
+        le=5,
+        description="each output token's log probability, and this many of the likeliest "
+        "tokens at its place (not with `echo`)",
+    )
     suffix: Text | None = Field(None, description="refused")
 
     # The same fields as a chat completion's, read the same way.
@@ -642,11 +674,32 @@ class CompletionRequest(SamplingParameters):
         return _stop_sequences(self.stop)
 
 
+class CompletionLogprobs(BaseModel):
+    """A text completion's log probabilities in OpenAI's legacy shape: each output token's
+    text, log probability, likeliest tokens at its place (token -> log probability), and
+    where it starts in the completion's text (the tokens' texts counted from `offset`)."""
+
+    tokens: list[str]
+    token_logprobs: list[float]
+    top_logprobs: list[dict[str, float]]
+    text_offset: list[int]
+
+    @classmethod
+    def of(cls, logprobs: Logprobs, offset: int = 0) -> CompletionLogprobs:
+        starts = accumulate((len(entry.token) for entry in logprobs), initial=offset)
+        return cls(
+            tokens=[entry.token for entry in logprobs],
+            token_logprobs=[entry.logprob for entry in logprobs],
+            top_logprobs=[{top.token: top.logprob for top in entry.top} for entry in logprobs],
+            text_offset=list(starts)[: len(logprobs)],
+        )
+
+
 class CompletionChoice(BaseModel):
     index: int = 0
     text: str
     finish_reason: str | None
-    logprobs: None = None
+    logprobs: CompletionLogprobs | None = None
 
 
 class TextCompletion(BaseModel):

@@ -1,8 +1,9 @@
 """Headers noted while a request is handled, added to whatever response it gets.
 
-Admission notes the rate-limit headers of an admitted request; the response may be an
-SSE stream, a JSON answer or a later error, each built by its own route.
-`ResponseHeaders` adds the noted headers to any of them, so no route passes them along.
+Admission notes the rate-limit headers of an admitted request, and starting a generation
+its `x-request-id` (`note_request_id`); the response may be an SSE stream, a JSON answer or
+a later error, each built by its own route. `ResponseHeaders` adds the noted headers to
+any of them, so no route passes them along.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from contextvars import ContextVar
 from starlette.datastructures import MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+REQUEST_ID_HEADER = "x-request-id"
+
 _noted_headers: ContextVar[dict[str, str] | None] = ContextVar("noted_headers", default=None)
 
 
@@ -21,6 +24,14 @@ def note_response_headers(headers: Mapping[str, str]) -> None:
     noted = _noted_headers.get()
     if noted is not None:
         noted.update(headers)
+
+
+def note_request_id(request_id: str) -> None:
+    """The request id for the response's `x-request-id`: the first generation the request
+    started (a completion's first choice; a title generated later does not replace it)."""
+    noted = _noted_headers.get()
+    if noted is not None:
+        noted.setdefault(REQUEST_ID_HEADER, request_id)
 
 
 class ResponseHeaders:

@@ -54,10 +54,11 @@ async function route() {
 
 async function loadModels() {
   const { data } = await api.json("GET", routes.models());
+  const chatModels = data.filter((m) => m.kind === "chat");
   const saved = localStorage.getItem(MODEL_ITEM);
-  modelPicker.replaceChildren(...data.map((m) => new Option(m.id, m.id)));
-  if (data.some((m) => m.id === saved)) modelPicker.value = saved;
-  modelPicker.disabled = data.length < 2;
+  modelPicker.replaceChildren(...chatModels.map((m) => new Option(m.id, m.id)));
+  if (chatModels.some((m) => m.id === saved)) modelPicker.value = saved;
+  modelPicker.disabled = chatModels.length < 2;
 }
 
 async function start() {

@@ -30,6 +30,7 @@ import anyio
 from fastapi import Request
 from starlette.background import BackgroundTask
 
+from gateway.admission.headers import note_request_id
 from gateway.admission.leases import Lease, LeasedStream
 from gateway.errors import ApiError, from_delivery_error
 from gateway.pipeline import Pipeline, RequestStream
@@ -38,7 +39,14 @@ from gateway.streaming.event_stream import EventStreamResponse
 from gateway.streaming.stream_relay import StreamRelay
 from ops.metrics import OPEN_STREAMS, StreamTiming
 from schemas.answer import AnswerText
-from schemas.events import DeliverEvent, DeliveryError, Delta, GenerationRequest
+from schemas.events import (
+    DeliverEvent,
+    DeliveryError,
+    Delta,
+    Event,
+    GenerationRequest,
+    TokenLogprob,
+)
 
 log = logging.getLogger(__name__)
 
@@ -223,8 +231,8 @@ async def start_generation(
     on_end: OnEnd | None = None, lease: Lease | None = None,
 ) -> Generation:  # fmt: skip
     """Submit the request (known to `live` until its stream closes, holding `lease` until
-    it ends); refused `pipeline_unavailable` if the pipeline cannot take it (the lease
-    given back)."""
+    it ends; its id the response's `x-request-id`); refused `pipeline_unavailable` if the
+    pipeline cannot take it (the lease given back)."""
     try:
         stream = await pipeline.submit(request)
     except BaseException as exc:
@@ -235,6 +243,7 @@ async def start_generation(
         raise pipeline_unavailable() from exc
     if live is not None:
         live.add(request)
+    note_request_id(request.request_id)
     return Generation(pipeline, request.request_id, stream, relay, timers, live, on_end,
                       StreamTiming(request), lease)  # fmt: skip
 
@@ -243,7 +252,9 @@ def event_stream(
     frames: AsyncIterator[bytes], generation: Generation, *others: Generation
 ) -> EventStreamResponse:
     """The SSE response of `generation` (and `others`: a completion's other choices);
-    closing the generations also covers a stream that never started."""
+    closing the generations also covers a stream that never started. Its `x-request-id`
+    is the generation's (a resumed stream started none here)."""
+    note_request_id(generation.request_id)
 
     async def close() -> None:
         for each in (generation, *others):
@@ -251,7 +262,6 @@ def event_stream(
 
     return EventStreamResponse(
         frames,
-        headers={"X-Request-Id": generation.request_id},
         background=BackgroundTask(close),
         ping_s=PING_INTERVAL_S,
         send_timeout_s=SEND_TIMEOUT_S,
@@ -354,6 +364,23 @@ async def collected(generation: Generation, request: Request) -> AnswerText:
     answer that failed its pipeline error."""
     [text] = await collected_all([generation], request, [AnswerText()])
     return text
+
+
+class LoggedAnswerText(AnswerText):
+    """An answer's text and its tokens' log probabilities (what a retraction left)."""
+
+    __slots__ = ("logprobs",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.logprobs: list[TokenLogprob] = []
+
+    def add(self, event: Event) -> bool:
+        if not super().add(event):
+            return False
+        if isinstance(event, Delta) and not self.retracted:
+            self.logprobs += event.logprobs
+        return True
 
 
 AnswerT = TypeVar("AnswerT", bound=AnswerText)

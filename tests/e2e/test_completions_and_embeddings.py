@@ -105,12 +105,27 @@ async def test_a_completions_usage_is_billed_as_a_chat_answers(sim_stack):
         await ledger.close()
 
 
+async def test_a_completions_logprobs_name_its_tokens_where_they_stand(sim_stack):
+    client, model = sdk(sim_stack), sim_stack.settings.inference.model_name
+    reply = "[[sim:reply=one two three]]"
+    whole = await client.completions.create(model=model, prompt=reply, logprobs=1)
+    [choice] = whole.choices
+    logprobs = choice.logprobs
+    assert "".join(logprobs.tokens) == choice.text == "one two three"
+    assert logprobs.text_offset == [choice.text.index(t) for t in logprobs.tokens]
+    assert logprobs.top_logprobs == [{t: 0.0} for t in logprobs.tokens]  # sim: each certain
+    assert logprobs.token_logprobs == [0.0] * len(logprobs.tokens)
+    stream = await client.completions.create(model=model, prompt=reply, logprobs=1, stream=True)
+    shown = [c.choices[0].logprobs async for c in stream if c.choices and c.choices[0].logprobs]
+    assert [o for lp in shown for o in lp.text_offset] == logprobs.text_offset
+
+
 @pytest.mark.parametrize(
     ("request_body", "error", "code", "param"),
     [
         ({"prompt": [1, 2, 3]}, openai.BadRequestError, "unsupported_prompt", "prompt"),
         (
-            {"prompt": "x", "logprobs": 1},
+            {"prompt": "x", "logprobs": 1, "echo": True},
             openai.BadRequestError,
             "unsupported_parameter",
             "logprobs",

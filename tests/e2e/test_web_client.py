@@ -145,6 +145,12 @@ async def test_sign_in_checks_the_key_and_lists_the_models(browser, sim_stack):
     await page.get_by_role("button", name="Sign in").click()
     await expect(page.locator("#app")).to_be_visible()
     await expect(page.get_by_label("Model")).to_have_value(sim_stack.settings.inference.model_name)
+    async with client_for(sim_stack) as client:
+        served = (await client.get("/v1/models")).json()["data"]
+    chat_models = [m["id"] for m in served if m["kind"] == "chat"]
+    assert len(chat_models) < len(served), "the stack serves an embedding model"
+    options = page.get_by_label("Model").locator("option")
+    assert await options.evaluate_all("options => options.map(o => o.value)") == chat_models
 
     await page.reload()  # the key is remembered
     await expect(page.locator("#app")).to_be_visible()

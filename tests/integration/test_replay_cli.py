@@ -37,6 +37,7 @@ from schemas.sse import SSEMessage, parse_messages, read_messages
 from schemas.topics import Tier
 from tests.support.chat import post_message, until
 from tests.support.stack import client_for
+from tests.support.tool_calls import sdk
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -200,6 +201,19 @@ async def test_a_requests_life_in_order_and_its_stream_as_the_client_got_it(sim_
     }
     assert set(queued) == set(order) and {e["conversation_id"] for e in queued.values()} == {cid}
     assert [line for line in whole if line["request_id"] == request_id] == lines
+
+
+async def test_a_completion_is_replayed_by_the_id_the_sdk_shows(sim_stack):
+    completion = await sdk(sim_stack).chat.completions.create(
+        model=sim_stack.settings.inference.model_name,
+        messages=[{"role": "user", "content": "hi"}],
+        max_tokens=4,
+    )
+    request_id = completion._request_id
+    lines = await life(sim_stack, request_id)
+    assert await json_lines(sim_stack, "replay", "request", completion.id) == lines
+    queued = lines[first(lines, topics.REQUESTS_PREFIX, "request")]["event"]
+    assert (queued["request_id"], queued["store"]) == (request_id, False)
 
 
 async def test_a_cancelled_request(sim_stack):

@@ -49,13 +49,13 @@ from gateway.streaming.event_stream import EventStreamResponse
 from gateway.streaming.generation import (
     INTERRUPTED,
     Generation,
+    LoggedAnswerText,
     StreamTimers,
     collected_all,
     event_stream,
     merged_deltas,
 )
 from schemas import sse
-from schemas.answer import AnswerText
 from schemas.api import (
     ChatCompletion,
     ChatCompletionChunk,
@@ -66,17 +66,16 @@ from schemas.api import (
     ChunkDelta,
     CompletionUsage,
     ErrorDetail,
+    chat_completion_id,
 )
 from schemas.events import (
     DeliverEvent,
     DeliveryDone,
     DeliveryError,
     Delta,
-    Event,
     GenerationRequest,
     Logprobs,
     Retract,
-    TokenLogprob,
     now,
 )
 from schemas.tools import ToolUse
@@ -213,7 +212,7 @@ class _Answer:
     @classmethod
     def of(cls, request: GenerationRequest, include_usage: bool) -> _Answer:
         answer = cls(
-            f"chatcmpl-{request.request_id}",
+            chat_completion_id(request.request_id),
             request.model,
             int(now()),
             include_usage,
@@ -366,21 +365,10 @@ async def collect(
     )
 
 
-class _ChoiceText(AnswerText):
+class _ChoiceText(LoggedAnswerText):
     """One choice of a whole completion: its text, and its tokens' log probabilities."""
 
-    __slots__ = ("logprobs",)
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.logprobs: list[TokenLogprob] = []
-
-    def add(self, event: Event) -> bool:
-        if not super().add(event):
-            return False
-        if isinstance(event, Delta) and not self.retracted:
-            self.logprobs += event.logprobs
-        return True
+    __slots__ = ()
 
     def choice(self, index: int, answer: _Answer, end: DeliveryDone) -> Choice:
         retracted = self.retracted

@@ -8,9 +8,9 @@ The prompt is the engine's prompt as it is: no chat template, no system prompt
 Every field of OpenAI's request is honoured or refused with a 400 naming it
 (`unsupported_parameter`): the sampling parameters pass to the engine as a chat
 completion's do (penalties, `logit_bias` checked against the vocabulary, vLLM's
-`min_p`/`top_k`/`repetition_penalty`); one choice (`n`, `best_of`), no `logprobs`, no
-`suffix`; a prompt is one string (token arrays and several prompts are refused:
-`unsupported_prompt`).
+`min_p`/`top_k`/`repetition_penalty`), `logprobs` too (not with `echo`: the prompt's
+are not returned); one choice (`n`, `best_of`), no `suffix`; a prompt is one string
+(token arrays and several prompts are refused: `unsupported_prompt`).
 """
 
 from __future__ import annotations
@@ -31,7 +31,11 @@ from schemas.generation import new_id
 _UNSUPPORTED: tuple[tuple[str, Callable[[CompletionRequest], bool], str], ...] = (
     ("n", lambda body: body.n != 1, "one choice per request: send several requests"),
     ("best_of", lambda body: body.best_of not in (None, 1), "one choice per request"),
-    ("logprobs", lambda body: body.logprobs is not None, "log probabilities are not returned"),
+    (
+        "logprobs",
+        lambda body: body.logprobs is not None and body.echo,
+        "with echo (the prompt's log probabilities are not returned)",
+    ),
     ("suffix", lambda body: bool(body.suffix), "no insertion (fill in the middle)"),
 )
 """Fields chatpipe cannot honour: (field, set to what it can't honour, why)."""
@@ -55,11 +59,12 @@ def to_generation_request(
     limits = config.limits
     prompt = completion_prompt(body.prompt, limits.max_message_chars)
     conversation_id = new_id()
+    logprobs = {} if body.logprobs is None else {"logprobs": body.logprobs}
     choice = choose_model(limits, aliases, body.model, owner.tier, conversation_id)
     sampling = sampling_options(limits, max_tokens=body.max_tokens, temperature=body.temperature,
                                 top_p=body.top_p, seed=body.seed, stop=body.stop_sequences,
                                 ignore_eos=body.ignore_eos,
-                                engine=body.engine_sampling())  # fmt: skip
+                                engine={**body.engine_sampling(), **logprobs})  # fmt: skip
     request = owner_request(owner, model=choice.model, messages=(), sampling=sampling,
                             reply_to=reply_to, timeout_s=config.request_timeout_s,
                             sent_at=now(), conversation_id=conversation_id,

@@ -26,14 +26,22 @@ from gateway.openai.completions.protocol import to_generation_request
 from gateway.streaming.event_stream import EventStreamResponse
 from gateway.streaming.generation import (
     Generation,
+    LoggedAnswerText,
     StreamTimers,
-    collected,
+    collected_all,
     event_stream,
     merged_deltas,
     start_generation,
 )
 from schemas import sse
-from schemas.api import CompletionChoice, CompletionRequest, CompletionUsage, TextCompletion
+from schemas.api import (
+    CompletionChoice,
+    CompletionLogprobs,
+    CompletionRequest,
+    CompletionUsage,
+    TextCompletion,
+    text_completion_id,
+)
 from schemas.events import DeliveryDone, DeliveryError, Delta, Retract, now
 
 
@@ -53,16 +61,24 @@ async def serve_completion(
         timers=StreamTimers(deps.config.stream_stall_s),
         lease=ask.leases.claim(),
     )
-    answer = _TextAnswer(f"cmpl-{generation_request.request_id}", generation_request.model,
-                         int(now()), body.include_usage,
-                         (generation_request.prompt or "") if body.echo else "")  # fmt: skip
+    answer = _TextAnswer(text_completion_id(generation_request.request_id),
+                         generation_request.model, int(now()), body.include_usage,
+                         (generation_request.prompt or "") if body.echo else "",
+                         body.logprobs is not None)  # fmt: skip
     if body.stream:
         return event_stream(completion_chunks(answer, generation), generation)
-    text = await collected(generation, request)
+    [text] = await collected_all([generation], request, [LoggedAnswerText()])
     end = text.end
     assert isinstance(end, DeliveryDone)
     reason = finish_reason(None, end, text.retracted)
-    return answer.completion(answer.echo + str(text), reason, CompletionUsage.of(end.usage))
+    logprobs = (
+        CompletionLogprobs.of(tuple(text.logprobs))
+        if answer.logprobs and not text.retracted
+        else None
+    )
+    return answer.completion(
+        answer.echo + str(text), reason, CompletionUsage.of(end.usage), logprobs
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,16 +91,21 @@ class _TextAnswer:
     include_usage: bool
     echo: str
     """The prompt, when the client asked for it back before the completion."""
+    logprobs: bool = False
+    """The client asked for the tokens' log probabilities."""
 
     def completion(
-        self, text: str, reason: str | None, usage: CompletionUsage | None = None
-    ) -> TextCompletion:
-        choices = [CompletionChoice(text=text, finish_reason=reason)]
+        self, text: str, reason: str | None, usage: CompletionUsage | None = None,
+        logprobs: CompletionLogprobs | None = None,
+    ) -> TextCompletion:  # fmt: skip
+        choices = [CompletionChoice(text=text, finish_reason=reason, logprobs=logprobs)]
         return TextCompletion(id=self.id, created=self.created, model=self.model,
                               choices=choices, usage=usage)  # fmt: skip
 
-    def chunk(self, text: str, reason: str | None = None) -> bytes:
-        return sse.openai_chunk(self.completion(text, reason))
+    def chunk(
+        self, text: str, reason: str | None = None, logprobs: CompletionLogprobs | None = None
+    ) -> bytes:
+        return sse.openai_chunk(self.completion(text, reason, logprobs=logprobs))
 
     def usage_chunk(self, usage: CompletionUsage) -> bytes:
         return sse.openai_chunk(
@@ -101,11 +122,16 @@ async def completion_chunks(answer: _TextAnswer, generation: Generation) -> Asyn
     if answer.echo:
         yield answer.chunk(answer.echo)
     retracted = False
+    offset = 0  # where the next token starts in the completion's text
     async with aclosing(generation.batches()) as batches:
         async for batch in batches:
             frames: list[bytes] = []
             for event in merged_deltas(batch):
                 match event:
+                    case Delta() if not retracted and answer.logprobs:
+                        logprobs = CompletionLogprobs.of(event.logprobs, offset)
+                        offset += sum(len(token) for token in logprobs.tokens)
+                        frames.append(answer.chunk(event.text, logprobs=logprobs))
                     case Delta() if not retracted:
                         frames.append(answer.chunk(event.text))
                     case Retract():

@@ -94,8 +94,15 @@ async def test_invalid_fields_are_422_naming_the_field(client):
     assert assert_error(response, 422, "invalid_request")["param"] == "messages.0.role"
 
 
-async def test_unknown_route_uses_the_error_shape(client):
-    assert_error(await client.get("/nowhere"), 404, "not_found")
+async def test_unknown_route_uses_the_error_shape_naming_the_route(client):
+    error = assert_error(await client.get("/v1/nope", headers=ALICE), 404, "not_found")
+    assert error["message"] == "no route GET /v1/nope"
+    error = assert_error(await client.get("/" + "x" * 500), 404, "not_found")
+    assert error["message"] == f"no route GET /{'x' * 199}…"
+    error = assert_error(
+        await client.delete("/v1/models", headers=ALICE), 405, "method_not_allowed"
+    )
+    assert error["message"] == "no route DELETE /v1/models; its path takes GET"
 
 
 async def test_unknown_and_foreign_conversations_are_404(client, pipeline):
@@ -437,6 +444,7 @@ async def test_openai_non_stream(sdk, pipeline, store):
     )
     [request] = pipeline.submitted
     assert completion.id == f"chatcmpl-{request.request_id}"
+    assert completion._request_id == request.request_id  # the x-request-id header
     assert completion.choices[0].message.content == "Hello"
     assert completion.choices[0].finish_reason == "length"
     assert completion.usage.total_tokens == 9

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import threading
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -37,7 +38,7 @@ from moderation.classifiers import RuleClassifier
 from moderation.policy import SafetyPolicy
 from schemas import sse
 from schemas.api import CompletionRequest, EmbeddingRequest
-from schemas.events import Retract
+from schemas.events import Delta, Retract, TokenLogprob, TopLogprob
 from schemas.lifecycle import RequestStatus
 from schemas.topics import Tier
 from tests.support.chat import until
@@ -259,16 +260,57 @@ def test_a_completion_is_never_answered_from_the_response_cache(settings):
     [
         ("n", 2),
         ("best_of", 3),
-        ("logprobs", 2),
         ("suffix", "end"),
+        ("logprobs", 2),
     ],
 )
 async def test_fields_chatpipe_cannot_honour_are_400_naming_them(client, pipeline, field, value):
-    response = await client.post(
-        "/v1/completions", headers=ALICE, json={"model": "tiny", "prompt": "x", field: value}
-    )
+    body = {"model": "tiny", "prompt": "x", field: value}
+    if field == "logprobs":
+        body["echo"] = True  # the prompt's log probabilities are not returned
+    response = await client.post("/v1/completions", headers=ALICE, json=body)
     assert assert_error(response, 400, "unsupported_parameter")["param"] == field
     assert pipeline.submitted == []
+
+
+def logged(text: str, seq: int, *tokens: tuple[str, float]) -> Delta:
+    return Delta(
+        request_id="-",
+        seq=seq,
+        text=text,
+        logprobs=tuple(
+            TokenLogprob(token=t, logprob=p, top=(TopLogprob(token=t, logprob=p),))
+            for t, p in tokens
+        ),
+    )
+
+
+LOGGED = [logged("Hel", 0, ("H", -0.5), ("el", -1.0)), logged("lo", 1, ("lo", -0.25))]
+
+
+async def test_a_completions_logprobs_come_in_openais_legacy_shape(sdk, pipeline):
+    pipeline.script(*LOGGED, done(2))
+    whole = await sdk.completions.create(model="tiny", prompt="x", logprobs=1)
+    assert pipeline.submitted[0].sampling.logprobs == 1
+    logprobs = whole.choices[0].logprobs
+    assert logprobs.tokens == ["H", "el", "lo"] and whole.choices[0].text == "Hello"
+    assert logprobs.token_logprobs == [-0.5, -1.0, -0.25]
+    assert logprobs.top_logprobs == [{"H": -0.5}, {"el": -1.0}, {"lo": -0.25}]
+    assert logprobs.text_offset == [0, 1, 3]
+
+    pipeline.script(*LOGGED, done(2))
+    stream = await sdk.completions.create(model="tiny", prompt="x", logprobs=1, stream=True)
+    chunks = [chunk.choices[0] async for chunk in stream if chunk.choices]
+    shown = [c.logprobs for c in chunks if c.logprobs is not None]  # deltas may come joined
+    assert [t for lp in shown for t in lp.tokens] == logprobs.tokens
+    assert [o for lp in shown for o in lp.text_offset] == logprobs.text_offset
+    assert chunks[-1].logprobs is None and chunks[-1].finish_reason == "stop"
+
+
+async def test_a_completion_without_logprobs_has_none(sdk, pipeline):
+    pipeline.script(*LOGGED, done(2))
+    whole = await sdk.completions.create(model="tiny", prompt="x")
+    assert whole.choices[0].logprobs is None and pipeline.submitted[0].sampling.logprobs is None
 
 
 async def test_their_defaults_are_taken(client, pipeline):
@@ -455,8 +497,26 @@ async def test_the_sdks_default_base64_decodes_to_the_floats(sdk):
     assert np.allclose(default.data[0].embedding, floats.data[0].embedding)
 
 
-async def test_the_models_list_names_the_embedding_model(sdk):
-    assert [m.id for m in (await sdk.models.list()).data] == ["tiny", BUNDLED_MODEL]
+async def test_the_models_list_names_the_embedding_model_and_each_models_kind(sdk):
+    models = (await sdk.models.list()).data
+    assert [(m.id, m.kind) for m in models] == [("tiny", "chat"), (BUNDLED_MODEL, "embedding")]
+    started = {m.created for m in models}
+    assert len(started) == 1 and abs(started.pop() - time.time()) < 600
+    assert [m.created for m in (await sdk.models.list()).data] == [m.created for m in models]
+
+
+async def test_a_model_is_retrieved_by_its_id(sdk):
+    listed = {m.id: m for m in (await sdk.models.list()).data}
+    for model in ("tiny", BUNDLED_MODEL):
+        assert await sdk.models.retrieve(model) == listed[model]
+
+
+async def test_an_unknown_model_is_not_found_naming_it(client):
+    response = await client.get("/v1/models/gpt-9", headers={"Authorization": "Bearer key-alice"})
+    assert response.status_code == 404
+    error = response.json()["error"]
+    assert (error["code"], error["param"]) == ("model_not_found", "model")
+    assert "gpt-9" in error["message"]
 
 
 @pytest.mark.parametrize(

@@ -280,6 +280,8 @@ async def test_openai_completions_pick_a_version_and_models_list_the_alias(clien
     assert request.model == pick("chat", {"v1": 0.5, "v2": 0.5}, request.conversation_id)
     models = (await client.get("/v1/models", headers=ALICE)).json()
     assert [m["id"] for m in models["data"]] == [*SERVED, "chat"]
+    alias = (await client.get("/v1/models/chat", headers=ALICE)).json()
+    assert (alias["id"], alias["kind"]) == ("chat", "chat")
 
 
 async def test_feedback_on_an_answer_reaches_the_pipeline(client, pipeline, store):

@@ -6,7 +6,13 @@ from __future__ import annotations
 import base64
 
 from ops.bus_records import decoded, in_order, iso_time, record_line, window
-from ops.request_life import conversation_requests, life_lines, life_topics, owner
+from ops.request_life import (
+    answer_requests,
+    conversation_requests,
+    life_lines,
+    life_topics,
+    owner,
+)
 from schemas import topics
 from schemas.codec import encode
 from schemas.events import (
@@ -166,6 +172,20 @@ def test_a_conversation_is_its_requests_each_timed_from_its_own_start():
         ("r2", 0),
         ("r2", 100),
     ]
+
+
+def test_an_answer_is_named_by_the_requests_queued_to_write_it():
+    reads = [
+        decoded(r)
+        for r in [
+            rec("chat.requests.free", 0, 1000, request("r1")),
+            rec("chat.requests.free", 1, 1200, request("r2")),
+            rec(topics.TOKENS, 0, 1100, chunk(0, rid="r1")),
+        ]
+    ]
+    assert answer_requests(reads, "m-r2") == ["r2"]
+    assert answer_requests(reads, "m-r1") == ["r1"]
+    assert answer_requests(reads, "m-none") == []
 
 
 def test_life_topics_are_the_fixed_ones_the_broker_has_and_every_delivery_topic():
