@@ -144,7 +144,13 @@ def idle_cpu(processes: list[psutil.Process], seconds: float) -> list[float]:
 
     before = [total(p) for p in processes]
     time.sleep(seconds)
-    return [round((total(p) - b) / seconds, 3) for p, b in zip(processes, before, strict=True)]
+    used = []
+    for process, start in zip(processes, before, strict=True):
+        try:
+            used.append(round((total(process) - start) / seconds, 3))
+        except psutil.NoSuchProcess:  # the broker, restarted meanwhile: its end unknown
+            used.append(float("nan"))
+    return used
 
 
 async def timed_answer(client: httpx.AsyncClient) -> float:
@@ -246,7 +252,7 @@ def cli(argv: list[str], out: Path) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench soak")
     parser.add_argument("--minutes", type=float, default=20.0)
     parser.add_argument("--load-s", type=float, default=50.0)
-    parser.add_argument("--idle-s", type=float, default=20.0)
+    parser.add_argument("--idle-s", type=float, default=40.0)
     parser.add_argument("--concurrency", type=int, default=12)
     args = parser.parse_args(argv)
     cycles = asyncio.run(soak(args.minutes, args.load_s, args.idle_s, args.concurrency))

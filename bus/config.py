@@ -109,7 +109,7 @@ class KafkaSettings(BaseModel):
         "stalls answers after a while under load); 0 = never",
     )
     embedded_broker_spin_s: float = Field(
-        60.0, gt=0, description="how long the embedded broker may spin while idle"
+        20.0, gt=0, description="how long the embedded broker may spin while idle"
     )
 
     def client(self, bootstrap_servers: str) -> KafkaConfig:
