@@ -102,11 +102,12 @@ class KafkaSettings(BaseModel):
         0, ge=0, description="producer linger: waiting this long lets more events share a request"
     )
     embedded_broker_spin_cpu: float = Field(
-        0.5,
+        0.0,
         ge=0,
         description="chatpipe up: the embedded broker using more than this share of a core "
         "while no stream is open, for embedded_broker_spin_s, is restarted (it spins and "
-        "stalls answers after a while under load); 0 = never",
+        "stalls answers after a while under load); 0 = never (the default: a replay of "
+        "large topics also keeps it busy with nothing streaming)",
     )
     embedded_broker_spin_s: float = Field(
         20.0, gt=0, description="how long the embedded broker may spin while idle"

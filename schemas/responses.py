@@ -71,7 +71,7 @@ class FunctionCallItem(BaseModel):
 
     model_config = ConfigDict(extra="ignore")
 
-    type: Literal["function_call"] = "function_call"
+    type: Literal["function_call"]
     id: str | None = None
     call_id: Text
     name: str = Field(pattern=FUNCTION_NAME)

@@ -69,6 +69,8 @@ def _operations(openapi: dict, ids: dict[str, str]) -> list[tuple[str, str, dict
     for path, methods in openapi["paths"].items():
         if not path.startswith("/v1/") or "{" not in path:
             continue
+        if path.startswith("/v1/models/"):
+            continue  # a served model is every caller's, no tenant's resource
         filled = path.format(**ids)
         for method, operation in methods.items():
             body = None

@@ -82,9 +82,10 @@ def ended(response: ResponseObject, text: str, status: RequestStatus, usage: Usa
         output = [
             *([message.model_copy(update={"content": [OutputText(text=calls.content)]})]
               if calls.content else []),
-            *(FunctionCallItem(id="fc_" + call.id.removeprefix("call_"), call_id=call.id,
-                               name=call.function.name, arguments=call.function.arguments,
-                               status=done) for call in calls.calls),
+            *(FunctionCallItem(type="function_call", id="fc_" + call.id.removeprefix("call_"),
+                               call_id=call.id, name=call.function.name,
+                               arguments=call.function.arguments, status=done)
+              for call in calls.calls),
         ]  # fmt: skip
     return response.model_copy(update={
         "status": state, "output": output, "error": error,
