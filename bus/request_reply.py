@@ -156,15 +156,14 @@ class RequestReplyClient:
         """The broker is gone (restarting): unreachable until `bus_up`."""
         self._down = True
 
-    async def bus_up(self, new_producer: bool = False) -> None:
-        """The broker is back, its topics created. `new_producer`: what the producer
-        held was dropped (`bus.clients.drop_pending_writes`): send with a new one."""
-        if new_producer:
-            old = self._producer
-            self._producer = self.kafka.producer()
-            await self._producer.start()
-            self.publisher.producer = self._producer
-            await old.stop()
+    async def bus_up(self) -> None:
+        """The broker is back, its topics created; what the producer held was dropped
+        (`bus.clients.drop_pending_writes`), so it sends with a new one from now on."""
+        old = self._producer
+        self._producer = self.kafka.producer()
+        await self._producer.start()
+        self.publisher.producer = self._producer
+        await old.stop()
         self._down = False
         self._beat_acked_at = time.monotonic()
 

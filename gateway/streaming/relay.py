@@ -232,7 +232,7 @@ class KafkaPipeline:
         """The broker is back with its topics: read them from their new start, and take
         requests again, sent with a new producer (the old one's records were dropped)."""
         self.rewind()
-        await self.requests.bus_up(new_producer=True)
+        await self.requests.bus_up()
 
     def unreachable(self) -> bool:
         return not self.requests.reachable
