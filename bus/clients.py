@@ -91,7 +91,7 @@ class KafkaConfig:
             max_request_size=8 * 1024 * 1024,
             partitioner=keyed_partition,
         )
-        _PRODUCERS.add(producer)
+        _PRODUCERS[producer] = self.bootstrap_servers
         return producer
 
     def consumer(
@@ -159,23 +159,27 @@ def _key_hash(key: bytes) -> int:
     return murmur2(key) & 0x7FFFFFFF
 
 
-_PRODUCERS: weakref.WeakSet[AIOKafkaProducer] = weakref.WeakSet()
-"""Every producer this process made (`KafkaConfig.producer`)."""
+_PRODUCERS: weakref.WeakKeyDictionary[AIOKafkaProducer, str] = weakref.WeakKeyDictionary()
+"""Every producer this process made (`KafkaConfig.producer`), with the broker it writes to."""
 
 
 class BrokerGone(errors.KafkaConnectionError):
     """The broker these records were for is gone with everything it held."""
 
 
-async def drop_pending_writes() -> int:
-    """Stop every producer of this process from writing what it still holds for a
-    broker that died with all it had (an embedded broker), and fail those records: the
-    embedded broker takes a write to a topic before the topic is created again, and
-    then fails the partition's next write. A producer whose records were dropped sends
-    nothing more: whoever goes on needs a new one. How many records were dropped."""
+async def drop_pending_writes(bootstrap_servers: str) -> int:
+    """Stop every producer of this process that writes to `bootstrap_servers` from
+    writing what it still holds for that broker, which died with all it had (an
+    embedded broker), and fail those records: the embedded broker takes a write to a
+    topic before the topic is created again, and then fails the partition's next
+    write. A producer whose records were dropped sends nothing more: whoever goes on
+    needs a new one. Producers writing to other brokers are left alone. How many
+    records were dropped."""
     dropped = 0
     gone = BrokerGone("the broker restarted empty")
-    for producer in list(_PRODUCERS):
+    for producer, broker in list(_PRODUCERS.items()):
+        if broker != bootstrap_servers:
+            continue  # another broker's (a second stack in this process)
         sender = producer._sender  # aiokafka has no API for this
         if sender is None or sender.sender_task is None:
             continue  # never started

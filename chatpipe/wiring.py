@@ -483,9 +483,9 @@ async def running_stack(settings: Settings, engine: Engine | None) -> AsyncItera
                 log.warning("the broker died: %d open streams end with answer_lost", lost)
             # What producers still hold for the dead broker is dropped, before the stages
             # stop (their producers' last flush) and again once they have.
-            dropped = await drop_pending_writes()
+            dropped = await drop_pending_writes(kafka.bootstrap_servers)
             async with supervisor.paused(kafka_stages):
-                dropped += await drop_pending_writes()
+                dropped += await drop_pending_writes(kafka.bootstrap_servers)
                 log.warning("the broker died: %d records not yet written are dropped", dropped)
                 yield
                 for pipeline in pipelines:

@@ -96,21 +96,28 @@ async def test_chatpipe_up_reaches_its_embedded_broker_plaintext_whatever_is_con
 async def test_writes_held_for_a_dead_broker_are_dropped_not_written_to_the_next_one():
     """Tansu takes a write to a topic it does not have yet; once that topic is created,
     the partition's next write fails. So what producers still hold when the broker dies
-    is dropped (`drop_pending_writes`), and the new broker gets no early write."""
-    async with EmbeddedBroker() as broker:
+    is dropped (`drop_pending_writes`), and the new broker gets no early write. A
+    producer of the same process writing to another broker keeps writing."""
+    async with EmbeddedBroker() as broker, EmbeddedBroker() as other_broker:
         kafka = KafkaConfig(bootstrap_servers=broker.bootstrap_servers)
+        other = KafkaConfig(bootstrap_servers=other_broker.bootstrap_servers)
         await create_topics(kafka, {"t": 1})
-        producer = kafka.producer()
+        await create_topics(other, {"t": 1})
+        producer, bystander = kafka.producer(), other.producer()
         await producer.start()
+        await bystander.start()
         try:
             await producer.send_and_wait("t", b"before", partition=0)
             broker.stop()
             held = await producer.send("t", b"held", partition=0)
-            assert await drop_pending_writes() >= 1
+            assert await drop_pending_writes(broker.bootstrap_servers) >= 1
             with pytest.raises(BrokerGone):
                 await held
+            still = await bystander.send_and_wait("t", b"unharmed", partition=0)
+            assert still.offset == 0
         finally:
             await producer.stop()
+            await bystander.stop()
         await broker.restart()
         await create_topics(kafka, {"t": 1})
         fresh = kafka.producer()
