@@ -254,6 +254,18 @@ STATEMENTS = {
     "delete_summaries": "DELETE FROM {ks}.summaries WHERE conversation_id = ?",
     "delete_embeddings": "DELETE FROM {ks}.embeddings WHERE conversation_id = ?",
     "delete_request": "DELETE FROM {ks}.requests WHERE request_id = ?",
+    # one message's (delete_messages)
+    "delete_summary": "DELETE FROM {ks}.summaries"
+    " WHERE conversation_id = ? AND through_message_id = ?",
+    "select_embedding_keys": "SELECT model, message_id FROM {ks}.embeddings"
+    " WHERE conversation_id = ?",
+    "delete_embedding": "DELETE FROM {ks}.embeddings"
+    " WHERE conversation_id = ? AND model = ? AND message_id = ?",
+    "delete_message_citations": "DELETE FROM {ks}.citations"
+    " WHERE conversation_id = ? AND message_id = ?",
+    "delete_message_tool_steps": "DELETE FROM {ks}.tool_steps"
+    " WHERE conversation_id = ? AND message_id = ?",
+    "remove_choices": "UPDATE {ks}.messages SET selected = selected - ? WHERE conversation_id = ?",
     # messages
     "select_last_seq": "SELECT last_seq FROM {ks}.messages WHERE conversation_id = ? LIMIT 1",
     "insert_message": f"INSERT INTO {{ks}}.messages ({MESSAGE_COLUMNS})"

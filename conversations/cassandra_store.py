@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import astuple, replace
 
 from conversations import cassandra_schema as cql
@@ -50,6 +50,7 @@ from conversations.store import (
     StoredMessage,
     Summary,
     TurnUsage,
+    branch_ends,
     check_answer_start,
     decode_cursor,
     derived_key_id,
@@ -236,6 +237,36 @@ class CassandraStore(CassandraOrgs, CassandraFiles):
     async def _last_seq(self, message: StoredMessage) -> int | None:
         rows = await self._run("select_last_seq", (message.conversation_id,))
         return rows[0]["last_seq"] if rows else None
+
+    async def delete_messages(self, conversation_id: str, message_ids: Collection[str]) -> int:
+        doomed = branch_ends(await self.list_messages(conversation_id), message_ids)
+        if not doomed:
+            return 0
+        gone = {m.message_id for m in doomed}
+        embedded = await self._run("select_embedding_keys", (conversation_id,))
+        await asyncio.gather(
+            *(self._run("delete_message", (conversation_id, m.seq)) for m in doomed),
+            *(self._run("delete_message_id", (m.message_id,)) for m in doomed),
+            *(self._run("delete_request", (m.request_id,)) for m in doomed if m.request_id),
+            *(
+                self._run(name, (conversation_id, m.message_id))
+                for m in doomed
+                for name in (
+                    "delete_summary",
+                    "delete_message_citations",
+                    "delete_message_tool_steps",
+                )
+            ),
+            *(
+                self._run("delete_embedding", (conversation_id, row["model"], row["message_id"]))
+                for row in embedded
+                if row["message_id"] in gone
+            ),
+        )
+        # The choices made below a deleted message; one naming a deleted child is
+        # harmless (its parent shows its newest child).
+        await self._run("remove_choices", (gone, conversation_id))
+        return len(doomed)
 
     async def get_message(self, message_id: str) -> StoredMessage | None:
         key = await self._message_key(message_id)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import sqlite3
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import astuple, replace
 from pathlib import Path
 
@@ -45,6 +45,7 @@ from conversations.store import (
     StoredMessage,
     Summary,
     TurnUsage,
+    branch_ends,
     check_answer_start,
     decode_cursor,
     derived_key_id,
@@ -170,6 +171,24 @@ class SQLiteStore(SQLiteOrgs, SQLiteFiles):
         return await self._run(delete)
 
     # --- messages -----------------------------------------------------------------
+
+    async def delete_messages(self, conversation_id: str, message_ids: Collection[str]) -> int:
+        def delete(conn: sqlite3.Connection) -> int:
+            with transaction(conn):
+                doomed = branch_ends(_list_messages(conn, conversation_id), message_ids)
+                for message in doomed:
+                    key = (conversation_id, message.message_id)
+                    for table, column in _KEPT_PER_MESSAGE:
+                        conn.execute(
+                            f"DELETE FROM {table} WHERE conversation_id = ? AND {column} = ?", key
+                        )
+                    conn.execute(
+                        "DELETE FROM branch_choices WHERE conversation_id = ? AND parent_key = ?",
+                        key,
+                    )
+            return len(doomed)
+
+        return await self._run(delete)
 
     async def add_message(self, message: NewMessage) -> StoredMessage:
         return await self._run(lambda conn: self._add_message(conn, message))
@@ -397,6 +416,18 @@ class SQLiteStore(SQLiteOrgs, SQLiteFiles):
                     astuple(replace(request, created_at=stored.created_at)),
                 )
             return stored
+
+
+_KEPT_PER_MESSAGE = (
+    ("messages", "message_id"),
+    ("branch_choices", "child_id"),
+    ("summaries", "through_message_id"),
+    ("embeddings", "message_id"),
+    ("citations", "message_id"),
+    ("tool_steps", "message_id"),
+    ("requests", "message_id"),
+)
+"""A message and what is kept of it, by the column naming it."""
 
 
 def _owned(conversation: Conversation | None, org_id: str, user_id: str) -> bool:

@@ -47,6 +47,7 @@ import base64
 import binascii
 import hashlib
 import hmac
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
@@ -139,6 +140,18 @@ class StoredMessage:
     prompt_tokens: int = 0
     cached_tokens: int = 0
     alias: str | None = None
+
+
+def branch_ends(messages: Sequence[StoredMessage], message_ids: Collection[str]
+                ) -> list[StoredMessage]:  # fmt: skip
+    """The messages of `message_ids` among `messages` (a conversation's), to delete;
+    ValueError if a message kept has its parent among them (`delete_messages`)."""
+    wanted = {m.message_id for m in messages} & set(message_ids)
+    orphaned = [m.message_id for m in messages
+                if m.parent_id in wanted and m.message_id not in wanted]  # fmt: skip
+    if orphaned:
+        raise ValueError(f"deleting these would leave {orphaned} without a parent")
+    return [m for m in messages if m.message_id in wanted]
 
 
 @dataclass(frozen=True, slots=True)
@@ -293,6 +306,14 @@ class ConversationStore(FileStore, Protocol):
         stored or it is no longer IN_PROGRESS (another writer finished it first, or
         its conversation was deleted). Never inserts. Of two concurrent calls, only
         one returns True."""
+
+    async def delete_messages(self, conversation_id: str, message_ids: Collection[str]) -> int:
+        """Delete these messages of the conversation with what is kept of each (its
+        request record, summaries through it, embeddings, citations, tool steps, the
+        branch choices naming it); a parent whose selected child is deleted shows its
+        newest child. How many messages were deleted (ids not in the conversation are
+        skipped). ValueError, deleting nothing, if a message kept would lose its parent:
+        only a branch's end is deleted."""
 
     async def get_request(self, request_id: str) -> RequestRecord | None: ...
 

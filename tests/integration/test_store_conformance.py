@@ -471,6 +471,46 @@ async def test_delete_removes_everything_and_only_for_the_owner(
     assert ids(await store.list_messages(n.keep)) == [n.k1]
 
 
+async def test_deleting_a_branch_end_removes_it_with_what_is_kept_of_it(
+    store: ConversationStore, n: Names
+) -> None:
+    await store.create_conversation(n.c1, n.alice, org_id=n.org)
+    await store.add_message(user_message(n.u1, n.c1))
+    await start(store, n.a1, n.c1, n.u1)
+    await store.add_message(user_message(n.u2, n.c1, n.a1))
+    await start(store, n.a2, n.c1, n.u2)
+    await store.add_message(answer(n.r2, n.c1, n.u2))  # regenerated: selected under u2
+    await store.save_summary(n.c1, n.a2, "through a2")
+    await store.save_summary(n.c1, n.a1, "through a1")
+    await store.save_embeddings(n.c1, "mini", {n.u2: b"\x01" * 4, n.a1: b"\x02" * 4})
+    await store.save_embeddings(n.c1, "other", {n.u2: b"\x03" * 4})
+    await store.save_citations(n.c1, n.a2, [Citation(n.f1, "a.md", 0, 0.5, "text")])
+    await store.save_tool_steps(n.c1, n.a2, [ToolStep(type="tool_call", id="c", name="clock")])
+
+    with pytest.raises(ValueError):  # r2 would lose its parent u2
+        await store.delete_messages(n.c1, [n.a2, n.u2])
+    assert ids(await store.list_messages(n.c1)) == [n.u1, n.a1, n.u2, n.a2, n.r2]
+
+    assert await store.delete_messages(n.c1, [n.r2]) == 1
+    assert ids((await store.get_tree(n.c1)).thread()) == [n.u1, n.a1, n.u2, n.a2]
+    assert await store.delete_messages(n.c1, [n.a2, n.u2, n.nowhere]) == 2
+
+    assert ids(await store.list_messages(n.c1)) == [n.u1, n.a1]
+    assert ids((await store.get_tree(n.c1)).thread()) == [n.u1, n.a1]
+    assert await store.get_message(n.a2) is None and await store.get_message(n.u2) is None
+    assert await store.get_request(f"r-{n.a2}") is None
+    assert await store.get_request(f"r-{n.a1}") is not None
+    assert [s.through_message_id for s in await store.list_summaries(n.c1)] == [n.a1]
+    assert await store.load_embeddings(n.c1, "mini") == {n.a1: b"\x02" * 4}
+    assert await store.load_embeddings(n.c1, "other") == {}
+    assert await store.list_citations(n.c1) == {}
+    assert await store.list_tool_steps(n.c1) == {}
+    # The conversation goes on below what is left.
+    await store.add_message(user_message(n.u3, n.c1, n.a1))
+    assert ids((await store.get_tree(n.c1)).thread()) == [n.u1, n.a1, n.u3]
+    assert await store.delete_messages(n.c2, [n.u1]) == 0  # not that conversation's
+
+
 # --- context caches and keys ------------------------------------------------------------
 
 

@@ -196,6 +196,33 @@ class EmulatedCql(EmulatedFilesCql):
         self.embeddings.pop(conversation_id, None)
         return []
 
+    def _delete_summary(self, conversation_id: str, through: str) -> list[Row]:
+        self.summaries.get(conversation_id, {}).pop(through, None)
+        return []
+
+    def _select_embedding_keys(self, conversation_id: str) -> list[Row]:
+        stored = self.embeddings.get(conversation_id, {})
+        return [{"model": model, "message_id": mid} for model, mid in stored]
+
+    def _delete_embedding(self, conversation_id: str, model: str, message_id: str) -> list[Row]:
+        self.embeddings.get(conversation_id, {}).pop((model, message_id), None)
+        return []
+
+    def _delete_message_citations(self, conversation_id: str, message_id: str) -> list[Row]:
+        self.citations.get(conversation_id, {}).pop(message_id, None)
+        return []
+
+    def _delete_message_tool_steps(self, conversation_id: str, message_id: str) -> list[Row]:
+        self.tool_steps.get(conversation_id, {}).pop(message_id, None)
+        return []
+
+    def _remove_choices(self, parents: set[str], conversation_id: str) -> list[Row]:
+        partition = self.messages.get(conversation_id)
+        if partition is not None:
+            for parent in parents:
+                partition.selected.pop(parent, None)
+        return []
+
     # --- messages -----------------------------------------------------------------
 
     def _select_last_seq(self, conversation_id: str) -> list[Row]:
