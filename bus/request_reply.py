@@ -12,10 +12,11 @@ TOPIC_RECHECK_S (paused, cut off) makes sure its topic still exists, creating it
 if it was judged gone. A gateway asks this way for its users, the safety judge for itself.
 
 The same acknowledgements say whether the bus is reachable: with none for
-`BUS_SILENT_S`, or while told the broker is down (`bus_down`, until `bus_up`), a
-submit is refused at once (`BusUnreachable`) rather than left to wait for a broker
-that may never have it, and no heartbeat is written (a broker restarting empty would
-take it before the topic is created again).
+`BUS_SILENT_S` (`Silence`: time this process could not run does not count), or while
+told the broker is down (`bus_down`, until `bus_up`), a submit is refused at once
+(`BusUnreachable`) rather than left to wait for a broker that may never have it, and no
+heartbeat is written (a broker restarting empty would take it before the topic is
+created again).
 """
 
 from __future__ import annotations
@@ -53,8 +54,44 @@ TOPIC_RECHECK_S = 30.0
 BUS_SILENT_S = 5.0
 """No heartbeat acknowledged for this long (and at least three heartbeat periods): the
 bus is unreachable."""
+LATE_S = 0.1
+"""A heartbeat period overrunning by more than this: the process could not run."""
 E = TypeVar("E", bound=Event)
 RecordHandler = Callable[[ConsumerRecord], None]
+
+
+class Silence:
+    """How long the bus has acknowledged none of a client's heartbeats, leaving out the
+    time the heartbeat loop was held up (its sleep overran by more than `LATE_S`: a long
+    blocking call in this process, a starved CPU): a heartbeat the process could not
+    send, nor take the answer of, is no sign of the bus. `wait` is the loop's sleep."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._heard_at = clock()
+        self._held_s = 0.0  # held up since then
+        self._wake_at: float | None = None
+
+    def heard(self) -> None:
+        self._heard_at, self._held_s = self._clock(), 0.0
+
+    def seconds(self) -> float:
+        now = self._clock()
+        return now - self._heard_at - self._held_s - self._late(now)
+
+    async def wait(self, seconds: float) -> None:
+        self._wake_at = self._clock() + seconds
+        try:
+            await asyncio.sleep(seconds)
+        finally:
+            self._held_s += self._late(self._clock())
+            self._wake_at = None
+
+    def _late(self, now: float) -> float:
+        """How long the loop's sleep has overrun (beyond `LATE_S`), so far."""
+        if self._wake_at is None or now - self._wake_at <= LATE_S:
+            return 0.0
+        return now - self._wake_at
 
 
 class BusUnreachable(ConnectionError):
@@ -135,7 +172,7 @@ class RequestReplyClient:
         self._tasks: list[asyncio.Task[None]] = []
         self._producer: AIOKafkaProducer
         self.publisher: Publisher
-        self._beat_acked_at = 0.0
+        self._silence = Silence()
         self._down = False
 
     @property
@@ -150,7 +187,7 @@ class RequestReplyClient:
     def reachable(self) -> bool:
         """The bus took one of this client's heartbeats lately, and is not known down."""
         silent_s = max(BUS_SILENT_S, 3 * self.heartbeat_interval_s)
-        return not self._down and time.monotonic() - self._beat_acked_at <= silent_s
+        return not self._down and self._silence.seconds() <= silent_s
 
     def bus_down(self) -> None:
         """The broker is gone (restarting): unreachable until `bus_up`."""
@@ -165,7 +202,7 @@ class RequestReplyClient:
         self.publisher.producer = self._producer
         await old.stop()
         self._down = False
-        self._beat_acked_at = time.monotonic()
+        self._silence.heard()
 
     async def start(self) -> None:
         await self._create_topic()
@@ -241,16 +278,16 @@ class RequestReplyClient:
     async def _create_topic(self) -> None:
         if await create_topics(self.kafka, {self.reply_to: self.partitions}):
             log.info("%s: delivery topic %s created", self.stage, self.reply_to)
-        self._beat_acked_at = time.monotonic()
+        self._silence.heard()
 
     async def _beat(self) -> None:
         heartbeat = GatewayHeartbeat(gateway_id=self.client_id, reply_to=self.reply_to)
         while True:
             try:
                 if self._down:
-                    await asyncio.sleep(self.heartbeat_interval_s)
+                    await self._silence.wait(self.heartbeat_interval_s)
                     continue
-                if time.monotonic() - self._beat_acked_at > TOPIC_RECHECK_S:
+                if self._silence.seconds() > TOPIC_RECHECK_S:
                     await self._create_topic()  # the scheduler may have judged this gone
                 sent = await self.publisher.send(
                     topics.CONTROL,
@@ -260,11 +297,11 @@ class RequestReplyClient:
                 sent.add_done_callback(self._beat_acked)
             except Exception:
                 log.warning("%s heartbeat failed", self.stage, exc_info=True)
-            await asyncio.sleep(self.heartbeat_interval_s)
+            await self._silence.wait(self.heartbeat_interval_s)
 
     def _beat_acked(self, sent: asyncio.Future[object]) -> None:
         if not sent.cancelled() and sent.exception() is None:
-            self._beat_acked_at = time.monotonic()
+            self._silence.heard()
 
     async def _read(self) -> None:
         """A fetch at a time, each partition's records decoded in one step; a record

@@ -1,7 +1,9 @@
 """A bus that stops answering for a while is waited out, not turned into an error:
 the broker is frozen (SIGSTOP) past the producer's request
 timeout, so aiokafka gives up on the record, and the stages' publisher sends it again
-until the broker is back. A record the bus refuses is not retried."""
+until the broker is back. A record the bus refuses is not retried. A gateway's client
+refuses a request at once while the bus acknowledges none of its heartbeats, and not
+because its own process was held up."""
 
 from __future__ import annotations
 
@@ -9,6 +11,8 @@ import asyncio
 import logging
 import os
 import signal
+import time
+import uuid
 from collections.abc import AsyncIterator
 
 import pytest
@@ -16,10 +20,13 @@ import pytest_asyncio
 from aiokafka import AIOKafkaProducer
 
 from bus.broker import EmbeddedBroker
+from bus.clients import KafkaConfig
 from bus.produce_failures import RecordRejected, RetryingPublisher
+from bus.request_reply import BUS_SILENT_S, BusUnreachable, RequestReplyClient
 from bus.topics import ensure_topics
 from schemas import topics
 from schemas.events import Cancel
+from tests.support.chat import generation_request, until
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -72,3 +79,41 @@ async def test_a_record_over_the_limit_is_refused_at_once(publisher):
         await asyncio.wait_for(
             publisher.send_and_wait(topics.CONTROL, Cancel(request_id="x" * 100_000), key="r"), 5
         )
+
+
+def client_of(broker: EmbeddedBroker) -> RequestReplyClient:
+    kafka = KafkaConfig(bootstrap_servers=broker.bootstrap_servers)
+    return RequestReplyClient(kafka, f"gw-{uuid.uuid4().hex[:6]}", partitions=1,
+                              heartbeat_interval_s=0.2)  # fmt: skip
+
+
+def hold_the_loop(seconds: float) -> None:
+    """A blocking call in the gateway's event loop (as an engine's warm-up can be)."""
+    time.sleep(seconds)
+
+
+async def test_a_request_is_refused_at_once_while_the_bus_acknowledges_nothing(broker):
+    async with client_of(broker) as client:
+        assert client.reachable
+        pid = broker._process.pid
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            await until(lambda: not client.reachable, timeout_s=BUS_SILENT_S + 5)
+            started = time.monotonic()
+            with pytest.raises(BusUnreachable):
+                await client.submit(generation_request(client.reply_to))
+            assert time.monotonic() - started < 0.1
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        await until(lambda: client.reachable, timeout_s=30)
+        stream = await client.submit(generation_request(client.reply_to))
+        await stream.aclose()
+
+
+async def test_a_held_up_process_is_no_silence_of_the_bus(broker):
+    async with client_of(broker) as client:
+        await asyncio.sleep(0.5)  # a few heartbeats acknowledged
+        hold_the_loop(BUS_SILENT_S + 1)
+        assert client.reachable, "the heartbeats could not be sent: the bus said nothing"
+        stream = await client.submit(generation_request(client.reply_to))
+        await stream.aclose()
