@@ -14,9 +14,15 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 from conversations.store import StoredMessage
+from schemas.events import Role
 
 ROOT_KEY = ""
 """The key that stands for "no parent" (the conversation's first messages) in stored choices."""
+
+
+def generated(message: StoredMessage) -> bool:
+    """An answer the model generated (not an assistant message a client sent as input)."""
+    return message.role == Role.ASSISTANT and message.request_id is not None
 
 
 def parent_key(parent_id: str | None) -> str:
@@ -98,3 +104,11 @@ class ConversationTree:
             path.append(node)
             node = by_id.get(node.parent_id) if node.parent_id is not None else None
         return path[::-1]
+
+    def turn_inputs(self, answer_id: str) -> list[StoredMessage]:
+        """The messages answer `answer_id` was asked with: those above it, root first,
+        up to the generated answer before them (excluded); empty if it is not in the
+        tree."""
+        path = self.path_to(answer_id)[:-1]
+        after = [index for index, message in enumerate(path) if generated(message)]
+        return path[after[-1] + 1 :] if after else path

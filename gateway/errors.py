@@ -25,6 +25,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from common.embedding_process import EmbedderGone
 from gateway.refusals import (
+    InUse,
     Invalid,
     NotAllowed,
     NotFound,
@@ -47,7 +48,7 @@ _MEANING = {
     403: "the caller's tier may not use this model",
     404: "no such resource of the caller's, or model not served",
     408: "the request's body did not arrive in time",
-    409: "the previous answer is still streaming",
+    409: "the previous answer is still streaming, or later responses continue this one",
     413: "the body, a message, the prompt or the request is too large",
     422: "a field fails validation",
     429: "over a rate limit, a token budget or the key's concurrent requests (Retry-After)",
@@ -62,6 +63,7 @@ STATUS: dict[type[Refused], int] = {
     NotAllowed: 403,
     NotFound: 404,
     NotYet: 409,
+    InUse: 409,
     TooLarge: 413,
     Invalid: 422,
     Unavailable: 503,

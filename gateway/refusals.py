@@ -36,6 +36,10 @@ class NotYet(Refused):
     """It waits on something still under way (the previous answer)."""
 
 
+class InUse(Refused):
+    """Something else depends on it (a response that later responses continue)."""
+
+
 class TooLarge(Refused):
     """A message, the prompt or the whole request is over a limit."""
 

@@ -39,7 +39,47 @@ class InputTextPart(BaseModel):
     text: Text
 
 
-InputContent = Text | list[InputTextPart]
+class RefusalPart(BaseModel):
+    """An earlier answer's refusal, sent back as input: its text is the message's."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    type: Literal["refusal"]
+    refusal: Text
+
+    @property
+    def text(self) -> str:
+        return self.refusal
+
+
+class UnreadPart(BaseModel):
+    """A part chatpipe's models cannot read (`input_image`, `input_file`, `input_audio`,
+    …): refused by its place in `input` (`unread_parts`)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    type: str
+
+    @property
+    def text(self) -> str:
+        return ""
+
+
+def _part_type(part: object) -> str:
+    kind = part.get("type") if isinstance(part, dict) else getattr(part, "type", None)
+    return {"input_text": "text", "output_text": "text", "refusal": "refusal"}.get(
+        str(kind), "unread"
+    )
+
+
+ContentPart = Annotated[
+    Annotated[InputTextPart, Tag("text")]
+    | Annotated[RefusalPart, Tag("refusal")]
+    | Annotated[UnreadPart, Tag("unread")],
+    Discriminator(_part_type),
+]
+
+InputContent = Text | list[ContentPart]
 
 
 def content_text(content: InputContent) -> str:
@@ -93,19 +133,48 @@ class FunctionCallOutput(BaseModel):
         return content_text(self.output)
 
 
+class UnreadItem(BaseModel):
+    """An input item of a type chatpipe does not take (`reasoning`, `item_reference`, a
+    hosted tool's call, …): refused by its place in `input` (`unread_parts`)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    type: str
+
+
+_ITEM_TYPES = frozenset({"message", "function_call", "function_call_output"})
+
+
 def _item_type(item: object) -> str:
     """An input item's type; a message may leave it out (`EasyInputMessage`)."""
     value = item.get("type", "message") if isinstance(item, dict) else getattr(item, "type", "")
-    return str(value)
+    return str(value) if value in _ITEM_TYPES else "unread"
 
 
 InputEntry = Annotated[
     Annotated[InputItem, Tag("message")]
     | Annotated[FunctionCallItem, Tag("function_call")]
-    | Annotated[FunctionCallOutput, Tag("function_call_output")],
+    | Annotated[FunctionCallOutput, Tag("function_call_output")]
+    | Annotated[UnreadItem, Tag("unread")],
     Discriminator(_item_type),
 ]
-"""One item of `input`: a message, a function call or its result."""
+"""One item of `input`: a message, a function call or its result (any other is refused)."""
+
+
+def unread_parts(entries: str | list[Any]) -> list[tuple[str, str, bool]]:
+    """(`param`, type, whether it is a content part) of every input item, and content
+    part, chatpipe cannot read."""
+    found: list[tuple[str, str, bool]] = []
+    for index, item in enumerate(entries if isinstance(entries, list) else ()):
+        if isinstance(item, UnreadItem):
+            found.append((f"input.{index}.type", item.type, False))
+            continue
+        field = "content" if isinstance(item, InputItem) else "output"
+        parts = getattr(item, field, None)
+        for number, part in enumerate(parts if isinstance(parts, list) else ()):
+            if isinstance(part, UnreadPart):
+                found.append((f"input.{index}.{field}.{number}.type", part.type, True))
+    return found
 
 
 class FunctionTool(FunctionSpec):
@@ -220,7 +289,7 @@ class ResponseRequest(BaseModel):
     def items(self) -> list[InputItem | FunctionCallItem | FunctionCallOutput]:
         if isinstance(self.input, str):
             return [InputItem(role="user", content=self.input)]
-        return list(self.input)
+        return [item for item in self.input if not isinstance(item, UnreadItem)]
 
     @property
     def all_instructions(self) -> str | None:
@@ -269,6 +338,20 @@ OPENAI_FIELDS = frozenset(
     }
 )
 """Fields of OpenAI's request that chatpipe does not honour (set, they are refused)."""
+
+INSTEAD: dict[str, str] = {
+    "conversation": "previous_response_id continues a stored response's conversation",
+    "include": "a response holds all it has; GET /v1/responses/{id} reads it again",
+    "max_tool_calls": "tool_choice none answers without calls",
+    "prompt": "send the prompt as instructions and input",
+    "reasoning": "the models served here do not reason apart from their answer",
+    "safety_identifier": "the API key names its user",
+    "service_tier": "the API key's tier sets the service",
+    "stream_options": "usage comes with response.completed",
+    "top_logprobs": "POST /v1/chat/completions answers with logprobs",
+    "user": "the API key names its user",
+}
+"""What to do instead of a refused field, said with the refusal."""
 
 NEUTRAL: dict[str, tuple[object, ...]] = {"truncation": ("auto",)}
 """Values that ask for what chatpipe does anyway: old turns dropped or summarised when
@@ -424,3 +507,40 @@ def response_status(status: RequestStatus) -> tuple[ResponseStatus, IncompleteRe
     """A response's status (and why it is incomplete) for its answer's request status;
     anything not finished is `in_progress`."""
     return _STATUS.get(status, ("in_progress", None))
+
+
+class ResponseDeleted(BaseModel):
+    """`DELETE /v1/responses/{id}`: the response is gone."""
+
+    id: str
+    object: Literal["response"] = "response"
+    deleted: Literal[True] = True
+
+
+class ListedInputText(BaseModel):
+    type: Literal["input_text"] = "input_text"
+    text: str
+
+
+class ListedInputMessage(BaseModel):
+    """A user message a response was asked with, as `input_items` lists it."""
+
+    id: str
+    type: Literal["message"] = "message"
+    role: Literal["user"] = "user"
+    status: Literal["completed"] = "completed"
+    content: list[ListedInputText]
+
+
+ListedItem = Annotated[ListedInputMessage | OutputMessage, Field(discriminator="role")]
+
+
+class ResponseItemList(BaseModel):
+    """`GET /v1/responses/{id}/input_items`: one page of the input a response was asked
+    with."""
+
+    object: Literal["list"] = "list"
+    data: list[ListedItem]
+    first_id: str | None
+    last_id: str | None
+    has_more: bool

@@ -1,10 +1,11 @@
 """The OpenAI Responses API's routes: `POST /v1/responses`, `GET /v1/responses/{id}` (also
-as a stream) and `POST /v1/responses/{id}/cancel`; each calls one function of `serving`.
+as a stream), `POST /v1/responses/{id}/cancel`, `DELETE /v1/responses/{id}` and
+`GET /v1/responses/{id}/input_items`; each calls one function of `serving`.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query, Request
 
@@ -14,7 +15,7 @@ from gateway.errors import error_responses
 from gateway.openai.responses import serving
 from gateway.streaming.event_stream import EventStreamResponse
 from schemas.bounds import INT32_MAX
-from schemas.responses import ResponseObject, ResponseRequest
+from schemas.responses import ResponseDeleted, ResponseItemList, ResponseObject, ResponseRequest
 
 router = APIRouter(tags=["responses"])
 
@@ -48,3 +49,25 @@ async def retrieve_response(
 async def cancel_response(response_id: str, owner: Owner, deps: Deps) -> ResponseObject:
     """Stop a response still being generated; its answer ends `cancelled`."""
     return await serving.cancel(response_id, owner, deps)
+
+
+@router.delete("/responses/{response_id}", response_model=ResponseDeleted,
+               responses=error_responses(404, 409))  # fmt: skip
+async def delete_response(response_id: str, owner: Owner, deps: Deps) -> ResponseDeleted:
+    """Delete a stored response (cancelled first if still generated) with the input it was
+    asked with; 409 if later responses continue it."""
+    return await serving.delete_response(response_id, owner, deps)
+
+
+@router.get("/responses/{response_id}/input_items", response_model=ResponseItemList,
+            responses=error_responses(404, 422))  # fmt: skip
+async def list_input_items(
+    response_id: str, owner: Owner, deps: Deps,
+    after: Annotated[str | None, Query(description="the items after this item id")] = None,
+    limit: Annotated[int, Query(ge=1, le=100)] = 20,
+    order: Literal["asc", "desc"] = "desc",
+) -> ResponseItemList:  # fmt: skip
+    """The messages a stored response was asked with, one page at a time."""
+    return await serving.input_items(
+        response_id, owner, deps, after=after, limit=limit, ascending=order == "asc"
+    )

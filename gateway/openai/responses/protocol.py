@@ -31,6 +31,7 @@ from schemas.api import (
     TurnOptions,
 )
 from schemas.responses import (
+    INSTEAD,
     FunctionCallItem,
     FunctionCallOutput,
     FunctionTool,
@@ -40,6 +41,7 @@ from schemas.responses import (
     TextFormatJsonSchema,
     ToolChoiceNamed,
     refused_fields,
+    unread_parts,
 )
 from schemas.tools import FunctionCall, FunctionSpec, ToolCall, ToolSpec
 
@@ -51,7 +53,25 @@ def check_fields(body: ResponseRequest, limits: RequestLimits) -> None:
     refused = refused_fields(body)
     if refused:
         name, code = refused[0]
-        raise Unacceptable(code, f"{name!r} is not supported here", param=name)
+        instead = INSTEAD.get(name)
+        message = f"{name!r} is not supported here" + (f": {instead}" if instead else "")
+        raise Unacceptable(code, message, param=name)
+    for param, kind, part in unread_parts(body.input):
+        if part:
+            raise Unacceptable(
+                "unsupported_content",
+                f"content parts of type {kind!r} are not supported here: chatpipe's models "
+                "read text; send it as an input_text part (a document can be uploaded to "
+                "POST /v1/files and asked about on the native API with file_ids)",
+                param=param,
+            )
+        raise Unacceptable(
+            "unsupported_input_item",
+            f"input items of type {kind!r} are not supported here: chatpipe takes message, "
+            "function_call and function_call_output items (previous_response_id carries "
+            "an earlier stored response)",
+            param=param,
+        )
     for index, tool in enumerate(body.tools or ()):
         if isinstance(tool, HostedTool):
             raise Unacceptable(

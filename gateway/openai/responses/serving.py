@@ -1,5 +1,6 @@
 """Serving the OpenAI Responses API: `POST /v1/responses`, `GET /v1/responses/{id}` (also
-as a stream, resumed `starting_after` a sequence number) and `POST /v1/responses/{id}/cancel`.
+as a stream, resumed `starting_after` a sequence number), `POST /v1/responses/{id}/cancel`,
+`DELETE /v1/responses/{id}` and `GET /v1/responses/{id}/input_items`.
 
 Mapping onto chatpipe's conversations (so both APIs see one history):
 
@@ -27,6 +28,9 @@ Mapping onto chatpipe's conversations (so both APIs see one history):
   events from `chat.answers` on any gateway, live to the end, numbered as
   `gateway.openai.responses.events` says, after `starting_after`. Reading it never cancels
   it; `POST /v1/responses/{id}/cancel` does.
+* A response's input items are the messages above its answer back to the generated
+  answer before them (`ConversationTree.turn_inputs`); deleting it deletes the answer
+  and those of them no other answer needs, never a response another continues.
 
 Admission, limits, quotas, the prompt's window and the input safety check are the
 native turn's (`gateway.native.turns.start_reply`) or the completion's
@@ -44,9 +48,11 @@ from contextlib import aclosing
 from fastapi import Request
 
 from conversations.store import ApiKey, Conversation, ConversationStore, StoredMessage
+from conversations.tree import ConversationTree, generated
 from gateway.admission.limits import check_message_count, served_model
 from gateway.context.history import prompt_turns
 from gateway.deps import GatewayDeps
+from gateway.native.conversations import delete as delete_conversation
 from gateway.native.messages import stop
 from gateway.native.turn_rules import answer_ended
 from gateway.native.turns import send_turn, start_reply, store_answer
@@ -58,7 +64,7 @@ from gateway.openai.responses.protocol import (
     named_as_responses,
     turn_options,
 )
-from gateway.refusals import NotFound, Unacceptable, reply_pending
+from gateway.refusals import InUse, NotFound, Unacceptable, reply_pending
 from gateway.streaming.event_stream import EventStreamResponse
 from gateway.streaming.generation import (
     INTERRUPTED,
@@ -76,6 +82,13 @@ from schemas.lifecycle import RequestStatus
 from schemas.response_events import ResponseErrorEvent, ResponseEvent
 from schemas.responses import (
     ConversationRef,
+    ListedInputMessage,
+    ListedInputText,
+    ListedItem,
+    OutputMessage,
+    OutputText,
+    ResponseDeleted,
+    ResponseItemList,
     ResponseObject,
     ResponseRequest,
     ToolChoiceNamed,
@@ -128,6 +141,100 @@ async def cancel(response_id: str, owner: ApiKey, deps: GatewayDeps) -> Response
         return stored(head, message)
     await stop(deps, owner, message.request_id)
     return head.model_copy(update={"status": "cancelled"})
+
+
+async def delete_response(response_id: str, owner: ApiKey, deps: GatewayDeps
+                          ) -> ResponseDeleted:  # fmt: skip
+    """Delete a stored response: its answer and the input it was asked with, but no
+    message another answer hangs below; its conversation too once nothing is left of it.
+    A response still being generated is cancelled first. One that later responses
+    continue is refused (409 `response_continued`, naming them)."""
+    message, conversation = await owned_response(deps.store, owner, response_id)
+    cid = conversation.conversation_id
+    tree = await deps.store.get_tree(cid)
+    later = _continuations(tree, message.message_id)
+    if later:
+        raise _continued_by(response_id, later, cid)
+    if message.status == RequestStatus.IN_PROGRESS and message.request_id is not None:
+        await deps.pipeline.cancel(message.request_id, reason="response_deleted")
+    doomed = _asked_only_for(tree, message)
+    if len(doomed) == len(tree.messages):
+        await delete_conversation(deps, owner, cid)
+        return ResponseDeleted(id=response_id)
+    try:
+        await deps.store.delete_messages(cid, [m.message_id for m in doomed])
+    except ValueError:  # a turn was added below it meanwhile
+        tree = await deps.store.get_tree(cid)
+        raise _continued_by(response_id, _continuations(tree, message.message_id), cid) from None
+    return ResponseDeleted(id=response_id)
+
+
+async def input_items(response_id: str, owner: ApiKey, deps: GatewayDeps, *, after: str | None,
+                      limit: int, ascending: bool) -> ResponseItemList:  # fmt: skip
+    """One page of the messages a stored response was asked with (newest first unless
+    `ascending`), after the item `after`: what the store keeps of its input (the
+    instructions and system messages are not kept)."""
+    message, conversation = await owned_response(deps.store, owner, response_id)
+    tree = await deps.store.get_tree(conversation.conversation_id)
+    items = [_listed(m) for m in tree.turn_inputs(message.message_id)]
+    if not ascending:
+        items.reverse()
+    if after is not None:
+        ids = [item.id for item in items]
+        if after not in ids:
+            raise NotFound("item_not_found", f"no input item {after!r} of {response_id!r}",
+                           param="after")  # fmt: skip
+        items = items[ids.index(after) + 1 :]
+    page = items[:limit]
+    return ResponseItemList(
+        data=page,
+        first_id=page[0].id if page else None,
+        last_id=page[-1].id if page else None,
+        has_more=len(items) > limit,
+    )
+
+
+def _continuations(tree: ConversationTree, message_id: str) -> list[str]:
+    """The responses that continue the answer `message_id`: the first generated answer
+    on each branch below it."""
+    found: list[str] = []
+    below = list(tree.children(message_id))
+    while below:
+        child = below.pop(0)
+        if generated(child):
+            found.append(response_id(child.message_id))
+        else:
+            below.extend(tree.children(child.message_id))
+    return found
+
+
+def _continued_by(response: str, later: list[str], conversation_id: str) -> InUse:
+    named = ", ".join(later[:3]) + (f" and {len(later) - 3} more" if len(later) > 3 else "")
+    return InUse(
+        "response_continued",
+        f"{response} is continued by {named}: delete those first, or the whole "
+        f"conversation with DELETE /v1/conversations/{conversation_id}",
+    )
+
+
+def _asked_only_for(tree: ConversationTree, answer: StoredMessage) -> list[StoredMessage]:
+    """`answer`, and its input messages from the last up that no other answer needs:
+    each one whose only child is the message deleted below it."""
+    doomed = [answer]
+    for message in reversed(tree.turn_inputs(answer.message_id)):
+        if [c.message_id for c in tree.children(message.message_id)] != [doomed[-1].message_id]:
+            break
+        doomed.append(message)
+    return doomed
+
+
+def _listed(message: StoredMessage) -> ListedItem:
+    item_id = f"msg_{message.message_id}"
+    if message.role == Role.ASSISTANT:
+        return OutputMessage(
+            id=item_id, status="completed", content=[OutputText(text=message.content)]
+        )
+    return ListedInputMessage(id=item_id, content=[ListedInputText(text=message.content)])
 
 
 async def _followed(deps: GatewayDeps, head: ResponseObject, request_id: str,
@@ -273,12 +380,10 @@ def _head(body: ResponseRequest, request: GenerationRequest) -> ResponseObject:
 async def _stored_head(store: ConversationStore, message: StoredMessage,
                        conversation: Conversation) -> ResponseObject:  # fmt: skip
     """A stored response as created (what the store keeps of it: no instructions nor
-    sampling); its previous response is the answer before its user message, if any."""
-    question = await store.get_message(message.parent_id) if message.parent_id else None
-    before = await store.get_message(question.parent_id) if question and question.parent_id \
-        else None  # fmt: skip
-    previous = before.message_id if before is not None and before.role == Role.ASSISTANT \
-        else None  # fmt: skip
+    sampling); its previous response is the generated answer before its input, if any."""
+    tree = await store.get_tree(conversation.conversation_id)
+    inputs = tree.turn_inputs(message.message_id)
+    previous = inputs[0].parent_id if inputs else None
     return ResponseObject(
         id=response_id(message.message_id), created_at=message.created_at,
         status="in_progress", model=message.alias or message.model or "",

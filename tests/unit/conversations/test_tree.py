@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from conversations.store import Conversation, StoredMessage, decode_cursor, encode_cursor
@@ -59,6 +61,18 @@ def test_path_to_a_message_and_empty_trees() -> None:
     assert ids(tree.path_to("a3")) == ["u1", "a2", "u3", "a3"]
     assert tree.path_to("nope") == []
     assert ConversationTree([]).thread() == [] and ConversationTree([]).leaf_id is None
+
+
+def test_an_answers_turn_inputs_go_back_to_the_generated_answer_before_them() -> None:
+    # s (system, sent) ─ u1 ─ a1 (sent by the client) ─ u2 ─ g1 (generated) ─ u3 ─ g2
+    sent = [stored("u1", None, 1), stored("a1", "u1", 2, Role.ASSISTANT), stored("u2", "a1", 3)]
+    g1 = replace(stored("g1", "u2", 4, Role.ASSISTANT), request_id="r1")
+    g2 = replace(stored("g2", "u3", 6, Role.ASSISTANT), request_id="r2")
+    tree = ConversationTree.of([*sent, g1, stored("u3", "g1", 5), g2], {})
+
+    assert ids(tree.turn_inputs("g1")) == ["u1", "a1", "u2"]
+    assert ids(tree.turn_inputs("g2")) == ["u3"]
+    assert tree.turn_inputs("nope") == []
 
 
 def test_parent_cycles_end_the_walk() -> None:

@@ -6,15 +6,17 @@ from __future__ import annotations
 
 import pytest
 from openai.types.responses import Response, ResponseStreamEvent
-from pydantic import TypeAdapter, ValidationError
+from pydantic import TypeAdapter
 
 from gateway.openai.responses.events import HEAD, ResponseEvents
-from gateway.openai.responses.protocol import chat_completion, responses_param
+from gateway.openai.responses.protocol import chat_completion, check_fields, responses_param
+from gateway.refusals import Unacceptable
 from schemas.api import JsonObjectFormat, JsonSchemaResponseFormat, NamedToolChoice
 from schemas.events import DeliveryDone, Delta, Retract, Usage
 from schemas.lifecycle import RequestStatus
 from schemas.responses import ResponseObject, ResponseRequest
 from schemas.tools import FunctionCall, ToolCall, ToolCalls
+from tests.support.limits import small_limits
 
 WEATHER = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
 TOOL = {"type": "function", "name": "get_weather", "description": "d", "parameters": WEATHER,
@@ -100,9 +102,43 @@ def test_what_runs_as_a_chat_completion(fields, runs_as_completion):
     assert request(**fields).runs_as_completion is runs_as_completion
 
 
-def test_an_input_item_of_another_type_is_invalid():
-    with pytest.raises(ValidationError):
-        request(input=[{"type": "input_image", "image_url": "http://x"}])
+@pytest.mark.parametrize(("item", "param", "code", "kind"), [
+    ({"type": "reasoning", "summary": []}, "input.1.type", "unsupported_input_item", "reasoning"),
+    ({"type": "input_image", "image_url": "http://x"}, "input.1.type", "unsupported_input_item",
+     "input_image"),
+    ({"role": "user", "content": [{"type": "input_text", "text": "see"},
+                                  {"type": "input_image", "image_url": "http://x"}]},
+     "input.1.content.1.type", "unsupported_content", "input_image"),
+    ({"type": "function_call_output", "call_id": "c",
+      "output": [{"type": "input_file", "file_id": "f"}]},
+     "input.1.output.0.type", "unsupported_content", "input_file"),
+])  # fmt: skip
+def test_an_input_item_or_part_chatpipe_cannot_read_is_refused_by_its_place(
+    item, param, code, kind
+):
+    body = request(input=[{"role": "user", "content": "Hi"}, item])
+    with pytest.raises(Unacceptable) as refused:
+        check_fields(body, small_limits())
+    assert (refused.value.code, refused.value.param) == (code, param)
+    assert repr(kind) in refused.value.message
+
+
+def test_a_refusal_part_sent_back_is_the_assistant_messages_text():
+    body = request(input=[
+        {"role": "user", "content": "Do X"},
+        {"role": "assistant", "content": [{"type": "refusal", "refusal": "I will not."}]},
+        {"role": "user", "content": "Why?"},
+    ])  # fmt: skip
+    check_fields(body, small_limits())
+    assert [(m.role, m.content) for m in chat_completion(body, [], "t").messages] == [
+        ("user", "Do X"), ("assistant", "I will not."), ("user", "Why?")]  # fmt: skip
+
+
+def test_a_refused_field_says_what_to_do_instead():
+    with pytest.raises(Unacceptable) as refused:
+        check_fields(request(top_logprobs=2), small_limits())
+    assert refused.value.param == "top_logprobs"
+    assert "POST /v1/chat/completions" in refused.value.message
 
 
 @pytest.mark.parametrize(("chat", "responses"), [
