@@ -1,7 +1,8 @@
 """`python -m bench scheduler_sim`: the scheduler at scale.
 
     python -m bench scheduler_sim --workers 1000            # ~1.5 min
-    python -m bench scheduler_sim --workers 1000 --shards 2 --kafka-seconds 0 --gc-freeze
+    python -m bench scheduler_sim --workers 1000 --shards 2 --kafka-seconds 0
+    python -m bench scheduler_sim --workers 1000 --no-gc-freeze   # as in `chatpipe up`
     python -m bench scheduler_sim --workers 20 --waiting 200 --rate 300 --seconds 0.5 \
         --kafka-seconds 0
 
@@ -45,6 +46,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from scheduler.config import ALONE_GC_FREEZE_S
 from scheduler.core import Dispatch, Policy, Scheduler
 from scheduler.shards import HeapFreezer
 from schemas.events import ChatMessage, GenerationRequest, Role, SamplingOptions, WorkerHeartbeat
@@ -260,7 +262,7 @@ class CoreSim:
         self.next_restart = self.now + RESTART_EVERY_S
         self.timings = Timings()
         self.filling = False
-        self.heap = HeapFreezer(1.0 if gc_freeze else 0.0, lambda: self.now)
+        self.heap = HeapFreezer(ALONE_GC_FREEZE_S if gc_freeze else 0.0, lambda: self.now)
 
     def run(
         self, seconds: float, warmup_s: float = 3.0, warm: Callable[[], object] = lambda: None
@@ -458,10 +460,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     parser.add_argument(
         "--gc-freeze",
-        action="store_true",
-        help="freeze the heap every simulated second (gc.freeze, "
-        "HeapFreezer), as the stage does with "
-        "CHATPIPE_SCHEDULER_GC_FREEZE_S=1",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="freeze the heap every simulated second (gc.freeze, HeapFreezer), as a "
+        "scheduler process of its own does by default (CHATPIPE_SCHEDULER_GC_FREEZE_S); "
+        "--no-gc-freeze: as `chatpipe up`'s scheduler, never",
     )
     parser.add_argument(
         "--breakdown",

@@ -356,10 +356,11 @@ def scheduling_policy(settings: Settings, shard: Shard = Shard()) -> Policy:
 
 
 def scheduler_stage(
-    kafka: KafkaConfig, settings: Settings, shard: str | None = None
+    kafka: KafkaConfig, settings: Settings, shard: str | None = None, *, alone: bool = False
 ) -> SchedulerStage:
-    """The scheduler of `shard` (default: the settings' `scheduler_shard`). Only the
-    unnamed shard's deletes the delivery topics of gone gateways (one janitor)."""
+    """The scheduler of `shard` (default: the settings' `scheduler_shard`), in a process
+    of its own (`alone`) or beside the other stages. Only the unnamed shard's deletes the
+    delivery topics of gone gateways (one janitor)."""
     scheduler = settings.scheduler
     of = Shard.of(scheduler.scheduler_shards, scheduler.scheduler_shard if shard is None else shard)
     return SchedulerStage(
@@ -367,7 +368,7 @@ def scheduler_stage(
         scheduling_policy(settings, of),
         deliver_topic_ttl_s=0.0 if of.name else settings.gateway.deliver_topic_ttl_s,
         shard=of,
-        gc_freeze_s=scheduler.scheduler_gc_freeze_s,
+        gc_freeze_s=scheduler.gc_freeze_s(alone),
     )
 
 
@@ -631,7 +632,7 @@ async def run_stage(stage: str, settings: Settings) -> None:
         if settings.gateway.metrics_port is not None:
             await stack.enter_async_context(serving_metrics(settings.gateway.metrics_port))
         runners: dict[str, Callable[[], Coroutine[Any, Any, None]]] = {
-            "scheduler": lambda: scheduler_stage(kafka, settings).run(),
+            "scheduler": lambda: scheduler_stage(kafka, settings, alone=True).run(),
         }
         server: uvicorn.Server | None = None
         if stage == "safety":

@@ -13,6 +13,10 @@ from schemas.topics import Tier
 
 SHARD_NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,40}")
 
+ALONE_GC_FREEZE_S = 1.0
+"""How often a scheduler process of its own freezes its heap unless set: its decision
+p99 stays at a few milliseconds with a thousand workers (`bench scheduler_sim`)."""
+
 
 class SchedulerSettings(BaseModel):
     """How requests are queued, routed to models and split among scheduler shards."""
@@ -66,15 +70,23 @@ class SchedulerSettings(BaseModel):
         description="the shard this scheduler process decides for (a key of "
         "scheduler_shards); empty: the unnamed one. `chatpipe up` runs one of each",
     )
-    scheduler_gc_freeze_s: float = Field(
-        0.0,
+    scheduler_gc_freeze_s: float | None = Field(
+        None,
         ge=0,
         description="a scheduler process moves what it holds out of CPython's "
         "garbage collector's sight (gc.freeze) this often, so full collections do not walk "
         "every waiting and running request (docs/architecture/scale.md); 0: never. "
-        "For a process that runs the scheduler alone (`chatpipe scheduler`): it freezes "
-        "the whole process",
+        f"Unset: every {ALONE_GC_FREEZE_S:g} s where the scheduler runs alone "
+        "(`chatpipe scheduler`, as docker-compose and Kubernetes run it; it freezes the "
+        "whole process), never in `chatpipe up`, where every stage shares the heap",
     )
+
+    def gc_freeze_s(self, alone: bool) -> float:
+        """How often a scheduler freezes the heap: the setting, else the default for a
+        process that runs it `alone` or beside the other stages."""
+        if self.scheduler_gc_freeze_s is not None:
+            return self.scheduler_gc_freeze_s
+        return ALONE_GC_FREEZE_S if alone else 0.0
 
     @model_validator(mode="after")
     def _check_shards(self) -> SchedulerSettings:

@@ -9,9 +9,10 @@ import gc
 import pytest
 from pydantic import ValidationError
 
+from bus.config import KafkaConfig
 from bus.topics import TopicLayout
 from chatpipe.settings import Settings
-from chatpipe.wiring import scheduling_policy
+from chatpipe.wiring import scheduler_stage, scheduling_policy
 from gateway.admission.shedding import STATUS_FRESH_S, Shedding
 from ops.bus_records import kind_of
 from scheduler.claims import fences
@@ -102,6 +103,17 @@ def test_settings_name_the_shards_and_each_models_shard():
 def test_wrong_shard_settings_are_refused(wrong):
     with pytest.raises(ValidationError):
         Settings(**wrong)
+
+
+@pytest.mark.parametrize(("setting", "alone", "every_s"), [
+    ({}, True, 1.0),  # `chatpipe scheduler`: its own process, frozen every second
+    ({}, False, 0.0),  # `chatpipe up`: every stage shares the heap, never frozen
+    ({"scheduler_gc_freeze_s": 0}, True, 0.0),
+    ({"scheduler_gc_freeze_s": 5}, False, 5.0),
+])  # fmt: skip
+def test_a_scheduler_alone_freezes_its_heap_unless_told_otherwise(setting, alone, every_s):
+    stage = scheduler_stage(KafkaConfig("127.0.0.1:1"), Settings(**setting), alone=alone)
+    assert stage.heap.every_s == every_s
 
 
 def test_routes_between_models_stay_inside_a_shard():
