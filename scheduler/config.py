@@ -14,8 +14,9 @@ from schemas.topics import Tier
 SHARD_NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,40}")
 
 ALONE_GC_FREEZE_S = 1.0
-"""How often a scheduler process of its own freezes its heap unless set: its decision
-p99 stays at a few milliseconds with a thousand workers (`bench scheduler_sim`)."""
+"""How often a scheduler process of its own freezes its heap unless set: full
+collections then leave out the requests it holds, whose pauses were the tail of its
+decision latency (`bench scheduler_sim`)."""
 
 
 class SchedulerSettings(BaseModel):
