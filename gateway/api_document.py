@@ -15,13 +15,19 @@ FastAPI writes what the routes and models declare; this adds what it cannot know
   (`gateway.openai.chat_completions.tool_requests`): a tool message names its call, only
   an assistant's carries calls, a tool choice other than none or auto needs tools;
 * what a stream carries: in OpenAPI 3.1 the `schema` of `text/event-stream` is one
-  event (FastAPI writes a string there).
+  event (FastAPI writes a string there);
+* the media types an upload's file may be sent as (text, Markdown, PDF; its name may say
+  which instead): any other is a 400;
+* the links from an answer to the operations that take the ids it holds (a created
+  conversation, file or response; a deleted resource's path; a turn's conversation):
+  what a client, or a stateful fuzzer, calls next with them. A link is written only
+  where its target is in the document.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
@@ -29,6 +35,7 @@ from fastapi.openapi.utils import get_openapi
 from gateway.config import RequestLimits
 from gateway.errors import error_responses
 from gateway.openai.chat_completions.protocol import ACCEPTED, REFUSED
+from retrieval.extract import SUPPORTED
 from schemas.bounds import SEED_LIMIT
 
 Schema = dict[str, Any]
@@ -48,12 +55,57 @@ _SSE_EVENT: Schema = {
 }
 
 
+class _Link(NamedTuple):
+    """From `source`'s success answer to `target` (each `METHOD /path`), with the values
+    of the target's parameters (and fields of its body) as OpenAPI runtime expressions."""
+
+    source: str
+    target: str
+    parameters: dict[str, str]
+    body: Schema | None = None
+
+
+_CONVERSATION = "/v1/conversations/{conversation_id}"
+_MESSAGE = _CONVERSATION + "/messages/{message_id}"
+_FILE = "/v1/files/{file_id}"
+_RESPONSE = "/v1/responses/{response_id}"
+_CREATED_CONVERSATION = {"conversation_id": "$response.body#/conversation_id"}
+_SAME_CONVERSATION = {"conversation_id": "$request.path.conversation_id"}
+_LINKS = (
+    *(_Link("POST /v1/conversations", target, _CREATED_CONVERSATION)
+      for target in (f"GET {_CONVERSATION}", f"PATCH {_CONVERSATION}",
+                     f"DELETE {_CONVERSATION}", f"GET {_CONVERSATION}/usage",
+                     f"POST {_CONVERSATION}/messages")),
+    # A posted message's answer is a stream: its conversation, read next, holds the ids.
+    *(_Link(source, f"GET {_CONVERSATION}", _SAME_CONVERSATION)
+      for source in (f"POST {_CONVERSATION}/messages", f"POST {_MESSAGE}/edit",
+                     f"POST {_MESSAGE}/regenerate", f"PATCH {_CONVERSATION}",
+                     f"DELETE {_CONVERSATION}")),
+    *(_Link("POST /v1/files", target, {"file_id": "$response.body#/id"})
+      for target in (f"GET {_FILE}", f"DELETE {_FILE}")),
+    _Link(f"DELETE {_FILE}", f"GET {_FILE}", {"file_id": "$request.path.file_id"}),
+    *(_Link("POST /v1/responses", target, {"response_id": "$response.body#/id"})
+      for target in (f"GET {_RESPONSE}", f"DELETE {_RESPONSE}", f"POST {_RESPONSE}/cancel",
+                     f"GET {_RESPONSE}/input_items")),
+    _Link("POST /v1/responses", "POST /v1/responses", {},
+          {"previous_response_id": "$response.body#/id"}),
+    _Link("POST /v1/responses", f"GET {_CONVERSATION}",
+          {"conversation_id": "$response.body#/conversation/id"}),
+    *(_Link(f"DELETE {_RESPONSE}", target, {"response_id": "$request.path.response_id"})
+      for target in (f"GET {_RESPONSE}", f"GET {_RESPONSE}/input_items")),
+    # The list holds every model the caller may name: never none.
+    _Link("GET /v1/models", "GET /v1/models/{model}", {"model": "$response.body#/data/0/id"}),
+)  # fmt: skip
+
+
 def api_document(app: FastAPI, limits: RequestLimits, aliases: Sequence[str] = ()) -> Schema:
     document = get_openapi(title=app.title, version=app.version, summary=app.summary,
                            routes=app.routes)  # fmt: skip
     for path, operations in document.get("paths", {}).items():
         for operation in operations.values():
             _declare_shared_errors(path, operation)
+    _declare_links(document.get("paths", {}))
+    _declare_upload_types(document.get("paths", {}))
     schemas = document.setdefault("components", {}).setdefault("schemas", {})
     for unused in ("HTTPValidationError", "ValidationError"):
         schemas.pop(unused, None)
@@ -73,6 +125,37 @@ def _declare_shared_errors(path: str, operation: Schema) -> None:
         stream = response.get("content", {}).get("text/event-stream")
         if stream is not None:
             stream["schema"] = _SSE_EVENT
+
+
+def _declare_links(paths: Schema) -> None:
+    """Each of `_LINKS` whose two operations are in `paths`, on the source's success
+    answer, named after the target (`GetConversation`) and pointing at its operationId."""
+
+    def operation(name: str) -> Schema | None:
+        method, path = name.split(" ", 1)
+        return paths.get(path, {}).get(method.lower())
+
+    for link in _LINKS:
+        source, target = operation(link.source), operation(link.target)
+        if source is None or target is None:
+            continue
+        success = min(status for status in source["responses"] if status.startswith("2"))
+        definition: Schema = {"operationId": target["operationId"]}
+        if link.parameters:
+            definition["parameters"] = dict(link.parameters)
+        if link.body is not None:
+            definition["requestBody"] = dict(link.body)
+        links = source["responses"][success].setdefault("links", {})
+        links[target["summary"].replace(" ", "")] = definition
+
+
+def _declare_upload_types(paths: Schema) -> None:
+    """`POST /v1/files`: the file part's media types (`retrieval.extract`), which name
+    the type of a file whose name does not."""
+    form = paths.get("/v1/files", {}).get("post", {}).get("requestBody", {})
+    multipart = form.get("content", {}).get("multipart/form-data")
+    if multipart is not None:
+        multipart["encoding"] = {"file": {"contentType": ", ".join(SUPPORTED)}}
 
 
 def _declare_limits(

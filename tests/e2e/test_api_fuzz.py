@@ -1,15 +1,19 @@
 """The API that fuzzing cannot break: schemathesis, run as its CLI against a live gateway
 (sim engine, real broker, real HTTP), generates requests from the gateway's own OpenAPI
-document, valid and invalid, and checks every answer against it.
+document, valid and invalid, and checks every answer against it; then, statefully, it
+chains calls along the document's links (create a conversation, read, rename and delete
+it, read it again) with the ids the answers hold.
 
 Bounded (a fixed seed, a few examples per operation) so it fits `make test`; the same
 command with a larger `--max-examples` is the long run:
 
-    schemathesis run http://127.0.0.1:8000/openapi.json -H 'Authorization: Bearer KEY' \
-        -c not_a_server_error,status_code_conformance,positive_data_acceptance,...
+    schemathesis --config-file schemathesis.toml run http://127.0.0.1:8000/openapi.json \
+        -H 'Authorization: Bearer KEY'
 
 Found nothing means: no server error on any operation, no status code the document does not list, no
-request valid by the document refused, no answer outside its documented schema.
+request valid by the document refused, no answer outside its documented schema, no link
+whose value the answer does not hold, no resource missing just after it was created, and
+none still there after it was deleted.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from collections import Counter
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import httpx
 import pytest
 import pytest_asyncio
 
@@ -36,10 +41,29 @@ CHECKS = (
     "positive_data_acceptance",
     "content_type_conformance",
     "response_schema_conformance",
+    # Stateful only: a linked read of what was just created is not a 404, one of what was
+    # just deleted is.
+    "use_after_free",
+    "ensure_resource_availability",
 )
 MAX_EXAMPLES = 12
+STATEFUL_EXAMPLES = 150
 SEED = 20261130
-CONFIG = """
+# Links the stateful phase follows in every run (their sources always succeed).
+FOLLOWED = {
+    "POST /v1/conversations -> [201] GetConversation -> GET /v1/conversations/{conversation_id}",
+    "POST /v1/conversations -> [201] DeleteConversation"
+    " -> DELETE /v1/conversations/{conversation_id}",
+    "DELETE /v1/conversations/{conversation_id} -> [204] GetConversation"
+    " -> GET /v1/conversations/{conversation_id}",
+}
+CONFIG = (
+    "[checks]\nenabled = false\n"
+    + "".join(f"{check}.enabled = true\n" for check in CHECKS)
+    # The links of the document only: what it says, not what schemathesis guesses.
+    + "[phases.stateful]\ninference.algorithms = []\n"
+    + f"generation.max-examples = {STATEFUL_EXAMPLES}\n"
+    + """
 # No status below lists a 5xx: a server error fails both `not_a_server_error`, which runs
 # on every operation, and the acceptance of the request that caused it.
 
@@ -54,11 +78,20 @@ checks.positive_data_acceptance.expected-statuses = [
 # A response's input must end with a non-blank user message, each message's parts
 # together within the message limit, and a previous_response_id name one of the
 # caller's answers that has ended: rules a JSON schema cannot say (400, 413, 404, 409).
+# Its 404 names the model or the previous response, not the operation's own resource.
 [[operations]]
 include-path = "/v1/responses"
 include-method = "POST"
 checks.positive_data_acceptance.expected-statuses = [
     "2xx", "3xx", "400", "401", "403", "404", "409", "413", "429"]
+checks.ensure_resource_availability.enabled = false
+
+# A turn's body names more than its path's conversation (a model, files, a server tool),
+# each a 404 when not found: not the linked conversation missing.
+[[operations]]
+include-path-regex = "^/v1/conversations/[^/]+/messages"
+include-method = "POST"
+checks.ensure_resource_availability.enabled = false
 
 # OpenAI's text completion request, declared whole: the fields chatpipe cannot honour
 # (n > 1, logprobs, suffix, penalties, token arrays) are refused with a 400 naming them,
@@ -79,6 +112,7 @@ include-method = "POST"
 checks.positive_data_acceptance.expected-statuses = [
     "2xx", "400", "401", "404", "413", "429"]
 """
+)
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
@@ -99,6 +133,8 @@ async def fuzz_stack(tiny_model_dir, tmp_path_factory) -> AsyncIterator[Stack]:
         org_requests_per_minute=1_000_000,
         user_tokens_per_minute=1_000_000_000,
         org_tokens_per_minute=1_000_000_000,
+        user_files_per_minute=1_000_000,
+        org_files_per_minute=1_000_000,
         max_message_chars=200,
         max_tokens_limit=1024,
         max_messages=8,
@@ -119,14 +155,12 @@ async def test_schemathesis_finds_nothing(fuzz_stack, tmp_path):
         str(config),
         "run",
         f"{fuzz_stack.base_url}/openapi.json",
-        "--checks",
-        ",".join(CHECKS),
         "--max-examples",
         str(MAX_EXAMPLES),
         "--seed",
         str(SEED),
         "--phases",
-        "examples,coverage,fuzzing",
+        "examples,coverage,fuzzing,stateful",
         "--header",
         f"Authorization: Bearer {API_KEY}",
         # One worker thread: hypothesis names its strategies with ast.parse, which is not
@@ -159,8 +193,63 @@ async def test_schemathesis_finds_nothing(fuzz_stack, tmp_path):
         f"schemathesis found {sum(found.values())} failure(s): {dict(found)}\n"
         f"errors: {_errors(report / 'events.ndjson')}\n{text[-12000:]}"
     )
+    assert "Failed to extract data from response" not in text, text[-12000:]
     requests = _requests_made(report / "events.ndjson")
     assert requests >= 200, f"only {requests} requests were generated:\n{text[-4000:]}"
+    links = await _links(fuzz_stack.base_url)
+    assert _transitions_total(report / "events.ndjson") == len(links)
+    followed = _links_followed(report / "events.ndjson")
+    assert followed >= FOLLOWED, f"followed only {sorted(followed)}"
+    assert len(followed) >= 6, f"followed only {sorted(followed)}"
+
+
+async def test_the_document_links_what_is_created_to_what_takes_its_id(fuzz_stack):
+    """Each create operation's answer links to the operations that take its id, by the
+    field that holds it, and every link names an operation in the document."""
+    links = await _links(fuzz_stack.base_url)
+    by_id = {"$response.body#/id"}
+    for source, name, parameter, expressions in (
+        ("POST /v1/conversations", "GetConversation", "conversation_id",
+         {"$response.body#/conversation_id"}),
+        ("POST /v1/conversations", "DeleteConversation", "conversation_id",
+         {"$response.body#/conversation_id"}),
+        ("POST /v1/conversations", "PostMessage", "conversation_id",
+         {"$response.body#/conversation_id"}),
+        ("POST /v1/files", "GetFile", "file_id", by_id),
+        ("POST /v1/files", "DeleteFile", "file_id", by_id),
+        ("POST /v1/responses", "RetrieveResponse", "response_id", by_id),
+        ("POST /v1/responses", "DeleteResponse", "response_id", by_id),
+        ("POST /v1/responses", "ListInputItems", "response_id", by_id),
+        ("DELETE /v1/files/{file_id}", "GetFile", "file_id", {"$request.path.file_id"}),
+    ):  # fmt: skip
+        assert links[source, name]["parameters"][parameter] in expressions, (source, name)
+    assert links["POST /v1/responses", "CreateResponse"]["requestBody"] == {
+        "previous_response_id": "$response.body#/id"
+    }
+
+
+async def _links(base_url: str) -> dict[tuple[str, str], dict]:
+    """The served document's links by (source operation, link name), each checked to
+    name an operation of the document and the parameters that operation has."""
+    async with httpx.AsyncClient(base_url=base_url) as client:
+        response = await client.get("/openapi.json")
+    response.raise_for_status()
+    operations = {
+        operation["operationId"]: operation
+        for methods in response.json()["paths"].values()
+        for operation in methods.values()
+    }
+    links = {}
+    for path, methods in response.json()["paths"].items():
+        for method, operation in methods.items():
+            for status, answer in operation["responses"].items():
+                for name, link in answer.get("links", {}).items():
+                    assert status.startswith("2"), (method, path, status)
+                    target = operations[link["operationId"]]
+                    names = {parameter["name"] for parameter in target.get("parameters", [])}
+                    assert set(link.get("parameters", {})) <= names, (method, path, name)
+                    links[f"{method.upper()} {path}", name] = link
+    return links
 
 
 def _failures(events: Path) -> Counter[str]:
@@ -180,6 +269,30 @@ def _errors(events: Path) -> list[str]:
         for line in events.read_text().splitlines()
         if line.startswith('{"NonFatalError"')
     ]
+
+
+def _transitions_total(events: Path) -> int:
+    """The links the stateful phase was given, as its start event counts them."""
+    for line in events.read_text().splitlines():
+        started = json.loads(line).get("PhaseStarted", {})
+        if started.get("phase", {}).get("name") == "stateful":
+            assert started["payload"]["inferred_transitions"] == 0
+            return started["payload"]["transitions_total"]
+    raise AssertionError("the stateful phase never started")
+
+
+def _links_followed(events: Path) -> set[str]:
+    """The links (`SOURCE -> [STATUS] NAME -> TARGET`) the stateful phase called along
+    with the value its source's answer gave."""
+    followed = set()
+    for line in events.read_text().splitlines():
+        finished = json.loads(line).get("ScenarioFinished", {})
+        if finished.get("phase") != "stateful":
+            continue
+        for case in finished["recorder"]["cases"].values():
+            if case.get("transition") and case.get("is_transition_applied"):
+                followed.add(case["transition"]["id"])
+    return followed
 
 
 def _requests_made(events: Path) -> int:
