@@ -148,7 +148,7 @@ _ITEM_TYPES = frozenset({"message", "function_call", "function_call_output"})
 def _item_type(item: object) -> str:
     """An input item's type; a message may leave it out (`EasyInputMessage`)."""
     value = item.get("type", "message") if isinstance(item, dict) else getattr(item, "type", "")
-    return str(value) if value in _ITEM_TYPES else "unread"
+    return value if isinstance(value, str) and value in _ITEM_TYPES else "unread"
 
 
 InputEntry = Annotated[

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 from openai.types.responses import Response, ResponseStreamEvent
-from pydantic import TypeAdapter
+from pydantic import TypeAdapter, ValidationError
 
 from gateway.openai.responses.events import HEAD, ResponseEvents
 from gateway.openai.responses.protocol import chat_completion, check_fields, responses_param
@@ -262,3 +262,13 @@ def test_a_retracted_answer_with_calls_is_the_replacement_text_only():
     assert (final.status, final.incomplete_details.reason) == ("incomplete", "content_filter")
     assert [item.type for item in final.output] == ["message"]
     assert final.output_text == "[x]"
+
+
+@pytest.mark.parametrize("item", [
+    {"type": {}},
+    {"type": ["message"]},
+    {"role": "user", "content": [{"type": {"a": 1}, "text": "x"}]},
+])  # fmt: skip
+def test_an_item_or_part_whose_type_is_not_a_string_fails_validation(item):
+    with pytest.raises(ValidationError):
+        request(input=[item])
