@@ -206,6 +206,8 @@ class Scheduler:
         bound = self.policy.max_wait_s.get(request.tier)
         wait_s = None if bound is None else self.expected_wait_s(request.tier, extra=1)
         if wait_s is not None and bound is not None and wait_s > bound:
+            wait_s = self.expected_wait_s(request.tier, extra=1, by_slots=True)
+        if wait_s is not None and bound is not None and wait_s > bound:
             return Admission(
                 request, end_code=OVERLOADED, retry_after_s=_retry_after(wait_s - bound)
             )
@@ -317,19 +319,28 @@ class Scheduler:
 
     # --- estimates ------------------------------------------------------------------
 
-    def expected_wait_s(self, tier: Tier, extra: int = 0) -> float | None:
-        """Seconds until the last of `extra` new requests of `tier` would start.
+    def expected_wait_s(self, tier: Tier, extra: int = 0, *, by_slots: bool = False
+                        ) -> float | None:  # fmt: skip
+        """Seconds until the last of `extra` new requests of `tier` would start, at the
+        recent rate of ends. `by_slots` (a walk over the workers: where it decides, as
+        shedding does): those the free slots take start at once, and the rest wait at
+        most as long as the slots running now take to free at the recent service time.
 
-        Zero while a worker has a free slot; None while no throughput is known."""
+        Zero while a worker has a free slot and nothing waits; None while no throughput
+        is known."""
         if not any(self._queues.values()) and any(w.free_slots for w in self.workers.values()):
             return 0.0
         ahead = sum(len(self._queues[t]) for t in _TIERS if _RANK[t] <= _RANK[tier])
-        return self.throughput.seconds_for(ahead + extra)
+        if not by_slots:
+            return self.throughput.seconds_for(ahead + extra)
+        free = sum(w.free_slots for w in self.workers.values())
+        busy = sum(min(w.load, w.max_slots) for w in self.workers.values())
+        return self.throughput.seconds_for(ahead + extra - free, busy)
 
     def status(self) -> dict[Tier, TierStatus]:
         statuses = {}
         for tier in _TIERS:
-            wait_s = self.expected_wait_s(tier, extra=1)
+            wait_s = self.expected_wait_s(tier, extra=1, by_slots=True)
             bound = self.policy.max_wait_s.get(tier)
             over_s = wait_s - bound if wait_s is not None and bound is not None else 0.0
             shedding = over_s > 0

@@ -35,11 +35,19 @@ class Throughput:
         span = max(now - self._finished[0], self._service_s or 0.0, 1.0)
         return len(self._finished) / span
 
-    def seconds_for(self, count: int) -> float | None:
+    def seconds_for(self, count: int, busy: int | None = None) -> float | None:
+        """With `busy` (slots running now): at most as long as those slots take to free
+        `count` at the recent service time. After a quiet spell the window holds few
+        ends, which says nothing of how fast a full set of slots frees."""
         if count <= 0:
             return 0.0
         rate = self.rate()
-        return None if rate is None else count / rate
+        if rate is None:
+            return None
+        seconds = count / rate
+        if busy and self._service_s is not None:
+            seconds = min(seconds, count * self._service_s / busy)
+        return seconds
 
     def seconds_each(self) -> float | None:
         """Seconds per started request at the recent rate (`seconds_for(n)` is n times

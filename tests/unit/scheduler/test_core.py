@@ -227,6 +227,28 @@ def test_shedding_when_expected_wait_exceeds_tier_bound():
     )
 
 
+def test_after_a_quiet_spell_the_wait_is_how_fast_the_running_slots_free():
+    clock = Clock()
+    core = make_scheduler(clock, max_wait_s={Tier.FREE: 20.0})
+    core.on_heartbeat(heartbeat(slots=4))
+    core.add_request(make_request("long ago"))
+    first = core.schedule()
+    clock.now += 30.0
+    finish(core, "w1", first, slots=4)  # one end in the window: one request per 30 s seen
+    burst = [core.add_request(make_request(f"run{i}", user=f"r{i}")) for i in range(4)]
+    assert all(a.accepted for a in burst), "a burst the free slots take waits for nothing"
+    running = []
+    for offset in range(1001, 1009):
+        for dispatch in core.schedule():
+            sent(core, dispatch, offset)
+            running.append(dispatch)
+    assert len(running) == 4  # every slot runs; the next ones wait
+    admitted = [core.add_request(make_request(f"w{i}", user=f"w{i}")) for i in range(3)]
+    # four slots of 30 s free one every 7.5 s: waits of 7.5 and 15 s fit, 22.5 s does not
+    assert [a.accepted for a in admitted] == [True, True, False]
+    assert core.status()[Tier.FREE].expected_wait_s == 22.5
+
+
 def test_no_shedding_without_throughput_or_with_free_slots():
     core = make_scheduler(max_wait_s={Tier.FREE: 0.0})
     assert core.add_request(make_request("a")).accepted, "nothing is known yet"
