@@ -222,7 +222,11 @@ async def chatpipe_side(
     try:
         await broker_ready(broker, bootstrap)
         port = free_port()
-        env = chatpipe_env(API_KEY, log_dir, bootstrap, **engine_settings(cfg))
+        # The model's own context, as vLLM's server takes it (chatpipe fits conversations
+        # into `max_model_len`, 2048 unless set, for a model it has no window for).
+        window = json.loads((cfg.model / "config.json").read_text())["max_position_embeddings"]
+        settings = {**engine_settings(cfg), "max_model_len": window}
+        env = chatpipe_env(API_KEY, log_dir, bootstrap, **settings)
         up = start_chatpipe_up(env, port, log_dir, "vllm", placement)
         side = Side("chatpipe", placement.pinned, await chatpipe_up_ready(up))
         side.engine_threads_pinned = placement.pin_engines(up)
@@ -312,7 +316,8 @@ def markdown(result: SeedRun) -> str:
         f"```sh\n{result.command}\n```\n",
         "- model: the `seed` shape (`chatpipe make-tiny-model --shape seed`), served as "
         "`tiny`; vLLM's server as `vllm serve MODEL` runs it (chatpipe's KV cache size, "
-        "as in the default benchmark) against `chatpipe up` at its defaults",
+        "as in the default benchmark) against `chatpipe up` at its defaults but for "
+        "`max_model_len`, set to the model's own context as vLLM's server takes it",
         f"- workload: streaming `POST /v1/chat/completions`, {work.answer_tokens}-token "
         "answers (`ignore_eos`), one conversation per client, each turn carrying the whole "
         f"history (its answers included); turns per client: {turns}; every level warmed "
