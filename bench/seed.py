@@ -139,6 +139,8 @@ async def conversation(
 class Level:
     stats: LevelStats
     prompt_tokens_p50: float
+    foreign_cores: float
+    """Cores other processes (neither the side nor this client) used during the level."""
     hops: dict[str, tuple[float, float]] | None = None
 
 
@@ -171,11 +173,13 @@ async def drive(
     for service in services:  # threads the warm-up started
         side.engine_threads_pinned += placement.pin_engines(service)
     for concurrency, turns in zip(work.levels, work.turns, strict=True):
+        before = cpu.snapshot(services)
         started = time.perf_counter()
         runs = await asyncio.gather(
             *(conversation(target, c, turns, work.answer_tokens) for c in range(concurrency))
         )
         wall_s = time.perf_counter() - started
+        use = cpu.between(before, cpu.snapshot(services))
         records = [r for run in runs for r in run]
         counts = hops = None
         if bootstrap is not None:
@@ -185,7 +189,7 @@ async def drive(
             hops = await ttft_hops(bootstrap, records) if concurrency == 1 else None
         stats, _ = level_stats(side.name, concurrency, records, wall_s, counts)
         prompts = [r.usage["prompt_tokens"] for r in records if r.completed and r.usage]
-        side.levels.append(Level(stats, percentile(prompts, 50), hops))
+        side.levels.append(Level(stats, percentile(prompts, 50), use.cores(use.foreign), hops))
         log.info(
             "%s c=%d: %d/%d done, %.0f tok/s, ttft p50 %.0f ms, itl p50 %.1f ms",
             side.name,
@@ -345,9 +349,11 @@ def _fmt(value: float | None, digits: int = 0) -> str:
 
 def _levels(result: SeedRun) -> str:
     lines = [
-        "Latencies in ms (p50 / p99); ITL per token, as in the default benchmark.\n",
-        "| placement | c | side | done | prompt tokens p50 | tokens/s | TTFT | ITL | TPOT |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "Latencies in ms (p50 / p99); ITL per token, as in the default benchmark; *foreign "
+        "cores*: what processes other than the side and the client used meanwhile.\n",
+        "| placement | c | side | done | prompt tokens p50 | tokens/s | TTFT | ITL | TPOT "
+        "| foreign cores |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for side in result.sides:
         for lv in side.levels:
@@ -357,7 +363,8 @@ def _levels(result: SeedRun) -> str:
                 f"| {s.completed}/{s.requests} | {_fmt(lv.prompt_tokens_p50)} "
                 f"| {_fmt(s.tokens_per_s, 1)} | {_fmt(s.ttft_ms[0])} / {_fmt(s.ttft_ms[1])} "
                 f"| {_fmt(s.itl_ms[0], 1)} / {_fmt(s.itl_ms[1], 1)} "
-                f"| {_fmt(s.tpot_ms[0], 1)} / {_fmt(s.tpot_ms[1], 1)} |"
+                f"| {_fmt(s.tpot_ms[0], 1)} / {_fmt(s.tpot_ms[1], 1)} "
+                f"| {lv.foreign_cores:.2f} |"
             )
     return "\n".join(lines) + "\n"
 
