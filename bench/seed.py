@@ -457,7 +457,12 @@ def _cpus(text: str) -> frozenset[int]:
 
 def cli(argv: list[str], bench_dir: Path) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench seed", description=__doc__)
-    parser.add_argument("--model", type=Path, default=SEED_MODEL_DIR, help="built if missing")
+    parser.add_argument(
+        "--model",
+        type=Path,
+        default=SEED_MODEL_DIR,
+        help="a local HF model directory; the default, the seed shape, is built if missing",
+    )
     parser.add_argument("--levels", type=_ints, default=Conversations.levels)
     parser.add_argument(
         "--turns", type=_ints, default=Conversations.turns, help="turns per client, per level"
@@ -491,7 +496,8 @@ def cli(argv: list[str], bench_dir: Path) -> None:
     args = parser.parse_args(argv)
     from chatpipe.tiny_model import build_tiny_model
 
-    build_tiny_model(args.model, "seed")
+    if args.model == SEED_MODEL_DIR:  # never over a model of the user's
+        build_tiny_model(args.model, "seed")
     work = Conversations(args.levels, args.turns, args.answer_tokens)
     command = shlex.join([".venv/bin/python", "-m", "bench", "seed", *argv])
     pinned = Placement(engine_cpus=args.engine_cpus, front_cpus=args.front_cpus)
