@@ -327,9 +327,9 @@ def markdown(result: SeedRun) -> str:
         f"history (its answers included); turns per client: {turns}; every level warmed "
         f"up first ({work.warmup_tokens}-token answers)",
         "- pinned: vLLM's engine processes (engine core and worker, every thread; OpenMP "
-        f"bound by `VLLM_CPU_OMP_THREADS_BIND`) on cores {_cpu_text(result, 'engine')}; "
+        f"bound by `VLLM_CPU_OMP_THREADS_BIND`) on {_cpu_text(result, 'engine')}; "
         "vLLM's API server, or chatpipe's stages and the broker, and the load client on "
-        f"cores {_cpu_text(result, 'front')}. Unpinned: the OS places everything",
+        f"{_cpu_text(result, 'front')}. Unpinned: the OS places everything",
         "",
     ]
     if result.failures:
@@ -339,8 +339,9 @@ def markdown(result: SeedRun) -> str:
 
 
 def _cpu_text(result: SeedRun, which: str) -> str:
-    cpus = result.engine_cpus if which == "engine" else result.front_cpus
-    return ",".join(map(str, sorted(cpus or ()))) or "–"
+    """`core 0`, `cores 0,1`: the cores a placement gave the engine or the front end."""
+    cpus = sorted((result.engine_cpus if which == "engine" else result.front_cpus) or ())
+    return f"core{'s' if len(cpus) > 1 else ''} {','.join(map(str, cpus)) or '–'}"
 
 
 def _fmt(value: float | None, digits: int = 0) -> str:
