@@ -35,8 +35,6 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import orjson
-
 from bench import cpu, fetch_timer
 from bench.hops import FIRST_TOKEN_FETCHES, HOPS, ttft_hops
 from bench.load import fixed_prompts
@@ -56,7 +54,7 @@ from bench.processes import (
     vllm_ready,
 )
 from bench.report import machine
-from bench.sse_client import StreamRecord, Target, stream_chat
+from bench.sse_client import StreamRecord, Target, conversation_body, stream_chat
 from bench.topic_log import content_chunk_tokens, token_chunks
 from chatpipe.settings import SETTINGS
 
@@ -103,18 +101,7 @@ def follow_up(turn: int) -> str:
 
 def turn_body(model: str, history: Sequence[dict[str, str]], max_tokens: int) -> bytes:
     """One turn: the conversation so far, streamed, of a fixed length."""
-    return orjson.dumps(
-        {
-            "model": model,
-            "messages": list(history),
-            "max_tokens": max_tokens,
-            "ignore_eos": True,
-            "temperature": 1.0,
-            "top_p": 1.0,
-            "stream": True,
-            "stream_options": {"include_usage": True, "continuous_usage_stats": True},
-        }
-    )
+    return conversation_body(model, history, max_tokens)
 
 
 async def conversation(

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -72,10 +72,15 @@ class StreamRecord:
 
 def chat_body(model: str, prompt: str, max_tokens: int) -> bytes:
     """The request every benchmark sends: fixed prompt, fixed length (ignore_eos)."""
+    return conversation_body(model, [{"role": "user", "content": prompt}], max_tokens)
+
+
+def conversation_body(model: str, messages: Sequence[dict[str, str]], max_tokens: int) -> bytes:
+    """A streamed chat request over `messages`, of a fixed length (ignore_eos)."""
     return orjson.dumps(
         {
             "model": model,
-            "messages": [{"role": "user", "content": prompt}],
+            "messages": list(messages),
             "max_tokens": max_tokens,
             "ignore_eos": True,
             "temperature": 1.0,
