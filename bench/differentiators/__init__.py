@@ -81,6 +81,7 @@ async def run(kills: int, command: str) -> DifferentiatorsRun:
 
 
 def main(argv: list[str], out: Path) -> None:
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per request otherwise
     parser = argparse.ArgumentParser(prog="python -m bench differentiators")
     parser.add_argument("--kills", type=int, default=100, help="gateway kills for resume")
     parser.add_argument("--out", type=Path, default=out, help="where RESULTS.md is")

@@ -1,10 +1,11 @@
 """Queue-position ETA under a backlog: how far the `eta_ms` of a request's first
 `queued` event is from the wait the client then had until its first token.
 
-Streams arrive at random (Poisson) at more than the workers' slots serve, each answer
-of a random length, so a backlog builds and its head keeps moving. Requests sent in
-the first `warm_s` are streamed but not counted: the scheduler's ETA is its recent rate
-of ends, which a pipeline that has just started does not know yet.
+Streams arrive at random (Poisson), each answer of a random length: first for
+`warm_s` at less than the workers' slots serve, then for `offer_s` at more, so a
+backlog builds from a short queue and its head keeps moving. Only the requests of the
+second spell are counted: the scheduler's ETA is its recent rate of ends, which a
+pipeline that has just started does not know yet.
 """
 
 from __future__ import annotations
@@ -55,7 +56,30 @@ def queued_wait(turn: Turn) -> QueuedWait | None:
 
 
 @dataclass(frozen=True)
+class Backlog:
+    """The streams offered: `warm_rate_per_s` a second for `warm_s`, then `rate_per_s`
+    for `offer_s`, answers of `tokens` (min, max) tokens."""
+
+    warm_rate_per_s: float = 1.5
+    warm_s: float = 10.0
+    rate_per_s: float = 3.0
+    offer_s: float = 16.0
+    tokens: tuple[int, int] = (20, 60)
+    seed: int = 7
+
+    def plan(self) -> tuple[list[float], list[int]]:
+        """When each stream is sent (seconds after the start) and its answer's length."""
+        rng = random.Random(self.seed)
+        sent = [
+            *arrivals(self.warm_rate_per_s, 0.0, self.warm_s, rng),
+            *arrivals(self.rate_per_s, self.warm_s, self.warm_s + self.offer_s, rng),
+        ]
+        return sent, [rng.randint(*self.tokens) for _ in sent]
+
+
+@dataclass(frozen=True)
 class EtaStats:
+    backlog: Backlog
     offered: int
     """Streams sent after the warm-up."""
     slots: int
@@ -88,29 +112,19 @@ class EtaStats:
         return max((w.position for w in self.waits), default=0)
 
 
-def arrivals(count: int, rate_per_s: float, rng: random.Random) -> list[float]:
-    """Seconds after the start at which `count` Poisson arrivals at `rate_per_s` come."""
-    at, times = 0.0, []
-    for _ in range(count):
+def arrivals(rate_per_s: float, start_s: float, end_s: float, rng: random.Random) -> list[float]:
+    """Seconds after the start at which Poisson arrivals at `rate_per_s` come between
+    `start_s` and `end_s`."""
+    at, times = start_s + rng.expovariate(rate_per_s), []
+    while at < end_s:
         times.append(at)
         at += rng.expovariate(rate_per_s)
     return times
 
 
-async def measure(
-    pipe: Pipeline,
-    slots: int,
-    rate_per_s: float = 3.0,
-    offer_s: float = 24.0,
-    warm_s: float = 8.0,
-    tokens: tuple[int, int] = (20, 60),
-    seed: int = 7,
-) -> EtaStats:
-    """Offer `rate_per_s` streams a second for `offer_s` on both gateways, answers of
-    `tokens` (min, max) tokens; the waits of those sent after `warm_s`."""
-    rng = random.Random(seed)
-    plan = arrivals(round(rate_per_s * offer_s), rate_per_s, rng)
-    lengths = [rng.randint(*tokens) for _ in plan]
+async def measure(pipe: Pipeline, slots: int, backlog: Backlog = Backlog()) -> EtaStats:
+    """Offer `backlog`'s streams on both gateways; the waits of the second spell's."""
+    plan, lengths = backlog.plan()
     async with pipe.http("g1") as g1, pipe.http("g2") as g2:
         started = time.monotonic()
 
@@ -119,7 +133,7 @@ async def measure(
             return await native_turn((g1, g2)[i % 2], body(lengths[i], f"eta {i}"))
 
         turns = await asyncio.gather(*(one(i) for i in range(len(plan))))
-    counted = [t for t in turns if t.sent_at - started >= warm_s]
+    counted = [t for t in turns if t.sent_at - started >= backlog.warm_s]
     waits = [w for t in counted if (w := queued_wait(t)) is not None]
     refused = sum(t.status != 200 or t.first("done") is None for t in turns)
-    return EtaStats(offered=len(counted), slots=slots, waits=waits, refused=refused)
+    return EtaStats(backlog, offered=len(counted), slots=slots, waits=waits, refused=refused)

@@ -95,7 +95,8 @@ def cancel_rows(stats: CancelLatencyStats) -> list[Row]:
 
 
 def markdown(run: DifferentiatorsRun) -> str:
-    host = run.host
+    host, b = run.host, run.eta.backlog
+    low, high = b.tokens
     rows = [*eta_rows(run.eta), *retraction_rows(run.retraction), *cancel_rows(run.cancel)]
     lines = [
         BEGIN,
@@ -111,13 +112,15 @@ def markdown(run: DifferentiatorsRun) -> str:
         f"{fault_scenarios.TOKENS_PER_S:g} tokens/s per answer, two workers of "
         f"{run.eta.slots // len(fault_scenarios.WORKERS)} slots each, two gateways.",
         "",
-        f"- Queue ETA: {run.eta.offered} native streams counted (after a warm-up) of answers "
-        "of 20–60 tokens arriving at random at 1.5 times what the slots serve; error = "
-        "|eta_ms of the first `queued` event − time from that event to the first token| / "
-        f"that time, both on the client. {run.eta.without_eta} first `queued` events had no "
-        f"ETA; {run.eta.refused} streams got no answer.",
+        f"- Queue ETA: native streams of answers of {low}–{high} tokens arriving at random, "
+        f"{b.warm_rate_per_s:g} a second for {b.warm_s:g} s, then {b.rate_per_s:g} a second "
+        f"for {b.offer_s:g} s (more than the slots serve): the {run.eta.offered} streams of "
+        "the second spell are counted; error = |eta_ms of the first `queued` event − time "
+        "from that event to the first token| / that time, both on the client. "
+        f"{run.eta.without_eta} first `queued` events had no ETA; {run.eta.refused} streams "
+        "got no answer.",
         "- Retraction: scripted sim answers with an e-mail address (PII, retracted by "
-        "default) after 3 to 26 words; from the offending chunk's record timestamp on "
+        "default) after 4 to 27 words; from the offending chunk's record timestamp on "
         "`chat.tokens` (the retract names its seq) to the client's `retract` event.",
         "- Cancel: OpenAI-API streams hung up after 2 to 16 chunks (a hang-up there cancels "
         "at once; a native stream is held for a resume first); from the client's close to "
