@@ -82,6 +82,10 @@ class CancelLatencyStats:
     def generated_after(self, q: float) -> float:
         return percentile([t.tokens.generated_after for t in self.timings], q)
 
+    def waste(self, q: float) -> float:
+        """Tokens generated that the client never got (in flight, held, or after)."""
+        return percentile([t.tokens.waste for t in self.timings], q)
+
     @property
     def met(self) -> bool:
         return bool(self.timings) and self.latency_ms(99) <= TARGET_P99_MS

@@ -91,6 +91,12 @@ def cancel_rows(stats: CancelLatencyStats) -> list[Row]:
             "",
         ),
         ("tokens generated after the hang-up (at most), p50 / max", after, "", ""),
+        (
+            "tokens generated that the client never got, p50 / max",
+            _pair(stats.waste(50), stats.waste(100)),
+            "",
+            "",
+        ),
     ]
 
 

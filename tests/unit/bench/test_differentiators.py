@@ -161,6 +161,7 @@ def test_a_hang_up_counts_the_tokens_published_by_then():
     assert found.end_ms == pytest.approx(30.0)
     assert found.tokens == HangUp(received=6, published_before=7, generated=9)
     assert found.tokens.generated_after == 2
+    assert found.tokens.waste == 3, "generated, never shown"
 
 
 def test_the_cancel_target_is_a_p99_of_100_ms():
