@@ -1,5 +1,5 @@
 """The differentiators' block of bench/RESULTS.md: one table of figure, value, target
-and whether it is met, then resume's own lines."""
+and whether it is met, resume's rows among them (or why they are missing)."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ class DifferentiatorsRun:
     retraction: RetractionStats
     cancel: CancelLatencyStats
     resume: list[str] = field(default_factory=list)
-    """Resume's markdown lines, or one line saying why there are none."""
+    """Resume's rows of the table (markdown), or a line saying why there are none."""
     duration_s: float = 0.0
 
 
@@ -102,6 +102,7 @@ def cancel_rows(stats: CancelLatencyStats) -> list[Row]:
 
 def markdown(run: DifferentiatorsRun) -> str:
     host, b = run.host, run.eta.backlog
+    notes = [f"Resume over gateway kills: {line}\n" for line in run.resume if line[:1] != "|"]
     low, high = b.tokens
     rows = [*eta_rows(run.eta), *retraction_rows(run.retraction), *cancel_rows(run.cancel)]
     lines = [
@@ -136,11 +137,9 @@ def markdown(run: DifferentiatorsRun) -> str:
         "| figure | value | target | met |",
         "|---|---|---|---|",
         *(f"| {figure} | {value} | {target} | {met} |" for figure, value, target, met in rows),
+        *(line for line in run.resume if line.startswith("|")),
         "",
-        "### Resume over gateway kills",
-        "",
-        *run.resume,
-        "",
+        *notes,
         END,
     ]
     return "\n".join(lines)

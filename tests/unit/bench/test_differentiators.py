@@ -21,7 +21,13 @@ from bench.differentiators.cancel_latency import (
     timing,
 )
 from bench.differentiators.eta import Backlog, EtaStats, QueuedWait, arrivals, queued_wait
-from bench.differentiators.report import cancel_rows, eta_rows, retraction_rows
+from bench.differentiators.report import (
+    DifferentiatorsRun,
+    cancel_rows,
+    eta_rows,
+    markdown,
+    retraction_rows,
+)
 from bench.differentiators.retraction import Retraction, RetractionStats, retraction
 from bench.differentiators.turns import Turn
 from bench.sse_client import StreamRecord
@@ -180,6 +186,22 @@ def test_an_empty_measurement_reads_not_available():
     assert p50[1] == "n/a" and p50[3] == "no"
     assert p90[1] == "n/a"
     assert math.isnan(CancelLatencyStats(0).end_ms(50))
+
+
+def _run(resume: list[str]) -> DifferentiatorsRun:
+    host = {"date": "today", "nproc": "2", "cpu": "cpu", "commit": "abc1234"}
+    return DifferentiatorsRun(
+        "cmd", host, EtaStats(Backlog(), 0, 4), RetractionStats(0), CancelLatencyStats(0), resume
+    )
+
+
+def test_resumes_rows_join_the_table_and_a_note_follows_it():
+    row = "| streams resumed byte-exact | 9 / 10 | 100 % | no |"
+    table = markdown(_run([row])).splitlines()
+    assert table.index(row) == table.index("|---|---|---|---|") + 11, "after the 10 rows"
+    noted = markdown(_run(["not measured: missing."])).splitlines()
+    assert "Resume over gateway kills: not measured: missing." in noted
+    assert noted[noted.index("Resume over gateway kills: not measured: missing.") - 1] == ""
 
 
 # --- resume ------------------------------------------------------------------------------
