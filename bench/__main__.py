@@ -6,6 +6,8 @@ python -m bench smoke --out D   # seconds: chatpipe with the sim engine, tiny lo
 python -m bench profile --streams 100   # stages under pyinstrument; bench/PROFILE.md
 python -m bench faults          # ~2 min: fault scenarios (bench/fault_scenarios.py),
                                 # bench/RESULTS.md
+python -m bench differentiators   # minutes, sim engine: ETA error, retraction, cancel,
+                                  # resume (--kills N), bench/RESULTS.md
 python -m bench gateway         # streams one gateway process holds (--help), RESULTS.md
 python -m bench capacity --streams 100,300 --out D   # the capacity phase alone, idle cost
 python -m bench capacity_model [--write]   # what the design load needs: docs/CAPACITY.md
@@ -298,6 +300,11 @@ def main(argv: list[str] | None = None) -> None:
         from bench.seed import cli as seed
 
         seed(argv[1:], BENCH_DIR)
+        return
+    if argv[:1] == ["differentiators"]:
+        from bench.differentiators import main as differentiators
+
+        differentiators(argv[1:], BENCH_DIR)
         return
     if argv[:1] == ["retrieval"]:
         from bench.retrieval import cli as retrieval
