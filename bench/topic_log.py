@@ -73,19 +73,27 @@ async def find_events(
     return found
 
 
-async def token_chunks(
+async def token_events(
     bootstrap: str, request_ids: Iterable[str], timeout_s: float = 30
-) -> dict[str, list[LoggedChunk]]:
-    """Per request, its token chunks in stream order (duplicates dropped)."""
-    wanted = set(request_ids)
-    found = await read_events(
+) -> list[tuple[int, Any]]:
+    """(record timestamp ms, event) of each event on `chat.tokens`, read until every
+    request in `request_ids` has its end (done or error)."""
+    return await read_events(
         bootstrap,
         topics.TOKENS,
         TOKEN_EVENT,
-        wanted,
+        set(request_ids),
         lambda e: isinstance(e, GenerationDone | GenerationError),
         timeout_s,
     )
+
+
+def chunks_of(
+    found: list[tuple[int, Any]], request_ids: Iterable[str]
+) -> dict[str, list[LoggedChunk]]:
+    """Per request, its token chunks among `found` (`token_events`), in stream order,
+    duplicates dropped."""
+    wanted = set(request_ids)
     chunks: dict[str, dict[tuple[int, int], LoggedChunk]] = {rid: {} for rid in wanted}
     for at_ms, event in found:
         if isinstance(event, TokenChunk) and event.request_id in wanted:
@@ -94,6 +102,14 @@ async def token_chunks(
                 LoggedChunk(at_ms, event.token_count, event.completion_tokens, bool(event.text)),
             )
     return {rid: [by_seq[key] for key in sorted(by_seq)] for rid, by_seq in chunks.items()}
+
+
+async def token_chunks(
+    bootstrap: str, request_ids: Iterable[str], timeout_s: float = 30
+) -> dict[str, list[LoggedChunk]]:
+    """Per request, its token chunks in stream order (duplicates dropped)."""
+    wanted = set(request_ids)
+    return chunks_of(await token_events(bootstrap, wanted, timeout_s), wanted)
 
 
 def content_chunk_tokens(chunks: list[LoggedChunk]) -> list[int]:

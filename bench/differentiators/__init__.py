@@ -7,25 +7,21 @@ bench/RESULTS.md.
 - queue-position ETA error under a backlog (`eta`),
 - retraction latency and what the client saw before it (`retraction`),
 - cancel latency and the tokens generated after a hang-up (`cancel_latency`),
-- resume success over gateway kills (`resume`, when that module is there).
+- resume success over gateway kills (`resume`).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib
-import inspect
 import logging
 import shlex
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
 
 from bench import fault_scenarios
-from bench.differentiators import cancel_latency, eta, retraction
+from bench.differentiators import cancel_latency, eta, resume, retraction
 from bench.differentiators.report import BEGIN, END, DifferentiatorsRun, markdown
 from bench.faults import write
 from bench.report import machine
@@ -34,26 +30,6 @@ SLOTS_PER_WORKER = 2
 """Few slots, so the ETA phase's streams queue."""
 
 log = logging.getLogger("bench.differentiators")
-
-
-def resume_measure() -> tuple[Callable[[int], Awaitable[Any]] | None, str]:
-    """`bench.differentiators.resume.measure`, or None and why not."""
-    try:
-        module = importlib.import_module("bench.differentiators.resume")
-    except ImportError as exc:
-        return None, f"not measured: bench.differentiators.resume is missing ({exc})."
-    measure = getattr(module, "measure", None)
-    if not inspect.iscoroutinefunction(measure):
-        return None, "not measured: bench.differentiators.resume has no `async def measure`."
-    return measure, ""
-
-
-async def resume_lines(kills: int) -> list[str]:
-    measure, why = resume_measure()
-    if measure is None:
-        return [why]
-    stats = await measure(kills)
-    return list(stats.lines())
 
 
 async def run(kills: int, command: str) -> DifferentiatorsRun:
@@ -68,7 +44,7 @@ async def run(kills: int, command: str) -> DifferentiatorsRun:
         log.info("cancel latency")
         cancelled = await cancel_latency.measure(pipe)
     log.info("resume over %d gateway kills", kills)
-    resumed = await resume_lines(kills)
+    resumed = await resume.measure(kills)
     return DifferentiatorsRun(
         command,
         machine(),

@@ -18,16 +18,15 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
 from bench.cancel import HangUp
 from bench.load import disconnects, fixed_prompts
 from bench.metrics import percentile
 from bench.process_pipeline import API_KEY, Pipeline
 from bench.sse_client import StreamRecord, Target
-from bench.topic_log import read_events, token_chunks, usage_events
-from schemas import topics
-from schemas.codec import TOKEN_EVENT
-from schemas.events import GenerationDone, GenerationError
+from bench.topic_log import chunks_of, token_events, usage_events
+from schemas.events import GenerationDone
 from schemas.lifecycle import RequestStatus
 from workers.config import EngineSettings
 
@@ -106,15 +105,9 @@ def timing(
     return CancelTiming(hung_up_at, aborted_at, ended_at, HangUp(received, before, generated))
 
 
-async def aborted_ends(bootstrap: str, request_ids: set[str]) -> dict[str, float]:
-    """Request id -> the record timestamp (s) of its aborted end on chat.tokens."""
-    found = await read_events(
-        bootstrap,
-        topics.TOKENS,
-        TOKEN_EVENT,
-        request_ids,
-        lambda e: isinstance(e, GenerationDone | GenerationError),
-    )
+def aborted_ends(found: list[tuple[int, Any]], request_ids: set[str]) -> dict[str, float]:
+    """Request id -> the record timestamp (s) of its aborted end among `found`, the
+    events of `chat.tokens` (`bench.topic_log.token_events`)."""
     return {
         e.request_id: at_ms / 1000
         for at_ms, e in found
@@ -141,9 +134,10 @@ async def measure(pipe: Pipeline, count: int = 64, concurrency: int = 2) -> Canc
     for stage in pipe.stages.values():
         if stage.stage == "worker":
             aborted |= abort_times(stage.log.read_text(errors="replace").splitlines())
-    chunks = await token_chunks(pipe.kafka.bootstrap_servers, ids)
+    found = await token_events(pipe.kafka.bootstrap_servers, ids)
+    chunks = chunks_of(found, ids)
+    ends = aborted_ends(found, ids)
     usage = await usage_events(pipe.kafka.bootstrap_servers, ids)
-    ends = await aborted_ends(pipe.kafka.bootstrap_servers, ids)
     timings = []
     for record in records:
         rid = record.request_id

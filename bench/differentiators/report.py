@@ -1,15 +1,16 @@
 """The differentiators' block of bench/RESULTS.md: one table of figure, value, target
-and whether it is met, resume's rows among them (or why they are missing)."""
+and whether it is met, resume's rows among them, and the answers not resumed byte-exact."""
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from bench import fault_scenarios
 from bench.differentiators import cancel_latency, eta, retraction
 from bench.differentiators.cancel_latency import CancelLatencyStats
 from bench.differentiators.eta import EtaStats
+from bench.differentiators.resume import TABLE_HEAD, ResumeStats
 from bench.differentiators.retraction import RetractionStats
 
 BEGIN = "<!-- written by python -m bench differentiators: begin -->"
@@ -23,8 +24,7 @@ class DifferentiatorsRun:
     eta: EtaStats
     retraction: RetractionStats
     cancel: CancelLatencyStats
-    resume: list[str] = field(default_factory=list)
-    """Resume's rows of the table (markdown), or a line saying why there are none."""
+    resume: ResumeStats
     duration_s: float = 0.0
 
 
@@ -102,7 +102,7 @@ def cancel_rows(stats: CancelLatencyStats) -> list[Row]:
 
 def markdown(run: DifferentiatorsRun) -> str:
     host, b = run.host, run.eta.backlog
-    notes = [f"Resume over gateway kills: {line}\n" for line in run.resume if line[:1] != "|"]
+    notes = [f"Not resumed byte-exact: {line}\n" for line in run.resume.mismatches]
     low, high = b.tokens
     rows = [*eta_rows(run.eta), *retraction_rows(run.retraction), *cancel_rows(run.cancel)]
     lines = [
@@ -117,7 +117,8 @@ def markdown(run: DifferentiatorsRun) -> str:
         f"{run.duration_s / 60:.1f} min in all. Every stage its own process on the embedded "
         f"broker (bench/fault_scenarios.py), sim engine at "
         f"{fault_scenarios.TOKENS_PER_S:g} tokens/s per answer, two workers of "
-        f"{run.eta.slots // len(fault_scenarios.WORKERS)} slots each, two gateways.",
+        f"{run.eta.slots // len(fault_scenarios.WORKERS)} slots each, two gateways (three "
+        "for resume).",
         "",
         f"- Queue ETA: native streams of answers of {low}–{high} tokens arriving at random, "
         f"{b.warm_rate_per_s:g} a second for {b.warm_s:g} s, then {b.rate_per_s:g} a second "
@@ -133,11 +134,13 @@ def markdown(run: DifferentiatorsRun) -> str:
         "at once; a native stream is held for a resume first); from the client's close to "
         "the worker's `cancel` log line, written as it calls the engine's abort. Tokens "
         "after the hang-up: usage less what `chat.tokens` had by the hang-up.",
+        "- Resume: the gateways SIGKILLed in turn, each with streams mid-answer; every client "
+        "resumes on another gateway with `Last-Event-ID`, and its joined answer must equal "
+        "the stored answer and the sim engine's plan.",
         "",
-        "| figure | value | target | met |",
-        "|---|---|---|---|",
+        *TABLE_HEAD,
         *(f"| {figure} | {value} | {target} | {met} |" for figure, value, target, met in rows),
-        *(line for line in run.resume if line.startswith("|")),
+        *run.resume.lines(),
         "",
         *notes,
         END,

@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
+from typing import Any
 
 from bench.differentiators.turns import Turn, native_turn
 from bench.metrics import percentile
 from bench.process_pipeline import Pipeline
-from bench.topic_log import read_events
-from schemas import topics
-from schemas.codec import TOKEN_EVENT
-from schemas.events import GenerationDone, GenerationError, TokenChunk
+from bench.topic_log import token_events
+from schemas.events import TokenChunk
 
 TARGET_P99_MS = 250.0
 OFFENDING = "bob@example.com"
@@ -76,16 +75,10 @@ class RetractionStats:
         return len(self.retractions) == self.offered and self.latency_ms(99) <= TARGET_P99_MS
 
 
-async def chunk_times(bootstrap: str, request_ids: set[str]) -> dict[str, dict[int, float]]:
-    """Per request, the record timestamp (ms) of each of its chunks by seq (the first
-    record of a seq: a later copy is a redelivery)."""
-    found = await read_events(
-        bootstrap,
-        topics.TOKENS,
-        TOKEN_EVENT,
-        request_ids,
-        lambda e: isinstance(e, GenerationDone | GenerationError),
-    )
+def chunk_times(found: list[tuple[int, Any]], request_ids: set[str]) -> dict[str, dict[int, float]]:
+    """Per request, the record timestamp (ms) of each of its chunks among `found` (the
+    events of `chat.tokens`) by seq (the first record of a seq: a later copy is a
+    redelivery)."""
     times: dict[str, dict[int, float]] = {rid: {} for rid in request_ids}
     for at_ms, event in found:
         if isinstance(event, TokenChunk) and event.request_id in times:
@@ -111,7 +104,7 @@ async def measure(pipe: Pipeline, count: int = 48, concurrency: int = 4) -> Retr
 
         await asyncio.gather(*(client(g) for g in range(concurrency)))
     ids = {rid for t in turns if t.first("retract") and (rid := t.request_id)}
-    emitted = await chunk_times(pipe.kafka.bootstrap_servers, ids)
+    emitted = chunk_times(await token_events(pipe.kafka.bootstrap_servers, ids), ids)
     found = []
     for turn in turns:
         rid = turn.request_id

@@ -6,18 +6,16 @@ from __future__ import annotations
 
 import math
 import random
-import sys
-import types
 
 import orjson
 import pytest
 
 from bench.cancel import HangUp
-from bench.differentiators import resume_lines, resume_measure
 from bench.differentiators.cancel_latency import (
     CancelLatencyStats,
     CancelTiming,
     abort_times,
+    aborted_ends,
     timing,
 )
 from bench.differentiators.eta import Backlog, EtaStats, QueuedWait, arrivals, queued_wait
@@ -28,9 +26,17 @@ from bench.differentiators.report import (
     markdown,
     retraction_rows,
 )
-from bench.differentiators.retraction import Retraction, RetractionStats, retraction
+from bench.differentiators.resume import ResumeStats
+from bench.differentiators.retraction import (
+    Retraction,
+    RetractionStats,
+    chunk_times,
+    retraction,
+)
 from bench.differentiators.turns import Turn
 from bench.sse_client import StreamRecord
+from schemas.events import GenerationDone, TokenChunk, Usage
+from schemas.lifecycle import RequestStatus
 from schemas.sse import SSEMessage
 
 
@@ -188,50 +194,55 @@ def test_an_empty_measurement_reads_not_available():
     assert math.isnan(CancelLatencyStats(0).end_ms(50))
 
 
-def _run(resume: list[str]) -> DifferentiatorsRun:
+def _run(resume: ResumeStats) -> DifferentiatorsRun:
     host = {"date": "today", "nproc": "2", "cpu": "cpu", "commit": "abc1234"}
     return DifferentiatorsRun(
         "cmd", host, EtaStats(Backlog(), 0, 4), RetractionStats(0), CancelLatencyStats(0), resume
     )
 
 
-def test_resumes_rows_join_the_table_and_a_note_follows_it():
-    row = "| streams resumed byte-exact | 9 / 10 | 100 % | no |"
-    table = markdown(_run([row])).splitlines()
-    assert table.index(row) == table.index("|---|---|---|---|") + 11, "after the 10 rows"
-    noted = markdown(_run(["not measured: missing."])).splitlines()
-    assert "Resume over gateway kills: not measured: missing." in noted
-    assert noted[noted.index("Resume over gateway kills: not measured: missing.") - 1] == ""
+def test_resumes_rows_join_the_table_and_a_note_follows_it_per_answer_not_byte_exact():
+    stats = ResumeStats(5, 10, 9, 300.0, 400.0, mismatches=("r7: differs at byte 12",))
+    table = markdown(_run(stats)).splitlines()
+    first = stats.lines()[0]
+    assert table.index(first) == table.index("|---|---|---|---|") + 11, "after the 10 rows"
+    note = "Not resumed byte-exact: r7: differs at byte 12"
+    assert note in table
+    assert table[table.index(note) - 1] == ""
 
 
-# --- resume ------------------------------------------------------------------------------
+# --- chat.tokens, read once ---------------------------------------------------------------
 
 
-class _Resumed:
-    def __init__(self, kills: int) -> None:
-        self.kills = kills
-
-    def lines(self) -> list[str]:
-        return [f"| resumed | {self.kills} of {self.kills} |"]
-
-
-async def test_resume_lines_come_from_its_measure_with_the_kills_asked(monkeypatch):
-    module = types.ModuleType("bench.differentiators.resume")
-
-    async def measure(kills: int) -> _Resumed:
-        return _Resumed(kills)
-
-    module.measure = measure  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "bench.differentiators.resume", module)
-    assert await resume_lines(7) == ["| resumed | 7 of 7 |"]
+def _of(request_id: str, seq: int) -> dict[str, object]:
+    return dict(
+        request_id=request_id,
+        seq=seq,
+        conversation_id="c",
+        message_id="m",
+        model="tiny",
+        reply_to="chat.deliver.g1",
+    )
 
 
-def test_resume_is_noted_missing_without_its_module_or_its_measure(monkeypatch):
-    monkeypatch.setitem(sys.modules, "bench.differentiators.resume", None)
-    measure, why = resume_measure()
-    assert measure is None and "missing" in why
-    module = types.ModuleType("bench.differentiators.resume")
-    module.measure = lambda kills: None  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "bench.differentiators.resume", module)
-    measure, why = resume_measure()
-    assert measure is None and "async def measure" in why
+def _chunk(request_id: str, seq: int) -> TokenChunk:
+    return TokenChunk(**_of(request_id, seq), text="x", token_count=1, completion_tokens=seq + 1)
+
+
+def _done(request_id: str, status: RequestStatus) -> GenerationDone:
+    return GenerationDone(**_of(request_id, 9), status=status, usage=Usage())
+
+
+def test_chunk_times_keep_the_first_record_of_each_seq_of_the_requests_asked():
+    found = [(10, _chunk("a", 0)), (20, _chunk("a", 1)), (25, _chunk("a", 1)), (30, _chunk("b", 0))]
+    assert chunk_times(found, {"a"}) == {"a": {0: 10.0, 1: 20.0}}
+
+
+def test_an_aborted_end_is_the_record_time_of_an_aborted_done_only():
+    found = [
+        (1500, _done("a", RequestStatus.FINISHED_ABORTED)),
+        (1600, _done("b", RequestStatus.FINISHED_STOPPED)),
+        (1700, _done("c", RequestStatus.FINISHED_ABORTED)),
+        (1800, _chunk("a", 3)),
+    ]
+    assert aborted_ends(found, {"a", "b"}) == {"a": 1.5}
