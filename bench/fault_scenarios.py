@@ -28,7 +28,14 @@ from ledger.periods import period_of
 from ledger.store import SQLiteLedger
 from schemas import topics
 from schemas.codec import CONTROL_EVENT, WORK_EVENT
-from schemas.events import Cancel, GenerationRequest, UsageEvent, WorkAssignment, WorkerHeartbeat
+from schemas.events import (
+    Cancel,
+    GatewayHeartbeat,
+    GenerationRequest,
+    UsageEvent,
+    WorkAssignment,
+    WorkerHeartbeat,
+)
 from schemas.topics import Tier
 from workers.sim_engine import plan_reply
 
@@ -415,3 +422,11 @@ async def usage_of(pipe: Pipeline, request_id: str, timeout_s: float = 20.0) -> 
 async def cancels_of(pipe: Pipeline, request_id: str) -> list[Cancel]:
     records = await read_to_end(pipe.kafka.bootstrap_servers, topics.CONTROL, CONTROL_EVENT)
     return [e for _, _, e in records if isinstance(e, Cancel) and e.request_id == request_id]
+
+
+async def delivery_topics_of(pipe: Pipeline, gateway_id: str) -> list[str]:
+    """The delivery topics the gateway `gateway_id` heartbeated for, one per start, first
+    first."""
+    records = await read_to_end(pipe.kafka.bootstrap_servers, topics.CONTROL, CONTROL_EVENT)
+    heard = (e.reply_to for _, _, e in records if isinstance(e, GatewayHeartbeat))
+    return list(dict.fromkeys(t for t in heard if topics.delivering_gateway(t) == gateway_id))

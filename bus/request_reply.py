@@ -1,15 +1,18 @@
 """Asking the pipeline over Kafka: submit a `GenerationRequest` to its tier's topic and
 read what comes back on this process's own delivery topic, as a gateway does.
 
-Each client owns a fresh `chat.deliver.<client_id>` topic and reads all its partitions
-from offset 0 with `assign()` (no consumer group, no rebalance; the embedded broker
-cannot seek to the end). Events are routed to the open stream of their request; the
-reader applies the one answer rule (duplicates, fenced attempts). Heartbeats on
-`chat.control` say the client is alive: the scheduler cancels the streams of one that
-went silent, and deletes its topic once it has been silent for the delivery topics'
-TTL (`scheduler.delivery_topics`). A client whose heartbeats got through to nobody for
-TOPIC_RECHECK_S (paused, cut off) makes sure its topic still exists, creating it again
-if it was judged gone. A gateway asks this way for its users, the safety judge for itself.
+Each client owns a fresh `chat.deliver.<client_id>.<start>` topic (`start` is new for
+each client made, so for each process start) and reads all its partitions from offset 0
+with `assign()` (no consumer group, no rebalance; the embedded broker cannot seek to the
+end). Events are routed to the open stream of their request; the reader applies the one
+answer rule (duplicates, fenced attempts). Heartbeats on `chat.control` say the client is
+alive: the scheduler cancels the streams of one that went silent, and deletes its topic
+once it has been silent for the delivery topics' TTL (`scheduler.delivery_topics`). A
+gateway started again under the same id (a pod's container restarting) so reads none of
+what its last start was sent, and that start's streams nobody resumed stop as a dead
+gateway's do. A client whose heartbeats got through to nobody for TOPIC_RECHECK_S
+(paused, cut off) makes sure its topic still exists, creating it again if it was judged
+gone. A gateway asks this way for its users, the safety judge for itself.
 
 The same acknowledgements say whether the bus is reachable: with none for
 `BUS_SILENT_S` (`Silence`: time this process could not run does not count), or while
@@ -24,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import uuid
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Generic, TypeVar
 
@@ -174,10 +178,7 @@ class RequestReplyClient:
         self.publisher: Publisher
         self._silence = Silence()
         self._down = False
-
-    @property
-    def reply_to(self) -> str:
-        return topics.deliver_topic(self.client_id)
+        self.reply_to = topics.deliver_topic(client_id, uuid.uuid4().hex[:6])
 
     @property
     def open_streams(self) -> int:

@@ -171,7 +171,8 @@ class GatewaySettings(BaseModel):
     )
     gateway_id: str = Field(
         default_factory=lambda: f"gw-{uuid.uuid4().hex[:8]}",
-        description="names this gateway's chat.deliver.<id> topic",
+        description="names this gateway's delivery topic, chat.deliver.<id>.<start>, "
+        "with <start> new at each process start",
     )
     dev_api_key: str | None = Field(
         None,

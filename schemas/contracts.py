@@ -146,11 +146,12 @@ CHANNELS: tuple[Channel, ...] = (
     ),
     Channel(
         "deliver",
-        topics.DELIVER_PREFIX + "{gateway_id}",
+        topics.DELIVER_PREFIX + "{gateway_id}.{start}",
         "conversation_id (request_id for a reroute)",
         members(GatewayEvent),
-        "What one gateway's clients may see, once checked; a gateway's own topic.",
-        {"gateway_id": None},
+        "What one gateway's clients may see, once checked; a gateway's own topic, new at "
+        "each start of its process.",
+        {"gateway_id": None, "start": None},
     ),
     Channel(
         "answers",

@@ -50,8 +50,15 @@ def work_topic(shard: str = "") -> str:
     return f"{WORK_SHARD_PREFIX}{shard}" if shard else WORK
 
 
-def deliver_topic(gateway_id: str) -> str:
-    return f"{DELIVER_PREFIX}{gateway_id}"
+def deliver_topic(gateway_id: str, start: str) -> str:
+    """A gateway's delivery topic for one process start (`start`, fresh each time): one
+    started again under the same id reads none of what the last one was sent."""
+    return f"{DELIVER_PREFIX}{gateway_id}.{start}"
+
+
+def delivering_gateway(topic: str) -> str:
+    """The gateway id of a delivery topic (`deliver_topic`)."""
+    return topic.removeprefix(DELIVER_PREFIX).rpartition(".")[0]
 
 
 def shared_topics() -> list[str]:

@@ -30,9 +30,16 @@ from bench.fault_scenarios import (
 )
 from bench.process_pipeline import Pipeline
 from bench.watched_streams import Watched, reading, watch
+from schemas import topics
+from schemas.events import Cancel
 from schemas.lifecycle import RequestStatus
 
 pytestmark = pytest.mark.timeout(240)
+
+
+def held_by(cancel: Cancel) -> str | None:
+    """The gateway a cancel is conditional on (None: unconditional)."""
+    return cancel.held_by and topics.delivering_gateway(cancel.held_by)
 
 
 @pytest_asyncio.fixture(scope="module")
@@ -123,8 +130,8 @@ async def test_a_stream_dropped_twice_is_cancelled_by_no_gateway_that_held_it(pi
         result = await judge(pipeline, "twice", [rest])
     assert result.clean, result
     assert rest.connections == 3
-    cancels = [(c.reason, c.held_by) for c in await cancels_of(pipeline, rest.request_id)]
-    assert cancels == [("client_gone", "chat.deliver.g2")], "asked, and dropped by the scheduler"
+    cancels = [(c.reason, held_by(c)) for c in await cancels_of(pipeline, rest.request_id)]
+    assert cancels == [("client_gone", "g2")], "asked, and dropped by the scheduler"
 
 
 async def test_a_stream_resumed_before_its_old_connection_closed_is_not_cancelled(pipeline):
@@ -146,8 +153,8 @@ async def test_a_stream_resumed_before_its_old_connection_closed_is_not_cancelle
         rest = await new.result()
         result = await judge(pipeline, "switch", [rest])
     assert result.clean, result
-    cancels = [(c.reason, c.held_by) for c in await cancels_of(pipeline, rest.request_id)]
-    assert cancels == [("client_gone", "chat.deliver.g1")], "asked, and dropped by the scheduler"
+    cancels = [(c.reason, held_by(c)) for c in await cancels_of(pipeline, rest.request_id)]
+    assert cancels == [("client_gone", "g1")], "asked, and dropped by the scheduler"
 
 
 async def test_a_dropped_stream_nobody_resumes_is_cancelled_after_the_grace(pipeline):
@@ -162,8 +169,8 @@ async def test_a_dropped_stream_nobody_resumes_is_cancelled_after_the_grace(pipe
     assert usage.status == RequestStatus.FINISHED_ABORTED
     assert RESUME_GRACE_S - 0.5 <= ended_after <= RESUME_GRACE_S + 3, ended_after
     assert usage.completion_tokens < tokens / 2, "cancelled, not run to its end"
-    cancels = [(c.reason, c.held_by) for c in await cancels_of(pipeline, seen.request_id)]
-    assert cancels == [("client_gone", "chat.deliver.g1"), ("client_gone", None)], (
+    cancels = [(c.reason, held_by(c)) for c in await cancels_of(pipeline, seen.request_id)]
+    assert cancels == [("client_gone", "g1"), ("client_gone", None)], (
         "g1 asks, the scheduler (g1 still holds it) passes the cancel on"
     )
     assert stored["status"] == "finished_aborted", "the recorder stored what nobody relayed"
@@ -185,6 +192,30 @@ async def test_a_dead_gateway_s_stream_nobody_resumes_is_cancelled_after_the_gra
     assert ended_after <= RESUME_GRACE_S + 4, "a dead gateway wastes at most the grace"
     assert usage.completion_tokens < tokens / 2
     assert [c.reason for c in await cancels_of(pipeline, seen.request_id)] == ["gateway_gone"]
+
+
+async def test_a_gateway_restarted_under_its_id_lets_go_of_what_its_last_start_relayed(pipeline):
+    """A pod's container restarting keeps its id: the new start reads a delivery topic of
+    its own, so the stream the old one relayed, which nobody resumed, stops after the
+    grace as if its gateway had died, and the restarted one serves new answers."""
+    async with pipeline.http("g1") as client:
+        cid, other = await scenarios.conversations(client, 2)
+        tokens = int(10 * RESUME_GRACE_S * TOKENS_PER_S)
+        orphan = await reading([client], cid, scenarios.body(tokens, "restarted"))
+        await pipeline.restart("g1")  # SIGKILL, then the same id again at once
+        restarted = time.monotonic()
+        seen = await orphan.drop()
+        await pipeline.wait_for_gateway("g1")
+        usage = await usage_of(pipeline, seen.request_id, timeout_s=RESUME_GRACE_S + 15)
+        ended_after = time.monotonic() - restarted
+        after = await watch([client], other, scenarios.body(40, "after"))
+    assert usage.status == RequestStatus.FINISHED_ABORTED
+    assert ended_after <= RESUME_GRACE_S + 4, "the old start's stream wastes at most the grace"
+    assert usage.completion_tokens < tokens / 2
+    assert [c.reason for c in await cancels_of(pipeline, seen.request_id)] == ["gateway_gone"]
+    assert after.finished and after.request_id != seen.request_id
+    starts = await scenarios.delivery_topics_of(pipeline, "g1")
+    assert len(starts) >= 2, f"one delivery topic per start of g1: {starts}"
 
 
 async def test_stop_on_another_gateway_cancels_at_once(pipeline):

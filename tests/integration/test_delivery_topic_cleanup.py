@@ -57,7 +57,7 @@ def client(kafka: KafkaConfig, name: str) -> RequestReplyClient:
 
 
 async def test_the_topics_of_gone_gateways_are_deleted_those_still_used_kept(kafka):
-    left = topics.deliver_topic(f"left-{uuid.uuid4().hex[:6]}")  # died before the scheduler
+    left = topics.deliver_topic("left", uuid.uuid4().hex[:6])  # died before the scheduler
     await create_topics(kafka, {left: 1})
     deleted_before = REGISTRY.get_sample_value(DELETED) or 0
     live, dead, waiting = client(kafka, "live"), client(kafka, "dead"), client(kafka, "busy")

@@ -22,7 +22,7 @@ from schemas.events import (
 )
 from workers.sim_engine import plan_reply
 
-REPLY_TO = topics.deliver_topic("faults")
+REPLY_TO = topics.deliver_topic("faults", "journal")
 
 
 async def submit(pipe: Pipeline, *requests: GenerationRequest) -> None:

@@ -43,7 +43,7 @@ def test_the_safety_stage_asks_nothing_the_judge_is_the_gateways():
     """The judge checks input only, through the gateway's own client: the safety stage
     never writes a request nor makes a delivery topic."""
     assert not allowed("safety", W, TOPIC, topics.requests_topic(topics.Tier.FREE))
-    assert not allowed("safety", C, TOPIC, topics.deliver_topic("safety-gw1"))
+    assert not allowed("safety", C, TOPIC, topics.deliver_topic("safety-gw1", "a1b2c3"))
 
 
 def test_token_chunks_come_from_workers_and_the_scheduler_only():
@@ -56,7 +56,7 @@ def test_token_chunks_come_from_workers_and_the_scheduler_only():
 def test_deliveries_are_written_by_safety_and_only_read_by_gateways():
     """Clients see text only after the safety stage; the scheduler's queue positions and
     a resuming gateway's reroute notice carry none."""
-    delivery = topics.deliver_topic("gateway-7d4b9c-x2x5q")
+    delivery = topics.deliver_topic("gateway-7d4b9c-x2x5q", "a1b2c3")
     assert who(W, delivery) == {"safety", "scheduler", "gateway"}
     assert who(R, delivery) == {"gateway"}
     assert who(C, delivery) == {"gateway"}

@@ -229,9 +229,9 @@ def test_the_validator_rejects_a_broken_document(document, asyncapi_validator, b
 
 def test_channels_are_the_topics_and_messages_point_at_the_committed_schemas(document) -> None:
     addresses = {channel["address"] for channel in document["channels"].values()}
-    for topic in [*topics.shared_topics(), topics.deliver_topic("gw-1")]:
+    for topic in [*topics.shared_topics(), topics.deliver_topic("gw-1", "a1b2c3")]:
         assert [c.id for c in contracts.channels_for(topic)], f"{topic} has no channel"
-    assert "chat.requests.{tier}" in addresses and "chat.deliver.{gateway_id}" in addresses
+    assert "chat.requests.{tier}" in addresses and "chat.deliver.{gateway_id}.{start}" in addresses
     for channel_id, channel in document["channels"].items():
         assert channel["messages"], channel_id
         for name, message in channel["messages"].items():

@@ -35,7 +35,13 @@ from schemas.events import (
     WorkerHeartbeat,
 )
 from schemas.lifecycle import RequestStatus
-from schemas.topics import Tier, deliver_topic, requests_topic, shared_topics
+from schemas.topics import (
+    Tier,
+    deliver_topic,
+    delivering_gateway,
+    requests_topic,
+    shared_topics,
+)
 
 REQUEST = GenerationRequest(
     request_id="r1",
@@ -155,7 +161,8 @@ def test_bad_bytes_raise_decode_error(raw):
 
 def test_topic_names():
     assert requests_topic("pro") == "chat.requests.pro"
-    assert deliver_topic("gw1") == "chat.deliver.gw1"
+    assert deliver_topic("gw1", "a1b2c3") == "chat.deliver.gw1.a1b2c3"
+    assert delivering_gateway(deliver_topic("gateway-7d4b.x2x5q", "a1b2c3")) == "gateway-7d4b.x2x5q"
     assert len(set(shared_topics())) == len(shared_topics()) == 15
     with pytest.raises(ValueError):
         requests_topic("platinum")
