@@ -9,10 +9,11 @@
 The real scheduler core (`scheduler/core.py`) with simulated workers: heterogeneous
 slot counts (64/128/256, like vLLM's max_num_seqs), two models, heartbeats on every
 end (coalesced per step) and every second, answers of varied length, cancels, worker
-restarts; requests from three tiers and skewed users (a few heavy ones), prompts of
-varied length (short ones routed to the small model), the waiting set held at
-`--waiting`, slots freeing at `--rate` a second. The core gets the simulation's clock,
-which advances each step by the core's own time in it (`CoreSim`):
+restarts, preemptions handed back at the worker's next heartbeat; requests from three
+tiers and skewed users (a few heavy ones), prompts of varied length (short ones routed
+to the small model), the waiting set held at `--waiting`, slots freeing at `--rate` a
+second. The core gets the simulation's clock, which advances each step by the core's
+own time in it (`CoreSim`):
 
 - a *decision* is a request handed to a worker slot; decisions/s is decisions per
   second of that clock; capacity is decisions per second of core time (admissions,
@@ -47,7 +48,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from scheduler.config import ALONE_GC_FREEZE_S
-from scheduler.core import Dispatch, Policy, Scheduler
+from scheduler.core import Dispatch, Policy, Preemption, Scheduler
 from scheduler.shards import HeapFreezer
 from schemas.events import ChatMessage, GenerationRequest, Role, SamplingOptions, WorkerHeartbeat
 from schemas.topics import Tier
@@ -76,6 +77,8 @@ CORE_CALLS = (
     "on_dispatched",
     "cancel",
     "status",
+    "live_workers",
+    "preemptions",
     "remove_lost_workers",
     "expire",
 )
@@ -161,6 +164,8 @@ class SimWorker:
     running: dict[str, tuple[int, int]] = field(default_factory=dict)  # rid -> (p, offset)
     unread: list[tuple[int, str, float]] = field(default_factory=list)
     """Dispatched, not read yet: (offset, request id, service seconds)."""
+    handed_back: dict[str, int] = field(default_factory=dict)
+    """Preempted since the last heartbeat: request id -> its attempt."""
 
     def heartbeat(self, wall: float) -> WorkerHeartbeat:
         return WorkerHeartbeat.model_construct(
@@ -172,7 +177,8 @@ class SimWorker:
             active=tuple(self.running),
             consumed={self.partition: self.consumed},
             assignments=dict(self.running),
-            handed_back=(),
+            handed_back=tuple(self.handed_back),
+            handed_back_attempts=dict(self.handed_back),
             running=len(self.running),
             waiting=0,
             peak_running=0,
@@ -192,6 +198,7 @@ class Timings:
     latencies_ms: list[float] = field(default_factory=list)
     heartbeats: int = 0
     admitted: int = 0
+    preempted: int = 0
     waiting_seen: list[int] = field(default_factory=list)
     by_call: dict[str, float] = field(default_factory=dict)
     """With `--breakdown`: core seconds in each of CORE_CALLS."""
@@ -308,13 +315,16 @@ class CoreSim:
             heapq.heappush(self.beats, (at + HEARTBEAT_S, worker_id))
             self.dirty.add(worker_id)
         for worker_id in sorted(self.dirty):
-            heartbeat = self.workers[worker_id].heartbeat(self.now)
+            worker = self.workers[worker_id]
+            heartbeat = worker.heartbeat(self.now)
+            worker.handed_back.clear()  # told once
             t.timed(functools.partial(self.core.on_heartbeat, heartbeat))
         t.heartbeats += len(self.dirty)
         self.dirty.clear()
         t.waiting_seen.append(self.core.waiting_count)
-        sent = t.timed(self._decide)
+        sent, preempted = t.timed(self._decide)
         step_s = t.core_s - core_before
+        self._preempted(preempted)
         t.decisions += len(sent)
         t.latencies_ms.extend([step_s * 1000] * len(sent))
         self.heap.tick()  # as the stage does after each batch
@@ -352,10 +362,10 @@ class CoreSim:
             by_call = self.timings.by_call
             by_call[name] = by_call.get(name, 0.0) + CORE_CLOCK() - started
 
-    def _decide(self) -> list[tuple[Dispatch, int]]:
+    def _decide(self) -> tuple[list[tuple[Dispatch, int]], list[Preemption]]:
         """What `SchedulerStage._decide` asks the core after each batch of records, and
-        its journal commit after them; each dispatch with its offset on its worker's
-        `chat.work` partition."""
+        its journal commit after them: each dispatch with its offset on its worker's
+        `chat.work` partition, and the preemptions asked."""
         core = self.core
         core.remove_lost_workers()
         core.expire()
@@ -365,10 +375,22 @@ class CoreSim:
             core.on_dispatched(dispatch.request, dispatch.worker_id, worker.next_offset)
             sent.append((dispatch, worker.next_offset))
             worker.next_offset += 1
+        preempted = core.preemptions()
         core.queue_updates()
         core.status()
+        core.live_workers()
         core.unread_assignments()  # the journal's commit after the batch (_commit_journal)
-        return sent
+        return sent, preempted
+
+    def _preempted(self, preemptions: list[Preemption]) -> None:
+        """Each worker asked stops the request and hands it back in its next heartbeat."""
+        for preemption in preemptions:
+            worker = self.workers[preemption.worker_id]
+            request = preemption.request
+            if worker.running.pop(request.request_id, None) is not None:
+                worker.handed_back[request.request_id] = request.attempt
+                self.dirty.add(worker.worker_id)
+                self.timings.preempted += 1
 
     def _workers_read(self) -> None:
         """Each worker reads what was dispatched to it last tick and starts it."""
@@ -407,7 +429,8 @@ def report(label: str, timings: Timings) -> str:
         f"{label}: {timings.decisions} decisions in {timings.virtual_s:.2f} s "
         f"({timings.rate():,.0f}/s), core busy {busy:.0%} "
         f"(capacity {timings.capacity():,.0f}/s); {timings.heartbeats} heartbeats, "
-        f"{timings.admitted} admitted; waiting {min(waiting)}-{max(waiting)} "
+        f"{timings.admitted} admitted, {timings.preempted} preempted; "
+        f"waiting {min(waiting)}-{max(waiting)} "
         f"(mean {statistics.fmean(waiting):,.0f}); decision latency p50 "
         f"{statistics.median(timings.latencies_ms):.2f} ms, p99 {timings.p99_ms():.2f} ms, "
         f"max {max(timings.latencies_ms):.2f} ms{_breakdown(timings)}"

@@ -170,8 +170,9 @@ class Scheduler:
         """Answers a client cancelled: a later tool round of one ends when it comes."""
         self._waiting_rounds = RoundsHeld()
         self._unknown: dict[str, InFlight] = {}
-        self._preempting: dict[str, tuple[str, float]] = {}
-        """Preempted request id -> (the waiting request id it is for, when asked)."""
+        self._preempting: dict[str, tuple[str, float, int]] = {}
+        """Preempted request id -> (the waiting request id it is for, when asked, the
+        order of the flight asked back), oldest first."""
         self._preempted_for: dict[str, str] = {}  # waiting request id -> preempted one
         self._preemptions: list[Preemption] = []
         self._shares = tuple(  # each tier with a minimum share, and the tiers above it
@@ -322,20 +323,20 @@ class Scheduler:
     def expected_wait_s(self, tier: Tier, extra: int = 0, *, by_slots: bool = False
                         ) -> float | None:  # fmt: skip
         """Seconds until the last of `extra` new requests of `tier` would start, at the
-        recent rate of ends. `by_slots` (a walk over the workers: where it decides, as
-        shedding does): those the free slots take start at once, and the rest wait at
-        most as long as the slots running now take to free at the recent service time.
+        recent rate of ends. `by_slots` (where it decides, as shedding does; from the
+        registry's sums over the workers): those the free slots take start at once, and
+        the rest wait at most as long as the slots running now take to free at the
+        recent service time.
 
         Zero while a worker has a free slot and nothing waits; None while no throughput
         is known."""
-        if not any(self._queues.values()) and any(w.free_slots for w in self.workers.values()):
+        totals = self.registry.totals
+        if not self._waiting and totals.free > 0:
             return 0.0
         ahead = sum(len(self._queues[t]) for t in _TIERS if _RANK[t] <= _RANK[tier])
         if not by_slots:
             return self.throughput.seconds_for(ahead + extra)
-        free = sum(w.free_slots for w in self.workers.values())
-        busy = sum(min(w.load, w.max_slots) for w in self.workers.values())
-        return self.throughput.seconds_for(ahead + extra - free, busy)
+        return self.throughput.seconds_for(ahead + extra - totals.free, totals.busy)
 
     def status(self) -> dict[Tier, TierStatus]:
         statuses = {}
@@ -414,11 +415,7 @@ class Scheduler:
     def live_workers(self) -> dict[str, int]:
         """Model -> workers that take its work now: heartbeating (not lost), holding
         chat.work partitions, not draining."""
-        counts: dict[str, int] = {}
-        for worker in self.registry.workers.values():
-            if worker.partitions and not worker.stopping:
-                counts[worker.model] = counts.get(worker.model, 0) + 1
-        return counts
+        return self.registry.totals.live()
 
     def on_heartbeat(self, heartbeat: WorkerHeartbeat) -> None:
         """Refresh the worker's capacity. What it finished frees its slot; what it
@@ -489,7 +486,7 @@ class Scheduler:
             if tier is None:
                 return dispatches
             candidates = self._fairest(self._queues[tier])
-            placed = next(filter(None, map(self._place, candidates)), None)
+            placed = self._place(candidates[0])  # of one model and tier: all fit, or none
             if placed is None:
                 blocked.add(tier)  # its model has no free slot now: keep tier order
                 if self.policy.fair_preemption:
@@ -524,26 +521,50 @@ class Scheduler:
         that another tenant holds more than its share against, unless one is asked for
         it already."""
         now = self._clock()
-        for asked, (waiting_id, asked_at) in list(self._preempting.items()):
-            if self.registry.flight(asked) is None or now - asked_at > PREEMPT_WAIT_S:
-                del self._preempting[asked]
-                self._preempted_for.pop(waiting_id, None)
+        self._forget_preemptions(now)
         for request in candidates:
-            if request.request_id in self._preempted_for:
+            asked = self._preempted_for.get(request.request_id)
+            if asked is not None and self._asked_back(asked):
                 return  # its slot is on its way
             victim = self.registry.shares.victim(request)
-            if victim is None or victim in self._preempting:
+            if victim is None or self._asked_back(victim):
                 continue
             flight = self.registry.flight(victim)
             worker = self.registry.holder(victim)
             if flight is None or flight.request is None or worker is None:
                 continue
-            self._preempting[victim] = (request.request_id, now)
+            self._preempting[victim] = (request.request_id, now, flight.order)
             self._preempted_for[request.request_id] = victim
             self._preemptions.append(
                 Preemption(flight.request, worker.worker_id, request.request_id)
             )
             return
+
+    def _asked_back(self, victim: str) -> bool:
+        """A preemption of `victim` is under way: asked for the flight running now, within
+        PREEMPT_WAIT_S (else it is forgotten, and may be asked again)."""
+        asked = self._preempting.get(victim)
+        if asked is None:
+            return False
+        flight = self.registry.flight(victim)
+        if flight is not None and flight.order == asked[2]:
+            return True
+        self._forget_preemption(victim)
+        return False
+
+    def _forget_preemptions(self, now: float) -> None:
+        """Those asked more than PREEMPT_WAIT_S ago: the oldest first, so this costs what
+        it forgets (the rest are looked at when they matter, `_asked_back`)."""
+        while self._preempting:
+            victim, (_, asked_at, _) = next(iter(self._preempting.items()))
+            if now - asked_at <= PREEMPT_WAIT_S:
+                return
+            self._forget_preemption(victim)
+
+    def _forget_preemption(self, victim: str) -> None:
+        waiting_id, _, _ = self._preempting.pop(victim)
+        if self._preempted_for.get(waiting_id) == victim:
+            del self._preempted_for[waiting_id]
 
     def _next_tier(self, blocked: set[Tier]) -> Tier | None:
         """The lowest tier owed a slot (full credit), else the highest with requests."""

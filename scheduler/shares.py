@@ -17,13 +17,13 @@ next attempt could not continue it (`workers.core.Attempt.resume`). The request 
 back is the tenant's newest: it has done the least work, which its next attempt, on
 whichever worker, prefills again before it continues the stream.
 
-Every update and the victim's choice are O(1) in the running requests, but for the
-scan over the orgs (and an org's users) running the model.
+Every update and the victim's choice are O(1) in the running requests and in the
+tenants running the model: the tenant holding the most slots is kept (`Tally`), not
+looked for.
 """
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -55,8 +55,8 @@ class RunningShares:
 
     def __init__(self) -> None:
         self._of: dict[str, _Running] = {}
-        self._orgs: dict[str, Counter[str]] = {}  # model -> org -> slots
-        self._users: dict[tuple[str, str], Counter[str]] = {}  # (model, org) -> user -> slots
+        self._orgs: dict[str, Tally] = {}  # model -> slots per org
+        self._users: dict[tuple[str, str], Tally] = {}  # (model, org) -> slots per user
         self._newest: dict[tuple[str, str, str], dict[str, int]] = {}
         """(model, org, user) -> its running request ids, oldest first, with their tier's
         rank (`NOT_PREEMPTABLE`: never preempted)."""
@@ -70,8 +70,8 @@ class RunningShares:
             self.remove(request_id)
         running = _Running(request.model, request.org_id, request.user_id, _RANK[request.tier])
         self._of[request_id] = running
-        self._orgs.setdefault(running.model, Counter())[running.org] += 1
-        self._users.setdefault((running.model, running.org), Counter())[running.user] += 1
+        _give(self._orgs, running.model, running.org)
+        _give(self._users, (running.model, running.org), running.user)
         key = (running.model, running.org, running.user)
         self._newest.setdefault(key, {})[request_id] = (
             running.rank if preemptable(request) else NOT_PREEMPTABLE
@@ -91,9 +91,8 @@ class RunningShares:
 
     def slots(self, model: str, org: str, user: str | None = None) -> int:
         """Slots of `model` that `org` (or its `user`) holds."""
-        if user is None:
-            return self._orgs.get(model, Counter())[org]
-        return self._users.get((model, org), Counter())[user]
+        tally = self._orgs.get(model) if user is None else self._users.get((model, org))
+        return 0 if tally is None else tally.of(org if user is None else user)
 
     def victim(self, waiting: GenerationRequest) -> str | None:
         """The running request to preempt so that `waiting` (which found no free slot of
@@ -103,14 +102,14 @@ class RunningShares:
         orgs = self._orgs.get(model)
         if not orgs:
             return None
-        top_org, top = max(orgs.items(), key=lambda item: item[1])
+        top_org, top = orgs.top()
         if top_org != org:
-            if top < orgs[org] + 2:
+            if top < orgs.of(org) + 2:
                 return None
             return self._newest_of(model, top_org, None, rank)
         users = self._users[(model, org)]
-        top_user, top = max(users.items(), key=lambda item: item[1])
-        if top_user == user or top < users[user] + 2:
+        top_user, top = users.top()
+        if top_user == user or top < users.of(user) + 2:
             return None
         return self._newest_of(model, org, top_user, rank)
 
@@ -118,16 +117,76 @@ class RunningShares:
         """The newest request of `org` (of its `user`; else of its user with the most
         slots) on `model` in a tier ranked `rank` or lower."""
         if user is None:
-            users = self._users[(model, org)]
-            user = max(users.items(), key=lambda item: item[1])[0]
+            user, _ = self._users[(model, org)].top()
         requests = self._newest[(model, org, user)]
         return next((r for r in reversed(requests) if requests[r] >= rank), None)
 
 
-def _take(counters: dict[K, Counter[str]], key: K, name: str) -> None:
-    counter = counters[key]
-    counter[name] -= 1
-    if counter[name] <= 0:
-        del counter[name]
-    if not counter:
-        del counters[key]
+class Tally:
+    """Slots per name (an org, or an org's users), and the name holding the most: each
+    name sits in the bucket of its count, so a change of one count by one, and the
+    top, are O(1) however many names there are."""
+
+    __slots__ = ("_count", "_names", "_top")
+
+    def __init__(self) -> None:
+        self._count: dict[str, int] = {}
+        self._names: dict[int, dict[str, None]] = {}  # count -> the names holding it
+        self._top = 0
+
+    def __bool__(self) -> bool:
+        return bool(self._count)
+
+    def of(self, name: str) -> int:
+        return self._count.get(name, 0)
+
+    def top(self) -> tuple[str, int]:
+        """A name holding the most, and its count (the tally is not empty)."""
+        return next(iter(self._names[self._top])), self._top
+
+    def give(self, name: str) -> None:
+        count = self._count.get(name, 0)
+        if count:
+            self._leave(name, count)
+        self._join(name, count + 1)
+        self._top = max(self._top, count + 1)
+
+    def take(self, name: str) -> None:
+        count = self._count[name]
+        emptied = self._leave(name, count)
+        if count > 1:
+            self._join(name, count - 1)
+        else:
+            del self._count[name]
+        if emptied and count == self._top:
+            self._top = count - 1 if self._count else 0  # the name is at count - 1 now
+
+    def _join(self, name: str, count: int) -> None:
+        self._count[name] = count
+        names = self._names.get(count)
+        if names is None:
+            names = self._names[count] = {}
+        names[name] = None
+
+    def _leave(self, name: str, count: int) -> bool:
+        """Out of its bucket; whether that emptied it."""
+        names = self._names[count]
+        del names[name]
+        if names:
+            return False
+        del self._names[count]
+        return True
+
+
+def _give(tallies: dict[K, Tally], key: K, name: str) -> None:
+    tally = tallies.get(key)
+    if tally is None:
+        tally = tallies[key] = Tally()
+    tally.give(name)
+
+
+def _take(tallies: dict[K, Tally], key: K, name: str) -> None:
+    tally = tallies[key]
+    tally.take(name)
+    if not tally:
+        del tallies[key]

@@ -3,8 +3,9 @@ and the last decision about each recent request (from the journal after a restar
 
 At scale (a thousand workers of up to 256 slots, thousands of decisions a second) no
 decision scans the workers: each worker keeps its load as a count, the registry knows
-which worker holds each request, and `FreeSlots` finds the worker of a model with the
-most free slots in logarithmic time.
+which worker holds each request, `FreeSlots` finds the worker of a model with the
+most free slots in logarithmic time, and `SlotTotals` keeps the sums over every worker
+that the status and the wait estimates read after each batch.
 """
 
 from __future__ import annotations
@@ -70,7 +71,10 @@ class WorkerState:
     max_slots: int
     last_seen: float
     incarnation: str = ""
-    active: frozenset[str] = frozenset()
+    active: dict[str, None] = field(default_factory=dict)
+    """What its last heartbeat lists as running, as dictionary keys: a dictionary of
+    strings is out of the garbage collector's sight (a set is not), and a thousand
+    workers' lists would otherwise make every young collection walk them."""
     consumed: dict[int, int] = field(default_factory=dict)
     in_flight: dict[str, InFlight] = field(default_factory=dict)
     engine_waiting: int = 0
@@ -157,7 +161,7 @@ class WorkerState:
         self.model = heartbeat.model
         self.partitions = heartbeat.partitions
         self.max_slots = heartbeat.max_slots
-        self.active = frozenset(heartbeat.active)
+        self.active = dict.fromkeys(heartbeat.active)
         self.consumed = dict(heartbeat.consumed)
         self.engine_waiting = heartbeat.waiting
         self.free_kv_blocks = heartbeat.free_kv_blocks
@@ -188,7 +192,7 @@ class WorkerState:
 
         return frozenset(r for r in heartbeat.handed_back if not later(r))
 
-    def _settle(self, listed: frozenset[str], handed_back: frozenset[str]) -> Settled:
+    def _settle(self, listed: dict[str, None], handed_back: frozenset[str]) -> Settled:
         """A loop only over the flights whose state changed (`_changed`: not running, or
         handed back), in dispatch order."""
         settled = Settled()
@@ -209,7 +213,7 @@ class WorkerState:
             self._unstarted.discard(flight.request_id)
         return settled
 
-    def _changed(self, listed: frozenset[str], handed_back: frozenset[str]) -> set[str]:
+    def _changed(self, listed: dict[str, None], handed_back: frozenset[str]) -> set[str]:
         """Mark the flights listed now started; return those not listed now or handed
         back, by set operations that never copy the whole running set.
 
@@ -219,11 +223,11 @@ class WorkerState:
         learned from a heartbeat is not started and listed: the next one settles it."""
         in_flight, unstarted, active = self.in_flight, self._unstarted, self.active
         if unstarted:
-            started = unstarted & active
+            started = unstarted & active.keys()
             for request_id in started:
                 in_flight[request_id].started = True
             unstarted -= started
-        changed = {r for r in listed - active if r in in_flight}
+        changed = {r for r in listed.keys() - active.keys() if r in in_flight}
         changed |= unstarted
         if handed_back:
             changed.update(r for r in handed_back if r in in_flight)
@@ -265,6 +269,8 @@ class Registry:
         self.shares = RunningShares()
         """Who holds each model's running slots (`scheduler.shares`)."""
         self._free = FreeSlots()
+        self.totals = SlotTotals()
+        """Free and busy slots over every worker, and the workers taking each model's work."""
         self._unread = _FirstUnread()
         self._seen_since = -math.inf
         """No worker was last heard of before this (`remove_lost` scans only after it)."""
@@ -302,16 +308,22 @@ class Registry:
         self._holder[flight.request_id] = worker
         if flight.request is not None:
             self.shares.add(flight.request)
-        self._free.changed(worker)
+        self._changed(worker)
         self._unread.stale(worker.worker_id)
+
+    def _changed(self, worker: WorkerState) -> None:
+        """Its load, slots or state may have changed."""
+        self._free.changed(worker)
+        self.totals.changed(worker)
 
     def acknowledged(self, worker_id: str, request: GenerationRequest, offset: int) -> None:
         """The assignment of `request` (as sent) is on `chat.work` at `offset`."""
         worker = self.workers.get(worker_id)
         flight = worker.in_flight.get(request.request_id) if worker is not None else None
         if flight is not None:
+            if flight.request is None:  # learned from a heartbeat: not counted yet
+                self.shares.add(request)
             flight.request, flight.offset = request, offset
-            self.shares.add(request)
             self._unread.stale(worker_id)
 
     def decide(self, request_id: str, decision: Decision) -> None:
@@ -334,7 +346,7 @@ class Registry:
         if worker is not None:
             self.shares.remove(request_id)
             worker.pop_flight(request_id)
-            self._free.changed(worker)
+            self._changed(worker)
             self._unread.stale(worker.worker_id)
 
     def on_heartbeat(
@@ -351,7 +363,7 @@ class Registry:
         self._unread.stale(worker.worker_id)
         if self._may_tell_of_unknown(worker, heartbeat):
             self._learn(worker, heartbeat, now, waiting, settled)
-        self._free.changed(worker)
+        self._changed(worker)
         return settled
 
     def _may_tell_of_unknown(self, worker: WorkerState, heartbeat: WorkerHeartbeat) -> bool:
@@ -410,6 +422,7 @@ class Registry:
         )
         for worker in lost:
             del self.workers[worker.worker_id]
+            self.totals.removed(worker.worker_id)
             self._unread.stale(worker.worker_id)
             for request_id in worker.in_flight:
                 self._forget(worker, request_id)
@@ -489,6 +502,48 @@ class _FirstUnread:
         else:
             del self._by[partition]
             self._first.pop(partition, None)
+
+
+class SlotTotals:
+    """Sums over every worker, kept as each one changes (`changed`, `removed`): its free
+    slots, its busy ones (its load, up to its slots) and, per model, the workers taking
+    its work now (heartbeating, holding chat.work partitions, not draining)."""
+
+    def __init__(self) -> None:
+        self._of: dict[str, tuple[int, int, str | None]] = {}
+        self.free = 0
+        self.busy = 0
+        self._live: dict[str, int] = {}
+
+    def changed(self, worker: WorkerState) -> None:
+        live = worker.model if worker.partitions and not worker.stopping else None
+        now = (worker.free_slots, min(worker.load, worker.max_slots), live)
+        before = self._of.get(worker.worker_id)
+        if now == before:
+            return
+        self._of[worker.worker_id] = now
+        self._add(before, -1)
+        self._add(now, 1)
+
+    def removed(self, worker_id: str) -> None:
+        self._add(self._of.pop(worker_id, None), -1)
+
+    def live(self) -> dict[str, int]:
+        """Model -> the workers taking its work now."""
+        return dict(self._live)
+
+    def _add(self, of: tuple[int, int, str | None] | None, sign: int) -> None:
+        if of is None:
+            return
+        free, busy, live = of
+        self.free += sign * free
+        self.busy += sign * busy
+        if live is not None:
+            count = self._live.get(live, 0) + sign
+            if count:
+                self._live[live] = count
+            else:
+                del self._live[live]
 
 
 class FreeSlots:

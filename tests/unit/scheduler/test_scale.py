@@ -5,12 +5,16 @@ over every worker and every waiting request would."""
 
 from __future__ import annotations
 
+import random
+from collections import Counter
+
 import pytest
 
 from bench.scheduler_sim import CoreSim
 from bench.scheduler_sim import cli as scheduler_sim
 from scheduler.core import QUEUE_HEAD
 from scheduler.fair_queue import FairQueue
+from scheduler.shares import Tally
 from scheduler.workers import Registry
 from tests.support.scheduler import (
     Clock,
@@ -100,6 +104,27 @@ def test_load_counts_a_request_both_running_and_handed_out_once():
     assert core.workers["w1"].load == 2 and core.workers["w1"].free_slots == 1
 
 
+def test_a_tally_s_top_is_the_most_a_scan_finds_through_many_changes():
+    """The tenant holding the most of a model's slots, kept as counts change by one: its
+    count is what a scan over every tenant finds, and it holds that many."""
+    rng = random.Random(3)
+    tally, counts = Tally(), Counter[str]()
+    for _ in range(5_000):
+        name = f"org{rng.randrange(12)}"
+        if counts[name] and rng.random() < 0.45:
+            tally.take(name)
+            counts[name] -= 1
+        else:
+            tally.give(name)
+            counts[name] += 1
+        counts += Counter()  # drop the zeros
+        assert bool(tally) == bool(counts)
+        if counts:
+            top, most = tally.top()
+            assert most == max(counts.values()) == counts[top]
+        assert all(tally.of(n) == counts[n] for n in (name, "never"))
+
+
 def test_a_fair_queue_walk_yields_the_order_as_it_was_while_the_queue_changes():
     queue = FairQueue()
     for rid, user in [("x1", "x"), ("y1", "y"), ("x2", "x"), ("z1", "z")]:
@@ -172,6 +197,33 @@ def test_unread_assignments_match_a_scan_of_every_flight_through_a_busy_run():
         assert sim.core.unread_assignments() == scan
         checked += bool(scan)
     assert checked > 50  # assignments not read yet were there to find
+
+
+def test_slot_totals_match_a_scan_of_every_worker_through_a_busy_run():
+    """The sums the status, the wait estimates and the live workers read are kept as
+    workers change; through dispatches, ends, heartbeats, preemptions, worker restarts
+    and a lost worker they say what a walk over every worker says."""
+    sim = CoreSim(workers=12, waiting=300, rate=400.0, tick_s=0.01)
+    for worker in sim.workers.values():
+        sim.core.on_heartbeat(worker.heartbeat(sim.now))
+    core = sim.core
+    on_heartbeat = core.on_heartbeat
+    silent: set[str] = set()
+    core.on_heartbeat = lambda beat: None if beat.worker_id in silent else on_heartbeat(beat)
+    for step in range(800):
+        sim.step()
+        if step == 100:
+            silent.add("w3")  # its heartbeats stop: lost after worker_lost_after_s
+        workers = core.workers.values()
+        totals = core.registry.totals
+        assert totals.free == sum(w.free_slots for w in workers)
+        assert totals.busy == sum(min(w.load, w.max_slots) for w in workers)
+        live: dict[str, int] = {}
+        for w in workers:
+            if w.partitions and not w.stopping:
+                live[w.model] = live.get(w.model, 0) + 1
+        assert core.live_workers() == live
+    assert "w3" not in core.workers, "the lost worker was removed"
 
 
 def test_scheduler_sim_smoke(capsys: pytest.CaptureFixture[str]) -> None:

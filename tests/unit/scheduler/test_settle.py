@@ -25,12 +25,13 @@ class FullSettleWorker(WorkerState):
 
     __slots__ = ()
 
-    def _changed(self, listed: frozenset[str], handed_back: frozenset[str]) -> set[str]:
+    def _changed(self, listed: dict[str, None], handed_back: frozenset[str]) -> set[str]:
         """Over every flight and everything listed (not only what changed since `listed`)."""
-        for request_id in self._unstarted & self.active:
+        active = set(self.active)
+        for request_id in self._unstarted & active:
             self.in_flight[request_id].started = True
-        self._unstarted -= self.active
-        return set(self.in_flight.keys() - (self.active - handed_back))
+        self._unstarted -= active
+        return set(self.in_flight.keys() - (active - handed_back))
 
 
 class FullRegistry(Registry):
@@ -247,7 +248,7 @@ class Run:
     def check(self) -> None:
         assert _state(self.fast) == _state(self.full)
         for worker in self.fast.workers.values():  # the load kept as a count
-            assert worker.load == len(worker.active | worker.in_flight.keys())
+            assert worker.load == len(worker.active.keys() | worker.in_flight.keys())
         unread = self.fast.unread()
         assert unread == self.full.unread()
         self.seen["unread"] += bool(unread)
@@ -272,7 +273,7 @@ def _state(registry: Registry) -> object:
             sorted(w._unstarted),
             w.load,
             w.free_slots,
-            w.active,
+            sorted(w.active),
             w.incarnation,
             w.partitions,
             w.last_seen,
