@@ -103,6 +103,7 @@ def cancel_rows(stats: CancelLatencyStats) -> list[Row]:
 def markdown(run: DifferentiatorsRun) -> str:
     host, b = run.host, run.eta.backlog
     notes = [f"Not resumed byte-exact: {line}\n" for line in run.resume.mismatches]
+    notes += [f"Ended before its gateway died: {line}\n" for line in run.resume.not_cut]
     low, high = b.tokens
     rows = [*eta_rows(run.eta), *retraction_rows(run.retraction), *cancel_rows(run.cancel)]
     lines = [

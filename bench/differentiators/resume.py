@@ -58,6 +58,8 @@ class ResumeStats:
     gap_ms_p99: float | None
     mismatches: tuple[str, ...] = ()
     """One line per answer that was not byte-exact: where and how it differed."""
+    not_cut: tuple[str, ...] = ()
+    """One line per answer that ended before its gateway died (not counted above)."""
 
     def lines(self) -> list[str]:
         """Rows of a `figure | value | target | met` table (`TABLE_HEAD` heads it)."""
@@ -68,6 +70,8 @@ class ResumeStats:
             f"{self.byte_exact} / {self.streams} ({share:.0f} %) | 100 % | "
             f"{'yes' if exact else 'no'} |",
             f"| gateway kills mid-stream | {self.kills} | | |",
+            f"| answers that ended before their gateway died (not counted) | "
+            f"{len(self.not_cut)} | | |",
             f"| resume gap, last event before the kill to first after "
             f"(the client waits 0.2 s before reconnecting), p50 / p99 | "
             f"{_ms(self.gap_ms_p50)} / {_ms(self.gap_ms_p99)} ms | | |",
@@ -85,6 +89,9 @@ class Outcome:
     byte_exact: bool
     gap_s: float | None
     mismatch: str | None = None
+    cut: bool = True
+    """Its gateway died while it streamed; False: it had ended before (`mismatch` says
+    when its first piece came)."""
 
 
 def resume_gap_s(event_times: Sequence[float], resumed_at: float | None) -> float | None:
@@ -116,13 +123,30 @@ def first_difference(expected: str, got: str) -> str | None:
     )
 
 
-def judged(seen: Watched, resumed_at: float | None, stored: str | None, planned: str) -> Outcome:
-    """One answer against its stored text and the text an uninterrupted run streams."""
+def judged(
+    seen: Watched,
+    resumed_at: float | None,
+    stored: str | None,
+    planned: str,
+    killed_at: float | None = None,
+) -> Outcome:
+    """One answer against its stored text and the text an uninterrupted run streams;
+    one that ended on its first connection before `killed_at` was never cut."""
     times = [at for _, _, at in seen.deltas]
     if seen.ended_at is not None:
         times.append(seen.ended_at)
     gap = resume_gap_s(times, resumed_at)
     rid = seen.ids.get("request_id", "?")
+    ended = seen.ended_at
+    if seen.connections < 2 and killed_at is not None and ended is not None and ended < killed_at:
+        first = f"{times[0] - seen.started_at:.1f} s" if times else "never"
+        return Outcome(
+            False,
+            None,
+            f"{rid}: ended ({seen.end_event}) {killed_at - ended:.1f} s before its gateway "
+            f"died; its first piece came after {first}",
+            cut=False,
+        )
     if resumed_at is None or seen.connections < 2:
         return Outcome(False, gap, f"{rid}: never resumed ({seen.connections} connection)")
     if not seen.finished:
@@ -140,14 +164,17 @@ def judged(seen: Watched, resumed_at: float | None, stored: str | None, planned:
 
 
 def summary(kills: int, outcomes: Sequence[Outcome]) -> ResumeStats:
-    gaps_ms = [o.gap_s * 1000 for o in outcomes if o.gap_s is not None]
+    """Over the answers their gateway's death cut; those that had ended are listed."""
+    cut = [o for o in outcomes if o.cut]
+    gaps_ms = [o.gap_s * 1000 for o in cut if o.gap_s is not None]
     return ResumeStats(
         kills=kills,
-        streams=len(outcomes),
-        byte_exact=sum(o.byte_exact for o in outcomes),
+        streams=len(cut),
+        byte_exact=sum(o.byte_exact for o in cut),
         gap_ms_p50=percentile(gaps_ms, 50) if gaps_ms else None,
         gap_ms_p99=percentile(gaps_ms, 99) if gaps_ms else None,
-        mismatches=tuple(o.mismatch for o in outcomes if o.mismatch is not None),
+        mismatches=tuple(o.mismatch for o in cut if o.mismatch is not None),
+        not_cut=tuple(o.mismatch or "" for o in outcomes if not o.cut),
     )
 
 
@@ -177,6 +204,7 @@ async def kill_round(
         await running.streaming()
         await asyncio.sleep(delay_s)
         pipe.kill(victim)
+        killed_at = time.monotonic()
         restarting = asyncio.create_task(back_up(pipe, victim))
         watched = await running.results()
         requests = await requests_of(pipe, watched)
@@ -187,7 +215,7 @@ async def kill_round(
             planned = "" if request is None else "".join(plan_reply(request).tokens)
             resumed_at = resumes.first_at.get(seen.request_id)
             content = None if stored is None else stored["content"]
-            outcomes.append(judged(seen, resumed_at, content, planned))
+            outcomes.append(judged(seen, resumed_at, content, planned, killed_at))
         return outcomes, restarting
 
 
@@ -231,6 +259,8 @@ def main() -> None:
     print("\n".join([*TABLE_HEAD, *stats.lines()]))
     for line in stats.mismatches:
         print(f"not byte-exact: {line}")
+    for line in stats.not_cut:
+        print(f"not cut: {line}")
     print(f"({time.monotonic() - started:.0f} s)")
 
 

@@ -87,6 +87,23 @@ def test_an_answer_that_never_resumed_or_never_ended_is_not_byte_exact():
     assert not outcome.byte_exact and "did not finish" in (outcome.mismatch or "")
 
 
+def test_an_answer_that_ended_before_its_gateway_died_was_not_cut_and_is_not_counted():
+    """An answer that ended on its only connection before the kill was never put to the
+    test (a round's answer that started late, say); one the kill cut and that never
+    resumed is counted, as a failure."""
+    whole = resumed_answer(["Hello", " world"], resumed_after=2, end_at=1.5)
+    whole.connections, whole.started_at = 1, 0.5
+    outcome = judged(whole, None, "Hello world", "Hello world", killed_at=4.0)
+    assert not outcome.cut and outcome.mismatch is not None
+    assert "2.5 s before its gateway died" in outcome.mismatch
+    assert "first piece came after 0.5 s" in outcome.mismatch
+    killed_first = resumed_answer(["Hello"], resumed_after=1, end_at=1.5)
+    killed_first.connections = 1
+    assert judged(killed_first, None, "Hello", "Hello", killed_at=1.2).cut, "cut, unresumed"
+    stats = summary(1, [Outcome(True, 0.3), outcome])
+    assert (stats.streams, stats.byte_exact, len(stats.not_cut)) == (1, 1, 1)
+
+
 def test_the_first_difference_names_the_byte_even_past_a_multibyte_character():
     assert first_difference("même", "même") is None
     assert str(first_difference("même texte", "même teste")).startswith("byte 8 of 11")
@@ -104,13 +121,13 @@ def test_the_figures_count_byte_exact_answers_and_take_percentiles_of_the_gaps()
 
 def test_the_lines_say_whether_every_answer_was_byte_exact():
     every = ResumeStats(kills=100, streams=400, byte_exact=400, gap_ms_p50=410, gap_ms_p99=790)
-    [exact, kills, gap] = every.lines()
+    [exact, kills, not_cut, gap] = every.lines()
     assert exact.endswith("| 400 / 400 (100 %) | 100 % | yes |")
-    assert "| 100 |" in kills
+    assert "| 100 |" in kills and "not counted) | 0 |" in not_cut
     assert "| 410 / 790 ms |" in gap
     short = ResumeStats(kills=1, streams=4, byte_exact=3, gap_ms_p50=None, gap_ms_p99=None)
     assert short.lines()[0].endswith("| 3 / 4 (75 %) | 100 % | no |")
-    assert "| – / – ms |" in short.lines()[2]
+    assert "| – / – ms |" in short.lines()[3]
     assert ResumeStats(0, 0, 0, None, None).lines()[0].endswith("| no |")
 
 
