@@ -87,17 +87,22 @@ async def test_request_cancelled_while_queued_never_reaches_a_worker(tmp_path):
 
 
 async def test_shedding_refuses_with_503_and_retry_after(tmp_path):
-    async with sim_pipeline(tmp_path, slots=1, tier_max_wait_s={"free": 1.0}) as stack:
+    async with sim_pipeline(tmp_path, slots=1, tier_max_wait_s={"free": 1.5}) as stack:
         chat = Chat(stack, "free-a")
-        await chat.ask("warm up", 20)  # one finished request: the scheduler knows its pace
-        # Each backlog request runs 3 s: the tier sheds for several seconds.
+        # One finished request of 1 s: the scheduler knows its pace. One request waiting
+        # then means 2 s for the next (shedding), none waiting 1 s (not), clear of the
+        # bound either way.
+        await chat.ask("warm up", 40)
+        conversation = (await chat.client.post("/v1/conversations", json={})).json()
+        # Each backlog request runs 3 s: the tier sheds until the first of them ends.
         backlog = [asyncio.create_task(chat.ask(f"more {i}", 120)) for i in range(6)]
         model = stack.settings.inference.model_name
-        for _ in range(100):
+        for _ in range(200):
             if stack.pipeline.overloaded(Tier.FREE, model) is not None:
                 break
             await asyncio.sleep(0.05)
-        conversation = (await chat.client.post("/v1/conversations", json={})).json()
+        else:
+            pytest.fail("the gateway never heard that the free tier sheds")
         refused = await chat.client.post(
             f"/v1/conversations/{conversation['conversation_id']}/messages",
             json={"content": "one more", "max_tokens": 5},
