@@ -302,7 +302,7 @@ def main(argv: list[str] | None = None) -> None:
         seed(argv[1:], BENCH_DIR)
         return
     if argv[:1] == ["differentiators"]:
-        from bench.differentiators import main as differentiators
+        from bench.differentiators.suite import main as differentiators
 
         differentiators(argv[1:], BENCH_DIR)
         return
