@@ -23,6 +23,9 @@ once it has queued a request, safety once an attempt's marker came) fetches ever
 to first token, for a few more fetches only while a stream starts. The gateway says so
 as it queues (`PacedConsumer.expect`), not at its next poll: a poll returns only with
 records, so at one stream at a time the first event itself would be the first to say.
+
+Whatever the pace, a consumer the broker answered short fetches with a longer wait
+until it has caught up, and reads again what a poll skipped (`bus.fetch_repair`).
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from dataclasses import dataclass, field
 from aiokafka import AIOKafkaConsumer
 from aiokafka.structs import ConsumerRecord, TopicPartition
 
+from bus.fetch_repair import CATCH_UP_MS, Gaps, assignment_of, held_back, positions
 from schemas import topics
 
 Batch = Mapping[TopicPartition, list[ConsumerRecord]]
@@ -120,11 +124,23 @@ class FetchPace:
 
 
 class PacedConsumer(AIOKafkaConsumer):
-    """An AIOKafkaConsumer whose fetch wait follows its `pace` (when one is set)."""
+    """An AIOKafkaConsumer whose fetch wait follows its `pace` (when one is set), and
+    which reads every record the broker holds (`bus.fetch_repair`): it fetches with
+    `catch_up_ms` while the broker holds records back, and fetches again from any offset
+    a poll skipped."""
 
-    def __init__(self, *topics: str, pace: FetchPace | None = None, **config: object) -> None:
+    def __init__(
+        self,
+        *topics: str,
+        pace: FetchPace | None = None,
+        catch_up_ms: int = CATCH_UP_MS,
+        **config: object,
+    ) -> None:
         super().__init__(*topics, **config)
         self.pace = pace
+        self.catch_up_ms = catch_up_ms
+        self.gaps = Gaps()
+        self._own_wait_ms = self._fetch_max_wait_ms
 
     def busy_while(
         self,
@@ -165,9 +181,16 @@ class PacedConsumer(AIOKafkaConsumer):
     async def getmany(
         self, *partitions: TopicPartition, timeout_ms: int = 0, max_records: int | None = None
     ) -> dict[TopicPartition, list[ConsumerRecord]]:
+        assignment, before = positions(self)
         batch = await super().getmany(*partitions, timeout_ms=timeout_ms, max_records=max_records)
-        if self.pace is not None:
-            set_fetch_wait(self, self.pace.polled(batch))
+        if before and assignment_of(self) is assignment:
+            batch, again = self.gaps.cut(before, batch)
+            for tp, offset in again.items():
+                self.seek(tp, offset)
+        wait_ms = self.pace.polled(batch) if self.pace is not None else self._own_wait_ms
+        if held_back(self):
+            wait_ms = max(wait_ms, self.catch_up_ms)
+        set_fetch_wait(self, wait_ms)
         return batch
 
 
