@@ -17,12 +17,12 @@ import re
 import time
 from collections import defaultdict
 
-from aiokafka import AIOKafkaConsumer
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.structs import TopicPartition
 
 from bench.metrics import percentile
 from bench.sse_client import StreamRecord
+from bus.clients import KafkaConfig
 from schemas import topics
 
 HOPS = ("gateway in", "scheduler", "worker + engine", "safety", "gateway out")
@@ -43,12 +43,7 @@ async def first_seen(
 ) -> dict[str, float]:
     """Epoch seconds of the first `event_type` record on any of `topic_names`, per request."""
     marker = f'"type":"{event_type}"'.encode()
-    consumer = AIOKafkaConsumer(
-        bootstrap_servers=bootstrap,
-        enable_auto_commit=False,
-        fetch_max_wait_ms=20,
-        max_partition_fetch_bytes=8 << 20,
-    )
+    consumer = KafkaConfig(bootstrap).consumer()  # reads all the broker holds (bus.fetch_repair)
     await consumer.start()
     try:
         await consumer.topics()

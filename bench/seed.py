@@ -173,7 +173,7 @@ async def drive(
             ids = [r.request_id for r in records if r.request_id]
             logged = await token_chunks(bootstrap, ids)
             counts = {rid: content_chunk_tokens(chunks) for rid, chunks in logged.items()}
-            hops = await ttft_hops(bootstrap, records) if concurrency == 1 else None
+            hops = await ttft_hops(bootstrap, records)
         stats, _ = level_stats(side.name, concurrency, records, wall_s, counts)
         prompts = [r.usage["prompt_tokens"] for r in records if r.completed and r.usage]
         side.levels.append(Level(stats, percentile(prompts, 50), use.cores(use.foreign), hops))
@@ -405,18 +405,20 @@ def _ratios(result: SeedRun) -> str:
 
 def _hops(result: SeedRun) -> str:
     lines = [
-        "chatpipe's time to first token at c=1, hop by hop (p50 / p90 ms, from Kafka record "
-        "timestamps, as `bench/hops.py` defines them):\n",
-        "| placement | " + " | ".join(HOPS) + " |",
-        "|---|" + "---|" * len(HOPS),
+        "chatpipe's time to first token, hop by hop (p50 / p90 ms, from Kafka record "
+        "timestamps, as `bench/hops.py` defines them; *worker + engine* holds the wait "
+        "for the engine and its prefill):\n",
+        "| placement | c | " + " | ".join(HOPS) + " |",
+        "|---|---|" + "---|" * len(HOPS),
     ]
     for pinned in (True, False):
         side = result.side("chatpipe", pinned)
-        lv = side.level(1) if side else None
-        if lv is None or not lv.hops:
-            continue
-        cells = [f"{_fmt(lv.hops[h][0])} / {_fmt(lv.hops[h][1])}" for h in HOPS]
-        lines.append(f"| {'pinned' if pinned else 'unpinned'} | " + " | ".join(cells) + " |")
+        for lv in side.levels if side else ():
+            if not lv.hops:
+                continue
+            cells = [f"{_fmt(lv.hops[h][0])} / {_fmt(lv.hops[h][1])}" for h in HOPS]
+            placement = "pinned" if pinned else "unpinned"
+            lines.append(f"| {placement} | {lv.stats.concurrency} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 

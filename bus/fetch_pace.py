@@ -1,7 +1,7 @@
 """How long a consumer's fetches wait at the broker: short while it has work, long once idle,
 and longer again while it carries many streams.
 
-Tansu answers a fetch only when its wait (`fetch_max_wait_ms`) is over, records or not,
+Tansu holds a fetch that finds no records until its wait (`fetch_max_wait_ms`) is over,
 so an idle consumer costs the broker and its own process one fetch per
 wait: 50 a second at 20 ms, for every consumer of every stage. A consumer that has seen
 nothing to do for `idle_after_s` fetches with `idle_ms` instead; the first record that

@@ -17,6 +17,7 @@ from aiokafka.errors import KafkaError, OffsetOutOfRangeError
 from aiokafka.structs import ConsumerRecord, TopicPartition
 
 from bus.clients import KafkaConfig, kafka_config
+from bus.fetch_pace import PacedConsumer
 from bus.topics import topic_partitions
 from schemas.codec import EventDecodeError, decode
 
@@ -49,9 +50,10 @@ async def replay(
         await consumer.stop()
 
 
-def _reader(kafka: KafkaConfig | str, **options: Any) -> AIOKafkaConsumer:
-    """A consumer outside any group, reading where it is told to."""
-    return AIOKafkaConsumer(
+def _reader(kafka: KafkaConfig | str, **options: Any) -> PacedConsumer:
+    """A consumer outside any group, reading where it is told to, every record the
+    broker holds (`bus.fetch_repair`)."""
+    return PacedConsumer(
         **kafka_config(kafka).connection(),
         enable_auto_commit=False,
         fetch_max_wait_ms=20,
