@@ -18,6 +18,10 @@ vocabulary's tokens, as if the token had never been added. A content holding non
 
 A text completion's prompt is not templated (`completion_prompt_ids`).
 
+Each turn of a conversation carries its whole history, so the same contents are encoded
+turn after turn: each tokenizer keeps the ids of the texts it encoded last (`_Encoded`,
+bounded), and a turn encodes only what is new in it.
+
 The worker (`VllmEngine`) and the gateway's token counter
 (`gateway.context.tokens.TokenCounter`) both build prompts here, so a context window
 check counts exactly what the engine runs.
@@ -27,10 +31,13 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 import uuid
 import weakref
-from collections.abc import Sequence
-from dataclasses import dataclass
+from array import array
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from schemas.events import ChatMessage
@@ -64,9 +71,9 @@ def prompt_token_ids(
         before, found, rendered = rendered.partition(placeholder)
         if not found:
             raise ValueError(f"the chat template reorders message {index}'s content")
-        ids += template_ids(tokenizer, before)
+        ids += _template_piece_ids(tokenizer, before)
         ids += text_ids(tokenizer, messages[index]["content"])
-    return ids + template_ids(tokenizer, rendered)
+    return ids + _template_piece_ids(tokenizer, rendered)
 
 
 def completion_prompt_ids(tokenizer: Any, prompt: str) -> list[int]:
@@ -127,6 +134,12 @@ def template_ids(tokenizer: Any, text: str) -> list[int]:
     return tokenizer.encode(text, add_special_tokens=False)
 
 
+def _template_piece_ids(tokenizer: Any, text: str) -> list[int]:
+    """`template_ids` of the template's text around one content: the same few pieces
+    (a turn's markers) recur in every prompt."""
+    return _guard(tokenizer).encoded.ids(False, text, lambda: template_ids(tokenizer, text))
+
+
 def text_ids(tokenizer: Any, text: str) -> list[int]:
     """Tokens of text from a user or a model: never an added token, special or not.
 
@@ -142,6 +155,10 @@ def text_ids(tokenizer: Any, text: str) -> list[int]:
     if not text:
         return []
     guard = _guard(tokenizer)
+    return guard.encoded.ids(True, text, lambda: _content_ids(tokenizer, guard, text))
+
+
+def _content_ids(tokenizer: Any, guard: _Guard, text: str) -> list[int]:
     if not guard.may_hold(text):
         ids = _split_specials(tokenizer, text)
         if guard.added_ids.isdisjoint(ids):  # a normalizer can still produce a token's string
@@ -175,6 +192,45 @@ def _spelled(tokenizer: Any, guard: _Guard, text: str) -> list[int]:
     return ids + _split_specials(tokenizer, text[start:])
 
 
+ENCODED_KEPT = 1 << 22
+"""How much encoded text each tokenizer keeps (`_Encoded`), in characters plus tokens:
+a few MiB, the histories of hundreds of long conversations."""
+
+
+class _Encoded:
+    """The ids of texts one tokenizer encoded, the least recently used dropped first once
+    their characters and tokens pass `kept`. Thread-safe: every caller gets its own list."""
+
+    def __init__(self, kept: int = ENCODED_KEPT) -> None:
+        self.kept = kept
+        self.held = 0
+        self._ids: OrderedDict[tuple[bool, str], array[int]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def ids(self, plain: bool, text: str, encode: Callable[[], list[int]]) -> list[int]:
+        """`text`'s ids: kept ones, or `encode()`'s, then kept. `plain` tells a content's
+        ids (`text_ids`) from the template's (`template_ids`) for the same string."""
+        key = (plain, text)
+        with self._lock:
+            found = self._ids.get(key)
+            if found is not None:
+                self._ids.move_to_end(key)
+                return found.tolist()
+        ids = encode()
+        size = len(text) + len(ids)
+        if size > self.kept:
+            return ids
+        packed = array("L", ids)
+        with self._lock:
+            if key not in self._ids:
+                self._ids[key] = packed
+                self.held += size
+            while self.held > self.kept:
+                (_, dropped_text), dropped = self._ids.popitem(last=False)
+                self.held -= len(dropped_text) + len(dropped)
+        return ids
+
+
 @dataclass(frozen=True)
 class _Guard:
     """One tokenizer's added tokens, computed once per tokenizer (`_guard`): text_ids
@@ -186,6 +242,7 @@ class _Guard:
     firsts: tuple[str, ...]  # the strings' first characters, for the precheck
     pattern: re.Pattern[str]  # every string, longest first (leftmost, then longest)
     plain: Any  # a copy of the fast tokenizer's backend with every added token disabled
+    encoded: _Encoded = field(default_factory=_Encoded)  # texts encoded already
 
     def may_hold(self, text: str) -> bool:
         """Whether `text` holds an added token's string: the first characters by

@@ -197,3 +197,66 @@ def test_a_whitespace_added_token_stays_a_token_in_user_text(tokenizer):
     assert tokenizer.convert_tokens_to_ids("<tool_call>") not in text_ids(
         tokenizer, "a\n\n\nb <tool_call>"
     )
+
+
+class CountingTokenizer(CharTokenizer):
+    """A CharTokenizer that records every text it encodes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoded: list[str] = []
+
+    def encode(self, text: str, **kwargs) -> list[int]:
+        self.encoded.append(text)
+        return super().encode(text, **kwargs)
+
+
+def test_a_turn_encodes_only_the_texts_earlier_turns_did_not(tiny_model_dir: Path):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_model_dir))
+    history = [
+        {"role": "system", "content": "You are a helpful assistant."},
+        {"role": "user", "content": "The first question, at some length."},
+        {"role": "assistant", "content": "The first answer, longer than the question was."},
+    ]
+    prompt_token_ids(tokenizer, history)
+    new = {"role": "user", "content": "A second question."}
+    seen: list[str] = []
+    encode = tokenizer.encode
+    tokenizer.encode = lambda text, **kwargs: seen.append(text) or encode(text, **kwargs)
+    ids = prompt_token_ids(tokenizer, [*history, new])
+    assert [text for text in seen if text.strip()] != []
+    assert not any(m["content"] in text for m in history for text in seen)
+    fresh = AutoTokenizer.from_pretrained(str(tiny_model_dir))
+    assert ids == prompt_token_ids(fresh, [*history, new])
+
+
+def test_kept_ids_are_each_callers_own():
+    chars = CharTokenizer()
+    first = text_ids(chars, "kept text")
+    first.append(0)
+    assert text_ids(chars, "kept text") == chars_of("kept text")
+
+
+def test_encoded_texts_are_kept_within_their_bound_least_recently_used_first():
+    from common.prompt import _Encoded
+
+    encoded = _Encoded(kept=30)  # characters plus tokens: 3 texts of 5 characters
+    tokenizer = CountingTokenizer()
+    for text in ("aaaaa", "bbbbb", "ccccc"):
+        encoded.ids(True, text, lambda text=text: tokenizer.encode(text))
+    encoded.ids(True, "aaaaa", lambda: tokenizer.encode("aaaaa"))  # used again: kept
+    encoded.ids(True, "ddddd", lambda: tokenizer.encode("ddddd"))  # drops bbbbb
+    assert encoded.held <= 30
+    tokenizer.encoded.clear()
+    for text in ("aaaaa", "ccccc", "ddddd", "bbbbb"):
+        encoded.ids(True, text, lambda text=text: tokenizer.encode(text))
+    assert tokenizer.encoded == ["bbbbb"]
+    too_long = "x" * 40
+    assert encoded.ids(True, too_long, lambda: tokenizer.encode(too_long)) == chars_of(too_long)
+    assert encoded.held <= 30
+
+
+def chars_of(text: str) -> list[int]:
+    return [100 + ord(c) for c in text]
