@@ -265,7 +265,9 @@ class VllmEngine:
             token_ids = token_ids + list(continuation.token_ids)  # the answer so far, exactly
         elif continuation is not None:
             token_ids = token_ids + text_ids(self._tokenizer, continuation.text)
-        prompt: dict[str, Any] = {"prompt_token_ids": token_ids}
+        # Rendered already: vLLM takes the ids as they are, on this loop (a raw prompt
+        # would go through its renderer on a thread first).
+        prompt: dict[str, Any] = {"type": "token", "prompt_token_ids": token_ids}
         if request.cache_salt:
             prompt["cache_salt"] = request.cache_salt
         return prompt, prompt_tokens
