@@ -35,7 +35,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench import cpu, fetch_timer
+from bench import cpu, engine_view, fetch_timer
 from bench.hops import FIRST_TOKEN_FETCHES, HOPS, ttft_hops
 from bench.load import fixed_prompts
 from bench.metrics import LevelStats, level_stats, percentile
@@ -129,6 +129,10 @@ class Level:
     foreign_cores: float
     """Cores other processes (neither the side nor this client) used during the level."""
     hops: dict[str, tuple[float, float]] | None = None
+    ttft_mean_ms: float | None = None
+    """The client's time to first token, mean (the engine's figures are means)."""
+    engine_ms: dict[str, float] = field(default_factory=dict)
+    """The engine's own means (`bench.engine_view`): ttft, queue, prefill."""
 
 
 @dataclass
@@ -161,12 +165,14 @@ async def drive(
         side.engine_threads_pinned += placement.pin_engines(service)
     for concurrency, turns in zip(work.levels, work.turns, strict=True):
         before = cpu.snapshot(services)
+        engine_before = await engine_view.read_totals(target.port)
         started = time.perf_counter()
         runs = await asyncio.gather(
             *(conversation(target, c, turns, work.answer_tokens) for c in range(concurrency))
         )
         wall_s = time.perf_counter() - started
         use = cpu.between(before, cpu.snapshot(services))
+        engine_ms = engine_view.means_ms(engine_before, await engine_view.read_totals(target.port))
         records = [r for run in runs for r in run]
         counts = hops = None
         if bootstrap is not None:
@@ -174,9 +180,19 @@ async def drive(
             logged = await token_chunks(bootstrap, ids)
             counts = {rid: content_chunk_tokens(chunks) for rid, chunks in logged.items()}
             hops = await ttft_hops(bootstrap, records)
-        stats, _ = level_stats(side.name, concurrency, records, wall_s, counts)
+        stats, samples = level_stats(side.name, concurrency, records, wall_s, counts)
         prompts = [r.usage["prompt_tokens"] for r in records if r.completed and r.usage]
-        side.levels.append(Level(stats, percentile(prompts, 50), use.cores(use.foreign), hops))
+        ttfts = samples["ttft"]
+        side.levels.append(
+            Level(
+                stats,
+                percentile(prompts, 50),
+                use.cores(use.foreign),
+                hops,
+                sum(ttfts) / len(ttfts) * 1000 if ttfts else None,
+                engine_ms,
+            )
+        )
         log.info(
             "%s c=%d: %d/%d done, %.0f tok/s, ttft p50 %.0f ms, itl p50 %.1f ms",
             side.name,
@@ -321,7 +337,7 @@ def markdown(result: SeedRun) -> str:
     ]
     if result.failures:
         parts.append("Failed sides:\n\n" + "".join(f"- {f}\n" for f in result.failures))
-    parts += [_levels(result), _ratios(result), _hops(result)]
+    parts += [_levels(result), _ratios(result), _engine_view(result), _hops(result)]
     return "\n".join(parts)
 
 
@@ -400,6 +416,34 @@ def _ratios(result: SeedRun) -> str:
                 f"| {r['tokens/s']:.2f}× | {r['ITL p50']:.2f}× | {r['TTFT p50 (ms)']:+.0f} ms "
                 f"| {_fmt(floor)} ms | {'yes' if ok else 'no'} |"
             )
+    return "\n".join(lines) + "\n"
+
+
+def _engine_view(result: SeedRun) -> str:
+    lines = [
+        "The first token as the engine saw it (means in ms over each level's requests; "
+        "*engine*: from the request's arrival at vLLM's engine client to its first token, "
+        "*queued*: the part of it waiting for the engine's scheduler, both from vLLM's "
+        "own histograms, `bench/engine_view.py`; *before and after*: the client's time to "
+        "first token less the engine's):\n",
+        "| placement | c | side | TTFT | engine | queued | before and after |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for pinned in (True, False):
+        for name in ("vllm", "chatpipe"):
+            side = result.side(name, pinned)
+            for lv in side.levels if side else ():
+                engine, queued = lv.engine_ms.get("ttft"), lv.engine_ms.get("queue")
+                outside = (
+                    lv.ttft_mean_ms - engine
+                    if lv.ttft_mean_ms is not None and engine is not None
+                    else None
+                )
+                lines.append(
+                    f"| {'pinned' if pinned else 'unpinned'} | {lv.stats.concurrency} | {name} "
+                    f"| {_fmt(lv.ttft_mean_ms)} | {_fmt(engine)} | {_fmt(queued)} "
+                    f"| {_fmt(outside)} |"
+                )
     return "\n".join(lines) + "\n"
 
 
