@@ -17,6 +17,7 @@ python -m bench response_cache   # hit ratio, TTFT of a hit against a miss (--he
 python -m bench broker_clients  # what other Kafka clients meet on the embedded broker
 python -m bench soak --minutes 20   # mixed load for tens of minutes: idle CPU, slow answers
 python -m bench seed            # ~30 min: a chat model's regime, engine pinned and not (--help)
+python -m bench prompt_build    # seconds: a growing conversation's prompt, turn by turn
 """
 
 from __future__ import annotations
@@ -301,6 +302,11 @@ def main(argv: list[str] | None = None) -> None:
         from bench.seed import cli as seed
 
         seed(argv[1:], BENCH_DIR)
+        return
+    if argv[:1] == ["prompt_build"]:
+        from bench.prompt_build import cli as prompt_build
+
+        prompt_build(argv[1:])
         return
     if argv[:1] == ["differentiators"]:
         from bench.differentiators.suite import main as differentiators
