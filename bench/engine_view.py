@@ -7,8 +7,10 @@ vLLM's front end times each request from its arrival at the engine client
 `vllm:request_prefill_time_seconds` from being scheduled to its first token. vLLM's
 server serves them at `/metrics`; `chatpipe up` serves its worker's beside its own
 (`ops.metrics`). A client's time to first token less the engine's is what the side
-adds before and after the engine: for vLLM's server its HTTP and API server, for
-chatpipe the pipeline's hops and the worker's intake.
+adds before and after the engine: for vLLM's server its HTTP and API server (it stamps
+a request's arrival before rendering its prompt, so the rendering counts as the
+engine's), for chatpipe the pipeline's hops and the worker's intake, its prompt build
+included (the worker hands vLLM token ids).
 
 Histograms give sums and counts, so these are means over the level's requests, not
 percentiles.
