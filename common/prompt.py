@@ -194,7 +194,7 @@ def _spelled(tokenizer: Any, guard: _Guard, text: str) -> list[int]:
 
 ENCODED_KEPT = 1 << 22
 """How much encoded text each tokenizer keeps (`_Encoded`), in characters plus tokens:
-a few MiB, the histories of hundreds of long conversations."""
+at most about 10 MiB, the histories of some 150 conversations of 10 long turns."""
 
 
 class _Encoded:
