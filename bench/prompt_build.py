@@ -90,8 +90,13 @@ def run(model: Path, turns: int, answer_tokens: int, repeat: int) -> list[dict[s
 
 
 def markdown(rows: list[dict[str, float]], command: str) -> str:
-    columns = ["turn", "prompt tokens", "every text new", "turns before seen"]
-    columns += ["one render and encode"]
+    columns = [
+        "turn",
+        "prompt tokens",
+        "every text new",
+        "turns before seen",
+        "one render and encode",
+    ]
     lines = [
         f"```sh\n{command}\n```\n",
         "Milliseconds to build one turn's prompt (median):\n",
