@@ -12,22 +12,31 @@ Titles work the same way: `title_request` after the first answer, then
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from schemas.events import ChatMessage, Role
 
 SUMMARY_INSTRUCTIONS = (
-    "You maintain the running summary of a conversation between a user and an assistant. "
-    "Write a concise summary of the conversation so far that keeps every fact, name, number, "
-    "decision, preference and open question a later reply could need. Write it in the third "
-    "person as plain prose, without preamble."
+    "Summarize the following conversation in a few sentences, in the third person:"
 )
+"""The head of a summary's one user message, the text to summarise after it: the shape
+small instruct models are trained on (SmolLM2-135M-Instruct, the default model, answers a
+system message of instructions with a letter, not a summary)."""
 
 TITLE_INSTRUCTIONS = (
-    "Write a title of at most six words for a conversation that starts with the exchange "
-    "below. Answer with the title only, without quotes or final punctuation."
+    "You write a short title for each conversation: two to six words, nothing else."
 )
+TITLE_EXAMPLES = (
+    ("How do I change a flat tire on my car?", "Changing a Flat Tire"),
+    ("hi there", "Greeting"),
+    ("Write a short poem about rain", "Poem About Rain"),
+    ("Can you help me write an email to my landlord about a broken heater?",
+     "Email About a Broken Heater"),
+)  # fmt: skip
+"""Titles shown before the one asked for: a small model given the instructions alone
+answers the question instead of naming it."""
+TITLE_MAX_WORDS = 8
 
 SUMMARY_HEADING = "Summary of the earlier conversation:"
 
@@ -49,18 +58,18 @@ class SummaryJob:
 
 
 def summary_request(previous: str | None, turns: Iterable[ChatMessage]) -> tuple[ChatMessage, ...]:
-    """The prompt asking for a new rolling summary: the previous summary (if any)
-    followed by the turns it does not cover yet, as one transcript."""
-    parts = []
+    """The prompt asking for a new rolling summary: one user message, the instructions,
+    then the previous summary (if any) and the turns it does not cover yet as a
+    transcript."""
+    parts = [SUMMARY_INSTRUCTIONS, ""]
     if previous:
-        parts.append(f"Summary so far:\n{previous}\n")
-    parts.append("Conversation to add:")
+        parts += [f"Summary so far: {previous}", ""]
     parts.extend(f"{turn.role.value.capitalize()}: {turn.content}" for turn in turns)
-    parts.append("\nWrite the updated summary.")
-    return (
-        ChatMessage(role=Role.SYSTEM, content=SUMMARY_INSTRUCTIONS),
-        ChatMessage(role=Role.USER, content="\n".join(parts)),
-    )
+    return (ChatMessage(role=Role.USER, content="\n".join(parts)),)
+
+
+def is_summary_request(messages: Sequence[ChatMessage]) -> bool:
+    return bool(messages) and messages[0].content.startswith(SUMMARY_INSTRUCTIONS)
 
 
 def summary_note(system_prompt: str, summary: str | None) -> str:
@@ -74,23 +83,27 @@ def summary_note(system_prompt: str, summary: str | None) -> str:
     return f"{system_prompt}\n\n{note}" if system_prompt else note
 
 
-def title_request(user_message: str, answer: str = "") -> tuple[ChatMessage, ...]:
-    """The prompt asking for a conversation's title from its first exchange."""
-    exchange = f"User: {user_message[:2000]}"
-    if answer:
-        exchange += f"\nAssistant: {answer[:2000]}"
-    return (
-        ChatMessage(role=Role.SYSTEM, content=TITLE_INSTRUCTIONS),
-        ChatMessage(role=Role.USER, content=exchange),
-    )
+def title_request(user_message: str) -> tuple[ChatMessage, ...]:
+    """The prompt asking for a conversation's title from its first message: the
+    instructions, the examples as earlier turns, then the message."""
+    messages = [ChatMessage(role=Role.SYSTEM, content=TITLE_INSTRUCTIONS)]
+    for question, title in (*TITLE_EXAMPLES, (user_message[:2000], None)):
+        messages.append(ChatMessage(role=Role.USER, content=f"Title for: {question}"))
+        if title is not None:
+            messages.append(ChatMessage(role=Role.ASSISTANT, content=title))
+    return tuple(messages)
 
 
-def clean_title(text: str) -> str:
-    """A model's title answer made fit for a list: first line, no quotes, short."""
+def clean_title(text: str, user_message: str = "") -> str:
+    """A model's title answer made fit for a list: first line, no quotes or final
+    punctuation; one too long to be a title (a small model may answer the question
+    instead) gives way to `fallback_title(user_message)`."""
     lines = [line for line in text.strip().splitlines() if line.strip()]
     title = lines[0].strip().strip("\"'`*#").strip() if lines else ""
-    title = title.removeprefix("Title:").strip().rstrip(".")
-    return fallback_title(title) if len(title) > MAX_TITLE_CHARS else title
+    title = title.removeprefix("Title:").strip().rstrip(".!")
+    if len(title) > MAX_TITLE_CHARS or len(title.split()) > TITLE_MAX_WORDS:
+        return fallback_title(user_message)
+    return title
 
 
 def fallback_title(user_message: str) -> str:

@@ -102,9 +102,10 @@ class OwnRequests:
 
 
 def start_title(own: OwnRequests, owner: ApiKey, request: GenerationRequest,
-                question: str, answer: str) -> None:  # fmt: skip
-    """Title the conversation of `request` (its first exchange) on the small model."""
-    job = _write_title(own, owner, request, question, answer)
+                question: str) -> None:  # fmt: skip
+    """Title the conversation of `request` (its first message, `question`) on the small
+    model."""
+    job = _write_title(own, owner, request, question)
     own.jobs.start(("title", request.conversation_id), job)
 
 
@@ -114,12 +115,12 @@ def start_summary(own: OwnRequests, owner: ApiKey, model: str, job: SummaryJob) 
 
 
 async def _write_title(own: OwnRequests, owner: ApiKey, request: GenerationRequest,
-                       question: str, answer: str) -> None:  # fmt: skip
+                       question: str) -> None:  # fmt: skip
     model = own.context.summary_model(request.model)
     text = await generate_text(own, own_request(
-        own, owner, request.conversation_id, model, title_request(question, answer),
+        own, owner, request.conversation_id, model, title_request(question),
         TITLE_MAX_TOKENS))  # fmt: skip
-    title = clean_title(text or "")
+    title = clean_title(text or "", question)
     if title:
         await own.store.set_auto_title(request.conversation_id, title)
 

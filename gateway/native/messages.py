@@ -175,7 +175,7 @@ async def answer(turns: Turns, turn: Turn) -> EventStreamResponse:
 
 async def native_events(
     payload: sse.RequestPayload, generation: Generation,
-    on_answered: Callable[[str], None] | None = None, *,
+    on_answered: Callable[[], None] | None = None, *,
     citations: list[Citation] | None = None,
 ) -> AsyncIterator[bytes]:  # fmt: skip
     """The request event, the answer's sources (if it has any), every event to show,
@@ -187,18 +187,15 @@ async def native_events(
         async for batch in batches:
             end = batch[-1]
             if isinstance(end, DeliveryDone) and end.status.is_answered and on_answered:
-                answer = generation.relay.answer()
-                on_answered(answer.content if answer is not None else "")
+                on_answered()
             yield b"".join(map(sse.native_event, merged_deltas(batch)))
     if not generation.finished:
         yield sse.error_event("stream_interrupted", "the answer stopped before its end")
     yield sse.done_marker()
 
 
-def _title_when_answered(turns: Turns, turn: Turn) -> Callable[[str], None] | None:
+def _title_when_answered(turns: Turns, turn: Turn) -> Callable[[], None] | None:
     """A first answer that ended well gets a generated title (unless they are off)."""
     if not turns.config.auto_titles:
         return None
-    return lambda answer: start_title(
-        turns.own, turn.owner, turn.request, turn.user_message.content, answer
-    )
+    return lambda: start_title(turns.own, turn.owner, turn.request, turn.user_message.content)

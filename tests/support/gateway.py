@@ -17,7 +17,7 @@ from conversations.answers import answer_started
 from conversations.sqlite_store import SQLiteStore
 from gateway.app import create_app
 from gateway.context.builder import ContextBuilder
-from gateway.context.summaries import SUMMARY_INSTRUCTIONS, TITLE_INSTRUCTIONS
+from gateway.context.summaries import TITLE_INSTRUCTIONS, is_summary_request
 from gateway.context.tokens import TokenCounter
 from gateway.deps import GatewayDeps
 from gateway.pipeline import Readiness, StreamLosses
@@ -43,9 +43,8 @@ USAGE = Usage(prompt_tokens=7, completion_tokens=2, cached_tokens=3)
 
 def is_background(request: GenerationRequest) -> bool:
     """A title or summary the gateway asks for on its own."""
-    return bool(request.messages) and request.messages[0].content in (
-        TITLE_INSTRUCTIONS,
-        SUMMARY_INSTRUCTIONS,
+    return bool(request.messages) and (
+        request.messages[0].content == TITLE_INSTRUCTIONS or is_summary_request(request.messages)
     )
 
 

@@ -10,7 +10,14 @@ import pytest
 from conversations.sqlite_store import SQLiteStore
 from conversations.store import StoredMessage
 from gateway.context.builder import ContextBuilder
-from gateway.context.summaries import SUMMARY_HEADING, clean_title, fallback_title
+from gateway.context.summaries import (
+    SUMMARY_HEADING,
+    clean_title,
+    fallback_title,
+    is_summary_request,
+    summary_request,
+    title_request,
+)
 from gateway.context.tokens import TokenCounter
 from gateway.context.window import (
     BuiltContext,
@@ -247,3 +254,15 @@ def test_titles_are_cleaned_and_fall_back_to_the_first_message() -> None:
     assert fallback_title("  what   is\nmy cat called ") == "what is my cat called"
     long = fallback_title("word " * 40)
     assert len(long) <= 80 and long.endswith("…")
+    answered = "Kafka Topic: a topic in the science fiction genre since the 1920s."
+    assert clean_title(answered, "What is a Kafka topic?") == "What is a Kafka topic?"
+    assert clean_title("Hello there!", "hi") == "Hello there"
+
+
+def test_a_title_is_asked_for_after_examples_and_a_summary_in_one_message() -> None:
+    asked = title_request("plan my trip")
+    assert asked[0].role == Role.SYSTEM and asked[-1].content == "Title for: plan my trip"
+    assert [m.role for m in asked[1:3]] == [Role.USER, Role.ASSISTANT]
+    [summary] = summary_request("Bob likes tea.", [ChatMessage(role=Role.USER, content="hi")])
+    assert summary.role == Role.USER and is_summary_request((summary,))
+    assert summary.content.endswith("Summary so far: Bob likes tea.\n\nUser: hi")

@@ -10,7 +10,7 @@ import orjson
 
 from chatpipe.settings import Settings
 from conversations.store import NewMessage
-from gateway.context.summaries import SUMMARY_HEADING, SUMMARY_INSTRUCTIONS, TITLE_INSTRUCTIONS
+from gateway.context.summaries import SUMMARY_HEADING, TITLE_INSTRUCTIONS, is_summary_request
 from gateway.deps import GatewayDeps
 from gateway.native.background import BACKGROUND_ACCOUNT
 from schemas.events import DeliveryError, Role
@@ -207,9 +207,9 @@ async def test_first_exchange_gets_a_fallback_then_a_generated_title(client, sto
     await until(lambda: _true(pipeline.background))
     [asked] = pipeline.background
     assert (asked.tier, asked.store, asked.user_id) == (Tier.FREE, False, BACKGROUND_ACCOUNT)
-    assert asked.cache_salt == "org-a" and asked.model == "tiny"
+    assert asked.cache_salt == "org-a" and asked.model == "tiny-random"
     assert asked.messages[0].content == TITLE_INSTRUCTIONS
-    assert asked.messages[1].content == "User: plan  my\ntrip\nAssistant: Sure"
+    assert asked.messages[-1].content == "Title for: plan  my\ntrip"
 
     async def titled() -> bool:
         return (await client.get(f"/v1/conversations/{cid}", headers=ALICE)).json()[
@@ -257,8 +257,8 @@ async def test_a_summary_is_generated_once_the_history_fills_the_window(
 ):
     small = settings.replace(
         **{
-            "context_window_tokens": {"tiny": 60},
-            "context_strategy": {"tiny": "summary"},
+            "context_window_tokens": {"tiny-random": 60},
+            "context_strategy": {"tiny-random": "summary"},
             "system_prompt": "sys",
         }
     )
@@ -276,7 +276,7 @@ async def test_a_summary_is_generated_once_the_history_fills_the_window(
         await turn(client, cid, "and now?", max_tokens=10)
 
     asked = pipeline.background[1]
-    assert asked.messages[0].content == SUMMARY_INSTRUCTIONS and not asked.store
+    assert is_summary_request(asked.messages) and not asked.store
     assert (asked.tier, asked.user_id) == (Tier.FREE, BACKGROUND_ACCOUNT)
     assert asked.sampling.max_tokens == small.context.summary_max_tokens
     [_summary] = await store.list_summaries(cid)
