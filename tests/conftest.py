@@ -1,5 +1,6 @@
-"""Fixtures every tier shares: the tiny model, the vLLM engine and the running stacks
-(`tests.support.engine`, `tests.support.stack`), and a redis-server of the module's own."""
+"""Fixtures every tier shares: the models, the vLLM engine and the running stacks
+(`tests.support.engine`, `tests.support.stack`), a browser for each module that drives
+one (`tests.support.browser`), and a redis-server of the module's own."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import redis
 from bus.broker import free_port
 from tests.support.redis import REDIS_SERVER
 
-pytest_plugins = ["tests.support.engine", "tests.support.stack"]
+pytest_plugins = ["tests.support.engine", "tests.support.stack", "tests.support.browser"]
 
 
 @pytest.fixture(scope="module")

@@ -9,59 +9,17 @@ from __future__ import annotations
 
 import asyncio
 import io
-import shutil
-import sys
-from pathlib import Path
 
-import pexpect
 import pytest
 
-from chatpipe.dev_stack import API_KEY
 from chatpipe.terminal import RECONNECTING
 from schemas.lifecycle import RequestStatus
 from tests.support.chat import post_message
 from tests.support.dropped_connections import CuttingProxy, hold_dropped_answers
 from tests.support.stack import client_for
+from tests.support.terminal import Terminal
 
-CHATPIPE = shutil.which("chatpipe", path=str(Path(sys.executable).parent)) or "chatpipe"
 WORDS = [f"w{i:02d}" for i in range(30)]
-
-
-class Terminal:
-    def __init__(self, url: str, *options: str) -> None:
-        self.child = pexpect.spawn(
-            CHATPIPE,
-            ["chat", "--url", url, "--api-key", API_KEY, *options],
-            encoding="utf-8",
-            timeout=30,
-            dimensions=(40, 200),
-        )
-
-    async def expect(self, pattern: str) -> str:
-        await asyncio.to_thread(self.child.expect, pattern)
-        return self.child.after
-
-    async def send(self, line: str) -> None:
-        """Type `line` and Enter, and read past its echo."""
-        self.child.sendline(line)
-        await asyncio.to_thread(self.child.expect_exact, line + "\r\n")
-
-    def __enter__(self) -> Terminal:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.child.close(force=True)
-
-    @property
-    def unread(self) -> str:
-        return self.child.buffer
-
-    async def close(self) -> int | None:
-        if self.child.isalive():
-            self.child.sendline("/quit")
-            await asyncio.to_thread(self.child.expect, pexpect.EOF)
-        await asyncio.to_thread(self.child.wait)
-        return self.child.exitstatus
 
 
 @pytest.fixture

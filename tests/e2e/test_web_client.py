@@ -17,12 +17,10 @@ import contextlib
 import os
 import re
 import uuid
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-import pytest_asyncio
-from playwright.async_api import Browser, Page, Route, async_playwright, expect
+from playwright.async_api import Browser, Page, Route, expect
 
 from bench.topic_log import find_events
 from chatpipe.dev_stack import API_KEY
@@ -32,31 +30,19 @@ from schemas import topics
 from schemas.events import FeedbackEvent
 from schemas.lifecycle import RequestStatus
 from schemas.topics import Tier
+from tests.support.browser import (
+    answered,
+    last_answer,
+    needs_chromium,
+    send,
+    settled,
+    signed_in_page,
+)
 from tests.support.dropped_connections import CuttingProxy, hold_dropped_answers
 from tests.support.stack import client_for
 from workers import sim_engine
 
-CHROMIUM = Path("/usr/bin/chromium")
-# Without the background-networking flags Chromium dials out at start, which a closed
-# network refuses.
-LAUNCH_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
-
-pytestmark = [
-    pytest.mark.skipif(
-        not CHROMIUM.exists(), reason="Chromium is not installed (`make setup` installs it)"
-    ),
-    pytest.mark.usefixtures("warm_stacks"),
-]
-expect.set_options(timeout=20_000)
+pytestmark = [needs_chromium, pytest.mark.usefixtures("warm_stacks")]
 
 EMAIL_REPLY = (
     "[[sim:reply=Sure. You can write to bob@example.com for the details. "
@@ -65,33 +51,11 @@ EMAIL_REPLY = (
 )
 
 
-@pytest_asyncio.fixture(scope="module", loop_scope="session")
-async def browser() -> AsyncIterator[Browser]:
-    async with async_playwright() as playwright:
-        browser = await playwright.chromium.launch(executable_path=str(CHROMIUM), args=LAUNCH_ARGS)
-        yield browser
-        await browser.close()
-
-
-@contextlib.asynccontextmanager
-async def chat_page(
+def chat_page(
     browser: Browser, stack: Stack, api_key: str = API_KEY, url: str | None = None
-) -> AsyncIterator[Page]:
-    """A fresh browser profile on the page (at `url`, else the stack's), signed in; fails
-    on any uncaught script error."""
-    context = await browser.new_context(viewport={"width": 1280, "height": 800})
-    page = await context.new_page()
-    errors: list[Exception] = []
-    page.on("pageerror", lambda error: errors.append(error))
-    try:
-        await page.goto(f"{url or stack.base_url}/")
-        await page.get_by_placeholder("API key").fill(api_key)
-        await page.get_by_role("button", name="Sign in").click()
-        await expect(page.locator("#app")).to_be_visible()
-        yield page
-    finally:
-        await context.close()
-    assert not errors, errors
+) -> contextlib.AbstractAsyncContextManager[Page]:
+    """A fresh browser profile on the page (at `url`, else the stack's), signed in."""
+    return signed_in_page(browser, url or stack.base_url, api_key)
 
 
 async def new_user(stack: Stack) -> str:
@@ -99,27 +63,6 @@ async def new_user(stack: Stack) -> str:
     user = f"web-{uuid.uuid4().hex[:8]}"
     await stack.store.add_api_key(f"key-{user}", ApiKey(user_id=user, org_id=user, tier=Tier.PRO))
     return f"key-{user}"
-
-
-async def send(page: Page, text: str) -> None:
-    await page.locator("#prompt").fill(text)
-    await page.locator("#prompt").press("Enter")
-
-
-def last_answer(page: Page):
-    return page.locator(".msg.assistant").last
-
-
-async def settled(page: Page) -> None:
-    """Once the last answer has ended and is shown as stored (it has a seq)."""
-    await expect(page.get_by_role("button", name="Send")).to_be_visible()
-    await expect(last_answer(page)).to_have_attribute("data-seq", re.compile(r"^\d+$"))
-
-
-async def answered(page: Page) -> str:
-    """The last answer's text, once settled."""
-    await settled(page)
-    return await last_answer(page).locator(".content").inner_text()
 
 
 async def stored_thread(stack: Stack, page: Page) -> list[dict]:
