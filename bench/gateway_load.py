@@ -206,7 +206,7 @@ async def read(
     per-stream results and merged histograms to `out` (JSON)."""
     from bench.sse_client import Target, native_turn
 
-    target = Target("gateway", port, API_KEY, "tiny")
+    target = Target("gateway", port, API_KEY, "tiny-random")
     loop = asyncio.get_running_loop()
     offset = time.time() - loop.time()
 

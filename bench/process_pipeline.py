@@ -43,7 +43,7 @@ from bench.topic_log import find_events
 from bus.broker import EmbeddedBroker, free_port
 from bus.clients import KafkaConfig, Publisher
 from bus.topics import TopicLayout, ensure_topics
-from chatpipe.settings import DEFAULT_MODEL_DIR
+from chatpipe.tiny_model import TINY_MODEL_DIR
 from schemas import topics
 from schemas.events import Event, WorkerHeartbeat
 
@@ -85,7 +85,7 @@ class Pipeline:
     def env(self, **settings: object) -> dict[str, str]:
         values: dict[str, object] = {
             "engine": "sim",
-            "model": DEFAULT_MODEL_DIR,
+            "model": TINY_MODEL_DIR,
             "dev_api_key": API_KEY,
             "key_secret": KEY_SECRET,
             "database_path": self.tmp_path / "chatpipe.db",

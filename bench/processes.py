@@ -36,12 +36,17 @@ def free_port() -> int:
 
 @dataclass(frozen=True)
 class EngineConfig:
-    """The model every side serves, and engine args chatpipe and the same-args vLLM side
-    get beyond their defaults (`CHATPIPE_VLLM_ARGS`; none: both at vLLM's defaults)."""
+    """The model every side serves (under its directory's name unless named), and engine
+    args chatpipe and the same-args vLLM side get beyond their defaults
+    (`CHATPIPE_VLLM_ARGS`; none: both at vLLM's defaults)."""
 
     model: Path
-    model_name: str = "tiny"
+    model_name: str = ""
     vllm_args: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.model_name:
+            object.__setattr__(self, "model_name", self.model.name)
 
 
 class Service:

@@ -22,8 +22,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench.seed import SEED_MODEL_DIR, follow_up, opening
+from bench.seed import follow_up, opening
 from common.prompt import prompt_token_ids, text_ids
+from workers.config import DEFAULT_MODEL_DIR
 
 
 def conversation(tokenizer: Any, turns: int, answer_tokens: int) -> list[dict[str, str]]:
@@ -112,15 +113,15 @@ def markdown(rows: list[dict[str, float]], command: str) -> str:
 
 def cli(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench prompt_build", description=__doc__)
-    parser.add_argument("--model", type=Path, default=SEED_MODEL_DIR)
+    parser.add_argument("--model", type=Path, default=DEFAULT_MODEL_DIR)
     parser.add_argument("--turns", type=int, default=10)
     parser.add_argument("--answer-tokens", type=int, default=500)
     parser.add_argument("--repeat", type=int, default=5)
     args = parser.parse_args(argv)
-    if args.model == SEED_MODEL_DIR:
-        from chatpipe.tiny_model import build_tiny_model
+    if args.model == DEFAULT_MODEL_DIR:
+        from chatpipe.default_model import build_default_model
 
-        build_tiny_model(args.model, "seed")
+        build_default_model(args.model)
     rows = run(args.model, args.turns, args.answer_tokens, args.repeat)
     command = " ".join([".venv/bin/python", "-m", "bench", "prompt_build", *argv])
     print(markdown(rows, command))

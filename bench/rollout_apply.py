@@ -17,7 +17,7 @@ from pathlib import Path
 from bench.metrics import percentile
 from bus.clients import Publisher
 from chatpipe.dev_stack import running_sim_stack, stack_settings
-from chatpipe.settings import DEFAULT_MODEL_DIR
+from chatpipe.tiny_model import TINY_MODEL_DIR
 from schemas import topics
 from schemas.events import RolloutSet
 
@@ -28,7 +28,7 @@ async def apply_delays_ms() -> list[float]:
     settings = stack_settings(
         Path(tempfile.mkdtemp()),
         engine="sim",
-        model=DEFAULT_MODEL_DIR,
+        model=TINY_MODEL_DIR,
         model_name="v1",
         served_models=["v1", "v2"],
         model_aliases={"chat": {"v1": 0.5, "v2": 0.5}},

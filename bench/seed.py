@@ -1,10 +1,10 @@
 """`python -m bench seed`: chatpipe beside vLLM's server in a chat model's regime.
 
 The default benchmark's tiny model answers 128 tokens in a tenth of a second, and
-its engine computes on the cores the pipeline uses. This one serves the `seed`
-shape (`chatpipe make-tiny-model --shape seed`): the same family, sized so that one
-unbatched stream decodes at tens of tokens a second on one core, as a chat model
-does on a GPU. Every answer is 500 tokens (`ignore_eos`), and each client holds a
+its engine computes on the cores the pipeline uses. This one serves the default
+model, SmolLM2-135M-Instruct (`chatpipe make-model`), whose one unbatched stream
+decodes at tens of tokens a second on one core of a CPU, as a chat model does on a
+GPU. Every answer is 500 tokens (`ignore_eos`), and each client holds a
 conversation: its next turn carries the whole conversation so far, the answers it
 streamed included, so the history grows turn by turn as a chat's does.
 
@@ -57,11 +57,11 @@ from bench.report import machine
 from bench.sse_client import StreamRecord, Target, conversation_body, stream_chat
 from bench.topic_log import content_chunk_tokens, token_chunks
 from chatpipe.settings import SETTINGS
+from workers.config import DEFAULT_MODEL_DIR
 
 log = logging.getLogger("bench")
 
 API_KEY = "bench-key"
-SEED_MODEL_DIR = Path.home() / ".cache" / "chatpipe" / "seed-model"
 PINNED = Placement(engine_cpus=frozenset({0}), front_cpus=frozenset({1}))
 """On this 2-core machine: the engine on core 0, the rest on core 1."""
 UNPINNED = Placement()
@@ -229,11 +229,7 @@ async def chatpipe_side(
     try:
         await broker_ready(broker, bootstrap)
         port = free_port()
-        # The model's own context, as vLLM's server takes it (chatpipe fits conversations
-        # into `max_model_len`, 2048 unless set, for a model it has no window for).
-        window = json.loads((cfg.model / "config.json").read_text())["max_position_embeddings"]
-        settings = {**engine_settings(cfg), "max_model_len": window}
-        env = chatpipe_env(API_KEY, log_dir, bootstrap, **settings)
+        env = chatpipe_env(API_KEY, log_dir, bootstrap, **engine_settings(cfg))
         up = start_chatpipe_up(env, port, log_dir, "vllm", placement)
         side = Side("chatpipe", placement.pinned, await chatpipe_up_ready(up))
         side.engine_threads_pinned = placement.pin_engines(up)
@@ -253,6 +249,8 @@ class SeedRun:
     command: str
     machine: dict[str, str]
     work: Conversations
+    model: str
+    model_name: str
     sides: list[Side] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
     duration_s: float = 0.0
@@ -272,7 +270,7 @@ async def run(
     lock: Path | None = None,
 ) -> SeedRun:
     started = time.monotonic()
-    result = SeedRun(command, machine(), work)
+    result = SeedRun(command, machine(), work, str(cfg.model), cfg.model_name)
     logs = Path(tempfile.mkdtemp(prefix="chatpipe-seed-"))
     log.info("logs in %s", logs)
     for placement in placements:
@@ -317,14 +315,14 @@ def markdown(result: SeedRun) -> str:
     m, work = result.machine, result.work
     turns = ", ".join(f"{t} at c={c}" for c, t in zip(work.levels, work.turns, strict=True))
     parts = [
-        "## In a chat model's regime: the seed-shaped model, engine on its own core\n",
+        "## In a chat model's regime: the default model, engine on its own core\n",
         f"Run on {m['date']} ({result.duration_s / 60:.1f} min), commit `{m['commit']}` plus "
         f"the working tree, load average at start {m['loadavg']}. Regenerate with:\n",
         f"```sh\n{result.command}\n```\n",
-        "- model: the `seed` shape (`chatpipe make-tiny-model --shape seed`), served as "
-        "`tiny`; vLLM's server as `vllm serve MODEL` runs it (chatpipe's KV cache size, "
-        "as in the default benchmark) against `chatpipe up` at its defaults but for "
-        "`max_model_len`, set to the model's own context as vLLM's server takes it",
+        f"- model: `{result.model}`, served as `{result.model_name}`; vLLM's server as "
+        "`vllm serve MODEL` runs it (chatpipe's KV cache size, as in the default "
+        "benchmark) against `chatpipe up` at its defaults; both apply the model's "
+        "sampling defaults (its `generation_config.json`) and take its own context length",
         f"- workload: streaming `POST /v1/chat/completions`, {work.answer_tokens}-token "
         "answers (`ignore_eos`), one conversation per client, each turn carrying the whole "
         f"history (its answers included); turns per client: {turns}; every level warmed "
@@ -494,8 +492,9 @@ def cli(argv: list[str], bench_dir: Path) -> None:
     parser.add_argument(
         "--model",
         type=Path,
-        default=SEED_MODEL_DIR,
-        help="a local HF model directory; the default, the seed shape, is built if missing",
+        default=DEFAULT_MODEL_DIR,
+        help="a local HF model directory, served under its name; the default model is built"
+        " if missing",
     )
     parser.add_argument("--levels", type=_ints, default=Conversations.levels)
     parser.add_argument(
@@ -528,10 +527,10 @@ def cli(argv: list[str], bench_dir: Path) -> None:
     )
     parser.add_argument("--out", type=Path, default=bench_dir / "RESULTS.md")
     args = parser.parse_args(argv)
-    from chatpipe.tiny_model import build_tiny_model
+    from chatpipe.default_model import build_default_model
 
-    if args.model == SEED_MODEL_DIR:  # never over a model of the user's
-        build_tiny_model(args.model, "seed")
+    if args.model == DEFAULT_MODEL_DIR:  # never over a model of the user's
+        build_default_model(args.model)
     work = Conversations(args.levels, args.turns, args.answer_tokens)
     command = shlex.join([".venv/bin/python", "-m", "bench", "seed", *argv])
     pinned = Placement(engine_cpus=args.engine_cpus, front_cpus=args.front_cpus)

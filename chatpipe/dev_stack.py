@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from chatpipe.settings import Settings
+from chatpipe.tiny_model import TINY_MODEL_DIR
 from chatpipe.wiring import Stack, running_stack
 from workers.engine import Engine
 from workers.sim_engine import SimEngine
@@ -26,9 +27,10 @@ def stack_settings(tmp: Path, **overrides: object) -> Settings:
     """Settings of a stack on its own embedded broker, free port and database under
     `tmp`, quick to notice a dropped stream, with no tier's limit on a key's concurrent
     generations (tests and benchmarks load the stack from one key; a key or org given
-    its own limit keeps it); `overrides` win."""
+    its own limit keeps it), serving the tiny model ("tiny-random"); `overrides` win."""
     values: dict[str, Any] = {
         "kafka_bootstrap_servers": None,
+        "model": TINY_MODEL_DIR,
         "port": 0,
         "dev_api_key": API_KEY,
         "database_path": tmp / "chatpipe.db",

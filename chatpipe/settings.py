@@ -233,8 +233,10 @@ def settings_table() -> str:
 def _shown(value: object) -> str:
     if value is None:
         return "unset"
+    if value == "":
+        return "empty"
     if isinstance(value, Path) and value == DEFAULT_MODEL_DIR:
-        return "`~/.cache/chatpipe/tiny-model`"
+        return f"`~/.cache/chatpipe/{DEFAULT_MODEL_DIR.name}`"
     if isinstance(value, dict | list):
         text = json.dumps(value, default=str)
         return f"`{text}`".replace("|", "\\|") if len(text) <= 60 else "see `settings.py`"

@@ -1,24 +1,28 @@
-"""Random-weight Llamas and a byte-level BPE tokenizer, built offline.
+"""The tiny random-weight Llama and a byte-level BPE tokenizer, built offline.
 
-Tests and `make run` serve the tiny one with the real vLLM engine: its text is
-meaningless, but tokenization, prefix caching, batching and streaming are real.
-The benchmark's `seed` shape is the same family, sized so that one unbatched
-stream decodes at the speed a chat model does on a GPU (tens of tokens a second)
-on one core of a CPU. Weights come from a fixed torch seed; the tokenizer is
-trained on the Python docs shipped with the standard library (`pydoc_data`), so
-no download is needed.
+The tests' fast engines serve it with the real vLLM engine: its text is meaningless,
+but tokenization, prefix caching, batching, streaming and guided decoding are real.
+Weights come from a fixed torch seed; the tokenizer is trained on the Python docs
+shipped with the standard library (`pydoc_data`), so no download is needed. Users are
+served the default model (`chatpipe.default_model`).
 """
 
 from __future__ import annotations
 
-import json
 import shutil
 import tempfile
-from dataclasses import asdict, dataclass
 from pathlib import Path
 
-BUILD_VERSION = 1
-STAMP_FILE = "chatpipe-tiny-model.json"
+from chatpipe.model_files import ModelStamp, is_built
+
+NAME = "tiny-random"
+"""Its served name (the directory's name): random weights, tiny."""
+TINY_MODEL_DIR = Path("~/.cache/chatpipe").expanduser() / NAME
+REBUILD = "chatpipe make-tiny-model"
+BUILD_VERSION = 2
+HIDDEN_SIZE, INTERMEDIATE_SIZE, LAYERS = 128, 256, 2
+HEADS = 2  # head_dim 64: vLLM's CPU attention takes no smaller
+CONTEXT = 4096
 VOCAB_SIZE = 3000
 SEED = 0
 
@@ -43,50 +47,20 @@ Numbers 0 1 2 3 4 5 6 7 8 9, punctuation .,;:!?'"()[]{}<>/\\|@#$%^&*-+=_~`
 """
 
 
-@dataclass(frozen=True)
-class Shape:
-    """A Llama's size; every shape shares the tokenizer and the chat template."""
-
-    hidden_size: int
-    intermediate_size: int
-    num_hidden_layers: int
-    num_attention_heads: int  # head_dim = hidden_size / heads; vLLM's CPU attention needs 64
-    max_position_embeddings: int
+def tiny_model_is_built(out: Path = TINY_MODEL_DIR) -> bool:
+    """True when `out` holds a whole build of this version."""
+    return is_built(out, {"version": BUILD_VERSION})
 
 
-SHAPES = {
-    "tiny": Shape(128, 256, 2, 2, 4096),
-    "seed": Shape(256, 512, 12, 4, 16384),
-}
-"""`tiny`: tests and `make run`. `seed`: the benchmark in a chat model's regime (its
-decode speed on one core is in docs/benchmarks.md); ten turns of 500-token answers fit."""
-
-
-def tiny_model_is_built(out: Path, shape: str = "tiny") -> bool:
-    """True when `out` holds a complete model of this shape and build version."""
-    try:
-        stamp = json.loads((out / STAMP_FILE).read_text())
-    except (OSError, ValueError):
-        return False
-    return stamp == _stamp(shape)
-
-
-def _stamp(shape: str) -> dict:
-    stamp: dict = {"version": BUILD_VERSION}
-    if shape != "tiny":  # the tiny model's stamp predates shapes: it stays valid
-        stamp |= {"shape": shape, **asdict(SHAPES[shape])}
-    return stamp
-
-
-def build_tiny_model(out: Path, shape: str = "tiny") -> None:
-    """Write a model of `shape` (config, safetensors weights, tokenizer) to `out`.
+def build_tiny_model(out: Path = TINY_MODEL_DIR) -> None:
+    """Write the tiny model (config, safetensors weights, tokenizer) to `out`.
 
     Idempotent: does nothing when `out` already holds this build. The files are
     written to a temporary sibling directory and moved into place, so a crash or
     a concurrent build never leaves a half-written model behind.
     """
     out = Path(out)
-    if tiny_model_is_built(out, shape):
+    if tiny_model_is_built(out):
         return
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
@@ -94,14 +68,14 @@ def build_tiny_model(out: Path, shape: str = "tiny") -> None:
     try:
         tokenizer = _train_tokenizer()
         tokenizer.save_pretrained(staging)
-        _save_model(staging, tokenizer, SHAPES[shape])
-        (staging / STAMP_FILE).write_text(json.dumps(_stamp(shape)))
+        _save_model(staging, tokenizer)
+        ModelStamp.of(staging, NAME, {"version": BUILD_VERSION}, REBUILD).write(staging)
         if out.exists():
             shutil.rmtree(out)
         staging.rename(out)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
-        if tiny_model_is_built(out, shape):  # a concurrent build won the race
+        if tiny_model_is_built(out):  # a concurrent build won the race
             return
         raise
 
@@ -135,11 +109,11 @@ def _train_tokenizer():
         pad_token=PAD,
         additional_special_tokens=list(ROLE_MARKERS),
         chat_template=CHAT_TEMPLATE,
-        model_max_length=4096,
+        model_max_length=CONTEXT,
     )
 
 
-def _save_model(out: Path, tokenizer, shape: Shape) -> None:
+def _save_model(out: Path, tokenizer) -> None:
     import torch
     from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
@@ -150,12 +124,12 @@ def _save_model(out: Path, tokenizer, shape: Shape) -> None:
     }
     config = LlamaConfig(
         vocab_size=len(tokenizer),
-        hidden_size=shape.hidden_size,
-        intermediate_size=shape.intermediate_size,
-        num_hidden_layers=shape.num_hidden_layers,
-        num_attention_heads=shape.num_attention_heads,
-        num_key_value_heads=shape.num_attention_heads,
-        max_position_embeddings=shape.max_position_embeddings,
+        hidden_size=HIDDEN_SIZE,
+        intermediate_size=INTERMEDIATE_SIZE,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=HEADS,
+        num_key_value_heads=HEADS,
+        max_position_embeddings=CONTEXT,
         tie_word_embeddings=False,
         dtype="float32",
         **special,

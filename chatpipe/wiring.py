@@ -22,6 +22,7 @@ from bus.clients import KafkaConfig, drop_pending_writes
 from bus.request_reply import RequestReplyClient
 from bus.topics import TopicLayout, create_topics, ensure_topics
 from chatpipe.api_keys import development_settings, key_secret, require_key_secret
+from chatpipe.model_files import check_model_dir
 from chatpipe.settings import Settings
 from chatpipe.supervise import (
     Pause,
@@ -135,6 +136,22 @@ def topic_layout(settings: Settings) -> TopicLayout:
     )
 
 
+def check_models(settings: Settings, *, weights: bool) -> None:
+    """Raise `ModelFileError` unless the served model's directory holds what this process
+    loads (`weights`: an engine's; else a gateway's tokenizer), and each tokenizer the
+    gateway counts another model's prompts with does."""
+    from chatpipe import default_model, tiny_model
+
+    rebuilds = {
+        default_model.DEFAULT_MODEL_DIR: default_model.REBUILD,
+        tiny_model.TINY_MODEL_DIR: tiny_model.REBUILD,
+    }
+    served = settings.inference.model
+    check_model_dir(served, weights=weights, rebuild=rebuilds.get(served))
+    for tokenizer in settings.context.context_tokenizers.values():
+        check_model_dir(tokenizer, weights=False, rebuild=rebuilds.get(tokenizer))
+
+
 def build_engine(settings: Settings) -> Engine:
     engine = settings.inference
     if engine.engine == "sim":
@@ -227,7 +244,7 @@ def gateway_config(settings: Settings) -> GatewayConfig:
             settings.models, settings.inference.model_name, settings.scheduler.tier_models
         ),
         context=context.config(
-            default_window_tokens=settings.inference.max_model_len,
+            default_window_tokens=settings.inference.context_length(),
             default_tokenizer=settings.inference.model,
             small_model=settings.scheduler.small_model,
         ),
@@ -596,6 +613,7 @@ async def _until_ready(
 async def run_all(settings: Settings) -> None:
     """`chatpipe up`: broker (unless external), every stage and the gateway, one process."""
     _configure_logging()
+    check_models(settings, weights=settings.inference.engine == "vllm")
     settings = development_settings(settings)  # before the engine loads: may refuse
     setup_tracing(settings.tracing.otlp_endpoint)
     engine = build_engine(settings)
@@ -621,6 +639,8 @@ async def run_stage(stage: str, settings: Settings) -> None:
     _configure_logging()
     if not settings.kafka.bootstrap_servers:
         raise SystemExit("set KAFKA_BOOTSTRAP_SERVERS to run a single stage")
+    if stage in ("gateway", "worker"):
+        check_models(settings, weights=stage == "worker" and settings.inference.engine == "vllm")
     if stage == "gateway":  # it checks API keys; no development secret outside chatpipe up
         require_key_secret(settings, "chatpipe gateway")
         if (unshared := per_process(settings.rate_limits.rate_limit_storage)) is not None:

@@ -21,6 +21,9 @@ from schemas.tools import ServerToolTurn, ToolCall, ToolCalls, ToolUse
 from schemas.topics import Tier
 
 SCHEMA_VERSION = 1
+SAMPLING_DEFAULTS_VERSION = 2
+"""The events carrying `SamplingOptions`: since version 2 an unset temperature or top_p
+is the model's default (version 1 defaulted them to 0.7 and 1.0)."""
 
 
 def now() -> float:
@@ -67,14 +70,14 @@ class SamplingOptions(BaseModel):
     model_config = ConfigDict(extra="ignore", frozen=True)
 
     max_tokens: int = Field(256, ge=1)
-    temperature: Finite = Field(0.7, ge=0.0, le=2.0)
-    top_p: Finite = Field(1.0, gt=0.0, le=1.0)
+    # The sampling parameters, each with vLLM's meaning; unset, the model's default (its
+    # generation_config.json, as vLLM reads it) or else vLLM's, and left out of the JSON.
+    # Every float finite (`schemas.bounds`): the bus would carry infinity as null.
+    temperature: Finite | None = Field(None, ge=0.0, le=2.0, exclude_if=_unset)
+    top_p: Finite | None = Field(None, gt=0.0, le=1.0, exclude_if=_unset)
     seed: int | None = None
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
-    # OpenAI's other sampling parameters and vLLM's extras, each with vLLM's
-    # meaning; unset, the engine's default, and left out of the JSON.
-    # Every float finite (`schemas.bounds`): the bus would carry infinity as null.
     presence_penalty: Finite | None = Field(None, ge=-2.0, le=2.0, exclude_if=_unset)
     frequency_penalty: Finite | None = Field(None, ge=-2.0, le=2.0, exclude_if=_unset)
     repetition_penalty: Finite | None = Field(None, gt=0.0, exclude_if=_unset)
@@ -144,6 +147,7 @@ class GenerationRequest(Event):
     """A chat turn to generate: what the gateway queues and the worker runs."""
 
     type: Literal["request"] = "request"
+    schema_version: int = SAMPLING_DEFAULTS_VERSION
     request_id: str
     attempt: int = 0
     conversation_id: str
@@ -213,6 +217,7 @@ class WorkAssignment(Event):
     """The scheduler hands a request to the worker owning a `chat.work` partition."""
 
     type: Literal["work"] = "work"
+    schema_version: int = SAMPLING_DEFAULTS_VERSION
     worker_id: str
     incarnation: str = Field(
         "",
@@ -438,6 +443,7 @@ class ToolRound(Event):
     generated, whose `ToolCallsMade` lies at `seq`; then queue the next round."""
 
     type: Literal["tool_round"] = "tool_round"
+    schema_version: int = SAMPLING_DEFAULTS_VERSION
     request: GenerationRequest
     calls: ToolCalls
     seq: int

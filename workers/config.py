@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import uuid
 from pathlib import Path
@@ -12,7 +13,8 @@ from pydantic import BaseModel, Field, model_validator
 from workers.coalesce import ChunkPacing
 from workers.core import WorkerConfig
 
-DEFAULT_MODEL_DIR = Path(os.path.expanduser("~/.cache/chatpipe/tiny-model"))
+DEFAULT_MODEL_DIR = Path(os.path.expanduser("~/.cache/chatpipe/smollm2-135m-instruct"))
+"""The default model's directory, as `chatpipe make-model` builds it (`make setup` runs it)."""
 
 
 class EngineSettings(BaseModel):
@@ -21,12 +23,19 @@ class EngineSettings(BaseModel):
     engine: Literal["vllm", "sim"] = Field(
         "vllm", description="vllm (AsyncLLM in the worker) or sim (deterministic text, no model)"
     )
-    model: Path = Field(DEFAULT_MODEL_DIR, description="local HF model directory")
-    model_name: str = Field("tiny", description="name clients ask for")
-    max_model_len: int = Field(
-        2048,
+    model: Path = Field(
+        DEFAULT_MODEL_DIR,
+        description="local HF model directory (default: SmolLM2-135M-Instruct, built by"
+        " `chatpipe make-model`)",
+    )
+    model_name: str = Field(
+        "", description="name clients ask for; empty: the model directory's name"
+    )
+    max_model_len: int | None = Field(
+        None,
         description="context length (prompt + answer) conversations are fitted into for a"
-        " model not in context_window_tokens; at most the engine's (vLLM: the model's own)",
+        " model not in context_window_tokens; unset: the model's own (its config.json, as"
+        " vLLM reads it)",
     )
     vllm_args: dict[str, Any] = Field(
         default_factory=dict,
@@ -54,6 +63,16 @@ class EngineSettings(BaseModel):
         gt=0,
         description="sim engine: prompt tokens per second (time to first token)",
     )
+
+    @model_validator(mode="after")
+    def _name_the_model(self) -> EngineSettings:
+        if not self.model_name:
+            self.model_name = self.model.name
+        return self
+
+    def context_length(self) -> int:
+        """`max_model_len`, else the model's own context length (`model_context_length`)."""
+        return self.max_model_len or model_context_length(self.model)
 
     @model_validator(mode="after")
     def _check_engine_slots(self) -> EngineSettings:
@@ -103,3 +122,31 @@ class WorkerSettings(BaseModel):
         return WorkerConfig(
             self.worker_id, pacing, self.heartbeat_interval_s, self.ready_file, shard=shard
         )
+
+
+CONTEXT_LENGTH_KEYS = (
+    "max_position_embeddings",
+    "n_positions",
+    "max_seq_len",
+    "seq_length",
+    "max_sequence_length",
+    "max_seq_length",
+    "seq_len",
+)
+"""Where a Hugging Face config states its context length (vLLM reads the same keys and
+takes the smallest)."""
+FALLBACK_CONTEXT_LENGTH = 2048
+"""vLLM's own for a config that states none."""
+
+
+def model_context_length(model: Path) -> int:
+    """The context length of the model in `model` (its `config.json`, or its text
+    model's), as vLLM takes it; `FALLBACK_CONTEXT_LENGTH` where it states none or cannot
+    be read (the start-up check names a missing or damaged file)."""
+    try:
+        config = json.loads((model / "config.json").read_text())
+    except (OSError, ValueError):
+        return FALLBACK_CONTEXT_LENGTH
+    config = config.get("text_config") or config
+    found = [config[key] for key in CONTEXT_LENGTH_KEYS if isinstance(config.get(key), int)]
+    return min(found, default=FALLBACK_CONTEXT_LENGTH)

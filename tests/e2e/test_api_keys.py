@@ -109,7 +109,8 @@ async def test_a_key_created_with_its_own_concurrency_limit_is_held_to_it(
     database = sim_stack.settings.storage.database_path
     key = await create_key(database, "--user", "cara", "--org", f"org-{uuid.uuid4().hex[:6]}",
                            "--tier", "pro", "--max-concurrent-requests", "1")  # fmt: skip
-    body = {"model": "tiny", "messages": [{"role": "user", "content": "[[sim:length=2000]]"}],
+    body = {"model": "tiny-random",
+            "messages": [{"role": "user", "content": "[[sim:length=2000]]"}],
             "max_tokens": 2000, "stream": True}  # fmt: skip
     async with client_for(sim_stack, key) as client:
         async with client.stream("POST", "/v1/chat/completions", json=body) as running:

@@ -23,12 +23,16 @@ from tests.support.stack import client_for
 LONG = 2000
 """Words of an answer that outlasts the test at the sim stack's 200 tokens a second."""
 LONG_CHAT = {
-    "model": "tiny",
+    "model": "tiny-random",
     "messages": [{"role": "user", "content": f"[[sim:length={LONG}]]"}],
     "max_tokens": LONG,
     "stream": True,
 }
-SHORT_CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+SHORT_CHAT = {
+    "model": "tiny-random",
+    "messages": [{"role": "user", "content": "hi"}],
+    "max_tokens": 4,
+}
 LONG_TURN = {"content": f"[[sim:length={LONG}]]", "max_tokens": LONG}
 STREAM = {"stream": True}
 
@@ -121,8 +125,8 @@ async def test_a_key_past_its_limit_is_refused_until_its_streams_end(sim_stack: 
         for path, body in [
             ("/v1/chat/completions", LONG_CHAT),
             ("/v1/chat/completions", SHORT_CHAT),
-            ("/v1/completions", {"model": "tiny", "prompt": "hi", "max_tokens": 4}),
-            ("/v1/responses", {"model": "tiny", "input": "hi", "max_output_tokens": 4}),
+            ("/v1/completions", {"model": "tiny-random", "prompt": "hi", "max_tokens": 4}),
+            ("/v1/responses", {"model": "tiny-random", "input": "hi", "max_output_tokens": 4}),
             (f"/v1/conversations/{other}/messages", {"content": "hi", "max_tokens": 4}),
         ]:
             assert_too_many(await client.post(path, json=body))

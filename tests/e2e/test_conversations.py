@@ -278,7 +278,7 @@ async def _title_once_generated(client: Client, cid: str, expected: str) -> str:
 async def test_a_message_over_the_window_is_413_and_not_stored(sim_stack: Stack) -> None:
     async with await new_user(sim_stack) as client:
         cid = await new_conversation(client)
-        window = sim_stack.settings.inference.max_model_len  # the answer alone takes all of it
+        window = sim_stack.settings.inference.context_length()  # the answer alone takes all of it
         response = await client.post(
             f"/v1/conversations/{cid}/messages", json={"content": "hello", "max_tokens": window}
         )

@@ -41,7 +41,7 @@ async def _stream(client: httpx.AsyncClient, text: str, max_tokens: int) -> dict
     """A streamed chat completion: its request id, its text, the time of its first token
     and the longest gap between two chunks (seconds)."""
     body = {
-        "model": "tiny",
+        "model": "tiny-random",
         "messages": [{"role": "user", "content": text}],
         "max_tokens": max_tokens,
         "stream": True,

@@ -139,7 +139,7 @@ async def test_a_body_that_stops_halfway_is_408(guarded_stack):
             "Content-Length: 1000",
         )
     )
-    writer.write(b'{"model": "tiny", "messages": [')  # and nothing more
+    writer.write(b'{"model": "tiny-random", "messages": [')  # and nothing more
     try:
         status, body = await _response(reader, BODY_TIMEOUT_S + SLACK_S)
     finally:

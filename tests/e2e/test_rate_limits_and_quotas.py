@@ -77,7 +77,7 @@ async def openai_stream(
     client: httpx.AsyncClient, max_tokens: int, read_all: bool = True
 ) -> httpx.Response:
     body = {
-        "model": "tiny",
+        "model": "tiny-random",
         "messages": [{"role": "user", "content": "hello there"}],
         "max_tokens": max_tokens,
         "stream": True,
@@ -94,7 +94,7 @@ async def openai_completion(
     return await client.post(
         "/v1/chat/completions",
         json={
-            "model": "tiny",
+            "model": "tiny-random",
             "messages": [{"role": "user", "content": "hello there"}],
             "max_tokens": max_tokens,
             "ignore_eos": ignore_eos,
@@ -186,7 +186,7 @@ async def test_n_choices_are_charged_as_n_answers(
         response = await client.post(
             "/v1/chat/completions",
             json={
-                "model": "tiny",
+                "model": "tiny-random",
                 "messages": [{"role": "user", "content": "hello there"}],
                 "max_tokens": 50,
                 "ignore_eos": True,
@@ -254,7 +254,7 @@ async def test_billing_counts_a_redelivered_event_once_and_dead_letters_garbage(
         user_id=user,
         org_id="dup-org",
         tier=Tier.FREE,
-        model="tiny",
+        model="tiny-random",
         worker_id="w",
         status=RequestStatus.FINISHED_STOPPED,
         prompt_tokens=10,

@@ -50,7 +50,7 @@ async def chat(client: httpx.AsyncClient) -> tuple[httpx.Response, float]:
     started = time.monotonic()
     response = await client.post("/v1/chat/completions", json={
         "messages": [{"role": "user", "content": "[[sim:reply=back]] there?"}],
-        "model": "tiny", "max_tokens": 4}, timeout=60)  # fmt: skip
+        "model": "tiny-random", "max_tokens": 4}, timeout=60)  # fmt: skip
     return response, time.monotonic() - started
 
 
@@ -65,7 +65,7 @@ async def test_a_killed_embedded_broker_ends_every_stream_and_the_stack_comes_ba
     ):
         ready = await client.get("/readyz")
         assert ready.status_code == 200, ready.text
-        assert ready.json()["ready"] and ready.json()["models"]["tiny"]["workers"] == 1
+        assert ready.json()["ready"] and ready.json()["models"]["tiny-random"]["workers"] == 1
 
         running = asyncio.create_task(streamed(client, 1500))
         await asyncio.sleep(3.0)  # every stream has started

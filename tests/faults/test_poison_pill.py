@@ -61,7 +61,7 @@ def request(content: str, reply_to: str = "chat.deliver.poison-test") -> Generat
         user_id="u",
         org_id="o",
         tier="free",
-        model="tiny",
+        model="tiny-random",
         messages=(ChatMessage(role=Role.USER, content=content),),
         sampling=SamplingOptions(max_tokens=8),
         reply_to=reply_to,

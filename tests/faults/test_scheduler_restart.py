@@ -88,7 +88,7 @@ def chat(name: str, tokens: int, partition: int | None = None) -> GenerationRequ
         user_id=f"u-{name}",
         org_id="o",
         tier=Tier.FREE,
-        model="tiny",
+        model="tiny-random",
         messages=(ChatMessage(role=Role.USER, content=f"tell me about {name}"),),
         sampling=SamplingOptions(max_tokens=tokens, ignore_eos=True),
         reply_to=REPLY_TO,

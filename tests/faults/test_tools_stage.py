@@ -229,7 +229,7 @@ def round_near_the_bus_limit(pipeline: Pipeline) -> ToolRound:
             user_id="u",
             org_id="o",
             tier="free",
-            model="tiny",
+            model="tiny-random",
             messages=(ChatMessage(role=Role.USER, content="x" * padding),),
             sampling=SamplingOptions(max_tokens=8),
             reply_to="chat.deliver.tools-fault",

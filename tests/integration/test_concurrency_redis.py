@@ -34,7 +34,7 @@ def new_owner() -> ApiKey:
 
 
 async def take(gate: ConcurrencyGate, owner: ApiKey, generations: int = 1) -> Ask:
-    ask = Ask(owner, "tiny", 10, generations)
+    ask = Ask(owner, "tiny-random", 10, generations)
     await gate.check(ask)
     return ask
 

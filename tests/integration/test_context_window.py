@@ -105,7 +105,7 @@ async def turn(
 ) -> BuiltContext:
     """Build the prompt for `question`, then store it and its answer."""
     tree = await store.get_tree("c1")
-    built = await builder.build(store, "c1", tree.thread(), question, model="tiny",
+    built = await builder.build(store, "c1", tree.thread(), question, model="tiny-random",
                                 max_tokens=MAX_TOKENS)  # fmt: skip
     await store.add_message(NewMessage(f"u{n}", "c1", Role.USER, question, parent_id=tree.leaf_id))
     await store.add_message(NewMessage(f"a{n}", "c1", Role.ASSISTANT, answer, parent_id=f"u{n}"))
@@ -198,7 +198,7 @@ async def test_retrieve_brings_back_the_earlier_turn_about_the_cat(
 
     texts_before = embedder.texts
     built = await builder.build(store, "c1", (await store.get_tree("c1")).thread(),
-                                "Remind me, what is the name of my cat?", model="tiny",
+                                "Remind me, what is the name of my cat?", model="tiny-random",
                                 max_tokens=MAX_TOKENS)  # fmt: skip
 
     assert built.window_start > 1  # the cat exchange fell out of the window

@@ -105,7 +105,7 @@ def make_request(content: str) -> GenerationRequest:
         user_id="u",
         org_id="o",
         tier="pro",
-        model="tiny",
+        model="tiny-random",
         messages=tuple(
             ChatMessage(role=Role(m["role"]), content=m["content"]) for m in conversation(content)
         ),

@@ -445,7 +445,7 @@ async def test_a_dead_letter_whose_cause_is_fixed_is_processed_when_retried(sim_
         user_id=user,
         org_id="retry-org",
         tier=Tier.FREE,
-        model="tiny",
+        model="tiny-random",
         worker_id="w",
         status=RequestStatus.FINISHED_STOPPED,
         prompt_tokens=7,

@@ -10,11 +10,13 @@ from schemas.codec import SCHEDULER_EVENT, WORK_EVENT
 from schemas.events import SchedulerStatus, WorkAssignment
 from tests.support.capacity import Chat, sim_pipeline
 
-SHARDS = {"main": ["tiny"], "other": ["absent-model"]}
+SHARDS = {"main": ["tiny-random"], "other": ["absent-model"]}
 
 
 async def test_the_stack_runs_a_scheduler_per_shard_and_answers_through_the_models_shard(tmp_path):
-    async with sim_pipeline(tmp_path, slots=2, model_name="tiny", scheduler_shards=SHARDS) as stack:
+    async with sim_pipeline(
+        tmp_path, slots=2, model_name="tiny-random", scheduler_shards=SHARDS
+    ) as stack:
         assert {"scheduler", "scheduler-main", "scheduler-other"} <= set(stack.tasks)
         chat = Chat(stack, "pro-a")
         _, events = await chat.ask("hello shards", 8)
@@ -27,7 +29,7 @@ async def test_the_stack_runs_a_scheduler_per_shard_and_answers_through_the_mode
             lambda e: isinstance(e, WorkAssignment),
             timeout_s=10,
         )
-        assert assignment.request.model == "tiny"
+        assert assignment.request.model == "tiny-random"
         seen: set[str] = set()
 
         def new_shard(event: object) -> bool:

@@ -47,14 +47,14 @@ def user_message(message_id: str, conversation_id: str, parent_id: str | None = 
 def answer(message_id: str, conversation_id: str, parent_id: str, **fields) -> NewMessage:
     return NewMessage(
         message_id, conversation_id, Role.ASSISTANT, f"answer {message_id}", parent_id=parent_id,
-        model="tiny", tokens=7, request_id=f"r-{message_id}", **fields,
+        model="tiny-random", tokens=7, request_id=f"r-{message_id}", **fields,
     )  # fmt: skip
 
 
 def started(message_id: str, conversation_id: str, parent_id: str) -> NewMessage:
     """An answer as the gateway stores it on queueing: in progress, still empty."""
     return NewMessage(message_id, conversation_id, Role.ASSISTANT, "", parent_id=parent_id,
-                      model="tiny", status=RequestStatus.IN_PROGRESS,
+                      model="tiny-random", status=RequestStatus.IN_PROGRESS,
                       request_id=f"r-{message_id}")  # fmt: skip
 
 
@@ -102,7 +102,7 @@ async def test_message_round_trips_every_field(
     assert await store.get_message(n.m2) == stored
     assert (await store.list_messages(n.c1)) == [stored, root]
     assert (stored.role, stored.content, stored.parent_id, stored.model, stored.created_at) == (
-        Role.ASSISTANT, f"answer {n.m2}", n.m1, "tiny", 1_700_000_123.25,
+        Role.ASSISTANT, f"answer {n.m2}", n.m1, "tiny-random", 1_700_000_123.25,
     )  # fmt: skip
     assert (stored.tokens, stored.status, stored.request_id) == (
         7, RequestStatus.FINISHED_LENGTH, f"r-{n.m2}",
@@ -153,7 +153,7 @@ async def test_usage_of_every_answer_in_order(store: ConversationStore, n: Names
     assert [(u.message_id, u.seq, u.prompt_tokens, u.cached_tokens) for u in usage] == [
         (n.a1, 2, 40, 0), (n.a2, 4, 90, 48),
     ]  # fmt: skip
-    assert all(u.completion_tokens == 7 and u.model == "tiny" for u in usage)
+    assert all(u.completion_tokens == 7 and u.model == "tiny-random" for u in usage)
 
 
 # --- answers still streaming ------------------------------------------------------------
@@ -735,8 +735,9 @@ async def test_an_orgs_concurrency_limit_is_kept_and_cleared(
 
 
 def cached(key: str, org_id: str, clock: Clock, ttl_s: float = 60.0, **fields) -> CachedResponse:
-    entry = CachedResponse(key, org_id, "tiny", "four", prompt_tokens=12, completion_tokens=2,
-                           status=RequestStatus.FINISHED_STOPPED, created_at=clock.now,
+    entry = CachedResponse(key, org_id, "tiny-random", "four", prompt_tokens=12,
+                           completion_tokens=2, status=RequestStatus.FINISHED_STOPPED,
+                           created_at=clock.now,
                            expires_at=clock.now + ttl_s)  # fmt: skip
     return replace(entry, **fields)
 

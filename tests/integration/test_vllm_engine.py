@@ -35,7 +35,7 @@ def make_request(
         user_id="user-1",
         org_id="org-1",
         tier="pro",
-        model="tiny",
+        model="tiny-random",
         messages=tuple(messages),
         sampling=SamplingOptions(**{"temperature": 0.0, **sampling}),
         reply_to="chat.deliver.gw-1",

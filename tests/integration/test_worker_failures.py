@@ -87,7 +87,7 @@ def make_request(content: str, max_tokens: int = 16) -> GenerationRequest:
         user_id="u",
         org_id="o",
         tier="pro",
-        model="tiny",
+        model="tiny-random",
         messages=(ChatMessage(role=Role.USER, content=content),),
         sampling=SamplingOptions(max_tokens=max_tokens, temperature=0.0),
         reply_to="chat.deliver.gw-test",
@@ -128,7 +128,7 @@ def assert_no_exception_text(error: GenerationError) -> None:
 
 @pytest_asyncio.fixture(scope="module")
 async def sim_engine() -> AsyncIterator[SimEngine]:
-    engine = SimEngine("tiny", 8, tokens_per_s=500.0, prompt_tokens_per_s=1e6)
+    engine = SimEngine("tiny-random", 8, tokens_per_s=500.0, prompt_tokens_per_s=1e6)
     await engine.start()
     yield engine
     await engine.stop()

@@ -32,7 +32,7 @@ def request(request_id: str, tier: str, org: str, at: float) -> GenerationReques
         user_id=f"u-{org}",
         org_id=org,
         tier=topics.Tier(tier),
-        model="tiny",
+        model="tiny-random",
         reply_to="chat.deliver.gw",
         messages=(ChatMessage(role=Role.USER, content="hi"),),
         created_at=at,

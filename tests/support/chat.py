@@ -68,7 +68,7 @@ def generation_request(reply_to: str) -> GenerationRequest:
         user_id="u",
         org_id="o",
         tier="free",
-        model="tiny",
+        model="tiny-random",
         reply_to=reply_to,
         messages=(ChatMessage(role=Role.USER, content="hello"),),
     )

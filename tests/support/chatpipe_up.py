@@ -58,21 +58,26 @@ def _log_file(cwd: Path) -> IO[bytes]:
 
 
 @contextlib.asynccontextmanager
-async def chatpipe_up(cwd: Path, *args: str, env: dict[str, str] | None = None
+async def chatpipe_up(cwd: Path, *args: str, env: dict[str, str] | None = None,
+                      engine: str | None = "sim", start_timeout_s: float = 180,
                       ) -> AsyncIterator[Up]:  # fmt: skip
     """`chatpipe up --engine sim` (and `args`) in `cwd` until the block ends; its log
-    in `cwd / LOG_NAME`."""
+    in `cwd / LOG_NAME`. `engine=None`: the engine `make run` starts (vLLM), which
+    takes minutes to compile on a slow machine's first start."""
     stderr = _log_file(cwd)
+    engine_args = ["--engine", engine] if engine else []
     process = await asyncio.create_subprocess_exec(
-        str(BIN / "chatpipe"), "up", "--engine", "sim", "--port", str(free_port()), *args,
+        str(BIN / "chatpipe"), "up", *engine_args, "--port", str(free_port()), *args,
         cwd=cwd, env={**reader_env(), **(env or {})},
         stdout=asyncio.subprocess.PIPE, stderr=stderr, start_new_session=True,
     )  # fmt: skip
+    draining: asyncio.Task[bytes] | None = None
     try:
         assert process.stdout is not None
-        line = await asyncio.wait_for(process.stdout.readline(), 180)
+        line = await asyncio.wait_for(process.stdout.readline(), start_timeout_s)
         started = UP_LINE.search(line.decode())
         assert started, f"chatpipe up printed {line!r}, not its URL and key"
+        draining = asyncio.create_task(process.stdout.read())  # a full pipe would block it
         yield Up(started["url"], started["key"], cwd, process.pid)
     except BaseException:
         print_log(cwd)
@@ -81,4 +86,6 @@ async def chatpipe_up(cwd: Path, *args: str, env: dict[str, str] | None = None
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGTERM)
         await asyncio.wait_for(process.wait(), 60)
+        if draining is not None:
+            await draining
         stderr.close()

@@ -59,8 +59,8 @@ def small_limits(**overrides: Any) -> RequestLimits:
     """Request limits small enough for a unit test to reach each one: one model
     (`tiny`), short messages and stop lists, at most 100 tokens."""
     fields: dict[str, Any] = {
-        "models": ("tiny",),
-        "default_model": "tiny",
+        "models": ("tiny-random",),
+        "default_model": "tiny-random",
         "tier_models": {},
         "max_message_chars": 1000,
         "max_messages": 10,

@@ -23,7 +23,7 @@ def request(rid: str = "r1", cid: str = "c1") -> GenerationRequest:
         user_id="u",
         org_id="o",
         tier="free",
-        model="tiny",
+        model="tiny-random",
         reply_to=DELIVER,
         messages=(ChatMessage(role=Role.USER, content="hi"),),
     )

@@ -20,7 +20,11 @@ from schemas.events import (
 from schemas.lifecycle import RequestStatus
 
 STREAM = dict(
-    request_id="r", conversation_id="c", message_id="m", model="tiny", reply_to="chat.deliver.gw"
+    request_id="r",
+    conversation_id="c",
+    message_id="m",
+    model="tiny-random",
+    reply_to="chat.deliver.gw",
 )
 
 

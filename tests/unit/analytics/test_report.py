@@ -106,7 +106,7 @@ def test_the_answers_for_a_period(warehouse: Warehouse, tmp_path: Path) -> None:
     assert answer["tokens"] == [
         {
             "tier": "free",
-            "model": "tiny",
+            "model": "tiny-random",
             "org_id": "globex",
             "requests": 1,
             "attempts": 2,
@@ -117,7 +117,7 @@ def test_the_answers_for_a_period(warehouse: Warehouse, tmp_path: Path) -> None:
         },
         {
             "tier": "pro",
-            "model": "tiny",
+            "model": "tiny-random",
             "org_id": "acme",
             "requests": 2,
             "attempts": 2,

@@ -26,7 +26,7 @@ def usage(offset: int):
         user_id="u1",
         org_id="acme",
         tier=topics.Tier.FREE,
-        model="tiny",
+        model="tiny-random",
         worker_id="w1",
         status=RequestStatus.FINISHED_STOPPED,
         prompt_tokens=3,

@@ -220,7 +220,7 @@ def _of(request_id: str, seq: int) -> dict[str, object]:
         seq=seq,
         conversation_id="c",
         message_id="m",
-        model="tiny",
+        model="tiny-random",
         reply_to="chat.deliver.g1",
     )
 

@@ -16,7 +16,7 @@ def exposition(ttft: tuple[float, float], queue: tuple[float, float]) -> str:
     ):
         lines += [f"# HELP {name} x", f"# TYPE {name} histogram"]
         for engine, share in (("0", 0.25), ("1", 0.75)):
-            labels = f'engine="{engine}",model_name="tiny"'
+            labels = f'engine="{engine}",model_name="tiny-random"'
             lines += [
                 f'{name}_bucket{{{labels},le="+Inf"}} {count * share}',
                 f"{name}_count{{{labels}}} {count * share}",

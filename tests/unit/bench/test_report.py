@@ -1,6 +1,8 @@
 """`python -m bench` rewrites its own part of bench/RESULTS.md and keeps the rest; its
 hop table shows the answer's end and what the broker's floor leaves of vLLM's tokens/s."""
 
+from pathlib import Path
+
 from bench.compare import CHATPIPE, VLLM, Level, SideRun, Workload
 from bench.cpu import CpuUse
 from bench.hops import END_HOPS, HOPS
@@ -58,7 +60,12 @@ def _run(hop_ms):
         fetch_delay_ms=(hop_ms, hop_ms * 2),
     )
     return BenchRun(
-        "python -m bench", "today", {}, EngineConfig(model="tiny"), Workload(), [vllm, chatpipe]
+        "python -m bench",
+        "today",
+        {},
+        EngineConfig(model=Path("tiny-random")),
+        Workload(),
+        [vllm, chatpipe],
     )
 
 

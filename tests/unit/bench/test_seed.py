@@ -8,7 +8,6 @@ import pytest
 from bench.metrics import LevelStats
 from bench.processes import Placement
 from bench.seed import BEGIN, END, Conversations, merged, met, ratios, turn_body
-from chatpipe.tiny_model import SHAPES, _stamp
 
 
 def stats(tokens_per_s: float, ttft_ms: float, itl_ms: float) -> LevelStats:
@@ -35,7 +34,7 @@ def test_a_turn_carries_the_whole_history_and_a_fixed_length():
         {"role": "assistant", "content": "an answer"},
         {"role": "user", "content": "more"},
     ]
-    body = orjson.loads(turn_body("tiny", history, 500))
+    body = orjson.loads(turn_body("tiny-random", history, 500))
     assert body["messages"] == history
     assert (body["max_tokens"], body["ignore_eos"], body["stream"]) == (500, True, True)
 
@@ -69,11 +68,3 @@ def test_pinning_runs_the_front_end_under_taskset_and_binds_the_engines_threads(
     assert pinned.env() == {"VLLM_CPU_OMP_THREADS_BIND": "0"}
     unpinned = Placement()
     assert (unpinned.front_argv(["x"]), unpinned.env(), unpinned.pinned) == (["x"], {}, False)
-
-
-def test_the_tiny_models_stamp_is_unchanged_and_the_seed_shape_is_stamped():
-    assert _stamp("tiny") == {"version": 1}  # models built before shapes stay valid
-    seed = _stamp("seed")
-    assert seed["shape"] == "seed"
-    assert seed["hidden_size"] == SHAPES["seed"].hidden_size
-    assert SHAPES["seed"].hidden_size // SHAPES["seed"].num_attention_heads == 64

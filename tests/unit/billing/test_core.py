@@ -41,7 +41,7 @@ def usage(
         user_id=user,
         org_id=org,
         tier=Tier.FREE,
-        model="tiny",
+        model="tiny-random",
         worker_id="w1",
         status=RequestStatus.FINISHED_STOPPED,
         prompt_tokens=prompt,

@@ -88,7 +88,7 @@ def event() -> GenerationError:
         seq=0,
         conversation_id="c",
         message_id="m",
-        model="tiny",
+        model="tiny-random",
         reply_to="chat.deliver.gw",
         code="x",
         message="y",
@@ -190,7 +190,7 @@ def test_the_scheduler_ends_a_refused_request_pipeline_rejected():
         user_id="u",
         org_id="o",
         tier="free",
-        model="tiny",
+        model="tiny-random",
         messages=(),
         reply_to="chat.deliver.gw",
     )

@@ -290,7 +290,7 @@ def test_a_live_request_is_its_owners_in_its_org_only() -> None:
     live = LiveRequests()
     request = GenerationRequest(
         request_id="r1", conversation_id="c1", message_id="m1", user_id="alice",
-        org_id="acme", tier=Tier.PRO, model="tiny",
+        org_id="acme", tier=Tier.PRO, model="tiny-random",
         messages=(ChatMessage(role=Role.USER, content="hi"),), sampling=SamplingOptions(),
         reply_to="chat.deliver.gw", cache_salt="acme",
     )  # fmt: skip

@@ -66,7 +66,7 @@ def engine_prompt(tokenizer, content: str) -> list[int]:
         user_id="u",
         org_id="o",
         tier="pro",
-        model="tiny",
+        model="tiny-random",
         messages=tuple(
             ChatMessage(role=Role(m["role"]), content=m["content"]) for m in conversation(content)
         ),

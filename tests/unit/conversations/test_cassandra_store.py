@@ -25,7 +25,7 @@ UNSET = object()
 def message(message_id: str = "m1", seq: int = 1, **fields) -> StoredMessage:
     values = dict(
         message_id=message_id, conversation_id="c1", seq=seq, role=Role.ASSISTANT,
-        content="hi", parent_id="u1", model="tiny", tokens=3,
+        content="hi", parent_id="u1", model="tiny-random", tokens=3,
         status=RequestStatus.FINISHED_STOPPED, request_id="r1", created_at=12.5,
         prompt_tokens=40, cached_tokens=32,
     )  # fmt: skip

@@ -34,7 +34,7 @@ def started(message_id: str, parent_id: str) -> tuple[NewMessage, RequestRecord]
 def assistant_message(message_id: str, parent_id: str, conversation_id: str = "c1", **fields):
     return NewMessage(
         message_id, conversation_id, Role.ASSISTANT, f"answer {message_id}",
-        parent_id=parent_id, model="tiny", tokens=7, request_id=f"r-{message_id}", **fields,
+        parent_id=parent_id, model="tiny-random", tokens=7, request_id=f"r-{message_id}", **fields,
     )  # fmt: skip
 
 
@@ -53,7 +53,7 @@ async def test_message_round_trips_every_field(store: SQLiteStore) -> None:
 
     assert await store.get_message("m2") == stored
     assert (stored.role, stored.content, stored.parent_id, stored.model) == (
-        Role.ASSISTANT, "answer m2", "m1", "tiny",
+        Role.ASSISTANT, "answer m2", "m1", "tiny-random",
     )  # fmt: skip
     assert (stored.tokens, stored.status, stored.request_id) == (
         7, RequestStatus.FINISHED_LENGTH, "r-m2",

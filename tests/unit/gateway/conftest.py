@@ -39,7 +39,7 @@ async def store(settings: Settings) -> AsyncIterator[SQLiteStore]:
 @pytest.fixture
 def settings(tmp_path: Path) -> Settings:
     return Settings(
-        model_name="tiny",
+        model_name="tiny-random",
         max_message_chars=50,
         default_max_tokens=16,
         max_tokens_limit=100,

@@ -88,7 +88,7 @@ async def test_invalid_fields_are_422_naming_the_field(client):
     assert assert_error(response, 422, "invalid_request")["param"] == "temperature"
     response = await client.post(
         "/v1/chat/completions",
-        json={"model": "tiny", "messages": [{"role": "robot", "content": "x"}]},
+        json={"model": "tiny-random", "messages": [{"role": "robot", "content": "x"}]},
         headers=ALICE,
     )
     assert assert_error(response, 422, "invalid_request")["param"] == "messages.0.role"
@@ -156,7 +156,7 @@ async def test_shedding_tier_is_503_with_retry_after_before_anything_is_stored(
     completion = await client.post(
         "/v1/chat/completions",
         headers=ALICE,
-        json={"model": "tiny", "messages": [{"role": "user", "content": "hi"}]},
+        json={"model": "tiny-random", "messages": [{"role": "user", "content": "hi"}]},
     )
     assert_error(completion, 503, "overloaded")
     assert pipeline.submitted == []
@@ -246,7 +246,7 @@ async def test_native_request_carries_owner_and_prompt(client, store, pipeline, 
     assert request.conversation_id == cid and request.parent_id == user.message_id
     assert (request.user_id, request.org_id, request.tier) == ("alice", "org-a", Tier.PRO)
     assert request.cache_salt == "org-a" and request.reply_to == REPLY_TO and request.store
-    assert request.model == "tiny"
+    assert request.model == "tiny-random"
     assert [(m.role, m.content) for m in request.messages] == [
         (Role.SYSTEM, settings.context.system_prompt),
         (Role.USER, "hi"),
@@ -427,13 +427,13 @@ async def test_native_stream_cut_short_reports_and_is_held_for_a_resume(client, 
 
 async def test_models_list(sdk):
     models = await sdk.models.list()
-    assert [m.id for m in models.data] == ["tiny"]
+    assert [m.id for m in models.data] == ["tiny-random"]
 
 
 async def test_openai_non_stream(sdk, pipeline, store):
     pipeline.script(delta("Hel", 0), delta("lo", 1), done(2, RequestStatus.FINISHED_LENGTH))
     completion = await sdk.chat.completions.create(
-        model="tiny",
+        model="tiny-random",
         messages=[
             {"role": "developer", "content": "be brief"},
             {"role": "user", "content": [{"type": "text", "text": "hi"}]},
@@ -462,7 +462,7 @@ async def test_openai_non_stream(sdk, pipeline, store):
 async def test_openai_stream_with_usage(sdk, pipeline):
     pipeline.script(Queued(request_id="-", position=1), delta("Hel", 0), delta("lo", 1), done(2))
     stream = await sdk.chat.completions.create(
-        model="tiny",
+        model="tiny-random",
         messages=[{"role": "user", "content": "hi"}],
         stream=True,
         stream_options={"include_usage": True},
@@ -480,7 +480,11 @@ async def test_openai_stream_raw_ends_with_done(client, pipeline):
     pipeline.script(delta("a", 0), done(1))
     response = await client.post(
         "/v1/chat/completions",
-        json={"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "stream": True},
+        json={
+            "model": "tiny-random",
+            "messages": [{"role": "user", "content": "hi"}],
+            "stream": True,
+        },
         headers=ALICE,
     )
     messages = sse.parse_messages(response.text)
@@ -498,20 +502,24 @@ async def test_openai_errors(sdk, pipeline):
     assert missing.value.code == "model_not_found"
     pipeline.script(DeliveryError(request_id="-", code="overloaded", message="busy", retry_after=4))
     with pytest.raises(openai.InternalServerError) as shed:
-        await sdk.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}])
+        await sdk.chat.completions.create(
+            model="tiny-random", messages=[{"role": "user", "content": "x"}]
+        )
     assert shed.value.status_code == 503 and shed.value.response.headers["retry-after"] == "4"
     pipeline.script(
         delta("a", 0), DeliveryError(request_id="-", seq=1, code="engine", message="boom")
     )
     stream = await sdk.chat.completions.create(
-        model="tiny", messages=[{"role": "user", "content": "x"}], stream=True
+        model="tiny-random", messages=[{"role": "user", "content": "x"}], stream=True
     )
     with pytest.raises(openai.APIError, match="boom"):
         async for _ in stream:
             pass
     pipeline.fail_submit = True
     with pytest.raises(openai.InternalServerError) as down:
-        await sdk.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}])
+        await sdk.chat.completions.create(
+            model="tiny-random", messages=[{"role": "user", "content": "x"}]
+        )
     assert down.value.status_code == 503 and down.value.code == "pipeline_unavailable"
 
 
@@ -536,7 +544,7 @@ async def test_disconnect_holds_native_stream_for_a_resume(app, client, pipeline
 
 async def test_disconnect_cancels_openai_stream(app, pipeline):
     pipeline.script(delta("partial", 0), hold=True)
-    body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+    body = {"model": "tiny-random", "messages": [{"role": "user", "content": "hi"}], "stream": True}
     sent = await disconnect_after_hold(app, pipeline, "/v1/chat/completions", body)
     assert '"partial"' in body_text(sent)
     assert pipeline.cancelled == [(pipeline.submitted[0].request_id, "client_disconnected")]
@@ -545,7 +553,7 @@ async def test_disconnect_cancels_openai_stream(app, pipeline):
 
 async def test_disconnect_cancels_openai_non_stream(app, pipeline):
     pipeline.script(delta("partial", 0), hold=True)
-    body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}]}
+    body = {"model": "tiny-random", "messages": [{"role": "user", "content": "hi"}]}
     await disconnect_after_hold(app, pipeline, "/v1/chat/completions", body)
     assert pipeline.cancelled == [(pipeline.submitted[0].request_id, "client_disconnected")]
     assert pipeline.streams[0].closed

@@ -112,7 +112,7 @@ def text_of(messages) -> str:
 
 
 def counted(name: str, **labels: str) -> float:
-    return REGISTRY.get_sample_value(name, {"tier": "pro", "model": "tiny", **labels}) or 0.0
+    return REGISTRY.get_sample_value(name, {"tier": "pro", "model": "tiny-random", **labels}) or 0.0
 
 
 async def test_a_repeat_of_an_opted_in_org_is_replayed_stored_and_marked_hit(
@@ -244,7 +244,7 @@ async def test_an_answer_cut_short_is_not_kept(client, pipeline, opted_in) -> No
 async def test_the_openai_route_replays_a_hit_in_chunks_with_its_usage(
     client, pipeline, opted_in
 ) -> None:
-    body = {"model": "tiny", "temperature": 0, "stream": True,
+    body = {"model": "tiny-random", "temperature": 0, "stream": True,
             "stream_options": {"include_usage": True},
             "messages": [{"role": "user", "content": "2+2?"}]}  # fmt: skip
     answer_script(pipeline)

@@ -93,7 +93,9 @@ OPENAI_FIELDS = {
 
 
 def completion(**fields) -> ChatCompletionRequest:
-    return ChatCompletionRequest.model_validate({"model": "tiny", "messages": [USER], **fields})
+    return ChatCompletionRequest.model_validate(
+        {"model": "tiny-random", "messages": [USER], **fields}
+    )
 
 
 def refused(**fields) -> Refused:
@@ -254,11 +256,9 @@ def test_response_format_becomes_a_json_constraint(response_format, expected):
     }
 
 
-def test_unset_options_keep_the_requests_json_as_it_was():
+def test_unset_options_leave_the_requests_json_short():
     assert json.loads(encode(SamplingOptions())) == {
         "max_tokens": 256,
-        "temperature": 0.7,
-        "top_p": 1.0,
         "seed": None,
         "stop": [],
         "ignore_eos": False,
@@ -306,6 +306,16 @@ def test_the_engines_sampling_params_carry_each_option():
     assert sampling_params(SamplingOptions(json_object=True)).structured_outputs.json_object
     plain = sampling_params(SamplingOptions())
     assert (plain.structured_outputs, plain.logprobs, plain.presence_penalty) == (None, None, 0.0)
+    assert (plain.temperature, plain.top_p) == (1.0, 1.0)  # vLLM's own
+
+
+def test_what_a_request_leaves_unset_takes_the_models_sampling_defaults():
+    model = {"temperature": 0.3, "top_p": 0.9, "repetition_penalty": 1.1, "max_tokens": 99}
+    unset = sampling_params(SamplingOptions(max_tokens=7), model)
+    assert (unset.temperature, unset.top_p, unset.repetition_penalty) == (0.3, 0.9, 1.1)
+    assert unset.max_tokens == 7  # the request's (its default is the gateway's)
+    given = sampling_params(SamplingOptions(temperature=0.8, top_p=0.5), model)
+    assert (given.temperature, given.top_p, given.repetition_penalty) == (0.8, 0.5, 1.1)
 
 
 def test_vllms_logprobs_become_the_tokens_with_their_likeliest_by_rank():
@@ -409,7 +419,7 @@ def plan_request(**sampling):
         user_id="u",
         org_id="o",
         tier="free",
-        model="tiny",
+        model="tiny-random",
         reply_to="d",
         messages=(ChatMessage(role=Role.USER, content="[[sim:reply=one two]]"),),
         sampling=SamplingOptions(**sampling),
@@ -458,13 +468,13 @@ def test_the_document_says_what_is_refused(app):
 async def test_the_sdk_gets_400_naming_an_unknown_field(sdk, pipeline):
     with pytest.raises(openai.BadRequestError) as bad:
         await sdk.chat.completions.create(
-            model="tiny", messages=[USER], extra_body={"frobnicate": True}
+            model="tiny-random", messages=[USER], extra_body={"frobnicate": True}
         )
     assert bad.value.code == "unknown_parameter"
     assert bad.value.body["param"] == "frobnicate"
     with pytest.raises(openai.BadRequestError) as audio:
         await sdk.chat.completions.create(
-            model="tiny", messages=[USER], audio={"voice": "alloy", "format": "mp3"}
+            model="tiny-random", messages=[USER], audio={"voice": "alloy", "format": "mp3"}
         )
     assert (audio.value.code, audio.value.body["param"]) == ("unsupported_parameter", "audio")
     assert pipeline.submitted == []
@@ -477,7 +487,7 @@ async def test_logprobs_come_back_in_the_answer(sdk, pipeline):
         done(2),
     )
     answer = await sdk.chat.completions.create(
-        model="tiny", messages=[USER], logprobs=True, top_logprobs=1
+        model="tiny-random", messages=[USER], logprobs=True, top_logprobs=1
     )
     content = answer.choices[0].logprobs.content
     assert [(e.token, e.logprob, e.bytes) for e in content] == [
@@ -495,7 +505,7 @@ async def test_logprobs_come_back_in_the_stream(sdk, pipeline):
         done(2),
     )
     stream = await sdk.chat.completions.create(
-        model="tiny", messages=[USER], logprobs=True, stream=True
+        model="tiny-random", messages=[USER], logprobs=True, stream=True
     )
     chunks = [chunk async for chunk in stream]
     tokens = [
@@ -506,14 +516,14 @@ async def test_logprobs_come_back_in_the_stream(sdk, pipeline):
 
 async def test_without_logprobs_the_answer_has_none(sdk, pipeline):
     pipeline.script(delta("Hi", 0), done(1))
-    answer = await sdk.chat.completions.create(model="tiny", messages=[USER])
+    answer = await sdk.chat.completions.create(model="tiny-random", messages=[USER])
     assert answer.choices[0].logprobs is None
 
 
 async def test_n_choices_are_n_generations_with_usage_of_all(sdk, pipeline):
     pipeline.script(delta("one", 0), done(1))
     pipeline.script(delta("two", 0), done(1))
-    answer = await sdk.chat.completions.create(model="tiny", messages=[USER], n=2, seed=7)
+    answer = await sdk.chat.completions.create(model="tiny-random", messages=[USER], n=2, seed=7)
     assert [(c.index, c.message.content) for c in answer.choices] == [(0, "one"), (1, "two")]
     first, second = pipeline.submitted
     assert first.request_id != second.request_id
@@ -528,7 +538,7 @@ async def test_n_streamed_choices_carry_their_index(client, pipeline):
         "/v1/chat/completions",
         headers=ALICE,
         json={
-            "model": "tiny",
+            "model": "tiny-random",
             "messages": [USER],
             "n": 2,
             "stream": True,
@@ -560,7 +570,7 @@ async def test_n_choices_reserve_n_answers_against_the_token_limits(sdk, pipelin
     monkeypatch.setattr(Admission, "admit", admit)
     for _ in range(n):
         pipeline.script(delta("x", 0), done(1))
-    await sdk.chat.completions.create(model="tiny", messages=[USER], n=n, max_tokens=9)
+    await sdk.chat.completions.create(model="tiny-random", messages=[USER], n=n, max_tokens=9)
     assert charged == [(text_tokens(["hi"], 9 * n), n)]
     assert len(pipeline.submitted) == n
 
@@ -569,7 +579,7 @@ async def test_a_choice_that_fails_fails_the_completion(sdk, pipeline):
     pipeline.script(delta("one", 0), done(1))
     pipeline.script(DeliveryError(request_id="-", code="engine_error", message="boom"))
     with pytest.raises(openai.InternalServerError):
-        await sdk.chat.completions.create(model="tiny", messages=[USER], n=2)
+        await sdk.chat.completions.create(model="tiny-random", messages=[USER], n=2)
 
 
 async def test_a_streamed_choice_that_fails_ends_the_stream_and_cancels_the_others(
@@ -580,7 +590,7 @@ async def test_a_streamed_choice_that_fails_ends_the_stream_and_cancels_the_othe
     response = await client.post(
         "/v1/chat/completions",
         headers=ALICE,
-        json={"model": "tiny", "messages": [USER], "n": 2, "stream": True},
+        json={"model": "tiny-random", "messages": [USER], "n": 2, "stream": True},
     )
     messages = sse.parse_messages(response.text)
     errors = [

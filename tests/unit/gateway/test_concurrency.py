@@ -52,7 +52,7 @@ from tests.support.gateway import (
 
 TTL_S = 60.0
 ANN = ApiKey("ann", "acme", Tier.PRO, key_id="k-ann")
-CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}]}
+CHAT = {"model": "tiny-random", "messages": [{"role": "user", "content": "hi"}]}
 STREAMED = {**CHAT, "stream": True}
 
 
@@ -80,7 +80,7 @@ def gate(
 
 
 async def admitted(concurrency: ConcurrencyGate, owner: ApiKey = ANN, generations: int = 1) -> Ask:
-    ask = Ask(owner, "tiny", 10, generations)
+    ask = Ask(owner, "tiny-random", 10, generations)
     await concurrency.check(ask)
     return ask
 
@@ -216,7 +216,7 @@ async def test_a_later_gate_refusing_gives_the_leases_back(pipeline) -> None:
     concurrency = gate()
     admission = Admission([concurrency, Refuses()], pipeline)
     with pytest.raises(ApiError):
-        await admission.admit(ANN, 10, "tiny", generations=2)
+        await admission.admit(ANN, 10, "tiny-random", generations=2)
     assert concurrency.held == 0 and await concurrency.storage.held(lease_key(ANN)) == 0
 
 
@@ -447,7 +447,7 @@ async def test_refused_after_admission_the_request_gives_its_lease_back(
     for path, body in (
         (f"/v1/conversations/{cid}/messages", {"content": "three"}),
         ("/v1/chat/completions", STREAMED),
-        ("/v1/completions", {"model": "tiny", "prompt": "hi", "stream": True}),
+        ("/v1/completions", {"model": "tiny-random", "prompt": "hi", "stream": True}),
     ):
         assert_error(await client.post(path, json=body, headers=ALICE), 503, "pipeline_unavailable")
         assert await held(concurrency, store) == 0
@@ -476,11 +476,11 @@ async def test_completions_and_responses_hold_a_lease_to_their_end(
     client, pipeline, concurrency, store
 ) -> None:
     requests = [
-        ("/v1/completions", {"model": "tiny", "prompt": "hi"}),
-        ("/v1/completions", {"model": "tiny", "prompt": "hi", "stream": True}),
-        ("/v1/responses", {"model": "tiny", "input": "hi"}),
-        ("/v1/responses", {"model": "tiny", "input": "hi", "stream": True}),
-        ("/v1/responses", {"model": "tiny", "input": "hi", "store": False}),
+        ("/v1/completions", {"model": "tiny-random", "prompt": "hi"}),
+        ("/v1/completions", {"model": "tiny-random", "prompt": "hi", "stream": True}),
+        ("/v1/responses", {"model": "tiny-random", "input": "hi"}),
+        ("/v1/responses", {"model": "tiny-random", "input": "hi", "stream": True}),
+        ("/v1/responses", {"model": "tiny-random", "input": "hi", "store": False}),
     ]
     for path, body in requests:
         task = asyncio.create_task(client.post(path, json=body, headers=ALICE))
@@ -490,7 +490,7 @@ async def test_completions_and_responses_hold_a_lease_to_their_end(
         assert (await task).status_code == 200, (path, body)
         await assert_released(concurrency, store)
 
-    body = {"model": "tiny", "input": "hi", "background": True}
+    body = {"model": "tiny-random", "input": "hi", "background": True}
     background = await client.post("/v1/responses", json=body, headers=ALICE)
     assert background.json()["status"] == "queued"
     assert await held(concurrency, store) == 1, "the answer runs on after the reply"

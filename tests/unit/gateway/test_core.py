@@ -125,7 +125,7 @@ async def test_a_turn_looks_again_more_and_more_slowly_until_the_wait_is_up(ends
 def test_an_owners_request_is_billed_and_cached_as_the_owner():
     owner = ApiKey("alice", "acme", Tier.PRO)
     messages = (ChatMessage(role=Role.USER, content="hi"),)
-    request = pipeline.owner_request(owner, model="tiny", messages=messages,
+    request = pipeline.owner_request(owner, model="tiny-random", messages=messages,
                                      sampling=SamplingOptions(), reply_to="chat.deliver.g1",
                                      timeout_s=30, sent_at=NOW, conversation_id="c1",
                                      parent_id="m1", store=True)  # fmt: skip
@@ -137,7 +137,7 @@ def test_an_owners_request_is_billed_and_cached_as_the_owner():
     )
     assert (request.conversation_id, request.parent_id, request.store) == ("c1", "m1", True)
     assert request.deadline == NOW + 30
-    other = pipeline.owner_request(owner, model="tiny", messages=messages,
+    other = pipeline.owner_request(owner, model="tiny-random", messages=messages,
                                    sampling=SamplingOptions(), reply_to="r", timeout_s=30,
                                    sent_at=NOW)  # fmt: skip
     assert len({request.request_id, request.message_id, other.request_id,

@@ -93,7 +93,7 @@ class VocabularyWordTokenizer(WordTokenizer):
 @pytest.fixture
 def settings(tmp_path: Path) -> Settings:
     return Settings(
-        model_name="tiny",
+        model_name="tiny-random",
         max_message_chars=60,
         default_max_tokens=32,
         max_tokens_limit=100,
@@ -155,7 +155,7 @@ async def sdk(client) -> AsyncIterator[openai.AsyncOpenAI]:
 async def test_a_completion_queues_its_prompt_untemplated_with_its_sampling(sdk, pipeline):
     pipeline.script(delta("Hel", 0), delta("lo", 1), done(2, RequestStatus.FINISHED_LENGTH))
     completion = await sdk.completions.create(
-        model="tiny",
+        model="tiny-random",
         prompt="Once upon a time",
         max_tokens=9,
         temperature=0.5,
@@ -177,7 +177,7 @@ async def test_a_completion_queues_its_prompt_untemplated_with_its_sampling(sdk,
     ) == (9, 0.5, 0.9, 7, ("\n", "."))
     assert not request.store and request.user_id == "alice"
     assert completion.object == "text_completion"
-    assert completion.id == f"cmpl-{request.request_id}" and completion.model == "tiny"
+    assert completion.id == f"cmpl-{request.request_id}" and completion.model == "tiny-random"
     [choice] = completion.choices
     assert (choice.text, choice.finish_reason, choice.index) == ("Hello", "length", 0)
     assert (
@@ -189,17 +189,19 @@ async def test_a_completion_queues_its_prompt_untemplated_with_its_sampling(sdk,
 
 async def test_max_tokens_defaults_to_openais_16_and_a_list_of_one_prompt_is_taken(sdk, pipeline):
     pipeline.script(delta("x", 0), done(1))
-    await sdk.completions.create(model="tiny", prompt=["just one"])
+    await sdk.completions.create(model="tiny-random", prompt=["just one"])
     [request] = pipeline.submitted
     assert request.prompt == "just one" and request.sampling.max_tokens == 16
 
 
 async def test_echo_puts_the_prompt_before_the_completion(sdk, pipeline):
     pipeline.script(delta(" world", 0), done(1))
-    completion = await sdk.completions.create(model="tiny", prompt="Hello", echo=True)
+    completion = await sdk.completions.create(model="tiny-random", prompt="Hello", echo=True)
     assert completion.choices[0].text == "Hello world"
     pipeline.script(delta(" world", 0), done(1))
-    stream = await sdk.completions.create(model="tiny", prompt="Hello", echo=True, stream=True)
+    stream = await sdk.completions.create(
+        model="tiny-random", prompt="Hello", echo=True, stream=True
+    )
     assert "".join([c.choices[0].text async for c in stream if c.choices]) == "Hello world"
 
 
@@ -211,7 +213,7 @@ async def test_a_streamed_completion_sends_text_completion_chunks_then_usage_the
         "/v1/completions",
         headers=ALICE,
         json={
-            "model": "tiny",
+            "model": "tiny-random",
             "prompt": "Say",
             "stream": True,
             "stream_options": {"include_usage": True},
@@ -235,7 +237,7 @@ async def test_a_retracted_completion_ends_content_filter_with_the_replacement(s
         Retract(request_id="-", seq=1, message_id="m", reason="policy", replacement="[removed]"),
         done(2),
     )
-    completion = await sdk.completions.create(model="tiny", prompt="x")
+    completion = await sdk.completions.create(model="tiny-random", prompt="x")
     assert completion.choices[0].text == "[removed]"
     assert completion.choices[0].finish_reason == "content_filter"
 
@@ -243,14 +245,14 @@ async def test_a_retracted_completion_ends_content_filter_with_the_replacement(s
 @pytest.mark.parametrize("stream", [True, False])
 async def test_a_client_that_goes_cancels_its_completion(app, pipeline, stream):
     pipeline.script(delta("partial", 0), hold=True)
-    body = {"model": "tiny", "prompt": "hi", "stream": stream}
+    body = {"model": "tiny-random", "prompt": "hi", "stream": stream}
     await disconnect_after_hold(app, pipeline, "/v1/completions", body)
     assert pipeline.cancelled == [(pipeline.submitted[0].request_id, "client_disconnected")]
     assert pipeline.streams[0].closed
 
 
 def test_a_completion_is_never_answered_from_the_response_cache(settings):
-    body = CompletionRequest(model="tiny", prompt="p", temperature=0)
+    body = CompletionRequest(model="tiny-random", prompt="p", temperature=0)
     request = to_generation_request(body, OWNER, gateway_config(settings), "r")
     assert refusal(request) == "other_input"
 
@@ -265,7 +267,7 @@ def test_a_completion_is_never_answered_from_the_response_cache(settings):
     ],
 )
 async def test_fields_chatpipe_cannot_honour_are_400_naming_them(client, pipeline, field, value):
-    body = {"model": "tiny", "prompt": "x", field: value}
+    body = {"model": "tiny-random", "prompt": "x", field: value}
     if field == "logprobs":
         body["echo"] = True  # the prompt's log probabilities are not returned
     response = await client.post("/v1/completions", headers=ALICE, json=body)
@@ -290,7 +292,7 @@ LOGGED = [logged("Hel", 0, ("H", -0.5), ("el", -1.0)), logged("lo", 1, ("lo", -0
 
 async def test_a_completions_logprobs_come_in_openais_legacy_shape(sdk, pipeline):
     pipeline.script(*LOGGED, done(2))
-    whole = await sdk.completions.create(model="tiny", prompt="x", logprobs=1)
+    whole = await sdk.completions.create(model="tiny-random", prompt="x", logprobs=1)
     assert pipeline.submitted[0].sampling.logprobs == 1
     logprobs = whole.choices[0].logprobs
     assert logprobs.tokens == ["H", "el", "lo"] and whole.choices[0].text == "Hello"
@@ -299,7 +301,7 @@ async def test_a_completions_logprobs_come_in_openais_legacy_shape(sdk, pipeline
     assert logprobs.text_offset == [0, 1, 3]
 
     pipeline.script(*LOGGED, done(2))
-    stream = await sdk.completions.create(model="tiny", prompt="x", logprobs=1, stream=True)
+    stream = await sdk.completions.create(model="tiny-random", prompt="x", logprobs=1, stream=True)
     chunks = [chunk.choices[0] async for chunk in stream if chunk.choices]
     shown = [c.logprobs for c in chunks if c.logprobs is not None]  # deltas may come joined
     assert [t for lp in shown for t in lp.tokens] == logprobs.tokens
@@ -309,7 +311,7 @@ async def test_a_completions_logprobs_come_in_openais_legacy_shape(sdk, pipeline
 
 async def test_a_completion_without_logprobs_has_none(sdk, pipeline):
     pipeline.script(*LOGGED, done(2))
-    whole = await sdk.completions.create(model="tiny", prompt="x")
+    whole = await sdk.completions.create(model="tiny-random", prompt="x")
     assert whole.choices[0].logprobs is None and pipeline.submitted[0].sampling.logprobs is None
 
 
@@ -319,7 +321,7 @@ async def test_their_defaults_are_taken(client, pipeline):
         "/v1/completions",
         headers=ALICE,
         json={
-            "model": "tiny",
+            "model": "tiny-random",
             "prompt": "x",
             "n": 1,
             "best_of": 1,
@@ -334,7 +336,7 @@ async def test_their_defaults_are_taken(client, pipeline):
 async def test_sampling_parameters_pass_to_the_engine_as_a_chat_completions_do(sdk, pipeline):
     pipeline.script(delta("x", 0), done(1))
     await sdk.completions.create(
-        model="tiny",
+        model="tiny-random",
         prompt="x",
         presence_penalty=0.5,
         frequency_penalty=-1.0,
@@ -374,7 +376,9 @@ async def test_sampling_parameters_pass_to_the_engine_as_a_chat_completions_do(s
 async def test_bad_completions_are_refused_with_a_json_error_naming_the_field(
     client, pipeline, body, status, code, param
 ):
-    response = await client.post("/v1/completions", headers=ALICE, json={"model": "tiny", **body})
+    response = await client.post(
+        "/v1/completions", headers=ALICE, json={"model": "tiny-random", **body}
+    )
     assert assert_error(response, status, code)["param"] == param
     assert pipeline.submitted == []
 
@@ -389,7 +393,7 @@ def test_a_prompt_is_one_string():
 
 def test_a_completion_is_a_fresh_unstored_request_of_its_owner(settings):
     config = gateway_config(settings)
-    body = CompletionRequest(model="tiny", prompt="p", ignore_eos=True)
+    body = CompletionRequest(model="tiny-random", prompt="p", ignore_eos=True)
     request = to_generation_request(body, OWNER, config, "chat.deliver.gw")
     other = to_generation_request(body, OWNER, config, "chat.deliver.gw")
     assert request.conversation_id != other.conversation_id
@@ -401,9 +405,9 @@ def test_a_completion_is_a_fresh_unstored_request_of_its_owner(settings):
 
 def test_the_sim_engine_answers_a_prompt_as_it_would_a_message():
     request = to_generation_request(
-        CompletionRequest(model="tiny", prompt="a b [[sim:reply=hi there]]"),
+        CompletionRequest(model="tiny-random", prompt="a b [[sim:reply=hi there]]"),
         OWNER,
-        gateway_config(Settings(model_name="tiny")),
+        gateway_config(Settings(model_name="tiny-random")),
         "r",
     )
     assert "".join(plan_reply(request).tokens) == "hi there"
@@ -418,9 +422,9 @@ def test_the_engine_tokenizes_a_prompt_as_it_is(tiny_model_dir):
     tokenizer = AutoTokenizer.from_pretrained(str(tiny_model_dir))
     text = f"{tokenizer.eos_token}plain text, no template"
     request = to_generation_request(
-        CompletionRequest(model="tiny", prompt=text),
+        CompletionRequest(model="tiny-random", prompt=text),
         OWNER,
-        gateway_config(Settings(model_name="tiny")),
+        gateway_config(Settings(model_name="tiny-random")),
         "r",
     )
     engine = SimpleNamespace(_tokenizer=tokenizer)
@@ -445,11 +449,11 @@ async def test_completions_are_charged_to_the_rate_limits(settings, store, pipel
     async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
         pipeline.script(delta("x", 0), done(1))
         first = await client.post(
-            "/v1/completions", headers=ALICE, json={"model": "tiny", "prompt": "x"}
+            "/v1/completions", headers=ALICE, json={"model": "tiny-random", "prompt": "x"}
         )
         assert first.status_code == 200
         second = await client.post(
-            "/v1/completions", headers=ALICE, json={"model": "tiny", "prompt": "x"}
+            "/v1/completions", headers=ALICE, json={"model": "tiny-random", "prompt": "x"}
         )
         assert_error(second, 429, "rate_limited")
     assert len(pipeline.submitted) == 1
@@ -499,7 +503,10 @@ async def test_the_sdks_default_base64_decodes_to_the_floats(sdk):
 
 async def test_the_models_list_names_the_embedding_model_and_each_models_kind(sdk):
     models = (await sdk.models.list()).data
-    assert [(m.id, m.kind) for m in models] == [("tiny", "chat"), (BUNDLED_MODEL, "embedding")]
+    assert [(m.id, m.kind) for m in models] == [
+        ("tiny-random", "chat"),
+        (BUNDLED_MODEL, "embedding"),
+    ]
     started = {m.created for m in models}
     assert len(started) == 1 and abs(started.pop() - time.time()) < 600
     assert [m.created for m in (await sdk.models.list()).data] == [m.created for m in models]
@@ -507,7 +514,7 @@ async def test_the_models_list_names_the_embedding_model_and_each_models_kind(sd
 
 async def test_a_model_is_retrieved_by_its_id(sdk):
     listed = {m.id: m for m in (await sdk.models.list()).data}
-    for model in ("tiny", BUNDLED_MODEL):
+    for model in ("tiny-random", BUNDLED_MODEL):
         assert await sdk.models.retrieve(model) == listed[model]
 
 
@@ -537,7 +544,7 @@ async def test_an_unknown_model_is_not_found_naming_it(client):
         ({"input": "x", "dimensions": 8}, 400, "unsupported_dimensions", "dimensions"),
         ({"input": "x", "encoding_format": "int8"}, 422, "invalid_request", "encoding_format"),
         ({"input": "x", "truncate": True}, 400, "unknown_parameter", "truncate"),
-        ({"input": "x", "model": "tiny"}, 404, "model_not_found", "model"),
+        ({"input": "x", "model": "tiny-random"}, 404, "model_not_found", "model"),
     ],
 )
 async def test_bad_embedding_requests_are_refused_with_a_json_error(

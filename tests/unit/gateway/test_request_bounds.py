@@ -31,10 +31,10 @@ BIG = 10**30
 CHAT = "/v1/chat/completions"
 TEXT = "/v1/completions"
 BODIES: dict[str, dict[str, Any]] = {
-    CHAT: {"model": "tiny", "messages": [{"role": "user", "content": "hi"}]},
-    TEXT: {"model": "tiny", "prompt": "hi"},
-    "/v1/embeddings": {"model": "tiny", "input": "hi"},
-    "/v1/responses": {"model": "tiny", "input": "hi"},
+    CHAT: {"model": "tiny-random", "messages": [{"role": "user", "content": "hi"}]},
+    TEXT: {"model": "tiny-random", "prompt": "hi"},
+    "/v1/embeddings": {"model": "tiny-random", "input": "hi"},
+    "/v1/responses": {"model": "tiny-random", "input": "hi"},
 }
 
 
@@ -386,7 +386,7 @@ LONG_NUMBER = "9" * 5000
 @pytest.mark.parametrize(
     ("body", "says"),
     [
-        (f'{{"model":"tiny","messages":[{{"role":"user","content":{NESTED}}}]}}', "deeper"),
+        (f'{{"model":"tiny-random","messages":[{{"role":"user","content":{NESTED}}}]}}', "deeper"),
         (_json(BODIES[CHAT])[:-1] + f',"top_k":{LONG_NUMBER}}}', "number"),
     ],
     ids=["10000-nested-arrays", "5000-digit-integer"],
@@ -400,7 +400,7 @@ async def test_a_body_the_parser_gives_up_on_is_400_invalid_json(client, pipelin
 async def test_a_body_that_is_not_utf8_is_400_invalid_json(client):
     response = await client.post(
         CHAT,
-        content=b'{"model":"tiny","messages":[{"role":"user","content":"\xff\xfe"}]}',
+        content=b'{"model":"tiny-random","messages":[{"role":"user","content":"\xff\xfe"}]}',
         headers={**ALICE, "Content-Type": "application/json"},
     )
     assert "UTF-8" in assert_error(response, 400, "invalid_json")["message"]

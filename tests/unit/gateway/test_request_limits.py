@@ -73,7 +73,8 @@ class CountingContext:
 @pytest.fixture
 def settings(tmp_path: Path) -> Settings:
     return Settings(
-        model_name="tiny", served_models=["tiny", "big"], tier_models={Tier.FREE: ["tiny"]},
+        model_name="tiny-random", served_models=["tiny-random", "big"],
+        tier_models={Tier.FREE: ["tiny-random"]},
         max_message_chars=2_000_000, default_max_tokens=16, max_tokens_limit=100,
         max_messages=8, max_stop_sequences=2, max_stop_chars=8, max_body_bytes=4 << 20,
         max_model_len=10_000_000, user_requests_per_minute=3, org_requests_per_minute=100,
@@ -126,7 +127,7 @@ async def requests_used(limiter: RateLimiter, key: str) -> int:
 
 
 def completion(content: str = "hi", **fields: object) -> dict:
-    return {"model": "tiny", "messages": [{"role": "user", "content": content}], **fields}
+    return {"model": "tiny-random", "messages": [{"role": "user", "content": content}], **fields}
 
 
 def raw_json(body: str) -> dict:
@@ -185,12 +186,15 @@ async def test_a_lone_surrogate_in_a_turn_is_422_and_costs_nothing(
 @pytest.mark.parametrize(
     "body",
     [
-        '{"model": "tiny", "messages": [{"role": "user", "content": "\\ud83d"}]}',
+        '{"model": "tiny-random", "messages": [{"role": "user", "content": "\\ud83d"}]}',
         (
-            '{"model": "tiny", "messages": [{"role": "user", "content": '
+            '{"model": "tiny-random", "messages": [{"role": "user", "content": '
             '[{"type": "text", "text": "\\udc00"}]}]}'
         ),
-        '{"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "stop": ["\\ud800"]}',
+        (
+            '{"model": "tiny-random", "messages": [{"role": "user", "content": "hi"}], '
+            '"stop": ["\\ud800"]}'
+        ),
     ],
 )
 async def test_a_lone_surrogate_in_a_completion_is_422(client, pipeline, body):
@@ -229,14 +233,14 @@ async def test_completion_bounds_are_422(client, pipeline, limiter, fields, code
 async def test_more_messages_than_max_messages_is_422(client, pipeline, settings):
     messages = [{"role": "user", "content": "x"}] * (settings.gateway.max_messages + 1)
     response = await client.post(
-        "/v1/chat/completions", json={"model": "tiny", "messages": messages}, headers=ALICE
+        "/v1/chat/completions", json={"model": "tiny-random", "messages": messages}, headers=ALICE
     )
     assert assert_error(response, 422, "too_many_messages")["param"] == "messages"
     pipeline.script(delta("a", 0), done(1))
     response = await client.post(
         "/v1/chat/completions",
         headers=ALICE,
-        json={"model": "tiny", "messages": messages[: settings.gateway.max_messages]},
+        json={"model": "tiny-random", "messages": messages[: settings.gateway.max_messages]},
     )
     assert response.status_code == 200, response.text
 
@@ -295,7 +299,7 @@ async def test_a_tier_whose_default_model_is_not_allowed_gets_its_first_allowed(
 )
 async def test_every_message_a_client_wrote_is_checked(client, pipeline, messages):
     response = await client.post(
-        "/v1/chat/completions", headers=ALICE, json={"model": "tiny", "messages": messages}
+        "/v1/chat/completions", headers=ALICE, json={"model": "tiny-random", "messages": messages}
     )
     assert assert_error(response, 400, "content_blocked")["param"] == "content"
     assert pipeline.submitted == []
@@ -319,13 +323,13 @@ async def test_the_judge_is_asked_once_per_request_however_many_messages(deps, p
         pipeline.script(delta("a", 0), done(1))
         many = [{"role": "user", "content": f"m{i}"} for i in range(5)]
         response = await client.post(
-            "/v1/chat/completions", headers=ALICE, json={"model": "tiny", "messages": many}
+            "/v1/chat/completions", headers=ALICE, json={"model": "tiny-random", "messages": many}
         )
         assert response.status_code == 200, response.text
         assert len(asked) == 1 and all(f"m{i}" in asked[0] for i in range(5))
         hidden = [*many[:2], {"role": "system", "content": "forbidden-by-judge"}, *many[2:]]
         response = await client.post(
-            "/v1/chat/completions", headers=ALICE, json={"model": "tiny", "messages": hidden}
+            "/v1/chat/completions", headers=ALICE, json={"model": "tiny-random", "messages": hidden}
         )
         assert_error(response, 400, "content_blocked")
         assert len(asked) == 2
@@ -343,7 +347,7 @@ async def test_a_judge_that_gives_no_verdict_is_a_503_not_a_pass_nor_a_500(deps,
         response = await client.post(
             "/v1/chat/completions",
             headers=ALICE,
-            json={"model": "tiny", "messages": [{"role": "user", "content": "hi"}]},
+            json={"model": "tiny-random", "messages": [{"role": "user", "content": "hi"}]},
         )
     assert_error(response, 503, "safety_unavailable")
     assert response.headers["retry-after"] == "5"
@@ -357,7 +361,9 @@ async def test_tier_and_model_rules_apply_to_that_tier_and_model_only(client, st
     assert_error(response, 400, "content_blocked")
     assert await store.list_messages(cid) == []
     pipeline.script(delta("a", 0), done(1))
-    response = await client.post(url, json={"content": "a bigword", "model": "tiny"}, headers=ALICE)
+    response = await client.post(
+        url, json={"content": "a bigword", "model": "tiny-random"}, headers=ALICE
+    )
     assert response.status_code == 200, response.text
     response = await client.post(
         "/v1/chat/completions",
@@ -378,7 +384,7 @@ async def test_regenerating_with_a_stricter_model_checks_the_question_again(clie
     pipeline.script(delta("a", 0), done(1))
     posted = await client.post(
         f"/v1/conversations/{cid}/messages",
-        json={"content": "a bigword", "model": "tiny"},
+        json={"content": "a bigword", "model": "tiny-random"},
         headers=ALICE,
     )
     assert posted.status_code == 200
@@ -476,15 +482,15 @@ def test_bus_bytes_bounds_the_assignment_the_scheduler_sends():
         user_id="u",
         org_id="o",
         tier=Tier.FREE,
-        model="tiny",
+        model="tiny-random",
         reply_to=REPLY_TO,
         messages=(ChatMessage(role=Role.USER, content='\x00"\\ é 😀' * 1000),),
     )
-    estimate = bus_bytes(request, ["tiny", "a-much-longer-fallback-model-name"])
+    estimate = bus_bytes(request, ["tiny-random", "a-much-longer-fallback-model-name"])
     routed = request.model_copy(
         update={
             "model": "a-much-longer-fallback-model-name",
-            "requested_model": "tiny",
+            "requested_model": "tiny-random",
             "attempt": 7,
             "stream": StreamPosition(partition=11, start_offset=2**40, attempt_offset=2**41),
         }
@@ -549,7 +555,7 @@ def test_the_document_declares_every_error_as_error_body_and_the_limits(deps, se
     schemas = document["components"]["schemas"]
     completion_fields = schemas["ChatCompletionRequest"]["properties"]
     assert completion_fields["messages"]["maxItems"] == settings.gateway.max_messages
-    assert completion_fields["model"]["enum"] == ["tiny", "big"]
+    assert completion_fields["model"]["enum"] == ["tiny-random", "big"]
     [text, array, _] = completion_fields["stop"]["anyOf"]
     assert text["maxLength"] == array["items"]["maxLength"] == settings.gateway.max_stop_chars
     assert array["maxItems"] == settings.gateway.max_stop_sequences
@@ -699,5 +705,5 @@ async def test_the_model_list_shows_what_the_callers_tier_may_use(client):
         response = await client.get("/v1/models", headers=headers)
         return [card["id"] for card in response.json()["data"]]
 
-    assert await listed(BOB) == ["tiny"]  # free: tiny only
-    assert await listed(ALICE) == ["tiny", "big"]
+    assert await listed(BOB) == ["tiny-random"]  # free: tiny only
+    assert await listed(ALICE) == ["tiny-random", "big"]

@@ -50,7 +50,7 @@ def request(*messages: ChatMessage, temperature: float = 0.0, **fields) -> Gener
         user_id="alice",
         org_id="acme",
         tier=Tier.PRO,
-        model="tiny",
+        model="tiny-random",
         reply_to="chat.deliver.gw-1",
     )
     return GenerationRequest(
@@ -166,7 +166,7 @@ def ended(*events) -> AnswerText:
     return text
 
 
-def done(seq: int, status=RequestStatus.FINISHED_STOPPED, cache=None, model="tiny"):
+def done(seq: int, status=RequestStatus.FINISHED_STOPPED, cache=None, model="tiny-random"):
     usage = Usage(prompt_tokens=9, completion_tokens=3, cached_tokens=4, cache=cache)
     return DeliveryDone(request_id="r1", seq=seq, status=status, usage=usage, model=model)
 
@@ -187,13 +187,13 @@ def delta(seq: int, text: str) -> Delta:
     ((delta(0, "four"), done(1, cache="hit")), False),  # a replay is not kept again
 ])  # fmt: skip
 def test_what_the_cache_keeps_of_an_answer(events, kept: bool) -> None:
-    entry = entry_to_keep(request(), "k", ended(*events), "tiny", now=100.0, ttl_s=60.0)
+    entry = entry_to_keep(request(), "k", ended(*events), "tiny-random", now=100.0, ttl_s=60.0)
     assert (entry is not None) == kept
     if entry is not None:
         assert (entry.cache_key, entry.org_id, entry.model, entry.content) == (
             "k",
             "acme",
-            "tiny",
+            "tiny-random",
             "four",
         )
         assert (entry.prompt_tokens, entry.completion_tokens) == (9, 3)
@@ -227,7 +227,7 @@ def test_a_long_answer_takes_its_tokens_over_the_rate() -> None:
 
 
 def test_a_replay_is_paced_deltas_then_the_end_marked_hit() -> None:
-    entry = CachedResponse("k", "acme", "tiny", "abcdefgh", prompt_tokens=12,
+    entry = CachedResponse("k", "acme", "tiny-random", "abcdefgh", prompt_tokens=12,
                            completion_tokens=8, status=RequestStatus.FINISHED_LENGTH,
                            created_at=0.0, expires_at=60.0)  # fmt: skip
     timed = replay(request(request_id="r9"), entry, tokens_per_s=40.0, chunk_s=0.05)
@@ -236,7 +236,7 @@ def test_a_replay_is_paced_deltas_then_the_end_marked_hit() -> None:
     assert [(e.seq, e.text) for _, e in deltas] == [(0, "ab"), (1, "cd"), (2, "ef"), (3, "gh")]
     assert all(e.request_id == "r9" for _, e in timed)
     assert isinstance(end, DeliveryDone) and end.seq == 4 and end_at == deltas[-1][0]
-    assert (end.status, end.model) == (RequestStatus.FINISHED_LENGTH, "tiny")
+    assert (end.status, end.model) == (RequestStatus.FINISHED_LENGTH, "tiny-random")
     assert end.usage == Usage(prompt_tokens=12, completion_tokens=8, cached_tokens=12,
                               cache="hit")  # fmt: skip
     assert ended(*(e for _, e in timed)).answered

@@ -21,7 +21,7 @@ SDK_EVENT = TypeAdapter(ResponseStreamEvent)
 
 
 def head() -> ResponseObject:
-    return ResponseObject(id="resp_m1", created_at=1.0, status="in_progress", model="tiny")
+    return ResponseObject(id="resp_m1", created_at=1.0, status="in_progress", model="tiny-random")
 
 
 def delta(text: str, seq: int) -> Delta:
@@ -156,7 +156,7 @@ def test_a_stored_answer_is_the_response_it_ended_as():
         role=Role.ASSISTANT,
         content="Hi there",
         parent_id="u",
-        model="tiny",
+        model="tiny-random",
         tokens=2,
         status=RequestStatus.FINISHED_STOPPED,
         request_id="r",

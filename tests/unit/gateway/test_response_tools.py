@@ -31,7 +31,7 @@ def request(**fields) -> ResponseRequest:
 def test_function_tools_and_the_tool_choice_become_the_chat_completions():
     completion = chat_completion(
         request(tools=[TOOL], tool_choice={"type": "function", "name": "get_weather"},
-                parallel_tool_calls=False), [], "tiny")  # fmt: skip
+                parallel_tool_calls=False), [], "tiny-random")  # fmt: skip
     [tool] = completion.tools or []
     assert (tool.function.name, tool.function.parameters, tool.function.strict) == (
         "get_weather", WEATHER, True)  # fmt: skip
@@ -59,7 +59,7 @@ def test_function_calls_join_their_answer_and_outputs_are_tool_messages():
     ]  # fmt: skip
     body = request(input=items, tools=[TOOL])
     assert body.runs_as_completion
-    messages = chat_completion(body, [], "tiny").messages
+    messages = chat_completion(body, [], "tiny-random").messages
     assert [(m.role, m.content, m.tool_call_id) for m in messages] == [
         ("user", "Weather in Paris and Rome?", None),
         ("assistant", "Looking.", None),
@@ -70,7 +70,7 @@ def test_function_calls_join_their_answer_and_outputs_are_tool_messages():
         ("call_1", '{"city": "Paris"}'),
         ("call_2", '{"city": "Rome"}'),
     ]
-    lone = chat_completion(request(input=items[2:3]), [], "tiny").messages
+    lone = chat_completion(request(input=items[2:3]), [], "tiny-random").messages
     assert [(m.role, m.content, len(m.tool_calls or ())) for m in lone] == [("assistant", None, 1)]
 
 
@@ -79,10 +79,12 @@ def test_a_json_text_format_is_the_chat_completions_response_format():
     text = {"format": {"type": "json_schema", "name": "count", "schema": schema, "strict": True}}
     body = request(text=text)
     assert body.runs_as_completion
-    completion = chat_completion(body, [], "tiny")
+    completion = chat_completion(body, [], "tiny-random")
     assert isinstance(completion.response_format, JsonSchemaResponseFormat)
     assert completion.json_format == {"json_schema": schema}
-    as_object = chat_completion(request(text={"format": {"type": "json_object"}}), [], "tiny")
+    as_object = chat_completion(
+        request(text={"format": {"type": "json_object"}}), [], "tiny-random"
+    )
     assert isinstance(as_object.response_format, JsonObjectFormat)
     assert (
         chat_completion(request(text={"format": {"type": "text"}}), [], "t").response_format is None
@@ -155,7 +157,7 @@ def test_a_chat_completions_refusal_names_the_responses_field(chat, responses):
 
 
 def head(**fields) -> ResponseObject:
-    return ResponseObject(id="resp_m1", created_at=1.0, status="in_progress", model="tiny",
+    return ResponseObject(id="resp_m1", created_at=1.0, status="in_progress", model="tiny-random",
                           tools=[TOOL], **fields)  # fmt: skip
 
 

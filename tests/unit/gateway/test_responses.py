@@ -40,7 +40,7 @@ async def bob(app) -> AsyncIterator[openai.AsyncOpenAI]:
 async def test_a_response_is_a_stored_turn_the_native_api_shows(alice, client, pipeline):
     pipeline.script(*HELLO)
     response = await alice.responses.create(
-        model="tiny", input="Hi there", instructions="Be brief.", max_output_tokens=8
+        model="tiny-random", input="Hi there", instructions="Be brief.", max_output_tokens=8
     )
     assert (response.status, response.output_text) == ("completed", "Hello")
     assert response.usage.output_tokens == 2 and response.max_output_tokens == 8
@@ -61,10 +61,10 @@ async def test_a_response_is_a_stored_turn_the_native_api_shows(alice, client, p
 
 async def test_previous_response_id_continues_its_conversation(alice, client, pipeline):
     pipeline.script(*HELLO)
-    first = await alice.responses.create(model="tiny", input="Hi there")
+    first = await alice.responses.create(model="tiny-random", input="Hi there")
     pipeline.script(delta("Again", 0), done(1))
     second = await alice.responses.create(
-        model="tiny", input="More please", previous_response_id=first.id
+        model="tiny-random", input="More please", previous_response_id=first.id
     )
     asked = [(m.role, m.content) for m in pipeline.submitted[1].messages if m.role != "system"]
     assert asked == [(Role.USER, "Hi there"), (Role.ASSISTANT, "Hello"), (Role.USER, "More please")]
@@ -79,7 +79,7 @@ async def test_previous_response_id_continues_its_conversation(alice, client, pi
 async def test_input_messages_before_the_last_are_stored_in_order(alice, client, pipeline):
     pipeline.script(*HELLO)
     response = await alice.responses.create(
-        model="tiny",
+        model="tiny-random",
         input=[
             {"role": "system", "content": "Talk like a pirate."},
             {"role": "user", "content": "Hi"},
@@ -103,7 +103,7 @@ async def test_input_messages_before_the_last_are_stored_in_order(alice, client,
 
 async def test_a_streamed_response_sends_the_typed_events(alice, pipeline):
     pipeline.script(*HELLO)
-    stream = await alice.responses.create(model="tiny", input="Hi", stream=True)
+    stream = await alice.responses.create(model="tiny-random", input="Hi", stream=True)
     events = [event async for event in stream]
     assert [e.type for e in events][:4] == [
         "response.created",
@@ -120,11 +120,11 @@ async def test_a_streamed_response_sends_the_typed_events(alice, pipeline):
 
 async def test_a_response_is_only_its_owners(alice, bob, pipeline):
     pipeline.script(*HELLO)
-    response = await alice.responses.create(model="tiny", input="Hi")
+    response = await alice.responses.create(model="tiny-random", input="Hi")
     for call in (
         bob.responses.retrieve(response.id),
         bob.responses.cancel(response.id),
-        bob.responses.create(model="tiny", input="x", previous_response_id=response.id),
+        bob.responses.create(model="tiny-random", input="x", previous_response_id=response.id),
     ):
         with pytest.raises(openai.NotFoundError) as refused:
             await call
@@ -135,10 +135,10 @@ async def test_a_response_is_only_its_owners(alice, bob, pipeline):
 
 async def test_an_unstored_response_is_not_retrievable_nor_stored(alice, client, pipeline):
     pipeline.script(*HELLO)
-    first = await alice.responses.create(model="tiny", input="Hi")
+    first = await alice.responses.create(model="tiny-random", input="Hi")
     pipeline.script(delta("Bye", 0), done(1))
     unstored = await alice.responses.create(
-        model="tiny", input="Then?", store=False, previous_response_id=first.id
+        model="tiny-random", input="Then?", store=False, previous_response_id=first.id
     )
     assert (unstored.output_text, unstored.store, unstored.conversation) == ("Bye", False, None)
     asked = [m.content for m in pipeline.submitted[1].messages]
@@ -153,7 +153,7 @@ async def test_an_unstored_response_is_not_retrievable_nor_stored(alice, client,
 
 async def test_a_background_response_runs_on_and_its_stream_resumes(alice, deps, pipeline):
     pipeline.script(*HELLO)
-    queued = await alice.responses.create(model="tiny", input="Hi", background=True)
+    queued = await alice.responses.create(model="tiny-random", input="Hi", background=True)
     assert (queued.status, queued.background) == ("queued", True)
     for _ in range(100):
         retrieved = await alice.responses.retrieve(queued.id)
@@ -176,7 +176,7 @@ async def test_a_background_response_runs_on_and_its_stream_resumes(alice, deps,
 
 async def test_a_background_response_can_be_cancelled(alice, store, pipeline):
     pipeline.script(delta("Hel", 0), hold=True)
-    queued = await alice.responses.create(model="tiny", input="Hi", background=True)
+    queued = await alice.responses.create(model="tiny-random", input="Hi", background=True)
     assert (await alice.responses.retrieve(queued.id)).status == "in_progress"
     cancelled = await alice.responses.cancel(queued.id)
     assert cancelled.status == "cancelled"
@@ -203,7 +203,7 @@ async def test_a_background_response_can_be_cancelled(alice, store, pipeline):
 ])  # fmt: skip
 async def test_fields_not_honoured_are_400_naming_them(client, pipeline, body, param, code):
     response = await client.post(
-        "/v1/responses", json={"model": "tiny", "input": "Hi", **body}, headers=ALICE
+        "/v1/responses", json={"model": "tiny-random", "input": "Hi", **body}, headers=ALICE
     )
     assert assert_error(response, 400, code)["param"] == param
     assert not pipeline.submitted
@@ -218,7 +218,7 @@ async def test_a_refused_reply_stores_nothing(client, pipeline):
         "/v1/responses",
         headers=ALICE,
         json={
-            "model": "tiny",
+            "model": "tiny-random",
             "input": [{"role": "user", "content": "x" * 51}, {"role": "user", "content": "Hi"}],
         },
     )

@@ -115,7 +115,7 @@ def request() -> GenerationRequest:
         user_id="alice",
         org_id="o",
         tier="pro",
-        model="tiny",
+        model="tiny-random",
         messages=(),
         reply_to=REPLY_TO,
     )

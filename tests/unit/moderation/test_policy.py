@@ -23,43 +23,45 @@ def config(output: dict[str, list[str]], **changes: object) -> PolicyConfig:
 
 def test_the_output_classifiers_of_a_tier_and_model_the_most_specific_key_winning() -> None:
     policy = build_policy(config({"*": ["rules"], "free": [], "free/big": ["rules"]}))
-    assert [c.name for c in policy.output_classifiers(Tier.PRO, "tiny")] == ["rules"]
-    assert policy.output_classifiers(Tier.FREE, "tiny") == []
+    assert [c.name for c in policy.output_classifiers(Tier.PRO, "tiny-random")] == ["rules"]
+    assert policy.output_classifiers(Tier.FREE, "tiny-random") == []
     assert [c.name for c in policy.output_classifiers(Tier.FREE, "big")] == ["rules"]
 
 
 def test_the_output_policy_differs_exactly_where_the_output_check_does() -> None:
     free_only = build_policy(config({"free": ["rules"]}))
-    free = free_only.output_policy(Tier.FREE, "tiny")
-    unchecked = free_only.output_policy(Tier.PRO, "tiny")
+    free = free_only.output_policy(Tier.FREE, "tiny-random")
+    unchecked = free_only.output_policy(Tier.PRO, "tiny-random")
     assert len(free) == 64 and free != unchecked
-    assert free_only.output_policy(Tier.ENTERPRISE, "tiny") == unchecked  # none: alike
+    assert free_only.output_policy(Tier.ENTERPRISE, "tiny-random") == unchecked  # none: alike
     assert free_only.output_policy(Tier.FREE, "big") == free  # per tier: any model
 
     per_model = build_policy(config({"free/big": ["rules"]}))
     assert per_model.output_policy(Tier.FREE, "big") == free
-    assert per_model.output_policy(Tier.FREE, "tiny") == unchecked
+    assert per_model.output_policy(Tier.FREE, "tiny-random") == unchecked
 
     everyone = build_policy(config({"*": ["rules"], "pro": ["rules"]}))
-    assert everyone.output_policy(Tier.PRO, "tiny") == free, "the same check, the same policy"
-    assert everyone.output_policy(Tier.FREE, "tiny") == free
+    assert everyone.output_policy(Tier.PRO, "tiny-random") == free, (
+        "the same check, the same policy"
+    )
+    assert everyone.output_policy(Tier.FREE, "tiny-random") == free
     # made again (another gateway, a restart): the same digest, for the store they share
-    assert build_policy(config({"free": ["rules"]})).output_policy(Tier.FREE, "tiny") == free
+    assert build_policy(config({"free": ["rules"]})).output_policy(Tier.FREE, "tiny-random") == free
 
 
 def test_a_changed_setting_of_a_classifier_changes_the_output_policy() -> None:
-    base = build_policy(config({"*": ["rules"]})).output_policy(Tier.PRO, "tiny")
+    base = build_policy(config({"*": ["rules"]})).output_policy(Tier.PRO, "tiny-random")
     changed = [
         config({"*": ["rules"]}, output_pii=["email", "phone"]),
         config({"*": ["rules"]}, output_pii=[]),
         config({"*": ["rules"]}, rule_categories={"weapons": [r"\bbombs?\b"]}),
         config({"*": ["rules"]}, rule_categories={**CATEGORIES, "violence": [r"\bkill\b"]}),
     ]
-    digests = {build_policy(c).output_policy(Tier.PRO, "tiny") for c in changed}
+    digests = {build_policy(c).output_policy(Tier.PRO, "tiny-random") for c in changed}
     assert base not in digests and len(digests) == len(changed)
     # the input check's settings are not the output policy's
     same = build_policy(config({"*": ["rules"]}, input_pii=["card"], input_classifiers={}))
-    assert same.output_policy(Tier.PRO, "tiny") == base
+    assert same.output_policy(Tier.PRO, "tiny-random") == base
 
 
 class Embedder:
@@ -77,7 +79,7 @@ def test_the_embedding_classifiers_model_exemplars_and_threshold_are_its_policy(
         embedding = EmbeddingClassifier(Embedder(), exemplars or {"violence": ["hurt"]},
                                         threshold)  # fmt: skip
         made = SafetyPolicy(output={"*": [*classifiers, embedding]})
-        return made.output_policy(Tier.PRO, "tiny")
+        return made.output_policy(Tier.PRO, "tiny-random")
 
     base = policy()
     assert policy() == base

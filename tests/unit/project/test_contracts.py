@@ -237,7 +237,8 @@ def test_channels_are_the_topics_and_messages_point_at_the_committed_schemas(doc
         for name, message in channel["messages"].items():
             ref = message["payload"]["schema"]["$ref"]
             schema = json.loads((CONTRACTS / ref).read_text())
-            assert schema["title"] == name and ref == f"events/{name}.v1.json"
+            version = schema["properties"]["schema_version"]["default"]
+            assert schema["title"] == name and ref == f"events/{name}.v{version}.json"
             assert (
                 message["headers"]["properties"]["event-type"]["const"]
                 == schema["properties"]["type"]["const"]
@@ -318,7 +319,7 @@ def _samples() -> list[Event]:
         user_id="u1",
         org_id="o1",
         tier=topics.Tier.PRO,
-        model="tiny",
+        model="tiny-random",
         reply_to="chat.deliver.gw",
         messages=(events.ChatMessage(role=events.Role.USER, content="hi"),),
         stream=events.StreamPosition(partition=1, start_offset=3, attempt_offset=3),
@@ -340,7 +341,7 @@ def _samples() -> list[Event]:
         ),
         events.WorkerHeartbeat(
             worker_id="w1",
-            model="tiny",
+            model="tiny-random",
             partitions=(0, 1),
             max_slots=4,
             consumed={0: 12},
@@ -357,7 +358,7 @@ def _samples() -> list[Event]:
             user_id="u1",
             org_id="o1",
             tier=topics.Tier.PRO,
-            model="tiny",
+            model="tiny-random",
             worker_id="w1",
             status=RequestStatus.FINISHED_STOPPED,
             prompt_tokens=3,

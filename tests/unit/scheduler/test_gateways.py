@@ -14,7 +14,7 @@ def request(rid: str, reply_to: str = "chat.deliver.g1") -> GenerationRequest:
         user_id="u",
         org_id="o",
         tier="free",
-        model="tiny",
+        model="tiny-random",
         messages=(),
         reply_to=reply_to,
     )

@@ -19,7 +19,11 @@ from schemas.events import (
 from schemas.lifecycle import RequestStatus
 
 BASE = dict(
-    request_id="r", conversation_id="c", message_id="m", model="tiny", reply_to="chat.deliver.g"
+    request_id="r",
+    conversation_id="c",
+    message_id="m",
+    model="tiny-random",
+    reply_to="chat.deliver.g",
 )
 
 

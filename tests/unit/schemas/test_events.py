@@ -51,7 +51,7 @@ REQUEST = GenerationRequest(
     user_id="u",
     org_id="o",
     tier=Tier.PRO,
-    model="tiny",
+    model="tiny-random",
     messages=(
         ChatMessage(role=Role.SYSTEM, content="be nice"),
         ChatMessage(role=Role.USER, content="héllo ✓"),
@@ -65,7 +65,7 @@ STREAM = dict(
     seq=1,
     conversation_id="c1",
     message_id="m1",
-    model="tiny",
+    model="tiny-random",
     reply_to="chat.deliver.gw1",
 )
 
@@ -76,7 +76,7 @@ CASES = [
         WorkerHeartbeat,
         WorkerHeartbeat(
             worker_id="w",
-            model="tiny",
+            model="tiny-random",
             partitions=(0, 3),
             max_slots=4,
             active=("r1",),
@@ -114,7 +114,7 @@ CASES = [
             user_id="u",
             org_id="o",
             tier=Tier.FREE,
-            model="tiny",
+            model="tiny-random",
             worker_id="w",
             status=RequestStatus.FINISHED_ABORTED,
             prompt_tokens=1,
@@ -139,7 +139,7 @@ CASES = [
 @pytest.mark.parametrize("kind,event", CASES, ids=lambda v: type(v).__name__)
 def test_round_trip(kind, event):
     assert decode(kind, encode(event)) == event
-    assert dict(headers(event))["schema-version"] == b"1"
+    assert dict(headers(event))["schema-version"] == str(event.schema_version).encode()
 
 
 def test_event_type_header_names_the_event():

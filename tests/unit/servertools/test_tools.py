@@ -261,7 +261,7 @@ def first_round(max_rounds: int = 2, choice: str = "function") -> GenerationRequ
         user_id="u",
         org_id="o",
         tier="pro",
-        model="tiny",
+        model="tiny-random",
         reply_to="chat.deliver.gw",
         messages=(ChatMessage(role=Role.USER, content="what is 6*7?"),),
         tool_use=ToolUse(

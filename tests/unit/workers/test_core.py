@@ -49,7 +49,7 @@ def make_request(request_id: str = "r", attempt: int = 0) -> GenerationRequest:
         user_id="u",
         org_id="o",
         tier="pro",
-        model="tiny",
+        model="tiny-random",
         requested_model="big",
         messages=(ChatMessage(role=Role.USER, content="hi"),),
         reply_to="chat.deliver.gw",
@@ -179,7 +179,7 @@ def test_an_attempt_stopped_without_being_handed_back_is_not_done_here():
 
 
 def beat_of(worker: WorkerBook):
-    return worker.heartbeat("tiny", 8, EngineStats(running=1, waiting=0), 1, {0: 9})
+    return worker.heartbeat("tiny-random", 8, EngineStats(running=1, waiting=0), 1, {0: 9})
 
 
 def test_a_preempted_request_is_listed_running_until_its_stream_is_released():
@@ -237,7 +237,7 @@ def test_the_heartbeat_reports_what_runs_and_what_was_handed_back():
     worker.hand_back("b")
     worker.stopping = True
     beat = worker.heartbeat(
-        "tiny",
+        "tiny-random",
         8,
         EngineStats(running=2, waiting=1, free_kv_blocks=40),
         peak_running=5,
@@ -246,7 +246,7 @@ def test_the_heartbeat_reports_what_runs_and_what_was_handed_back():
     assert (beat.worker_id, beat.incarnation, beat.model, beat.partitions) == (
         "w1",
         "inc-1",
-        "tiny",
+        "tiny-random",
         (0, 2),
     )
     assert (beat.max_slots, beat.running, beat.waiting, beat.free_kv_blocks, beat.peak_running) == (
@@ -372,7 +372,7 @@ def test_the_usage_of_a_whole_attempt():
         usage.model,
         usage.requested_model,
         usage.worker_id,
-    ) == ("r", 0, "u", "o", "pro", "tiny", "big", "w1")
+    ) == ("r", 0, "u", "o", "pro", "tiny-random", "big", "w1")
     assert (
         usage.status,
         usage.prompt_tokens,

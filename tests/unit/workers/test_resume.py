@@ -4,7 +4,7 @@ from schemas.events import AttemptStarted, GenerationDone, TokenChunk, Usage
 from schemas.lifecycle import RequestStatus
 from workers.core import assemble
 
-BASE = dict(conversation_id="c", message_id="m", model="tiny", reply_to="chat.deliver.g")
+BASE = dict(conversation_id="c", message_id="m", model="tiny-random", reply_to="chat.deliver.g")
 
 
 def chunk(seq: int, text: str, attempt: int = 0, request_id: str = "r") -> TokenChunk:

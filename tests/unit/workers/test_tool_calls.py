@@ -53,7 +53,7 @@ USER = {"role": "user", "content": "weather?"}
 
 def completion(**fields) -> ChatCompletionRequest:
     return ChatCompletionRequest.model_validate(
-        {"model": "tiny", "messages": [USER], "tools": TOOLS, **fields}
+        {"model": "tiny-random", "messages": [USER], "tools": TOOLS, **fields}
     )
 
 

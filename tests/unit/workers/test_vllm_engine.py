@@ -32,13 +32,13 @@ MODEL = Path("/models/tiny")
 
 
 def resolve(vllm_args: dict[str, object], on_cpu: bool = False) -> dict[str, object]:
-    return resolve_engine_args(MODEL, "tiny", vllm_args, on_cpu=on_cpu, known=FIELDS)
+    return resolve_engine_args(MODEL, "tiny-random", vllm_args, on_cpu=on_cpu, known=FIELDS)
 
 
 def test_without_overrides_only_the_model_and_chatpipes_needs_are_set() -> None:
     assert resolve({}) == {
         "model": "/models/tiny",
-        "served_model_name": ["tiny"],
+        "served_model_name": ["tiny-random"],
         "scheduling_policy": "priority",
         "disable_log_stats": True,
         "structured_outputs_config": {
@@ -111,12 +111,12 @@ def test_the_names_checked_are_those_of_vllms_async_engine_args() -> None:
     pytest.importorskip("vllm", reason="vLLM is not installed")
     from vllm.engine.arg_utils import AsyncEngineArgs
 
-    engine = VllmEngine(MODEL, "tiny", {"max_num_seqs": 5, "enforce_eager": True})
+    engine = VllmEngine(MODEL, "tiny-random", {"max_num_seqs": 5, "enforce_eager": True})
     args = engine.engine_args()
     AsyncEngineArgs(**engine_arg_values(args))  # every field exists
     assert args["max_num_seqs"] == 5
     with pytest.raises(ValueError, match="'max_num_sequences' is not an AsyncEngineArgs"):
-        VllmEngine(MODEL, "tiny", {"max_num_sequences": 5})
+        VllmEngine(MODEL, "tiny-random", {"max_num_sequences": 5})
 
 
 def test_a_config_given_as_json_becomes_vllms_config_class() -> None:
@@ -136,7 +136,7 @@ def test_a_config_given_as_json_becomes_vllms_config_class() -> None:
 
 def test_slots_are_unknown_until_the_engine_has_started() -> None:
     pytest.importorskip("vllm", reason="vLLM is not installed")
-    engine = VllmEngine(MODEL, "tiny", {})
+    engine = VllmEngine(MODEL, "tiny-random", {})
     with pytest.raises(RuntimeError, match="once the engine has started"):
         _ = engine.max_slots
 

@@ -35,7 +35,7 @@ def request(use: ToolUse | None) -> GenerationRequest:
         user_id="u",
         org_id="o",
         tier="pro",
-        model="tiny",
+        model="tiny-random",
         messages=(ChatMessage(role=Role.USER, content="hi"),),
         reply_to="chat.deliver.gw",
         tool_use=use,
@@ -46,7 +46,7 @@ def request(use: ToolUse | None) -> GenerationRequest:
 def reader(tiny_model_dir: Path) -> ToolReader:
     from transformers import AutoTokenizer
 
-    return ToolReader(AutoTokenizer.from_pretrained(tiny_model_dir), "hermes", "tiny")
+    return ToolReader(AutoTokenizer.from_pretrained(tiny_model_dir), "hermes", "tiny-random")
 
 
 def test_a_named_choice_is_held_to_the_functions_parameters():
