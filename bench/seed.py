@@ -270,7 +270,8 @@ async def run(
     lock: Path | None = None,
 ) -> SeedRun:
     started = time.monotonic()
-    result = SeedRun(command, machine(), work, str(cfg.model), cfg.model_name)
+    shown = str(cfg.model).replace(str(Path.home()), "~", 1)
+    result = SeedRun(command, machine(), work, shown, cfg.model_name)
     logs = Path(tempfile.mkdtemp(prefix="chatpipe-seed-"))
     log.info("logs in %s", logs)
     for placement in placements:
