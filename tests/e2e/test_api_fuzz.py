@@ -118,9 +118,9 @@ checks.positive_data_acceptance.expected-statuses = [
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def fuzz_stack(tiny_model_dir, tmp_path_factory) -> AsyncIterator[Stack]:
     """A stack of its own: no rate limits (a fuzzer's burst is not what they are for), a
-    fast sim engine, docs served, and request limits that fit the tiny model's 2,048-token
+    fast sim engine, docs served, and request limits that fit the tiny model's 4,096-token
     window — every request the document allows fits (the defaults allow a 32,000-character
-    message, which a 2,048-token model refuses with a documented 413 `context_too_long`: a
+    message, which a 4,096-token model refuses with a documented 413 `context_too_long`: a
     window in tokens is not something a JSON schema can say)."""
     settings = stack_settings(
         tmp_path_factory.mktemp("fuzz-stack"),
