@@ -3,9 +3,9 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 # The default model (SmolLM2-135M-Instruct, built from its PyPI wheel) and the tiny
-# random-weight one the tests' fast engines serve.
-MODEL_DIR ?= $(HOME)/.cache/chatpipe/smollm2-135m-instruct
-TINY_MODEL_DIR ?= $(HOME)/.cache/chatpipe/tiny-random
+# random-weight one the tests' fast engines serve, where chatpipe looks for them.
+MODEL_DIR := $(HOME)/.cache/chatpipe/smollm2-135m-instruct
+TINY_MODEL_DIR := $(HOME)/.cache/chatpipe/tiny-random
 # The browser tests drive Debian's Chromium with Playwright (its own browser downloads
 # are not reachable everywhere).
 CHROMIUM := /usr/bin/chromium
@@ -34,7 +34,8 @@ $(CHROMIUM):
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; \
 	else echo "no apt-get: install Chromium at $(CHROMIUM) or the browser tests are skipped"; fi
 
-# The browser is for the tests only: `make run` needs the venv and the model.
+# The browser is for the tests only: `make run` needs the venv and the default model
+# (`chatpipe up` serves CHATPIPE_MODEL instead where it is set).
 run: $(VENV)/.installed
 	$(BIN)/chatpipe make-model --out $(MODEL_DIR)
 	$(BIN)/chatpipe up

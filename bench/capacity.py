@@ -39,6 +39,7 @@ from bench.processes import (
 from bench.sse_client import StreamRecord, Target, chat_body, stream_chat
 from chatpipe import cli
 from chatpipe.settings import SETTINGS
+from chatpipe.tiny_model import TINY_MODEL_DIR
 
 log = logging.getLogger("bench")
 
@@ -145,7 +146,7 @@ async def capacity(
         for stage in STAGES:
             wrapper = _profiled(profiler, profile_dir, stage)
             stages.append(start_stage(stage, {**env, "CHATPIPE_PORT": str(port)}, log_dir, wrapper))
-        target = Target("chatpipe-sim", port, API_KEY, "tiny-random")
+        target = Target("chatpipe-sim", port, API_KEY, TINY_MODEL_DIR.name)
         await wait_until(lambda: http_ok(port, "/healthz"), stages[-1], 240, "/healthz")
         await _first_answer(target, stages[-1])
         run = CapacityRun(plan)

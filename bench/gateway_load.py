@@ -25,6 +25,7 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.producer.message_accumulator import BatchBuilder
 
 from bench.sse_client import StreamRecord
+from chatpipe.tiny_model import TINY_MODEL_DIR
 
 API_KEY = "bench-key"
 TICK_S = 0.02
@@ -206,7 +207,7 @@ async def read(
     per-stream results and merged histograms to `out` (JSON)."""
     from bench.sse_client import Target, native_turn
 
-    target = Target("gateway", port, API_KEY, "tiny-random")
+    target = Target("gateway", port, API_KEY, TINY_MODEL_DIR.name)
     loop = asyncio.get_running_loop()
     offset = time.time() - loop.time()
 

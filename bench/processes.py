@@ -300,10 +300,13 @@ lifts them."""
 def chatpipe_env(
     api_key: str, work_dir: Path, bootstrap: str, **settings: object
 ) -> dict[str, str]:
-    """Environment of a chatpipe process on the benchmark's broker (limits lifted)."""
+    """Environment of a chatpipe process on the benchmark's broker (limits lifted),
+    serving the tiny model unless `settings` name another."""
     from chatpipe.settings import SETTINGS
+    from chatpipe.tiny_model import TINY_MODEL_DIR
 
     env = {
+        "CHATPIPE_MODEL": str(TINY_MODEL_DIR),
         "KAFKA_BOOTSTRAP_SERVERS": bootstrap,
         "CHATPIPE_DEV_API_KEY": api_key,
         # A gateway run alone refuses to start without one (chatpipe up would make one).

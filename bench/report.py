@@ -137,7 +137,7 @@ def _engine(run: BenchRun) -> str:
     e, w = run.engine, run.workload
     lines = [
         "## Sides, engine and workload\n",
-        f"- model `{e.model.name}` (tiny random-weight Llama), served as `{e.model_name}`",
+        f"- model `{e.model.name}`, served as `{e.model_name}`",
     ]
     lines += [
         f"- **{side.name}**: {_described(run, side.name)}"

@@ -322,8 +322,9 @@ def markdown(result: SeedRun) -> str:
         f"```sh\n{result.command}\n```\n",
         f"- model: `{result.model}`, served as `{result.model_name}`; vLLM's server as "
         "`vllm serve MODEL` runs it (chatpipe's KV cache size, as in the default "
-        "benchmark) against `chatpipe up` at its defaults; both apply the model's "
-        "sampling defaults (its `generation_config.json`) and take its own context length",
+        "benchmark) against `chatpipe up` at its defaults; both take the model's own "
+        "context length, and apply the sampling defaults of its `generation_config.json` "
+        "a request leaves unset (the client sets temperature 1 and top_p 1)",
         f"- workload: streaming `POST /v1/chat/completions`, {work.answer_tokens}-token "
         "answers (`ignore_eos`), one conversation per client, each turn carrying the whole "
         f"history (its answers included); turns per client: {turns}; every level warmed "

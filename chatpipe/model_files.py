@@ -11,6 +11,7 @@ command that builds the directory again.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import shutil
@@ -58,9 +59,16 @@ class ModelStamp:
         directory then counts as not built)."""
         try:
             data = json.loads((directory / STAMP_FILE).read_text())
-            return cls(data["name"], data["build"], data["rebuild"], data["files"])
+            stamp = cls(data["name"], data["build"], data["rebuild"], data["files"])
         except (OSError, ValueError, KeyError, TypeError):
             return None
+        files_ok = isinstance(stamp.files, dict) and all(
+            isinstance(file, dict)
+            and isinstance(file.get("size"), int)
+            and isinstance(file.get("sha256"), str)
+            for file in stamp.files.values()
+        )
+        return stamp if files_ok and isinstance(stamp.rebuild, str) else None
 
     @classmethod
     def of(cls, directory: Path, name: str, build: dict[str, Any], rebuild: str) -> ModelStamp:
@@ -77,46 +85,55 @@ class ModelStamp:
                  "files": self.files}  # fmt: skip
         (directory / STAMP_FILE).write_text(json.dumps(stamp, indent=2) + "\n")
 
+    def matches(self, directory: Path) -> bool:
+        """Every file the stamp lists is in `directory`, of its size and SHA-256."""
+        return all(
+            (directory / name).is_file()
+            and (directory / name).stat().st_size == file["size"]
+            and file_sha256(directory / name) == file["sha256"]
+            for name, file in self.files.items()
+        )
+
 
 def build_model_dir(out: Path, stamp: ModelStamp, write: Callable[[Path], None]) -> None:
     """Have `write(directory)` fill a model directory, stamp it and move it to `out`.
 
-    Does nothing when `out` already holds this build (`stamp.build`). Written in a
-    temporary sibling of `out` and moved into place, so a crash never leaves half a model
-    behind, and of two builds at once the later one's move wins whole."""
+    Does nothing when `out` already holds this build whole (`is_built`). Builds of one
+    `out` run one at a time (a lock file beside it), each in a temporary sibling moved
+    into place, so a crash leaves no half model where one is served; a sibling a killed
+    build left is removed by the next. Raises `ValueError`, touching nothing, when `out`
+    holds files chatpipe did not build (no stamp): it is someone's own model."""
     out = Path(out).expanduser()
-    if is_built(out, stamp.build):
-        return
     out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
-    try:
-        model = staging / "model"
-        model.mkdir()
-        write(model)
-        for path in model.iterdir():
-            path.chmod(0o644)
-        model.chmod(0o755)
-        ModelStamp.of(model, stamp.name, stamp.build, stamp.rebuild).write(model)
-        if out.exists():
-            shutil.rmtree(out)
-        model.rename(out)
-    except BaseException:
-        if not is_built(out, stamp.build):  # else a concurrent build won the race
-            raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+    with (out.parent / f".{out.name}.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if is_built(out, stamp.build):
+            return
+        if out.exists() and any(out.iterdir()) and ModelStamp.read(out) is None:
+            raise ValueError(f"{out} holds files chatpipe did not build: choose another --out")
+        for left in out.parent.glob(f".{out.name}-*"):
+            shutil.rmtree(left, ignore_errors=True)  # a killed build's
+        staging = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
+        try:
+            model = staging / "model"
+            model.mkdir()
+            write(model)
+            for path in model.iterdir():
+                path.chmod(0o644)
+            model.chmod(0o755)
+            ModelStamp.of(model, stamp.name, stamp.build, stamp.rebuild).write(model)
+            if out.exists():
+                out.rename(staging / "replaced")
+            model.rename(out)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
 
 
 def is_built(directory: Path, build: dict[str, Any]) -> bool:
-    """True when `directory` holds a whole build of `build` (its files as the stamp lists
-    them, by size: the hashes are for `check_model_dir`)."""
+    """True when `directory` holds a whole build of `build`: its stamp says so, and its
+    files are the stamp's, size and SHA-256."""
     stamp = ModelStamp.read(directory)
-    if stamp is None or stamp.build != build:
-        return False
-    return all(
-        (directory / name).is_file() and (directory / name).stat().st_size == file["size"]
-        for name, file in stamp.files.items()
-    )
+    return stamp is not None and stamp.build == build and stamp.matches(directory)
 
 
 def check_model_dir(directory: Path, *, weights: bool, rebuild: str | None = None) -> None:
@@ -181,7 +198,11 @@ def _check_weights(directory: Path, remedy: str) -> None:
     shards = sorted(directory.glob("*.safetensors"))
     index = directory / "model.safetensors.index.json"
     if index.is_file():
-        listed = set(json.loads(index.read_text()).get("weight_map", {}).values())
+        weight_map = json.loads(index.read_text())
+        weight_map = weight_map.get("weight_map") if isinstance(weight_map, dict) else None
+        if not isinstance(weight_map, dict):
+            raise ModelFileError(f"{index} has no weight map (damaged): {remedy}")
+        listed = {str(name) for name in weight_map.values()}
         for name in sorted(listed):
             if not (directory / name).is_file():
                 raise ModelFileError(f"{directory / name} is missing (listed in {index}): {remedy}")
@@ -205,6 +226,8 @@ def _check_safetensors(path: Path, remedy: str) -> None:
             raise ModelFileError(damaged)
         try:
             header = json.loads(file.read(header_len))
+            if not isinstance(header, dict):
+                raise ModelFileError(damaged)
             end = max(
                 (int(entry["data_offsets"][1]) for key, entry in header.items()
                  if key != "__metadata__"),

@@ -37,7 +37,7 @@ from retrieval.config import FileSettings
 from safety.config import SafetySettings
 from scheduler.config import SchedulerSettings
 from servertools.config import ServerToolsSettings
-from workers.config import DEFAULT_MODEL_DIR, EngineSettings, WorkerSettings
+from workers.config import DEFAULT_MODEL_DIR, EngineSettings, WorkerSettings, directory_name
 
 ENV_PREFIX = "CHATPIPE_"
 GROUPS: dict[str, str] = {"kafka": "kafka_", "safety": "safety_"}
@@ -83,11 +83,15 @@ class Settings(BaseSettings):
 
     def replace(self, **values: Any) -> Settings:
         """A copy with `values` (by flat name) changed, like `model_copy(update=...)`:
-        not validated again."""
+        not validated again. A new `model` named by its directory is named anew."""
         update: dict[str, dict[str, Any]] = {}
         for name, value in values.items():
             setting = SETTINGS[name]
             update.setdefault(setting.group, {})[setting.field] = value
+        engine = update.get("inference", {})
+        named_by_directory = self.inference.model_name == directory_name(self.inference.model)
+        if "model" in engine and "model_name" not in engine and named_by_directory:
+            engine["model_name"] = directory_name(Path(engine["model"]))
         return self.model_copy(
             update={
                 group: getattr(self, group).model_copy(update=fields)

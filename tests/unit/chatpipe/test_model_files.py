@@ -10,7 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from chatpipe.model_files import ModelFileError, ModelStamp, check_model_dir, is_built
+from chatpipe.model_files import (
+    STAMP_FILE,
+    ModelFileError,
+    ModelStamp,
+    build_model_dir,
+    check_model_dir,
+    is_built,
+)
 
 BUILD = {"version": 1}
 REBUILD = "chatpipe make-model"
@@ -72,7 +79,7 @@ def test_cut_short_weights_are_named_with_their_sizes(tmp_path):
 
 def test_a_stamped_file_cut_short_is_caught_by_its_size_even_without_weights(tmp_path):
     directory = model_dir(tmp_path)
-    (directory / "tokenizer.json").write_text('{"model"}')
+    (directory / "tokenizer.json").write_text("{}")  # valid JSON, not the build's
     message = problem(directory, weights=False)
     assert str(directory / "tokenizer.json") in message and f"`{REBUILD} --out" in message
     assert not is_built(directory, BUILD)
@@ -86,6 +93,7 @@ def test_damaged_weights_of_the_same_size_fail_their_checksum(tmp_path):
     weights.write_bytes(bytes(data))
     assert "SHA-256" in problem(directory)
     check_model_dir(directory, weights=False)  # a gateway reads no weights: not hashed
+    assert not is_built(directory, BUILD), "so building it again replaces it"
 
 
 def test_a_damaged_header_and_garbage_for_weights(tmp_path):
@@ -97,6 +105,9 @@ def test_a_damaged_header_and_garbage_for_weights(tmp_path):
     assert "not a safetensors header" in problem(directory)
     weights.write_bytes(b"abc")
     assert "cut short (3 bytes)" in problem(directory)
+    header = b"[1, 2]"  # JSON, but no header of tensors
+    weights.write_bytes(struct.pack("<Q", len(header)) + header)
+    assert "not a safetensors header" in problem(directory)
 
 
 def test_bytes_past_the_last_tensor_are_damage(tmp_path):
@@ -125,8 +136,68 @@ def test_invalid_json_is_named(tmp_path):
     assert message.startswith(f"{directory / 'generation_config.json'} is not valid JSON")
 
 
+def test_a_stamp_of_the_wrong_shape_counts_as_none(tmp_path):
+    directory = model_dir(tmp_path)
+    stamp = json.loads((directory / STAMP_FILE).read_text())
+    stamp["files"]["config.json"] = "big"
+    (directory / STAMP_FILE).write_text(json.dumps(stamp))
+    assert ModelStamp.read(directory) is None and not is_built(directory, BUILD)
+    check_model_dir(directory, weights=True)  # checked as any user's directory
+
+
 def test_a_sharded_model_names_a_missing_shard(tmp_path):
     directory = model_dir(tmp_path, stamped=False)
     index = {"weight_map": {"a": "model.safetensors", "b": "model-2.safetensors"}}
     (directory / "model.safetensors.index.json").write_text(json.dumps(index))
     assert f"{directory / 'model-2.safetensors'} is missing" in problem(directory)
+    (directory / "model.safetensors.index.json").write_text("[]")
+    assert "has no weight map" in problem(directory)
+
+
+# --- building a directory ------------------------------------------------------------
+
+
+def writes(content: str):
+    def write(model: Path) -> None:
+        (model / "config.json").write_text(content)
+
+    return write
+
+
+def test_a_build_is_written_once_and_again_when_damaged_or_of_another_build(tmp_path):
+    out, stamp = tmp_path / "m", ModelStamp("m", BUILD, REBUILD, {})
+    build_model_dir(out, stamp, writes('{"a": 1}'))
+    assert is_built(out, BUILD) and (out / "config.json").read_text() == '{"a": 1}'
+    build_model_dir(out, stamp, writes('{"a": 2}'))
+    assert (out / "config.json").read_text() == '{"a": 1}', "built already: left alone"
+    (out / "config.json").write_text('{"a": 3}')  # same size, other bytes
+    build_model_dir(out, stamp, writes('{"a": 4}'))
+    assert (out / "config.json").read_text() == '{"a": 4}'
+    build_model_dir(out, ModelStamp("m", {"version": 2}, REBUILD, {}), writes('{"a": 5}'))
+    assert (out / "config.json").read_text() == '{"a": 5}' and is_built(out, {"version": 2})
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".m.lock", "m"], "no staging left"
+
+
+def test_a_failed_build_leaves_the_served_model_as_it_was_and_a_killed_ones_files_go(
+    tmp_path,
+):
+    out, stamp = tmp_path / "m", ModelStamp("m", BUILD, REBUILD, {})
+    build_model_dir(out, stamp, writes("{}"))
+
+    def fails(model: Path) -> None:
+        (model / "config.json").write_text("half")
+        raise OSError("disk full")
+
+    (tmp_path / ".m-killed").mkdir()  # what a SIGKILLed build leaves
+    with pytest.raises(OSError):
+        build_model_dir(out, ModelStamp("m", {"version": 2}, REBUILD, {}), fails)
+    assert is_built(out, BUILD)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".m.lock", "m"]
+
+
+def test_a_directory_chatpipe_did_not_build_is_never_replaced(tmp_path):
+    out = model_dir(tmp_path, stamped=False)
+    before = sorted(p.name for p in out.iterdir())
+    with pytest.raises(ValueError, match="chatpipe did not build"):
+        build_model_dir(out, ModelStamp("m", BUILD, REBUILD, {}), writes("{}"))
+    assert sorted(p.name for p in out.iterdir()) == before

@@ -40,6 +40,7 @@ async def store(settings: Settings) -> AsyncIterator[SQLiteStore]:
 def settings(tmp_path: Path) -> Settings:
     return Settings(
         model_name="tiny-random",
+        max_model_len=2048,  # the window, whichever models this machine has built
         max_message_chars=50,
         default_max_tokens=16,
         max_tokens_limit=100,
